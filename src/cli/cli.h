@@ -1,0 +1,17 @@
+#ifndef ND_CLI_H
+#define ND_CLI_H
+
+#define NEEDLE_VERSION_STRING "0.1.0"
+
+int cli_init(int argc, char **argv);
+int cli_eval(int argc, char **argv);
+
+/* Print "needle: <message>" for the library's last error and return 1. */
+int cli_fail(const char *context);
+/* Report a usage error for a subcommand and return 2. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Strict number parsing for flags; print an error naming the flag. */
+int cli_parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out);
+int cli_parse_double(const char *flag, const char *s, double *out);
+
+#endif

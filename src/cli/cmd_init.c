@@ -1,0 +1,2 @@
+#include "cli/cli.h"
+int cli_init(int argc, char **argv) { (void)argc; (void)argv; return 1; }

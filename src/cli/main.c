@@ -1,0 +1,45 @@
+/* needle: command-line entry point. Each subcommand lives in its own file
+ * and only parses flags and calls the library. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} commands[] = {
+    {"init", cli_init, "write a fresh random base checkpoint (upstream pickle format)"},
+    {"eval", cli_eval, "next-token loss (and logits) of a checkpoint on token sequences"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: needle <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\n`needle <command> --help` describes each command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("needle %s\n", NEEDLE_VERSION_STRING);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "needle: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,55 @@
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cli/cli.h"
+#include "core/status.h"
+
+int cli_fail(const char *context)
+{
+    if (context)
+        fprintf(stderr, "needle: %s: %s\n", context, nd_last_error());
+    else
+        fprintf(stderr, "needle: %s\n", nd_last_error());
+    return 1;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "needle %s: ", cmd);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n(see `needle %s --help`)\n", cmd);
+    return 2;
+}
+
+int cli_parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = s ? strtoll(s, &end, 10) : 0;
+    if (!s || !*s || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "needle: %s expects an integer in [%lld, %lld], got '%s'\n", flag, lo,
+                hi, s ? s : "");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_parse_double(const char *flag, const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = s ? strtod(s, &end) : 0;
+    if (!s || !*s || *end || errno || !isfinite(v)) {
+        fprintf(stderr, "needle: %s expects a finite number, got '%s'\n", flag, s ? s : "");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}

@@ -1,0 +1,34 @@
+/* Minimal test harness: CHECK records a failure and keeps going; the test
+ * main returns tu_finish(). */
+#ifndef ND_TESTUTIL_H
+#define ND_TESTUTIL_H
+
+#include <stdio.h>
+
+extern int tu_failures, tu_checks;
+
+#define CHECK(cond)                                                                      \
+    do {                                                                                 \
+        tu_checks++;                                                                     \
+        if (!(cond)) {                                                                   \
+            tu_failures++;                                                               \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);     \
+        }                                                                                \
+    } while (0)
+
+#define CHECK_MSG(cond, ...)                                                             \
+    do {                                                                                 \
+        tu_checks++;                                                                     \
+        if (!(cond)) {                                                                   \
+            tu_failures++;                                                               \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);     \
+            fprintf(stderr, __VA_ARGS__);                                                \
+            fputc('\n', stderr);                                                         \
+        }                                                                                \
+    } while (0)
+
+/* max |a-b| / max(max|b|, floor) over n floats */
+double tu_rel_err(const float *a, const float *b, long n, double floor);
+int tu_finish(const char *name);
+
+#endif

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Ensure the Debian packages needle builds and tests with are present.
+# As root: installs what is missing with apt-get. Otherwise: prints the
+# exact apt line and fails.
+set -euo pipefail
+BUILD_PKGS="build-essential cmake pkg-config libopenblas-openmp-dev libjansson-dev"
+TEST_PKGS="python3 python3-numpy sentencepiece python3-sentencepiece clang"
+want="$BUILD_PKGS"
+[ "${1:-}" = "--test" ] && want="$BUILD_PKGS $TEST_PKGS"
+missing=()
+for p in $want; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" = 0 ]; then
+  echo "deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+else
+  echo "deps: missing Debian packages; run:" >&2
+  echo "  sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi

@@ -4,7 +4,10 @@
 Each sub-part is checked against hand-derived values and an independent
 brute-force formulation (pure-Python integers, explicit loops, complex
 numbers, exp-space Sinkhorn, explicit Walsh matrices), so the reference can't
-be wrong in the same way as the C code.  A loop-based full forward on a small
+be wrong in the same way as the C code.  Where the upstream mirror exists,
+upstream's own pure helpers (engram_indices, _mask_diag, _sinkhorn, apply_rope,
+_walsh_matrix, _rms_unit) are executed with numpy as jax.numpy and compared.
+A loop-based full forward on a small
 odd-shaped model checks the vectorised forward end to end.
 
 Run: /usr/bin/python3 tests/test_parts_ref.py   (exit 0 = all passed)
@@ -489,10 +492,101 @@ def test_ckpt_names():
     check("make_ckpt tiny: names/shapes incl. mtp_*, no probe heads", ok)
 
 
+def test_parts_check_roundtrip():
+    import parts_check
+    with tempfile.TemporaryDirectory() as td:
+        ck = os.path.join(td, "c.pkl")
+        make_ckpt.make_checkpoint(ck, seed=5, perturb=True, vocab_size=50, d_model=16,
+                                  num_heads=2, num_kv_heads=1, num_layers=2,
+                                  engram_layers=(1,), engram_slots=7, mhc_lanes=2)
+        toks = [1, 2, 1, 2, 3]
+        tr = {}
+        R.forward(R.load(ck), toks, tr)
+        good = os.path.join(td, "good.txt")
+        parts_check.write_dump(good, ck, toks, tr)
+        tr["layer0.hres"] = tr["layer0.hres"].copy()
+        tr["layer0.hres"][2, 0, 1] += 1e-3
+        bad = os.path.join(td, "bad.txt")
+        parts_check.write_dump(bad, ck, toks, tr, ["engram.indices", "layer0.hres"])
+        ok = parts_check.main([good]) == 0 and parts_check.main([bad]) == 1
+    check("parts_check.py: exact dump passes, perturbed dump fails", ok)
+
+
+def _upstream_source():
+    """upstream architecture.py from the local mirror, or None."""
+    repo = "/work/.mirror/cactus-compute+needle/repo"
+    try:
+        r = subprocess.run(["git", "-C", repo, "show", "HEAD:needle/model/architecture.py"],
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout if r.returncode == 0 else None
+
+
+def test_upstream_functions():
+    """Execute upstream's pure helper functions (engram_indices, _shift_right,
+    _mask_diag, _sinkhorn, precompute_rope_freqs, apply_rope, _walsh_matrix,
+    _rms_unit) with numpy standing in for jax.numpy, and compare.  Needs the
+    upstream mirror; skipped (not failed) without it."""
+    import ast
+    import types
+    src = _upstream_source()
+    if src is None:
+        print("%-58s skip (no upstream mirror)" % "upstream helper functions on numpy")
+        return
+    want = {"engram_indices", "_shift_right", "_mask_diag", "_sinkhorn",
+            "precompute_rope_freqs", "apply_rope", "_walsh_matrix", "_rms_unit"}
+    tree = ast.parse(src)
+    body = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name in want) or
+            (isinstance(n, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper() or
+                                               isinstance(t, ast.Name) and t.id.startswith("_ENGRAM")
+                                               for t in n.targets)
+             and isinstance(n.value, ast.Constant))]
+
+    def lse(x, axis, keepdims=False):
+        r = R.logsumexp(x, axis)
+        return r if keepdims else np.squeeze(r, axis)
+
+    jax = types.SimpleNamespace(nn=types.SimpleNamespace(logsumexp=lse),
+                                lax=types.SimpleNamespace(rsqrt=lambda x: 1 / np.sqrt(x)))
+    ns = {"np": np, "jnp": np, "jax": jax}
+    exec(compile(ast.Module(body=body, type_ignores=[]), "upstream_architecture", "exec"), ns)
+    rng = np.random.default_rng(9)
+    ok = True
+    for orders, heads, slots, V in [((2, 3), 1, 64, 8192), ((2, 3), 2, 97, 512), ((2, 4), 1, 31, 300)]:
+        toks = rng.integers(0, V, 33)
+        toks[10:14] = toks[2:6]
+        up = ns["engram_indices"](toks[None].astype(np.int32), orders, heads, slots)[0]
+        ok &= np.array_equal(up, R.engram_indices(toks, orders, heads, slots))
+    check("upstream engram_indices == reference (3 geometries)", ok)
+    T = 13
+    mask = np.tril(np.ones((T, T), dtype=bool))[None, None]
+    ok = True
+    for off in range(0, 15):
+        up = ns["_mask_diag"](mask, off)[0]
+        ok &= np.array_equal(up.astype(float), (np.arange(T) >= off).astype(float))
+    check("upstream _mask_diag(causal, o) == [t >= o]", ok)
+    lg = rng.normal(0, 2, size=(3, 4, 4)) + 4 * np.eye(4)
+    e = relerr(ns["_sinkhorn"](lg), R.sinkhorn(lg))
+    check("upstream _sinkhorn == reference", e < 1e-12, "%.1e" % e)
+    ok = True
+    for N in (1, 2, 64, 128, 512):
+        ok &= np.array_equal(np.asarray(ns["_walsh_matrix"](N), np.float64), R.walsh_matrix(N))
+    check("upstream _walsh_matrix == reference bit-exactly (float32 entries)", ok)
+    x = rng.normal(size=(T, 3, 8))
+    cos, sin = ns["precompute_rope_freqs"](8, T, 100000.0)
+    up = ns["apply_rope"](x.transpose(1, 0, 2)[None], cos, sin)[0].transpose(1, 0, 2)
+    e = relerr(up, R.rope(x, 100000.0))
+    check("upstream apply_rope (float32 freqs) ~ reference", e < 1e-5, "%.1e" % e)
+    v = rng.normal(size=(4, 10))
+    e = relerr(ns["_rms_unit"](v), R.rms_unit(v))
+    check("upstream _rms_unit ~ reference", e < 1e-6, "%.1e" % e)
+
+
 def main():
     for fn in [test_engram_indices, test_masks_and_taps, test_sinkhorn, test_norms_and_hyper,
                test_hadamard, test_rope, test_attention, test_forward, test_losses_and_cli,
-               test_ckpt_names]:
+               test_ckpt_names, test_parts_check_roundtrip, test_upstream_functions]:
         try:
             fn()
         except Exception as ex:  # a crash is a failure

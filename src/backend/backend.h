@@ -1,0 +1,103 @@
+/* The narrow op interface the model is written against.
+ *
+ * Every op works on flat float32 arrays that live on the backend's device;
+ * the model code (src/model/san.c) is only a sequence of these calls, so
+ * a CUDA or Metal backend implements this table and nothing else changes.
+ * Shapes are row-major; N is the number of token rows (batch * seq). */
+#ifndef ND_BACKEND_H
+#define ND_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct nd_backend nd_backend;
+
+struct nd_backend {
+    const char *name;
+    int threads;
+
+    void *(*alloc)(const nd_backend *be, size_t bytes); /* zeroed */
+    void (*free)(const nd_backend *be, void *p);
+
+    /* C[M,N] = alpha * op(A) @ op(B) + beta * C (row-major, op = transpose if t*) */
+    void (*matmul)(const nd_backend *be, int ta, int tb, int M, int N, int K, float alpha,
+                   const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                   int ldc);
+
+    /* y = x * rstd * (1 + scale) per row of `dim`; scale NULL = plain rms_unit.
+     * rstd (rows) may be NULL. Safe in place. */
+    void (*rmsnorm)(const nd_backend *be, float *y, float *rstd, const float *x,
+                    const float *scale, long rows, int dim);
+
+    /* x0[t] = emb[tok[t]] * scale */
+    void (*embed)(const nd_backend *be, float *x0, const float *emb, const int32_t *tok, long N,
+                  int d, float scale);
+
+    /* engram table indices [N, K] (SPEC §1 step 2) for B sequences of T */
+    void (*engram_hash)(const nd_backend *be, int32_t *idx, const int32_t *tok, int B, int T,
+                        const int *orders, int n_orders, int heads, int slots);
+    /* e[t] = concat_k table_k[idx[t,k]] (zero rows while t < order_k - 1) */
+    void (*engram_gather)(const nd_backend *be, float *e, const float *tables,
+                          const int32_t *idx, int B, int T, const int *orders, int n_orders,
+                          int heads, int slots, int sub);
+    /* v[t] = sum_j taps[j] * vp[t - j*dil] * [t >= j*dil] (within each sequence) */
+    void (*engram_taps)(const nd_backend *be, float *v, const float *vp, const float *taps,
+                        int B, int T, int d, int dil);
+    /* alpha = sigmoid(<rms_unit(u), rms_unit(k)> / sqrt(d)); bx = u + alpha * v,
+     * or bx += alpha * v when accumulate (a second site on the same layer) */
+    void (*engram_gate)(const nd_backend *be, float *bx, float *alpha, const float *u,
+                        const float *k, const float *v, long N, int d, int accumulate);
+
+    /* hyper-connection coefficients from the three projections of nx:
+     * hpre = sigmoid(a_pre*pre + b_pre + 8*lane - 4),
+     * hpost = 2*sigmoid(a_post*post + b_post - 4*(1-lane)),
+     * M = sinkhorn20(a_res*res + b_res) */
+    void (*hyper_coeffs)(const nd_backend *be, float *hpre, float *hpost, float *M,
+                         const float *pre, const float *post, const float *res, float a_pre,
+                         float a_post, float a_res, const float *b_pre, const float *b_post,
+                         const float *b_res, int lane, long N, int n);
+    /* u = sum_i hpre_i X_i */
+    void (*lanes_combine)(const nd_backend *be, float *u, const float *hpre, const float *X,
+                          long N, int n, int d);
+    /* Xo_i = sum_j M_ij X_j + hpost_i * y */
+    void (*lanes_update)(const nd_backend *be, float *Xo, const float *M, const float *X,
+                         const float *hpost, const float *y, long N, int n, int d);
+    /* X_i = x0 for every lane */
+    void (*lanes_broadcast)(const nd_backend *be, float *X, const float *x0, long N, int n,
+                            int d);
+    /* xm = mean_i X_i */
+    void (*lanes_mean)(const nd_backend *be, float *xm, const float *X, long N, int n, int d);
+
+    /* rotate q or k in place: x is [N, heads*hd], rows of one sequence are
+     * consecutive (position = row % T); cos/sin are [T, hd/2] */
+    void (*rope)(const nd_backend *be, float *x, const float *cos_t, const float *sin_t, int B,
+                 int T, int heads, int hd);
+    /* causal GQA attention, scale 1/sqrt(hd): q [N, H*hd], k/v [N, G*hd];
+     * out [N, H*hd]; lse [B, H, T] = log-sum-exp of each score row */
+    void (*attention)(const nd_backend *be, float *out, float *lse, const float *q,
+                      const float *k, const float *v, int B, int T, int H, int G, int hd);
+
+    /* o = att * sigmoid(g) */
+    void (*gate_sigmoid)(const nd_backend *be, float *o, const float *att, const float *g,
+                         long n);
+    /* y = x + sigmoid(gate) * r */
+    void (*residual_scaled)(const nd_backend *be, float *y, const float *x, const float *r,
+                            float gate, long n);
+    /* Hadamard MLP: h1 = fwht(d1*pad(z)) [N, hn]; out = (d3 * fwht(silu(d2*h1)))[:d];
+     * then y = (x + out) - u  (u may be NULL: y = x + out). h1 is kept for backward. */
+    void (*hadamard_mlp)(const nd_backend *be, float *y, float *h1, const float *x,
+                         const float *z, const float *u, const float *d1, const float *d2,
+                         const float *d3, long N, int d, int hn);
+
+    /* per-row cross-entropy: loss[r] = logsumexp(logits[r]) - logits[r][target[r]] */
+    void (*cross_entropy)(const nd_backend *be, float *loss, const float *logits,
+                          const int32_t *target, long N, int V);
+};
+
+/* The CPU backend (cblas + OpenMP). threads <= 0: all cores. */
+const nd_backend *nd_backend_cpu(int threads);
+
+/* Pick a backend by name ("auto", "cpu"); NULL + error if unavailable. */
+const nd_backend *nd_backend_get(const char *name, int threads);
+
+#endif

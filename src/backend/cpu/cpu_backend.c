@@ -1,0 +1,373 @@
+/* CPU backend: GEMMs through cblas (OpenBLAS), everything else as plain
+ * loops parallelised with OpenMP over token rows. */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "core/status.h"
+
+static void *cpu_alloc(const nd_backend *be, size_t bytes)
+{
+    (void)be;
+    return calloc(1, bytes ? bytes : 1);
+}
+
+static void cpu_free(const nd_backend *be, void *p)
+{
+    (void)be;
+    free(p);
+}
+
+static void cpu_matmul(const nd_backend *be, int ta, int tb, int M, int N, int K, float alpha,
+                       const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                       int ldc)
+{
+    (void)be;
+    if (M <= 0 || N <= 0)
+        return;
+    if (K <= 0) {
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++)
+                C[(size_t)i * ldc + j] *= beta;
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
+                N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+static void cpu_rmsnorm(const nd_backend *be, float *y, float *rstd, const float *x,
+                        const float *scale, long rows, int dim)
+{
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < rows; r++) {
+        const float *xr = x + r * dim;
+        float *yr = y + r * dim;
+        float ss = 0.0f;
+        for (int i = 0; i < dim; i++)
+            ss += xr[i] * xr[i];
+        float rs = 1.0f / sqrtf(ss / (float)dim + 1e-6f);
+        if (rstd)
+            rstd[r] = rs;
+        if (scale)
+            for (int i = 0; i < dim; i++)
+                yr[i] = (1.0f + scale[i]) * (xr[i] * rs);
+        else
+            for (int i = 0; i < dim; i++)
+                yr[i] = xr[i] * rs;
+    }
+}
+
+static void cpu_embed(const nd_backend *be, float *x0, const float *emb, const int32_t *tok,
+                      long N, int d, float scale)
+{
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (long t = 0; t < N; t++)
+        for (int i = 0; i < d; i++)
+            x0[t * d + i] = emb[(size_t)tok[t] * d + i] * scale;
+}
+
+static void cpu_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *tok, int B, int T,
+                            const int *orders, int n_orders, int heads, int slots)
+{
+    (void)be;
+    int K = n_orders * heads;
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < (long)B * T; r++) {
+        int t = (int)(r % T);
+        const int32_t *seq = tok + (r - t);
+        for (int k = 0; k < K; k++)
+            idx[r * K + k] = (int32_t)san_engram_index(seq, t, orders[k / heads], k, slots);
+    }
+}
+
+static void cpu_engram_gather(const nd_backend *be, float *e, const float *tables,
+                              const int32_t *idx, int B, int T, const int *orders, int n_orders,
+                              int heads, int slots, int sub)
+{
+    (void)be;
+    int K = n_orders * heads;
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < (long)B * T; r++) {
+        int t = (int)(r % T);
+        for (int k = 0; k < K; k++) {
+            float *dst = e + (r * K + k) * sub;
+            if (t < orders[k / heads] - 1) {
+                memset(dst, 0, (size_t)sub * sizeof *dst);
+                continue;
+            }
+            memcpy(dst, tables + ((size_t)k * slots + (size_t)idx[r * K + k]) * sub,
+                   (size_t)sub * sizeof *dst);
+        }
+    }
+}
+
+static void cpu_engram_taps(const nd_backend *be, float *v, const float *vp, const float *taps,
+                            int B, int T, int d, int dil)
+{
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < (long)B * T; r++) {
+        int t = (int)(r % T);
+        float *vr = v + r * d;
+        for (int i = 0; i < d; i++)
+            vr[i] = 0.0f;
+        for (int j = 0; j < 4; j++) {
+            if (t < j * dil)
+                break;
+            const float *src = vp + (r - (long)j * dil) * d;
+            const float *tj = taps + j * d;
+            for (int i = 0; i < d; i++)
+                vr[i] += tj[i] * src[i];
+        }
+    }
+}
+
+static void cpu_engram_gate(const nd_backend *be, float *bx, float *alpha, const float *u,
+                            const float *k, const float *v, long N, int d, int accumulate)
+{
+    (void)be;
+    float inv_sqrt_d = 1.0f / sqrtf((float)d);
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < N; r++) {
+        const float *ur = u + r * d, *kr = k + r * d, *vr = v + r * d;
+        float uu = 0, kk = 0, uk = 0;
+        for (int i = 0; i < d; i++) {
+            uu += ur[i] * ur[i];
+            kk += kr[i] * kr[i];
+            uk += ur[i] * kr[i];
+        }
+        float ru = 1.0f / sqrtf(uu / (float)d + 1e-6f), rk = 1.0f / sqrtf(kk / (float)d + 1e-6f);
+        float a = san_sigmoid(uk * ru * rk * inv_sqrt_d);
+        alpha[r] = a;
+        if (accumulate)
+            for (int i = 0; i < d; i++)
+                bx[r * d + i] += a * vr[i];
+        else
+            for (int i = 0; i < d; i++)
+                bx[r * d + i] = ur[i] + a * vr[i];
+    }
+}
+
+static void cpu_hyper_coeffs(const nd_backend *be, float *hpre, float *hpost, float *M,
+                             const float *pre, const float *post, const float *res, float a_pre,
+                             float a_post, float a_res, const float *b_pre, const float *b_post,
+                             const float *b_res, int lane, long N, int n)
+{
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < N; r++) {
+        for (int i = 0; i < n; i++) {
+            float on = i == lane ? 1.0f : 0.0f;
+            hpre[r * n + i] = san_sigmoid(a_pre * pre[r * n + i] + b_pre[i] + 8.0f * on - 4.0f);
+            hpost[r * n + i] =
+                2.0f * san_sigmoid(a_post * post[r * n + i] + b_post[i] - 4.0f * (1.0f - on));
+        }
+        float *Mr = M + r * n * n;
+        for (int i = 0; i < n * n; i++)
+            Mr[i] = a_res * res[r * n * n + i] + b_res[i];
+        san_sinkhorn(Mr, n, SAN_SINKHORN_ROUNDS);
+    }
+}
+
+static void cpu_lanes_combine(const nd_backend *be, float *u, const float *hpre, const float *X,
+                              long N, int n, int d)
+{
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < N; r++) {
+        float *ur = u + r * d;
+        const float *Xr = X + r * n * d;
+        for (int c = 0; c < d; c++)
+            ur[c] = 0.0f;
+        for (int i = 0; i < n; i++) {
+            float h = hpre[r * n + i];
+            for (int c = 0; c < d; c++)
+                ur[c] += h * Xr[i * d + c];
+        }
+    }
+}
+
+static void cpu_lanes_update(const nd_backend *be, float *Xo, const float *M, const float *X,
+                             const float *hpost, const float *y, long N, int n, int d)
+{
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < N; r++) {
+        const float *Xr = X + r * n * d, *Mr = M + r * n * n, *yr = y + r * d;
+        float *Or = Xo + r * n * d;
+        for (int i = 0; i < n; i++) {
+            float *o = Or + i * d;
+            float hp = hpost[r * n + i];
+            for (int c = 0; c < d; c++)
+                o[c] = hp * yr[c];
+            for (int j = 0; j < n; j++) {
+                float m = Mr[i * n + j];
+                for (int c = 0; c < d; c++)
+                    o[c] += m * Xr[j * d + c];
+            }
+        }
+    }
+}
+
+static void cpu_lanes_broadcast(const nd_backend *be, float *X, const float *x0, long N, int n,
+                                int d)
+{
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < N; r++)
+        for (int i = 0; i < n; i++)
+            memcpy(X + (r * n + i) * d, x0 + r * d, (size_t)d * sizeof *X);
+}
+
+static void cpu_lanes_mean(const nd_backend *be, float *xm, const float *X, long N, int n, int d)
+{
+    (void)be;
+    float inv = 1.0f / (float)n;
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < N; r++)
+        for (int c = 0; c < d; c++) {
+            float s = 0;
+            for (int i = 0; i < n; i++)
+                s += X[(r * n + i) * d + c];
+            xm[r * d + c] = s * inv;
+        }
+}
+
+static void cpu_rope(const nd_backend *be, float *x, const float *cos_t, const float *sin_t,
+                     int B, int T, int heads, int hd)
+{
+    (void)be;
+    int half = hd / 2;
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < (long)B * T; r++) {
+        int t = (int)(r % T);
+        const float *c = cos_t + (size_t)t * half, *s = sin_t + (size_t)t * half;
+        for (int h = 0; h < heads; h++) {
+            float *v = x + (r * heads + h) * hd;
+            for (int i = 0; i < half; i++) {
+                float x1 = v[i], x2 = v[i + half];
+                v[i] = x1 * c[i] - x2 * s[i];
+                v[i + half] = x2 * c[i] + x1 * s[i];
+            }
+        }
+    }
+}
+
+static void cpu_gate_sigmoid(const nd_backend *be, float *o, const float *att, const float *g,
+                             long n)
+{
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; i++)
+        o[i] = att[i] * san_sigmoid(g[i]);
+}
+
+static void cpu_residual_scaled(const nd_backend *be, float *y, const float *x, const float *r,
+                                float gate, long n)
+{
+    (void)be;
+    float s = san_sigmoid(gate);
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; i++)
+        y[i] = x[i] + s * r[i];
+}
+
+static void cpu_hadamard_mlp(const nd_backend *be, float *y, float *h1, const float *x,
+                             const float *z, const float *u, const float *d1, const float *d2,
+                             const float *d3, long N, int d, int hn)
+{
+    (void)be;
+    float scale = san_walsh_scale(hn);
+#pragma omp parallel
+    {
+        float *tmp = malloc((size_t)hn * sizeof *tmp);
+#pragma omp for schedule(static)
+        for (long r = 0; r < N; r++) {
+            float *h = h1 + r * hn;
+            const float *zr = z + r * d;
+            for (int i = 0; i < d; i++)
+                h[i] = d1[i] * zr[i];
+            for (int i = d; i < hn; i++)
+                h[i] = 0.0f;
+            san_fwht(h, hn, scale);
+            for (int i = 0; i < hn; i++)
+                tmp[i] = san_silu(d2[i] * h[i]);
+            san_fwht(tmp, hn, scale);
+            const float *xr = x + r * d;
+            float *yr = y + r * d;
+            if (u)
+                for (int i = 0; i < d; i++)
+                    yr[i] = (xr[i] + d3[i] * tmp[i]) - u[r * d + i];
+            else
+                for (int i = 0; i < d; i++)
+                    yr[i] = xr[i] + d3[i] * tmp[i];
+        }
+        free(tmp);
+    }
+}
+
+static void cpu_cross_entropy(const nd_backend *be, float *loss, const float *logits,
+                              const int32_t *target, long N, int V)
+{
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < N; r++) {
+        const float *l = logits + r * (long)V;
+        float mx = l[0];
+        for (int i = 1; i < V; i++)
+            mx = l[i] > mx ? l[i] : mx;
+        double s = 0;
+        for (int i = 0; i < V; i++)
+            s += exp((double)(l[i] - mx));
+        loss[r] = (float)((double)mx + log(s) - (double)l[target[r]]);
+    }
+}
+
+static nd_backend cpu_backend = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .matmul = cpu_matmul,
+    .rmsnorm = cpu_rmsnorm,
+    .embed = cpu_embed,
+    .engram_hash = cpu_engram_hash,
+    .engram_gather = cpu_engram_gather,
+    .engram_taps = cpu_engram_taps,
+    .engram_gate = cpu_engram_gate,
+    .hyper_coeffs = cpu_hyper_coeffs,
+    .lanes_combine = cpu_lanes_combine,
+    .lanes_update = cpu_lanes_update,
+    .lanes_broadcast = cpu_lanes_broadcast,
+    .lanes_mean = cpu_lanes_mean,
+    .rope = cpu_rope,
+    .attention = cpu_attention,
+    .gate_sigmoid = cpu_gate_sigmoid,
+    .residual_scaled = cpu_residual_scaled,
+    .hadamard_mlp = cpu_hadamard_mlp,
+    .cross_entropy = cpu_cross_entropy,
+};
+
+const nd_backend *nd_backend_cpu(int threads)
+{
+    if (threads > 0) {
+        omp_set_num_threads(threads);
+        openblas_set_num_threads(threads);
+    }
+    cpu_backend.threads = threads > 0 ? threads : omp_get_max_threads();
+    return &cpu_backend;
+}
+
+const nd_backend *nd_backend_get(const char *name, int threads)
+{
+    if (!name || !strcmp(name, "auto") || !strcmp(name, "cpu"))
+        return nd_backend_cpu(threads);
+    nd_error(ND_EUNSUPPORTED, "backend '%s' is not available in this build (available: cpu)",
+             name);
+    return NULL;
+}

@@ -1,0 +1,284 @@
+#include "io/checkpoint.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/fp16.h"
+#include "core/rng.h"
+#include "core/status.h"
+
+const pv *ckpt_tree_get(const pv *node, const char *path)
+{
+    char part[128];
+    while (node && *path) {
+        const char *slash = strchr(path, '/');
+        size_t len = slash ? (size_t)(slash - path) : strlen(path);
+        if (node->kind != PV_DICT || len >= sizeof part)
+            return NULL;
+        memcpy(part, path, len);
+        part[len] = 0;
+        node = pv_dict_get(node, part);
+        path += len + (slash ? 1 : 0);
+    }
+    return node;
+}
+
+int ckpt_tree_set(pv *node, const char *path, pv *val)
+{
+    char part[128];
+    for (;;) {
+        const char *slash = strchr(path, '/');
+        size_t len = slash ? (size_t)(slash - path) : strlen(path);
+        if (node->kind != PV_DICT || len >= sizeof part || len == 0) {
+            pv_decref(val);
+            return nd_error(ND_EARG, "cannot set '%s' in the parameter tree", path);
+        }
+        memcpy(part, path, len);
+        part[len] = 0;
+        if (!slash)
+            return pv_dict_set(node, part, val);
+        pv *child = pv_dict_get(node, part);
+        if (!child) {
+            child = pv_dict();
+            if (!child || pv_dict_set(node, part, child)) {
+                pv_decref(val);
+                return nd_error(ND_ENOMEM, "out of memory");
+            }
+        }
+        node = child;
+        path = slash + 1;
+    }
+}
+
+static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
+{
+    size_t o = (size_t)snprintf(buf, cap, "(");
+    for (int i = 0; i < ndim && o < cap; i++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (o < cap)
+        snprintf(buf + o, cap - o, ndim == 1 ? ",)" : ")");
+}
+
+static int load_tensor(const pv *arr, const san_tensor *t, float *dst, const char *what)
+{
+    char want[96], got[96];
+    shape_str(want, sizeof want, t->ndim, t->shape);
+    if (!arr)
+        return nd_error(ND_ESHAPE, "%s: missing tensor %s (expected shape %s)", what, t->name,
+                        want);
+    if (arr->kind != PV_NDARRAY)
+        return nd_error(ND_ESHAPE, "%s: %s is not an array (expected shape %s)", what, t->name,
+                        want);
+    int same = arr->u.nd.ndim == t->ndim;
+    for (int i = 0; same && i < t->ndim; i++)
+        same = arr->u.nd.shape[i] == t->shape[i];
+    if (!same) {
+        shape_str(got, sizeof got, arr->u.nd.ndim, arr->u.nd.shape);
+        return nd_error(ND_ESHAPE, "%s: tensor %s has shape %s but the config expects %s", what,
+                        t->name, got, want);
+    }
+    size_t n = t->numel;
+    switch (arr->u.nd.dtype) {
+    case ND_F32: memcpy(dst, arr->u.nd.data, n * sizeof(float)); break;
+    case ND_F16: {
+        const uint16_t *s = arr->u.nd.data;
+        for (size_t i = 0; i < n; i++)
+            dst[i] = nd_half_to_float(s[i]);
+        break;
+    }
+    case ND_F64: {
+        const double *s = arr->u.nd.data;
+        for (size_t i = 0; i < n; i++)
+            dst[i] = (float)s[i];
+        break;
+    }
+    default:
+        return nd_error(ND_EFORMAT, "%s: tensor %s has dtype %s, expected a float type", what,
+                        t->name, nd_dtype_name(arr->u.nd.dtype));
+    }
+    return ND_OK;
+}
+
+int ckpt_from_tree(const pv *root, const char *what, san_model *m)
+{
+    memset(m, 0, sizeof *m);
+    if (!root || root->kind != PV_DICT)
+        return nd_error(ND_EFORMAT, "%s: not a needle checkpoint (top level is not a dict)", what);
+    const pv *ver = pv_dict_get(root, "format_version");
+    if (!ver || ver->kind != PV_INT || ver->u.i != SAN_CHECKPOINT_FORMAT)
+        return nd_error(ND_EFORMAT,
+                        "%s is not a format-v%d checkpoint (format_version=%s%lld); old "
+                        "encoder-decoder checkpoints are not supported",
+                        what, SAN_CHECKPOINT_FORMAT, ver ? "" : "missing ",
+                        ver && ver->kind == PV_INT ? (long long)ver->u.i : 0LL);
+    const pv *cfgv = pv_dict_get(root, "config");
+    const pv *params = pv_dict_get(root, "params");
+    if (!params || params->kind != PV_DICT)
+        return nd_error(ND_EFORMAT, "%s: checkpoint has no 'params' dict", what);
+    san_config cfg;
+    int rc = san_config_from_pv(&cfg, cfgv);
+    if (rc)
+        return nd_error_prefix(rc, "%s", what);
+    rc = san_model_create(m, &cfg);
+    if (rc)
+        return nd_error_prefix(rc, "%s", what);
+    for (int i = 0; i < m->n_tensors; i++) {
+        const san_tensor *t = &m->tensors[i];
+        rc = load_tensor(ckpt_tree_get(params, t->name), t, m->mem + t->offset, what);
+        if (rc) {
+            san_model_free(m);
+            return rc;
+        }
+    }
+    return ND_OK;
+}
+
+int ckpt_load(const char *path, san_model *m, pv **tree_out)
+{
+    pv *root = NULL;
+    if (tree_out)
+        *tree_out = NULL;
+    int rc = pickle_load_file(path, &root);
+    if (rc)
+        return rc;
+    rc = ckpt_from_tree(root, path, m);
+    if (rc || !tree_out)
+        pv_decref(root);
+    else
+        *tree_out = root;
+    return rc;
+}
+
+/* Copy leaves of `src` that are not model tensors into `dst`. */
+static int carry_extras(const san_model *m, const pv *src, pv *dst, char *path, size_t plen)
+{
+    for (size_t i = 0; i < src->u.dict.n; i++) {
+        const pv *k = src->u.dict.keys[i], *v = src->u.dict.vals[i];
+        if (k->kind != PV_STR)
+            continue;
+        size_t n = (size_t)snprintf(path + plen, 512 - plen, "%s%s", plen ? "/" : "", k->u.str.s);
+        if (plen + n >= 511)
+            continue;
+        int rc = ND_OK;
+        if (v->kind == PV_DICT)
+            rc = carry_extras(m, v, dst, path, plen + n);
+        else if (!san_model_find(m, path))
+            rc = ckpt_tree_set(dst, path, pv_incref((pv *)v));
+        path[plen] = 0;
+        if (rc)
+            return rc;
+    }
+    return ND_OK;
+}
+
+pv *ckpt_to_tree(const san_model *m, const pv *base)
+{
+    pv *root = pv_dict(), *params = pv_dict();
+    if (!root || !params)
+        goto fail;
+    pv_dict_set(root, "format_version", pv_int(SAN_CHECKPOINT_FORMAT));
+    for (int i = 0; i < m->n_tensors; i++) {
+        const san_tensor *t = &m->tensors[i];
+        pv *a = pv_ndarray(ND_F32, t->ndim, t->shape, m->mem + t->offset);
+        if (!a || ckpt_tree_set(params, t->name, a))
+            goto fail;
+    }
+    const pv *bparams = base ? pv_dict_get(base, "params") : NULL;
+    if (bparams && bparams->kind == PV_DICT) {
+        char path[512] = "";
+        if (carry_extras(m, bparams, params, path, 0))
+            goto fail;
+    }
+    pv_dict_set(root, "params", params);
+    params = NULL;
+    const pv *bcfg = base ? pv_dict_get(base, "config") : NULL;
+    /* keep the original config dict when there is one: it may carry keys we
+     * do not model, and upstream reads it back verbatim */
+    pv_dict_set(root, "config", bcfg ? pv_incref((pv *)bcfg) : san_config_to_pv(&m->cfg));
+    if (base && base->kind == PV_DICT)
+        for (size_t i = 0; i < base->u.dict.n; i++) {
+            const pv *k = base->u.dict.keys[i];
+            if (k->kind != PV_STR || !strcmp(k->u.str.s, "params") ||
+                !strcmp(k->u.str.s, "config") || !strcmp(k->u.str.s, "format_version"))
+                continue;
+            pv_dict_set(root, k->u.str.s, pv_incref(base->u.dict.vals[i]));
+        }
+    return root;
+fail:
+    pv_decref(params);
+    pv_decref(root);
+    nd_error(ND_ENOMEM, "out of memory building the checkpoint tree");
+    return NULL;
+}
+
+int ckpt_save(const char *path, const san_model *m, const pv *base)
+{
+    pv *root = ckpt_to_tree(m, base);
+    if (!root)
+        return ND_ENOMEM;
+    int rc = pickle_dump_file(root, path);
+    pv_decref(root);
+    return rc;
+}
+
+pv *ckpt_fresh_tree(const san_model *m, uint64_t seed)
+{
+    pv *root = ckpt_to_tree(m, NULL);
+    if (!root)
+        return NULL;
+    pv *params = pv_dict_get(root, "params");
+    const san_dims *D = &m->dims;
+    int64_t d = D->d;
+    float res_std = (float)(0.02 / sqrt(2.0 * D->L));
+    /* the multi-token-prediction head upstream's model.init creates: one
+     * Block without the layer axis plus two norms and a combiner */
+    const struct {
+        const char *name;
+        int ndim;
+        int64_t s0, s1;
+        san_init_kind init;
+        float v;
+    } mtp[] = {
+        {"mtp_combine/kernel", 2, 2 * d, d, INIT_NORMAL, 0.02f},
+        {"mtp_block/ZCRMSNorm_0/scale", 1, d, 0, INIT_ZEROS, 0},
+        {"mtp_block/self_attn/q_proj/kernel", 2, d, D->q_dim, INIT_NORMAL, 0.02f},
+        {"mtp_block/self_attn/k_proj/kernel", 2, d, D->kv_dim, INIT_NORMAL, 0.02f},
+        {"mtp_block/self_attn/v_proj/kernel", 2, d, D->kv_dim, INIT_NORMAL, 0.02f},
+        {"mtp_block/self_attn/q_norm/scale", 1, D->hd, 0, INIT_ZEROS, 0},
+        {"mtp_block/self_attn/k_norm/scale", 1, D->hd, 0, INIT_ZEROS, 0},
+        {"mtp_block/self_attn/gate_proj/kernel", 2, d, D->q_dim, INIT_NORMAL, 0.02f},
+        {"mtp_block/self_attn/out_proj/kernel", 2, D->q_dim, d, INIT_NORMAL, res_std},
+        {"mtp_block/post_attn_norm/scale", 1, d, 0, INIT_ZEROS, 0},
+        {"mtp_block/attn_gate", 0, 0, 0, INIT_ZEROS, 0},
+        {"mtp_block/pre_hada_norm/scale", 1, d, 0, INIT_ZEROS, 0},
+        {"mtp_block/hadamard_mlp/d1", 1, D->hada_n, 0, INIT_ONES, 1},
+        {"mtp_block/hadamard_mlp/d2", 1, D->hada_n, 0, INIT_ONES, 1},
+        {"mtp_block/hadamard_mlp/d3", 1, D->hada_n, 0, INIT_CONST, 0.02f},
+        {"mtp_emb_norm/scale", 1, d, 0, INIT_ZEROS, 0},
+        {"mtp_final_norm/scale", 1, d, 0, INIT_ZEROS, 0},
+    };
+    for (size_t i = 0; i < sizeof mtp / sizeof mtp[0]; i++) {
+        san_tensor t;
+        memset(&t, 0, sizeof t);
+        t.ndim = mtp[i].ndim;
+        t.shape[0] = mtp[i].s0;
+        t.shape[1] = mtp[i].s1;
+        t.numel = 1;
+        for (int k = 0; k < t.ndim; k++)
+            t.numel *= (size_t)t.shape[k];
+        t.init = mtp[i].init;
+        t.init_value = mtp[i].v;
+        pv *a = pv_ndarray(ND_F32, t.ndim, t.shape, NULL);
+        nd_rng rng;
+        nd_rng_seed(&rng, seed * 0x100000001B3ull + 0xA5A5A5A5ull + i * 0x9E3779B97F4A7C15ull);
+        if (!a || ckpt_tree_set(params, mtp[i].name, a)) {
+            pv_decref(root);
+            nd_error(ND_ENOMEM, "out of memory");
+            return NULL;
+        }
+        san_tensor_init(&t, a->u.nd.data, &rng);
+    }
+    return root;
+}

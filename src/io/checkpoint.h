@@ -1,0 +1,40 @@
+/* Upstream checkpoint files (pickle, format_version 2) <-> san_model.
+ *
+ * The whole pickle tree is kept beside the model so that tensors we do not
+ * use (mtp_*, probe heads) and metadata (step, run) survive a round trip. */
+#ifndef ND_CHECKPOINT_H
+#define ND_CHECKPOINT_H
+
+#include <stdint.h>
+
+#include "io/pickle.h"
+#include "model/params.h"
+
+#define SAN_CHECKPOINT_FORMAT 2
+
+/* Load `path` into a freshly created model (float16/64 -> float32).
+ * If tree_out is non-NULL it receives the parsed pickle (caller decrefs).
+ * Errors name the file and, for tensors, the flax path and the expected
+ * shape. */
+int ckpt_load(const char *path, san_model *m, pv **tree_out);
+
+/* Same from a parsed tree (`what` names it in messages). */
+int ckpt_from_tree(const pv *root, const char *what, san_model *m);
+
+/* Build the pickle tree for `m` (float32 arrays). Tensors of `base` that
+ * the model does not own (mtp_*, heads) and its top-level extra keys
+ * (step, run) are carried over; base may be NULL. */
+pv *ckpt_to_tree(const san_model *m, const pv *base);
+
+/* ckpt_to_tree + atomic write. */
+int ckpt_save(const char *path, const san_model *m, const pv *base);
+
+/* A fresh checkpoint tree as upstream's model.init makes it: the model's
+ * tensors plus the mtp_* tensors, all from upstream's initialisers. */
+pv *ckpt_fresh_tree(const san_model *m, uint64_t seed);
+
+/* Lookup helpers over the nested params dict ("a/b/c" paths). */
+const pv *ckpt_tree_get(const pv *params, const char *path);
+int ckpt_tree_set(pv *params, const char *path, pv *val); /* steals val */
+
+#endif

@@ -1,0 +1,196 @@
+#include "model/params.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rng.h"
+#include "core/status.h"
+
+#define SLOT(field) offsetof(san_weights, field)
+
+static int add(san_model *m, int *cap, size_t slot, san_init_kind init, float val, int ndim,
+               const int64_t *shape, const char *fmt, ...)
+{
+    if (m->n_tensors == *cap) {
+        int nc = *cap ? *cap * 2 : 64;
+        san_tensor *t = realloc(m->tensors, (size_t)nc * sizeof *t);
+        if (!t)
+            return nd_error(ND_ENOMEM, "out of memory");
+        m->tensors = t;
+        *cap = nc;
+    }
+    san_tensor *t = &m->tensors[m->n_tensors++];
+    memset(t, 0, sizeof *t);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->name, sizeof t->name, fmt, ap);
+    va_end(ap);
+    t->ndim = ndim;
+    t->numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        t->numel *= (size_t)shape[i];
+    }
+    t->offset = m->numel;
+    t->slot = slot;
+    t->init = init;
+    t->init_value = val;
+    /* keep every tensor 16-float aligned for vector loads */
+    m->numel += (t->numel + 15) & ~(size_t)15;
+    return ND_OK;
+}
+
+#define S(...) ((const int64_t[]){__VA_ARGS__})
+
+int san_model_layout(san_model *m, const san_config *cfg)
+{
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    int rc = san_config_dims(cfg, &m->dims);
+    if (rc)
+        return rc;
+    const san_dims *D = &m->dims;
+    int64_t L = D->L, d = D->d, n = D->n, nd = (int64_t)D->n * D->d;
+    float std = 0.02f, res_std = (float)(0.02 / sqrt(2.0 * L));
+    int cap = 0;
+    const char *blk = "stack/layers/block";
+#define ADD(slot, init, val, nd_, shape, ...)                                                    \
+    do {                                                                                         \
+        rc = add(m, &cap, slot, init, val, nd_, shape, __VA_ARGS__);                             \
+        if (rc)                                                                                  \
+            goto fail;                                                                           \
+    } while (0)
+    ADD(SLOT(emb), INIT_NORMAL, std, 2, S(D->V, d), "embedding/embedding");
+    ADD(SLOT(norm_in), INIT_ZEROS, 0, 2, S(L, d), "%s/ZCRMSNorm_0/scale", blk);
+    ADD(SLOT(wq), INIT_NORMAL, std, 3, S(L, d, D->q_dim), "%s/self_attn/q_proj/kernel", blk);
+    ADD(SLOT(wk), INIT_NORMAL, std, 3, S(L, d, D->kv_dim), "%s/self_attn/k_proj/kernel", blk);
+    ADD(SLOT(wv), INIT_NORMAL, std, 3, S(L, d, D->kv_dim), "%s/self_attn/v_proj/kernel", blk);
+    ADD(SLOT(wgate), INIT_NORMAL, std, 3, S(L, d, D->q_dim), "%s/self_attn/gate_proj/kernel",
+        blk);
+    ADD(SLOT(wout), INIT_NORMAL, res_std, 3, S(L, D->q_dim, d), "%s/self_attn/out_proj/kernel",
+        blk);
+    ADD(SLOT(q_norm), INIT_ZEROS, 0, 2, S(L, D->hd), "%s/self_attn/q_norm/scale", blk);
+    ADD(SLOT(k_norm), INIT_ZEROS, 0, 2, S(L, D->hd), "%s/self_attn/k_norm/scale", blk);
+    ADD(SLOT(post_norm), INIT_ZEROS, 0, 2, S(L, d), "%s/post_attn_norm/scale", blk);
+    ADD(SLOT(pre_hada), INIT_ZEROS, 0, 2, S(L, d), "%s/pre_hada_norm/scale", blk);
+    ADD(SLOT(attn_gate), INIT_ZEROS, 0, 1, S(L), "%s/attn_gate", blk);
+    ADD(SLOT(d1), INIT_ONES, 1, 2, S(L, D->hada_n), "%s/hadamard_mlp/d1", blk);
+    ADD(SLOT(d2), INIT_ONES, 1, 2, S(L, D->hada_n), "%s/hadamard_mlp/d2", blk);
+    ADD(SLOT(d3), INIT_CONST, 0.02f, 2, S(L, D->hada_n), "%s/hadamard_mlp/d3", blk);
+    ADD(SLOT(phi_pre), INIT_NORMAL, std, 3, S(L, nd, n), "stack/mhc_phi_pre");
+    ADD(SLOT(phi_post), INIT_NORMAL, std, 3, S(L, nd, n), "stack/mhc_phi_post");
+    ADD(SLOT(phi_res), INIT_NORMAL, std, 3, S(L, nd, n * n), "stack/mhc_phi_res");
+    ADD(SLOT(b_pre), INIT_ZEROS, 0, 2, S(L, n), "stack/mhc_b_pre");
+    ADD(SLOT(b_post), INIT_ZEROS, 0, 2, S(L, n), "stack/mhc_b_post");
+    ADD(SLOT(b_res), INIT_RES_EYE, 4, 3, S(L, n, n), "stack/mhc_b_res");
+    ADD(SLOT(a_pre), INIT_CONST, 0.01f, 1, S(L), "stack/mhc_a_pre");
+    ADD(SLOT(a_post), INIT_CONST, 0.01f, 1, S(L), "stack/mhc_a_post");
+    ADD(SLOT(a_res), INIT_CONST, 0.01f, 1, S(L), "stack/mhc_a_res");
+    ADD(SLOT(final_norm), INIT_ZEROS, 0, 1, S(d), "stack/final_norm/scale");
+    for (int s = 0; s < cfg->n_sites; s++) {
+        ADD(SLOT(eng[s].table), INIT_NORMAL, std, 3, S(D->eng_tables, cfg->engram_slots, D->eng_sub),
+            "engrams_%d/embedding", s);
+        ADD(SLOT(eng[s].wk), INIT_NORMAL, std, 2, S(D->eng_dim, d), "engrams_%d/key_proj/kernel",
+            s);
+        ADD(SLOT(eng[s].wv), INIT_NORMAL, res_std, 2, S(D->eng_dim, d),
+            "engrams_%d/value_proj/kernel", s);
+        ADD(SLOT(eng[s].taps), INIT_TAPS, 0, 2, S(SAN_CONV_TAPS, d), "engrams_%d/taps", s);
+    }
+#undef ADD
+    return ND_OK;
+fail:
+    free(m->tensors);
+    m->tensors = NULL;
+    return rc;
+}
+
+void san_weights_bind(const san_model *m, float *mem, san_weights *w)
+{
+    memset(w, 0, sizeof *w);
+    for (int i = 0; i < m->n_tensors; i++) {
+        float **slot = (float **)((char *)w + m->tensors[i].slot);
+        *slot = mem + m->tensors[i].offset;
+    }
+}
+
+int san_model_create(san_model *m, const san_config *cfg)
+{
+    int rc = san_model_layout(m, cfg);
+    if (rc)
+        return rc;
+    m->mem = calloc(m->numel, sizeof(float));
+    if (!m->mem) {
+        rc = nd_error(ND_ENOMEM, "out of memory allocating %zu parameters", m->numel);
+        free(m->tensors);
+        m->tensors = NULL;
+        return rc;
+    }
+    san_weights_bind(m, m->mem, &m->w);
+    return ND_OK;
+}
+
+void san_model_free(san_model *m)
+{
+    if (!m)
+        return;
+    free(m->mem);
+    free(m->tensors);
+    memset(m, 0, sizeof *m);
+}
+
+const san_tensor *san_model_find(const san_model *m, const char *name)
+{
+    for (int i = 0; i < m->n_tensors; i++)
+        if (!strcmp(m->tensors[i].name, name))
+            return &m->tensors[i];
+    return NULL;
+}
+
+void san_tensor_init(const san_tensor *t, float *x, void *rngp)
+{
+    nd_rng *rng = rngp;
+    size_t n = t->numel;
+    switch (t->init) {
+    case INIT_ZEROS: memset(x, 0, n * sizeof *x); break;
+    case INIT_ONES:
+        for (size_t i = 0; i < n; i++)
+            x[i] = 1.0f;
+        break;
+    case INIT_CONST:
+        for (size_t i = 0; i < n; i++)
+            x[i] = t->init_value;
+        break;
+    case INIT_NORMAL:
+        for (size_t i = 0; i < n; i++)
+            x[i] = (float)(t->init_value * nd_rng_normal(rng));
+        break;
+    case INIT_RES_EYE: {
+        int64_t k = t->shape[t->ndim - 1];
+        memset(x, 0, n * sizeof *x);
+        for (size_t b = 0; b < n / (size_t)(k * k); b++)
+            for (int64_t i = 0; i < k; i++)
+                x[b * (size_t)(k * k) + (size_t)(i * k + i)] = t->init_value;
+        break;
+    }
+    case INIT_TAPS: {
+        int64_t cols = t->shape[t->ndim - 1];
+        memset(x, 0, n * sizeof *x);
+        for (int64_t j = 0; j < cols; j++)
+            x[j] = 1.0f;
+        break;
+    }
+    }
+}
+
+void san_model_init_random(san_model *m, uint64_t seed)
+{
+    nd_rng rng;
+    for (int i = 0; i < m->n_tensors; i++) {
+        /* one stream per tensor: adding a tensor never shifts the others */
+        nd_rng_seed(&rng, seed * 0x100000001B3ull + (uint64_t)i * 0x9E3779B97F4A7C15ull + 1);
+        san_tensor_init(&m->tensors[i], m->mem + m->tensors[i].offset, &rng);
+    }
+}

@@ -1,0 +1,79 @@
+/* The SAN parameters: one float32 allocation, a table of named tensors
+ * (flax paths, shapes as in the checkpoint), and typed pointers into it.
+ * The same layout serves weights, gradients and optimiser moments. */
+#ifndef ND_PARAMS_H
+#define ND_PARAMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/config.h"
+
+/* Pointers into one flat buffer. Per-layer tensors are stacked along a
+ * leading L axis, exactly as in the checkpoint. */
+typedef struct {
+    float *emb;                                 /* (V, d) */
+    float *norm_in;                             /* (L, d) */
+    float *wq, *wk, *wv, *wgate, *wout;         /* (L, in, out) */
+    float *q_norm, *k_norm;                     /* (L, hd) */
+    float *post_norm, *pre_hada;                /* (L, d) */
+    float *attn_gate;                           /* (L) */
+    float *d1, *d2, *d3;                        /* (L, hada_n) */
+    float *phi_pre, *phi_post, *phi_res;        /* (L, n*d, n|n|n*n) */
+    float *b_pre, *b_post, *b_res;              /* (L, n), (L, n), (L, n, n) */
+    float *a_pre, *a_post, *a_res;              /* (L) */
+    float *final_norm;                          /* (d) */
+    struct {
+        float *table; /* (K, slots, sub) */
+        float *wk;    /* (K*sub, d) */
+        float *wv;    /* (K*sub, d) */
+        float *taps;  /* (4, d) */
+    } eng[SAN_MAX_SITES];
+} san_weights;
+
+typedef enum {
+    INIT_ZEROS,
+    INIT_ONES,
+    INIT_CONST,  /* value */
+    INIT_NORMAL, /* N(0, value^2) */
+    INIT_RES_EYE, /* 4 * I per leading index (mhc_b_res) */
+    INIT_TAPS,    /* row 0 ones, other rows zero (identity conv) */
+} san_init_kind;
+
+typedef struct {
+    char name[96];
+    int ndim;
+    int64_t shape[4];
+    size_t numel;
+    size_t offset;      /* floats from the start of the buffer */
+    size_t slot;        /* byte offset of the pointer inside san_weights */
+    san_init_kind init;
+    float init_value;
+} san_tensor;
+
+typedef struct {
+    san_config cfg;
+    san_dims dims;
+    int n_tensors;
+    san_tensor *tensors;
+    size_t numel; /* total floats */
+    float *mem;   /* the weights */
+    san_weights w;
+} san_model;
+
+/* Build the tensor table for a config (no weights allocated). */
+int san_model_layout(san_model *m, const san_config *cfg);
+/* Layout + allocate zeroed weights. */
+int san_model_create(san_model *m, const san_config *cfg);
+void san_model_free(san_model *m);
+/* Point a san_weights at `mem` (a buffer of m->numel floats). */
+void san_weights_bind(const san_model *m, float *mem, san_weights *w);
+/* Find a tensor by flax path, or NULL. */
+const san_tensor *san_model_find(const san_model *m, const char *name);
+/* Upstream's initialisers, deterministic for a seed. */
+void san_model_init_random(san_model *m, uint64_t seed);
+/* Initialise one tensor's data per its init kind (shared with the
+ * initialiser of extra tensors such as mtp_*). */
+void san_tensor_init(const san_tensor *t, float *data, void *rng);
+
+#endif

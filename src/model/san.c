@@ -1,0 +1,235 @@
+#include "model/san.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/status.h"
+
+void san_rope_tables(float *cos_t, float *sin_t, int T, int hd, double theta)
+{
+    int half = hd / 2;
+    /* float32 like upstream's precompute_rope_freqs */
+    for (int i = 0; i < half; i++) {
+        float freq = 1.0f / powf((float)theta, (float)(2 * i) / (float)hd);
+        for (int t = 0; t < T; t++) {
+            float ang = (float)t * freq;
+            cos_t[(size_t)t * half + i] = (float)cos((double)ang);
+            sin_t[(size_t)t * half + i] = (float)sin((double)ang);
+        }
+    }
+}
+
+int san_acts_create(san_acts *a, const nd_backend *be, const san_model *m, int B, int T,
+                    int save_lanes)
+{
+    memset(a, 0, sizeof *a);
+    const san_dims *D = &m->dims;
+    if (B <= 0 || T <= 0)
+        return nd_error(ND_EARG, "batch %d x seq %d is empty", B, T);
+    long N = (long)B * T;
+    size_t d = D->d, n = D->n, hn = D->hada_n;
+    struct act_plan {
+        void **p;
+        size_t count;
+        size_t elt;
+    } plan[64];
+    int np = 0;
+#define P(ptr, cnt)                                                                              \
+    plan[np++] = (struct act_plan){(void **)&(ptr), (size_t)(cnt), sizeof(*(ptr))}
+    P(a->rope_cos, (size_t)T * D->hd / 2);
+    P(a->rope_sin, (size_t)T * D->hd / 2);
+    P(a->x0, N * d);
+    P(a->X, N * n * d);
+    P(a->Xn, N * n * d);
+    if (m->cfg.n_sites) {
+        P(a->eng_idx, N * D->eng_tables);
+        P(a->eng_e, N * D->eng_dim);
+        P(a->eng_vp, N * d);
+        for (int s = 0; s < m->cfg.n_sites; s++) {
+            P(a->eng_k[s], N * d);
+            P(a->eng_v[s], N * d);
+        }
+    }
+    san_layer_acts *l = &a->l;
+    P(l->nx, N * n * d);
+    P(l->nx_rstd, N);
+    P(l->pre, N * n);
+    P(l->post, N * n);
+    P(l->res, N * n * n);
+    P(l->hpre, N * n);
+    P(l->hpost, N * n);
+    P(l->M, N * n * n);
+    P(l->u, N * d);
+    P(l->alpha, N * (m->cfg.n_sites ? m->cfg.n_sites : 1));
+    P(l->bx, N * d);
+    P(l->a, N * d);
+    P(l->a_rstd, N);
+    P(l->q, N * D->q_dim);
+    P(l->k, N * D->kv_dim);
+    P(l->v, N * D->kv_dim);
+    P(l->g, N * D->q_dim);
+    P(l->qn, N * D->q_dim);
+    P(l->kn, N * D->kv_dim);
+    P(l->q_rstd, N * D->H);
+    P(l->k_rstd, N * D->G);
+    P(l->att, N * D->q_dim);
+    P(l->lse, N * D->H);
+    P(l->o, N * D->q_dim);
+    P(l->o2, N * d);
+    P(l->pn, N * d);
+    P(l->pn_rstd, N);
+    P(l->x1, N * d);
+    P(l->z, N * d);
+    P(l->z_rstd, N);
+    P(l->h1, N * hn);
+    P(l->y, N * d);
+    P(a->xm, N * d);
+    P(a->hf, N * d);
+    P(a->hf_rstd, N);
+    P(a->logits, N * (size_t)D->V);
+    if (save_lanes)
+        P(a->X_saved, (size_t)(D->L + 1) * N * n * d);
+#undef P
+    size_t total = 0;
+    for (int i = 0; i < np; i++)
+        total += (plan[i].count * plan[i].elt + 63) & ~(size_t)63;
+    char *blk = be->alloc(be, total);
+    if (!blk)
+        return nd_error(ND_ENOMEM, "out of memory: activations for batch %d x seq %d need %.1f MB",
+                        B, T, (double)total / 1e6);
+    size_t off = 0;
+    for (int i = 0; i < np; i++) {
+        *plan[i].p = blk + off;
+        off += (plan[i].count * plan[i].elt + 63) & ~(size_t)63;
+    }
+    a->block = blk;
+    a->B = B;
+    a->T = T;
+    a->N = N;
+    a->be = be;
+    san_rope_tables(a->rope_cos, a->rope_sin, T, D->hd, m->cfg.rope_theta);
+    return ND_OK;
+}
+
+void san_acts_free(san_acts *a)
+{
+    if (a && a->block)
+        a->be->free(a->be, a->block);
+    if (a)
+        memset(a, 0, sizeof *a);
+}
+
+void san_engram_forward(const san_model *m, const san_weights *w, san_acts *a,
+                        const int32_t *tokens)
+{
+    const nd_backend *be = a->be;
+    const san_config *c = &m->cfg;
+    const san_dims *D = &m->dims;
+    if (!c->n_sites)
+        return;
+    be->engram_hash(be, a->eng_idx, tokens, a->B, a->T, c->engram_orders, c->n_orders,
+                    D->eng_heads, c->engram_slots);
+    for (int s = 0; s < c->n_sites; s++) {
+        be->engram_gather(be, a->eng_e, w->eng[s].table, a->eng_idx, a->B, a->T,
+                          c->engram_orders, c->n_orders, D->eng_heads, c->engram_slots,
+                          D->eng_sub);
+        be->matmul(be, 0, 0, (int)a->N, D->d, D->eng_dim, 1.0f, a->eng_e, D->eng_dim, w->eng[s].wk,
+                   D->d, 0.0f, a->eng_k[s], D->d);
+        be->matmul(be, 0, 0, (int)a->N, D->d, D->eng_dim, 1.0f, a->eng_e, D->eng_dim, w->eng[s].wv,
+                   D->d, 0.0f, a->eng_vp, D->d);
+        be->engram_taps(be, a->eng_v[s], a->eng_vp, w->eng[s].taps, a->B, a->T, D->d,
+                        D->eng_dilation);
+    }
+}
+
+void san_layer_forward(const san_model *m, const san_weights *w, san_acts *a, int l,
+                       const float *X, float *Xn)
+{
+    const nd_backend *be = a->be;
+    const san_dims *D = &m->dims;
+    san_layer_acts *A = &a->l;
+    int N = (int)a->N, d = D->d, n = D->n, nd = n * d, hd = D->hd;
+    int qd = D->q_dim, kvd = D->kv_dim;
+    size_t Ld = (size_t)l * d;
+
+    /* hyper-connections: mix lanes into the block input */
+    be->rmsnorm(be, A->nx, A->nx_rstd, X, NULL, N, nd);
+    be->matmul(be, 0, 0, N, n, nd, 1.0f, A->nx, nd, w->phi_pre + (size_t)l * nd * n, n, 0.0f,
+               A->pre, n);
+    be->matmul(be, 0, 0, N, n, nd, 1.0f, A->nx, nd, w->phi_post + (size_t)l * nd * n, n, 0.0f,
+               A->post, n);
+    be->matmul(be, 0, 0, N, n * n, nd, 1.0f, A->nx, nd, w->phi_res + (size_t)l * nd * n * n,
+               n * n, 0.0f, A->res, n * n);
+    be->hyper_coeffs(be, A->hpre, A->hpost, A->M, A->pre, A->post, A->res, w->a_pre[l],
+                     w->a_post[l], w->a_res[l], w->b_pre + (size_t)l * n, w->b_post + (size_t)l * n,
+                     w->b_res + (size_t)l * n * n, l % n, N, n);
+    be->lanes_combine(be, A->u, A->hpre, X, N, n, d);
+
+    /* engram sites reading at this layer (upstream allows several) */
+    const float *bx = A->u;
+    for (int s = 0; s < m->cfg.n_sites; s++)
+        if (m->cfg.engram_layers[s] == l) {
+            be->engram_gate(be, A->bx, A->alpha + (size_t)s * N, A->u, a->eng_k[s], a->eng_v[s],
+                            N, d, bx == A->bx);
+            bx = A->bx;
+        }
+
+    /* attention */
+    be->rmsnorm(be, A->a, A->a_rstd, bx, w->norm_in + Ld, N, d);
+    be->matmul(be, 0, 0, N, qd, d, 1.0f, A->a, d, w->wq + (size_t)l * d * qd, qd, 0.0f, A->q, qd);
+    be->matmul(be, 0, 0, N, kvd, d, 1.0f, A->a, d, w->wk + (size_t)l * d * kvd, kvd, 0.0f, A->k,
+               kvd);
+    be->matmul(be, 0, 0, N, kvd, d, 1.0f, A->a, d, w->wv + (size_t)l * d * kvd, kvd, 0.0f, A->v,
+               kvd);
+    be->matmul(be, 0, 0, N, qd, d, 1.0f, A->a, d, w->wgate + (size_t)l * d * qd, qd, 0.0f, A->g,
+               qd);
+    be->rmsnorm(be, A->qn, A->q_rstd, A->q, w->q_norm + (size_t)l * hd, (long)N * D->H, hd);
+    be->rmsnorm(be, A->kn, A->k_rstd, A->k, w->k_norm + (size_t)l * hd, (long)N * D->G, hd);
+    be->rope(be, A->qn, a->rope_cos, a->rope_sin, a->B, a->T, D->H, hd);
+    be->rope(be, A->kn, a->rope_cos, a->rope_sin, a->B, a->T, D->G, hd);
+    be->attention(be, A->att, A->lse, A->qn, A->kn, A->v, a->B, a->T, D->H, D->G, hd);
+    be->gate_sigmoid(be, A->o, A->att, A->g, (long)N * qd);
+    be->matmul(be, 0, 0, N, d, qd, 1.0f, A->o, qd, w->wout + (size_t)l * qd * d, d, 0.0f, A->o2,
+               d);
+    be->rmsnorm(be, A->pn, A->pn_rstd, A->o2, w->post_norm + Ld, N, d);
+    be->residual_scaled(be, A->x1, bx, A->pn, w->attn_gate[l], (long)N * d);
+
+    /* Hadamard MLP; y = Block(bx) - u */
+    be->rmsnorm(be, A->z, A->z_rstd, A->x1, w->pre_hada + Ld, N, d);
+    size_t Lh = (size_t)l * D->hada_n;
+    be->hadamard_mlp(be, A->y, A->h1, A->x1, A->z, A->u, w->d1 + Lh, w->d2 + Lh, w->d3 + Lh, N,
+                     d, D->hada_n);
+
+    be->lanes_update(be, Xn, A->M, X, A->hpost, A->y, N, n, d);
+}
+
+int san_forward(const san_model *m, const san_weights *w, san_acts *a, const int32_t *tokens)
+{
+    const nd_backend *be = a->be;
+    const san_dims *D = &m->dims;
+    long N = a->N;
+    int d = D->d, n = D->n;
+    for (long i = 0; i < N; i++)
+        if (tokens[i] < 0 || tokens[i] >= D->V)
+            return nd_error(ND_EARG, "token id %d at position %ld is outside the vocabulary [0, %d)",
+                            tokens[i], i, D->V);
+    be->embed(be, a->x0, w->emb, tokens, N, d, (float)sqrt((double)d));
+    san_engram_forward(m, w, a, tokens);
+    be->lanes_broadcast(be, a->X, a->x0, N, n, d);
+    size_t lane_sz = (size_t)N * n * d;
+    for (int l = 0; l < D->L; l++) {
+        if (a->X_saved)
+            memcpy(a->X_saved + (size_t)l * lane_sz, a->X, lane_sz * sizeof(float));
+        san_layer_forward(m, w, a, l, a->X, a->Xn);
+        float *t = a->X;
+        a->X = a->Xn;
+        a->Xn = t;
+    }
+    if (a->X_saved)
+        memcpy(a->X_saved + (size_t)D->L * lane_sz, a->X, lane_sz * sizeof(float));
+    be->lanes_mean(be, a->xm, a->X, N, n, d);
+    be->rmsnorm(be, a->hf, a->hf_rstd, a->xm, w->final_norm, N, d);
+    be->matmul(be, 0, 1, (int)N, D->V, d, 1.0f, a->hf, d, w->emb, d, 0.0f, a->logits, D->V);
+    return ND_OK;
+}

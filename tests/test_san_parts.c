@@ -1,0 +1,336 @@
+/* Focused tests of the SAN's parts against plain double-precision
+ * definitions, plus `--dump CKPT TOKENS OUT` which writes every
+ * intermediate of one forward pass for tests/ref/parts_check.py. */
+#include <complex.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "core/rng.h"
+#include "core/status.h"
+#include "io/checkpoint.h"
+#include "io/token_file.h"
+#include "model/san.h"
+#include "testutil.h"
+
+static nd_rng rng;
+
+static void fill(float *x, long n, double scale)
+{
+    for (long i = 0; i < n; i++)
+        x[i] = (float)(scale * nd_rng_normal(&rng));
+}
+
+static void test_fwht(void)
+{
+    for (int n = 1; n <= 256; n <<= 1) {
+        float x[256], y[256];
+        fill(x, n, 1.0);
+        memcpy(y, x, sizeof(float) * (size_t)n);
+        san_fwht(y, n, san_walsh_scale(n));
+        /* Sylvester entry H[i][j] = (-1)^popcount(i & j) */
+        double err = 0;
+        for (int j = 0; j < n; j++) {
+            double s = 0;
+            for (int i = 0; i < n; i++)
+                s += x[i] * (__builtin_popcount((unsigned)(i & j)) & 1 ? -1.0 : 1.0);
+            s /= sqrt((double)n);
+            err = fmax(err, fabs(s - y[j]));
+        }
+        CHECK_MSG(err < 1e-5, "fwht n=%d err %g", n, err);
+    }
+}
+
+static void test_sinkhorn(void)
+{
+    for (int n = 1; n <= 6; n++) {
+        float M[36];
+        double P[36];
+        fill(M, n * n, 2.0);
+        for (int i = 0; i < n * n; i++)
+            P[i] = exp((double)M[i]);
+        /* exp-space Sinkhorn: normalise rows then columns, 20 rounds */
+        for (int it = 0; it < 20; it++) {
+            for (int i = 0; i < n; i++) {
+                double s = 0;
+                for (int j = 0; j < n; j++)
+                    s += P[i * n + j];
+                for (int j = 0; j < n; j++)
+                    P[i * n + j] /= s;
+            }
+            for (int j = 0; j < n; j++) {
+                double s = 0;
+                for (int i = 0; i < n; i++)
+                    s += P[i * n + j];
+                for (int i = 0; i < n; i++)
+                    P[i * n + j] /= s;
+            }
+        }
+        san_sinkhorn(M, n, 20);
+        double err = 0, colerr = 0;
+        for (int i = 0; i < n * n; i++)
+            err = fmax(err, fabs(P[i] - M[i]));
+        for (int j = 0; j < n; j++) {
+            double s = 0;
+            for (int i = 0; i < n; i++)
+                s += M[i * n + j];
+            colerr = fmax(colerr, fabs(s - 1));
+        }
+        CHECK_MSG(err < 1e-5, "sinkhorn n=%d err %g", n, err);
+        CHECK_MSG(colerr < 1e-5, "sinkhorn n=%d column sums off by %g", n, colerr);
+    }
+}
+
+static void test_engram_index(void)
+{
+    /* golden values computed by a separate Python evaluation of SPEC §1's
+     * hash (acc = 0x9E3779B9*(k+1) mod 2^32; acc = (acc ^ tok[t-j]) *
+     * 0x01000193 for j < order; acc ^= acc >> 15; acc % slots) */
+    const int32_t seq[] = {5, 6, 7, 5, 6, 7};
+    const uint32_t want_t0_o2_s8192[3] = {1637, 6143, 662}, want_t3_o3_s97[3] = {0, 49, 60};
+    for (int t = 0; t < 3; t++) {
+        CHECK(san_engram_index(seq, t, 2, 0, 8192) == want_t0_o2_s8192[t]);
+        CHECK(san_engram_index(seq, t, 3, 3, 97) == want_t3_o3_s97[t]);
+    }
+    /* identical n-grams hash identically: positions 3 and 0 differ (t=0 sees
+     * a zero before it), positions 4 and 1 share (6,5) */
+    CHECK(san_engram_index(seq, 4, 2, 1, 8192) == san_engram_index(seq, 1, 2, 1, 8192));
+}
+
+static void test_rope(void)
+{
+    int T = 7, hd = 8, H = 2;
+    float cs[7 * 4], sn[7 * 4], x[7 * 2 * 8], y[7 * 2 * 8];
+    san_rope_tables(cs, sn, T, hd, 100000.0);
+    fill(x, T * H * hd, 1.0);
+    memcpy(y, x, sizeof x);
+    const nd_backend *be = nd_backend_cpu(0);
+    be->rope(be, y, cs, sn, 1, T, H, hd);
+    double err = 0;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < hd / 2; i++) {
+                const float *v = x + (t * H + h) * hd;
+                double f = pow(100000.0, -2.0 * i / hd);
+                double complex z = (v[i] + I * v[i + hd / 2]) * cexp(I * t * f);
+                err = fmax(err, fabs(creal(z) - y[(t * H + h) * hd + i]));
+                err = fmax(err, fabs(cimag(z) - y[(t * H + h) * hd + i + hd / 2]));
+            }
+    CHECK_MSG(err < 1e-5, "rope err %g", err);
+}
+
+static void test_attention(void)
+{
+    int B = 2, T = 70, H = 4, G = 2, hd = 8; /* T > one 64-query block */
+    long N = (long)B * T;
+    float *q = malloc(sizeof(float) * N * H * hd), *k = malloc(sizeof(float) * N * G * hd);
+    float *v = malloc(sizeof(float) * N * G * hd), *o = malloc(sizeof(float) * N * H * hd);
+    float *lse = malloc(sizeof(float) * B * H * T);
+    fill(q, N * H * hd, 1.0);
+    fill(k, N * G * hd, 1.0);
+    fill(v, N * G * hd, 1.0);
+    const nd_backend *be = nd_backend_cpu(0);
+    be->attention(be, o, lse, q, k, v, B, T, H, G, hd);
+    double err = 0, lerr = 0;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                int g = h / (H / G);
+                double s[70], mx = -1e300, sum = 0;
+                for (int j = 0; j <= t; j++) {
+                    double dot = 0;
+                    for (int i = 0; i < hd; i++)
+                        dot += (double)q[((b * T + t) * H + h) * hd + i] *
+                               k[((b * T + j) * G + g) * hd + i];
+                    s[j] = dot / sqrt((double)hd);
+                    mx = fmax(mx, s[j]);
+                }
+                for (int j = 0; j <= t; j++)
+                    sum += exp(s[j] - mx);
+                lerr = fmax(lerr, fabs(mx + log(sum) - lse[(b * H + h) * T + t]));
+                for (int i = 0; i < hd; i++) {
+                    double acc = 0;
+                    for (int j = 0; j <= t; j++)
+                        acc += exp(s[j] - mx) / sum * v[((b * T + j) * G + g) * hd + i];
+                    err = fmax(err, fabs(acc - o[((b * T + t) * H + h) * hd + i]));
+                }
+            }
+    CHECK_MSG(err < 1e-5, "attention err %g", err);
+    CHECK_MSG(lerr < 1e-4, "attention lse err %g", lerr);
+    free(q);
+    free(k);
+    free(v);
+    free(o);
+    free(lse);
+}
+
+static void test_engram_taps(void)
+{
+    int B = 2, T = 11, d = 5, dil = 3;
+    float vp[2 * 11 * 5], taps[4 * 5], v[2 * 11 * 5];
+    fill(vp, B * T * d, 1.0);
+    fill(taps, 4 * d, 1.0);
+    const nd_backend *be = nd_backend_cpu(0);
+    be->engram_taps(be, v, vp, taps, B, T, d, dil);
+    double err = 0;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < d; i++) {
+                double s = 0;
+                for (int j = 0; j < 4; j++)
+                    if (t - j * dil >= 0)
+                        s += taps[j * d + i] * vp[(b * T + t - j * dil) * d + i];
+                err = fmax(err, fabs(s - v[(b * T + t) * d + i]));
+            }
+    CHECK_MSG(err < 1e-5, "engram taps err %g", err);
+}
+
+static void test_hadamard_mlp(void)
+{
+    int N = 3, d = 6, hn = 8;
+    float x[18], z[18], u[18], d1[8], d2[8], d3[8], y[18], h1[24];
+    fill(x, 18, 1);
+    fill(z, 18, 1);
+    fill(u, 18, 1);
+    fill(d1, 8, 1);
+    fill(d2, 8, 1);
+    fill(d3, 8, 1);
+    const nd_backend *be = nd_backend_cpu(0);
+    be->hadamard_mlp(be, y, h1, x, z, u, d1, d2, d3, N, d, hn);
+    double err = 0;
+    for (int r = 0; r < N; r++) {
+        double a[8], b[8];
+        for (int j = 0; j < hn; j++) {
+            double s = 0;
+            for (int i = 0; i < d; i++)
+                s += d1[i] * z[r * d + i] * (__builtin_popcount((unsigned)(i & j)) & 1 ? -1 : 1);
+            a[j] = s / sqrt(hn);
+            a[j] = d2[j] * a[j] / (1 + exp(-d2[j] * a[j]));
+        }
+        for (int j = 0; j < d; j++) {
+            double s = 0;
+            for (int i = 0; i < hn; i++)
+                s += a[i] * (__builtin_popcount((unsigned)(i & j)) & 1 ? -1 : 1);
+            b[j] = d3[j] * s / sqrt(hn);
+            err = fmax(err, fabs(x[r * d + j] + b[j] - u[r * d + j] - y[r * d + j]));
+        }
+    }
+    CHECK_MSG(err < 1e-5, "hadamard mlp err %g", err);
+}
+
+/* ---- dump mode ---- */
+
+static void dump(FILE *f, const char *name, const float *x, int ndim, const long *shape)
+{
+    long n = 1;
+    fprintf(f, "tensor %s %d", name, ndim);
+    for (int i = 0; i < ndim; i++) {
+        fprintf(f, " %ld", shape[i]);
+        n *= shape[i];
+    }
+    fputc('\n', f);
+    for (long i = 0; i < n; i++)
+        fprintf(f, "%.9g%c", x[i], (i + 1) % 8 == 0 || i + 1 == n ? '\n' : ' ');
+}
+
+#define DUMP(name, x, ...) dump(f, name, x, sizeof((long[]){__VA_ARGS__}) / sizeof(long), (long[]){__VA_ARGS__})
+
+static int dump_mode(const char *ckpt, const char *tokfile, const char *out)
+{
+    san_model m;
+    if (ckpt_load(ckpt, &m, NULL)) {
+        fprintf(stderr, "%s\n", nd_last_error());
+        return 1;
+    }
+    token_seqs seqs;
+    if (token_file_read(tokfile, m.dims.V, &seqs)) {
+        fprintf(stderr, "%s\n", nd_last_error());
+        return 1;
+    }
+    const san_dims *D = &m.dims;
+    int T = (int)(seqs.start[1] - seqs.start[0]);
+    const nd_backend *be = nd_backend_cpu(0);
+    san_acts a;
+    if (san_acts_create(&a, be, &m, 1, T, 0))
+        return 1;
+    FILE *f = fopen(out, "w");
+    fprintf(f, "needle-dump 1\ncheckpoint %s\ntokens", ckpt);
+    for (int t = 0; t < T; t++)
+        fprintf(f, " %d", seqs.ids[t]);
+    fputc('\n', f);
+    be->embed(be, a.x0, m.w.emb, seqs.ids, T, D->d, sqrtf((float)D->d));
+    DUMP("x0", a.x0, T, D->d);
+    san_engram_forward(&m, &m.w, &a, seqs.ids);
+    if (m.cfg.n_sites) {
+        float *idx = malloc(sizeof(float) * (size_t)T * D->eng_tables);
+        for (long i = 0; i < (long)T * D->eng_tables; i++)
+            idx[i] = (float)a.eng_idx[i];
+        DUMP("engram.indices", idx, T, D->eng_tables);
+        free(idx);
+    }
+    char name[64];
+    for (int s = 0; s < m.cfg.n_sites; s++) {
+        snprintf(name, sizeof name, "site%d.k", s);
+        DUMP(name, a.eng_k[s], T, D->d);
+        snprintf(name, sizeof name, "site%d.v", s);
+        DUMP(name, a.eng_v[s], T, D->d);
+    }
+    be->lanes_broadcast(be, a.X, a.x0, T, D->n, D->d);
+    for (int l = 0; l < D->L; l++) {
+        san_layer_forward(&m, &m.w, &a, l, a.X, a.Xn);
+        san_layer_acts *A = &a.l;
+#define LD(field, buf, ...)                                                                      \
+    snprintf(name, sizeof name, "layer%d.%s", l, field);                                          \
+    DUMP(name, buf, __VA_ARGS__)
+        LD("hpre", A->hpre, T, D->n);
+        LD("hpost", A->hpost, T, D->n);
+        LD("hres", A->M, T, D->n, D->n);
+        LD("u", A->u, T, D->d);
+        for (int s = 0; s < m.cfg.n_sites; s++)
+            if (m.cfg.engram_layers[s] == l) {
+                snprintf(name, sizeof name, "layer%d.alpha%d", l, s);
+                DUMP(name, A->alpha + (size_t)s * T, T);
+                LD("bx", A->bx, T, D->d);
+            }
+        LD("a", A->a, T, D->d);
+        LD("q", A->qn, T, D->H, D->hd);
+        LD("k", A->kn, T, D->G, D->hd);
+        LD("v", A->v, T, D->G, D->hd);
+        LD("attn", A->att, T, D->q_dim);
+        LD("attn_out", A->o2, T, D->d);
+        LD("mid", A->x1, T, D->d);
+        LD("y", A->y, T, D->d);
+        LD("X", a.Xn, T, D->n, D->d);
+#undef LD
+        float *t = a.X;
+        a.X = a.Xn;
+        a.Xn = t;
+    }
+    be->lanes_mean(be, a.xm, a.X, T, D->n, D->d);
+    be->rmsnorm(be, a.hf, a.hf_rstd, a.xm, m.w.final_norm, T, D->d);
+    DUMP("final.h", a.hf, T, D->d);
+    be->matmul(be, 0, 1, T, D->V, D->d, 1.0f, a.hf, D->d, m.w.emb, D->d, 0.0f, a.logits, D->V);
+    DUMP("logits", a.logits, T, D->V);
+    fclose(f);
+    san_acts_free(&a);
+    token_seqs_free(&seqs);
+    san_model_free(&m);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 5 && !strcmp(argv[1], "--dump"))
+        return dump_mode(argv[2], argv[3], argv[4]);
+    nd_rng_seed(&rng, 1234);
+    test_fwht();
+    test_sinkhorn();
+    test_engram_index();
+    test_rope();
+    test_attention();
+    test_engram_taps();
+    test_hadamard_mlp();
+    return tu_finish("test_san_parts");
+}

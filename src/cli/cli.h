@@ -5,6 +5,7 @@
 
 int cli_init(int argc, char **argv);
 int cli_eval(int argc, char **argv);
+int cli_bench(int argc, char **argv);
 
 /* Print "needle: <message>" for the library's last error and return 1. */
 int cli_fail(const char *context);

@@ -1,0 +1,127 @@
+/* needle bench: timing of the model's hot paths on random weights.
+ * Benchmarks live here, never in the timed test suite. */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "backend/backend.h"
+#include "cli/cli.h"
+#include "core/rng.h"
+#include "core/status.h"
+#include "model/san.h"
+
+static const char *bench_help =
+    "usage: needle bench forward [--preset tiny|needle2] [--batch B] [--seq T]\n"
+    "                            [--iters N] [--threads N] [--device auto|cpu]\n"
+    "\n"
+    "Times the float32 forward pass (logits included) on random weights and prints\n"
+    "min/median seconds per pass, tokens/s, achieved GFLOP/s counting matmul and\n"
+    "attention FLOPs, and peak RSS. Defaults: needle2, batch 16, seq 128, 5 iters.\n";
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Multiply-adds x2 of every GEMM and of attention (causal: ~T^2/2 pairs). */
+static double forward_flops(const san_model *m, int B, int T)
+{
+    const san_dims *D = &m->dims;
+    double N = (double)B * T, d = D->d, n = D->n;
+    double per_layer = d * (2.0 * D->q_dim + 2.0 * D->kv_dim) + (double)D->q_dim * d +
+                       n * d * (2 * n + n * n);
+    double attn = (double)B * D->H * ((double)T * (T + 1) / 2.0) * D->hd * 2.0;
+    double eng = m->cfg.n_sites * 2.0 * D->eng_dim * d;
+    return 2.0 * (N * (per_layer * D->L + eng + d * D->V) + attn * D->L);
+}
+
+int cli_bench(int argc, char **argv)
+{
+    const char *what = NULL, *preset = "needle2", *device = "auto";
+    long long B = 16, T = 128, iters = 5, threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(bench_help, stdout);
+            return 0;
+        }
+        if (a[0] != '-') {
+            if (what)
+                return cli_usage_error("bench", "unexpected argument '%s'", a);
+            what = a;
+            continue;
+        }
+        if (i + 1 >= argc)
+            return cli_usage_error("bench", "%s needs a value", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "--preset"))
+            preset = v;
+        else if (!strcmp(a, "--device"))
+            device = v;
+        else if (!strcmp(a, "--batch")) {
+            if (cli_parse_int(a, v, 1, 4096, &B))
+                return 2;
+        } else if (!strcmp(a, "--seq")) {
+            if (cli_parse_int(a, v, 1, 1 << 16, &T))
+                return 2;
+        } else if (!strcmp(a, "--iters")) {
+            if (cli_parse_int(a, v, 1, 10000, &iters))
+                return 2;
+        } else if (!strcmp(a, "--threads")) {
+            if (cli_parse_int(a, v, 1, 1024, &threads))
+                return 2;
+        } else
+            return cli_usage_error("bench", "unknown option '%s'", a);
+    }
+    if (!what || strcmp(what, "forward"))
+        return cli_usage_error("bench", "expected a benchmark name: forward");
+    san_config cfg;
+    if (san_config_preset(&cfg, preset))
+        return cli_usage_error("bench", "%s", nd_last_error());
+    const nd_backend *be = nd_backend_get(device, (int)threads);
+    if (!be)
+        return cli_fail(NULL);
+    san_model m;
+    if (san_model_create(&m, &cfg))
+        return cli_fail(NULL);
+    san_model_init_random(&m, 1);
+    san_acts acts;
+    if (san_acts_create(&acts, be, &m, (int)B, (int)T, 0)) {
+        san_model_free(&m);
+        return cli_fail(NULL);
+    }
+    int32_t *tok = malloc(sizeof *tok * (size_t)(B * T));
+    nd_rng rng;
+    nd_rng_seed(&rng, 7);
+    for (long long i = 0; i < B * T; i++)
+        tok[i] = (int32_t)nd_rng_below(&rng, (uint64_t)cfg.vocab_size);
+    double *sec = malloc(sizeof *sec * (size_t)iters);
+    fprintf(stderr, "  %-9s %s (%d threads)\n", "backend", be->name, be->threads);
+    fprintf(stderr, "  %-9s forward %s  batch %lld x seq %lld  %.2fM params  %lld iters (+1 warmup)\n",
+            "bench", preset, B, T, (double)m.numel / 1e6, iters);
+    int rc = san_forward(&m, &m.w, &acts, tok); /* warm-up: page faults, BLAS buffers */
+    for (long long i = 0; i < iters && !rc; i++) {
+        double t0 = omp_get_wtime();
+        rc = san_forward(&m, &m.w, &acts, tok);
+        sec[i] = omp_get_wtime() - t0;
+    }
+    if (!rc) {
+        qsort(sec, (size_t)iters, sizeof *sec, cmp_double);
+        double med = sec[iters / 2], flops = forward_flops(&m, (int)B, (int)T);
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        printf("forward %s B=%lld T=%lld threads=%d: min %.4f s  median %.4f s  "
+               "%.0f tokens/s (median)  %.1f GFLOP/s  peak RSS %.1f MB\n",
+               preset, B, T, be->threads, sec[0], med, (double)(B * T) / med, flops / med / 1e9,
+               (double)ru.ru_maxrss / 1024.0);
+    }
+    free(sec);
+    free(tok);
+    san_acts_free(&acts);
+    san_model_free(&m);
+    return rc ? cli_fail(NULL) : 0;
+}

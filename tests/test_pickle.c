@@ -235,8 +235,32 @@ static void test_round_trip(void)
     pv *shared = sample_array(ND_F64, 1, (const int64_t[]){3});
     pv_dict_set(d, "a", pv_incref(shared));
     pv_dict_set(d, "b", shared);
-    free(round_trip(d, NULL));
+    size_t slen = 0;
+    unsigned char *sbuf = round_trip(d, &slen);
+    pv *sback = NULL;
+    CHECK(sbuf && pickle_loads(sbuf, slen, "shared", &sback) == 0);
+    if (sback) /* written once, read back as one shared object */
+        CHECK(sback->u.dict.vals[0] == sback->u.dict.vals[1]);
+    pv_decref(sback);
+    free(sbuf);
     pv_decref(d);
+
+    /* a DAG with 2^200 paths stays small when written */
+    pv *dag = pv_list();
+    for (int i = 0; i < 200; i++) {
+        pv *up = pv_list();
+        pv_append(up, pv_incref(dag));
+        pv_append(up, dag);
+        dag = up;
+    }
+    unsigned char *dbuf = NULL;
+    size_t dlen = 0;
+    CHECK(pickle_dumps(dag, &dbuf, &dlen) == 0 && dlen < 10000);
+    pv *dback = NULL;
+    CHECK(pickle_loads(dbuf, dlen, "dag", &dback) == 0);
+    pv_decref(dback);
+    free(dbuf);
+    pv_decref(dag);
 }
 
 static void test_writer_errors(void)

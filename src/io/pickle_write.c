@@ -1,6 +1,9 @@
 /* Pickle protocol 4 writer. Arrays use numpy's own __reduce__ form
  * (_reconstruct + BUILD) so both numpy 1.x and 2.x load them; the numpy
- * globals and each dtype are memoized once and fetched with BINGET after. */
+ * globals and each dtype are memoized once and fetched with BINGET after.
+ * Values referenced more than once (refs > 1) are memoized too, so shared
+ * subtrees are written once and read back shared, and a small DAG cannot
+ * expand into an exponentially large pickle. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,7 +22,66 @@ typedef struct {
     uint32_t nmemo;
     int64_t gmemo[G_COUNT];
     int64_t dtmemo[ND_BOOL + 1];
+    /* pointer -> memo index for shared values (open addressing) */
+    const pv **hkeys;
+    uint32_t *hvals;
+    size_t hcap, hn;
 } wr;
+
+static size_t hslot(const wr *w, const pv *v)
+{
+    uintptr_t x = (uintptr_t)v;
+    x ^= x >> 17;
+    x *= (uintptr_t)0x9e3779b97f4a7c15ull;
+    size_t i = (size_t)(x >> 7) & (w->hcap - 1);
+    while (w->hkeys[i] && w->hkeys[i] != v)
+        i = (i + 1) & (w->hcap - 1);
+    return i;
+}
+
+static int64_t memo_find(const wr *w, const pv *v)
+{
+    if (!w->hcap)
+        return -1;
+    size_t i = hslot(w, v);
+    return w->hkeys[i] ? (int64_t)w->hvals[i] : -1;
+}
+
+static void memo_add(wr *w, const pv *v, uint32_t idx)
+{
+    if (w->err)
+        return;
+    if ((w->hn + 1) * 2 > w->hcap) {
+        size_t ncap = w->hcap ? w->hcap * 2 : 64;
+        const pv **ok = w->hkeys;
+        uint32_t *ov = w->hvals;
+        size_t ocap = w->hcap;
+        w->hkeys = calloc(ncap, sizeof *w->hkeys);
+        w->hvals = calloc(ncap, sizeof *w->hvals);
+        if (!w->hkeys || !w->hvals) {
+            free(w->hkeys);
+            free(w->hvals);
+            w->hkeys = ok;
+            w->hvals = ov;
+            w->err = ND_ENOMEM;
+            return;
+        }
+        w->hcap = ncap;
+        for (size_t i = 0; i < ocap; i++) {
+            if (ok[i]) {
+                size_t j = hslot(w, ok[i]);
+                w->hkeys[j] = ok[i];
+                w->hvals[j] = ov[i];
+            }
+        }
+        free(ok);
+        free(ov);
+    }
+    size_t i = hslot(w, v);
+    w->hkeys[i] = v;
+    w->hvals[i] = idx;
+    w->hn++;
+}
 
 static void put(wr *w, const void *p, size_t n)
 {
@@ -233,7 +295,7 @@ static int w_items(wr *w, pv *const *items, size_t n, int depth)
     return 0;
 }
 
-static int w_value(wr *w, const pv *v, int depth)
+static int w_value_inner(wr *w, const pv *v, int depth)
 {
     if (!v)
         return nd_error(ND_EARG, "pickle_dumps: NULL value");
@@ -296,6 +358,26 @@ static int w_value(wr *w, const pv *v, int depth)
     return nd_error(ND_EARG, "pickle_dumps: cannot write a %s", pv_kind_name(v->kind));
 }
 
+static int w_value(wr *w, const pv *v, int depth)
+{
+    int shareable = v && v->refs > 1 && v->kind >= PV_STR;
+    if (shareable) {
+        int64_t idx = memo_find(w, v);
+        if (idx >= 0) {
+            binget(w, idx);
+            return 0;
+        }
+    }
+    int rc = w_value_inner(w, v, depth);
+    if (!rc && shareable) {
+        if (w->nmemo == UINT32_MAX)
+            return nd_error(ND_ELIMIT, "pickle_dumps: too many shared objects");
+        op(w, 0x94);
+        memo_add(w, v, w->nmemo++);
+    }
+    return rc;
+}
+
 int pickle_dumps(const pv *v, unsigned char **out, size_t *out_len)
 {
     *out = NULL;
@@ -310,6 +392,8 @@ int pickle_dumps(const pv *v, unsigned char **out, size_t *out_len)
     op(&w, 4);
     int rc = w_value(&w, v, 0);
     op(&w, '.');
+    free(w.hkeys);
+    free(w.hvals);
     if (!rc && w.err)
         rc = nd_error(w.err, "pickle_dumps: out of memory");
     if (rc) {

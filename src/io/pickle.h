@@ -99,6 +99,11 @@ pv *pv_dict_get(const pv *dict, const char *key);
 pv *pv_incref(pv *v);
 void pv_decref(pv *v); /* NULL-safe */
 
+/* Deep equality: same kinds, values, key order; floats compare by bit
+ * pattern (so NaN == NaN), arrays by dtype, shape and bytes. */
+int pv_equal(const pv *a, const pv *b);
+const char *pv_kind_name(pv_kind k); /* "dict", "ndarray", ... */
+
 size_t nd_dtype_size(nd_dtype t);
 const char *nd_dtype_name(nd_dtype t); /* "float16", "float32", ... */
 int64_t pv_nd_numel(const pv *a);

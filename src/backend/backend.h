@@ -92,6 +92,80 @@ struct nd_backend {
     /* per-row cross-entropy: loss[r] = logsumexp(logits[r]) - logits[r][target[r]] */
     void (*cross_entropy)(const nd_backend *be, float *loss, const float *logits,
                           const int32_t *target, long N, int V);
+
+    /* ---- backward ops ----
+     * Conventions: d<name> is the gradient w.r.t. <name>. Parameter
+     * gradients (dscale, dtaps, dd1, ...) are always ACCUMULATED (+=) and may
+     * be NULL when not wanted (frozen). Activation gradients are SET unless
+     * the comment says "+=". Reductions over rows are deterministic for a
+     * given thread count. */
+
+    /* in place: logits[r] <- weight[r] * (softmax(logits[r]) - onehot(target[r])) */
+    void (*cross_entropy_backward)(const nd_backend *be, float *logits, const int32_t *target,
+                                   const float *weight, long N, int V);
+    /* y = x*rstd*(1+scale): dx (+= if accumulate, else set), dscale += */
+    void (*rmsnorm_backward)(const nd_backend *be, float *dx, float *dscale, const float *dy,
+                             const float *x, const float *rstd, const float *scale, long rows,
+                             int dim, int accumulate);
+    /* demb[tok[t]] += dx0[t] * scale */
+    void (*embed_backward)(const nd_backend *be, float *demb, const float *dx0,
+                           const int32_t *tok, long N, int d, float scale);
+    /* dtables[k][idx] += de rows (rows zeroed in forward get nothing) */
+    void (*engram_gather_backward)(const nd_backend *be, float *dtables, const float *de,
+                                   const int32_t *idx, int B, int T, const int *orders,
+                                   int n_orders, int heads, int slots, int sub);
+    /* v = taps conv vp: dvp set, dtaps += */
+    void (*engram_taps_backward)(const nd_backend *be, float *dvp, float *dtaps, const float *dv,
+                                 const float *vp, const float *taps, int B, int T, int d,
+                                 int dil);
+    /* bx = u + alpha*v (alpha from u, k): du +=, dk +=, dv += */
+    void (*engram_gate_backward)(const nd_backend *be, float *du, float *dk, float *dv,
+                                 const float *dbx, const float *u, const float *k,
+                                 const float *v, const float *alpha, long N, int d);
+    /* hyper_coeffs: dpre/dpost/dres set; da_* (scalars) and db_* += */
+    void (*hyper_coeffs_backward)(const nd_backend *be, float *dpre, float *dpost, float *dres,
+                                  float *da_pre, float *da_post, float *da_res, float *db_pre,
+                                  float *db_post, float *db_res, const float *dhpre,
+                                  const float *dhpost, const float *dM, const float *pre,
+                                  const float *post, const float *res, const float *hpre,
+                                  const float *hpost, float a_pre, float a_post, float a_res,
+                                  const float *b_res, long N, int n);
+    /* u = sum_i hpre_i X_i: dhpre set, dX += */
+    void (*lanes_combine_backward)(const nd_backend *be, float *dhpre, float *dX,
+                                   const float *du, const float *hpre, const float *X, long N,
+                                   int n, int d);
+    /* Xo = M X + hpost y: dM, dhpost, dy set; dX set */
+    void (*lanes_update_backward)(const nd_backend *be, float *dX, float *dM, float *dhpost,
+                                  float *dy, const float *dXo, const float *M, const float *X,
+                                  const float *hpost, const float *y, long N, int n, int d);
+    /* dx0 = sum_i dX_i */
+    void (*lanes_broadcast_backward)(const nd_backend *be, float *dx0, const float *dX, long N,
+                                     int n, int d);
+    /* dX_i = dxm / n */
+    void (*lanes_mean_backward)(const nd_backend *be, float *dX, const float *dxm, long N, int n,
+                                int d);
+    /* in place: rotate gradients back (transpose of rope) */
+    void (*rope_backward)(const nd_backend *be, float *dx, const float *cos_t, const float *sin_t,
+                          int B, int T, int heads, int hd);
+    /* causal GQA attention: dq, dk, dv set (out/lse from the forward) */
+    void (*attention_backward)(const nd_backend *be, float *dq, float *dk, float *dv,
+                               const float *dout, const float *q, const float *k, const float *v,
+                               const float *out, const float *lse, int B, int T, int H, int G,
+                               int hd);
+    /* o = att*sigmoid(g): datt, dg set */
+    void (*gate_sigmoid_backward)(const nd_backend *be, float *datt, float *dg, const float *dout,
+                                  const float *att, const float *g, long n);
+    /* y = x + sigmoid(gate)*r: dr set; dgate += (scalar); dx is dy (caller aliases) */
+    void (*residual_scaled_backward)(const nd_backend *be, float *dr, float *dgate,
+                                     const float *dy, const float *r, float gate, long n);
+    /* y = (x + out) - u with out = HadamardMLP(z): dz set; dd1, dd2, dd3 +=
+     * (dx = dy and du = -dy are left to the caller) */
+    void (*hadamard_mlp_backward)(const nd_backend *be, float *dz, float *dd1, float *dd2,
+                                  float *dd3, const float *dy, const float *z, const float *h1,
+                                  const float *d1, const float *d2, const float *d3, long N,
+                                  int d, int hn);
+    /* y += alpha * x (n floats) */
+    void (*add)(const nd_backend *be, float *y, const float *x, float alpha, long n);
 };
 
 /* The CPU backend (cblas + OpenMP). threads <= 0: all cores. */

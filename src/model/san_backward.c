@@ -1,0 +1,268 @@
+#include "model/san_backward.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/status.h"
+
+int san_grad_acts_create(san_grad_acts *g, const nd_backend *be, const san_model *m, int B,
+                         int T, int lora_rank)
+{
+    memset(g, 0, sizeof *g);
+    const san_dims *D = &m->dims;
+    size_t N = (size_t)B * T, d = D->d, n = D->n;
+    struct grad_plan {
+        float **p;
+        size_t count;
+    } plan[48];
+    int np = 0;
+#define P(ptr, cnt) plan[np++] = (struct grad_plan){&(ptr), (size_t)(cnt)}
+    P(g->dX, N * n * d);
+    P(g->dXn, N * n * d);
+    P(g->dhf, N * d);
+    P(g->dxm, N * d);
+    P(g->dy, N * d);
+    P(g->dx1, N * d);
+    P(g->dz, N * d);
+    P(g->dpn, N * d);
+    P(g->dbx, N * d);
+    P(g->do2, N * d);
+    P(g->du, N * d);
+    P(g->da, N * d);
+    P(g->do_, N * D->q_dim);
+    P(g->datt, N * D->q_dim);
+    P(g->dg, N * D->q_dim);
+    P(g->dqn, N * D->q_dim);
+    P(g->dq, N * D->q_dim);
+    P(g->dkn, N * D->kv_dim);
+    P(g->dk, N * D->kv_dim);
+    P(g->dv, N * D->kv_dim);
+    P(g->dhpre, N * n);
+    P(g->dhpost, N * n);
+    P(g->dM, N * n * n);
+    P(g->dpre, N * n);
+    P(g->dpost, N * n);
+    P(g->dres, N * n * n);
+    P(g->dnx, N * n * d);
+    for (int s = 0; s < m->cfg.n_sites; s++) {
+        P(g->deng_k[s], N * d);
+        P(g->deng_v[s], N * d);
+    }
+    if (m->cfg.n_sites) {
+        P(g->deng_vp, N * d);
+        P(g->deng_e, N * D->eng_dim);
+    }
+    if (lora_rank > 0)
+        P(g->lora_tmp, N * (size_t)lora_rank);
+#undef P
+    size_t total = 0;
+    for (int i = 0; i < np; i++)
+        total += (plan[i].count * sizeof(float) + 63) & ~(size_t)63;
+    char *blk = be->alloc(be, total);
+    if (!blk)
+        return nd_error(ND_ENOMEM, "out of memory: gradient buffers need %.1f MB",
+                        (double)total / 1e6);
+    size_t off = 0;
+    for (int i = 0; i < np; i++) {
+        *plan[i].p = (float *)(blk + off);
+        off += (plan[i].count * sizeof(float) + 63) & ~(size_t)63;
+    }
+    g->block = blk;
+    g->be = be;
+    return ND_OK;
+}
+
+void san_grad_acts_free(san_grad_acts *g)
+{
+    if (g && g->block)
+        g->be->free(g->be, g->block);
+    if (g)
+        memset(g, 0, sizeof *g);
+}
+
+/* Gradients of y = x @ W_l (W_l = W + s*A@B) with respect to the weight:
+ * full dW and/or the adapter's A, B. */
+static void linear_param_grads(const nd_backend *be, const san_grad_target *tgt,
+                               san_grad_acts *g, int target, float *dW_full, int l, int N,
+                               int in, int out, const float *x, const float *dy)
+{
+    if (dW_full)
+        be->matmul(be, 1, 0, in, out, N, 1.0f, x, in, dy, out, 1.0f,
+                   dW_full + (size_t)l * in * out, out);
+    const san_lora *lo = tgt->lora;
+    if (!lo || !lo->t[target].present)
+        return;
+    int r = lo->rank;
+    float s = lo->scale;
+    const float *A = tgt->lora_w + lo->t[target].a_off + (size_t)l * in * r;
+    const float *B = tgt->lora_w + lo->t[target].b_off + (size_t)l * r * out;
+    float *dA = tgt->lora_g + lo->t[target].a_off + (size_t)l * in * r;
+    float *dB = tgt->lora_g + lo->t[target].b_off + (size_t)l * r * out;
+    be->matmul(be, 0, 0, N, r, in, 1.0f, x, in, A, r, 0.0f, g->lora_tmp, r);
+    be->matmul(be, 1, 0, r, out, N, s, g->lora_tmp, r, dy, out, 1.0f, dB, out);
+    be->matmul(be, 0, 1, N, r, out, 1.0f, dy, out, B, out, 0.0f, g->lora_tmp, r);
+    be->matmul(be, 1, 0, in, r, N, s, x, in, g->lora_tmp, r, 1.0f, dA, r);
+}
+
+#define GP(field, off) (F ? F->field + (off) : NULL)
+
+/* dXn (gradient of the layer's output lanes) -> dX (of its input lanes),
+ * with the layer's activations freshly recomputed in a->l. */
+static void layer_backward(const san_model *m, const san_weights *w, san_acts *a,
+                           san_grad_acts *g, const san_grad_target *tgt, int l, const float *X)
+{
+    const nd_backend *be = a->be;
+    const san_dims *D = &m->dims;
+    san_layer_acts *A = &a->l;
+    san_weights *F = tgt->full;
+    int N = (int)a->N, d = D->d, n = D->n, nd = n * d, hd = D->hd;
+    int qd = D->q_dim, kvd = D->kv_dim, hn = D->hada_n;
+    size_t Ld = (size_t)l * d, Lh = (size_t)l * hn;
+    long Nd = (long)N * d;
+
+    /* X_new = M X + hpost y */
+    be->lanes_update_backward(be, g->dX, g->dM, g->dhpost, g->dy, g->dXn, A->M, X, A->hpost,
+                              A->y, N, n, d);
+
+    /* y = (x1 + mlp(z)) - u */
+    be->hadamard_mlp_backward(be, g->dz, GP(d1, Lh), GP(d2, Lh), GP(d3, Lh), g->dy, A->z, A->h1,
+                              w->d1 + Lh, w->d2 + Lh, w->d3 + Lh, N, d, hn);
+    memcpy(g->dx1, g->dy, sizeof(float) * (size_t)Nd);
+    be->rmsnorm_backward(be, g->dx1, GP(pre_hada, Ld), g->dz, A->x1, A->z_rstd, w->pre_hada + Ld,
+                         N, d, 1);
+
+    /* x1 = bx + sigmoid(gate) * zcrms(o2, post_norm) */
+    const float *bx = A->u;
+    for (int s = 0; s < m->cfg.n_sites; s++)
+        if (m->cfg.engram_layers[s] == l)
+            bx = A->bx;
+    be->residual_scaled_backward(be, g->dpn, GP(attn_gate, l), g->dx1, A->pn, w->attn_gate[l],
+                                 Nd);
+    memcpy(g->dbx, g->dx1, sizeof(float) * (size_t)Nd);
+    be->rmsnorm_backward(be, g->do2, GP(post_norm, Ld), g->dpn, A->o2, A->pn_rstd,
+                         w->post_norm + Ld, N, d, 0);
+
+    /* o2 = o @ Wout */
+    be->matmul(be, 0, 1, N, qd, d, 1.0f, g->do2, d, w->wout + (size_t)l * qd * d, d, 0.0f, g->do_,
+               qd);
+    linear_param_grads(be, tgt, g, LORA_OUT, F ? F->wout : NULL, l, N, qd, d, A->o, g->do2);
+
+    /* o = att * sigmoid(g); attention; rope; q/k norms */
+    be->gate_sigmoid_backward(be, g->datt, g->dg, g->do_, A->att, A->g, (long)N * qd);
+    be->attention_backward(be, g->dqn, g->dkn, g->dv, g->datt, A->qn, A->kn, A->v, A->att,
+                           A->lse, a->B, a->T, D->H, D->G, hd);
+    be->rope_backward(be, g->dqn, a->rope_cos, a->rope_sin, a->B, a->T, D->H, hd);
+    be->rope_backward(be, g->dkn, a->rope_cos, a->rope_sin, a->B, a->T, D->G, hd);
+    be->rmsnorm_backward(be, g->dq, GP(q_norm, (size_t)l * hd), g->dqn, A->q, A->q_rstd,
+                         w->q_norm + (size_t)l * hd, (long)N * D->H, hd, 0);
+    be->rmsnorm_backward(be, g->dk, GP(k_norm, (size_t)l * hd), g->dkn, A->k, A->k_rstd,
+                         w->k_norm + (size_t)l * hd, (long)N * D->G, hd, 0);
+
+    /* the four projections of a = zcrms(bx, norm_in) */
+    be->matmul(be, 0, 1, N, d, qd, 1.0f, g->dq, qd, w->wq + (size_t)l * d * qd, qd, 0.0f, g->da,
+               d);
+    be->matmul(be, 0, 1, N, d, kvd, 1.0f, g->dk, kvd, w->wk + (size_t)l * d * kvd, kvd, 1.0f,
+               g->da, d);
+    be->matmul(be, 0, 1, N, d, kvd, 1.0f, g->dv, kvd, w->wv + (size_t)l * d * kvd, kvd, 1.0f,
+               g->da, d);
+    be->matmul(be, 0, 1, N, d, qd, 1.0f, g->dg, qd, w->wgate + (size_t)l * d * qd, qd, 1.0f,
+               g->da, d);
+    linear_param_grads(be, tgt, g, LORA_Q, F ? F->wq : NULL, l, N, d, qd, A->a, g->dq);
+    linear_param_grads(be, tgt, g, LORA_K, F ? F->wk : NULL, l, N, d, kvd, A->a, g->dk);
+    linear_param_grads(be, tgt, g, LORA_V, F ? F->wv : NULL, l, N, d, kvd, A->a, g->dv);
+    linear_param_grads(be, tgt, g, LORA_GATE, F ? F->wgate : NULL, l, N, d, qd, A->a, g->dg);
+    be->rmsnorm_backward(be, g->dbx, GP(norm_in, Ld), g->da, bx, A->a_rstd, w->norm_in + Ld, N,
+                         d, 1);
+
+    /* bx = u + sum_s alpha_s v_s; y's "- u" term */
+    memcpy(g->du, g->dbx, sizeof(float) * (size_t)Nd);
+    be->add(be, g->du, g->dy, -1.0f, Nd);
+    for (int s = 0; s < m->cfg.n_sites; s++)
+        if (m->cfg.engram_layers[s] == l)
+            be->engram_gate_backward(be, g->du, g->deng_k[s], g->deng_v[s], g->dbx, A->u,
+                                     a->eng_k[s], a->eng_v[s], A->alpha + (size_t)s * N, N, d);
+
+    /* u = sum_i hpre_i X_i; hyper-connection coefficients from nx */
+    be->lanes_combine_backward(be, g->dhpre, g->dX, g->du, A->hpre, X, N, n, d);
+    be->hyper_coeffs_backward(be, g->dpre, g->dpost, g->dres, GP(a_pre, l), GP(a_post, l),
+                              GP(a_res, l), GP(b_pre, (size_t)l * n), GP(b_post, (size_t)l * n),
+                              GP(b_res, (size_t)l * n * n), g->dhpre, g->dhpost, g->dM, A->pre,
+                              A->post, A->res, A->hpre, A->hpost, w->a_pre[l], w->a_post[l],
+                              w->a_res[l], w->b_res + (size_t)l * n * n, N, n);
+    const float *phi_pre = w->phi_pre + (size_t)l * nd * n;
+    const float *phi_post = w->phi_post + (size_t)l * nd * n;
+    const float *phi_res = w->phi_res + (size_t)l * nd * n * n;
+    be->matmul(be, 0, 1, N, nd, n, 1.0f, g->dpre, n, phi_pre, n, 0.0f, g->dnx, nd);
+    be->matmul(be, 0, 1, N, nd, n, 1.0f, g->dpost, n, phi_post, n, 1.0f, g->dnx, nd);
+    be->matmul(be, 0, 1, N, nd, n * n, 1.0f, g->dres, n * n, phi_res, n * n, 1.0f, g->dnx, nd);
+    if (F) {
+        be->matmul(be, 1, 0, nd, n, N, 1.0f, A->nx, nd, g->dpre, n, 1.0f,
+                   F->phi_pre + (size_t)l * nd * n, n);
+        be->matmul(be, 1, 0, nd, n, N, 1.0f, A->nx, nd, g->dpost, n, 1.0f,
+                   F->phi_post + (size_t)l * nd * n, n);
+        be->matmul(be, 1, 0, nd, n * n, N, 1.0f, A->nx, nd, g->dres, n * n, 1.0f,
+                   F->phi_res + (size_t)l * nd * n * n, n * n);
+    }
+    be->rmsnorm_backward(be, g->dX, NULL, g->dnx, X, A->nx_rstd, NULL, N, nd, 1);
+}
+
+int san_backward(const san_model *m, const san_weights *w, san_acts *a, san_grad_acts *g,
+                 const san_grad_target *tgt, const int32_t *tokens)
+{
+    const nd_backend *be = a->be;
+    const san_dims *D = &m->dims;
+    san_weights *F = tgt->full;
+    int N = (int)a->N, d = D->d, n = D->n, V = D->V;
+    if (!a->X_saved)
+        return nd_error(ND_EARG, "san_backward needs activations created with save_lanes");
+    size_t lane_sz = (size_t)N * n * d;
+
+    /* logits = hf @ E^T (tied) */
+    be->matmul(be, 0, 0, N, d, V, 1.0f, a->logits, V, w->emb, d, 0.0f, g->dhf, d);
+    if (F)
+        be->matmul(be, 1, 0, V, d, N, 1.0f, a->logits, V, a->hf, d, 1.0f, F->emb, d);
+    be->rmsnorm_backward(be, g->dxm, GP(final_norm, 0), g->dhf, a->xm, a->hf_rstd, w->final_norm,
+                         N, d, 0);
+    be->lanes_mean_backward(be, g->dXn, g->dxm, N, n, d);
+
+    for (int s = 0; s < m->cfg.n_sites; s++) {
+        memset(g->deng_k[s], 0, sizeof(float) * (size_t)N * d);
+        memset(g->deng_v[s], 0, sizeof(float) * (size_t)N * d);
+    }
+    for (int l = D->L - 1; l >= 0; l--) {
+        const float *X = a->X_saved + (size_t)l * lane_sz;
+        san_layer_forward(m, w, a, l, X, a->Xn); /* recompute this layer */
+        layer_backward(m, w, a, g, tgt, l, X);
+        float *t = g->dX;
+        g->dX = g->dXn;
+        g->dXn = t;
+    }
+    /* g->dXn now holds the gradient of the initial lanes */
+    if (!F)
+        return ND_OK; /* embeddings and engrams are frozen */
+    float *dx0 = g->dhf;
+    be->lanes_broadcast_backward(be, dx0, g->dXn, N, n, d);
+    be->embed_backward(be, F->emb, dx0, tokens, N, d, (float)sqrt((double)d));
+    const san_config *c = &m->cfg;
+    for (int s = 0; s < c->n_sites; s++) {
+        be->engram_gather(be, a->eng_e, w->eng[s].table, a->eng_idx, a->B, a->T,
+                          c->engram_orders, c->n_orders, D->eng_heads, c->engram_slots,
+                          D->eng_sub);
+        be->matmul(be, 0, 0, N, d, D->eng_dim, 1.0f, a->eng_e, D->eng_dim, w->eng[s].wv, d, 0.0f,
+                   a->eng_vp, d);
+        be->engram_taps_backward(be, g->deng_vp, F->eng[s].taps, g->deng_v[s], a->eng_vp,
+                                 w->eng[s].taps, a->B, a->T, d, D->eng_dilation);
+        be->matmul(be, 1, 0, D->eng_dim, d, N, 1.0f, a->eng_e, D->eng_dim, g->deng_vp, d, 1.0f,
+                   F->eng[s].wv, d);
+        be->matmul(be, 1, 0, D->eng_dim, d, N, 1.0f, a->eng_e, D->eng_dim, g->deng_k[s], d, 1.0f,
+                   F->eng[s].wk, d);
+        be->matmul(be, 0, 1, N, D->eng_dim, d, 1.0f, g->deng_vp, d, w->eng[s].wv, d, 0.0f,
+                   g->deng_e, D->eng_dim);
+        be->matmul(be, 0, 1, N, D->eng_dim, d, 1.0f, g->deng_k[s], d, w->eng[s].wk, d, 1.0f,
+                   g->deng_e, D->eng_dim);
+        be->engram_gather_backward(be, F->eng[s].table, g->deng_e, a->eng_idx, a->B, a->T,
+                                   c->engram_orders, c->n_orders, D->eng_heads, c->engram_slots,
+                                   D->eng_sub);
+    }
+    return ND_OK;
+}

@@ -1,0 +1,45 @@
+/* Backward pass of the SAN: layer by layer in reverse, recomputing each
+ * layer's activations from its saved input lanes (like upstream's remat),
+ * so memory holds one layer's activations plus the lane states. */
+#ifndef ND_SAN_BACKWARD_H
+#define ND_SAN_BACKWARD_H
+
+#include "model/lora.h"
+#include "model/san.h"
+
+typedef struct {
+    float *dX, *dXn;                    /* lane gradients [N, n, d] */
+    float *dhf, *dxm;                   /* [N, d] */
+    float *dy, *dx1, *dz, *dpn, *dbx, *do2, *du; /* [N, d] */
+    float *do_, *datt, *dg, *dqn, *dq;  /* [N, q_dim] */
+    float *dkn, *dk, *dv;               /* [N, kv_dim] */
+    float *da;                          /* [N, d] */
+    float *dhpre, *dhpost, *dM;         /* [N, n], [N, n], [N, n*n] */
+    float *dpre, *dpost, *dres;         /* same */
+    float *dnx;                         /* [N, n*d] */
+    float *deng_k[SAN_MAX_SITES], *deng_v[SAN_MAX_SITES]; /* [N, d] */
+    float *deng_vp, *deng_e;            /* [N, d], [N, eng_dim] */
+    float *lora_tmp;                    /* [N, rank] */
+    void *block;
+    const nd_backend *be;
+} san_grad_acts;
+
+int san_grad_acts_create(san_grad_acts *g, const nd_backend *be, const san_model *m, int B,
+                         int T, int lora_rank);
+void san_grad_acts_free(san_grad_acts *g);
+
+/* What to differentiate. Either or both may be set. */
+typedef struct {
+    san_weights *full;     /* += gradients of every base parameter (NULL: frozen) */
+    const san_lora *lora;  /* adapter layout (NULL: no adapter) */
+    const float *lora_w;   /* adapter values (A, B) */
+    float *lora_g;         /* += gradients of A and B */
+} san_grad_target;
+
+/* Given a completed forward (acts made with save_lanes) whose logits have
+ * been replaced in place by dLoss/dlogits, accumulate parameter gradients.
+ * `w` must be the weights the forward used (LoRA merged in). */
+int san_backward(const san_model *m, const san_weights *w, san_acts *a, san_grad_acts *g,
+                 const san_grad_target *tgt, const int32_t *tokens);
+
+#endif

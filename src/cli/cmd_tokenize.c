@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "core/fileio.h"
 #include "core/status.h"
 #include "text/tokenizer.h"
 
@@ -65,7 +66,27 @@ static int load(const char *flag, nd_tokenizer **tok)
     return 0;
 }
 
-static int encode_stream(const nd_tokenizer *tok, int pieces, int timing)
+/* Read all of stdin (for --whole). */
+static ssize_t slurp(char **buf, size_t *cap)
+{
+    size_t n = 0, got;
+    for (;;) {
+        if (*cap - n < 65536) {
+            size_t nc = *cap ? *cap * 2 : 65536;
+            char *p = realloc(*buf, nc);
+            if (!p)
+                return -1;
+            *buf = p;
+            *cap = nc;
+        }
+        got = fread(*buf + n, 1, *cap - n, stdin);
+        n += got;
+        if (got == 0)
+            return ferror(stdin) ? -1 : (ssize_t)n;
+    }
+}
+
+static int encode_stream(const nd_tokenizer *tok, int pieces, int timing, int whole)
 {
     char *line = NULL;
     size_t cap = 0, bytes = 0, tokens = 0;
@@ -73,10 +94,11 @@ static int encode_stream(const nd_tokenizer *tok, int pieces, int timing)
     nd_idvec ids = {0};
     struct timespec t0, t1;
     double secs = 0;
-    int rc = 0;
-    while ((got = getline(&line, &cap, stdin)) >= 0) {
+    int rc = 0, done = 0;
+    while (!done && (got = whole ? slurp(&line, &cap) : getline(&line, &cap, stdin)) >= 0) {
         size_t n = (size_t)got;
-        if (n && line[n - 1] == '\n')
+        done = whole;
+        if (n && line[n - 1] == '\n' && !whole)
             n--;
         ids.n = 0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -162,7 +184,8 @@ static int decode_stream(const nd_tokenizer *tok)
 int cli_tokenize(int argc, char **argv)
 {
     const char *tok_path = NULL;
-    int decode = 0, pieces = 0, timing = 0;
+    const char *blob_out = NULL;
+    int decode = 0, pieces = 0, timing = 0, whole = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             help(stdout);
@@ -173,6 +196,10 @@ int cli_tokenize(int argc, char **argv)
             decode = 1;
         } else if (!strcmp(argv[i], "--pieces")) {
             pieces = 1;
+        } else if (!strcmp(argv[i], "--whole")) {
+            whole = 1;
+        } else if (!strcmp(argv[i], "--export-blob") && i + 1 < argc) {
+            blob_out = argv[++i];
         } else if (!strcmp(argv[i], "--time")) {
             timing = 1;
         } else {
@@ -183,7 +210,16 @@ int cli_tokenize(int argc, char **argv)
     int rc = load(tok_path, &tok);
     if (rc)
         return rc;
-    rc = decode ? decode_stream(tok) : encode_stream(tok, pieces, timing);
+    if (blob_out) {
+        unsigned char *blob = NULL;
+        size_t len;
+        if (nd_tokenizer_write_blob(tok, &blob, &len) || nd_write_file_atomic(blob_out, blob, len))
+            rc = cli_fail(blob_out);
+        free(blob);
+        nd_tokenizer_free(tok);
+        return rc;
+    }
+    rc = decode ? decode_stream(tok) : encode_stream(tok, pieces, timing, whole);
     nd_tokenizer_free(tok);
     if (fflush(stdout) != 0 && !rc) {
         fprintf(stderr, "needle: writing stdout: %s\n", strerror(errno));

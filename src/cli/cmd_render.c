@@ -153,6 +153,13 @@ int cli_render(int argc, char **argv)
         if (!rc)
             print_example(&ds.ex[i], tok, tok ? &ts : NULL, i, len, n_prompt, json);
     }
+    if (!rc && ds.n == 0) {
+        fprintf(stderr,
+                "needle: %s: no examples (%zu lines: %zu blank, %zu without \"query\", %zu "
+                "invalid)\n",
+                data, ds.lines, ds.blank, ds.no_query, ds.bad);
+        rc = 1;
+    }
     if (!rc && line && !found) {
         fprintf(stderr,
                 "needle: %s:%lld holds no example (blank, no \"query\", skipped or "

@@ -99,9 +99,10 @@ int main(int argc, char **argv)
     CHECK(fails("[1] 2"));
     CHECK(fails("{'a':1}"));
 
-    char deep[3000];
+    char deep[3001];
     memset(deep, '[', 1500);
     memset(deep + 1500, ']', 1500);
+    deep[3000] = 0;
     CHECK(fails(deep) && strstr(nd_last_error(), "nesting"));
     char big[4400];
     memset(big, '7', 4301);

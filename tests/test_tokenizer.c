@@ -1,5 +1,6 @@
 /* Tokenizer unit tests on the shipped models/tokenizer.model: blob round
  * trip, decode rules, robustness on hostile text, and a linear-time check. */
+#define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>

@@ -1,11 +1,20 @@
 #ifndef ND_CLI_H
 #define ND_CLI_H
 
+#include <stddef.h>
+
 #define NEEDLE_VERSION_STRING "0.1.0"
 
 int cli_init(int argc, char **argv);
 int cli_eval(int argc, char **argv);
 int cli_bench(int argc, char **argv);
+int cli_tokenize(int argc, char **argv);
+int cli_render(int argc, char **argv);
+
+/* Tokenizer path: the flag, else $NEEDLE_TOKENIZER, else tokenizer.model
+ * beside `checkpoint` (may be NULL; buf holds that path). Prints where to
+ * get one and returns NULL when none is found. */
+const char *cli_tokenizer_path(const char *flag_value, const char *checkpoint, char *buf, size_t n);
 
 /* Print "needle: <message>" for the library's last error and return 1. */
 int cli_fail(const char *context);

@@ -1,0 +1,46 @@
+/* Chat-template rendering and token ids/loss mask of a training example,
+ * byte for byte as upstream finetune.py's render_example / _encode /
+ * fit_max_len (SPEC §2, §6). */
+#ifndef ND_RENDER_H
+#define ND_RENDER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "io/jsonl.h"
+#include "text/pyjson.h"
+#include "text/tokenizer.h"
+
+/* Render one example object into prompt and target (appended to the
+ * buffers). Errors name the offending field, e.g. "query must be a string". */
+int nd_render_example(const nd_pj *ex, nd_buf *prompt, nd_buf *target);
+
+/* [BOS] + enc(prompt) + enc(target) + [EOS], untruncated, appended to ids;
+ * *n_prompt = 1 + len(enc(prompt)), the positions whose mask is 0. */
+int nd_render_encode(const nd_tokenizer *t, const nd_example *ex, nd_idvec *ids, size_t *n_prompt);
+
+/* Upstream's fit_max_len: the smallest 128 * 2^k covering `longest`,
+ * capped by `cap` (so `cap` itself when cap < 128). */
+size_t nd_fit_max_len(size_t longest, size_t cap);
+
+/* _encode's truncate-and-pad into max_len slots: ids[:max_len] then pad_id;
+ * mask 0 on the first n_prompt positions, 1 after, 0 on padding. Returns 1
+ * if the example was truncated. */
+int nd_render_pack(const int32_t *ids, size_t n, size_t n_prompt, size_t max_len, int32_t pad_id,
+                   int32_t *ids_out, float *mask_out);
+
+/* A whole dataset, tokenised: n rows of max_len ids and mask. */
+typedef struct {
+    size_t n, max_len;
+    int32_t *ids;
+    float *mask;
+    size_t longest;   /* longest untruncated example, in tokens */
+    size_t truncated; /* examples cut to max_len (upstream does so silently) */
+} nd_token_set;
+
+/* max_len = nd_fit_max_len(longest, cap). Pads with the tokenizer's pad id
+ * (0 if it has none). */
+int nd_dataset_tokenize(const nd_dataset *d, const nd_tokenizer *t, size_t cap, nd_token_set *out);
+void nd_token_set_free(nd_token_set *s);
+
+#endif

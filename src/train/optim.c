@@ -1,0 +1,96 @@
+#include "train/optim.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/status.h"
+
+long nd_warmup_steps(long S)
+{
+    long w = S / 20;
+    if (w < 1)
+        w = 1;
+    if (w > S - 1)
+        w = S - 1;
+    return w < 0 ? 0 : w;
+}
+
+double nd_lr_schedule(double peak, long warmup, long total, long step)
+{
+    if (step < warmup) /* linear 0 -> peak; join_schedules switches at `warmup` */
+        return peak * (double)step / (double)warmup;
+    long decay = total - warmup;
+    if (decay <= 0)
+        return peak;
+    long k = step - warmup;
+    if (k > decay)
+        k = decay;
+    return peak * 0.5 * (1.0 + cos(3.14159265358979323846 * (double)k / (double)decay));
+}
+
+int nd_adamw_init(nd_adamw *o, size_t n, float peak_lr, long total_steps)
+{
+    memset(o, 0, sizeof *o);
+    o->b1 = 0.9f;
+    o->b2 = 0.999f;
+    o->eps = 1e-8f;
+    o->weight_decay = 1e-4f;
+    o->max_norm = 1.0f;
+    o->peak_lr = peak_lr;
+    o->total_steps = total_steps;
+    o->warmup_steps = nd_warmup_steps(total_steps);
+    o->n = n;
+    o->mu = calloc(n ? n : 1, sizeof(float));
+    o->nu = calloc(n ? n : 1, sizeof(float));
+    if (!o->mu || !o->nu) {
+        nd_adamw_free(o);
+        return nd_error(ND_ENOMEM, "out of memory for optimiser state");
+    }
+    return ND_OK;
+}
+
+void nd_adamw_free(nd_adamw *o)
+{
+    free(o->mu);
+    free(o->nu);
+    o->mu = o->nu = NULL;
+}
+
+double nd_global_norm(const float *g, size_t n)
+{
+    double s = 0;
+#pragma omp parallel for reduction(+ : s) schedule(static)
+    for (size_t i = 0; i < n; i++)
+        s += (double)g[i] * g[i];
+    return sqrt(s);
+}
+
+int nd_adamw_step(nd_adamw *o, float *p, float *g, double *gnorm, double *lr_used)
+{
+    double norm = nd_global_norm(g, o->n);
+    if (gnorm)
+        *gnorm = norm;
+    if (!isfinite(norm))
+        return nd_error(ND_ENUMERIC, "gradient is not finite (global norm %g)", norm);
+    /* clip_by_global_norm: g / norm * max_norm when norm exceeds it */
+    float clip = norm > o->max_norm ? (float)(o->max_norm / norm) : 1.0f;
+    double lr = nd_lr_schedule(o->peak_lr, o->warmup_steps, o->total_steps, o->count);
+    if (lr_used)
+        *lr_used = lr;
+    long t = o->count + 1;
+    float bc1 = (float)(1.0 - pow(o->b1, (double)t)), bc2 = (float)(1.0 - pow(o->b2, (double)t));
+    float b1 = o->b1, b2 = o->b2, eps = o->eps, wd = o->weight_decay, flr = (float)lr;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < o->n; i++) {
+        float gi = g[i] * clip;
+        float m = b1 * o->mu[i] + (1.0f - b1) * gi;
+        float v = b2 * o->nu[i] + (1.0f - b2) * gi * gi;
+        o->mu[i] = m;
+        o->nu[i] = v;
+        float upd = (m / bc1) / (sqrtf(v / bc2) + eps) + wd * p[i];
+        p[i] -= flr * upd;
+    }
+    o->count++;
+    return ND_OK;
+}

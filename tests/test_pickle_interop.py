@@ -135,6 +135,8 @@ def round_trip(tmp, name, obj, protocol, expect_in_pickle=None):
         back = pickle.loads(blob)
         same_types(obj, back, "%s p%d" % (name, protocol))
         check("\n".join(render(back, [])) + "\n" == want, "%s p%d: reread rendering" % (name, protocol))
+        return back
+    return None
 
 
 def sample(dtype, shape, seed):
@@ -239,7 +241,12 @@ def main():
                     "long_str": "x" * 70000,
                 },
             }
-            round_trip(tmp, "checkpoint", ckpt, protocol)
+            back = round_trip(tmp, "checkpoint", ckpt, protocol)
+            if back is not None:  # shared objects stay shared through C
+                tied = back["params"]["layers"]["1"]
+                check(tied["tied"] is tied["tied_again"], "p%d: tied arrays not shared" % protocol)
+                check(back["config"]["shared_list"] is back["config"]["shared_again"],
+                      "p%d: shared list not shared" % protocol)
 
         # hostile and unsupported pickles
         for p in (2, 4):

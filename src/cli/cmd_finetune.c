@@ -1,0 +1,177 @@
+/* needle finetune: LoRA training with upstream's options and output. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "core/status.h"
+#include "train/finetune.h"
+
+static const char *finetune_help =
+    "usage: needle finetune DATA.jsonl [options]\n"
+    "\n"
+    "LoRA fine-tune the frozen base checkpoint on JSONL tool-calling examples and\n"
+    "write an adapter pickle that upstream's `needle build` (and ours) accepts.\n"
+    "\n"
+    "  --checkpoint PATH    base checkpoint (default checkpoints/needle2.pkl)\n"
+    "  --tokenizer PATH     SentencePiece model (default $NEEDLE_TOKENIZER, else\n"
+    "                       tokenizer.model beside the checkpoint)\n"
+    "  --epochs N           passes over the data (default 3)\n"
+    "  --batch-size N       examples per step (default 16)\n"
+    "  --lr X               peak learning rate (default 1e-4; warmup then cosine)\n"
+    "  --lora-rank N        adapter rank (default 16)\n"
+    "  --lora-alpha X       adapter alpha; scale = alpha/rank (default 32)\n"
+    "  --max-len N          cap on the sequence length (default 1024)\n"
+    "  --val-split X        held-out fraction (default 0.1)\n"
+    "  --checkpoint-dir D   where the default output goes (default checkpoints)\n"
+    "  --out PATH           adapter path (default D/needle_lora.pkl)\n"
+    "  --save-every N       also write the adapter every N steps (crash safety)\n"
+    "  --resume ADAPTER     continue from an adapter (and its optimiser state)\n"
+    "  --skip-bad           skip (and count) invalid JSONL lines instead of failing\n"
+    "  --seed N             random seed (default 0)\n"
+    "  --threads N          worker threads (default: all cores)\n"
+    "  --device D           auto|cpu (default auto; the backend used is printed)\n";
+
+static volatile int stop_flag;
+static void on_sigint(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+static void emit_line(void *ctx, const char *line)
+{
+    int *tty = ctx;
+    if (*tty)
+        fprintf(stderr, "\r\033[K");
+    printf("%s\n", line);
+    fflush(stdout);
+}
+
+static void status_bar(void *ctx, long step, long total, double loss, double tps, double eta)
+{
+    int *tty = ctx;
+    if (!*tty)
+        return;
+    int width = 30, fill = total ? (int)((double)width * step / total) : width;
+    char bar[64];
+    for (int i = 0; i < width; i++)
+        bar[i] = i < fill ? '#' : '.';
+    bar[width] = 0;
+    fprintf(stderr, "\r\033[K  [%s] %ld/%ld  loss %.4f  %.0f tok/s  ETA %02d:%02d", bar, step,
+            total, loss, tps, (int)(eta / 60), (int)eta % 60);
+    fflush(stderr);
+}
+
+int cli_finetune(int argc, char **argv)
+{
+    nd_finetune_opts o;
+    nd_finetune_defaults(&o);
+    const char *tok_flag = NULL, *device = "auto", *ckdir = "checkpoints", *out = NULL;
+    long long threads = 0, v;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(finetune_help, stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--skip-bad")) {
+            o.skip_bad = 1;
+            continue;
+        }
+        if (a[0] != '-' || a[1] != '-') {
+            if (o.data)
+                return cli_usage_error("finetune", "unexpected argument '%s'", a);
+            o.data = a;
+            continue;
+        }
+        if (i + 1 >= argc)
+            return cli_usage_error("finetune", "%s needs a value", a);
+        const char *val = argv[++i];
+        if (!strcmp(a, "--checkpoint"))
+            o.checkpoint = val;
+        else if (!strcmp(a, "--tokenizer"))
+            tok_flag = val;
+        else if (!strcmp(a, "--out"))
+            out = val;
+        else if (!strcmp(a, "--checkpoint-dir"))
+            ckdir = val;
+        else if (!strcmp(a, "--resume"))
+            o.resume = val;
+        else if (!strcmp(a, "--device"))
+            device = val;
+        else if (!strcmp(a, "--epochs")) {
+            if (cli_parse_int(a, val, 1, 1000000, &v))
+                return 2;
+            o.epochs = (int)v;
+        } else if (!strcmp(a, "--batch-size")) {
+            if (cli_parse_int(a, val, 1, 65536, &v))
+                return 2;
+            o.batch_size = (int)v;
+        } else if (!strcmp(a, "--lora-rank")) {
+            if (cli_parse_int(a, val, 1, 4096, &v))
+                return 2;
+            o.rank = (int)v;
+        } else if (!strcmp(a, "--max-len")) {
+            if (cli_parse_int(a, val, 2, 1 << 20, &v))
+                return 2;
+            o.max_len = (int)v;
+        } else if (!strcmp(a, "--save-every")) {
+            if (cli_parse_int(a, val, 1, 1LL << 40, &v))
+                return 2;
+            o.save_every = (long)v;
+        } else if (!strcmp(a, "--seed")) {
+            if (cli_parse_int(a, val, 0, 1LL << 62, &v))
+                return 2;
+            o.seed = (uint64_t)v;
+        } else if (!strcmp(a, "--threads")) {
+            if (cli_parse_int(a, val, 1, 1024, &threads))
+                return 2;
+        } else if (!strcmp(a, "--lr")) {
+            if (cli_parse_double(a, val, &o.lr) || o.lr <= 0)
+                return cli_usage_error("finetune", "--lr must be a positive number");
+        } else if (!strcmp(a, "--lora-alpha")) {
+            if (cli_parse_double(a, val, &o.alpha) || o.alpha <= 0)
+                return cli_usage_error("finetune", "--lora-alpha must be a positive number");
+        } else if (!strcmp(a, "--val-split")) {
+            if (cli_parse_double(a, val, &o.val_split) || o.val_split < 0 || o.val_split >= 1)
+                return cli_usage_error("finetune", "--val-split must be in [0, 1)");
+        } else
+            return cli_usage_error("finetune", "unknown option '%s'", a);
+    }
+    if (!o.data)
+        return cli_usage_error("finetune", "missing DATA.jsonl");
+    char outbuf[4096], tokbuf[4096];
+    if (!out) {
+        snprintf(outbuf, sizeof outbuf, "%s/needle_lora.pkl", ckdir);
+        mkdir(ckdir, 0755); /* as upstream's os.makedirs(exist_ok=True) */
+        out = outbuf;
+    }
+    o.out = out;
+    FILE *df = fopen(o.data, "rb");
+    if (!df) {
+        fprintf(stderr, "needle: %s: cannot open the training data\n", o.data);
+        return 1;
+    }
+    fclose(df);
+    o.tokenizer = cli_tokenizer_path(tok_flag, o.checkpoint, tokbuf, sizeof tokbuf);
+    if (!o.tokenizer)
+        return 1;
+    o.be = nd_backend_get(device, (int)threads);
+    if (!o.be)
+        return cli_fail(NULL);
+    int tty = isatty(fileno(stderr));
+    o.emit = emit_line;
+    o.status = status_bar;
+    o.ctx = &tty;
+    o.stop = &stop_flag;
+    signal(SIGINT, on_sigint);
+    int rc = nd_finetune(&o);
+    if (tty)
+        fprintf(stderr, "\r\033[K");
+    signal(SIGINT, SIG_DFL);
+    return rc ? cli_fail(NULL) : 0;
+}

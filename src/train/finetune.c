@@ -1,0 +1,318 @@
+#include "train/finetune.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rng.h"
+#include "core/status.h"
+#include "io/checkpoint.h"
+#include "io/jsonl.h"
+#include "model/lora.h"
+#include "text/render.h"
+#include "text/tokenizer.h"
+#include "train/optim.h"
+#include "train/trainer.h"
+
+void nd_finetune_defaults(nd_finetune_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->checkpoint = "checkpoints/needle2.pkl";
+    o->out = "checkpoints/needle_lora.pkl";
+    o->epochs = 3;
+    o->batch_size = 16;
+    o->rank = 16;
+    o->max_len = 1024;
+    o->lr = 1e-4;
+    o->alpha = 32;
+    o->val_split = 0.1;
+}
+
+static void emitf(const nd_finetune_opts *o, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void emitf(const nd_finetune_opts *o, const char *fmt, ...)
+{
+    if (!o->emit)
+        return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    o->emit(o->ctx, line);
+}
+
+static void shuffle(size_t *idx, size_t n, nd_rng *rng)
+{
+    for (size_t i = n; i > 1; i--) {
+        size_t j = (size_t)nd_rng_below(rng, i);
+        size_t t = idx[i - 1];
+        idx[i - 1] = idx[j];
+        idx[j] = t;
+    }
+}
+
+/* Rows idx[0..rows) of the token set into a [B, T] batch (rest: pad, mask 0). */
+static void gather(const nd_token_set *ts, const size_t *idx, int rows, int B, int32_t *ids,
+                   float *mask)
+{
+    size_t T = ts->max_len;
+    for (int b = 0; b < B; b++) {
+        if (b < rows) {
+            memcpy(ids + b * T, ts->ids + idx[b] * T, T * sizeof *ids);
+            memcpy(mask + b * T, ts->mask + idx[b] * T, T * sizeof *mask);
+        } else {
+            memset(ids + b * T, 0, T * sizeof *ids);
+            memset(mask + b * T, 0, T * sizeof *mask);
+        }
+    }
+}
+
+static pv *optimizer_state(const nd_adamw *opt, uint64_t seed)
+{
+    pv *st = pv_dict();
+    int64_t n = (int64_t)opt->n;
+    if (!st)
+        return NULL;
+    pv_dict_set(st, "format", pv_str("needle-c adamw 1"));
+    pv_dict_set(st, "count", pv_int(opt->count));
+    pv_dict_set(st, "seed", pv_int((int64_t)seed));
+    pv_dict_set(st, "total_steps", pv_int(opt->total_steps));
+    pv_dict_set(st, "mu", pv_ndarray(ND_F32, 1, &n, opt->mu));
+    pv_dict_set(st, "nu", pv_ndarray(ND_F32, 1, &n, opt->nu));
+    return st;
+}
+
+int nd_finetune(const nd_finetune_opts *o)
+{
+    int rc;
+    const nd_backend *be = o->be;
+    if (o->epochs < 1 || o->batch_size < 1 || o->rank < 1 || o->max_len < 2 || !(o->lr > 0) ||
+        !(o->alpha > 0) || !(o->val_split >= 0 && o->val_split < 1))
+        return nd_error(ND_EARG, "epochs, batch size, rank and lr must be positive, max_len >= "
+                                 "2 and 0 <= val_split < 1");
+    san_model m = {0};
+    nd_tokenizer *tok = NULL;
+    nd_dataset ds = {0};
+    nd_token_set ts = {0};
+    san_lora lora = {0};
+    nd_trainer tr = {0};
+    nd_adamw opt = {0};
+    size_t *order = NULL;
+    int32_t *ids = NULL;
+    float *mask = NULL, *last_good = NULL;
+    pv *resume_root = NULL;
+
+    FILE *probe = fopen(o->checkpoint, "rb");
+    if (!probe)
+        return nd_error(ND_EIO,
+                        "base checkpoint %s not found. Upstream publishes needle2 on Hugging "
+                        "Face (Cactus-Compute/needle2, checkpoints/needle2.pkl); download it there "
+                        "or pass --checkpoint PATH (e.g. one made by `needle init`)",
+                        o->checkpoint);
+    fclose(probe);
+    emitf(o, "  %-9s %s  float32  (%d threads)", "backend", be->name, be->threads);
+    if ((rc = ckpt_load(o->checkpoint, &m, NULL)))
+        goto done;
+    if ((rc = nd_tokenizer_load(o->tokenizer, &tok)))
+        goto done;
+    if (nd_tokenizer_vocab_size(tok) != m.dims.V) {
+        rc = nd_error(ND_EARG, "tokenizer %s has %d pieces but the checkpoint's vocab_size is %d",
+                      o->tokenizer, nd_tokenizer_vocab_size(tok), m.dims.V);
+        goto done;
+    }
+    nd_jsonl_opts jo = {.skip_bad = o->skip_bad};
+    if ((rc = nd_jsonl_load(o->data, &jo, &ds)))
+        goto done;
+    size_t cap = (size_t)o->max_len < (size_t)m.cfg.max_seq_len ? (size_t)o->max_len
+                                                                 : (size_t)m.cfg.max_seq_len;
+    if ((rc = nd_dataset_tokenize(&ds, tok, cap, &ts)))
+        goto done;
+    emitf(o, "  %-9s %zu examples  seq_len %zu  cap %d%s", "data", ts.n, ts.max_len, o->max_len,
+          "");
+    if (ds.no_query || ds.bad || ts.truncated)
+        emitf(o, "  %-9s %zu lines without query skipped, %zu invalid lines skipped, %zu examples "
+                 "truncated to %zu tokens",
+              "note", ds.no_query, ds.bad, ts.truncated, ts.max_len);
+
+    /* held-out split after a seeded shuffle (upstream: n_val = min(int(N*s), N-1)) */
+    size_t N = ts.n;
+    size_t n_val = (size_t)floor((double)N * o->val_split);
+    if (n_val > N - 1)
+        n_val = N - 1;
+    order = malloc(sizeof *order * N);
+    if (!order) {
+        rc = nd_error(ND_ENOMEM, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < N; i++)
+        order[i] = i;
+    nd_rng rng;
+    nd_rng_seed(&rng, o->seed ^ 0x5851F42D4C957F2Dull);
+    if (n_val)
+        shuffle(order, N, &rng);
+    size_t *val = order, *train = order + n_val, count = N - n_val;
+    if (n_val)
+        emitf(o, "  %-9s %zu examples for validation", "holdout", n_val);
+    if ((size_t)o->batch_size > count) {
+        rc = nd_error(ND_EARG, "batch size %d is larger than the %zu training examples; use "
+                               "--batch-size %zu or fewer",
+                      o->batch_size, count, count);
+        goto done;
+    }
+    int B = o->batch_size, T = (int)ts.max_len;
+    long spe = (long)((count + (size_t)B - 1) / (size_t)B), total = (long)o->epochs * spe;
+
+    if (o->resume) {
+        if ((rc = san_lora_load(&lora, &m, o->resume, &resume_root)))
+            goto done;
+    } else {
+        if ((rc = san_lora_create(&lora, &m, o->rank, (float)o->alpha)))
+            goto done;
+        san_lora_init(&lora, o->seed);
+    }
+    snprintf(lora.base, sizeof lora.base, "%s", o->checkpoint);
+    int groups = 0;
+    for (int t = 0; t < LORA_NTARGETS; t++)
+        groups += lora.t[t].present;
+    emitf(o, "  %-9s rank %d  alpha %g  %d weight groups", "lora", lora.rank,
+          (double)lora.scale * lora.rank, groups);
+    if ((rc = nd_adamw_init(&opt, lora.numel, (float)o->lr, total)))
+        goto done;
+    if (resume_root) {
+        const pv *st = pv_dict_get(resume_root, "needle_c_state");
+        const pv *mu = st ? pv_dict_get(st, "mu") : NULL, *nu = st ? pv_dict_get(st, "nu") : NULL;
+        const pv *cnt = st ? pv_dict_get(st, "count") : NULL;
+        if (mu && nu && cnt && mu->kind == PV_NDARRAY && nu->kind == PV_NDARRAY &&
+            mu->u.nd.dtype == ND_F32 && nu->u.nd.dtype == ND_F32 &&
+            pv_nd_numel(mu) == (int64_t)lora.numel && pv_nd_numel(nu) == (int64_t)lora.numel &&
+            cnt->kind == PV_INT && cnt->u.i >= 0 && cnt->u.i <= total) {
+            memcpy(opt.mu, mu->u.nd.data, sizeof(float) * lora.numel);
+            memcpy(opt.nu, nu->u.nd.data, sizeof(float) * lora.numel);
+            opt.count = (long)cnt->u.i;
+            emitf(o, "  %-9s %s at step %ld/%ld (optimiser moments restored)", "resume",
+                  o->resume, opt.count, total);
+        } else {
+            emitf(o, "  %-9s %s (no optimiser state: moments start at zero, step 0)", "resume",
+                  o->resume);
+        }
+    }
+    emitf(o, "  %-9s %ld steps  warmup %ld  cosine decay  clip 1.0", "schedule", total,
+          opt.warmup_steps);
+
+    if ((rc = nd_trainer_create(&tr, &m, be, &lora, B, T, 0)))
+        goto done;
+    ids = malloc(sizeof *ids * (size_t)B * T);
+    mask = malloc(sizeof *mask * (size_t)B * T);
+    last_good = malloc(sizeof *last_good * (lora.numel ? lora.numel : 1));
+    if (!ids || !mask || !last_good) {
+        rc = nd_error(ND_ENOMEM, "out of memory");
+        goto done;
+    }
+
+    long every = total / 50 > 1 ? total / 50 : 1, step = 0;
+    double t_start = omp_get_wtime(), tokens_done = 0;
+    long start_step = opt.count;
+    for (int epoch = 0; epoch < o->epochs && !rc; epoch++) {
+        /* per-epoch order derived from (seed, epoch) so a resume replays it */
+        nd_rng er;
+        nd_rng_seed(&er, o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)epoch + 17);
+        shuffle(train, count, &er);
+        double last = 0;
+        for (size_t s0 = 0; s0 < count && !rc; s0 += (size_t)B, step++) {
+            if (step < start_step)
+                continue; /* resumed: these updates are already in the adapter */
+            if (o->stop && *o->stop) {
+                rc = nd_error(ND_EIO, "interrupted at step %ld/%ld", step, total);
+                break;
+            }
+            int rows = count - s0 < (size_t)B ? (int)(count - s0) : B;
+            gather(&ts, train + s0, rows, B, ids, mask);
+            double loss, masked, gnorm;
+            rc = nd_trainer_step(&tr, ids, mask, rows, 1, &loss, &masked);
+            if (!rc) {
+                memcpy(last_good, lora.mem, sizeof(float) * lora.numel);
+                rc = nd_adamw_step(&opt, lora.mem, tr.lora_g, &gnorm, NULL);
+            }
+            if (rc == ND_ENUMERIC) {
+                rc = nd_error(ND_ENUMERIC,
+                              "step %ld/%ld: %s; training stopped, the last good adapter "
+                              "(before this step) is written to %s",
+                              step + 1, total, nd_last_error(), o->out);
+                memcpy(lora.mem, last_good, sizeof(float) * lora.numel);
+                pv *st = optimizer_state(&opt, o->seed);
+                if (san_lora_save(&lora, o->out, st) == ND_OK)
+                    rc = ND_ENUMERIC;
+                break;
+            }
+            if (rc)
+                break;
+            nd_trainer_merge(&tr);
+            last = loss;
+            tokens_done += (double)rows * T;
+            double el = omp_get_wtime() - t_start, done_steps = (double)(step + 1 - start_step);
+            if (o->status)
+                o->status(o->ctx, step + 1, total, loss, tokens_done / (el > 0 ? el : 1e-9),
+                          el / done_steps * (double)(total - step - 1));
+            if ((step + 1) % every == 0)
+                emitf(o, "  %-9s %ld/%ld  loss %.4f", "step", step + 1, total, loss);
+            if (o->save_every && (step + 1) % o->save_every == 0 && step + 1 < total) {
+                pv *st = optimizer_state(&opt, o->seed);
+                if ((rc = san_lora_save(&lora, o->out, st)))
+                    break;
+            }
+        }
+        if (rc)
+            break;
+        if (n_val) {
+            double vsum = 0;
+            int nb = 0;
+            for (size_t v0 = 0; v0 < n_val && !rc; v0 += (size_t)B, nb++) {
+                int rows = n_val - v0 < (size_t)B ? (int)(n_val - v0) : B;
+                gather(&ts, val + v0, rows, B, ids, mask);
+                double vl;
+                rc = nd_trainer_step(&tr, ids, mask, rows, 0, &vl, NULL);
+                vsum += vl;
+            }
+            if (!rc)
+                emitf(o, "  %-9s %d/%d  loss %.4f  val %.4f", "epoch", epoch + 1, o->epochs, last,
+                      vsum / nb);
+        } else {
+            emitf(o, "  %-9s %d/%d  loss %.4f", "epoch", epoch + 1, o->epochs, last);
+        }
+    }
+    if (rc == ND_EIO && o->stop && *o->stop) {
+        /* Ctrl-C: keep what we have */
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", nd_last_error());
+        pv *st = optimizer_state(&opt, o->seed);
+        if (san_lora_save(&lora, o->out, st) == ND_OK)
+            rc = nd_error(ND_EIO, "%s; adapter so far written to %s (continue with --resume %s)",
+                          msg, o->out, o->out);
+    }
+    if (!rc) {
+        pv *st = optimizer_state(&opt, o->seed);
+        rc = san_lora_save(&lora, o->out, st);
+        if (!rc) {
+            emitf(o, "  %-9s %s", "adapter", o->out);
+            emitf(o, "  %-9s needle build %s --lora %s", "next", o->checkpoint, o->out);
+        }
+    }
+done:
+    free(order);
+    free(ids);
+    free(mask);
+    free(last_good);
+    pv_decref(resume_root);
+    nd_adamw_free(&opt);
+    nd_trainer_free(&tr);
+    san_lora_free(&lora);
+    nd_token_set_free(&ts);
+    nd_dataset_free(&ds);
+    nd_tokenizer_free(tok);
+    san_model_free(&m);
+    return rc;
+}

@@ -1,0 +1,34 @@
+/* needle finetune as a library call: LoRA training of a base checkpoint on
+ * a JSONL dataset, upstream's defaults and progress lines (SPEC §2). */
+#ifndef ND_FINETUNE_H
+#define ND_FINETUNE_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+
+typedef struct {
+    const char *data;          /* JSONL */
+    const char *checkpoint;    /* base checkpoint */
+    const char *tokenizer;     /* .model path (required) */
+    const char *out;           /* adapter path */
+    const char *resume;        /* adapter to continue from, or NULL */
+    int epochs, batch_size, rank, max_len;
+    double lr, alpha, val_split;
+    uint64_t seed;
+    long save_every;           /* steps; 0 = only at the end */
+    int skip_bad;
+    const nd_backend *be;
+    /* progress: complete lines ("  step      3/30  loss 2.1234") and a live
+     * status (called often; may be NULL) */
+    void (*emit)(void *ctx, const char *line);
+    void (*status)(void *ctx, long step, long total, double loss, double tokens_per_s,
+                   double eta_s);
+    void *ctx;
+    volatile int *stop;        /* set non-zero (e.g. on SIGINT) to stop and save */
+} nd_finetune_opts;
+
+void nd_finetune_defaults(nd_finetune_opts *o);
+int nd_finetune(const nd_finetune_opts *o);
+
+#endif

@@ -1,4 +1,5 @@
 /* needle eval: next-token loss of a checkpoint on token sequences. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,14 +12,31 @@
 #include "io/checkpoint.h"
 #include "io/token_file.h"
 #include "model/eval.h"
+#include "model/lora.h"
+#include "io/jsonl.h"
+#include "text/render.h"
+#include "text/tokenizer.h"
+#include "train/evaluate.h"
 
 static const char *eval_help =
-    "usage: needle eval --checkpoint CKPT.pkl --tokens FILE [--json] [--logits OUT.bin]\n"
-    "                   [--batch-size B] [--threads N] [--device auto|cpu]\n"
+    "usage: needle eval --checkpoint CKPT.pkl DATA.jsonl [--tokenizer M] [--max-len N]\n"
+    "                   [--lora ADAPTER] [--grad-norms [--lora-rank R --seed S]] [--json]\n"
+    "       needle eval --checkpoint CKPT.pkl --tokens FILE [--json] [--logits OUT.bin]\n"
+    "       common: [--batch-size B] [--threads N] [--device auto|cpu]\n"
     "\n"
-    "Mean next-token cross-entropy of each token-id sequence in FILE (one sequence\n"
-    "per line, ids separated by spaces; all positions count) and the overall mean.\n"
+    "JSONL: per-example masked loss (target tokens only) and the overall loss exactly\n"
+    "as upstream's loss_fn over all examples as one batch (sum of masked CE / masked\n"
+    "positions). --tokens: mean next-token cross-entropy of each token-id sequence\n"
+    "(one per line, all positions count) and the overall mean.\n"
     "\n"
+    "  --lora ADAPTER   apply an adapter (ours or upstream's) to the base\n"
+    "  --grad-norms     also report the L2 norm of the gradient of the overall loss\n"
+    "                   w.r.t. each LoRA A and B (of --lora, or of a fresh adapter\n"
+    "                   from --lora-rank (16) / --lora-alpha (32) / --seed (0)) and\n"
+    "                   their global norm\n"
+    "  --tokenizer M    SentencePiece model (default $NEEDLE_TOKENIZER, else\n"
+    "                   tokenizer.model beside the checkpoint)\n"
+    "  --max-len N      cap on the sequence length (default 1024)\n"
     "  --json           print one JSON object: {\"examples\": [{\"loss\", \"tokens\"}...],\n"
     "                   \"mean_loss\"}; tokens = predicted positions (length - 1)\n"
     "  --logits OUT     write every sequence's float32 logits [len, V], little-endian,\n"
@@ -36,11 +54,144 @@ static int write_logits(void *ctx, int seq, const float *logits, int len, int V)
     return ND_OK;
 }
 
+/* W += scale * A @ B in place (the model is this command's private copy) */
+static void merge_into(san_model *m, const san_lora *lo, const nd_backend *be)
+{
+    for (int t = 0; t < LORA_NTARGETS; t++) {
+        if (!lo->t[t].present)
+            continue;
+        int in = lo->t[t].in, out = lo->t[t].out, r = lo->rank;
+        float *W = san_lora_weight_slot(&m->w, t);
+        for (int l = 0; l < lo->L; l++)
+            be->matmul(be, 0, 0, in, out, r, lo->scale,
+                       san_lora_A(lo, lo->mem, t) + (size_t)l * in * r, r,
+                       san_lora_B(lo, lo->mem, t) + (size_t)l * r * out, out, 1.0f,
+                       W + (size_t)l * in * out, out);
+    }
+}
+
+static double l2(const float *x, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)x[i] * x[i];
+    return sqrt(s);
+}
+
+typedef struct {
+    const char *ckpt, *data, *tok_flag, *lora_path;
+    int json, grad_norms, batch, max_len, rank;
+    double alpha;
+    long long seed;
+} jsonl_args;
+
+static int eval_jsonl(const jsonl_args *a, san_model *m, const nd_backend *be)
+{
+    char tokbuf[4096];
+    const char *tpath = cli_tokenizer_path(a->tok_flag, a->ckpt, tokbuf, sizeof tokbuf);
+    if (!tpath)
+        return 1;
+    nd_tokenizer *tok = NULL;
+    nd_dataset ds = {0};
+    nd_token_set ts = {0};
+    san_lora lora = {0};
+    nd_trainer tr = {0};
+    nd_masked_eval ev = {0};
+    int rc = 1, have_lora = 0;
+    if (nd_tokenizer_load(tpath, &tok)) {
+        cli_fail(NULL);
+        goto done;
+    }
+    if (nd_tokenizer_vocab_size(tok) != m->dims.V) {
+        fprintf(stderr, "needle: tokenizer %s has %d pieces but the checkpoint's vocab is %d\n",
+                tpath, nd_tokenizer_vocab_size(tok), m->dims.V);
+        goto done;
+    }
+    nd_jsonl_opts jo = {0};
+    if (nd_jsonl_load(a->data, &jo, &ds)) {
+        cli_fail(NULL);
+        goto done;
+    }
+    size_t cap = (size_t)(a->max_len < m->cfg.max_seq_len ? a->max_len : m->cfg.max_seq_len);
+    if (nd_dataset_tokenize(&ds, tok, cap, &ts)) {
+        cli_fail(a->data);
+        goto done;
+    }
+    if (a->lora_path) {
+        if (san_lora_load(&lora, m, a->lora_path, NULL)) {
+            cli_fail(NULL);
+            goto done;
+        }
+        have_lora = 1;
+    } else if (a->grad_norms) {
+        if (san_lora_create(&lora, m, a->rank, (float)a->alpha)) {
+            cli_fail(NULL);
+            goto done;
+        }
+        san_lora_init(&lora, (uint64_t)a->seed);
+        have_lora = 1;
+    }
+    int B = a->batch < (int)ts.n ? a->batch : (int)ts.n;
+    if (nd_trainer_create(&tr, m, be, have_lora ? &lora : NULL, B, (int)ts.max_len, 0) ||
+        nd_eval_masked(&tr, ts.ids, ts.mask, ts.n, a->grad_norms, &ev)) {
+        cli_fail(a->data);
+        goto done;
+    }
+    double mean = ev.total_loss / (ev.total_positions > 1 ? ev.total_positions : 1);
+    if (a->json) {
+        printf("{\"examples\": [");
+        for (size_t i = 0; i < ev.n; i++)
+            printf("%s{\"loss\": %.9g, \"tokens\": %.0f}", i ? ", " : "",
+                   ev.positions[i] > 0 ? ev.loss_sum[i] / ev.positions[i] : 0.0,
+                   ev.positions[i]);
+        printf("], \"mean_loss\": %.9g", mean);
+    } else {
+        for (size_t i = 0; i < ev.n; i++)
+            printf("example %zu (line %zu): loss %.6f over %.0f target tokens\n", i + 1,
+                   ds.ex[i].line, ev.positions[i] > 0 ? ev.loss_sum[i] / ev.positions[i] : 0.0,
+                   ev.positions[i]);
+        printf("mean loss %.6f over %.0f target tokens (%zu examples, seq_len %zu)\n", mean,
+               ev.total_positions, ev.n, ts.max_len);
+    }
+    if (a->grad_norms) {
+        double global = l2(ev.lora_grad, lora.numel);
+        if (a->json)
+            printf(", \"grad_norms\": {\"global\": %.9g", global);
+        else
+            printf("grad norm (global) %.6g\n", global);
+        for (int t = 0; t < LORA_NTARGETS; t++) {
+            if (!lora.t[t].present)
+                continue;
+            double na = l2(ev.lora_grad + lora.t[t].a_off, (size_t)lora.L * lora.t[t].in * lora.rank);
+            double nb =
+                l2(ev.lora_grad + lora.t[t].b_off, (size_t)lora.L * lora.rank * lora.t[t].out);
+            if (a->json)
+                printf(", \"%s\": {\"A\": %.9g, \"B\": %.9g}", san_lora_target_name(t), na, nb);
+            else
+                printf("grad norm %s  A %.6g  B %.6g\n", san_lora_target_name(t), na, nb);
+        }
+        if (a->json)
+            printf("}");
+    }
+    if (a->json)
+        printf("}\n");
+    rc = 0;
+done:
+    nd_masked_eval_free(&ev);
+    nd_trainer_free(&tr);
+    san_lora_free(&lora);
+    nd_token_set_free(&ts);
+    nd_dataset_free(&ds);
+    nd_tokenizer_free(tok);
+    return rc;
+}
+
 int cli_eval(int argc, char **argv)
 {
     const char *ckpt = NULL, *tokens = NULL, *logits_path = NULL, *device = "auto";
+    jsonl_args ja = {.batch = 16, .max_len = 1024, .rank = 16, .alpha = 32};
     int json = 0;
-    long long batch = 16, threads = 0;
+    long long batch = 16, threads = 0, v;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -51,32 +202,62 @@ int cli_eval(int argc, char **argv)
             json = 1;
             continue;
         }
-        if (a[0] != '-')
-            return cli_usage_error("eval", "unexpected argument '%s'", a);
+        if (!strcmp(a, "--grad-norms")) {
+            ja.grad_norms = 1;
+            continue;
+        }
+        if (a[0] != '-') {
+            if (ja.data)
+                return cli_usage_error("eval", "unexpected argument '%s'", a);
+            ja.data = a;
+            continue;
+        }
         if (i + 1 >= argc)
             return cli_usage_error("eval", "%s needs a value", a);
-        const char *v = argv[++i];
+        const char *val = argv[++i];
         if (!strcmp(a, "--checkpoint"))
-            ckpt = v;
+            ckpt = val;
         else if (!strcmp(a, "--tokens"))
-            tokens = v;
+            tokens = val;
         else if (!strcmp(a, "--logits"))
-            logits_path = v;
+            logits_path = val;
         else if (!strcmp(a, "--device"))
-            device = v;
+            device = val;
+        else if (!strcmp(a, "--tokenizer"))
+            ja.tok_flag = val;
+        else if (!strcmp(a, "--lora"))
+            ja.lora_path = val;
         else if (!strcmp(a, "--batch-size")) {
-            if (cli_parse_int(a, v, 1, 1 << 16, &batch))
+            if (cli_parse_int(a, val, 1, 1 << 16, &batch))
                 return 2;
         } else if (!strcmp(a, "--threads")) {
-            if (cli_parse_int(a, v, 1, 1024, &threads))
+            if (cli_parse_int(a, val, 1, 1024, &threads))
+                return 2;
+        } else if (!strcmp(a, "--max-len")) {
+            if (cli_parse_int(a, val, 2, 1 << 20, &v))
+                return 2;
+            ja.max_len = (int)v;
+        } else if (!strcmp(a, "--lora-rank")) {
+            if (cli_parse_int(a, val, 1, 4096, &v))
+                return 2;
+            ja.rank = (int)v;
+        } else if (!strcmp(a, "--lora-alpha")) {
+            if (cli_parse_double(a, val, &ja.alpha) || ja.alpha <= 0)
+                return cli_usage_error("eval", "--lora-alpha must be positive");
+        } else if (!strcmp(a, "--seed")) {
+            if (cli_parse_int(a, val, 0, 1LL << 62, &ja.seed))
                 return 2;
         } else
             return cli_usage_error("eval", "unknown option '%s'", a);
     }
     if (!ckpt)
         return cli_usage_error("eval", "--checkpoint is required");
-    if (!tokens)
-        return cli_usage_error("eval", "--tokens FILE is required");
+    if (!tokens == !ja.data)
+        return cli_usage_error("eval", "give either DATA.jsonl or --tokens FILE");
+    if (ja.data && logits_path)
+        return cli_usage_error("eval", "--logits works with --tokens input");
+    if (tokens && ja.grad_norms)
+        return cli_usage_error("eval", "--grad-norms works with JSONL input");
 
     const nd_backend *be = nd_backend_get(device, (int)threads);
     if (!be)
@@ -84,13 +265,29 @@ int cli_eval(int argc, char **argv)
     san_model m;
     if (ckpt_load(ckpt, &m, NULL))
         return cli_fail(NULL);
+    fprintf(stderr, "  %-9s %s (%d threads)\n", "backend", be->name, be->threads);
+    if (ja.data) {
+        ja.ckpt = ckpt;
+        ja.json = json;
+        ja.batch = (int)batch;
+        int rc = eval_jsonl(&ja, &m, be);
+        san_model_free(&m);
+        return rc;
+    }
+    if (ja.lora_path) {
+        san_lora lo;
+        if (san_lora_load(&lo, &m, ja.lora_path, NULL)) {
+            san_model_free(&m);
+            return cli_fail(NULL);
+        }
+        merge_into(&m, &lo, be);
+        san_lora_free(&lo);
+    }
     token_seqs seqs;
     if (token_file_read(tokens, m.dims.V, &seqs)) {
         san_model_free(&m);
         return cli_fail(NULL);
     }
-    fprintf(stderr, "  %-9s %s (%d threads)\n", "backend", be->name, be->threads);
-
     nd_atomic_file af = {0};
     if (logits_path && nd_atomic_open(&af, logits_path)) {
         token_seqs_free(&seqs);

@@ -1,0 +1,26 @@
+/* Masked next-token loss of a dataset exactly as upstream's loss_fn over
+ * all examples as one batch (sum of masked CE / masked positions), with
+ * per-example numbers and, optionally, the gradient of that loss with
+ * respect to the adapter. */
+#ifndef ND_EVALUATE_H
+#define ND_EVALUATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "train/trainer.h"
+
+typedef struct {
+    size_t n;          /* examples */
+    double *loss_sum;  /* per example: summed CE over its masked positions */
+    double *positions; /* per example: masked positions */
+    double total_loss, total_positions;
+    float *lora_grad;  /* d(mean loss)/d(A, B) when requested (lora->numel) */
+} nd_masked_eval;
+
+/* ids/mask: n rows of T (the trainer's T); rows are run tr->B at a time. */
+int nd_eval_masked(nd_trainer *tr, const int32_t *ids, const float *mask, size_t n,
+                   int want_grad, nd_masked_eval *out);
+void nd_masked_eval_free(nd_masked_eval *e);
+
+#endif

@@ -11,8 +11,6 @@
 
 #include "backend/cpu/cpu_kernels.h"
 
-#define QBLOCK 64
-
 void san_sinkhorn(float *M, int n, int rounds)
 {
     for (int it = 0; it < rounds; it++) {
@@ -45,19 +43,20 @@ void cpu_attention(const nd_backend *be, float *out, float *lse, const float *q,
                    const float *v, int B, int T, int H, int G, int hd)
 {
     (void)be;
-    int nblk = (T + QBLOCK - 1) / QBLOCK, rep = H / G;
+    int nblk = (T + SAN_ATTN_QBLOCK - 1) / SAN_ATTN_QBLOCK, rep = H / G;
     long tasks = (long)B * H * nblk;
     float scale = 1.0f / sqrtf((float)hd);
     int qs = H * hd, ks = G * hd;
 #pragma omp parallel
     {
-        float *S = malloc((size_t)QBLOCK * T * sizeof *S);
+        float *S = malloc((size_t)SAN_ATTN_QBLOCK * T * sizeof *S);
 #pragma omp for schedule(dynamic, 1)
         for (long task = 0; task < tasks; task++) {
             /* largest blocks first balances the causal triangle */
             int blk = nblk - 1 - (int)(task % nblk);
             int h = (int)((task / nblk) % H), b = (int)(task / ((long)nblk * H));
-            int g = h / rep, t0 = blk * QBLOCK, t1 = t0 + QBLOCK < T ? t0 + QBLOCK : T;
+            int g = h / rep, t0 = blk * SAN_ATTN_QBLOCK,
+                t1 = t0 + SAN_ATTN_QBLOCK < T ? t0 + SAN_ATTN_QBLOCK : T;
             int rows = t1 - t0, keys = t1;
             const float *Q = q + ((size_t)b * T + t0) * qs + (size_t)h * hd;
             const float *K = k + (size_t)b * T * ks + (size_t)g * hd;

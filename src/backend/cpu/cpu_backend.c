@@ -351,6 +351,23 @@ static nd_backend cpu_backend = {
     .residual_scaled = cpu_residual_scaled,
     .hadamard_mlp = cpu_hadamard_mlp,
     .cross_entropy = cpu_cross_entropy,
+    .cross_entropy_backward = cpu_cross_entropy_backward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .embed_backward = cpu_embed_backward,
+    .engram_gather_backward = cpu_engram_gather_backward,
+    .engram_taps_backward = cpu_engram_taps_backward,
+    .engram_gate_backward = cpu_engram_gate_backward,
+    .hyper_coeffs_backward = cpu_hyper_coeffs_backward,
+    .lanes_combine_backward = cpu_lanes_combine_backward,
+    .lanes_update_backward = cpu_lanes_update_backward,
+    .lanes_broadcast_backward = cpu_lanes_broadcast_backward,
+    .lanes_mean_backward = cpu_lanes_mean_backward,
+    .rope_backward = cpu_rope_backward,
+    .attention_backward = cpu_attention_backward,
+    .gate_sigmoid_backward = cpu_gate_sigmoid_backward,
+    .residual_scaled_backward = cpu_residual_scaled_backward,
+    .hadamard_mlp_backward = cpu_hadamard_mlp_backward,
+    .add = cpu_add,
 };
 
 const nd_backend *nd_backend_cpu(int threads)

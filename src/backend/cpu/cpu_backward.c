@@ -1,0 +1,746 @@
+/* CPU backward ops (the "---- backward ops ----" half of backend.h).
+ *
+ * Activation gradients are parallelised over token rows like the forward.
+ * Parameter gradients that sum over rows go through per-thread partial
+ * buffers (double) that are added in thread order, so a given thread count
+ * always gives the same bits; scatter-adds (embedding, engram tables) are
+ * instead split over the column axis, which needs no partials at all. */
+#include <cblas.h>
+#include <float.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
+
+/* The op table has no error path; a failed scratch allocation of a few KB
+ * per thread leaves nothing sensible to do. */
+void *cpu_xalloc(size_t bytes)
+{
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p)
+        abort();
+    return p;
+}
+
+/* ---- deterministic row reductions ---- */
+
+typedef struct {
+    double *buf; /* nt slices of len */
+    int nt, len;
+} partials;
+
+static partials partials_new(int len)
+{
+    partials p;
+    p.nt = omp_get_max_threads();
+    p.len = len;
+    p.buf = cpu_xalloc((size_t)p.nt * (size_t)len * sizeof(double));
+    return p;
+}
+
+/* This thread's slice and its contiguous share of `rows` (static split, so
+ * the row -> slice mapping depends only on the team size). */
+static double *partials_mine(const partials *p, long rows, long *r0, long *r1)
+{
+    int t = omp_get_thread_num(), team = omp_get_num_threads();
+    if (team > p->nt) /* cannot happen with num_threads(p->nt); be safe */
+        team = p->nt;
+    *r0 = t < team ? rows * t / team : rows;
+    *r1 = t < team ? rows * (t + 1) / team : rows;
+    return p->buf + (size_t)(t < p->nt ? t : 0) * (size_t)p->len;
+}
+
+/* dst[i] += sum over threads (in thread order) of slice[i]; dst may be NULL. */
+static void partials_reduce(partials *p, float *dst, int off, int n)
+{
+    if (dst)
+        for (int i = 0; i < n; i++) {
+            double s = 0;
+            for (int t = 0; t < p->nt; t++)
+                s += p->buf[(size_t)t * p->len + off + i];
+            dst[i] += (float)s;
+        }
+}
+
+static void partials_free(partials *p)
+{
+    free(p->buf);
+    p->buf = NULL;
+}
+
+/* Scatter-adds are split into column chunks of this many floats (one cache
+ * line): each chunk is owned by one thread and walks the rows in order. */
+#define COLCHUNK 16
+
+/* ---- loss, norms, embeddings ---- */
+
+void cpu_cross_entropy_backward(const nd_backend *be, float *logits, const int32_t *target,
+                                const float *weight, long N, int V)
+{
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < N; r++) {
+        float *l = logits + r * (long)V;
+        float w = weight ? weight[r] : 1.0f;
+        if (w == 0.0f) { /* masked rows (prompt, padding) cost nothing */
+            memset(l, 0, (size_t)V * sizeof *l);
+            continue;
+        }
+        float mx = l[0];
+        for (int i = 1; i < V; i++)
+            mx = l[i] > mx ? l[i] : mx;
+        double s = 0;
+        for (int i = 0; i < V; i++) {
+            l[i] = expf(l[i] - mx);
+            s += l[i];
+        }
+        float c = (float)(w / s);
+        for (int i = 0; i < V; i++)
+            l[i] *= c;
+        l[target[r]] -= w;
+    }
+}
+
+void cpu_rmsnorm_backward(const nd_backend *be, float *dx, float *dscale, const float *dy,
+                          const float *x, const float *rstd, const float *scale, long rows, int dim,
+                          int accumulate)
+{
+    (void)be;
+    if (rows <= 0)
+        return;
+    partials P = {0};
+    if (dscale)
+        P = partials_new(dim);
+    int nt = dscale ? P.nt : omp_get_max_threads();
+    float inv_dim = 1.0f / (float)dim;
+#pragma omp parallel num_threads(nt)
+    {
+        long r0, r1;
+        double *ps = NULL;
+        if (dscale)
+            ps = partials_mine(&P, rows, &r0, &r1);
+        else {
+            int t = omp_get_thread_num(), team = omp_get_num_threads();
+            r0 = rows * t / team;
+            r1 = rows * (t + 1) / team;
+        }
+        for (long r = r0; r < r1; r++) {
+            const float *xr = x + r * dim, *gr = dy + r * dim;
+            float *dr = dx + r * dim;
+            float rs;
+            if (rstd)
+                rs = rstd[r];
+            else {
+                float ss = 0.0f;
+                for (int i = 0; i < dim; i++)
+                    ss += xr[i] * xr[i];
+                rs = 1.0f / sqrtf(ss * inv_dim + 1e-6f);
+            }
+            /* g = dy*(1+scale); dx = rs*g - x*rs^3*<g,x>/dim */
+            float gx = 0.0f;
+            if (scale)
+                for (int i = 0; i < dim; i++)
+                    gx += gr[i] * (1.0f + scale[i]) * xr[i];
+            else
+                for (int i = 0; i < dim; i++)
+                    gx += gr[i] * xr[i];
+            float c = rs * rs * rs * gx * inv_dim;
+            if (ps)
+                for (int i = 0; i < dim; i++)
+                    ps[i] += (double)(gr[i] * xr[i] * rs);
+            /* each dr[i] depends only on element i: dx may alias dy */
+            if (accumulate) {
+                if (scale)
+                    for (int i = 0; i < dim; i++)
+                        dr[i] += rs * gr[i] * (1.0f + scale[i]) - c * xr[i];
+                else
+                    for (int i = 0; i < dim; i++)
+                        dr[i] += rs * gr[i] - c * xr[i];
+            } else {
+                if (scale)
+                    for (int i = 0; i < dim; i++)
+                        dr[i] = rs * gr[i] * (1.0f + scale[i]) - c * xr[i];
+                else
+                    for (int i = 0; i < dim; i++)
+                        dr[i] = rs * gr[i] - c * xr[i];
+            }
+        }
+    }
+    if (dscale) {
+        partials_reduce(&P, dscale, 0, dim);
+        partials_free(&P);
+    }
+}
+
+void cpu_embed_backward(const nd_backend *be, float *demb, const float *dx0, const int32_t *tok,
+                        long N, int d, float scale)
+{
+    (void)be;
+    int nch = (d + COLCHUNK - 1) / COLCHUNK;
+#pragma omp parallel for schedule(static)
+    for (int ch = 0; ch < nch; ch++) {
+        int c0 = ch * COLCHUNK, c1 = c0 + COLCHUNK < d ? c0 + COLCHUNK : d;
+        for (long t = 0; t < N; t++) {
+            float *dst = demb + (size_t)tok[t] * d;
+            const float *src = dx0 + t * d;
+            for (int c = c0; c < c1; c++)
+                dst[c] += src[c] * scale;
+        }
+    }
+}
+
+/* ---- engram ---- */
+
+void cpu_engram_gather_backward(const nd_backend *be, float *dtables, const float *de,
+                                const int32_t *idx, int B, int T, const int *orders, int n_orders,
+                                int heads, int slots, int sub)
+{
+    (void)be;
+    if (!dtables)
+        return;
+    int K = n_orders * heads, nch = (sub + COLCHUNK - 1) / COLCHUNK;
+    long N = (long)B * T;
+#pragma omp parallel for schedule(static)
+    for (int task = 0; task < K * nch; task++) {
+        int k = task / nch, c0 = (task % nch) * COLCHUNK;
+        int c1 = c0 + COLCHUNK < sub ? c0 + COLCHUNK : sub;
+        int first = orders[k / heads] - 1; /* earlier positions were zero rows */
+        float *tab = dtables + (size_t)k * slots * sub;
+        for (long r = 0; r < N; r++) {
+            if ((int)(r % T) < first)
+                continue;
+            float *dst = tab + (size_t)idx[r * K + k] * sub;
+            const float *src = de + (r * K + k) * sub;
+            for (int c = c0; c < c1; c++)
+                dst[c] += src[c];
+        }
+    }
+}
+
+void cpu_engram_taps_backward(const nd_backend *be, float *dvp, float *dtaps, const float *dv,
+                              const float *vp, const float *taps, int B, int T, int d, int dil)
+{
+    (void)be;
+    long N = (long)B * T;
+    if (N <= 0)
+        return;
+    partials P = {0};
+    if (dtaps)
+        P = partials_new(4 * d);
+    int nt = dtaps ? P.nt : omp_get_max_threads();
+#pragma omp parallel num_threads(nt)
+    {
+        long r0, r1;
+        double *pt = NULL;
+        if (dtaps)
+            pt = partials_mine(&P, N, &r0, &r1);
+        else {
+            int t = omp_get_thread_num(), team = omp_get_num_threads();
+            r0 = N * t / team;
+            r1 = N * (t + 1) / team;
+        }
+        for (long r = r0; r < r1; r++) {
+            int t = (int)(r % T);
+            /* dvp[t] = sum_j taps[j] * dv[t + j*dil] (same sequence) */
+            float *o = dvp + r * d;
+            for (int i = 0; i < d; i++)
+                o[i] = 0.0f;
+            for (int j = 0; j < 4 && t + j * dil < T; j++) {
+                const float *g = dv + (r + (long)j * dil) * d, *tj = taps + j * d;
+                for (int i = 0; i < d; i++)
+                    o[i] += tj[i] * g[i];
+            }
+            /* dtaps[j] += dv[t] * vp[t - j*dil] */
+            if (pt)
+                for (int j = 0; j < 4 && t >= j * dil; j++) {
+                    const float *g = dv + r * d, *src = vp + (r - (long)j * dil) * d;
+                    double *pj = pt + j * d;
+                    for (int i = 0; i < d; i++)
+                        pj[i] += (double)(g[i] * src[i]);
+                }
+        }
+    }
+    if (dtaps) {
+        partials_reduce(&P, dtaps, 0, 4 * d);
+        partials_free(&P);
+    }
+}
+
+void cpu_engram_gate_backward(const nd_backend *be, float *du, float *dk, float *dv,
+                              const float *dbx, const float *u, const float *k, const float *v,
+                              const float *alpha, long N, int d)
+{
+    (void)be;
+    float inv_d = 1.0f / (float)d, c = 1.0f / sqrtf((float)d);
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < N; r++) {
+        const float *ur = u + r * d, *kr = k + r * d, *vr = v + r * d, *g = dbx + r * d;
+        float uu = 0, kk = 0, uk = 0, gv = 0;
+        for (int i = 0; i < d; i++) {
+            uu += ur[i] * ur[i];
+            kk += kr[i] * kr[i];
+            uk += ur[i] * kr[i];
+            gv += g[i] * vr[i];
+        }
+        float ru = 1.0f / sqrtf(uu * inv_d + 1e-6f), rk = 1.0f / sqrtf(kk * inv_d + 1e-6f);
+        float a = alpha[r];
+        /* s = c*<u,k>*ru*rk, alpha = sigmoid(s) */
+        float ds = gv * a * (1.0f - a) * c * ru * rk;
+        float cu = uk * ru * ru * inv_d, ck = uk * rk * rk * inv_d;
+        float *dur = du + r * d, *dkr = dk + r * d, *dvr = dv + r * d;
+        for (int i = 0; i < d; i++) {
+            dur[i] += g[i] + ds * (kr[i] - cu * ur[i]);
+            dkr[i] += ds * (ur[i] - ck * kr[i]);
+            dvr[i] += a * g[i];
+        }
+    }
+}
+
+/* ---- hyper-connections ---- */
+
+/* san_sinkhorn with every half-round's log-space output kept: st[s] (s =
+ * 0..2*rounds-1) is the state after step s (even = row step, odd =
+ * column step). Same float operations as the forward. */
+static void sinkhorn_record(float *st, const float *Z, int n, int rounds)
+{
+    int nn = n * n;
+    const float *prev = Z;
+    for (int s = 0; s < 2 * rounds; s++) {
+        float *M = st + (size_t)s * nn;
+        memcpy(M, prev, (size_t)nn * sizeof *M);
+        int rowstep = !(s & 1);
+        for (int a = 0; a < n; a++) {
+            /* row a (stride 1) or column a (stride n) */
+            float *p = rowstep ? M + a * n : M + a;
+            int st_ = rowstep ? 1 : n;
+            float mx = p[0], sum = 0;
+            for (int b = 1; b < n; b++)
+                mx = p[b * st_] > mx ? p[b * st_] : mx;
+            for (int b = 0; b < n; b++)
+                sum += expf(p[b * st_] - mx);
+            float lse = mx + logf(sum);
+            for (int b = 0; b < n; b++)
+                p[b * st_] -= lse;
+        }
+        prev = M;
+    }
+}
+
+void cpu_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, float *dres,
+                               float *da_pre, float *da_post, float *da_res, float *db_pre,
+                               float *db_post, float *db_res, const float *dhpre,
+                               const float *dhpost, const float *dM, const float *pre,
+                               const float *post, const float *res, const float *hpre,
+                               const float *hpost, float a_pre, float a_post, float a_res,
+                               const float *b_res, long N, int n)
+{
+    (void)be;
+    if (N <= 0)
+        return;
+    int nn = n * n, rounds = SAN_SINKHORN_ROUNDS;
+    /* partial layout: a_pre, a_post, a_res, b_pre[n], b_post[n], b_res[nn] */
+    int o_bpre = 3, o_bpost = 3 + n, o_bres = 3 + 2 * n;
+    partials P = partials_new(3 + 2 * n + nn);
+#pragma omp parallel num_threads(P.nt)
+    {
+        long r0, r1;
+        double *pp = partials_mine(&P, N, &r0, &r1);
+        float *st = cpu_xalloc((size_t)(2 * rounds) * nn * sizeof *st + (size_t)nn * sizeof *st);
+        double *g = cpu_xalloc((size_t)nn * sizeof *g);
+        float *Z = st + (size_t)(2 * rounds) * nn;
+        for (long r = r0; r < r1; r++) {
+            for (int i = 0; i < n; i++) {
+                long e = r * n + i;
+                float h = hpre[e], dz = dhpre[e] * h * (1.0f - h);
+                dpre[e] = a_pre * dz;
+                pp[0] += (double)(dz * pre[e]);
+                pp[o_bpre + i] += (double)dz;
+                /* hpost = 2*sigmoid(z): dhpost/dz = hpost*(1 - hpost/2) */
+                h = hpost[e];
+                dz = dhpost[e] * h * (1.0f - 0.5f * h);
+                dpost[e] = a_post * dz;
+                pp[1] += (double)(dz * post[e]);
+                pp[o_bpost + i] += (double)dz;
+            }
+            /* recompute the 20 rounds, then walk them back: a log-normalise
+             * y = x - lse(x) has dx = dy - exp(y) * sum(dy) */
+            const float *rr = res + r * nn;
+            for (int i = 0; i < nn; i++)
+                Z[i] = a_res * rr[i] + b_res[i];
+            sinkhorn_record(st, Z, n, rounds);
+            const float *last = st + (size_t)(2 * rounds - 1) * nn;
+            for (int i = 0; i < nn; i++)
+                g[i] = (double)dM[r * nn + i] * exp((double)last[i]);
+            for (int s = 2 * rounds - 1; s >= 0; s--) {
+                const float *y = st + (size_t)s * nn;
+                int rowstep = !(s & 1), stp = rowstep ? 1 : n;
+                for (int a = 0; a < n; a++) {
+                    int base = rowstep ? a * n : a;
+                    double sum = 0;
+                    for (int b = 0; b < n; b++)
+                        sum += g[base + b * stp];
+                    for (int b = 0; b < n; b++)
+                        g[base + b * stp] -= exp((double)y[base + b * stp]) * sum;
+                }
+            }
+            for (int i = 0; i < nn; i++) {
+                dres[r * nn + i] = (float)(a_res * g[i]);
+                pp[2] += g[i] * rr[i];
+                pp[o_bres + i] += g[i];
+            }
+        }
+        free(g);
+        free(st);
+    }
+    partials_reduce(&P, da_pre, 0, 1);
+    partials_reduce(&P, da_post, 1, 1);
+    partials_reduce(&P, da_res, 2, 1);
+    partials_reduce(&P, db_pre, o_bpre, n);
+    partials_reduce(&P, db_post, o_bpost, n);
+    partials_reduce(&P, db_res, o_bres, nn);
+    partials_free(&P);
+}
+
+/* ---- lanes ---- */
+
+void cpu_lanes_combine_backward(const nd_backend *be, float *dhpre, float *dX, const float *du,
+                                const float *hpre, const float *X, long N, int n, int d)
+{
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < N; r++) {
+        const float *g = du + r * d;
+        for (int i = 0; i < n; i++) {
+            const float *x = X + (r * n + i) * d;
+            float *dx = dX + (r * n + i) * d, h = hpre[r * n + i], s = 0.0f;
+            for (int c = 0; c < d; c++) {
+                s += g[c] * x[c];
+                dx[c] += h * g[c];
+            }
+            dhpre[r * n + i] = s;
+        }
+    }
+}
+
+void cpu_lanes_update_backward(const nd_backend *be, float *dX, float *dM, float *dhpost, float *dy,
+                               const float *dXo, const float *M, const float *X, const float *hpost,
+                               const float *y, long N, int n, int d)
+{
+    (void)be;
+    int alias = dX == dXo;
+#pragma omp parallel
+    {
+        /* dX may alias dXo: then build each row's dX aside first */
+        float *tmp = alias ? cpu_xalloc((size_t)n * d * sizeof *tmp) : NULL;
+#pragma omp for schedule(static)
+        for (long r = 0; r < N; r++) {
+            const float *G = dXo + r * n * d, *Xr = X + r * n * d, *Mr = M + r * n * n;
+            const float *yr = y + r * d;
+            float *dyr = dy + r * d;
+            for (int c = 0; c < d; c++)
+                dyr[c] = 0.0f;
+            for (int i = 0; i < n; i++) {
+                const float *gi = G + i * d;
+                float hp = hpost[r * n + i], sy = 0.0f;
+                for (int c = 0; c < d; c++) {
+                    sy += gi[c] * yr[c];
+                    dyr[c] += hp * gi[c];
+                }
+                dhpost[r * n + i] = sy;
+                for (int j = 0; j < n; j++) {
+                    const float *xj = Xr + j * d;
+                    float s = 0.0f;
+                    for (int c = 0; c < d; c++)
+                        s += gi[c] * xj[c];
+                    dM[(r * n + i) * n + j] = s;
+                }
+            }
+            /* dX_j = sum_i M_ij dXo_i */
+            float *out = alias ? tmp : dX + r * n * d;
+            for (int j = 0; j < n; j++) {
+                float *o = out + j * d;
+                for (int c = 0; c < d; c++)
+                    o[c] = 0.0f;
+                for (int i = 0; i < n; i++) {
+                    float m = Mr[i * n + j];
+                    const float *gi = G + i * d;
+                    for (int c = 0; c < d; c++)
+                        o[c] += m * gi[c];
+                }
+            }
+            if (alias)
+                memcpy(dX + r * n * d, tmp, (size_t)n * d * sizeof *tmp);
+        }
+        free(tmp);
+    }
+}
+
+void cpu_lanes_broadcast_backward(const nd_backend *be, float *dx0, const float *dX, long N, int n,
+                                  int d)
+{
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < N; r++) {
+        float *o = dx0 + r * d;
+        const float *g = dX + r * n * d;
+        for (int c = 0; c < d; c++)
+            o[c] = g[c];
+        for (int i = 1; i < n; i++)
+            for (int c = 0; c < d; c++)
+                o[c] += g[i * d + c];
+    }
+}
+
+void cpu_lanes_mean_backward(const nd_backend *be, float *dX, const float *dxm, long N, int n,
+                             int d)
+{
+    (void)be;
+    float inv = 1.0f / (float)n;
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < N; r++)
+        for (int i = 0; i < n; i++) {
+            float *o = dX + (r * n + i) * d;
+            const float *g = dxm + r * d;
+            for (int c = 0; c < d; c++)
+                o[c] = g[c] * inv;
+        }
+}
+
+/* ---- attention block pieces ---- */
+
+void cpu_rope_backward(const nd_backend *be, float *dx, const float *cos_t, const float *sin_t,
+                       int B, int T, int heads, int hd)
+{
+    (void)be;
+    int half = hd / 2;
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < (long)B * T; r++) {
+        int t = (int)(r % T);
+        const float *c = cos_t + (size_t)t * half, *s = sin_t + (size_t)t * half;
+        for (int h = 0; h < heads; h++) {
+            float *v = dx + (r * heads + h) * hd;
+            for (int i = 0; i < half; i++) {
+                float g1 = v[i], g2 = v[i + half];
+                v[i] = g1 * c[i] + g2 * s[i];
+                v[i + half] = g2 * c[i] - g1 * s[i];
+            }
+        }
+    }
+}
+
+void cpu_gate_sigmoid_backward(const nd_backend *be, float *datt, float *dg, const float *dout,
+                               const float *att, const float *g, long n)
+{
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; i++) {
+        float s = san_sigmoid(g[i]), go = dout[i], a = att[i];
+        datt[i] = go * s;
+        dg[i] = go * a * s * (1.0f - s);
+    }
+}
+
+void cpu_residual_scaled_backward(const nd_backend *be, float *dr, float *dgate, const float *dy,
+                                  const float *r, float gate, long n)
+{
+    (void)be;
+    if (n <= 0)
+        return;
+    float s = san_sigmoid(gate);
+    partials P = {0};
+    if (dgate)
+        P = partials_new(1);
+    int nt = dgate ? P.nt : omp_get_max_threads();
+#pragma omp parallel num_threads(nt)
+    {
+        long i0, i1;
+        double *pg = NULL;
+        if (dgate)
+            pg = partials_mine(&P, n, &i0, &i1);
+        else {
+            int t = omp_get_thread_num(), team = omp_get_num_threads();
+            i0 = n * t / team;
+            i1 = n * (t + 1) / team;
+        }
+        /* float blocks keep the inner loop vectorisable; double across blocks */
+        for (long b = i0; b < i1; b += 1024) {
+            long e = b + 1024 < i1 ? b + 1024 : i1;
+            float acc = 0.0f;
+            for (long i = b; i < e; i++) {
+                float g = dy[i];
+                acc += g * r[i];
+                dr[i] = s * g;
+            }
+            if (pg)
+                pg[0] += (double)acc;
+        }
+    }
+    if (dgate) {
+        double sum = 0;
+        for (int t = 0; t < P.nt; t++)
+            sum += P.buf[t];
+        dgate[0] += (float)(sum * (double)s * (1.0 - (double)s));
+        partials_free(&P);
+    }
+}
+
+void cpu_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1, float *dd2, float *dd3,
+                               const float *dy, const float *z, const float *h1, const float *d1,
+                               const float *d2, const float *d3, long N, int d, int hn)
+{
+    (void)be;
+    if (N <= 0)
+        return;
+    float scale = san_walsh_scale(hn);
+    int want = dd1 || dd2 || dd3;
+    partials P = {0};
+    if (want)
+        P = partials_new(3 * hn);
+    int nt = want ? P.nt : omp_get_max_threads();
+#pragma omp parallel num_threads(nt)
+    {
+        long r0, r1;
+        double *pp = NULL;
+        if (want)
+            pp = partials_mine(&P, N, &r0, &r1);
+        else {
+            int t = omp_get_thread_num(), team = omp_get_num_threads();
+            r0 = N * t / team;
+            r1 = N * (t + 1) / team;
+        }
+        float *w = cpu_xalloc((size_t)3 * hn * sizeof *w), *g = w + hn, *sg = w + 2 * hn;
+        for (long r = r0; r < r1; r++) {
+            const float *h = h1 + r * hn, *gy = dy + r * d, *zr = z + r * d;
+            /* recompute w = fwht(silu(d2*h1)) */
+            for (int i = 0; i < hn; i++) {
+                float s = d2[i] * h[i];
+                sg[i] = san_sigmoid(s);
+                w[i] = s * sg[i];
+            }
+            san_fwht(w, hn, scale);
+            /* out = (d3*w)[:d]; the scaled Walsh matrix is symmetric, so the
+             * transpose of each fwht is fwht itself */
+            for (int i = 0; i < d; i++)
+                g[i] = gy[i] * d3[i];
+            for (int i = d; i < hn; i++)
+                g[i] = 0.0f;
+            if (pp)
+                for (int i = 0; i < d; i++)
+                    pp[2 * hn + i] += (double)(gy[i] * w[i]);
+            san_fwht(g, hn, scale);
+            /* silu'(s) = sg*(1 + s*(1-sg)) */
+            for (int i = 0; i < hn; i++) {
+                float s = d2[i] * h[i];
+                g[i] *= sg[i] * (1.0f + s * (1.0f - sg[i]));
+            }
+            if (pp)
+                for (int i = 0; i < hn; i++)
+                    pp[hn + i] += (double)(g[i] * h[i]);
+            for (int i = 0; i < hn; i++)
+                g[i] *= d2[i];
+            san_fwht(g, hn, scale);
+            float *dzr = dz + r * d;
+            for (int i = 0; i < d; i++) {
+                if (pp)
+                    pp[i] += (double)(g[i] * zr[i]);
+                dzr[i] = g[i] * d1[i];
+            }
+        }
+        free(w);
+    }
+    if (want) {
+        partials_reduce(&P, dd1, 0, hn);
+        partials_reduce(&P, dd2, hn, hn);
+        partials_reduce(&P, dd3, 2 * hn, hn);
+        partials_free(&P);
+    }
+}
+
+void cpu_add(const nd_backend *be, float *y, const float *x, float alpha, long n)
+{
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; i++)
+        y[i] += alpha * x[i];
+}
+
+/* ---- attention ---- */
+
+/* Flash-style: probabilities are recomputed per 64-query block from q, k
+ * and the saved lse. One task owns a (sequence, kv head) pair and walks
+ * all query heads of its group, so dk/dv rows have a single writer and
+ * need no reduction. */
+void cpu_attention_backward(const nd_backend *be, float *dq, float *dk, float *dv,
+                            const float *dout, const float *q, const float *k, const float *v,
+                            const float *out, const float *lse, int B, int T, int H, int G, int hd)
+{
+    (void)be;
+    int nblk = (T + SAN_ATTN_QBLOCK - 1) / SAN_ATTN_QBLOCK, rep = H / G;
+    float scale = 1.0f / sqrtf((float)hd);
+    int qs = H * hd, ks = G * hd;
+#pragma omp parallel
+    {
+        size_t bs = (size_t)SAN_ATTN_QBLOCK * T;
+        float *Pb = cpu_xalloc((2 * bs + SAN_ATTN_QBLOCK) * sizeof *Pb);
+        float *dP = Pb + bs, *Dr = dP + bs;
+#pragma omp for schedule(dynamic, 1)
+        for (long task = 0; task < (long)B * G; task++) {
+            int b = (int)(task / G), g = (int)(task % G);
+            size_t kv0 = (size_t)b * T * ks + (size_t)g * hd;
+            const float *K = k + kv0, *Vv = v + kv0;
+            float *dK = dk + kv0, *dV = dv + kv0;
+            for (int t = 0; t < T; t++)
+                for (int i = 0; i < hd; i++) {
+                    dK[(size_t)t * ks + i] = 0.0f;
+                    dV[(size_t)t * ks + i] = 0.0f;
+                }
+            for (int h = g * rep; h < (g + 1) * rep; h++)
+                for (int blk = 0; blk < nblk; blk++) {
+                    int t0 = blk * SAN_ATTN_QBLOCK;
+                    int t1 = t0 + SAN_ATTN_QBLOCK < T ? t0 + SAN_ATTN_QBLOCK : T;
+                    int rows = t1 - t0, keys = t1;
+                    size_t qo = ((size_t)b * T + t0) * qs + (size_t)h * hd;
+                    const float *Q = q + qo, *dO = dout + qo, *O = out + qo;
+                    const float *L = lse + ((size_t)b * H + h) * T + t0;
+                    /* P = exp(scale * Q K^T - lse), causal */
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, scale, Q,
+                                qs, K, ks, 0.0f, Pb, keys);
+                    for (int r = 0; r < rows; r++) {
+                        float *p = Pb + (size_t)r * keys, l = L[r];
+                        int last = t0 + r;
+                        for (int j = 0; j <= last; j++)
+                            p[j] = expf(p[j] - l);
+                        for (int j = last + 1; j < keys; j++)
+                            p[j] = 0.0f;
+                        const float *go = dO + (size_t)r * qs, *o = O + (size_t)r * qs;
+                        float s = 0.0f;
+                        for (int i = 0; i < hd; i++)
+                            s += go[i] * o[i];
+                        Dr[r] = s;
+                    }
+                    /* dV += P^T dO; dP = dO V^T */
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hd, rows, 1.0f, Pb,
+                                keys, dO, qs, 1.0f, dV, ks);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, 1.0f, dO,
+                                qs, Vv, ks, 0.0f, dP, keys);
+                    /* dS = P * (dP - rowsum(dO*O)); masked entries have P = 0 */
+                    for (int r = 0; r < rows; r++) {
+                        float *ds = dP + (size_t)r * keys;
+                        const float *p = Pb + (size_t)r * keys;
+                        float D = Dr[r];
+                        for (int j = 0; j < keys; j++)
+                            ds[j] = p[j] * (ds[j] - D);
+                    }
+                    /* dQ = scale * dS K; dK += scale * dS^T Q */
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, scale,
+                                dP, keys, K, ks, 0.0f, dq + qo, qs);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hd, rows, scale, dP,
+                                keys, Q, qs, 1.0f, dK, ks);
+                }
+        }
+        free(Pb);
+    }
+}

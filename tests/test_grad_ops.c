@@ -499,10 +499,10 @@ static void test_engram_gate(int accumulate)
         du[i] -= du0[i];
         dk[i] -= dk0[i];
         dv[i] -= dv0[i];
-        /* the op's du includes the u -> bx identity; a site that added
-         * into an existing bx had no identity path (see backend.h) */
-        if (accumulate)
-            du[i] -= R[i];
+        /* the op's du is the alpha path only; the u -> bx identity of the
+         * first site is the caller's (see backend.h) */
+        if (!accumulate)
+            du[i] += R[i];
     }
     fd_check(&o, "u", GT.u, n, du);
     fd_check(&o, "k", GT.k, n, dk);

@@ -118,7 +118,8 @@ struct nd_backend {
     void (*engram_taps_backward)(const nd_backend *be, float *dvp, float *dtaps, const float *dv,
                                  const float *vp, const float *taps, int B, int T, int d,
                                  int dil);
-    /* bx = u + alpha*v (alpha from u, k): du +=, dk +=, dv += */
+    /* bx (+)= alpha*v, alpha = sigmoid(<rms_unit(u), rms_unit(k)>/sqrt(d)): dk +=, dv +=,
+     * du += the alpha path only (the u -> bx identity is the caller's) */
     void (*engram_gate_backward)(const nd_backend *be, float *du, float *dk, float *dv,
                                  const float *dbx, const float *u, const float *k,
                                  const float *v, const float *alpha, long N, int d);

@@ -292,7 +292,7 @@ void cpu_engram_gate_backward(const nd_backend *be, float *du, float *dk, float 
         float cu = uk * ru * ru * inv_d, ck = uk * rk * rk * inv_d;
         float *dur = du + r * d, *dkr = dk + r * d, *dvr = dv + r * d;
         for (int i = 0; i < d; i++) {
-            dur[i] += g[i] + ds * (kr[i] - cu * ur[i]);
+            dur[i] += ds * (kr[i] - cu * ur[i]);
             dkr[i] += ds * (ur[i] - ck * kr[i]);
             dvr[i] += a * g[i];
         }

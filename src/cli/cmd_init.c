@@ -1,2 +1,7 @@
 #include "cli/cli.h"
-int cli_init(int argc, char **argv) { (void)argc; (void)argv; return 1; }
+int cli_init(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    return 1;
+}

@@ -114,6 +114,20 @@ int main(void)
     CHECK(out[3] == 9 && mask[0] == 0 && mask[1] == 0 && mask[2] == 1 && mask[3] == 1);
     CHECK(nd_render_pack(in, 3, 3, 4, 0, out, mask) == 0 && out[3] == 0 && mask[3] == 0);
 
+    /* the segment cache never changes results */
+    nd_tok_cache *cache = nd_tok_cache_new();
+    const char *rep = "<tools>[{\"name\":\"get_weather\"}]</tools> the weather  in\tLondon "
+                      "the weather in London\n\xff caf\xc3\xa9 the weather";
+    for (int k = 0; k < 3; k++) {
+        nd_idvec x = {0}, y = {0};
+        CHECK(nd_tokenizer_encode(t, rep, strlen(rep) - (size_t)k * 5, &x) == 0);
+        CHECK(nd_tokenizer_encode_cached(t, cache, rep, strlen(rep) - (size_t)k * 5, &y) == 0);
+        CHECK(x.n == y.n && !memcmp(x.v, y.v, x.n * sizeof *x.v));
+        nd_idvec_free(&x);
+        nd_idvec_free(&y);
+    }
+    nd_tok_cache_free(cache);
+
     /* no quadratic blow-up: 4 MB without spaces and 4 MB of one repeated
      * character (worst cases for naive BPE) encode quickly. */
     size_t n = 4 << 20;

@@ -145,7 +145,7 @@ int cli_render(int argc, char **argv)
         size_t len = 0, n_prompt = 0;
         if (tok) { /* re-encode for the untruncated length (cheap; display only) */
             nd_idvec iv = {0};
-            if (nd_render_encode(tok, &ds.ex[i], &iv, &n_prompt))
+            if (nd_render_encode(tok, NULL, &ds.ex[i], &iv, &n_prompt))
                 rc = cli_fail(data);
             len = iv.n;
             nd_idvec_free(&iv);

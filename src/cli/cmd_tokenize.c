@@ -95,6 +95,7 @@ static int encode_stream(const nd_tokenizer *tok, int pieces, int timing, int wh
     struct timespec t0, t1;
     double secs = 0;
     int rc = 0, done = 0;
+    nd_tok_cache *cache = nd_tok_cache_new(); /* NULL is fine: uncached */
     while (!done && (got = whole ? slurp(&line, &cap) : getline(&line, &cap, stdin)) >= 0) {
         size_t n = (size_t)got;
         done = whole;
@@ -102,7 +103,7 @@ static int encode_stream(const nd_tokenizer *tok, int pieces, int timing, int wh
             n--;
         ids.n = 0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        if (nd_tokenizer_encode(tok, line, n, &ids)) {
+        if (nd_tokenizer_encode_cached(tok, cache, line, n, &ids)) {
             rc = cli_fail("encode");
             break;
         }
@@ -125,6 +126,7 @@ static int encode_stream(const nd_tokenizer *tok, int pieces, int timing, int wh
     }
     free(line);
     nd_idvec_free(&ids);
+    nd_tok_cache_free(cache);
     if (!rc && ferror(stdin)) {
         fprintf(stderr, "needle: reading stdin: %s\n", strerror(errno));
         rc = 1;

@@ -33,8 +33,8 @@ int cli_parse_int(const char *flag, const char *s, long long lo, long long hi, l
     errno = 0;
     long long v = s ? strtoll(s, &end, 10) : 0;
     if (!s || !*s || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "needle: %s expects an integer in [%lld, %lld], got '%s'\n", flag, lo,
-                hi, s ? s : "");
+        fprintf(stderr, "needle: %s expects an integer in [%lld, %lld], got '%s'\n", flag, lo, hi,
+                s ? s : "");
         return -1;
     }
     *out = v;

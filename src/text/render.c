@@ -102,15 +102,16 @@ int nd_render_example(const nd_pj *ex, nd_buf *prompt, nd_buf *target)
     return 0;
 }
 
-int nd_render_encode(const nd_tokenizer *t, const nd_example *ex, nd_idvec *ids, size_t *n_prompt)
+int nd_render_encode(const nd_tokenizer *t, nd_tok_cache *cache, const nd_example *ex,
+                     nd_idvec *ids, size_t *n_prompt)
 {
     int rc = nd_idvec_push(ids, nd_tokenizer_bos_id(t));
     size_t start = ids->n - 1;
     if (!rc)
-        rc = nd_tokenizer_encode(t, ex->prompt, ex->prompt_len, ids);
+        rc = nd_tokenizer_encode_cached(t, cache, ex->prompt, ex->prompt_len, ids);
     *n_prompt = ids->n - start;
     if (!rc) /* encoded separately: the target gets its own dummy prefix */
-        rc = nd_tokenizer_encode(t, ex->target, ex->target_len, ids);
+        rc = nd_tokenizer_encode_cached(t, cache, ex->target, ex->target_len, ids);
     if (!rc)
         rc = nd_idvec_push(ids, nd_tokenizer_eos_id(t));
     return rc;
@@ -150,10 +151,11 @@ int nd_dataset_tokenize(const nd_dataset *d, const nd_tokenizer *t, size_t cap, 
      * are kept from the first so each example is encoded once. */
     nd_idvec all = {0};
     size_t *off = malloc((d->n + 1) * sizeof *off), *np = malloc((d->n + 1) * sizeof *np);
+    nd_tok_cache *cache = nd_tok_cache_new(); /* optional: NULL just runs uncached */
     int rc = off && np ? 0 : nd_error(ND_ENOMEM, "out of memory");
     for (size_t i = 0; i < d->n && !rc; i++) {
         off[i] = all.n;
-        rc = nd_render_encode(t, &d->ex[i], &all, &np[i]);
+        rc = nd_render_encode(t, cache, &d->ex[i], &all, &np[i]);
         if (rc)
             nd_error_prefix(rc, "line %zu", d->ex[i].line);
         else if (all.n - off[i] > out->longest)
@@ -174,6 +176,7 @@ int nd_dataset_tokenize(const nd_dataset *d, const nd_tokenizer *t, size_t cap, 
                                                      out->max_len, pad, out->ids + i * out->max_len,
                                                      out->mask + i * out->max_len);
     }
+    nd_tok_cache_free(cache);
     free(off);
     free(np);
     nd_idvec_free(&all);

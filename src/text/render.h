@@ -16,8 +16,10 @@
 int nd_render_example(const nd_pj *ex, nd_buf *prompt, nd_buf *target);
 
 /* [BOS] + enc(prompt) + enc(target) + [EOS], untruncated, appended to ids;
- * *n_prompt = 1 + len(enc(prompt)), the positions whose mask is 0. */
-int nd_render_encode(const nd_tokenizer *t, const nd_example *ex, nd_idvec *ids, size_t *n_prompt);
+ * *n_prompt = 1 + len(enc(prompt)), the positions whose mask is 0. `cache`
+ * may be NULL (see nd_tokenizer_encode_cached). */
+int nd_render_encode(const nd_tokenizer *t, nd_tok_cache *cache, const nd_example *ex,
+                     nd_idvec *ids, size_t *n_prompt);
 
 /* Upstream's fit_max_len: the smallest 128 * 2^k covering `longest`,
  * capped by `cap` (so `cap` itself when cap < 128). */

@@ -319,7 +319,150 @@ static int emit(bpe *b, const char *w, uint32_t len, int depth)
     return rc;
 }
 
-static int run_bpe(const nd_tokenizer *t, const char *text, size_t n, nd_idvec *out)
+/* ---- segment cache ----
+ * When no piece contains the whitespace symbol except at its start (true
+ * for every model trained with whitespace splitting; checked at load), a
+ * merge can never cross the position before a "▁", nor a user-defined
+ * symbol. The text then falls into independent segments whose merge
+ * results can be memoised: a segment's merges, restricted from the global
+ * order, happen in the same relative order. */
+
+#define CACHE_MAX_SEG 256
+#define CACHE_MAX_BYTES ((size_t)32 << 20)
+
+typedef struct {
+    uint64_t hash;
+    uint32_t key_off, key_len, val_off, val_n;
+} centry;
+
+struct nd_tok_cache {
+    centry *tab;
+    size_t mask, used;
+    char *keys;
+    size_t keys_n, keys_cap;
+    uint16_t *lens; /* final symbol lengths of each cached segment */
+    size_t lens_n, lens_cap;
+};
+
+nd_tok_cache *nd_tok_cache_new(void)
+{
+    nd_tok_cache *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->mask = 4095;
+    c->tab = calloc(c->mask + 1, sizeof *c->tab);
+    if (!c->tab) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void nd_tok_cache_free(nd_tok_cache *c)
+{
+    if (!c)
+        return;
+    free(c->tab);
+    free(c->keys);
+    free(c->lens);
+    free(c);
+}
+
+static const centry *cache_find(const nd_tok_cache *c, const char *k, uint32_t n, uint64_t h)
+{
+    for (size_t i = (size_t)h & c->mask;; i = (i + 1) & c->mask) {
+        const centry *e = &c->tab[i];
+        if (!e->key_len)
+            return NULL;
+        if (e->hash == h && e->key_len == n && !memcmp(c->keys + e->key_off, k, n))
+            return e;
+    }
+}
+
+/* Best effort: on allocation failure or when full, the cache is cleared or
+ * the entry dropped; results never depend on it. */
+static void cache_put(nd_tok_cache *c, const char *k, uint32_t n, uint64_t h, const uint16_t *lens,
+                      uint32_t nl)
+{
+    if (c->keys_n + n > CACHE_MAX_BYTES || (c->used + 1) * 2 > c->mask + 1) {
+        if (c->keys_n + n > CACHE_MAX_BYTES || c->mask + 1 >= ((size_t)1 << 22)) {
+            memset(c->tab, 0, (c->mask + 1) * sizeof *c->tab); /* full: start over */
+            c->used = c->keys_n = c->lens_n = 0;
+        } else {
+            size_t nm = c->mask * 2 + 1;
+            centry *nt = calloc(nm + 1, sizeof *nt);
+            if (!nt)
+                return;
+            for (size_t i = 0; i <= c->mask; i++) {
+                if (!c->tab[i].key_len)
+                    continue;
+                size_t j = (size_t)c->tab[i].hash & nm;
+                while (nt[j].key_len)
+                    j = (j + 1) & nm;
+                nt[j] = c->tab[i];
+            }
+            free(c->tab);
+            c->tab = nt;
+            c->mask = nm;
+        }
+    }
+    if (c->keys_cap - c->keys_n < n) {
+        size_t cap = c->keys_cap ? c->keys_cap * 2 : 65536;
+        while (cap - c->keys_n < n)
+            cap *= 2;
+        char *nk = realloc(c->keys, cap);
+        if (!nk)
+            return;
+        c->keys = nk;
+        c->keys_cap = cap;
+    }
+    if (c->lens_cap - c->lens_n < nl) {
+        size_t cap = c->lens_cap ? c->lens_cap * 2 : 16384;
+        while (cap - c->lens_n < nl)
+            cap *= 2;
+        uint16_t *nl2 = realloc(c->lens, cap * sizeof *nl2);
+        if (!nl2)
+            return;
+        c->lens = nl2;
+        c->lens_cap = cap;
+    }
+    size_t i = (size_t)h & c->mask;
+    while (c->tab[i].key_len)
+        i = (i + 1) & c->mask;
+    memcpy(c->keys + c->keys_n, k, n);
+    memcpy(c->lens + c->lens_n, lens, nl * sizeof *lens);
+    c->tab[i] = (centry){h, (uint32_t)c->keys_n, n, (uint32_t)c->lens_n, nl};
+    c->keys_n += n;
+    c->lens_n += nl;
+    c->used++;
+}
+
+/* Merge symbols [i0, i1) (already unlinked from their neighbours). */
+static int merge_segment(bpe *b, int32_t i0, int32_t i1)
+{
+    int rc = 0;
+    b->hp.n = 0;
+    for (int32_t i = i0 + 1; i < i1 && !rc; i++)
+        rc = maybe_add(b, i - 1, i);
+    while (b->hp.n && !rc) {
+        cand c = heap_pop(&b->hp);
+        sym *L = &b->s[c.left], *R = &b->s[c.right];
+        if (!L->len || !R->len || L->len + R->len != c.size)
+            continue; /* stale: one side has changed since it was queued */
+        L->len += R->len;
+        L->next = R->next;
+        if (R->next >= 0)
+            b->s[R->next].prev = c.left;
+        R->len = 0;
+        rc = maybe_add(b, L->prev, c.left);
+        if (!rc)
+            rc = maybe_add(b, c.left, L->next);
+    }
+    return rc;
+}
+
+static int run_bpe(const nd_tokenizer *t, nd_tok_cache *cache, const char *text, size_t n,
+                   nd_idvec *out)
 {
     if (!n)
         return 0;
@@ -344,24 +487,44 @@ static int run_bpe(const nd_tokenizer *t, const char *text, size_t n, nd_idvec *
         pos += l;
         b.s[ns].next = pos < n ? ns + 1 : -1;
     }
-    for (int32_t i = 1; i < ns && !rc; i++)
-        rc = maybe_add(&b, i - 1, i);
-    while (b.hp.n && !rc) {
-        cand c = heap_pop(&b.hp);
-        sym *L = &b.s[c.left], *R = &b.s[c.right];
-        if (!L->len || !R->len || L->len + R->len != c.size)
-            continue; /* stale: one side has changed since it was queued */
-        L->len += R->len;
-        L->next = R->next;
-        if (R->next >= 0)
-            b.s[R->next].prev = c.left;
-        R->len = 0;
-        rc = maybe_add(&b, L->prev, c.left);
-        if (!rc)
-            rc = maybe_add(&b, c.left, L->next);
+    const char *ws = t->escape_ws ? SPACE_SYM : " ";
+    size_t wsl = t->escape_ws ? 3 : 1;
+    uint16_t lens[CACHE_MAX_SEG];
+    for (int32_t i0 = 0, i1; i0 < ns && !rc; i0 = i1) {
+        i1 = i0 + 1;
+        if (t->seg_ok) /* extend to the next safe boundary */
+            while (i1 < ns && !b.s[i1].freeze && !b.s[i1 - 1].freeze &&
+                   !(b.s[i1].len >= wsl && !memcmp(text + b.s[i1].start, ws, wsl)))
+                i1++;
+        else
+            i1 = ns;
+        const char *seg = text + b.s[i0].start;
+        uint32_t seg_len = b.s[i1 - 1].start + b.s[i1 - 1].len - b.s[i0].start;
+        uint64_t h = 0;
+        const centry *hit = NULL;
+        int use_cache = cache && t->seg_ok && seg_len <= CACHE_MAX_SEG;
+        if (use_cache) {
+            h = nd_piece_hash(seg, seg_len) | 1;
+            hit = cache_find(cache, seg, seg_len, h);
+        }
+        if (hit) {
+            const uint16_t *ln = cache->lens + hit->val_off;
+            for (uint32_t k = 0, off = 0; k < hit->val_n && !rc; off += ln[k++])
+                rc = emit(&b, seg + off, ln[k], 0);
+            continue;
+        }
+        b.s[i0].prev = -1;
+        b.s[i1 - 1].next = -1;
+        rc = merge_segment(&b, i0, i1);
+        uint32_t nl = 0;
+        for (int32_t i = i0; i >= 0 && !rc; i = b.s[i].next) {
+            rc = emit(&b, text + b.s[i].start, b.s[i].len, 0);
+            if (use_cache)
+                lens[nl++] = (uint16_t)b.s[i].len;
+        }
+        if (!rc && use_cache)
+            cache_put(cache, seg, seg_len, h, lens, nl);
     }
-    for (int32_t i = 0; i >= 0 && !rc; i = b.s[i].next)
-        rc = emit(&b, text + b.s[i].start, b.s[i].len, 0);
     free(b.s);
     free(b.hp.h);
     free(b.split);
@@ -369,6 +532,12 @@ static int run_bpe(const nd_tokenizer *t, const char *text, size_t n, nd_idvec *
 }
 
 int nd_tokenizer_encode(const nd_tokenizer *t, const char *text, size_t len, nd_idvec *out)
+{
+    return nd_tokenizer_encode_cached(t, NULL, text, len, out);
+}
+
+int nd_tokenizer_encode_cached(const nd_tokenizer *t, nd_tok_cache *cache, const char *text,
+                               size_t len, nd_idvec *out)
 {
     if (!len)
         return 0;
@@ -381,7 +550,7 @@ int nd_tokenizer_encode(const nd_tokenizer *t, const char *text, size_t len, nd_
     if (!rc && nb.n > (size_t)INT32_MAX)
         rc = nd_error(ND_ELIMIT, "normalised text too long");
     if (!rc)
-        rc = run_bpe(t, nb.p, nb.n, out);
+        rc = run_bpe(t, cache, nb.p, nb.n, out);
     free(nb.p);
     return rc;
 }

@@ -224,6 +224,20 @@ static int tok_finish(nd_tokenizer *t, int unk_from_type)
             j++;
         t->ud_start[b] = (uint32_t)j;
     }
+    /* Segment-wise encoding is exact only if no mergeable piece holds the
+     * whitespace symbol past its first byte, and no UNUSED pieces exist
+     * (their re-splitting depends on merges anywhere in the text). */
+    const char *ws = t->escape_ws ? "\xE2\x96\x81" : " ";
+    size_t wsl = t->escape_ws ? 3 : 1;
+    t->seg_ok = !t->has_unused;
+    for (int i = 0; i < t->n && t->seg_ok; i++) {
+        int ty = t->type[i];
+        if (ty != ND_SPM_NORMAL && ty != ND_SPM_USER_DEFINED)
+            continue;
+        for (size_t k = 1; k + wsl <= t->plen[i]; k++)
+            if (!memcmp(t->piece[i] + k, ws, wsl))
+                t->seg_ok = 0;
+    }
     if (!t->unk_surface && !(t->unk_surface = strdup(" \xE2\x81\x87 ")))
         return nd_error(ND_ENOMEM, "out of memory");
     return 0;

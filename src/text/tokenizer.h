@@ -65,6 +65,15 @@ int nd_tokenizer_piece_to_id(const nd_tokenizer *t, const char *s, size_t len);
  * (invalid UTF-8 becomes U+FFFD as in SentencePiece). */
 int nd_tokenizer_encode(const nd_tokenizer *t, const char *text, size_t len, nd_idvec *out);
 
+/* Optional memo of merge results for repeated words, for encoding many
+ * texts with one tokenizer (results are identical with or without it).
+ * Not thread-safe: one cache per thread. NULL from new on OOM. */
+typedef struct nd_tok_cache nd_tok_cache;
+nd_tok_cache *nd_tok_cache_new(void);
+void nd_tok_cache_free(nd_tok_cache *c);
+int nd_tokenizer_encode_cached(const nd_tokenizer *t, nd_tok_cache *cache, const char *text,
+                               size_t len, nd_idvec *out);
+
 /* Decode ids to text (malloc'd, NUL-terminated; *len excludes the NUL).
  * Byte pieces are reassembled, U+2581 becomes a space, the leading dummy
  * prefix space is dropped, control pieces vanish. */

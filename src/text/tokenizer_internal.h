@@ -26,6 +26,7 @@ struct nd_tokenizer {
     nd_piece_map reserved; /* CONTROL, UNKNOWN, BYTE */
     uint32_t max_normal_len;
     int has_unused;
+    int seg_ok; /* merges never cross a whitespace symbol (see tok_encode.c) */
 
     int unk_id, bos_id, eos_id, pad_id;
     int byte_ids[256];

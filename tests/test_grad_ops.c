@@ -907,6 +907,9 @@ static void test_elementwise(void)
     be->residual_scaled_backward(be, dr2, &dgate2, R, r, gate, n);
     be->residual_scaled_backward(be, dr2, &dgate2, R, r, gate, n);
     CHECK(dgate2 == 2.0f * dgate);
+    float *dra = fcopy(R, n), dgate3 = 0.0f; /* dr may alias dy */
+    be->residual_scaled_backward(be, dra, &dgate3, dra, r, gate, n);
+    CHECK(same_bits(dra, dr, n) && dgate3 == dgate);
     tfree_all();
 }
 

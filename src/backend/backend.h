@@ -100,10 +100,12 @@ struct nd_backend {
      * the comment says "+=". Reductions over rows are deterministic for a
      * given thread count. */
 
-    /* in place: logits[r] <- weight[r] * (softmax(logits[r]) - onehot(target[r])) */
+    /* in place: logits[r] <- weight[r] * (softmax(logits[r]) - onehot(target[r]));
+     * weight NULL = all 1 */
     void (*cross_entropy_backward)(const nd_backend *be, float *logits, const int32_t *target,
                                    const float *weight, long N, int V);
-    /* y = x*rstd*(1+scale): dx (+= if accumulate, else set), dscale += */
+    /* y = x*rstd*(1+scale): dx (+= if accumulate, else set), dscale +=;
+     * scale NULL = 0 (plain rms_unit), rstd NULL = recomputed; dx may alias dy */
     void (*rmsnorm_backward)(const nd_backend *be, float *dx, float *dscale, const float *dy,
                              const float *x, const float *rstd, const float *scale, long rows,
                              int dim, int accumulate);
@@ -135,7 +137,7 @@ struct nd_backend {
     void (*lanes_combine_backward)(const nd_backend *be, float *dhpre, float *dX,
                                    const float *du, const float *hpre, const float *X, long N,
                                    int n, int d);
-    /* Xo = M X + hpost y: dM, dhpost, dy set; dX set */
+    /* Xo = M X + hpost y: dM, dhpost, dy set; dX set (may alias dXo) */
     void (*lanes_update_backward)(const nd_backend *be, float *dX, float *dM, float *dhpost,
                                   float *dy, const float *dXo, const float *M, const float *X,
                                   const float *hpost, const float *y, long N, int n, int d);
@@ -148,15 +150,17 @@ struct nd_backend {
     /* in place: rotate gradients back (transpose of rope) */
     void (*rope_backward)(const nd_backend *be, float *dx, const float *cos_t, const float *sin_t,
                           int B, int T, int heads, int hd);
-    /* causal GQA attention: dq, dk, dv set (out/lse from the forward) */
+    /* causal GQA attention: dq, dk, dv set (out/lse from the forward; lse
+     * is required here) */
     void (*attention_backward)(const nd_backend *be, float *dq, float *dk, float *dv,
                                const float *dout, const float *q, const float *k, const float *v,
                                const float *out, const float *lse, int B, int T, int H, int G,
                                int hd);
-    /* o = att*sigmoid(g): datt, dg set */
+    /* o = att*sigmoid(g): datt, dg set (datt may alias dout) */
     void (*gate_sigmoid_backward)(const nd_backend *be, float *datt, float *dg, const float *dout,
                                   const float *att, const float *g, long n);
-    /* y = x + sigmoid(gate)*r: dr set; dgate += (scalar); dx is dy (caller aliases) */
+    /* y = x + sigmoid(gate)*r: dr set (may alias dy); dgate += (scalar); dx is dy
+     * (caller aliases) */
     void (*residual_scaled_backward)(const nd_backend *be, float *dr, float *dgate,
                                      const float *dy, const float *r, float gate, long n);
     /* y = (x + out) - u with out = HadamardMLP(z): dz set; dd1, dd2, dd3 +=

@@ -75,6 +75,34 @@ static void partials_free(partials *p)
  * line): each chunk is owned by one thread and walks the rows in order. */
 #define COLCHUNK 16
 
+/* Dot product over 8 independent partial sums: without -ffast-math the
+ * compiler may not reorder one float accumulator, so this is what lets
+ * the reduction vectorise (in a fixed order). */
+static inline float dot8(const float *a, const float *b, int n)
+{
+    float acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] += a[i + j] * b[i + j];
+    for (int j = 0; i < n; i++, j++)
+        acc[j] += a[i] * b[i];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+/* sum_i a_i * (1 + w_i) * b_i, same scheme */
+static inline float dot8w(const float *a, const float *w, const float *b, int n)
+{
+    float acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] += a[i + j] * (1.0f + w[i + j]) * b[i + j];
+    for (int j = 0; i < n; i++, j++)
+        acc[j] += a[i] * (1.0f + w[i]) * b[i];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
 /* ---- loss, norms, embeddings ---- */
 
 void cpu_cross_entropy_backward(const nd_backend *be, float *logits, const int32_t *target,
@@ -133,20 +161,10 @@ void cpu_rmsnorm_backward(const nd_backend *be, float *dx, float *dscale, const 
             float rs;
             if (rstd)
                 rs = rstd[r];
-            else {
-                float ss = 0.0f;
-                for (int i = 0; i < dim; i++)
-                    ss += xr[i] * xr[i];
-                rs = 1.0f / sqrtf(ss * inv_dim + 1e-6f);
-            }
-            /* g = dy*(1+scale); dx = rs*g - x*rs^3*<g,x>/dim */
-            float gx = 0.0f;
-            if (scale)
-                for (int i = 0; i < dim; i++)
-                    gx += gr[i] * (1.0f + scale[i]) * xr[i];
             else
-                for (int i = 0; i < dim; i++)
-                    gx += gr[i] * xr[i];
+                rs = 1.0f / sqrtf(dot8(xr, xr, dim) * inv_dim + 1e-6f);
+            /* g = dy*(1+scale); dx = rs*g - x*rs^3*<g,x>/dim */
+            float gx = scale ? dot8w(gr, scale, xr, dim) : dot8(gr, xr, dim);
             float c = rs * rs * rs * gx * inv_dim;
             if (ps)
                 for (int i = 0; i < dim; i++)
@@ -278,13 +296,8 @@ void cpu_engram_gate_backward(const nd_backend *be, float *du, float *dk, float 
 #pragma omp parallel for schedule(static)
     for (long r = 0; r < N; r++) {
         const float *ur = u + r * d, *kr = k + r * d, *vr = v + r * d, *g = dbx + r * d;
-        float uu = 0, kk = 0, uk = 0, gv = 0;
-        for (int i = 0; i < d; i++) {
-            uu += ur[i] * ur[i];
-            kk += kr[i] * kr[i];
-            uk += ur[i] * kr[i];
-            gv += g[i] * vr[i];
-        }
+        float uu = dot8(ur, ur, d), kk = dot8(kr, kr, d), uk = dot8(ur, kr, d);
+        float gv = dot8(g, vr, d);
         float ru = 1.0f / sqrtf(uu * inv_d + 1e-6f), rk = 1.0f / sqrtf(kk * inv_d + 1e-6f);
         float a = alpha[r];
         /* s = c*<u,k>*ru*rk, alpha = sigmoid(s) */
@@ -301,31 +314,32 @@ void cpu_engram_gate_backward(const nd_backend *be, float *du, float *dk, float 
 
 /* ---- hyper-connections ---- */
 
-/* san_sinkhorn with every half-round's log-space output kept: st[s] (s =
- * 0..2*rounds-1) is the state after step s (even = row step, odd =
- * column step). Same float operations as the forward. */
-static void sinkhorn_record(float *st, const float *Z, int n, int rounds)
+/* san_sinkhorn in place on the log-space Z (left as the final log state),
+ * keeping each half-round's softmax sm[s] (s = 0..2*rounds-1; even = row
+ * step, odd = column step): sm = exp(y) for that step's output y, which is
+ * all its backward needs. Same float operations as the forward. */
+static void sinkhorn_record(float *sm, float *Z, int n, int rounds)
 {
     int nn = n * n;
-    const float *prev = Z;
     for (int s = 0; s < 2 * rounds; s++) {
-        float *M = st + (size_t)s * nn;
-        memcpy(M, prev, (size_t)nn * sizeof *M);
-        int rowstep = !(s & 1);
+        float *e = sm + (size_t)s * nn;
+        int rowstep = !(s & 1), stp = rowstep ? 1 : n;
         for (int a = 0; a < n; a++) {
-            /* row a (stride 1) or column a (stride n) */
-            float *p = rowstep ? M + a * n : M + a;
-            int st_ = rowstep ? 1 : n;
+            int base = rowstep ? a * n : a; /* row a, or column a */
+            float *p = Z + base, *q = e + base;
             float mx = p[0], sum = 0;
             for (int b = 1; b < n; b++)
-                mx = p[b * st_] > mx ? p[b * st_] : mx;
-            for (int b = 0; b < n; b++)
-                sum += expf(p[b * st_] - mx);
-            float lse = mx + logf(sum);
-            for (int b = 0; b < n; b++)
-                p[b * st_] -= lse;
+                mx = p[b * stp] > mx ? p[b * stp] : mx;
+            for (int b = 0; b < n; b++) {
+                q[b * stp] = expf(p[b * stp] - mx);
+                sum += q[b * stp];
+            }
+            float lse = mx + logf(sum), inv = 1.0f / sum;
+            for (int b = 0; b < n; b++) {
+                p[b * stp] -= lse;
+                q[b * stp] *= inv;
+            }
         }
-        prev = M;
     }
 }
 
@@ -348,9 +362,9 @@ void cpu_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, 
     {
         long r0, r1;
         double *pp = partials_mine(&P, N, &r0, &r1);
-        float *st = cpu_xalloc((size_t)(2 * rounds) * nn * sizeof *st + (size_t)nn * sizeof *st);
+        float *sm = cpu_xalloc((size_t)(2 * rounds + 1) * nn * sizeof *sm);
         double *g = cpu_xalloc((size_t)nn * sizeof *g);
-        float *Z = st + (size_t)(2 * rounds) * nn;
+        float *Z = sm + (size_t)(2 * rounds) * nn;
         for (long r = r0; r < r1; r++) {
             for (int i = 0; i < n; i++) {
                 long e = r * n + i;
@@ -370,12 +384,11 @@ void cpu_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, 
             const float *rr = res + r * nn;
             for (int i = 0; i < nn; i++)
                 Z[i] = a_res * rr[i] + b_res[i];
-            sinkhorn_record(st, Z, n, rounds);
-            const float *last = st + (size_t)(2 * rounds - 1) * nn;
-            for (int i = 0; i < nn; i++)
-                g[i] = (double)dM[r * nn + i] * exp((double)last[i]);
+            sinkhorn_record(sm, Z, n, rounds);
+            for (int i = 0; i < nn; i++) /* M = exp(Z) */
+                g[i] = (double)dM[r * nn + i] * (double)expf(Z[i]);
             for (int s = 2 * rounds - 1; s >= 0; s--) {
-                const float *y = st + (size_t)s * nn;
+                const float *e = sm + (size_t)s * nn;
                 int rowstep = !(s & 1), stp = rowstep ? 1 : n;
                 for (int a = 0; a < n; a++) {
                     int base = rowstep ? a * n : a;
@@ -383,7 +396,7 @@ void cpu_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, 
                     for (int b = 0; b < n; b++)
                         sum += g[base + b * stp];
                     for (int b = 0; b < n; b++)
-                        g[base + b * stp] -= exp((double)y[base + b * stp]) * sum;
+                        g[base + b * stp] -= (double)e[base + b * stp] * sum;
                 }
             }
             for (int i = 0; i < nn; i++) {
@@ -393,7 +406,7 @@ void cpu_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, 
             }
         }
         free(g);
-        free(st);
+        free(sm);
     }
     partials_reduce(&P, da_pre, 0, 1);
     partials_reduce(&P, da_post, 1, 1);
@@ -415,12 +428,10 @@ void cpu_lanes_combine_backward(const nd_backend *be, float *dhpre, float *dX, c
         const float *g = du + r * d;
         for (int i = 0; i < n; i++) {
             const float *x = X + (r * n + i) * d;
-            float *dx = dX + (r * n + i) * d, h = hpre[r * n + i], s = 0.0f;
-            for (int c = 0; c < d; c++) {
-                s += g[c] * x[c];
+            float *dx = dX + (r * n + i) * d, h = hpre[r * n + i];
+            dhpre[r * n + i] = dot8(g, x, d);
+            for (int c = 0; c < d; c++)
                 dx[c] += h * g[c];
-            }
-            dhpre[r * n + i] = s;
         }
     }
 }
@@ -444,19 +455,12 @@ void cpu_lanes_update_backward(const nd_backend *be, float *dX, float *dM, float
                 dyr[c] = 0.0f;
             for (int i = 0; i < n; i++) {
                 const float *gi = G + i * d;
-                float hp = hpost[r * n + i], sy = 0.0f;
-                for (int c = 0; c < d; c++) {
-                    sy += gi[c] * yr[c];
+                float hp = hpost[r * n + i];
+                for (int c = 0; c < d; c++)
                     dyr[c] += hp * gi[c];
-                }
-                dhpost[r * n + i] = sy;
-                for (int j = 0; j < n; j++) {
-                    const float *xj = Xr + j * d;
-                    float s = 0.0f;
-                    for (int c = 0; c < d; c++)
-                        s += gi[c] * xj[c];
-                    dM[(r * n + i) * n + j] = s;
-                }
+                dhpost[r * n + i] = dot8(gi, yr, d);
+                for (int j = 0; j < n; j++)
+                    dM[(r * n + i) * n + j] = dot8(gi, Xr + j * d, d);
             }
             /* dX_j = sum_i M_ij dXo_i */
             float *out = alias ? tmp : dX + r * n * d;
@@ -568,14 +572,11 @@ void cpu_residual_scaled_backward(const nd_backend *be, float *dr, float *dgate,
         /* float blocks keep the inner loop vectorisable; double across blocks */
         for (long b = i0; b < i1; b += 1024) {
             long e = b + 1024 < i1 ? b + 1024 : i1;
-            float acc = 0.0f;
-            for (long i = b; i < e; i++) {
-                float g = dy[i];
-                acc += g * r[i];
-                dr[i] = s * g;
-            }
+            /* the sum is taken before dr is written: dr may alias dy */
             if (pg)
-                pg[0] += (double)acc;
+                pg[0] += (double)dot8(dy + b, r + b, (int)(e - b));
+            for (long i = b; i < e; i++)
+                dr[i] = s * dy[i];
         }
     }
     if (dgate) {
@@ -715,11 +716,7 @@ void cpu_attention_backward(const nd_backend *be, float *dq, float *dk, float *d
                             p[j] = expf(p[j] - l);
                         for (int j = last + 1; j < keys; j++)
                             p[j] = 0.0f;
-                        const float *go = dO + (size_t)r * qs, *o = O + (size_t)r * qs;
-                        float s = 0.0f;
-                        for (int i = 0; i < hd; i++)
-                            s += go[i] * o[i];
-                        Dr[r] = s;
+                        Dr[r] = dot8(dO + (size_t)r * qs, O + (size_t)r * qs, hd);
                     }
                     /* dV += P^T dO; dP = dO V^T */
                     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hd, rows, 1.0f, Pb,

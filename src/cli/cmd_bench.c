@@ -12,13 +12,17 @@
 #include "core/rng.h"
 #include "core/status.h"
 #include "model/san.h"
+#include "train/optim.h"
+#include "train/trainer.h"
 
 static const char *bench_help =
-    "usage: needle bench forward [--preset tiny|needle2] [--batch B] [--seq T]\n"
+    "usage: needle bench forward|train [--preset tiny|needle2] [--batch B] [--seq T]\n"
     "                            [--iters N] [--threads N] [--device auto|cpu]\n"
     "\n"
-    "Times the float32 forward pass (logits included) on random weights and prints\n"
-    "min/median seconds per pass, tokens/s, achieved GFLOP/s counting matmul and\n"
+    "forward: times the float32 forward pass (logits included) on random weights.\n"
+    "train:   times a full LoRA training step (merge, forward, loss, backward with\n"
+    "         layer recomputation, AdamW), rank 16, every position a target.\n"
+    "Prints min/median seconds, tokens/s, achieved GFLOP/s counting matmul and\n"
     "attention FLOPs, and peak RSS. Defaults: needle2, batch 16, seq 128, 5 iters.\n";
 
 static int cmp_double(const void *a, const void *b)
@@ -77,8 +81,9 @@ int cli_bench(int argc, char **argv)
         } else
             return cli_usage_error("bench", "unknown option '%s'", a);
     }
-    if (!what || strcmp(what, "forward"))
-        return cli_usage_error("bench", "expected a benchmark name: forward");
+    if (!what || (strcmp(what, "forward") && strcmp(what, "train")))
+        return cli_usage_error("bench", "expected a benchmark name: forward or train");
+    int train = !strcmp(what, "train");
     san_config cfg;
     if (san_config_preset(&cfg, preset))
         return cli_usage_error("bench", "%s", nd_last_error());
@@ -89,8 +94,23 @@ int cli_bench(int argc, char **argv)
     if (san_model_create(&m, &cfg))
         return cli_fail(NULL);
     san_model_init_random(&m, 1);
-    san_acts acts;
-    if (san_acts_create(&acts, be, &m, (int)B, (int)T, 0)) {
+    san_acts acts = {0};
+    san_lora lora = {0};
+    nd_trainer tr = {0};
+    nd_adamw opt = {0};
+    float *mask = NULL;
+    if (train) {
+        if (san_lora_create(&lora, &m, 16, 32.0f) ||
+            nd_trainer_create(&tr, &m, be, &lora, (int)B, (int)T, 0) ||
+            nd_adamw_init(&opt, lora.numel, 1e-4f, 1000)) {
+            san_model_free(&m);
+            return cli_fail(NULL);
+        }
+        san_lora_init(&lora, 1);
+        mask = malloc(sizeof *mask * (size_t)(B * T));
+        for (long long i = 0; i < B * T; i++)
+            mask[i] = 1.0f;
+    } else if (san_acts_create(&acts, be, &m, (int)B, (int)T, 0)) {
         san_model_free(&m);
         return cli_fail(NULL);
     }
@@ -101,26 +121,42 @@ int cli_bench(int argc, char **argv)
         tok[i] = (int32_t)nd_rng_below(&rng, (uint64_t)cfg.vocab_size);
     double *sec = malloc(sizeof *sec * (size_t)iters);
     fprintf(stderr, "  %-9s %s (%d threads)\n", "backend", be->name, be->threads);
-    fprintf(stderr, "  %-9s forward %s  batch %lld x seq %lld  %.2fM params  %lld iters (+1 warmup)\n",
-            "bench", preset, B, T, (double)m.numel / 1e6, iters);
-    int rc = san_forward(&m, &m.w, &acts, tok); /* warm-up: page faults, BLAS buffers */
-    for (long long i = 0; i < iters && !rc; i++) {
-        double t0 = omp_get_wtime();
-        rc = san_forward(&m, &m.w, &acts, tok);
-        sec[i] = omp_get_wtime() - t0;
+    fprintf(stderr, "  %-9s %s %s  batch %lld x seq %lld  %.2fM params  %lld iters (+1 warmup)\n",
+            "bench", what, preset, B, T, (double)m.numel / 1e6, iters);
+    int rc = 0;
+    for (long long i = -1; i < iters && !rc; i++) { /* i = -1: warm-up (page faults, BLAS) */
+        double t0 = omp_get_wtime(), loss;
+        if (train) {
+            rc = nd_trainer_step(&tr, tok, mask, (int)B, 1, &loss, NULL);
+            if (!rc)
+                rc = nd_adamw_step(&opt, lora.mem, tr.lora_g, NULL, NULL);
+            if (!rc)
+                nd_trainer_merge(&tr);
+        } else {
+            rc = san_forward(&m, &m.w, &acts, tok);
+        }
+        if (i >= 0)
+            sec[i] = omp_get_wtime() - t0;
     }
     if (!rc) {
         qsort(sec, (size_t)iters, sizeof *sec, cmp_double);
-        double med = sec[iters / 2], flops = forward_flops(&m, (int)B, (int)T);
+        /* backward ~ 2x forward GEMM work minus weight grads of frozen base
+         * weights, plus one recomputed forward: count 1 + 1 + 1 (dx) forward
+         * equivalents; LoRA's own GEMMs are small and not counted */
+        double med = sec[iters / 2], flops = forward_flops(&m, (int)B, (int)T) * (train ? 3 : 1);
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
-        printf("forward %s B=%lld T=%lld threads=%d: min %.4f s  median %.4f s  "
+        printf("%s %s B=%lld T=%lld threads=%d: min %.4f s  median %.4f s  "
                "%.0f tokens/s (median)  %.1f GFLOP/s  peak RSS %.1f MB\n",
-               preset, B, T, be->threads, sec[0], med, (double)(B * T) / med, flops / med / 1e9,
+               what, preset, B, T, be->threads, sec[0], med, (double)(B * T) / med, flops / med / 1e9,
                (double)ru.ru_maxrss / 1024.0);
     }
     free(sec);
     free(tok);
+    free(mask);
+    nd_adamw_free(&opt);
+    nd_trainer_free(&tr);
+    san_lora_free(&lora);
     san_acts_free(&acts);
     san_model_free(&m);
     return rc ? cli_fail(NULL) : 0;

@@ -6,6 +6,8 @@
 int cli_init(int argc, char **argv);
 int cli_eval(int argc, char **argv);
 int cli_bench(int argc, char **argv);
+int cli_build(int argc, char **argv);
+int cli_inspect(int argc, char **argv);
 
 /* Print "needle: <message>" for the library's last error and return 1. */
 int cli_fail(const char *context);

@@ -12,6 +12,8 @@ static const struct {
 } commands[] = {
     {"init", cli_init, "write a fresh random base checkpoint (upstream pickle format)"},
     {"eval", cli_eval, "next-token loss (and logits) of a checkpoint on token sequences"},
+    {"build", cli_build, "merge a LoRA adapter and export a .cact archive (CQ quantised)"},
+    {"inspect", cli_inspect, "validate a .cact archive; print header, codebooks, tensors"},
     {"bench", cli_bench, "benchmarks (forward pass timing, tokens/s, GFLOP/s, peak RSS)"},
 };
 

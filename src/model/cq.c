@@ -321,19 +321,24 @@ static float *hadamard(int group)
     return h;
 }
 
-/* y = x @ H in float32, each output a left-to-right sum over the input
- * index starting from 0 (numpy's float32 matmul with reference BLAS). */
+/* y = x @ H, each output rounded once to float32 from a float64 sum of the
+ * exact products. Upstream runs numpy's float32 matmul, whose rounding
+ * depends on the BLAS build and CPU (OpenBLAS kernels differ); the
+ * correctly rounded value is the one closest to all of them, so indices
+ * differ from any particular upstream run only at near-ties. */
 static void rotate(const float *x, const float *h, int group, float *y)
 {
+    double acc[4096];
     for (int j = 0; j < group; j++)
-        y[j] = 0.0f;
+        acc[j] = 0.0;
     for (int l = 0; l < group; l++) {
-        const float xl = x[l], *row = h + (size_t)l * (size_t)group;
-        for (int j = 0; j < group; j++) {
-            float p = xl * row[j];
-            y[j] = y[j] + p;
-        }
+        const double xl = x[l];
+        const float *row = h + (size_t)l * (size_t)group;
+        for (int j = 0; j < group; j++)
+            acc[j] += xl * (double)row[j];
     }
+    for (int j = 0; j < group; j++)
+        y[j] = (float)acc[j];
 }
 
 int cq_quantize(const float *w, int64_t out, int64_t in_dim, int bits, int group,

@@ -4,8 +4,10 @@
  *   - a logical [out, in] matrix is cut into groups of `group` (128) along
  *     the input axis, the last one zero-padded;
  *   - each group is rotated by the normalised Walsh-Hadamard matrix
- *     (float32 entries +-1/sqrt(group), products and sums in float32 in
- *     upstream's order), its L2 norm is stored as FP16 and each unit
+ *     (float32 entries +-1/sqrt(group); each rotated value is the
+ *     correctly rounded float32 of the exact product sum: upstream's numpy
+ *     float32 matmul rounds per BLAS/CPU, so only near-ties can differ),
+ *     its L2 norm (float32, numpy's pairwise order) is stored as FP16 and each unit
  *     coordinate as the index of the nearest Lloyd-Max level of N(0,1)
  *     divided by sqrt(group) (ties go to the lower level);
  *   - indices are packed as one LSB-first bit-stream per row; the blob is

@@ -199,12 +199,6 @@ static int add_cq(plan *p, const char *name, src_kind src, const float *f, int64
     return ND_OK;
 }
 
-static const float *tensor_data(const san_model *m, const char *name)
-{
-    const san_tensor *t = san_model_find(m, name);
-    return t ? m->mem + t->offset : NULL;
-}
-
 static int float_array(const pv *a)
 {
     return a && a->kind == PV_NDARRAY &&
@@ -236,7 +230,7 @@ static int plan_heads(plan *p, const pv *params)
     set_shape(e, 1, SH(n));
     for (int i = 0; i < n; i++) {
         const char *key = codes[i] == 1.0f ? "contrastive_head" : "confidence_head";
-        char name[64], path[96];
+        char name[64];
         const pv *probes = ckpt_tree_get(present[i], "probes");
         const pv *kernel = ckpt_tree_get(present[i], "proj/kernel");
         const pv *bias = ckpt_tree_get(present[i], "proj/bias");
@@ -263,7 +257,6 @@ static int plan_heads(plan *p, const pv *params)
             return nd_error(ND_ENOMEM, "out of memory");
         e->arr = bias;
         set_shape(e, 1, SH(out));
-        (void)path;
     }
     return ND_OK;
 }
@@ -314,7 +307,7 @@ static int make_plan(const san_model *m, const pv *params, const cact_write_opts
         }
     }
 
-    int64_t L = D->L, d = D->d, n = D->n, nd = (int64_t)D->n * D->d;
+    int64_t L = D->L, d = D->d, nd = (int64_t)D->n * D->d;
     const char *blk = "stack/layers/block";
     char tn[128], name[64];
 #define TRY(x)                                                                                     \
@@ -376,7 +369,6 @@ static int make_plan(const san_model *m, const pv *params, const cact_write_opts
         const san_tensor *t = san_model_find(m, tn);
         TRY(add_cq(p, name, SRC_CQ_PHI, m->mem + t->offset, L, nd, t->shape[2]));
     }
-    (void)n;
     for (int s = 0; s < c->n_sites; s++) {
         snprintf(name, sizeof name, "engram%d.tables", s);
         TRY(add_cq(p, name, SRC_CQ_DIRECT, m->w.eng[s].table,
@@ -401,7 +393,6 @@ static int make_plan(const san_model *m, const pv *params, const cact_write_opts
         e->rec.nbytes = o->tokenizer_len;
     }
 #undef TRY
-    (void)tensor_data;
 
     /* header */
     cact_header *h = &p->hdr;

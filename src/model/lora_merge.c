@@ -165,9 +165,10 @@ int lora_merge(san_model *m, const pv *params, const pv *adapter, const char *wh
         int rc = check_group(m, params, what, k->u.str.s, lora->u.dict.vals[i], inf.rank, &skip);
         if (rc)
             return rc;
-        if (!skip && !inf.rank) /* no rank recorded: take it from the first A */
-            inf.rank = (int)pv_dict_get(lora->u.dict.vals[i], "A")
-                           ->u.nd.shape[pv_dict_get(lora->u.dict.vals[i], "A")->u.nd.ndim - 1];
+        if (!skip && !inf.rank) { /* no rank recorded: every A must match the first */
+            const pv *A = pv_dict_get(lora->u.dict.vals[i], "A");
+            inf.rank = (int)A->u.nd.shape[A->u.nd.ndim - 1];
+        }
     }
     for (size_t i = 0; i < lora->u.dict.n; i++) {
         const char *path = lora->u.dict.keys[i]->u.str.s;

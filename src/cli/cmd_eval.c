@@ -112,8 +112,7 @@ static int eval_jsonl(const jsonl_args *a, san_model *m, const nd_backend *be)
         cli_fail(NULL);
         goto done;
     }
-    size_t cap = (size_t)(a->max_len < m->cfg.max_seq_len ? a->max_len : m->cfg.max_seq_len);
-    if (nd_dataset_tokenize(&ds, tok, cap, &ts)) {
+    if (nd_dataset_tokenize(&ds, tok, (size_t)a->max_len, &ts)) {
         cli_fail(a->data);
         goto done;
     }

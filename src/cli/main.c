@@ -13,6 +13,8 @@ static const struct {
     {"init", cli_init, "write a fresh random base checkpoint (upstream pickle format)"},
     {"eval", cli_eval, "next-token loss (and logits) of a checkpoint on token sequences"},
     {"finetune", cli_finetune, "LoRA fine-tune a base checkpoint on JSONL examples"},
+    {"build", cli_build, "merge a LoRA adapter and export a .cact archive (CQ quantised)"},
+    {"inspect", cli_inspect, "validate a .cact archive; print header, codebooks, tensors"},
     {"bench", cli_bench, "benchmarks (forward pass timing, tokens/s, GFLOP/s, peak RSS)"},
     {"tokenize", cli_tokenize, "text lines -> token ids (or ids -> text with --decode)"},
     {"render", cli_render, "show a JSONL example's rendered prompt/target, ids and loss mask"},

@@ -14,10 +14,6 @@ int san_eval(const san_model *m, const nd_backend *be, const token_seqs *seqs, i
     int V = m->dims.V, count = seqs->count, maxT = 0;
     for (int i = 0; i < count; i++) {
         int len = (int)(seqs->start[i + 1] - seqs->start[i]);
-        if (len > m->cfg.max_seq_len)
-            return nd_error(ND_ELIMIT,
-                            "line %d: sequence of %d tokens is longer than max_seq_len %d",
-                            seqs->line[i], len, m->cfg.max_seq_len);
         if (len > maxT)
             maxT = len;
     }

@@ -127,10 +127,15 @@ int nd_finetune(const nd_finetune_opts *o)
     nd_jsonl_opts jo = {.skip_bad = o->skip_bad};
     if ((rc = nd_jsonl_load(o->data, &jo, &ds)))
         goto done;
-    size_t cap = (size_t)o->max_len < (size_t)m.cfg.max_seq_len ? (size_t)o->max_len
-                                                                 : (size_t)m.cfg.max_seq_len;
-    if ((rc = nd_dataset_tokenize(&ds, tok, cap, &ts)))
+    /* like upstream, only --max-len caps the length (max_seq_len sizes the
+     * engine's buffers, not training) */
+    if ((rc = nd_dataset_tokenize(&ds, tok, (size_t)o->max_len, &ts)))
         goto done;
+    if (ts.n == 0) {
+        rc = nd_error(ND_EFORMAT, "%s: no usable examples (empty file, or no line has a query)",
+                      o->data);
+        goto done;
+    }
     emitf(o, "  %-9s %zu examples  seq_len %zu  cap %d%s", "data", ts.n, ts.max_len, o->max_len,
           "");
     if (ds.no_query || ds.bad || ts.truncated)
@@ -238,10 +243,12 @@ int nd_finetune(const nd_finetune_opts *o)
                 rc = nd_adamw_step(&opt, lora.mem, tr.lora_g, &gnorm, NULL);
             }
             if (rc == ND_ENUMERIC) {
+                char why[256];
+                snprintf(why, sizeof why, "%s", nd_last_error());
                 rc = nd_error(ND_ENUMERIC,
                               "step %ld/%ld: %s; training stopped, the last good adapter "
                               "(before this step) is written to %s",
-                              step + 1, total, nd_last_error(), o->out);
+                              step + 1, total, why, o->out);
                 memcpy(lora.mem, last_good, sizeof(float) * lora.numel);
                 pv *st = optimizer_state(&opt, o->seed);
                 if (san_lora_save(&lora, o->out, st) == ND_OK)

@@ -1,0 +1,193 @@
+/* needle build: merge an optional LoRA adapter and export a .cact archive. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "text/tokenizer.h"
+#include "core/fileio.h"
+#include "core/status.h"
+#include "io/cact.h"
+#include "io/checkpoint.h"
+#include "model/config.h"
+#include "model/cq.h"
+#include "model/lora_merge.h"
+
+static const char *build_help =
+    "usage: needle build CKPT.pkl [--lora ADAPTER.pkl] [--out X.cact] [--bits 2|3|4]\n"
+    "                    [--tokenizer-blob FILE]\n"
+    "\n"
+    "Export a checkpoint to the .cact archive the Needle engine loads (upstream's\n"
+    "format, byte for byte): CQ-quantised matrices, FP16 norms and gates, the\n"
+    "probe heads when the checkpoint has them, and the tokenizer blob last.\n"
+    "\n"
+    "  --lora FILE          merge this adapter first: W += scale * A @ B (in the\n"
+    "                       checkpoint's stored dtype)\n"
+    "  --out FILE           output (default: checkpoint basename + .cact, in the\n"
+    "                       current directory); written atomically\n"
+    "  --bits N             CQ width for every matrix; default: the config's\n"
+    "                       weight_bits map (\"name=bits,...,default=b\"), else 4\n"
+    "  --tokenizer-blob FILE\n"
+    "                       RAW tokenizer blob (export.py layout) stored as the last\n"
+    "                       tensor; its piece count must equal the config vocab\n"
+    "  --tokenizer FILE     SentencePiece .model (or blob) to embed (default\n"
+    "                       $NEEDLE_TOKENIZER, else tokenizer.model beside the checkpoint)\n";
+
+/* A tokenizer file (.model or blob) -> the archive's RAW blob (export.py layout). */
+static int tokenizer_blob(const char *model_path, unsigned char **blob, size_t *len)
+{
+    nd_tokenizer *t;
+    int rc = nd_tokenizer_load(model_path, &t);
+    if (rc)
+        return rc;
+    rc = nd_tokenizer_write_blob(t, blob, len);
+    nd_tokenizer_free(t);
+    return rc;
+}
+
+/* os.path.splitext(os.path.basename(path))[0] + ".cact" */
+static void default_out(const char *ckpt, char *out, size_t cap)
+{
+    const char *base = strrchr(ckpt, '/');
+    base = base ? base + 1 : ckpt;
+    size_t n = strlen(base);
+    const char *dot = strrchr(base, '.');
+    if (dot)
+        for (const char *p = base; p < dot; p++)
+            if (*p != '.') { /* a dot that is not part of the leading dots */
+                n = (size_t)(dot - base);
+                break;
+            }
+    snprintf(out, cap, "%.*s.cact", (int)n, base);
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int cli_build(int argc, char **argv)
+{
+    const char *ckpt = NULL, *lora = NULL, *out = NULL, *tok_blob = NULL, *tok_model = NULL;
+    long long bits = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(build_help, stdout);
+            return 0;
+        }
+        if (a[0] != '-' || a[1] != '-') {
+            if (ckpt)
+                return cli_usage_error("build", "unexpected argument '%s'", a);
+            ckpt = a;
+            continue;
+        }
+        if (i + 1 >= argc)
+            return cli_usage_error("build", "%s needs a value", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "--lora"))
+            lora = v;
+        else if (!strcmp(a, "--out"))
+            out = v;
+        else if (!strcmp(a, "--tokenizer-blob"))
+            tok_blob = v;
+        else if (!strcmp(a, "--tokenizer"))
+            tok_model = v;
+        else if (!strcmp(a, "--bits")) {
+            if (cli_parse_int(a, v, 2, 4, &bits))
+                return 2;
+        } else
+            return cli_usage_error("build", "unknown option '%s'", a);
+    }
+    if (!ckpt)
+        return cli_usage_error("build", "missing checkpoint path");
+    if (tok_blob && tok_model)
+        return cli_usage_error("build", "give --tokenizer or --tokenizer-blob, not both");
+    char outbuf[4096];
+    if (!out) {
+        default_out(ckpt, outbuf, sizeof outbuf);
+        out = outbuf;
+    }
+
+    double t0 = now();
+    san_model m;
+    pv *root = NULL;
+    unsigned char *blob = NULL;
+    size_t blob_len = 0;
+    int rc = ckpt_load(ckpt, &m, &root);
+    if (rc)
+        return cli_fail(NULL);
+    const pv *params = pv_dict_get(root, "params");
+    if (lora) {
+        lora_merge_info li;
+        rc = lora_merge_file(&m, params, lora, &li);
+        if (rc)
+            goto fail;
+        printf("  %-9s %d weight groups  %s\n", "merged", li.merged + li.skipped, lora);
+    }
+    if (tok_blob) {
+        rc = nd_read_file(tok_blob, (size_t)1 << 30, &blob, &blob_len);
+        if (rc)
+            goto fail;
+    } else {
+        /* --tokenizer, else $NEEDLE_TOKENIZER, else tokenizer.model beside the checkpoint */
+        const char *env = getenv("NEEDLE_TOKENIZER");
+        char beside[4096];
+        if (!tok_model && env && *env)
+            tok_model = env;
+        if (!tok_model) {
+            const char *slash = strrchr(ckpt, '/');
+            int dir = slash ? (int)(slash - ckpt) + 1 : 0;
+            snprintf(beside, sizeof beside, "%.*stokenizer.model", dir, ckpt);
+            FILE *f = fopen(beside, "rb");
+            if (f) {
+                fclose(f);
+                tok_model = beside;
+            }
+        }
+        if (tok_model) {
+            rc = tokenizer_blob(tok_model, &blob, &blob_len);
+            if (rc)
+                goto fail;
+        } else {
+            fprintf(stderr,
+                    "needle build: note: no tokenizer found (--tokenizer, $NEEDLE_TOKENIZER or "
+                    "tokenizer.model beside the checkpoint); the archive has no tokenizer "
+                    "tensor and the engine cannot run it. Upstream's tokenizer: Hugging Face "
+                    "Cactus-Compute/needle2, tokenizer/tokenizer.model\n");
+        }
+    }
+
+    cact_write_opts o = {0};
+    const char *map = (!bits && m.cfg.weight_bits[0]) ? m.cfg.weight_bits : NULL;
+    o.bits = bits ? (int)bits : 4;
+    o.bits_map = map;
+    o.group = CQ_GROUP;
+    o.kv_window = san_effective_kv_window(&m.cfg);
+    o.tokenizer = blob;
+    o.tokenizer_len = blob_len;
+    cact_write_info info;
+    rc = cact_write_file(out, &m, params, &o, &info);
+    if (rc)
+        goto fail;
+    char scheme[300];
+    if (map)
+        snprintf(scheme, sizeof scheme, "mixed[%s]", map);
+    else
+        snprintf(scheme, sizeof scheme, "W%d", o.bits);
+    printf("  %-9s %s  %.2f MB  %d tensors  %sA8\n", "wrote", out, (double)info.bytes / 1e6,
+           info.num_tensors, scheme);
+    fprintf(stderr, "  %-9s %.2f s\n", "time", now() - t0);
+    free(blob);
+    pv_decref(root);
+    san_model_free(&m);
+    return 0;
+fail:
+    free(blob);
+    pv_decref(root);
+    san_model_free(&m);
+    return cli_fail(NULL);
+}

@@ -1,0 +1,165 @@
+/* needle inspect: print a .cact archive's header, codebooks and tensor
+ * table, or dump one tensor dequantised to float32. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "core/fileio.h"
+#include "core/status.h"
+#include "io/cact.h"
+#include "model/cq.h"
+
+static const char *inspect_help =
+    "usage: needle inspect X.cact [--dequant NAME [--out FILE]]\n"
+    "\n"
+    "Validate a .cact archive and print its header geometry, codebooks and the\n"
+    "tensor table (index, name, dtype, shape, bits, group, offset, bytes).\n"
+    "\n"
+    "  --dequant NAME   write tensor NAME (an export name such as layer00.q_proj,\n"
+    "                   or #INDEX) as little-endian float32 to stdout\n"
+    "  --out FILE       with --dequant: write to FILE (atomically) instead\n";
+
+static void print_header(const cact_file *f, const char *path)
+{
+    const cact_header *h = &f->hdr;
+    printf("file            %s  (%zu bytes)\n", path, f->len);
+    printf("tag             0x%08X\n", h->tag);
+    printf("num_tensors     %u\n", h->num_tensors);
+    printf("kv_window       %u\n", h->kv_window);
+    printf("kv_bits         %u\n", h->kv_bits);
+    printf("vocab           %u\n", h->vocab);
+    printf("d_model         %u\n", h->d_model);
+    printf("num_heads       %u\n", h->num_heads);
+    printf("num_kv_heads    %u\n", h->num_kv_heads);
+    printf("num_layers      %u\n", h->num_layers);
+    printf("head_dim        %u\n", h->head_dim);
+    printf("max_seq_len     %u\n", h->max_seq_len);
+    printf("hada_n          %u\n", h->hada_n);
+    printf("mhc_lanes       %u\n", h->mhc_lanes);
+    printf("engram_slots    %u\n", h->engram_slots);
+    printf("engram_sub_dim  %u\n", h->engram_sub_dim);
+    printf("engram_tables   %u\n", h->num_engram_tables);
+    printf("conv_taps       %u\n", h->engram_conv_taps);
+    printf("conv_dilation   %u\n", h->engram_conv_dilation);
+    printf("engram_orders   [");
+    for (uint32_t i = 0; i < h->num_engram_orders; i++)
+        printf("%s%u", i ? ", " : "", h->engram_orders[i]);
+    printf("]\nengram_sites    [");
+    for (uint32_t i = 0; i < h->num_engram_sites; i++)
+        printf("%s%u", i ? ", " : "", h->engram_sites[i]);
+    printf("]\nrope_theta      %.9g\n", (double)h->rope_theta);
+    printf("codebook_len    %u\n", h->codebook_len);
+    float ref[CQ_HEADER_CODEBOOK_LEN];
+    int std = h->codebook_len == CQ_HEADER_CODEBOOK_LEN && !cq_header_codebooks(CQ_GROUP, ref) &&
+              !memcmp(ref, f->codebook, sizeof ref);
+    uint32_t o = 0;
+    for (int b = 2; b <= 4 && o < h->codebook_len; b++) {
+        printf("codebook cb%d   ", b);
+        for (uint32_t k = 0; k < (1u << b) && o < h->codebook_len; k++, o++)
+            printf(" %.9g", (double)f->codebook[o]);
+        printf("\n");
+    }
+    if (o < h->codebook_len)
+        printf("codebook extra  %u floats\n", h->codebook_len - o);
+    printf("codebooks       %s\n",
+           std ? "standard (Lloyd-Max N(0,1) / sqrt(128), as upstream)" : "NON-STANDARD");
+}
+
+static void print_table(const cact_file *f)
+{
+    printf("\n%5s  %-26s %-5s %-22s %4s %5s %12s %12s\n", "#", "name", "dtype", "shape", "bits",
+           "group", "offset", "bytes");
+    for (uint32_t i = 0; i < f->hdr.num_tensors; i++) {
+        const cact_tensor *t = &f->t[i];
+        char shape[64];
+        size_t n = (size_t)snprintf(shape, sizeof shape, "(");
+        for (int k = 0; k < t->ndim && n < sizeof shape; k++)
+            n += (size_t)snprintf(shape + n, sizeof shape - n, "%s%u", k ? ", " : "", t->shape[k]);
+        if (n < sizeof shape)
+            snprintf(shape + n, sizeof shape - n, t->ndim == 1 ? ",)" : ")");
+        char bits[16] = "-";
+        if (t->dtype == CACT_CQ)
+            snprintf(bits, sizeof bits, "%s", t->bits == CQ_TERNARY ? "1.58" : "");
+        if (t->dtype == CACT_CQ && t->bits != CQ_TERNARY)
+            snprintf(bits, sizeof bits, "%u", t->bits);
+        printf("%5u  %-26s %-5s %-22s %4s %5u %12llu %12llu\n", i, t->name,
+               cact_dtype_name(t->dtype), shape, bits, t->group, (unsigned long long)t->offset,
+               (unsigned long long)t->nbytes);
+    }
+}
+
+int cli_inspect(int argc, char **argv)
+{
+    const char *path = NULL, *deq = NULL, *out = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(inspect_help, stdout);
+            return 0;
+        }
+        if (a[0] != '-' || a[1] != '-') {
+            if (path)
+                return cli_usage_error("inspect", "unexpected argument '%s'", a);
+            path = a;
+            continue;
+        }
+        if (i + 1 >= argc)
+            return cli_usage_error("inspect", "%s needs a value", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "--dequant"))
+            deq = v;
+        else if (!strcmp(a, "--out"))
+            out = v;
+        else
+            return cli_usage_error("inspect", "unknown option '%s'", a);
+    }
+    if (!path)
+        return cli_usage_error("inspect", "missing archive path");
+    if (out && !deq)
+        return cli_usage_error("inspect", "--out goes with --dequant");
+    cact_file f;
+    if (cact_read_file(path, &f))
+        return cli_fail(NULL);
+    if (!deq) {
+        print_header(&f, path);
+        print_table(&f);
+        cact_free(&f);
+        return 0;
+    }
+    int idx = cact_find(&f, deq);
+    if (idx < 0) {
+        fprintf(stderr, "needle: %s has no tensor '%s' (see `needle inspect %s`)\n", path, deq,
+                path);
+        cact_free(&f);
+        return 1;
+    }
+    float *w;
+    size_t n;
+    int rc = cact_dequant(&f, idx, &w, &n);
+    cact_free(&f);
+    if (rc)
+        return cli_fail(NULL);
+    /* the host is little-endian on every platform we build for; write
+     * bytes explicitly anyway */
+    unsigned char *b = malloc(n * 4 + 1);
+    if (!b) {
+        free(w);
+        nd_error(ND_ENOMEM, "out of memory");
+        return cli_fail(NULL);
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &w[i], 4);
+        for (int k = 0; k < 4; k++)
+            b[4 * i + (size_t)k] = (unsigned char)(u >> (8 * k));
+    }
+    free(w);
+    if (out) {
+        rc = nd_write_file_atomic(out, b, n * 4);
+    } else if (fwrite(b, 1, n * 4, stdout) != n * 4 || fflush(stdout)) {
+        rc = nd_error(ND_EIO, "writing to stdout failed");
+    }
+    free(b);
+    return rc ? cli_fail(NULL) : 0;
+}

@@ -1,0 +1,995 @@
+#include "io/cact.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/fileio.h"
+#include "core/fp16.h"
+#include "core/status.h"
+#include "io/checkpoint.h"
+#include "model/cq.h"
+
+#define TOK_HEADER_SIZE 24
+#define MAX_TENSORS (1u << 20)
+#define MAX_CODEBOOK (1u << 16)
+
+/* ------------------------------------------------------------------ */
+/* little-endian helpers                                               */
+
+static void put_u16(unsigned char *p, uint16_t v)
+{
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+}
+
+static void put_u32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void put_u64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void put_f32(unsigned char *p, float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    put_u32(p, u);
+}
+
+static uint32_t get_u32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get_u64(const unsigned char *p)
+{
+    return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
+}
+
+static float get_f32(const unsigned char *p)
+{
+    uint32_t u = get_u32(p);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* numpy float64 -> float16 (one correct rounding): round to odd at float
+ * precision first, which cannot double-round at half precision. */
+static uint16_t double_to_half(double d)
+{
+    float f = (float)d;
+    if (isfinite(f) && (double)f != d) {
+        if (fabs((double)f) > fabs(d))
+            f = nextafterf(f, 0.0f);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        u |= 1;
+        memcpy(&f, &u, 4);
+    }
+    return nd_float_to_half(f);
+}
+
+/* ------------------------------------------------------------------ */
+/* the export plan                                                      */
+
+typedef enum {
+    SRC_MODEL_FP16, /* f[0..numel) -> FP16 */
+    SRC_PV_FP16,    /* arr elements [elem0, elem0+numel) -> FP16 */
+    SRC_PV_FP16_T,  /* 2-D arr transposed -> FP16 */
+    SRC_VALUES,     /* small literal list (manifest, zero bias) */
+    SRC_CQ_DIRECT,  /* f is [out, in] */
+    SRC_CQ_KERNEL,  /* f is [in, out] (a flax kernel); export its transpose */
+    SRC_CQ_PHI,     /* f is (L, nC, lanes); export (L*lanes, nC) */
+    SRC_RAW,
+} src_kind;
+
+typedef struct {
+    cact_tensor rec;
+    src_kind src;
+    const float *f;
+    const pv *arr;
+    size_t elem0;
+    int64_t a, b, c; /* source geometry */
+    float values[4];
+    const void *raw;
+} entry;
+
+typedef struct {
+    entry *e;
+    int n, cap;
+    cact_header hdr;
+    float cb[CQ_HEADER_CODEBOOK_LEN];
+    int group;
+    int default_bits;
+    cq_bits_map map;
+    int use_map;
+} plan;
+
+static entry *push(plan *p, const char *name, int dtype, src_kind src)
+{
+    if (p->n == p->cap) {
+        int nc = p->cap ? p->cap * 2 : 128;
+        entry *e = realloc(p->e, (size_t)nc * sizeof *e);
+        if (!e)
+            return NULL;
+        p->e = e;
+        p->cap = nc;
+    }
+    entry *e = &p->e[p->n++];
+    memset(e, 0, sizeof *e);
+    snprintf(e->rec.name, sizeof e->rec.name, "%s", name);
+    e->rec.dtype = (uint8_t)dtype;
+    e->src = src;
+    return e;
+}
+
+static void set_shape(entry *e, int ndim, const int64_t *shape)
+{
+    e->rec.ndim = (uint8_t)ndim;
+    uint64_t numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        e->rec.shape[i] = (uint32_t)shape[i];
+        numel *= (uint64_t)shape[i];
+    }
+    if (e->rec.dtype == CACT_FP16)
+        e->rec.nbytes = numel * 2;
+}
+
+#define SH(...) ((const int64_t[]){__VA_ARGS__})
+
+/* an FP16 tensor from a model tensor slice (or its stored float64 array) */
+static int add_fp16(plan *p, const san_model *m, const pv *params, const char *tname, size_t elem0,
+                    const char *name, int ndim, const int64_t *shape)
+{
+    const san_tensor *t = san_model_find(m, tname);
+    if (!t)
+        return nd_error(ND_ESHAPE, "model has no tensor %s", tname);
+    const pv *arr = params ? ckpt_tree_get(params, tname) : NULL;
+    int f64 = arr && arr->kind == PV_NDARRAY && arr->u.nd.dtype == ND_F64 &&
+              (size_t)pv_nd_numel(arr) == t->numel;
+    entry *e = push(p, name, CACT_FP16, f64 ? SRC_PV_FP16 : SRC_MODEL_FP16);
+    if (!e)
+        return nd_error(ND_ENOMEM, "out of memory");
+    e->f = m->mem + t->offset + elem0;
+    e->arr = f64 ? arr : NULL;
+    e->elem0 = elem0;
+    set_shape(e, ndim, shape);
+    return ND_OK;
+}
+
+static int add_cq(plan *p, const char *name, src_kind src, const float *f, int64_t a, int64_t b,
+                  int64_t c)
+{
+    entry *e = push(p, name, CACT_CQ, src);
+    if (!e)
+        return nd_error(ND_ENOMEM, "out of memory");
+    e->f = f;
+    e->a = a;
+    e->b = b;
+    e->c = c;
+    int64_t out, in;
+    if (src == SRC_CQ_DIRECT) {
+        out = a;
+        in = b;
+    } else if (src == SRC_CQ_KERNEL) {
+        out = b;
+        in = a;
+    } else {
+        out = a * c;
+        in = b;
+    }
+    int bits = p->use_map ? cq_bits_for(&p->map, name) : p->default_bits;
+    e->rec.ndim = 2;
+    e->rec.shape[0] = (uint32_t)out;
+    e->rec.shape[1] = (uint32_t)in;
+    e->rec.group = (uint32_t)p->group;
+    e->rec.bits = (uint32_t)bits;
+    e->rec.nbytes = cq_blob_bytes(out, in, bits, p->group);
+    if (!e->rec.nbytes && out && in)
+        return nd_error(ND_ELIMIT, "%s: matrix [%lld, %lld] is too large", name, (long long)out,
+                        (long long)in);
+    return ND_OK;
+}
+
+static int float_array(const pv *a)
+{
+    return a && a->kind == PV_NDARRAY &&
+           (a->u.nd.dtype == ND_F16 || a->u.nd.dtype == ND_F32 || a->u.nd.dtype == ND_F64);
+}
+
+static int plan_heads(plan *p, const pv *params)
+{
+    static const struct {
+        const char *key;
+        float code;
+    } heads[] = {{"contrastive_head", 1.0f}, {"confidence_head", 2.0f}};
+    const pv *present[2];
+    int n = 0;
+    float codes[2];
+    for (int i = 0; i < 2; i++) {
+        const pv *h = params ? pv_dict_get(params, heads[i].key) : NULL;
+        if (h) {
+            codes[n] = heads[i].code;
+            present[n++] = h;
+        }
+    }
+    if (!n)
+        return ND_OK;
+    entry *e = push(p, "heads.manifest", CACT_FP16, SRC_VALUES);
+    if (!e)
+        return nd_error(ND_ENOMEM, "out of memory");
+    memcpy(e->values, codes, sizeof codes);
+    set_shape(e, 1, SH(n));
+    for (int i = 0; i < n; i++) {
+        const char *key = codes[i] == 1.0f ? "contrastive_head" : "confidence_head";
+        char name[64];
+        const pv *probes = ckpt_tree_get(present[i], "probes");
+        const pv *kernel = ckpt_tree_get(present[i], "proj/kernel");
+        const pv *bias = ckpt_tree_get(present[i], "proj/bias");
+        if (!float_array(probes) || probes->u.nd.ndim > 4)
+            return nd_error(ND_ESHAPE, "params/%s/probes is missing or not a float array", key);
+        if (!float_array(kernel) || kernel->u.nd.ndim != 2)
+            return nd_error(ND_ESHAPE, "params/%s/proj/kernel is missing or not a 2-D array", key);
+        int64_t out = kernel->u.nd.shape[1];
+        if (bias && (!float_array(bias) || bias->u.nd.ndim != 1 || bias->u.nd.shape[0] != out))
+            return nd_error(ND_ESHAPE, "params/%s/proj/bias must be a float array of shape (%lld,)",
+                            key, (long long)out);
+        snprintf(name, sizeof name, "%s.probes", key);
+        if (!(e = push(p, name, CACT_FP16, SRC_PV_FP16)))
+            return nd_error(ND_ENOMEM, "out of memory");
+        e->arr = probes;
+        set_shape(e, probes->u.nd.ndim, probes->u.nd.shape);
+        snprintf(name, sizeof name, "%s.proj", key);
+        if (!(e = push(p, name, CACT_FP16, SRC_PV_FP16_T)))
+            return nd_error(ND_ENOMEM, "out of memory");
+        e->arr = kernel;
+        set_shape(e, 2, SH(out, kernel->u.nd.shape[0]));
+        snprintf(name, sizeof name, "%s.bias", key);
+        if (!(e = push(p, name, CACT_FP16, bias ? SRC_PV_FP16 : SRC_VALUES)))
+            return nd_error(ND_ENOMEM, "out of memory");
+        e->arr = bias;
+        set_shape(e, 1, SH(out));
+    }
+    return ND_OK;
+}
+
+static void plan_free(plan *p)
+{
+    free(p->e);
+    cq_bits_map_free(&p->map);
+    memset(p, 0, sizeof *p);
+}
+
+static int make_plan(const san_model *m, const pv *params, const cact_write_opts *o, plan *p)
+{
+    memset(p, 0, sizeof *p);
+    const san_config *c = &m->cfg;
+    const san_dims *D = &m->dims;
+    int rc;
+    p->group = o->group ? o->group : CQ_GROUP;
+    if (o->bits_map && *o->bits_map) {
+        rc = cq_bits_map_parse(o->bits_map, &p->map);
+        if (rc)
+            return rc;
+        p->use_map = 1;
+    } else if (!cq_bits_valid(o->bits)) {
+        return nd_error(ND_EARG, "CQ width must be 2, 3, 4 or ternary, not %d", o->bits);
+    }
+    p->default_bits = o->bits;
+    if ((rc = cq_header_codebooks(p->group, p->cb)))
+        goto fail;
+    if (c->n_orders < 1) {
+        rc = nd_error(ND_EUNSUPPORTED, "cact export needs at least one engram order");
+        goto fail;
+    }
+    if (c->n_sites > 4 || c->n_orders > 4) {
+        rc = nd_error(ND_ELIMIT, "cact header holds at most 4 engram orders and sites");
+        goto fail;
+    }
+    if (o->tokenizer) {
+        if (o->tokenizer_len < TOK_HEADER_SIZE) {
+            rc = nd_error(ND_EFORMAT, "tokenizer blob is %zu bytes, shorter than its header",
+                          o->tokenizer_len);
+            goto fail;
+        }
+        uint32_t nt = get_u32(o->tokenizer);
+        if (nt != (uint32_t)c->vocab_size) {
+            rc = nd_error(ND_ESHAPE, "tokenizer vocab %u != config %d", nt, c->vocab_size);
+            goto fail;
+        }
+    }
+
+    int64_t L = D->L, d = D->d, nd = (int64_t)D->n * D->d;
+    const char *blk = "stack/layers/block";
+    char tn[128], name[64];
+#define TRY(x)                                                                                     \
+    do {                                                                                           \
+        if ((rc = (x)))                                                                            \
+            goto fail;                                                                             \
+    } while (0)
+    TRY(add_cq(p, "embedding", SRC_CQ_DIRECT, m->w.emb, D->V, d, 0));
+    static const char *kern[] = {"q_proj", "k_proj", "v_proj", "gate_proj", "out_proj"};
+    for (int64_t i = 0; i < L; i++) {
+        size_t li = (size_t)i;
+#define FP16(path, sfx, cnt, ...)                                                                  \
+    do {                                                                                           \
+        snprintf(tn, sizeof tn, "%s/%s", blk, path);                                               \
+        snprintf(name, sizeof name, "layer%02d.%s", (int)i, sfx);                                  \
+        TRY(add_fp16(p, m, params, tn, li *(size_t)(cnt), name, 1, SH(__VA_ARGS__)));              \
+    } while (0)
+#define KERNEL(k)                                                                                  \
+    do {                                                                                           \
+        snprintf(tn, sizeof tn, "%s/self_attn/%s/kernel", blk, kern[k]);                           \
+        const san_tensor *t = san_model_find(m, tn);                                               \
+        snprintf(name, sizeof name, "layer%02d.%s", (int)i, kern[k]);                              \
+        TRY(add_cq(p, name, SRC_CQ_KERNEL,                                                         \
+                   m->mem + t->offset + li * (size_t)(t->shape[1] * t->shape[2]), t->shape[1],     \
+                   t->shape[2], 0));                                                               \
+    } while (0)
+        FP16("ZCRMSNorm_0/scale", "norm_in", d, d);
+        KERNEL(0);
+        KERNEL(1);
+        KERNEL(2);
+        FP16("self_attn/q_norm/scale", "q_norm", D->hd, D->hd);
+        FP16("self_attn/k_norm/scale", "k_norm", D->hd, D->hd);
+        KERNEL(3);
+        KERNEL(4);
+        FP16("post_attn_norm/scale", "post_norm", d, d);
+        FP16("attn_gate", "attn_gate", 1, 1);
+        FP16("pre_hada_norm/scale", "pre_hada", d, d);
+        FP16("hadamard_mlp/d1", "d1", D->hada_n, D->hada_n);
+        FP16("hadamard_mlp/d2", "d2", D->hada_n, D->hada_n);
+        FP16("hadamard_mlp/d3", "d3", D->hada_n, D->hada_n);
+#undef FP16
+#undef KERNEL
+    }
+    static const char *mhc[] = {"a_pre", "a_post", "a_res", "b_pre", "b_post", "b_res"};
+    for (int k = 0; k < 6; k++) {
+        snprintf(tn, sizeof tn, "stack/mhc_%s", mhc[k]);
+        snprintf(name, sizeof name, "mhc_%s", mhc[k]);
+        const san_tensor *t = san_model_find(m, tn);
+        if (!t) {
+            rc = nd_error(ND_ESHAPE, "model has no tensor %s", tn);
+            goto fail;
+        }
+        TRY(add_fp16(p, m, params, tn, 0, name, t->ndim, t->shape));
+    }
+    static const char *phi[] = {"pre", "post", "res"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(tn, sizeof tn, "stack/mhc_phi_%s", phi[k]);
+        snprintf(name, sizeof name, "mhc_phi_%s", phi[k]);
+        const san_tensor *t = san_model_find(m, tn);
+        TRY(add_cq(p, name, SRC_CQ_PHI, m->mem + t->offset, L, nd, t->shape[2]));
+    }
+    for (int s = 0; s < c->n_sites; s++) {
+        snprintf(name, sizeof name, "engram%d.tables", s);
+        TRY(add_cq(p, name, SRC_CQ_DIRECT, m->w.eng[s].table,
+                   (int64_t)D->eng_tables * c->engram_slots, D->eng_sub, 0));
+        snprintf(name, sizeof name, "engram%d.key_proj", s);
+        TRY(add_cq(p, name, SRC_CQ_KERNEL, m->w.eng[s].wk, D->eng_dim, d, 0));
+        snprintf(name, sizeof name, "engram%d.value_proj", s);
+        TRY(add_cq(p, name, SRC_CQ_KERNEL, m->w.eng[s].wv, D->eng_dim, d, 0));
+        snprintf(tn, sizeof tn, "engrams_%d/taps", s);
+        snprintf(name, sizeof name, "engram%d.taps", s);
+        TRY(add_fp16(p, m, params, tn, 0, name, 2, SH(SAN_CONV_TAPS, d)));
+    }
+    TRY(add_fp16(p, m, params, "stack/final_norm/scale", 0, "final_norm", 1, SH(d)));
+    TRY(plan_heads(p, params));
+    if (o->tokenizer) {
+        entry *e = push(p, "tokenizer", CACT_RAW, SRC_RAW);
+        if (!e) {
+            rc = nd_error(ND_ENOMEM, "out of memory");
+            goto fail;
+        }
+        e->raw = o->tokenizer;
+        e->rec.nbytes = o->tokenizer_len;
+    }
+#undef TRY
+
+    /* header */
+    cact_header *h = &p->hdr;
+    h->tag = CACT_TAG;
+    h->num_tensors = (uint32_t)p->n;
+    h->codebook_len = CQ_HEADER_CODEBOOK_LEN;
+    h->kv_window = (uint32_t)(o->kv_window > 0 ? o->kv_window : 0);
+    h->kv_bits = (uint32_t)(c->kv_bits ? c->kv_bits : 8);
+    h->vocab = (uint32_t)c->vocab_size;
+    h->d_model = (uint32_t)c->d_model;
+    h->num_heads = (uint32_t)c->num_heads;
+    h->num_kv_heads = (uint32_t)c->num_kv_heads;
+    h->num_layers = (uint32_t)c->num_layers;
+    h->head_dim = (uint32_t)D->hd;
+    h->max_seq_len = (uint32_t)c->max_seq_len;
+    h->hada_n = (uint32_t)D->hada_n;
+    h->mhc_lanes = (uint32_t)c->mhc_lanes;
+    h->engram_slots = (uint32_t)c->engram_slots;
+    int heads = c->engram_heads ? c->engram_heads : c->d_model / (c->n_orders * SAN_ENGRAM_SUB);
+    if (heads < 1)
+        heads = 1;
+    h->engram_sub_dim = (uint32_t)(c->d_model / (c->n_orders * heads));
+    h->num_engram_tables = (uint32_t)(c->n_orders * heads);
+    h->engram_conv_taps = SAN_CONV_TAPS;
+    int dil = 0;
+    for (int i = 0; i < c->n_orders; i++)
+        if (c->engram_orders[i] > dil)
+            dil = c->engram_orders[i];
+    h->engram_conv_dilation = (uint32_t)dil;
+    h->num_engram_orders = (uint32_t)c->n_orders;
+    for (int i = 0; i < c->n_orders; i++)
+        h->engram_orders[i] = (uint32_t)c->engram_orders[i];
+    h->num_engram_sites = (uint32_t)c->n_sites;
+    for (int i = 0; i < c->n_sites; i++)
+        h->engram_sites[i] = (uint32_t)c->engram_layers[i];
+    h->rope_theta = (float)c->rope_theta;
+
+    /* offsets */
+    uint64_t pos =
+        CACT_HEADER_SIZE + (uint64_t)CQ_HEADER_CODEBOOK_LEN * 4 + (uint64_t)p->n * CACT_REC_SIZE;
+    for (int i = 0; i < p->n; i++) {
+        pos = (pos + CACT_ALIGN - 1) & ~(uint64_t)(CACT_ALIGN - 1);
+        p->e[i].rec.offset = pos;
+        pos += p->e[i].rec.nbytes;
+    }
+    return ND_OK;
+fail:
+    plan_free(p);
+    return rc;
+}
+
+static uint64_t plan_size(const plan *p)
+{
+    if (!p->n)
+        return CACT_HEADER_SIZE + CQ_HEADER_CODEBOOK_LEN * 4;
+    const entry *l = &p->e[p->n - 1];
+    return l->rec.offset + l->rec.nbytes;
+}
+
+/* ------------------------------------------------------------------ */
+/* emitting                                                            */
+
+typedef struct {
+    FILE *fp;
+    unsigned char *buf;
+    size_t len, cap;
+    uint64_t written;
+} sink;
+
+static int sink_put(sink *s, const void *p, size_t n)
+{
+    if (s->fp) {
+        if (n && fwrite(p, 1, n, s->fp) != n)
+            return nd_error(ND_EIO, "write failed");
+    } else {
+        if (s->len + n > s->cap)
+            return nd_error(ND_EARG, "internal: archive size mismatch");
+        memcpy(s->buf + s->len, p, n);
+        s->len += n;
+    }
+    s->written += n;
+    return ND_OK;
+}
+
+static int sink_zeros(sink *s, uint64_t n)
+{
+    static const unsigned char z[CACT_ALIGN];
+    while (n) {
+        size_t k = n < sizeof z ? (size_t)n : sizeof z;
+        int rc = sink_put(s, z, k);
+        if (rc)
+            return rc;
+        n -= k;
+    }
+    return ND_OK;
+}
+
+static void encode_header(const cact_header *h, unsigned char *b)
+{
+    const uint32_t v[29] = {h->tag,
+                            h->num_tensors,
+                            h->codebook_len,
+                            h->kv_window,
+                            h->kv_bits,
+                            h->vocab,
+                            h->d_model,
+                            h->num_heads,
+                            h->num_kv_heads,
+                            h->num_layers,
+                            h->head_dim,
+                            h->max_seq_len,
+                            h->hada_n,
+                            h->mhc_lanes,
+                            h->engram_slots,
+                            h->engram_sub_dim,
+                            h->num_engram_tables,
+                            h->engram_conv_taps,
+                            h->engram_conv_dilation,
+                            h->num_engram_orders,
+                            h->engram_orders[0],
+                            h->engram_orders[1],
+                            h->engram_orders[2],
+                            h->engram_orders[3],
+                            h->num_engram_sites,
+                            h->engram_sites[0],
+                            h->engram_sites[1],
+                            h->engram_sites[2],
+                            h->engram_sites[3]};
+    for (int i = 0; i < 29; i++)
+        put_u32(b + 4 * i, v[i]);
+    put_f32(b + 116, h->rope_theta);
+}
+
+static void encode_record(const cact_tensor *t, unsigned char *b)
+{
+    b[0] = t->dtype;
+    b[1] = t->ndim;
+    put_u16(b + 2, 0);
+    for (int i = 0; i < 4; i++)
+        put_u32(b + 4 + 4 * i, t->shape[i]);
+    put_u64(b + 20, t->offset);
+    put_u64(b + 28, t->nbytes);
+    put_u32(b + 36, t->group);
+    put_u32(b + 40, t->bits);
+}
+
+static double pv_elem(const pv *a, size_t i)
+{
+    switch (a->u.nd.dtype) {
+    case ND_F16: return nd_half_to_float(((const uint16_t *)a->u.nd.data)[i]);
+    case ND_F32: return ((const float *)a->u.nd.data)[i];
+    default: return ((const double *)a->u.nd.data)[i];
+    }
+}
+
+static uint16_t pv_half(const pv *a, size_t i)
+{
+    if (a->u.nd.dtype == ND_F16)
+        return ((const uint16_t *)a->u.nd.data)[i];
+    return double_to_half(pv_elem(a, i));
+}
+
+static int emit_entry(sink *s, const entry *e, unsigned char *scratch)
+{
+    const cact_tensor *r = &e->rec;
+    size_t nb = (size_t)r->nbytes;
+    switch (e->src) {
+    case SRC_RAW: return sink_put(s, e->raw, nb);
+    case SRC_MODEL_FP16:
+    case SRC_PV_FP16:
+    case SRC_PV_FP16_T:
+    case SRC_VALUES: {
+        size_t n = nb / 2;
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            if (e->src == SRC_MODEL_FP16) {
+                h = nd_float_to_half(e->f[i]);
+            } else if (e->src == SRC_PV_FP16) {
+                h = pv_half(e->arr, e->elem0 + i);
+            } else if (e->src == SRC_PV_FP16_T) {
+                size_t out = r->shape[0], in = r->shape[1], o = i / in, k = i % in;
+                h = pv_half(e->arr, k * out + o);
+            } else {
+                h = nd_float_to_half(i < 4 ? e->values[i] : 0.0f);
+            }
+            put_u16(scratch + 2 * i, h);
+        }
+        return sink_put(s, scratch, nb);
+    }
+    default: break;
+    }
+    /* CQ */
+    int64_t out = r->shape[0], in = r->shape[1];
+    const float *w = e->f;
+    float *tmp = NULL;
+    if (e->src != SRC_CQ_DIRECT) {
+        tmp = malloc((size_t)out * (size_t)in * sizeof *tmp + 1);
+        if (!tmp)
+            return nd_error(ND_ENOMEM, "out of memory transposing %s", r->name);
+        if (e->src == SRC_CQ_KERNEL) {
+            for (int64_t i = 0; i < in; i++)
+                for (int64_t o = 0; o < out; o++)
+                    tmp[o * in + i] = e->f[i * out + o];
+        } else { /* phi (L, nC, lanes) -> (L*lanes, nC) */
+            int64_t L = e->a, nC = e->b, lanes = e->c;
+            for (int64_t l = 0; l < L; l++)
+                for (int64_t c = 0; c < nC; c++)
+                    for (int64_t j = 0; j < lanes; j++)
+                        tmp[(l * lanes + j) * nC + c] = e->f[(l * nC + c) * lanes + j];
+        }
+        w = tmp;
+    }
+    int rc = cq_quantize(w, out, in, (int)r->bits, (int)r->group, scratch);
+    free(tmp);
+    if (rc)
+        return nd_error_prefix(rc, "%s", r->name);
+    return sink_put(s, scratch, nb);
+}
+
+static int emit(const plan *p, sink *s)
+{
+    size_t head = CACT_HEADER_SIZE + CQ_HEADER_CODEBOOK_LEN * 4 + (size_t)p->n * CACT_REC_SIZE;
+    size_t scratch_len = head;
+    for (int i = 0; i < p->n; i++)
+        if (p->e[i].rec.nbytes > scratch_len)
+            scratch_len = (size_t)p->e[i].rec.nbytes;
+    unsigned char *b = malloc(scratch_len + 1);
+    if (!b)
+        return nd_error(ND_ENOMEM, "out of memory");
+    encode_header(&p->hdr, b);
+    for (int i = 0; i < CQ_HEADER_CODEBOOK_LEN; i++)
+        put_f32(b + CACT_HEADER_SIZE + 4 * i, p->cb[i]);
+    for (int i = 0; i < p->n; i++)
+        encode_record(&p->e[i].rec, b + CACT_HEADER_SIZE + CQ_HEADER_CODEBOOK_LEN * 4 +
+                                        (size_t)i * CACT_REC_SIZE);
+    int rc = sink_put(s, b, head);
+    for (int i = 0; !rc && i < p->n; i++) {
+        rc = sink_zeros(s, p->e[i].rec.offset - s->written);
+        if (!rc)
+            rc = emit_entry(s, &p->e[i], b);
+    }
+    free(b);
+    return rc;
+}
+
+int cact_write_mem(const san_model *m, const pv *params, const cact_write_opts *o,
+                   unsigned char **buf, size_t *len, cact_write_info *info)
+{
+    *buf = NULL;
+    *len = 0;
+    plan p;
+    int rc = make_plan(m, params, o, &p);
+    if (rc)
+        return rc;
+    uint64_t total = plan_size(&p);
+    sink s = {0};
+    s.cap = (size_t)total;
+    s.buf = malloc(s.cap ? s.cap : 1);
+    if (!s.buf) {
+        plan_free(&p);
+        return nd_error(ND_ENOMEM, "out of memory for a %llu-byte archive",
+                        (unsigned long long)total);
+    }
+    rc = emit(&p, &s);
+    if (!rc && info) {
+        info->bytes = total;
+        info->num_tensors = p.n;
+    }
+    plan_free(&p);
+    if (rc) {
+        free(s.buf);
+        return rc;
+    }
+    *buf = s.buf;
+    *len = s.len;
+    return ND_OK;
+}
+
+int cact_write_file(const char *path, const san_model *m, const pv *params,
+                    const cact_write_opts *o, cact_write_info *info)
+{
+    plan p;
+    int rc = make_plan(m, params, o, &p);
+    if (rc)
+        return rc;
+    nd_atomic_file af;
+    rc = nd_atomic_open(&af, path);
+    if (rc) {
+        plan_free(&p);
+        return rc;
+    }
+    sink s = {0};
+    s.fp = af.fp;
+    rc = emit(&p, &s);
+    if (rc) {
+        nd_atomic_abort(&af);
+        plan_free(&p);
+        return nd_error_prefix(rc, "%s", path);
+    }
+    rc = nd_atomic_commit(&af);
+    if (!rc && info) {
+        info->bytes = s.written;
+        info->num_tensors = p.n;
+    }
+    plan_free(&p);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* reading                                                             */
+
+const char *cact_dtype_name(int dtype)
+{
+    switch (dtype) {
+    case CACT_FP16: return "FP16";
+    case CACT_FP32: return "FP32";
+    case CACT_CQ: return "CQ";
+    case CACT_RAW: return "RAW";
+    default: return "?";
+    }
+}
+
+uint64_t cact_numel(const cact_tensor *t)
+{
+    if (t->dtype == CACT_RAW)
+        return t->nbytes;
+    uint64_t n = 1;
+    for (int i = 0; i < t->ndim && i < 4; i++)
+        n *= t->shape[i];
+    return n;
+}
+
+/* positional export names, as upstream's _tensors() lists them */
+static void name_tensors(cact_file *f)
+{
+    const cact_header *h = &f->hdr;
+    uint64_t n = h->num_tensors, L = h->num_layers, S = h->num_engram_sites;
+    static const char *per_layer[14] = {
+        "norm_in",  "q_proj",    "k_proj",    "v_proj",   "q_norm", "k_norm", "gate_proj",
+        "out_proj", "post_norm", "attn_gate", "pre_hada", "d1",     "d2",     "d3"};
+    static const char *mhc[9] = {"mhc_a_pre",   "mhc_a_post",   "mhc_a_res",
+                                 "mhc_b_pre",   "mhc_b_post",   "mhc_b_res",
+                                 "mhc_phi_pre", "mhc_phi_post", "mhc_phi_res"};
+    static const char *eng[4] = {"tables", "key_proj", "value_proj", "taps"};
+    uint64_t base = 1 + 14 * L + 9 + 4 * S + 1;
+    int tok = n && f->t[n - 1].dtype == CACT_RAW;
+    for (uint64_t i = 0; i < n; i++) {
+        char *nm = f->t[i].name;
+        size_t cap = sizeof f->t[i].name;
+        if (L > MAX_TENSORS || base > n) {
+            snprintf(nm, cap, "#%llu", (unsigned long long)i);
+        } else if (i == 0) {
+            snprintf(nm, cap, "embedding");
+        } else if (i < 1 + 14 * L) {
+            uint64_t k = i - 1;
+            snprintf(nm, cap, "layer%02llu.%s", (unsigned long long)(k / 14), per_layer[k % 14]);
+        } else if (i < 1 + 14 * L + 9) {
+            snprintf(nm, cap, "%s", mhc[i - 1 - 14 * L]);
+        } else if (i < base - 1) {
+            uint64_t k = i - (1 + 14 * L + 9);
+            snprintf(nm, cap, "engram%llu.%s", (unsigned long long)(k / 4), eng[k % 4]);
+        } else if (i == base - 1) {
+            snprintf(nm, cap, "final_norm");
+        } else if (tok && i == n - 1) {
+            snprintf(nm, cap, "tokenizer");
+        } else if (i == base) {
+            snprintf(nm, cap, "heads.manifest");
+        } else {
+            uint64_t k = i - base - 1, head = k / 3;
+            static const char *part[3] = {"probes", "proj", "bias"};
+            /* the manifest's codes name the heads (1 contrastive, 2 confidence) */
+            const char *hn = NULL;
+            const cact_tensor *man = &f->t[base];
+            if (man->dtype == CACT_FP16 && head < man->nbytes / 2) {
+                const unsigned char *p = f->data + man->offset + 2 * head;
+                float code = nd_half_to_float((uint16_t)(p[0] | p[1] << 8));
+                hn = code == 1.0f ? "contrastive_head" : code == 2.0f ? "confidence_head" : NULL;
+            }
+            if (hn)
+                snprintf(nm, cap, "%s.%s", hn, part[k % 3]);
+            else
+                snprintf(nm, cap, "head%llu.%s", (unsigned long long)head, part[k % 3]);
+        }
+    }
+}
+
+static int check_record(const cact_file *f, uint32_t i, uint64_t dir_end)
+{
+    const cact_tensor *t = &f->t[i];
+    if (t->dtype < CACT_FP16 || t->dtype > CACT_RAW)
+        return nd_error(ND_EFORMAT, "tensor %u: unknown dtype %u", i, t->dtype);
+    if (t->ndim > 4)
+        return nd_error(ND_EFORMAT, "tensor %u: ndim %u > 4", i, t->ndim);
+    if (t->offset < dir_end || t->offset > f->len || t->nbytes > f->len - t->offset)
+        return nd_error(ND_EFORMAT,
+                        "tensor %u: blob [%llu, +%llu) lies outside the data area [%llu, %zu)", i,
+                        (unsigned long long)t->offset, (unsigned long long)t->nbytes,
+                        (unsigned long long)dir_end, f->len);
+    uint64_t numel = 1;
+    for (int k = 0; k < t->ndim; k++) {
+        numel *= t->shape[k];
+        if (numel > (1ull << 40))
+            return nd_error(ND_EFORMAT, "tensor %u: shape is implausibly large", i);
+    }
+    switch (t->dtype) {
+    case CACT_FP16:
+    case CACT_FP32: {
+        uint64_t es = t->dtype == CACT_FP16 ? 2 : 4;
+        if (t->nbytes != numel * es)
+            return nd_error(ND_EFORMAT, "tensor %u: %s blob is %llu bytes, shape needs %llu", i,
+                            cact_dtype_name(t->dtype), (unsigned long long)t->nbytes,
+                            (unsigned long long)(numel * es));
+        break;
+    }
+    case CACT_CQ: {
+        if (t->ndim != 2)
+            return nd_error(ND_EFORMAT, "tensor %u: CQ tensor must be 2-D, has ndim %u", i,
+                            t->ndim);
+        if (!cq_bits_valid((int)t->bits))
+            return nd_error(ND_EFORMAT, "tensor %u: CQ bits %u unsupported", i, t->bits);
+        if (t->group < 8 || t->group > 4096 || (t->group & (t->group - 1)))
+            return nd_error(ND_EFORMAT, "tensor %u: CQ group %u unsupported", i, t->group);
+        size_t need = cq_blob_bytes(t->shape[0], t->shape[1], (int)t->bits, (int)t->group);
+        if (need != t->nbytes)
+            return nd_error(ND_EFORMAT,
+                            "tensor %u: CQ blob is %llu bytes, [%u, %u] at %u bits "
+                            "needs %zu",
+                            i, (unsigned long long)t->nbytes, t->shape[0], t->shape[1], t->bits,
+                            need);
+        break;
+    }
+    default: break;
+    }
+    return ND_OK;
+}
+
+int cact_parse(const void *buf, size_t len, cact_file *f)
+{
+    memset(f, 0, sizeof *f);
+    const unsigned char *b = buf;
+    f->data = b;
+    f->len = len;
+    if (len < CACT_HEADER_SIZE)
+        return nd_error(ND_EFORMAT,
+                        "not a .cact archive: %zu bytes, shorter than the %d-byte "
+                        "header",
+                        len, CACT_HEADER_SIZE);
+    cact_header *h = &f->hdr;
+    uint32_t *fields[29] = {&h->tag,
+                            &h->num_tensors,
+                            &h->codebook_len,
+                            &h->kv_window,
+                            &h->kv_bits,
+                            &h->vocab,
+                            &h->d_model,
+                            &h->num_heads,
+                            &h->num_kv_heads,
+                            &h->num_layers,
+                            &h->head_dim,
+                            &h->max_seq_len,
+                            &h->hada_n,
+                            &h->mhc_lanes,
+                            &h->engram_slots,
+                            &h->engram_sub_dim,
+                            &h->num_engram_tables,
+                            &h->engram_conv_taps,
+                            &h->engram_conv_dilation,
+                            &h->num_engram_orders,
+                            &h->engram_orders[0],
+                            &h->engram_orders[1],
+                            &h->engram_orders[2],
+                            &h->engram_orders[3],
+                            &h->num_engram_sites,
+                            &h->engram_sites[0],
+                            &h->engram_sites[1],
+                            &h->engram_sites[2],
+                            &h->engram_sites[3]};
+    for (int i = 0; i < 29; i++)
+        *fields[i] = get_u32(b + 4 * i);
+    h->rope_theta = get_f32(b + 116);
+    if (h->tag != CACT_TAG)
+        return nd_error(ND_EFORMAT, "not a .cact archive: tag 0x%08X, expected 0x%08X", h->tag,
+                        CACT_TAG);
+    if (h->num_engram_orders > 4 || h->num_engram_sites > 4)
+        return nd_error(ND_EFORMAT, "header: %u engram orders / %u sites, at most 4 each",
+                        h->num_engram_orders, h->num_engram_sites);
+    if (h->codebook_len > MAX_CODEBOOK ||
+        (uint64_t)CACT_HEADER_SIZE + (uint64_t)h->codebook_len * 4 > len)
+        return nd_error(ND_EFORMAT, "header: codebook of %u floats runs past the end (%zu bytes)",
+                        h->codebook_len, len);
+    uint64_t dir = (uint64_t)CACT_HEADER_SIZE + (uint64_t)h->codebook_len * 4;
+    if (h->num_tensors > MAX_TENSORS || (uint64_t)h->num_tensors * CACT_REC_SIZE > len - dir)
+        return nd_error(ND_EFORMAT, "header: directory of %u records runs past the end (%zu bytes)",
+                        h->num_tensors, len);
+    uint64_t dir_end = dir + (uint64_t)h->num_tensors * CACT_REC_SIZE;
+    f->codebook = malloc((size_t)h->codebook_len * sizeof(float) + 1);
+    f->t = calloc((size_t)h->num_tensors + 1, sizeof *f->t);
+    if (!f->codebook || !f->t) {
+        cact_free(f);
+        return nd_error(ND_ENOMEM, "out of memory");
+    }
+    for (uint32_t i = 0; i < h->codebook_len; i++)
+        f->codebook[i] = get_f32(b + CACT_HEADER_SIZE + 4 * (size_t)i);
+    for (uint32_t i = 0; i < h->num_tensors; i++) {
+        const unsigned char *r = b + dir + (size_t)i * CACT_REC_SIZE;
+        cact_tensor *t = &f->t[i];
+        t->dtype = r[0];
+        t->ndim = r[1];
+        t->pad = (uint16_t)(r[2] | r[3] << 8);
+        for (int k = 0; k < 4; k++)
+            t->shape[k] = get_u32(r + 4 + 4 * k);
+        t->offset = get_u64(r + 20);
+        t->nbytes = get_u64(r + 28);
+        t->group = get_u32(r + 36);
+        t->bits = get_u32(r + 40);
+        int rc = check_record(f, i, dir_end);
+        if (rc) {
+            cact_free(f);
+            return rc;
+        }
+    }
+    name_tensors(f);
+    return ND_OK;
+}
+
+int cact_read_file(const char *path, cact_file *f)
+{
+    unsigned char *buf;
+    size_t len;
+    memset(f, 0, sizeof *f);
+    int rc = nd_read_file(path, 0, &buf, &len);
+    if (rc)
+        return rc;
+    rc = cact_parse(buf, len, f);
+    if (rc) {
+        free(buf);
+        return nd_error_prefix(rc, "%s", path);
+    }
+    f->owned = buf;
+    return ND_OK;
+}
+
+void cact_free(cact_file *f)
+{
+    if (!f)
+        return;
+    free(f->owned);
+    free(f->codebook);
+    free(f->t);
+    memset(f, 0, sizeof *f);
+}
+
+int cact_find(const cact_file *f, const char *name)
+{
+    if (name[0] == '#') {
+        char *end;
+        unsigned long v = strtoul(name + 1, &end, 10);
+        return name[1] && !*end && v < f->hdr.num_tensors ? (int)v : -1;
+    }
+    for (uint32_t i = 0; i < f->hdr.num_tensors; i++)
+        if (!strcmp(f->t[i].name, name))
+            return (int)i;
+    return -1;
+}
+
+int cact_dequant(const cact_file *f, int index, float **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    if (index < 0 || (uint32_t)index >= f->hdr.num_tensors)
+        return nd_error(ND_EARG, "no tensor #%d", index);
+    const cact_tensor *t = &f->t[index];
+    if (t->dtype == CACT_RAW)
+        return nd_error(ND_EARG, "%s is a RAW blob, not a float tensor", t->name);
+    uint64_t numel = cact_numel(t);
+    float *w = malloc((size_t)numel * sizeof *w + 1);
+    if (!w)
+        return nd_error(ND_ENOMEM, "out of memory for %llu floats", (unsigned long long)numel);
+    const unsigned char *p = f->data + t->offset;
+    int rc = ND_OK;
+    if (t->dtype == CACT_FP16) {
+        for (uint64_t i = 0; i < numel; i++)
+            w[i] = nd_half_to_float((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
+    } else if (t->dtype == CACT_FP32) {
+        for (uint64_t i = 0; i < numel; i++)
+            w[i] = get_f32(p + 4 * i);
+    } else {
+        rc = cq_dequantize(p, (size_t)t->nbytes, t->shape[0], t->shape[1], (int)t->bits,
+                           (int)t->group, w);
+        if (rc)
+            rc = nd_error_prefix(rc, "%s", t->name);
+    }
+    if (rc) {
+        free(w);
+        return rc;
+    }
+    *out = w;
+    *n = (size_t)numel;
+    return ND_OK;
+}

@@ -1,0 +1,100 @@
+/* The .cact deployment archive (upstream needle/model/export.py), writer
+ * and validating reader.
+ *
+ * Layout, little-endian: a 120-byte header (29 u32 geometry fields and
+ * rope_theta as f32), codebook_len float32 codebook levels (cb2 | cb3 |
+ * cb4), a directory of 44-byte records (u8 dtype, u8 ndim, u16 0,
+ * u32 shape[4], u64 offset, u64 nbytes, u32 group, u32 bits) and the
+ * tensor blobs at 64-byte aligned offsets. Tensors are nameless and
+ * positional: embedding; per layer norm_in, q, k, v, q_norm, k_norm, gate,
+ * out, post_norm, attn_gate, pre_hada, d1, d2, d3; the six mHC gains and
+ * biases (FP16) and three mHC phi matrices (CQ); per engram site tables,
+ * key_proj, value_proj (CQ) and taps; final_norm; optional probe heads
+ * (heads.manifest, then probes, proj, bias per head); the RAW tokenizer
+ * blob last. Matrices are CQ (model/cq.h), stored [out, in]. */
+#ifndef ND_CACT_H
+#define ND_CACT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "io/pickle.h"
+#include "model/params.h"
+
+#define CACT_TAG 0x05E12A83u
+#define CACT_HEADER_SIZE 120
+#define CACT_REC_SIZE 44
+#define CACT_ALIGN 64
+
+enum { CACT_FP16 = 1, CACT_FP32 = 2, CACT_CQ = 3, CACT_RAW = 4 };
+
+typedef struct {
+    uint32_t tag, num_tensors, codebook_len, kv_window, kv_bits;
+    uint32_t vocab, d_model, num_heads, num_kv_heads, num_layers, head_dim, max_seq_len;
+    uint32_t hada_n, mhc_lanes, engram_slots, engram_sub_dim, num_engram_tables;
+    uint32_t engram_conv_taps, engram_conv_dilation;
+    uint32_t num_engram_orders, engram_orders[4];
+    uint32_t num_engram_sites, engram_sites[4];
+    float rope_theta;
+} cact_header;
+
+typedef struct {
+    uint8_t dtype, ndim;
+    uint16_t pad;
+    uint32_t shape[4];
+    uint64_t offset, nbytes;
+    uint32_t group, bits;
+    char name[64]; /* not stored: export name derived from the position */
+} cact_tensor;
+
+/* ---- writing ---- */
+
+typedef struct {
+    int bits;              /* 2, 3, 4 or CQ_TERNARY, used when bits_map is NULL/"" */
+    const char *bits_map;  /* "name=bits,...,default=b" (config.weight_bits) */
+    int group;             /* 0 = 128 */
+    int kv_window;         /* header kv_window (san_effective_kv_window) */
+    const void *tokenizer; /* RAW tokenizer blob written last; NULL = none */
+    size_t tokenizer_len;
+} cact_write_opts;
+
+typedef struct {
+    uint64_t bytes;
+    int num_tensors;
+} cact_write_info;
+
+/* Export `m`. `params` is the checkpoint's params dict (for the probe
+ * heads contrastive_head / confidence_head, written when present); NULL
+ * means no heads. */
+int cact_write_file(const char *path, const san_model *m, const pv *params,
+                    const cact_write_opts *o, cact_write_info *info);
+/* Same into a malloc'd buffer. */
+int cact_write_mem(const san_model *m, const pv *params, const cact_write_opts *o,
+                   unsigned char **buf, size_t *len, cact_write_info *info);
+
+/* ---- reading ---- */
+
+typedef struct {
+    const unsigned char *data; /* the whole file (owned when read from disk) */
+    size_t len;
+    unsigned char *owned;
+    cact_header hdr;
+    float *codebook; /* hdr.codebook_len floats */
+    cact_tensor *t;  /* hdr.num_tensors records */
+} cact_file;
+
+/* Validate and index an archive held in memory (borrowed; must outlive f).
+ * Every count, offset and size is checked against len first. */
+int cact_parse(const void *buf, size_t len, cact_file *f);
+int cact_read_file(const char *path, cact_file *f);
+void cact_free(cact_file *f);
+
+/* Index of a tensor by export name ("layer00.q_proj") or "#N", or -1. */
+int cact_find(const cact_file *f, const char *name);
+const char *cact_dtype_name(int dtype);
+/* Logical element count (CQ: out*in; RAW: bytes). */
+uint64_t cact_numel(const cact_tensor *t);
+/* FP16 / FP32 / CQ tensor -> malloc'd float32 (*n elements). */
+int cact_dequant(const cact_file *f, int index, float **out, size_t *n);
+
+#endif

@@ -31,6 +31,8 @@ static const char *finetune_help =
     "  --save-every N       also write the adapter every N steps (crash safety)\n"
     "  --resume ADAPTER     continue from an adapter (and its optimiser state)\n"
     "  --skip-bad           skip (and count) invalid JSONL lines instead of failing\n"
+    "  --full               train every base parameter instead of an adapter; --out is\n"
+    "                       then a checkpoint (for pre-training small bases)\n"
     "  --seed N             random seed (default 0)\n"
     "  --threads N          worker threads (default: all cores)\n"
     "  --device D           auto|cpu (default auto; the backend used is printed)\n";
@@ -80,6 +82,10 @@ int cli_finetune(int argc, char **argv)
         }
         if (!strcmp(a, "--skip-bad")) {
             o.skip_bad = 1;
+            continue;
+        }
+        if (!strcmp(a, "--full")) {
+            o.full = 1;
             continue;
         }
         if (a[0] != '-' || a[1] != '-') {

@@ -86,6 +86,16 @@ static pv *optimizer_state(const nd_adamw *opt, uint64_t seed)
     return st;
 }
 
+/* The run's output: the adapter (with optimiser state, for --resume) or,
+ * with --full, the whole checkpoint (extra tensors of the base kept). */
+static int save_output(const nd_finetune_opts *o, const san_model *m, const pv *base_tree,
+                       const san_lora *lora, const nd_adamw *opt)
+{
+    if (o->full)
+        return ckpt_save(o->out, m, base_tree);
+    return san_lora_save(lora, o->out, optimizer_state(opt, o->seed));
+}
+
 int nd_finetune(const nd_finetune_opts *o)
 {
     int rc;
@@ -104,7 +114,7 @@ int nd_finetune(const nd_finetune_opts *o)
     size_t *order = NULL;
     int32_t *ids = NULL;
     float *mask = NULL, *last_good = NULL;
-    pv *resume_root = NULL;
+    pv *resume_root = NULL, *base_tree = NULL;
 
     FILE *probe = fopen(o->checkpoint, "rb");
     if (!probe)
@@ -115,7 +125,7 @@ int nd_finetune(const nd_finetune_opts *o)
                         o->checkpoint);
     fclose(probe);
     emitf(o, "  %-9s %s  float32  (%d threads)", "backend", be->name, be->threads);
-    if ((rc = ckpt_load(o->checkpoint, &m, NULL)))
+    if ((rc = ckpt_load(o->checkpoint, &m, o->full ? &base_tree : NULL)))
         goto done;
     if ((rc = nd_tokenizer_load(o->tokenizer, &tok)))
         goto done;
@@ -171,7 +181,13 @@ int nd_finetune(const nd_finetune_opts *o)
     int B = o->batch_size, T = (int)ts.max_len;
     long spe = (long)((count + (size_t)B - 1) / (size_t)B), total = (long)o->epochs * spe;
 
-    if (o->resume) {
+    if (o->full && o->resume) {
+        rc = nd_error(ND_EARG, "--resume works with LoRA training, not --full");
+        goto done;
+    }
+    if (o->full) {
+        /* every base parameter trains; the output is a checkpoint */
+    } else if (o->resume) {
         if ((rc = san_lora_load(&lora, &m, o->resume, &resume_root)))
             goto done;
     } else {
@@ -183,9 +199,14 @@ int nd_finetune(const nd_finetune_opts *o)
     int groups = 0;
     for (int t = 0; t < LORA_NTARGETS; t++)
         groups += lora.t[t].present;
-    emitf(o, "  %-9s rank %d  alpha %g  %d weight groups", "lora", lora.rank,
-          (double)lora.scale * lora.rank, groups);
-    if ((rc = nd_adamw_init(&opt, lora.numel, (float)o->lr, total)))
+    if (o->full)
+        emitf(o, "  %-9s all %zu base parameters (full fine-tune)", "params", m.numel);
+    else
+        emitf(o, "  %-9s rank %d  alpha %g  %d weight groups", "lora", lora.rank,
+              (double)lora.scale * lora.rank, groups);
+    float *P = o->full ? m.mem : lora.mem;
+    size_t NP = o->full ? m.numel : lora.numel;
+    if ((rc = nd_adamw_init(&opt, NP, (float)o->lr, total)))
         goto done;
     if (resume_root) {
         const pv *st = pv_dict_get(resume_root, "needle_c_state");
@@ -208,11 +229,12 @@ int nd_finetune(const nd_finetune_opts *o)
     emitf(o, "  %-9s %ld steps  warmup %ld  cosine decay  clip 1.0", "schedule", total,
           opt.warmup_steps);
 
-    if ((rc = nd_trainer_create(&tr, &m, be, &lora, B, T, 0)))
+    if ((rc = nd_trainer_create(&tr, &m, be, o->full ? NULL : &lora, B, T, o->full)))
         goto done;
+    float *G = o->full ? tr.full_g : tr.lora_g;
     ids = malloc(sizeof *ids * (size_t)B * T);
     mask = malloc(sizeof *mask * (size_t)B * T);
-    last_good = malloc(sizeof *last_good * (lora.numel ? lora.numel : 1));
+    last_good = malloc(sizeof *last_good * (NP ? NP : 1));
     if (!ids || !mask || !last_good) {
         rc = nd_error(ND_ENOMEM, "out of memory");
         goto done;
@@ -239,8 +261,8 @@ int nd_finetune(const nd_finetune_opts *o)
             double loss, masked, gnorm;
             rc = nd_trainer_step(&tr, ids, mask, rows, 1, &loss, &masked);
             if (!rc) {
-                memcpy(last_good, lora.mem, sizeof(float) * lora.numel);
-                rc = nd_adamw_step(&opt, lora.mem, tr.lora_g, &gnorm, NULL);
+                memcpy(last_good, P, sizeof(float) * NP);
+                rc = nd_adamw_step(&opt, P, G, &gnorm, NULL);
             }
             if (rc == ND_ENUMERIC) {
                 char why[256];
@@ -249,15 +271,15 @@ int nd_finetune(const nd_finetune_opts *o)
                               "step %ld/%ld: %s; training stopped, the last good adapter "
                               "(before this step) is written to %s",
                               step + 1, total, why, o->out);
-                memcpy(lora.mem, last_good, sizeof(float) * lora.numel);
-                pv *st = optimizer_state(&opt, o->seed);
-                if (san_lora_save(&lora, o->out, st) == ND_OK)
+                memcpy(P, last_good, sizeof(float) * NP);
+                if (save_output(o, &m, base_tree, &lora, &opt) == ND_OK)
                     rc = ND_ENUMERIC;
                 break;
             }
             if (rc)
                 break;
-            nd_trainer_merge(&tr);
+            if (!o->full)
+                nd_trainer_merge(&tr);
             last = loss;
             tokens_done += (double)rows * T;
             double el = omp_get_wtime() - t_start, done_steps = (double)(step + 1 - start_step);
@@ -267,8 +289,7 @@ int nd_finetune(const nd_finetune_opts *o)
             if ((step + 1) % every == 0)
                 emitf(o, "  %-9s %ld/%ld  loss %.4f", "step", step + 1, total, loss);
             if (o->save_every && (step + 1) % o->save_every == 0 && step + 1 < total) {
-                pv *st = optimizer_state(&opt, o->seed);
-                if ((rc = san_lora_save(&lora, o->out, st)))
+                if ((rc = save_output(o, &m, base_tree, &lora, &opt)))
                     break;
             }
         }
@@ -295,15 +316,18 @@ int nd_finetune(const nd_finetune_opts *o)
         /* Ctrl-C: keep what we have */
         char msg[512];
         snprintf(msg, sizeof msg, "%s", nd_last_error());
-        pv *st = optimizer_state(&opt, o->seed);
-        if (san_lora_save(&lora, o->out, st) == ND_OK)
-            rc = nd_error(ND_EIO, "%s; adapter so far written to %s (continue with --resume %s)",
-                          msg, o->out, o->out);
+        if (save_output(o, &m, base_tree, &lora, &opt) == ND_OK)
+            rc = nd_error(ND_EIO, "%s; %s so far written to %s%s%s%s", msg,
+                          o->full ? "checkpoint" : "adapter", o->out,
+                          o->full ? "" : " (continue with --resume ", o->full ? "" : o->out,
+                          o->full ? "" : ")");
     }
     if (!rc) {
-        pv *st = optimizer_state(&opt, o->seed);
-        rc = san_lora_save(&lora, o->out, st);
-        if (!rc) {
+        rc = save_output(o, &m, base_tree, &lora, &opt);
+        if (!rc && o->full) {
+            emitf(o, "  %-9s %s", "checkpoint", o->out);
+            emitf(o, "  %-9s needle finetune DATA.jsonl --checkpoint %s", "next", o->out);
+        } else if (!rc) {
             emitf(o, "  %-9s %s", "adapter", o->out);
             emitf(o, "  %-9s needle build %s --lora %s", "next", o->checkpoint, o->out);
         }
@@ -314,6 +338,7 @@ done:
     free(mask);
     free(last_good);
     pv_decref(resume_root);
+    pv_decref(base_tree);
     nd_adamw_free(&opt);
     nd_trainer_free(&tr);
     san_lora_free(&lora);

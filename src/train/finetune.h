@@ -18,6 +18,7 @@ typedef struct {
     uint64_t seed;
     long save_every;           /* steps; 0 = only at the end */
     int skip_bad;
+    int full;                  /* train every base parameter; out is a checkpoint */
     const nd_backend *be;
     /* progress: complete lines ("  step      3/30  loss 2.1234") and a live
      * status (called often; may be NULL) */

@@ -169,6 +169,10 @@ struct nd_backend {
                                   float *dd3, const float *dy, const float *z, const float *h1,
                                   const float *d1, const float *d2, const float *d3, long N,
                                   int d, int hn);
+    /* dst[r*dst_ld + c] = src[r*src_ld + c] for r < rows, c < cols: plain
+     * copies (ld = cols) and packing/unpacking column blocks */
+    void (*copy2d)(const nd_backend *be, float *dst, int dst_ld, const float *src, int src_ld,
+                   long rows, int cols);
     /* y += alpha * x (n floats) */
     void (*add)(const nd_backend *be, float *y, const float *x, float alpha, long n);
 };

@@ -57,6 +57,8 @@ int san_acts_create(san_acts *a, const nd_backend *be, const san_model *m, int B
     P(l->pre, N * n);
     P(l->post, N * n);
     P(l->res, N * n * n);
+    P(a->phi_cat, n * d * (2 * n + n * n));
+    P(a->proj, N * (2 * n + n * n));
     P(l->hpre, N * n);
     P(l->hpost, N * n);
     P(l->M, N * n * n);
@@ -155,12 +157,15 @@ void san_layer_forward(const san_model *m, const san_weights *w, san_acts *a, in
 
     /* hyper-connections: mix lanes into the block input */
     be->rmsnorm(be, A->nx, A->nx_rstd, X, NULL, N, nd);
-    be->matmul(be, 0, 0, N, n, nd, 1.0f, A->nx, nd, w->phi_pre + (size_t)l * nd * n, n, 0.0f,
-               A->pre, n);
-    be->matmul(be, 0, 0, N, n, nd, 1.0f, A->nx, nd, w->phi_post + (size_t)l * nd * n, n, 0.0f,
-               A->post, n);
-    be->matmul(be, 0, 0, N, n * n, nd, 1.0f, A->nx, nd, w->phi_res + (size_t)l * nd * n * n,
-               n * n, 0.0f, A->res, n * n);
+    /* the three projections of nx as one GEMM against [phi_pre|phi_post|phi_res] */
+    int K = 2 * n + n * n;
+    be->copy2d(be, a->phi_cat, K, w->phi_pre + (size_t)l * nd * n, n, nd, n);
+    be->copy2d(be, a->phi_cat + n, K, w->phi_post + (size_t)l * nd * n, n, nd, n);
+    be->copy2d(be, a->phi_cat + 2 * n, K, w->phi_res + (size_t)l * nd * n * n, n * n, nd, n * n);
+    be->matmul(be, 0, 0, N, K, nd, 1.0f, A->nx, nd, a->phi_cat, K, 0.0f, a->proj, K);
+    be->copy2d(be, A->pre, n, a->proj, K, N, n);
+    be->copy2d(be, A->post, n, a->proj + n, K, N, n);
+    be->copy2d(be, A->res, n * n, a->proj + 2 * n, K, N, n * n);
     be->hyper_coeffs(be, A->hpre, A->hpost, A->M, A->pre, A->post, A->res, w->a_pre[l],
                      w->a_post[l], w->a_res[l], w->b_pre + (size_t)l * n, w->b_post + (size_t)l * n,
                      w->b_res + (size_t)l * n * n, l % n, N, n);
@@ -220,14 +225,16 @@ int san_forward(const san_model *m, const san_weights *w, san_acts *a, const int
     size_t lane_sz = (size_t)N * n * d;
     for (int l = 0; l < D->L; l++) {
         if (a->X_saved)
-            memcpy(a->X_saved + (size_t)l * lane_sz, a->X, lane_sz * sizeof(float));
+            be->copy2d(be, a->X_saved + (size_t)l * lane_sz, (int)lane_sz, a->X, (int)lane_sz, 1,
+                       (int)lane_sz);
         san_layer_forward(m, w, a, l, a->X, a->Xn);
         float *t = a->X;
         a->X = a->Xn;
         a->Xn = t;
     }
     if (a->X_saved)
-        memcpy(a->X_saved + (size_t)D->L * lane_sz, a->X, lane_sz * sizeof(float));
+        be->copy2d(be, a->X_saved + (size_t)D->L * lane_sz, (int)lane_sz, a->X, (int)lane_sz, 1,
+                   (int)lane_sz);
     be->lanes_mean(be, a->xm, a->X, N, n, d);
     be->rmsnorm(be, a->hf, a->hf_rstd, a->xm, w->final_norm, N, d);
     be->matmul(be, 0, 1, (int)N, D->V, d, 1.0f, a->hf, d, w->emb, d, 0.0f, a->logits, D->V);

@@ -43,6 +43,8 @@ typedef struct {
     float *xm, *hf, *hf_rstd;            /* lane mean, final norm */
     float *logits;                       /* [N, V] */
     float *X_saved;                      /* optional [(L+1), N, n, d] lane states */
+    float *phi_cat;                      /* one layer's [phi_pre|phi_post|phi_res] [n*d, 2n+n^2] */
+    float *proj;                         /* nx @ phi_cat [N, 2n+n^2] */
     void *block;                         /* the one allocation */
     const nd_backend *be;
 } san_acts;

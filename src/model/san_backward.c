@@ -44,6 +44,7 @@ int san_grad_acts_create(san_grad_acts *g, const nd_backend *be, const san_model
     P(g->dpost, N * n);
     P(g->dres, N * n * n);
     P(g->dnx, N * n * d);
+    P(g->dnx_tmp, n * d * n * n);
     for (int s = 0; s < m->cfg.n_sites; s++) {
         P(g->deng_k[s], N * d);
         P(g->deng_v[s], N * d);
@@ -127,7 +128,7 @@ static void layer_backward(const san_model *m, const san_weights *w, san_acts *a
     /* y = (x1 + mlp(z)) - u */
     be->hadamard_mlp_backward(be, g->dz, GP(d1, Lh), GP(d2, Lh), GP(d3, Lh), g->dy, A->z, A->h1,
                               w->d1 + Lh, w->d2 + Lh, w->d3 + Lh, N, d, hn);
-    memcpy(g->dx1, g->dy, sizeof(float) * (size_t)Nd);
+    be->copy2d(be, g->dx1, (int)Nd, g->dy, (int)Nd, 1, (int)Nd);
     be->rmsnorm_backward(be, g->dx1, GP(pre_hada, Ld), g->dz, A->x1, A->z_rstd, w->pre_hada + Ld,
                          N, d, 1);
 
@@ -138,7 +139,7 @@ static void layer_backward(const san_model *m, const san_weights *w, san_acts *a
             bx = A->bx;
     be->residual_scaled_backward(be, g->dpn, GP(attn_gate, l), g->dx1, A->pn, w->attn_gate[l],
                                  Nd);
-    memcpy(g->dbx, g->dx1, sizeof(float) * (size_t)Nd);
+    be->copy2d(be, g->dbx, (int)Nd, g->dx1, (int)Nd, 1, (int)Nd);
     be->rmsnorm_backward(be, g->do2, GP(post_norm, Ld), g->dpn, A->o2, A->pn_rstd,
                          w->post_norm + Ld, N, d, 0);
 
@@ -175,7 +176,7 @@ static void layer_backward(const san_model *m, const san_weights *w, san_acts *a
                          d, 1);
 
     /* bx = u + sum_s alpha_s v_s; y's "- u" term */
-    memcpy(g->du, g->dbx, sizeof(float) * (size_t)Nd);
+    be->copy2d(be, g->du, (int)Nd, g->dbx, (int)Nd, 1, (int)Nd);
     be->add(be, g->du, g->dy, -1.0f, Nd);
     for (int s = 0; s < m->cfg.n_sites; s++)
         if (m->cfg.engram_layers[s] == l)
@@ -189,19 +190,24 @@ static void layer_backward(const san_model *m, const san_weights *w, san_acts *a
                               GP(b_res, (size_t)l * n * n), g->dhpre, g->dhpost, g->dM, A->pre,
                               A->post, A->res, A->hpre, A->hpost, w->a_pre[l], w->a_post[l],
                               w->a_res[l], w->b_res + (size_t)l * n * n, N, n);
-    const float *phi_pre = w->phi_pre + (size_t)l * nd * n;
-    const float *phi_post = w->phi_post + (size_t)l * nd * n;
-    const float *phi_res = w->phi_res + (size_t)l * nd * n * n;
-    be->matmul(be, 0, 1, N, nd, n, 1.0f, g->dpre, n, phi_pre, n, 0.0f, g->dnx, nd);
-    be->matmul(be, 0, 1, N, nd, n, 1.0f, g->dpost, n, phi_post, n, 1.0f, g->dnx, nd);
-    be->matmul(be, 0, 1, N, nd, n * n, 1.0f, g->dres, n * n, phi_res, n * n, 1.0f, g->dnx, nd);
+    /* dnx through the fused projection (a->phi_cat still holds this
+     * layer's [phi_pre|phi_post|phi_res] from the recomputed forward) */
+    int K = 2 * n + n * n;
+    be->copy2d(be, a->proj, K, g->dpre, n, N, n);
+    be->copy2d(be, a->proj + n, K, g->dpost, n, N, n);
+    be->copy2d(be, a->proj + 2 * n, K, g->dres, n * n, N, n * n);
+    be->matmul(be, 0, 1, N, nd, K, 1.0f, a->proj, K, a->phi_cat, K, 0.0f, g->dnx, nd);
     if (F) {
-        be->matmul(be, 1, 0, nd, n, N, 1.0f, A->nx, nd, g->dpre, n, 1.0f,
-                   F->phi_pre + (size_t)l * nd * n, n);
-        be->matmul(be, 1, 0, nd, n, N, 1.0f, A->nx, nd, g->dpost, n, 1.0f,
-                   F->phi_post + (size_t)l * nd * n, n);
-        be->matmul(be, 1, 0, nd, n * n, N, 1.0f, A->nx, nd, g->dres, n * n, 1.0f,
-                   F->phi_res + (size_t)l * nd * n * n, n * n);
+        /* dphi_cat = nx^T dproj, then scatter into the three tensors */
+        be->matmul(be, 1, 0, nd, K, N, 1.0f, A->nx, nd, a->proj, K, 0.0f, a->phi_cat, K);
+        float *gp = F->phi_pre + (size_t)l * nd * n, *gq = F->phi_post + (size_t)l * nd * n;
+        float *gr = F->phi_res + (size_t)l * nd * n * n;
+        be->copy2d(be, g->dnx_tmp, n, a->phi_cat, K, nd, n);
+        be->add(be, gp, g->dnx_tmp, 1.0f, (long)nd * n);
+        be->copy2d(be, g->dnx_tmp, n, a->phi_cat + n, K, nd, n);
+        be->add(be, gq, g->dnx_tmp, 1.0f, (long)nd * n);
+        be->copy2d(be, g->dnx_tmp, n * n, a->phi_cat + 2 * n, K, nd, n * n);
+        be->add(be, gr, g->dnx_tmp, 1.0f, (long)nd * n * n);
     }
     be->rmsnorm_backward(be, g->dX, NULL, g->dnx, X, A->nx_rstd, NULL, N, nd, 1);
 }

@@ -17,6 +17,7 @@ typedef struct {
     float *dhpre, *dhpost, *dM;         /* [N, n], [N, n], [N, n*n] */
     float *dpre, *dpost, *dres;         /* same */
     float *dnx;                         /* [N, n*d] */
+    float *dnx_tmp;                     /* [n*d, n*n] unpacking phi gradients */
     float *deng_k[SAN_MAX_SITES], *deng_v[SAN_MAX_SITES]; /* [N, d] */
     float *deng_vp, *deng_e;            /* [N, d], [N, eng_dim] */
     float *lora_tmp;                    /* [N, rank] */

@@ -329,6 +329,19 @@ static void cpu_cross_entropy(const nd_backend *be, float *loss, const float *lo
     }
 }
 
+static void cpu_copy2d(const nd_backend *be, float *dst, int dst_ld, const float *src,
+                       int src_ld, long rows, int cols)
+{
+    (void)be;
+    if (dst_ld == cols && src_ld == cols) {
+        memcpy(dst, src, sizeof(float) * (size_t)rows * cols);
+        return;
+    }
+#pragma omp parallel for schedule(static) if (rows * cols > 65536)
+    for (long r = 0; r < rows; r++)
+        memcpy(dst + r * dst_ld, src + r * src_ld, sizeof(float) * (size_t)cols);
+}
+
 static nd_backend cpu_backend = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -351,6 +364,7 @@ static nd_backend cpu_backend = {
     .residual_scaled = cpu_residual_scaled,
     .hadamard_mlp = cpu_hadamard_mlp,
     .cross_entropy = cpu_cross_entropy,
+    .copy2d = cpu_copy2d,
     .cross_entropy_backward = cpu_cross_entropy_backward,
     .rmsnorm_backward = cpu_rmsnorm_backward,
     .embed_backward = cpu_embed_backward,

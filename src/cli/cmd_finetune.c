@@ -1,4 +1,5 @@
 /* needle finetune: LoRA training with upstream's options and output. */
+#define _POSIX_C_SOURCE 200809L
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>

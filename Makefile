@@ -4,7 +4,7 @@
 JOBS ?= $(shell nproc)
 BUILD ?= build
 
-.PHONY: all build deps test-deps check demo asan-check fuzz format clean
+.PHONY: all build deps test-deps check demo asan-check clang-build fuzz format clean
 
 all: build
 
@@ -28,6 +28,11 @@ asan-check: test-deps
 	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DNEEDLE_SANITIZE=ON >/dev/null
 	@cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
+
+# warnings-as-errors build with clang (compile only; the suite runs on gcc's)
+clang-build: test-deps
+	@CC=clang cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build build-clang -j $(JOBS)
 
 fuzz: test-deps
 	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DNEEDLE_FUZZ=ON >/dev/null

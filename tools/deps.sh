@@ -4,7 +4,7 @@
 # exact apt line and fails.
 set -euo pipefail
 BUILD_PKGS="build-essential cmake pkg-config libopenblas-openmp-dev libjansson-dev"
-TEST_PKGS="python3 python3-numpy sentencepiece python3-sentencepiece clang"
+TEST_PKGS="python3 python3-numpy sentencepiece python3-sentencepiece clang libomp-dev"
 want="$BUILD_PKGS"
 [ "${1:-}" = "--test" ] && want="$BUILD_PKGS $TEST_PKGS"
 missing=()

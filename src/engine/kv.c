@@ -2,6 +2,7 @@
  * _forward_cached): new tokens attend to every cached key, the engram
  * n-gram hash reads the token history and the taps read cached v' rows. */
 #include <float.h>
+#include <omp.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -342,16 +343,22 @@ int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int 
         if (tok[i] < 0 || tok[i] >= D->V)
             return nd_error(ND_EARG, "token id %d is outside the vocabulary [0, %d)", tok[i],
                             D->V);
-    for (int i = 0; i < n; i += s->chunk) {
+    /* a decode step is too small to share: OpenMP fork/join costs more than
+     * it saves (and spins when cores are busy); prefill chunks use all */
+    int saved = omp_get_max_threads();
+    if (n <= 2)
+        omp_set_num_threads(1);
+    int rc = ND_OK;
+    for (int i = 0; i < n && !rc; i += s->chunk) {
         int k = n - i < s->chunk ? n - i : s->chunk;
         float *lg = NULL;
         if (logits && all_logits)
             lg = logits + (size_t)i * D->V;
         else if (logits && i + k == n)
             lg = logits;
-        int rc = forward_chunk(s, tok + i, k, lg, all_logits);
-        if (rc)
-            return rc;
+        rc = forward_chunk(s, tok + i, k, lg, all_logits);
     }
-    return ND_OK;
+    if (n <= 2)
+        omp_set_num_threads(saved);
+    return rc;
 }

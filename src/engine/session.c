@@ -714,7 +714,6 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
         for (int i = 0; i < V; i++)
             if (S->allowed[i] && S->tokdist[i] > reach)
                 S->allowed[i] = 0;
-        int cur = nd_gram_dist(S->gram, &st);
         int t = argmax_masked(S->logits, S->allowed, V);
         double p = token_prob(S->logits, V, t);
         conf = p < conf ? p : conf;

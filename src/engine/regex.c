@@ -168,9 +168,9 @@ static frag parse_atom(parser *ps)
         }
         return char_frag(ps, c);
     }
-    if (ch == '.') {
+    if (ch == '.') { /* any character but a line break, as Python and ECMA-262 */
         ps->p++;
-        c[0] = ~0ull;
+        c[0] = ~0ull & ~(1ull << '\n') & ~(1ull << '\r');
         c[1] = ~0ull;
         return char_frag(ps, c);
     }

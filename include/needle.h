@@ -112,6 +112,9 @@ int needle_session_context_tokens(const needle_session *s);
  * keywords, unsupported patterns), or "". */
 const char *needle_session_warnings(const needle_session *s);
 const char *needle_session_error(const needle_session *s);
+/* on != 0: the answer must be at least one call (no [] refusal), like
+ * tool_choice "required"; off by default. */
+int needle_session_require_call(needle_session *s, int on);
 
 /* The calling thread's last error (after a NULL from a constructor). */
 const char *needle_thread_error(void);

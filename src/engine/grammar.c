@@ -52,6 +52,7 @@ struct nd_grammar {
     gtool *tools;
     int n_tools;
     int call_fixed; /* len of {"name": + ,"arguments": + } */
+    int require_call;
     nd_buf warn;
 };
 
@@ -141,15 +142,15 @@ static int num_short(const gnode *n, const char *t, int len)
             double flo = dot ? fval * p10(ft - nf) : 0;
             double fhi = dot ? flo + p10(ft - nf) - 1 : p10(ft) - 1;
             double mlo = ilo + flo * step, mhi = ihi + fhi * step;
-            double a = mlo > rlo ? mlo : rlo;
-            double k = ceil(a / step - 1e-9), g = k * step;
-            double eps_lo = 1e-9 * (fabs(rlo) > 1 ? fabs(rlo) : 1);
-            if (rlo_ex && fabs(g - rlo) < eps_lo)
-                g = (k + 1) * step;
-            if (g > mhi * (1 + 1e-12) + 1e-12)
+            /* in units of the grid step, with a tolerance far below it */
+            double a = mlo > rlo ? mlo : rlo, tol = 1e-6;
+            double k = ceil(a / step - tol);
+            if (rlo_ex && fabs(k * step - rlo) < tol * step)
+                k += 1;
+            if (k > mhi / step + tol)
                 continue;
-            double eps_hi = 1e-9 * (fabs(rhi) > 1 ? fabs(rhi) : 1);
-            if (g > rhi + eps_hi || (rhi_ex && g > rhi - eps_hi))
+            double g = k * step;
+            if (g > rhi + tol * step || (rhi_ex && g > rhi - tol * step))
                 continue;
             best = extra;
         }
@@ -707,6 +708,11 @@ const char *nd_gram_warnings(const nd_grammar *g)
     return g->warn.p ? g->warn.p : "";
 }
 
+void nd_gram_require_call(nd_grammar *g, int on)
+{
+    g->require_call = on && g->n_tools > 0;
+}
+
 int nd_gram_num_tools(const nd_grammar *g)
 {
     return g->n_tools;
@@ -943,7 +949,7 @@ static int step(const nd_grammar *g, nd_gram_state *s, nd_gram_frame *f, unsigne
             return R_ACC;
         case 1:
         case 5:
-            if (b == ']' && f->phase == 1) {
+            if (b == ']' && f->phase == 1 && !g->require_call) {
                 f->phase = 4;
                 return R_ACC;
             }
@@ -1217,8 +1223,11 @@ static int frame_dist(const nd_grammar *g, const nd_gram_frame *f)
     switch (f->kind) {
     case FR_TOP:
         switch (f->phase) {
-        case 0: return 2;
+        case 0:
         case 1:
+            if (g->require_call)
+                return (f->phase == 0) + (int)strlen(PFX1) + call_min(g, all_bits(g->n_tools), 0) + 1;
+            return f->phase == 0 ? 2 : 1;
         case 2:
         case 3: return 1;
         case 5: return (int)strlen(PFX1) + call_min(g, all_bits(g->n_tools), 0) + 1;

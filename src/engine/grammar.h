@@ -58,6 +58,8 @@ void nd_gram_free(nd_grammar *g);
 /* "" or newline-separated warnings */
 const char *nd_gram_warnings(const nd_grammar *g);
 int nd_gram_num_tools(const nd_grammar *g);
+/* Disallow the empty list [] (at least one call; no effect without tools). */
+void nd_gram_require_call(nd_grammar *g, int on);
 
 void nd_gram_init(const nd_grammar *g, nd_gram_state *s);
 /* Feed one byte; 1 = accepted (state advanced), 0 = rejected (state is then

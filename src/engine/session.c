@@ -379,6 +379,14 @@ const char *needle_session_warnings(const needle_session *S)
     return S && S->gram ? nd_gram_warnings(S->gram) : "";
 }
 
+int needle_session_require_call(needle_session *S, int on)
+{
+    if (!S)
+        return NEEDLE_EARG;
+    nd_gram_require_call(S->gram, on);
+    return NEEDLE_OK;
+}
+
 const char *needle_session_error(const needle_session *S)
 {
     return S ? S->err : "NULL session";
@@ -651,9 +659,16 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
     int gen = 0;
     int closing = 2; /* </tool_call> <|im_end|> */
     int reserve = (int)M->think_close.n + 1 + closing + 4;
+    /* reasoning gets at most half the budget, and always leaves room for
+     * the shortest call (in bytes: a safe bound on its tokens) */
+    nd_gram_state st;
+    nd_gram_init(S->gram, &st);
+    int min_call = nd_gram_dist(S->gram, &st);
     int think_cap = budget / 2;
-    if (think_cap > budget - reserve)
-        think_cap = budget - reserve;
+    if (think_cap > budget - reserve - min_call)
+        think_cap = budget - reserve - min_call;
+    if (think_cap < (int)M->think_open.n)
+        think_cap = (int)M->think_open.n;
     if (budget < (int)M->think_open.n + reserve) {
         rc = nd_error(ND_ELIMIT,
                       "max_new_tokens %d (or the room left in max_seq_len) is too small for a "
@@ -691,8 +706,6 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
             goto fail;
     }
     /* constrained call */
-    nd_gram_state st;
-    nd_gram_init(S->gram, &st);
     double conf = 2.0;
     int complete = 0;
     unsigned char pb[PIECE_MAX];

@@ -343,10 +343,12 @@ int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int 
         if (tok[i] < 0 || tok[i] >= D->V)
             return nd_error(ND_EARG, "token id %d is outside the vocabulary [0, %d)", tok[i],
                             D->V);
-    /* a decode step is too small to share: OpenMP fork/join costs more than
-     * it saves (and spins when cores are busy); prefill chunks use all */
-    int saved = omp_get_max_threads();
-    if (n <= 2)
+    /* small work (a decode step, a tiny model) is not worth sharing: OpenMP
+     * fork/join costs more than it saves (and spins when cores are busy) */
+    const san_dims *Dm = &s->m->dims;
+    double work = (double)n * Dm->d * Dm->d * Dm->L * 8.0; /* ~multiply-adds */
+    int serial = work < 1e8, saved = omp_get_max_threads();
+    if (serial)
         omp_set_num_threads(1);
     int rc = ND_OK;
     for (int i = 0; i < n && !rc; i += s->chunk) {
@@ -358,7 +360,7 @@ int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int 
             lg = logits;
         rc = forward_chunk(s, tok + i, k, lg, all_logits);
     }
-    if (n <= 2)
+    if (serial)
         omp_set_num_threads(saved);
     return rc;
 }

@@ -70,15 +70,15 @@ extern "C" {
 #endif
 
 #define NEEDLE_OK 0
-#define NEEDLE_EIO (-1)          /* file could not be read */
-#define NEEDLE_EFORMAT (-2)      /* malformed .cact, tools JSON, ... */
-#define NEEDLE_ELIMIT (-4)       /* prompt longer than max_seq_len, too many tools, ... */
-#define NEEDLE_ESHAPE (-5)       /* archive tensors do not fit the header's model */
+#define NEEDLE_EIO (-1)     /* file could not be read */
+#define NEEDLE_EFORMAT (-2) /* malformed .cact, tools JSON, ... */
+#define NEEDLE_ELIMIT (-4)  /* prompt longer than max_seq_len, too many tools, ... */
+#define NEEDLE_ESHAPE (-5)  /* archive tensors do not fit the header's model */
 #define NEEDLE_ENOMEM (-6)
-#define NEEDLE_EARG (-7)         /* NULL handle, bad argument */
+#define NEEDLE_EARG (-7) /* NULL handle, bad argument */
 #define NEEDLE_EUNSUPPORTED (-9)
-#define NEEDLE_EBUFFER (-10)     /* output buffer too small for the envelope */
-#define NEEDLE_ESTATE (-11)      /* no model loaded / no session (global ABI) */
+#define NEEDLE_EBUFFER (-10) /* output buffer too small for the envelope */
+#define NEEDLE_ESTATE (-11)  /* no model loaded / no session (global ABI) */
 
 typedef struct needle_model needle_model;
 typedef struct needle_session needle_session;

@@ -42,9 +42,9 @@ typedef struct {
     int len, cap, max_len;
     int kv_window; /* attend only to the last kv_window keys (0 = all) */
     int32_t *tokens;
-    float *k, *v;                  /* [L][cap][kv_dim] */
-    float *vp[SAN_MAX_SITES];      /* [cap][d] */
-    float *rope_cos, *rope_sin;    /* [max_len][hd/2] */
+    float *k, *v;               /* [L][cap][kv_dim] */
+    float *vp[SAN_MAX_SITES];   /* [cap][d] */
+    float *rope_cos, *rope_sin; /* [max_len][hd/2] */
     /* scratch for one chunk of up to `chunk` new tokens */
     int chunk;
     void *scratch;
@@ -56,8 +56,7 @@ typedef struct {
 
 /* chunk: the most tokens one nd_kv_forward call processes at a time
  * (longer inputs are split). kv_window 0 = full causal attention. */
-int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chunk,
-               int kv_window);
+int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chunk, int kv_window);
 void nd_kv_free(nd_kv_state *s);
 /* Forget everything after the first `len` positions. */
 void nd_kv_rewind(nd_kv_state *s, int len);

@@ -298,11 +298,28 @@ static int is_number(const nd_pj *v, double *out)
     return 0;
 }
 
-static const char *known_kw[] = {
-    "type", "properties", "required", "enum", "const", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "pattern", "items",
-    "minItems", "maxItems", "description", "title", "default", "examples", "$schema",
-    "additionalProperties", NULL};
+static const char *known_kw[] = {"type",
+                                 "properties",
+                                 "required",
+                                 "enum",
+                                 "const",
+                                 "minimum",
+                                 "maximum",
+                                 "exclusiveMinimum",
+                                 "exclusiveMaximum",
+                                 "minLength",
+                                 "maxLength",
+                                 "pattern",
+                                 "items",
+                                 "minItems",
+                                 "maxItems",
+                                 "description",
+                                 "title",
+                                 "default",
+                                 "examples",
+                                 "$schema",
+                                 "additionalProperties",
+                                 NULL};
 
 static int compile_node(nd_grammar *g, const nd_pj *s, const char *path, int depth);
 
@@ -321,7 +338,8 @@ static int compile_object(nd_grammar *g, const nd_pj *s, const char *path, int d
         return id;
     int np = (int)props->len;
     char **key = calloc((size_t)np + 1, sizeof *key);
-    int *keylen = calloc((size_t)np + 1, sizeof *keylen), *prop = calloc((size_t)np + 1, sizeof *prop);
+    int *keylen = calloc((size_t)np + 1, sizeof *keylen),
+        *prop = calloc((size_t)np + 1, sizeof *prop);
     g->nodes[id].key = key;
     g->nodes[id].keylen = keylen;
     g->nodes[id].prop = prop;
@@ -454,8 +472,9 @@ static int compile_node(nd_grammar *g, const nd_pj *s, const char *path, int dep
             } else {
                 int need = nd_re_dist(re, nd_re_initial(re));
                 if (g->nodes[id].max_len >= 0 && need > g->nodes[id].max_len) {
-                    warnf(g, "%s: pattern needs %d characters but maxLength is %d; pattern "
-                             "ignored",
+                    warnf(g,
+                          "%s: pattern needs %d characters but maxLength is %d; pattern "
+                          "ignored",
                           path, need, g->nodes[id].max_len);
                     free(re);
                 } else {
@@ -624,7 +643,8 @@ int nd_gram_compile(const nd_pj *tools, nd_grammar **out)
             ns.len = name->len;
             int len;
             char *txt = dump_value(&ns, &len);
-            int same = txt && len == g->tools[k].namelen && !memcmp(txt, g->tools[k].name, (size_t)len);
+            int same =
+                txt && len == g->tools[k].namelen && !memcmp(txt, g->tools[k].name, (size_t)len);
             free(txt);
             if (same) {
                 rc = nd_error(ND_EFORMAT, "tools[%zu]: tool name \"%s\" is declared twice", i,
@@ -659,8 +679,9 @@ int nd_gram_compile(const nd_pj *tools, nd_grammar **out)
             int k = g->nodes[id].kind;
             if (k != K_OBJ && k != K_GOBJ) {
                 if (k != K_ANY)
-                    warnf(g, "%s: the parameters schema is not an object schema; any "
-                             "arguments object is allowed",
+                    warnf(g,
+                          "%s: the parameters schema is not an object schema; any "
+                          "arguments object is allowed",
                           path);
                 id = N_GOBJ;
             }
@@ -1226,7 +1247,8 @@ static int frame_dist(const nd_grammar *g, const nd_gram_frame *f)
         case 0:
         case 1:
             if (g->require_call)
-                return (f->phase == 0) + (int)strlen(PFX1) + call_min(g, all_bits(g->n_tools), 0) + 1;
+                return (f->phase == 0) + (int)strlen(PFX1) + call_min(g, all_bits(g->n_tools), 0) +
+                       1;
             return f->phase == 0 ? 2 : 1;
         case 2:
         case 3: return 1;
@@ -1235,11 +1257,9 @@ static int frame_dist(const nd_grammar *g, const nd_gram_frame *f)
         }
     case FR_CALL:
         switch (f->phase) {
-        case 0:
-            return (int)strlen(PFX1) - f->count + call_min(g, all_bits(g->n_tools), 0);
+        case 0: return (int)strlen(PFX1) - f->count + call_min(g, all_bits(g->n_tools), 0);
         case 1: return call_min(g, f->mask, f->count);
-        case 2:
-            return (int)strlen(PFX2) - f->count + g->nodes[g->tools[f->cur].args].minlen + 1;
+        case 2: return (int)strlen(PFX2) - f->count + g->nodes[g->tools[f->cur].args].minlen + 1;
         case 3: return g->nodes[g->tools[f->cur].args].minlen + 1;
         default: return 1;
         }

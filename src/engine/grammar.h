@@ -34,12 +34,12 @@ typedef struct nd_grammar nd_grammar;
 typedef struct {
     uint16_t node;
     uint8_t kind, phase;
-    int32_t count;   /* literal/key position, string chars, array items */
-    int32_t cur;     /* object: current property; call: chosen tool */
-    uint64_t mask;   /* literal/key candidates; object: used properties */
-    uint64_t re[2];  /* string pattern state */
-    uint8_t esc;     /* string: 1 after '\\', 2..5 = \u hex digits left + 1 */
-    uint8_t u8left;  /* string: UTF-8 continuation bytes still expected */
+    int32_t count;  /* literal/key position, string chars, array items */
+    int32_t cur;    /* object: current property; call: chosen tool */
+    uint64_t mask;  /* literal/key candidates; object: used properties */
+    uint64_t re[2]; /* string pattern state */
+    uint8_t esc;    /* string: 1 after '\\', 2..5 = \u hex digits left + 1 */
+    uint8_t u8left; /* string: UTF-8 continuation bytes still expected */
     uint8_t u8lo, u8hi;
     uint8_t nlen;
     char num[23];

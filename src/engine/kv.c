@@ -282,8 +282,8 @@ static void layer_chunk(nd_kv_state *s, int l, int p0, int n)
     be->rmsnorm(be, s->q, NULL, s->q, w->q_norm + (size_t)l * hd, (long)n * D->H, hd);
     be->rmsnorm(be, s->kk, NULL, s->kk, w->k_norm + (size_t)l * hd, (long)n * D->G, hd);
     /* rope rows are positions p0.. : offset the tables, one "sequence" of n */
-    be->rope(be, s->q, s->rope_cos + (size_t)p0 * half, s->rope_sin + (size_t)p0 * half, 1, n,
-             D->H, hd);
+    be->rope(be, s->q, s->rope_cos + (size_t)p0 * half, s->rope_sin + (size_t)p0 * half, 1, n, D->H,
+             hd);
     be->rope(be, s->kk, s->rope_cos + (size_t)p0 * half, s->rope_sin + (size_t)p0 * half, 1, n,
              D->G, hd);
     size_t lc = (size_t)l * s->cap * kvd;
@@ -291,8 +291,7 @@ static void layer_chunk(nd_kv_state *s, int l, int p0, int n)
     memcpy(s->v + lc + (size_t)p0 * kvd, s->vv, (size_t)n * kvd * sizeof(float));
     cached_attention(s, l, p0, n);
     be->gate_sigmoid(be, s->o, s->att, s->g, (long)n * qd);
-    be->matmul(be, 0, 0, n, d, qd, 1.0f, s->o, qd, w->wout + (size_t)l * qd * d, d, 0.0f, s->o2,
-               d);
+    be->matmul(be, 0, 0, n, d, qd, 1.0f, s->o, qd, w->wout + (size_t)l * qd * d, d, 0.0f, s->o2, d);
     be->rmsnorm(be, s->pn, NULL, s->o2, w->post_norm + Ld, n, d);
     be->residual_scaled(be, s->x1, bx, s->pn, w->attn_gate[l], (long)n * d);
     be->rmsnorm(be, s->z, NULL, s->x1, w->pre_hada + Ld, n, d);
@@ -337,12 +336,11 @@ int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int 
     if (n < 1)
         return nd_error(ND_EARG, "no tokens to run");
     if ((long)s->len + n > s->max_len)
-        return nd_error(ND_ELIMIT, "%d tokens after %d already in context exceed max_seq_len %d",
-                        n, s->len, s->max_len);
+        return nd_error(ND_ELIMIT, "%d tokens after %d already in context exceed max_seq_len %d", n,
+                        s->len, s->max_len);
     for (int i = 0; i < n; i++)
         if (tok[i] < 0 || tok[i] >= D->V)
-            return nd_error(ND_EARG, "token id %d is outside the vocabulary [0, %d)", tok[i],
-                            D->V);
+            return nd_error(ND_EARG, "token id %d is outside the vocabulary [0, %d)", tok[i], D->V);
     /* small work (a decode step, a tiny model) is not worth sharing: OpenMP
      * fork/join costs more than it saves (and spins when cores are busy) */
     const san_dims *Dm = &s->m->dims;

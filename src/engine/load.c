@@ -11,7 +11,7 @@ int nd_cact_config(const cact_file *f, san_config *c)
     san_config_default(c);
 #define LIM(field, lo, hi)                                                                         \
     do {                                                                                           \
-        if ((long long)h->field < (lo) || (long long)h->field > (hi))                                                  \
+        if ((long long)h->field < (lo) || (long long)h->field > (hi))                              \
             return nd_error(ND_EFORMAT, "cact header: %s = %u is outside [%d, %d]", #field,        \
                             h->field, (int)(lo), (int)(hi));                                       \
     } while (0)
@@ -62,16 +62,16 @@ int nd_cact_config(const cact_file *f, san_config *c)
     if (rc)
         return nd_error_prefix(rc, "cact header");
     if ((uint32_t)D.hada_n != h->hada_n)
-        return nd_error(ND_EFORMAT, "cact header: hada_n %u, expected %d for d_model %d",
-                        h->hada_n, D.hada_n, D.d);
+        return nd_error(ND_EFORMAT, "cact header: hada_n %u, expected %d for d_model %d", h->hada_n,
+                        D.hada_n, D.d);
     if (c->n_sites && ((uint32_t)D.eng_sub != h->engram_sub_dim ||
                        (uint32_t)D.eng_dilation != h->engram_conv_dilation ||
                        h->engram_conv_taps != SAN_CONV_TAPS))
         return nd_error(ND_EFORMAT,
                         "cact header: engram geometry (sub %u, dilation %u, taps %u) does not "
                         "match the model (sub %d, dilation %d, taps %d)",
-                        h->engram_sub_dim, h->engram_conv_dilation, h->engram_conv_taps,
-                        D.eng_sub, D.eng_dilation, SAN_CONV_TAPS);
+                        h->engram_sub_dim, h->engram_conv_dilation, h->engram_conv_taps, D.eng_sub,
+                        D.eng_dilation, SAN_CONV_TAPS);
     return ND_OK;
 }
 

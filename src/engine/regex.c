@@ -21,8 +21,8 @@ static int new_state(parser *ps)
     nd_regex *re = ps->re;
     if (re->n >= ND_RE_MAX_STATES) {
         if (!ps->err)
-            ps->err = nd_error(ND_ELIMIT, "pattern needs more than %d NFA states",
-                               ND_RE_MAX_STATES);
+            ps->err =
+                nd_error(ND_ELIMIT, "pattern needs more than %d NFA states", ND_RE_MAX_STATES);
         return 0;
     }
     int i = re->n++;

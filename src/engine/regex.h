@@ -21,9 +21,9 @@ typedef struct {
 typedef struct {
     int n, start, accept;
     struct {
-        int eps[2];          /* epsilon targets (-1 none) */
-        int next;            /* char-edge target (-1 none) */
-        uint64_t cls[2];     /* characters 0..127 of the char edge */
+        int eps[2];      /* epsilon targets (-1 none) */
+        int next;        /* char-edge target (-1 none) */
+        uint64_t cls[2]; /* characters 0..127 of the char edge */
     } st[ND_RE_MAX_STATES];
     nd_re_set closure[ND_RE_MAX_STATES];
     int dist[ND_RE_MAX_STATES]; /* fewest characters from the state to accept */

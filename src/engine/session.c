@@ -509,7 +509,8 @@ static int write_envelope(const envelope *e, nd_buf *b)
     else
         PUT("[]");
     PUT(", \"reasoning\": ");
-    rc = rc ? rc : put_str(b, e->reasoning ? e->reasoning : "", e->reasoning ? e->reasoning_len : 0);
+    rc =
+        rc ? rc : put_str(b, e->reasoning ? e->reasoning : "", e->reasoning ? e->reasoning_len : 0);
     PUT(", \"confidence\": ");
     if (e->confidence >= 0) {
         snprintf(num, sizeof num, "%.6g", e->confidence);
@@ -629,8 +630,8 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
         if ((rc = run(S, ids.v + lcp, prefilled, S->logits)))
             goto fail;
     } else {
-        const char *open = S->turn == 1 ? "\n<|im_start|>user\n<tool_result>"
-                                        : "\n<|im_start|>user\n";
+        const char *open =
+            S->turn == 1 ? "\n<|im_start|>user\n<tool_result>" : "\n<|im_start|>user\n";
         const char *close = S->turn == 1 ? "</tool_result><|im_end|>\n<|im_start|>assistant\n"
                                          : "<|im_end|>\n<|im_start|>assistant\n";
         if ((rc = nd_buf_put(&seg, open, strlen(open))) ||

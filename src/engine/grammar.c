@@ -62,20 +62,76 @@ static const char PFX2[] = ",\"arguments\":";
 /* ------------------------------------------------------------------ */
 /* numbers                                                             */
 
-static double p10(int e)
+static const int64_t P10[19] = {1,
+                                10,
+                                100,
+                                1000,
+                                10000,
+                                100000,
+                                1000000,
+                                10000000,
+                                100000000,
+                                1000000000,
+                                10000000000,
+                                100000000000,
+                                1000000000000,
+                                10000000000000,
+                                100000000000000,
+                                1000000000000000,
+                                10000000000000000,
+                                100000000000000000,
+                                1000000000000000000};
+
+/* K * 10^-ft as the double a JSON parser reads from its decimal text, so
+ * bound checks agree with any validator comparing parsed floats */
+static double decimal_value(int64_t K, int ft)
 {
-    double r = 1;
-    if (e >= 0)
-        for (int i = 0; i < e; i++)
-            r *= 10;
-    else
-        for (int i = 0; i < -e; i++)
-            r /= 10;
-    return r;
+    char buf[48];
+    int n = snprintf(buf, sizeof buf, "%0*lld", ft + 1, (long long)K);
+    if (ft > 0) {
+        memmove(buf + n - ft + 1, buf + n - ft, (size_t)ft + 1);
+        buf[n - ft] = '.';
+    }
+    return strtod(buf, NULL);
+}
+
+typedef struct {
+    double lo, hi;
+    int lo_ex, hi_ex;
+} mag_bounds;
+
+static int ok_lo(const mag_bounds *b, double m)
+{
+    return b->lo_ex ? m > b->lo : m >= b->lo;
+}
+
+static int ok_hi(const mag_bounds *b, double m)
+{
+    return b->hi_ex ? m < b->hi : m <= b->hi;
+}
+
+/* some K in [Klo, Khi] (units of 10^-ft) within the magnitude bounds? */
+static int range_feasible(const mag_bounds *b, int64_t Klo, int64_t Khi, int ft)
+{
+    int64_t K = Klo;
+    if (!ok_lo(b, decimal_value(Klo, ft))) {
+        double x = ceil(b->lo * (double)P10[ft]);
+        if (x > (double)Khi + 1)
+            return 0;
+        K = x < (double)Klo ? Klo : (int64_t)x;
+        for (int i = 0; i < 4 && K > Klo && ok_lo(b, decimal_value(K - 1, ft)); i++)
+            K--;
+        for (int i = 0; i < 4 && K <= Khi && !ok_lo(b, decimal_value(K, ft)); i++)
+            K++;
+        if (K > Khi || !ok_lo(b, decimal_value(K, ft)))
+            return 0;
+    }
+    return ok_hi(b, decimal_value(K, ft));
 }
 
 /* Fewest characters to append to the number prefix t[0..len) so that it
- * becomes a number the node admits; -1 if none. */
+ * becomes a number the node admits (no exponent, <= MAX_DIGITS digits);
+ * -1 if none. */
 static int num_short(const gnode *n, const char *t, int len)
 {
     int i = 0, neg = 0;
@@ -84,78 +140,74 @@ static int num_short(const gnode *n, const char *t, int len)
         i++;
     }
     int is = i;
-    double ival = 0;
-    while (i < len && t[i] >= '0' && t[i] <= '9')
+    int64_t ival = 0, fval = 0;
+    while (i < len && t[i] >= '0' && t[i] <= '9' && i - is < MAX_DIGITS)
         ival = ival * 10 + (t[i++] - '0');
     int ni = i - is, dot = 0, nf = 0;
-    double fval = 0;
     if (i < len && t[i] == '.') {
         dot = 1;
         i++;
-        while (i < len && t[i] >= '0' && t[i] <= '9') {
+        while (i < len && t[i] >= '0' && t[i] <= '9' && ni + nf < MAX_DIGITS) {
             fval = fval * 10 + (t[i++] - '0');
             nf++;
         }
     }
-    double rlo, rhi;
-    int rlo_ex, rhi_ex;
-    if (!neg) {
-        rlo = n->lo;
-        rhi = n->hi;
-        rlo_ex = n->lo_ex;
-        rhi_ex = n->hi_ex;
-    } else {
-        rlo = -n->hi;
-        rhi = -n->lo;
-        rlo_ex = n->hi_ex;
-        rhi_ex = n->lo_ex;
-    }
-    if (rlo < 0) {
-        rlo = 0;
-        rlo_ex = 0;
-    }
-    if (rhi < rlo)
+    if (i != len)
         return -1;
+    mag_bounds b;
+    if (!neg)
+        b = (mag_bounds){n->lo, n->hi, n->lo_ex, n->hi_ex};
+    else
+        b = (mag_bounds){-n->hi, -n->lo, n->hi_ex, n->lo_ex};
+    if (b.lo < 0 || (b.lo == 0 && !b.lo_ex && neg)) {
+        b.lo = 0;
+        b.lo_ex = 0;
+    }
+    int unbounded = isinf(n->lo) && isinf(n->hi);
     int allow_frac = n->kind != K_INT;
-    int max_e = dot ? 0 : (ni && t[is] == '0') ? 0 : MAX_DIGITS - ni - nf;
-    int best = -1;
-    for (int e = 0; e <= max_e; e++) {
-        if (ni + e == 0)
-            continue;
-        double ilo, ihi;
-        if (ni == 0) {
-            ilo = e == 1 ? 0 : p10(e - 1);
-            ihi = p10(e) - 1;
-        } else {
-            ilo = ival * p10(e);
-            ihi = ilo + p10(e) - 1;
-        }
-        int fmin = dot ? (nf > 1 ? nf : 1) : 0;
-        int fmax = allow_frac ? MAX_DIGITS - (ni + e) : 0;
-        if (dot && fmax < fmin)
-            fmax = fmin;
-        for (int ft = fmin; ft <= fmax; ft++) {
-            int extra = e + (dot ? ft - nf : (ft ? 1 + ft : 0));
-            if (best >= 0 && extra >= best)
+    int lead0 = ni > 0 && t[is] == '0';
+    for (int L = 0; L <= MAX_DIGITS + 2; L++) {
+        for (int e = 0; e <= L; e++) {
+            if ((dot || lead0) && e > 0)
                 break;
-            double step = p10(-ft);
-            double flo = dot ? fval * p10(ft - nf) : 0;
-            double fhi = dot ? flo + p10(ft - nf) - 1 : p10(ft) - 1;
-            double mlo = ilo + flo * step, mhi = ihi + fhi * step;
-            /* in units of the grid step, with a tolerance far below it */
-            double a = mlo > rlo ? mlo : rlo, tol = 1e-6;
-            double k = ceil(a / step - tol);
-            if (rlo_ex && fabs(k * step - rlo) < tol * step)
-                k += 1;
-            if (k > mhi / step + tol)
+            if (ni + e == 0)
                 continue;
-            double g = k * step;
-            if (g > rhi + tol * step || (rhi_ex && g > rhi - tol * step))
+            int rem = L - e, ft;
+            if (dot)
+                ft = nf + rem;
+            else if (rem == 0)
+                ft = 0;
+            else if (rem >= 2 && allow_frac)
+                ft = rem - 1;
+            else
                 continue;
-            best = extra;
+            if (dot && ft < 1)
+                continue;
+            if (ni + e + ft > MAX_DIGITS)
+                continue;
+            if (unbounded)
+                return L;
+            int64_t Ilo, Ihi;
+            if (ni == 0) {
+                Ilo = e == 1 ? 0 : P10[e - 1];
+                Ihi = P10[e] - 1;
+            } else {
+                Ilo = ival * P10[e];
+                Ihi = Ilo + P10[e] - 1;
+            }
+            int64_t Klo, Khi;
+            if (dot) {
+                Klo = ival * P10[ft] + fval * P10[ft - nf];
+                Khi = Klo + P10[ft - nf] - 1;
+            } else {
+                Klo = Ilo * P10[ft];
+                Khi = Ihi * P10[ft] + P10[ft] - 1;
+            }
+            if (range_feasible(&b, Klo, Khi, ft))
+                return L;
         }
     }
-    return best;
+    return -1;
 }
 
 /* Is t[0..len) a syntactically possible number prefix for the node? */
@@ -1325,7 +1377,8 @@ static int frame_dist(const nd_grammar *g, const nd_gram_frame *f)
         if (f->phase == 0)
             return n->minlen;
         int pend = f->u8left + (f->esc == 1 ? 1 : f->esc >= 2 ? f->esc - 1 : 0);
-        int need = n->min_len - f->count;
+        /* after a backslash the escaped character is not counted yet */
+        int need = n->min_len - f->count - (f->esc == 1);
         if (n->re) {
             nd_re_set r = {{f->re[0], f->re[1]}};
             int d = nd_re_dist(n->re, r);

@@ -36,7 +36,11 @@ static void cpu_matmul(const nd_backend *be, int ta, int tb, int M, int N, int K
         return;
     }
     if (M == 1 && !ta) {
-        /* one row (a decode step): GEMV reads B once; GEMM would pack it */
+        /* one row (a decode step): GEMV reads B once; GEMM would pack it.
+         * beta = 0 must not read C (it may be uninitialised) */
+        if (beta == 0.0f)
+            for (int j = 0; j < N; j++)
+                C[j] = 0.0f;
         cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, tb ? N : K, tb ? K : N, alpha, B,
                     ldb, A, 1, beta, C, 1);
         return;

@@ -8,6 +8,7 @@
 int cli_init(int argc, char **argv);
 int cli_eval(int argc, char **argv);
 int cli_bench(int argc, char **argv);
+int cli_bench_decode(int argc, char **argv);
 int cli_finetune(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_render(int argc, char **argv);
@@ -18,6 +19,7 @@ int cli_render(int argc, char **argv);
 const char *cli_tokenizer_path(const char *flag_value, const char *checkpoint, char *buf, size_t n);
 int cli_build(int argc, char **argv);
 int cli_inspect(int argc, char **argv);
+int cli_run(int argc, char **argv);
 
 /* Print "needle: <message>" for the library's last error and return 1. */
 int cli_fail(const char *context);

@@ -16,10 +16,11 @@
 #include "train/trainer.h"
 
 static const char *bench_help =
-    "usage: needle bench forward|train [--preset tiny|needle2] [--batch B] [--seq T]\n"
+    "usage: needle bench forward|train|decode [--preset tiny|needle2] [--batch B] [--seq T]\n"
     "                            [--iters N] [--threads N] [--device auto|cpu]\n"
     "\n"
     "forward: times the float32 forward pass (logits included) on random weights.\n"
+    "decode:  engine prefill/decode tokens/s on a .cact (needle bench decode --help).\n"
     "train:   times a full LoRA training step (merge, forward, loss, backward with\n"
     "         layer recomputation, AdamW), rank 16, every position a target.\n"
     "Prints min/median seconds, tokens/s, achieved GFLOP/s counting matmul and\n"
@@ -36,8 +37,8 @@ static double forward_flops(const san_model *m, int B, int T)
 {
     const san_dims *D = &m->dims;
     double N = (double)B * T, d = D->d, n = D->n;
-    double per_layer = d * (2.0 * D->q_dim + 2.0 * D->kv_dim) + (double)D->q_dim * d +
-                       n * d * (2 * n + n * n);
+    double per_layer =
+        d * (2.0 * D->q_dim + 2.0 * D->kv_dim) + (double)D->q_dim * d + n * d * (2 * n + n * n);
     double attn = (double)B * D->H * ((double)T * (T + 1) / 2.0) * D->hd * 2.0;
     double eng = m->cfg.n_sites * 2.0 * D->eng_dim * d;
     return 2.0 * (N * (per_layer * D->L + eng + d * D->V) + attn * D->L);
@@ -47,6 +48,8 @@ int cli_bench(int argc, char **argv)
 {
     const char *what = NULL, *preset = "needle2", *device = "auto";
     long long B = 16, T = 128, iters = 5, threads = 0;
+    if (argc > 1 && !strcmp(argv[1], "decode"))
+        return cli_bench_decode(argc - 1, argv + 1);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -148,8 +151,8 @@ int cli_bench(int argc, char **argv)
         getrusage(RUSAGE_SELF, &ru);
         printf("%s %s B=%lld T=%lld threads=%d: min %.4f s  median %.4f s  "
                "%.0f tokens/s (median)  %.1f GFLOP/s  peak RSS %.1f MB\n",
-               what, preset, B, T, be->threads, sec[0], med, (double)(B * T) / med, flops / med / 1e9,
-               (double)ru.ru_maxrss / 1024.0);
+               what, preset, B, T, be->threads, sec[0], med, (double)(B * T) / med,
+               flops / med / 1e9, (double)ru.ru_maxrss / 1024.0);
     }
     free(sec);
     free(tok);

@@ -35,8 +35,18 @@ static void cpu_matmul(const nd_backend *be, int ta, int tb, int M, int N, int K
                 C[(size_t)i * ldc + j] *= beta;
         return;
     }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
-                N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (M == 1 && !ta) {
+        /* one row (a decode step): GEMV reads B once; GEMM would pack it.
+         * beta = 0 must not read C (it may be uninitialised) */
+        if (beta == 0.0f)
+            for (int j = 0; j < N; j++)
+                C[j] = 0.0f;
+        cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, tb ? N : K, tb ? K : N, alpha, B,
+                    ldb, A, 1, beta, C, 1);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+                K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 static void cpu_rmsnorm(const nd_backend *be, float *y, float *rstd, const float *x,
@@ -62,8 +72,8 @@ static void cpu_rmsnorm(const nd_backend *be, float *y, float *rstd, const float
     }
 }
 
-static void cpu_embed(const nd_backend *be, float *x0, const float *emb, const int32_t *tok,
-                      long N, int d, float scale)
+static void cpu_embed(const nd_backend *be, float *x0, const float *emb, const int32_t *tok, long N,
+                      int d, float scale)
 {
     (void)be;
 #pragma omp parallel for schedule(static)
@@ -239,8 +249,8 @@ static void cpu_lanes_mean(const nd_backend *be, float *xm, const float *X, long
         }
 }
 
-static void cpu_rope(const nd_backend *be, float *x, const float *cos_t, const float *sin_t,
-                     int B, int T, int heads, int hd)
+static void cpu_rope(const nd_backend *be, float *x, const float *cos_t, const float *sin_t, int B,
+                     int T, int heads, int hd)
 {
     (void)be;
     int half = hd / 2;
@@ -398,7 +408,6 @@ const nd_backend *nd_backend_get(const char *name, int threads)
 {
     if (!name || !strcmp(name, "auto") || !strcmp(name, "cpu"))
         return nd_backend_cpu(threads);
-    nd_error(ND_EUNSUPPORTED, "backend '%s' is not available in this build (available: cpu)",
-             name);
+    nd_error(ND_EUNSUPPORTED, "backend '%s' is not available in this build (available: cpu)", name);
     return NULL;
 }

@@ -1,0 +1,138 @@
+/* needle: run a tuned .cact tool-calling model from C.
+ *
+ * Two layers:
+ *
+ * 1. Handles. A needle_model is immutable once loaded and may be shared by
+ *    any number of sessions and threads; a needle_session holds one
+ *    conversation (KV cache, tools, grammar) and must be used by one thread
+ *    at a time. Several models live in one process. Every handle keeps its
+ *    own last error message; a failed constructor (NULL return) leaves its
+ *    message in needle_thread_error() of the calling thread. No globals are
+ *    touched on this path.
+ *
+ * 2. The upstream ABI (cactus-compute/needle needle/__init__.py drives
+ *    libneedle through exactly these): needle_load, needle_init,
+ *    needle_complete, needle_reset, needle_last_error. A thin layer over
+ *    one global model + session, serialised by a mutex.
+ *
+ * needle_complete / needle_session_complete write one JSON object (the
+ * envelope) into buf, NUL-terminated, and return its length in bytes
+ * (excluding the NUL):
+ *
+ *   {"type": "call" | "respond", "success": true, "error": null,
+ *    "error_code": null, "function_calls": [{"name": ..., "arguments": {...}}],
+ *    "reasoning": "...", "confidence": 0.93, "prefill_tps": ..., "decode_tps": ...,
+ *    "peak_ram_mb": ...}
+ *
+ * - type is "call" when function_calls is non-empty, "respond" for [].
+ * - confidence is the minimum, over the tokens of the call JSON, of the
+ *   model's (unconstrained) softmax probability of the chosen token. There
+ *   is no calibrated confidence head yet; this is the decoding-probability
+ *   half of upstream's signal only.
+ * - prefill_tps / decode_tps: prompt tokens / prefill seconds and generated
+ *   tokens / decode seconds of this turn; peak_ram_mb: the process's peak
+ *   resident set (getrusage), so it covers everything in the process.
+ * - When the model runs out of max_new_tokens before closing the call, the
+ *   decoder switches to completing the JSON by the shortest path, so the
+ *   call stays valid; if even that does not fit, success is false with
+ *   error_code "max_new_tokens" and function_calls [].
+ *
+ * Errors: a negative return (NEEDLE_E*). For errors other than
+ * NEEDLE_EBUFFER an error envelope ({"success": false, "error": "...",
+ * "error_code": "...", ...}) is still written when it fits. A buffer too
+ * small for the envelope returns NEEDLE_EBUFFER and writes only a NUL at
+ * buf[0] (when buf_len > 0): never more than buf_len bytes.
+ *
+ * Conversation: the first complete(text) after needle_session_new / reset
+ * renders the training template (SPEC §2):
+ *   [<|im_start|>system\n SYSTEM <|im_end|>\n]
+ *   <|im_start|>user\n<tools> TOOLS </tools>\n TEXT <|im_end|>\n<|im_start|>assistant\n
+ * with TOOLS re-serialised compactly as training does (key order kept,
+ * ensure_ascii, Python float repr). The model writes
+ *   <think>REASONING</think>\n<tool_call>[...]</tool_call><|im_end|>
+ * where the call list is constrained by the tools' schemas. A later
+ * complete(text) after a "call" turn is the tool result:
+ *   \n<|im_start|>user\n<tool_result> TEXT </tool_result><|im_end|>\n<|im_start|>assistant\n
+ * (upstream defines no template for it; this is ours), and after a
+ * "respond" turn a new user query:
+ *   \n<|im_start|>user\n TEXT <|im_end|>\n<|im_start|>assistant\n
+ * The system + tools prefix stays cached: reset rewinds to it.
+ *
+ * Tool retrieval (upstream's tool_index_path, > 5 tools) is not
+ * implemented: every declared tool is rendered and callable. */
+#ifndef NEEDLE_H
+#define NEEDLE_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NEEDLE_OK 0
+#define NEEDLE_EIO (-1)     /* file could not be read */
+#define NEEDLE_EFORMAT (-2) /* malformed .cact, tools JSON, ... */
+#define NEEDLE_ELIMIT (-4)  /* prompt longer than max_seq_len, too many tools, ... */
+#define NEEDLE_ESHAPE (-5)  /* archive tensors do not fit the header's model */
+#define NEEDLE_ENOMEM (-6)
+#define NEEDLE_EARG (-7) /* NULL handle, bad argument */
+#define NEEDLE_EUNSUPPORTED (-9)
+#define NEEDLE_EBUFFER (-10) /* output buffer too small for the envelope */
+#define NEEDLE_ESTATE (-11)  /* no model loaded / no session (global ABI) */
+
+typedef struct needle_model needle_model;
+typedef struct needle_session needle_session;
+
+/* ---- handles ---- */
+
+/* Load a .cact (dequantised to float32 at load). NULL on failure: see
+ * needle_thread_error(). The buffer variant copies what it needs; the
+ * caller may free `data` afterwards. */
+needle_model *needle_model_load(const char *path);
+needle_model *needle_model_load_buffer(const void *data, size_t len);
+void needle_model_free(needle_model *m);
+/* Model geometry: max_seq_len and vocabulary size. */
+int needle_model_max_seq_len(const needle_model *m);
+const char *needle_model_error(const needle_model *m);
+
+/* A session on `m` (which must outlive it). system may be NULL or "";
+ * tools_json is any valid JSON text holding an array of tools
+ * ({"name", "description", "parameters": JSON schema}). The system + tools
+ * prefix is prefilled here. NULL on failure: see needle_thread_error(). */
+needle_session *needle_session_new(needle_model *m, const char *system, const char *tools_json);
+void needle_session_free(needle_session *s);
+/* One turn; see above. max_new_tokens <= 0 means 256. */
+int needle_session_complete(needle_session *s, const char *text, int max_new_tokens, char *buf,
+                            int buf_len);
+/* Rewind the conversation to just after the tools (kept cached). */
+int needle_session_reset(needle_session *s);
+/* Tokens of the cached system + tools prefix. */
+int needle_session_context_tokens(const needle_session *s);
+/* Newline-separated warnings from compiling the tools' schemas (ignored
+ * keywords, unsupported patterns), or "". */
+const char *needle_session_warnings(const needle_session *s);
+const char *needle_session_error(const needle_session *s);
+/* on != 0: the answer must be at least one call (no [] refusal), like
+ * tool_choice "required"; off by default. */
+int needle_session_require_call(needle_session *s, int on);
+
+/* The calling thread's last error (after a NULL from a constructor). */
+const char *needle_thread_error(void);
+
+/* ---- upstream ABI (one global model and session) ---- */
+
+/* 0 on success. Replaces any loaded model (and drops its session). */
+int needle_load(const unsigned char *cact, unsigned long long n);
+/* >= 0: tokens of the tool context; < 0: error. tool_index_path is
+ * accepted and ignored (no tool retrieval). */
+int needle_init(const char *system, const char *tools_json, const char *tool_index_path);
+int needle_complete(const char *text, int max_new_tokens, char *buf, int buf_len);
+void needle_reset(void);
+/* Message of the last failed global call ("" if none). */
+const char *needle_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,144 @@
+/* needle run: load a .cact, declare tools, answer a query with a
+ * grammar-constrained tool call; print the envelope JSON. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "core/fileio.h"
+#include "core/status.h"
+#include "needle.h"
+
+static const char *run_help =
+    "usage: needle run --weights X.cact --tools tools.json [--system S]\n"
+    "                  [--max-new-tokens N] [--interactive] [QUERY]\n"
+    "\n"
+    "Prints one JSON envelope per turn: type (call|respond), success, error,\n"
+    "error_code, function_calls, reasoning, confidence (minimum token probability\n"
+    "over the call), prefill_tps, decode_tps, peak_ram_mb.\n"
+    "\n"
+    "  --weights PATH      .cact archive (needle build)\n"
+    "  --tools PATH        JSON array of tools {name, description, parameters}\n"
+    "  --system TEXT       system facts (optional)\n"
+    "  --max-new-tokens N  generation budget per turn (default 256)\n"
+    "  --interactive       keep the session: read follow-ups from stdin, one per\n"
+    "                      line (after a call, a line is the tool result);\n"
+    "                      ':reset' rewinds to the tools, ':quit' or EOF ends\n"
+    "\n"
+    "Schema warnings (ignored keywords) go to stderr.\n";
+
+static int turn(needle_session *s, const char *q, int max_new, char *buf, int cap)
+{
+    int rc = needle_session_complete(s, q, max_new, buf, cap);
+    if (rc < 0) {
+        if (buf[0])
+            printf("%s\n", buf);
+        fprintf(stderr, "needle: %s\n", needle_session_error(s));
+        fflush(stdout);
+        return 1;
+    }
+    printf("%s\n", buf);
+    fflush(stdout);
+    return 0;
+}
+
+int cli_run(int argc, char **argv)
+{
+    const char *weights = NULL, *tools = NULL, *system = NULL, *query = NULL;
+    long long max_new = 256;
+    int interactive = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(run_help, stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--interactive")) {
+            interactive = 1;
+            continue;
+        }
+        if (a[0] != '-' || !a[1]) {
+            if (query)
+                return cli_usage_error("run", "unexpected argument '%s'", a);
+            query = a;
+            continue;
+        }
+        if (i + 1 >= argc)
+            return cli_usage_error("run", "%s needs a value", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "--weights"))
+            weights = v;
+        else if (!strcmp(a, "--tools"))
+            tools = v;
+        else if (!strcmp(a, "--system"))
+            system = v;
+        else if (!strcmp(a, "--max-new-tokens")) {
+            if (cli_parse_int(a, v, 1, 1 << 20, &max_new))
+                return 2;
+        } else
+            return cli_usage_error("run", "unknown option '%s'", a);
+    }
+    if (!weights)
+        return cli_usage_error("run", "--weights X.cact is required");
+    if (!tools)
+        return cli_usage_error("run", "--tools tools.json is required");
+    if (!query && !interactive)
+        return cli_usage_error("run", "a query is required (or --interactive)");
+    unsigned char *tj;
+    size_t tl;
+    int rc = nd_read_file(tools, 64u << 20, &tj, &tl);
+    if (rc)
+        return cli_fail(tools);
+    needle_model *m = needle_model_load(weights);
+    if (!m) {
+        free(tj);
+        return cli_fail(weights);
+    }
+    needle_session *s = needle_session_new(m, system, (const char *)tj);
+    free(tj);
+    if (!s) {
+        fprintf(stderr, "needle: %s\n", needle_thread_error());
+        needle_model_free(m);
+        return 1;
+    }
+    const char *w = needle_session_warnings(s);
+    if (*w) {
+        const char *p = w;
+        while (*p) {
+            const char *e = strchr(p, '\n');
+            size_t n = e ? (size_t)(e - p) : strlen(p);
+            fprintf(stderr, "needle: warning: %.*s\n", (int)n, p);
+            p += n + (e ? 1 : 0);
+        }
+    }
+    int cap = 1 << 20;
+    char *buf = malloc((size_t)cap);
+    int status = 0;
+    if (!buf) {
+        fprintf(stderr, "needle: out of memory\n");
+        status = 1;
+    }
+    if (buf && query)
+        status = turn(s, query, (int)max_new, buf, cap);
+    if (buf && interactive) {
+        char line[65536];
+        while (fgets(line, sizeof line, stdin)) {
+            size_t n = strlen(line);
+            while (n && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+                line[--n] = 0;
+            if (!strcmp(line, ":quit"))
+                break;
+            if (!strcmp(line, ":reset")) {
+                needle_session_reset(s);
+                continue;
+            }
+            if (!n)
+                continue;
+            status |= turn(s, line, (int)max_new, buf, cap);
+        }
+    }
+    free(buf);
+    needle_session_free(s);
+    needle_model_free(m);
+    return status;
+}

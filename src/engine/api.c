@@ -1,0 +1,98 @@
+/* The upstream ABI (needle/__init__.py): one global model and session over
+ * the handle API, serialised by a mutex. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/status.h"
+#include "needle.h"
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static needle_model *g_model;
+static needle_session *g_session;
+static char g_err[1024];
+
+static void remember(void)
+{
+    snprintf(g_err, sizeof g_err, "%s", nd_last_error());
+}
+
+int needle_load(const unsigned char *cact, unsigned long long n)
+{
+    pthread_mutex_lock(&g_lock);
+    int rc = NEEDLE_OK;
+    needle_model *m = NULL;
+    if (n > (unsigned long long)SIZE_MAX) {
+        nd_error(ND_ELIMIT, "archive of %llu bytes is too large", n);
+    } else {
+        m = needle_model_load_buffer(cact, (size_t)n);
+    }
+    if (!m) {
+        remember();
+        rc = NEEDLE_EFORMAT;
+    } else {
+        needle_session_free(g_session);
+        g_session = NULL;
+        needle_model_free(g_model);
+        g_model = m;
+        g_err[0] = 0;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+int needle_init(const char *system, const char *tools_json, const char *tool_index_path)
+{
+    (void)tool_index_path;
+    pthread_mutex_lock(&g_lock);
+    int rc;
+    if (!g_model) {
+        snprintf(g_err, sizeof g_err, "no model loaded: call needle_load with a .cact first");
+        rc = NEEDLE_ESTATE;
+    } else {
+        needle_session *s = needle_session_new(g_model, system, tools_json);
+        if (!s) {
+            remember();
+            rc = NEEDLE_EFORMAT;
+        } else {
+            needle_session_free(g_session);
+            g_session = s;
+            rc = needle_session_context_tokens(s);
+            g_err[0] = 0;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+int needle_complete(const char *text, int max_new_tokens, char *buf, int buf_len)
+{
+    pthread_mutex_lock(&g_lock);
+    int rc;
+    if (!g_session) {
+        snprintf(g_err, sizeof g_err, "no session: call needle_init first");
+        if (buf && buf_len > 0)
+            buf[0] = 0;
+        rc = NEEDLE_ESTATE;
+    } else {
+        rc = needle_session_complete(g_session, text, max_new_tokens, buf, buf_len);
+        if (rc < 0)
+            snprintf(g_err, sizeof g_err, "%s", needle_session_error(g_session));
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+void needle_reset(void)
+{
+    pthread_mutex_lock(&g_lock);
+    if (g_session)
+        needle_session_reset(g_session);
+    pthread_mutex_unlock(&g_lock);
+}
+
+const char *needle_last_error(void)
+{
+    return g_err;
+}

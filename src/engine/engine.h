@@ -1,0 +1,68 @@
+/* The inference engine (issue 6): a .cact archive turned back into float32
+ * SAN weights, incremental decoding with a KV cache, and the tool-calling
+ * session (prompt, grammar-constrained call, envelope) behind include/needle.h.
+ *
+ * Internal header: the public API is include/needle.h. */
+#ifndef ND_ENGINE_H
+#define ND_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "io/cact.h"
+#include "model/params.h"
+#include "text/tokenizer.h"
+
+/* ---- loading ---- */
+
+/* Config of the model an archive holds (from its header). */
+int nd_cact_config(const cact_file *f, san_config *c);
+
+/* Dequantise every tensor of a parsed archive into a float32 san_model:
+ * CQ and FP16 blobs become float32, matrices stored [out, in] are transposed
+ * back to (in, out) kernels and the mHC phi matrices from (L*k, n*d) back to
+ * (L, n*d, k). The archive may be freed afterwards. */
+int nd_cact_to_model(const cact_file *f, san_model *m);
+
+/* The archive's RAW tokenizer blob as a tokenizer. */
+int nd_cact_tokenizer(const cact_file *f, nd_tokenizer **tok);
+
+/* ---- incremental decoding ---- */
+
+/* Everything that depends on the tokens seen so far: per layer K (after
+ * k_norm and RoPE) and V rows, per engram site the v' = e @ Wv rows (the
+ * taps read v' at t - j*D), and the token history (the n-gram hash reads the
+ * last max(order)-1 tokens). Rows are kept for every position, so rewinding
+ * to an earlier length is just setting `len` (prefix reuse, reset). Storage
+ * grows on demand up to max_seq_len. */
+typedef struct {
+    const san_model *m;
+    const nd_backend *be;
+    int len, cap, max_len;
+    int kv_window; /* attend only to the last kv_window keys (0 = all) */
+    int32_t *tokens;
+    float *k, *v;               /* [L][cap][kv_dim] */
+    float *vp[SAN_MAX_SITES];   /* [cap][d] */
+    float *rope_cos, *rope_sin; /* [max_len][hd/2] */
+    /* scratch for one chunk of up to `chunk` new tokens */
+    int chunk;
+    void *scratch;
+    float *x0, *X, *Xn, *eng_e, *eng_k, *eng_v, *eng_vp, *xm, *hf, *att_s, *logits;
+    int32_t *eng_idx, *win_tok;
+    float *nx, *pre, *post, *res, *hpre, *hpost, *M, *u, *alpha, *bx, *a, *q, *kk, *vv, *g;
+    float *att, *o, *o2, *pn, *x1, *z, *h1, *y;
+} nd_kv_state;
+
+/* chunk: the most tokens one nd_kv_forward call processes at a time
+ * (longer inputs are split). kv_window 0 = full causal attention. */
+int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chunk, int kv_window);
+void nd_kv_free(nd_kv_state *s);
+/* Forget everything after the first `len` positions. */
+void nd_kv_rewind(nd_kv_state *s, int len);
+/* Run `n` new tokens at positions len..len+n-1 and append them. Logits of
+ * every new row go to `logits` ([n, V]) when all_logits, else only the last
+ * row's ([V]); logits may be NULL. */
+int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int all_logits);
+
+#endif

@@ -1,0 +1,81 @@
+/* Tool-call grammar: the declared tools' JSON schemas compiled into a
+ * byte-level pushdown automaton over the compact JSON text of a call list
+ *
+ *   [{"name":<declared name>,"arguments":{...}}, ...]   or   []
+ *
+ * (no whitespace outside strings, as training renders answers). The state
+ * is a small value type (a stack of frames) so the decoder can copy it
+ * while testing a vocabulary piece's bytes; every accepted prefix can still
+ * be completed, and nd_gram_dist gives the fewest bytes that complete it.
+ *
+ * Enforced keywords: type (object, string, integer, number, boolean, null,
+ * array), properties, required, enum, const, minimum, maximum,
+ * exclusiveMinimum, exclusiveMaximum (number or draft-4 boolean),
+ * minLength, maxLength, pattern (see regex.h; strings with a pattern are
+ * limited to printable ASCII), items, minItems, maxItems. Objects admit
+ * only their declared properties; an object or array without properties /
+ * items, or a value without a type, admits any JSON value. Numbers are
+ * written without exponent, at most 15 digits. Other keywords are ignored:
+ * annotations silently (description, title, default, examples, $schema,
+ * additionalProperties), anything else with a warning. */
+#ifndef ND_GRAMMAR_H
+#define ND_GRAMMAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "text/pyjson.h"
+
+#define ND_GRAM_DEPTH 24
+#define ND_GRAM_MAX_ALT 64 /* tools, enum values, object properties */
+
+typedef struct nd_grammar nd_grammar;
+
+typedef struct {
+    uint16_t node;
+    uint8_t kind, phase;
+    int32_t count;  /* literal/key position, string chars, array items */
+    int32_t cur;    /* object: current property; call: chosen tool */
+    uint64_t mask;  /* literal/key candidates; object: used properties */
+    uint64_t re[2]; /* string pattern state */
+    uint8_t esc;    /* string: 1 after '\\', 2..5 = \u hex digits left + 1 */
+    uint8_t u8left; /* string: UTF-8 continuation bytes still expected */
+    uint8_t u8lo, u8hi;
+    uint8_t nlen;
+    char num[23];
+} nd_gram_frame;
+
+typedef struct {
+    int depth;
+    nd_gram_frame f[ND_GRAM_DEPTH];
+} nd_gram_state;
+
+/* Compile from the parsed tools array (each {"name", "parameters"?, ...}, or
+ * {"type": "function", "function": {...}}). Warnings about ignored schema
+ * keywords are collected (nd_gram_warnings). */
+int nd_gram_compile(const nd_pj *tools, nd_grammar **out);
+void nd_gram_free(nd_grammar *g);
+/* "" or newline-separated warnings */
+const char *nd_gram_warnings(const nd_grammar *g);
+int nd_gram_num_tools(const nd_grammar *g);
+/* Disallow the empty list [] (at least one call; no effect without tools). */
+void nd_gram_require_call(nd_grammar *g, int on);
+
+void nd_gram_init(const nd_grammar *g, nd_gram_state *s);
+/* Feed one byte; 1 = accepted (state advanced), 0 = rejected (state is then
+ * unspecified: feed a copy). */
+int nd_gram_feed(const nd_grammar *g, nd_gram_state *s, unsigned char b);
+/* 1 once the whole call list has been closed. */
+int nd_gram_done(const nd_gram_state *s);
+/* Fewest bytes that complete the call list from this state. */
+int nd_gram_dist(const nd_grammar *g, const nd_gram_state *s);
+
+/* Copy only the live part of a state. */
+static inline void nd_gram_copy(nd_gram_state *dst, const nd_gram_state *src)
+{
+    dst->depth = src->depth;
+    for (int i = 0; i < src->depth; i++)
+        dst->f[i] = src->f[i];
+}
+
+#endif

@@ -1,0 +1,364 @@
+/* Incremental SAN forward with a KV cache (upstream decode.py's
+ * _forward_cached): new tokens attend to every cached key, the engram
+ * n-gram hash reads the token history and the taps read cached v' rows. */
+#include <float.h>
+#include <omp.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/status.h"
+#include "engine/engine.h"
+#include "model/san.h"
+
+static int max_order(const san_model *m)
+{
+    int mo = 1;
+    for (int i = 0; i < m->cfg.n_orders; i++)
+        if (m->cfg.engram_orders[i] > mo)
+            mo = m->cfg.engram_orders[i];
+    return mo;
+}
+
+int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chunk, int kv_window)
+{
+    memset(s, 0, sizeof *s);
+    const san_dims *D = &m->dims;
+    if (chunk < 1)
+        chunk = 1;
+    s->m = m;
+    s->be = be;
+    s->max_len = m->cfg.max_seq_len;
+    s->kv_window = kv_window > 0 ? kv_window : 0;
+    s->chunk = chunk;
+    size_t N = (size_t)chunk, W = N + (size_t)max_order(m), d = (size_t)D->d, n = (size_t)D->n;
+    size_t half = (size_t)D->hd / 2;
+    struct plan_e {
+        void **p;
+        size_t bytes;
+    } plan[48];
+    int np = 0;
+#define P(ptr, cnt) plan[np++] = (struct plan_e){(void **)&(ptr), (size_t)(cnt) * sizeof(*(ptr))}
+    P(s->rope_cos, (size_t)s->max_len * half);
+    P(s->rope_sin, (size_t)s->max_len * half);
+    P(s->x0, N * d);
+    P(s->X, N * n * d);
+    P(s->Xn, N * n * d);
+    P(s->eng_e, W * (size_t)(D->eng_dim ? D->eng_dim : 1));
+    P(s->eng_idx, W * (size_t)(D->eng_tables ? D->eng_tables : 1));
+    P(s->win_tok, W);
+    P(s->eng_k, N * d * (size_t)(m->cfg.n_sites ? m->cfg.n_sites : 1));
+    P(s->eng_v, N * d * (size_t)(m->cfg.n_sites ? m->cfg.n_sites : 1));
+    P(s->eng_vp, N * d);
+    P(s->nx, N * n * d);
+    P(s->pre, N * n);
+    P(s->post, N * n);
+    P(s->res, N * n * n);
+    P(s->hpre, N * n);
+    P(s->hpost, N * n);
+    P(s->M, N * n * n);
+    P(s->u, N * d);
+    P(s->alpha, N);
+    P(s->bx, N * d);
+    P(s->a, N * d);
+    P(s->q, N * (size_t)D->q_dim);
+    P(s->kk, N * (size_t)D->kv_dim);
+    P(s->vv, N * (size_t)D->kv_dim);
+    P(s->g, N * (size_t)D->q_dim);
+    P(s->att, N * (size_t)D->q_dim);
+    P(s->o, N * (size_t)D->q_dim);
+    P(s->o2, N * d);
+    P(s->pn, N * d);
+    P(s->x1, N * d);
+    P(s->z, N * d);
+    P(s->h1, N * (size_t)D->hada_n);
+    P(s->y, N * d);
+    P(s->xm, N * d);
+    P(s->hf, N * d);
+    P(s->att_s, (size_t)D->H * N * (size_t)s->max_len);
+    P(s->logits, N * (size_t)D->V);
+#undef P
+    size_t total = 0;
+    for (int i = 0; i < np; i++)
+        total += (plan[i].bytes + 63) & ~(size_t)63;
+    char *blk = calloc(1, total);
+    if (!blk)
+        return nd_error(ND_ENOMEM, "out of memory: decoder scratch needs %.1f MB",
+                        (double)total / 1e6);
+    size_t off = 0;
+    for (int i = 0; i < np; i++) {
+        *plan[i].p = blk + off;
+        off += (plan[i].bytes + 63) & ~(size_t)63;
+    }
+    s->scratch = blk;
+    san_rope_tables(s->rope_cos, s->rope_sin, s->max_len, D->hd, m->cfg.rope_theta);
+    return ND_OK;
+}
+
+void nd_kv_free(nd_kv_state *s)
+{
+    if (!s)
+        return;
+    free(s->scratch);
+    free(s->tokens);
+    free(s->k);
+    free(s->v);
+    for (int i = 0; i < SAN_MAX_SITES; i++)
+        free(s->vp[i]);
+    memset(s, 0, sizeof *s);
+}
+
+void nd_kv_rewind(nd_kv_state *s, int len)
+{
+    if (len < s->len)
+        s->len = len < 0 ? 0 : len;
+}
+
+/* Grow the per-position storage to hold `need` positions. */
+static int kv_reserve(nd_kv_state *s, int need)
+{
+    if (need <= s->cap)
+        return ND_OK;
+    const san_dims *D = &s->m->dims;
+    int cap = s->cap ? s->cap : 64;
+    while (cap < need)
+        cap *= 2;
+    if (cap > s->max_len)
+        cap = s->max_len;
+    size_t L = (size_t)D->L, kvd = (size_t)D->kv_dim, d = (size_t)D->d;
+    int32_t *tok = realloc(s->tokens, (size_t)cap * sizeof *tok);
+    if (tok)
+        s->tokens = tok;
+    float *k = malloc(L * (size_t)cap * kvd * sizeof *k + 1);
+    float *v = malloc(L * (size_t)cap * kvd * sizeof *v + 1);
+    if (!tok || !k || !v) {
+        free(k);
+        free(v);
+        return nd_error(ND_ENOMEM, "out of memory growing the KV cache to %d positions", cap);
+    }
+    for (size_t l = 0; l < L && s->len; l++) {
+        memcpy(k + l * (size_t)cap * kvd, s->k + l * (size_t)s->cap * kvd,
+               (size_t)s->len * kvd * sizeof *k);
+        memcpy(v + l * (size_t)cap * kvd, s->v + l * (size_t)s->cap * kvd,
+               (size_t)s->len * kvd * sizeof *v);
+    }
+    free(s->k);
+    free(s->v);
+    s->k = k;
+    s->v = v;
+    for (int i = 0; i < s->m->cfg.n_sites; i++) {
+        float *p = realloc(s->vp[i], (size_t)cap * d * sizeof *p);
+        if (!p)
+            return nd_error(ND_ENOMEM, "out of memory growing the engram cache");
+        s->vp[i] = p;
+    }
+    s->cap = cap;
+    return ND_OK;
+}
+
+/* Causal attention of n new query rows (positions p0..p0+n-1) over the
+ * cached keys 0..p (or the last kv_window of them). */
+static void cached_attention(nd_kv_state *s, int l, int p0, int n)
+{
+    const san_dims *D = &s->m->dims;
+    int H = D->H, G = D->G, hd = D->hd, rep = H / G, qd = D->q_dim, kvd = D->kv_dim;
+    const float *K = s->k + (size_t)l * s->cap * kvd, *V = s->v + (size_t)l * s->cap * kvd;
+    float scale = 1.0f / sqrtf((float)hd);
+    long tasks = (long)n * H;
+#pragma omp parallel for schedule(static) if (tasks * (p0 + n) > 4096)
+    for (long task = 0; task < tasks; task++) {
+        int i = (int)(task / H), h = (int)(task % H), g = h / rep, p = p0 + i;
+        int j0 = s->kv_window && p + 1 > s->kv_window ? p + 1 - s->kv_window : 0;
+        const float *q = s->q + (size_t)i * qd + (size_t)h * hd;
+        float *sc = s->att_s + (size_t)task * s->max_len;
+        float mx = -FLT_MAX;
+        for (int j = j0; j <= p; j++) {
+            const float *kr = K + (size_t)j * kvd + (size_t)g * hd;
+            float acc = 0.0f;
+            for (int e = 0; e < hd; e++)
+                acc += q[e] * kr[e];
+            acc *= scale;
+            sc[j] = acc;
+            mx = acc > mx ? acc : mx;
+        }
+        float sum = 0.0f;
+        for (int j = j0; j <= p; j++) {
+            sc[j] = expf(sc[j] - mx);
+            sum += sc[j];
+        }
+        float inv = 1.0f / sum, *out = s->att + (size_t)i * qd + (size_t)h * hd;
+        for (int e = 0; e < hd; e++)
+            out[e] = 0.0f;
+        for (int j = j0; j <= p; j++) {
+            const float *vr = V + (size_t)j * kvd + (size_t)g * hd;
+            float w = sc[j] * inv;
+            for (int e = 0; e < hd; e++)
+                out[e] += w * vr[e];
+        }
+    }
+}
+
+static void engram_chunk(nd_kv_state *s, int p0, int n)
+{
+    const san_model *m = s->m;
+    const san_config *c = &m->cfg;
+    const san_dims *D = &m->dims;
+    const nd_backend *be = s->be;
+    if (!c->n_sites)
+        return;
+    int ws = p0 - (max_order(m) - 1);
+    if (ws < 0)
+        ws = 0;
+    int T = p0 + n - ws, off = p0 - ws, d = D->d;
+    memcpy(s->win_tok, s->tokens + ws, (size_t)T * sizeof *s->win_tok);
+    be->engram_hash(be, s->eng_idx, s->win_tok, 1, T, c->engram_orders, c->n_orders, D->eng_heads,
+                    c->engram_slots);
+    for (int site = 0; site < c->n_sites; site++) {
+        const san_weights *w = &m->w;
+        be->engram_gather(be, s->eng_e, w->eng[site].table, s->eng_idx, 1, T, c->engram_orders,
+                          c->n_orders, D->eng_heads, c->engram_slots, D->eng_sub);
+        const float *e = s->eng_e + (size_t)off * D->eng_dim;
+        float *ek = s->eng_k + (size_t)site * n * d, *ev = s->eng_v + (size_t)site * n * d;
+        be->matmul(be, 0, 0, n, d, D->eng_dim, 1.0f, e, D->eng_dim, w->eng[site].wk, d, 0.0f, ek,
+                   d);
+        float *vp = s->vp[site];
+        be->matmul(be, 0, 0, n, d, D->eng_dim, 1.0f, e, D->eng_dim, w->eng[site].wv, d, 0.0f,
+                   vp + (size_t)p0 * d, d);
+        const float *taps = w->eng[site].taps;
+        for (int i = 0; i < n; i++) {
+            int t = p0 + i;
+            float *vr = ev + (size_t)i * d;
+            for (int x = 0; x < d; x++)
+                vr[x] = 0.0f;
+            for (int j = 0; j < SAN_CONV_TAPS; j++) {
+                int src = t - j * D->eng_dilation;
+                if (src < 0)
+                    break;
+                const float *pr = vp + (size_t)src * d, *tp = taps + (size_t)j * d;
+                for (int x = 0; x < d; x++)
+                    vr[x] += tp[x] * pr[x];
+            }
+        }
+    }
+}
+
+static void layer_chunk(nd_kv_state *s, int l, int p0, int n)
+{
+    const san_model *m = s->m;
+    const san_dims *D = &m->dims;
+    const san_weights *w = &m->w;
+    const nd_backend *be = s->be;
+    int d = D->d, ln = D->n, nd = ln * d, hd = D->hd, qd = D->q_dim, kvd = D->kv_dim;
+    size_t Ld = (size_t)l * d, half = (size_t)hd / 2;
+    const float *X = s->X;
+
+    be->rmsnorm(be, s->nx, NULL, X, NULL, n, nd);
+    be->matmul(be, 0, 0, n, ln, nd, 1.0f, s->nx, nd, w->phi_pre + (size_t)l * nd * ln, ln, 0.0f,
+               s->pre, ln);
+    be->matmul(be, 0, 0, n, ln, nd, 1.0f, s->nx, nd, w->phi_post + (size_t)l * nd * ln, ln, 0.0f,
+               s->post, ln);
+    be->matmul(be, 0, 0, n, ln * ln, nd, 1.0f, s->nx, nd, w->phi_res + (size_t)l * nd * ln * ln,
+               ln * ln, 0.0f, s->res, ln * ln);
+    be->hyper_coeffs(be, s->hpre, s->hpost, s->M, s->pre, s->post, s->res, w->a_pre[l],
+                     w->a_post[l], w->a_res[l], w->b_pre + (size_t)l * ln,
+                     w->b_post + (size_t)l * ln, w->b_res + (size_t)l * ln * ln, l % ln, n, ln);
+    be->lanes_combine(be, s->u, s->hpre, X, n, ln, d);
+    const float *bx = s->u;
+    for (int site = 0; site < m->cfg.n_sites; site++)
+        if (m->cfg.engram_layers[site] == l) {
+            be->engram_gate(be, s->bx, s->alpha, s->u, s->eng_k + (size_t)site * n * d,
+                            s->eng_v + (size_t)site * n * d, n, d, bx == s->bx);
+            bx = s->bx;
+        }
+
+    be->rmsnorm(be, s->a, NULL, bx, w->norm_in + Ld, n, d);
+    be->matmul(be, 0, 0, n, qd, d, 1.0f, s->a, d, w->wq + (size_t)l * d * qd, qd, 0.0f, s->q, qd);
+    be->matmul(be, 0, 0, n, kvd, d, 1.0f, s->a, d, w->wk + (size_t)l * d * kvd, kvd, 0.0f, s->kk,
+               kvd);
+    be->matmul(be, 0, 0, n, kvd, d, 1.0f, s->a, d, w->wv + (size_t)l * d * kvd, kvd, 0.0f, s->vv,
+               kvd);
+    be->matmul(be, 0, 0, n, qd, d, 1.0f, s->a, d, w->wgate + (size_t)l * d * qd, qd, 0.0f, s->g,
+               qd);
+    be->rmsnorm(be, s->q, NULL, s->q, w->q_norm + (size_t)l * hd, (long)n * D->H, hd);
+    be->rmsnorm(be, s->kk, NULL, s->kk, w->k_norm + (size_t)l * hd, (long)n * D->G, hd);
+    /* rope rows are positions p0.. : offset the tables, one "sequence" of n */
+    be->rope(be, s->q, s->rope_cos + (size_t)p0 * half, s->rope_sin + (size_t)p0 * half, 1, n, D->H,
+             hd);
+    be->rope(be, s->kk, s->rope_cos + (size_t)p0 * half, s->rope_sin + (size_t)p0 * half, 1, n,
+             D->G, hd);
+    size_t lc = (size_t)l * s->cap * kvd;
+    memcpy(s->k + lc + (size_t)p0 * kvd, s->kk, (size_t)n * kvd * sizeof(float));
+    memcpy(s->v + lc + (size_t)p0 * kvd, s->vv, (size_t)n * kvd * sizeof(float));
+    cached_attention(s, l, p0, n);
+    be->gate_sigmoid(be, s->o, s->att, s->g, (long)n * qd);
+    be->matmul(be, 0, 0, n, d, qd, 1.0f, s->o, qd, w->wout + (size_t)l * qd * d, d, 0.0f, s->o2, d);
+    be->rmsnorm(be, s->pn, NULL, s->o2, w->post_norm + Ld, n, d);
+    be->residual_scaled(be, s->x1, bx, s->pn, w->attn_gate[l], (long)n * d);
+    be->rmsnorm(be, s->z, NULL, s->x1, w->pre_hada + Ld, n, d);
+    size_t Lh = (size_t)l * D->hada_n;
+    be->hadamard_mlp(be, s->y, s->h1, s->x1, s->z, s->u, w->d1 + Lh, w->d2 + Lh, w->d3 + Lh, n, d,
+                     D->hada_n);
+    be->lanes_update(be, s->Xn, s->M, X, s->hpost, s->y, n, ln, d);
+    float *t = s->X;
+    s->X = s->Xn;
+    s->Xn = t;
+}
+
+static int forward_chunk(nd_kv_state *s, const int32_t *tok, int n, float *logits, int all)
+{
+    const san_model *m = s->m;
+    const san_dims *D = &m->dims;
+    const nd_backend *be = s->be;
+    int p0 = s->len, d = D->d;
+    int rc = kv_reserve(s, p0 + n);
+    if (rc)
+        return rc;
+    memcpy(s->tokens + p0, tok, (size_t)n * sizeof *tok);
+    be->embed(be, s->x0, m->w.emb, tok, n, d, (float)sqrt((double)d));
+    engram_chunk(s, p0, n);
+    be->lanes_broadcast(be, s->X, s->x0, n, D->n, d);
+    for (int l = 0; l < D->L; l++)
+        layer_chunk(s, l, p0, n);
+    s->len = p0 + n;
+    if (!logits)
+        return ND_OK;
+    int r0 = all ? 0 : n - 1, rows = n - r0;
+    const float *X = s->X + (size_t)r0 * D->n * d;
+    be->lanes_mean(be, s->xm, X, rows, D->n, d);
+    be->rmsnorm(be, s->hf, NULL, s->xm, m->w.final_norm, rows, d);
+    be->matmul(be, 0, 1, rows, D->V, d, 1.0f, s->hf, d, m->w.emb, d, 0.0f, logits, D->V);
+    return ND_OK;
+}
+
+int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int all_logits)
+{
+    const san_dims *D = &s->m->dims;
+    if (n < 1)
+        return nd_error(ND_EARG, "no tokens to run");
+    if ((long)s->len + n > s->max_len)
+        return nd_error(ND_ELIMIT, "%d tokens after %d already in context exceed max_seq_len %d", n,
+                        s->len, s->max_len);
+    for (int i = 0; i < n; i++)
+        if (tok[i] < 0 || tok[i] >= D->V)
+            return nd_error(ND_EARG, "token id %d is outside the vocabulary [0, %d)", tok[i], D->V);
+    /* small work (a decode step, a tiny model) is not worth sharing: OpenMP
+     * fork/join costs more than it saves (and spins when cores are busy) */
+    const san_dims *Dm = &s->m->dims;
+    double work = (double)n * Dm->d * Dm->d * Dm->L * 8.0; /* ~multiply-adds */
+    int serial = work < 1e8, saved = omp_get_max_threads();
+    if (serial)
+        omp_set_num_threads(1);
+    int rc = ND_OK;
+    for (int i = 0; i < n && !rc; i += s->chunk) {
+        int k = n - i < s->chunk ? n - i : s->chunk;
+        float *lg = NULL;
+        if (logits && all_logits)
+            lg = logits + (size_t)i * D->V;
+        else if (logits && i + k == n)
+            lg = logits;
+        rc = forward_chunk(s, tok + i, k, lg, all_logits);
+    }
+    if (serial)
+        omp_set_num_threads(saved);
+    return rc;
+}

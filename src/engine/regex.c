@@ -1,0 +1,502 @@
+#include "engine/regex.h"
+
+#include <string.h>
+
+#include "core/status.h"
+
+#define INF 1000000
+
+typedef struct {
+    nd_regex *re;
+    const char *p;
+    int err;
+} parser;
+
+typedef struct {
+    int s, a;
+} frag;
+
+static int new_state(parser *ps)
+{
+    nd_regex *re = ps->re;
+    if (re->n >= ND_RE_MAX_STATES) {
+        if (!ps->err)
+            ps->err =
+                nd_error(ND_ELIMIT, "pattern needs more than %d NFA states", ND_RE_MAX_STATES);
+        return 0;
+    }
+    int i = re->n++;
+    re->st[i].eps[0] = re->st[i].eps[1] = re->st[i].next = -1;
+    re->st[i].cls[0] = re->st[i].cls[1] = 0;
+    return i;
+}
+
+static void add_eps(parser *ps, int from, int to)
+{
+    nd_regex *re = ps->re;
+    if (re->st[from].eps[0] < 0)
+        re->st[from].eps[0] = to;
+    else if (re->st[from].eps[1] < 0)
+        re->st[from].eps[1] = to;
+    else if (!ps->err)
+        ps->err = nd_error(ND_EUNSUPPORTED, "internal: NFA state with three epsilon edges");
+}
+
+static void cls_set(uint64_t c[2], int ch)
+{
+    if (ch >= 0 && ch < 128)
+        c[ch >> 6] |= 1ull << (ch & 63);
+}
+
+static void cls_range(uint64_t c[2], int a, int b)
+{
+    for (int ch = a; ch <= b; ch++)
+        cls_set(c, ch);
+}
+
+/* \d \w \s and their negations into c; 0 if `e` is not a class escape */
+static int class_escape(int e, uint64_t c[2])
+{
+    uint64_t t[2] = {0, 0};
+    switch (e | 0x20) {
+    case 'd': cls_range(t, '0', '9'); break;
+    case 'w':
+        cls_range(t, '0', '9');
+        cls_range(t, 'a', 'z');
+        cls_range(t, 'A', 'Z');
+        cls_set(t, '_');
+        break;
+    case 's':
+        cls_set(t, ' ');
+        cls_range(t, '\t', '\r');
+        break;
+    default: return 0;
+    }
+    if (e >= 'A' && e <= 'Z') {
+        t[0] = ~t[0];
+        t[1] = ~t[1];
+    }
+    c[0] |= t[0];
+    c[1] |= t[1];
+    return 1;
+}
+
+static int escape_char(int e)
+{
+    switch (e) {
+    case 'n': return '\n';
+    case 't': return '\t';
+    case 'r': return '\r';
+    case 'f': return '\f';
+    case 'v': return '\v';
+    default: return e;
+    }
+}
+
+static frag char_frag(parser *ps, const uint64_t c[2])
+{
+    int s = new_state(ps), a = new_state(ps);
+    ps->re->st[s].next = a;
+    ps->re->st[s].cls[0] = c[0];
+    ps->re->st[s].cls[1] = c[1];
+    return (frag){s, a};
+}
+
+static frag parse_alt(parser *ps);
+
+static frag parse_atom(parser *ps)
+{
+    uint64_t c[2] = {0, 0};
+    int ch = (unsigned char)*ps->p;
+    if (ch == '(') {
+        ps->p++;
+        if (ps->p[0] == '?' && ps->p[1] == ':')
+            ps->p += 2;
+        frag f = parse_alt(ps);
+        if (*ps->p != ')') {
+            if (!ps->err)
+                ps->err = nd_error(ND_EUNSUPPORTED, "unbalanced '(' in pattern");
+            return f;
+        }
+        ps->p++;
+        return f;
+    }
+    if (ch == '[') {
+        ps->p++;
+        int neg = 0;
+        if (*ps->p == '^') {
+            neg = 1;
+            ps->p++;
+        }
+        int first = 1;
+        while (*ps->p && (*ps->p != ']' || first)) {
+            first = 0;
+            int lo = (unsigned char)*ps->p++;
+            if (lo == '\\') {
+                int e = (unsigned char)*ps->p;
+                if (!e)
+                    break;
+                ps->p++;
+                if (class_escape(e, c))
+                    continue;
+                lo = escape_char(e);
+            }
+            if (ps->p[0] == '-' && ps->p[1] && ps->p[1] != ']') {
+                int hi = (unsigned char)ps->p[1];
+                ps->p += 2;
+                if (hi == '\\' && *ps->p)
+                    hi = escape_char((unsigned char)*ps->p++);
+                if (hi < lo) {
+                    if (!ps->err)
+                        ps->err = nd_error(ND_EUNSUPPORTED, "bad range %c-%c in pattern", lo, hi);
+                    return char_frag(ps, c);
+                }
+                cls_range(c, lo, hi > 127 ? 127 : hi);
+            } else {
+                cls_set(c, lo);
+            }
+        }
+        if (*ps->p != ']') {
+            if (!ps->err)
+                ps->err = nd_error(ND_EUNSUPPORTED, "unterminated '[' in pattern");
+        } else {
+            ps->p++;
+        }
+        if (neg) {
+            c[0] = ~c[0];
+            c[1] = ~c[1];
+        }
+        return char_frag(ps, c);
+    }
+    if (ch == '.') { /* any character but a line break, as Python and ECMA-262 */
+        ps->p++;
+        c[0] = ~0ull & ~(1ull << '\n') & ~(1ull << '\r');
+        c[1] = ~0ull;
+        return char_frag(ps, c);
+    }
+    if (ch == '\\') {
+        ps->p++;
+        int e = (unsigned char)*ps->p;
+        if (!e) {
+            if (!ps->err)
+                ps->err = nd_error(ND_EUNSUPPORTED, "pattern ends with a backslash");
+            return char_frag(ps, c);
+        }
+        ps->p++;
+        if (!class_escape(e, c)) {
+            if ((e >= '1' && e <= '9') || e == 'b' || e == 'B' || e == 'u' || e == 'x' ||
+                e == 'p' || e == 'P') {
+                if (!ps->err)
+                    ps->err = nd_error(ND_EUNSUPPORTED, "pattern escape \\%c is not supported", e);
+            }
+            cls_set(c, escape_char(e));
+        }
+        return char_frag(ps, c);
+    }
+    if (ch == '^' || ch == '$') {
+        if (!ps->err)
+            ps->err = nd_error(ND_EUNSUPPORTED,
+                               "anchor '%c' inside a pattern is not supported (only ^ at the "
+                               "start and $ at the end)",
+                               ch);
+        ps->p++;
+        return char_frag(ps, c);
+    }
+    if (ch >= 128) {
+        if (!ps->err)
+            ps->err = nd_error(ND_EUNSUPPORTED, "non-ASCII characters in a pattern are not "
+                                                "supported");
+        ps->p++;
+        return char_frag(ps, c);
+    }
+    ps->p++;
+    cls_set(c, ch);
+    return char_frag(ps, c);
+}
+
+static frag concat(parser *ps, frag a, frag b)
+{
+    add_eps(ps, a.a, b.s);
+    return (frag){a.s, b.a};
+}
+
+static frag empty_frag(parser *ps)
+{
+    int s = new_state(ps), a = new_state(ps);
+    add_eps(ps, s, a);
+    return (frag){s, a};
+}
+
+static frag star(parser *ps, frag f)
+{
+    int s = new_state(ps), a = new_state(ps);
+    add_eps(ps, s, f.s);
+    add_eps(ps, s, a);
+    add_eps(ps, f.a, f.s);
+    add_eps(ps, f.a, a);
+    return (frag){s, a};
+}
+
+static frag opt(parser *ps, frag f)
+{
+    int s = new_state(ps), a = new_state(ps);
+    add_eps(ps, s, f.s);
+    add_eps(ps, s, a);
+    add_eps(ps, f.a, a);
+    return (frag){s, a};
+}
+
+static int parse_count(parser *ps, int *out)
+{
+    int v = 0, any = 0;
+    while (*ps->p >= '0' && *ps->p <= '9') {
+        v = v * 10 + (*ps->p++ - '0');
+        if (v > 1000)
+            v = 1000;
+        any = 1;
+    }
+    *out = v;
+    return any;
+}
+
+static frag parse_repeat(parser *ps)
+{
+    const char *atom_start = ps->p;
+    frag f = parse_atom(ps);
+    const char *atom_end = ps->p;
+    for (;;) {
+        char q = *ps->p;
+        if (q == '*') {
+            ps->p++;
+            f = star(ps, f);
+        } else if (q == '+') {
+            ps->p++;
+            /* one copy, then a star of a fresh copy */
+            const char *save = ps->p;
+            ps->p = atom_start;
+            frag g = parse_atom(ps);
+            ps->p = save;
+            f = concat(ps, f, star(ps, g));
+        } else if (q == '?') {
+            ps->p++;
+            f = opt(ps, f);
+        } else if (q == '{') {
+            const char *save = ps->p;
+            ps->p++;
+            int m = 0, n = 0, has_n = 1;
+            if (!parse_count(ps, &m)) {
+                ps->p = save; /* literal '{' */
+                break;
+            }
+            n = m;
+            if (*ps->p == ',') {
+                ps->p++;
+                has_n = parse_count(ps, &n);
+            }
+            if (*ps->p != '}' || (has_n && n < m)) {
+                if (!ps->err)
+                    ps->err = nd_error(ND_EUNSUPPORTED, "bad {m,n} quantifier in pattern");
+                return f;
+            }
+            ps->p++;
+            const char *after = ps->p;
+            /* f already is copy 1 (when m >= 1); build the rest by re-parsing */
+            frag acc = m >= 1 ? f : empty_frag(ps);
+            for (int i = 1; i < m && !ps->err; i++) {
+                ps->p = atom_start;
+                frag g = parse_atom(ps);
+                acc = concat(ps, acc, g);
+            }
+            if (!has_n) {
+                ps->p = atom_start;
+                frag g = parse_atom(ps);
+                acc = concat(ps, acc, star(ps, g));
+            } else {
+                for (int i = m; i < n && !ps->err; i++) {
+                    ps->p = atom_start;
+                    frag g = parse_atom(ps);
+                    if (i == 0 && m == 0)
+                        acc = opt(ps, g);
+                    else
+                        acc = concat(ps, acc, opt(ps, g));
+                }
+            }
+            ps->p = after;
+            (void)atom_end;
+            f = acc;
+        } else {
+            break;
+        }
+        if (ps->err)
+            break;
+    }
+    return f;
+}
+
+static frag parse_concat(parser *ps)
+{
+    frag f = empty_frag(ps);
+    while (*ps->p && *ps->p != '|' && *ps->p != ')' && !ps->err) {
+        if (*ps->p == '$' && ps->p[1] == 0)
+            break;
+        f = concat(ps, f, parse_repeat(ps));
+    }
+    return f;
+}
+
+static frag parse_alt(parser *ps)
+{
+    frag f = parse_concat(ps);
+    while (*ps->p == '|' && !ps->err) {
+        ps->p++;
+        frag g = parse_concat(ps);
+        int s = new_state(ps), a = new_state(ps);
+        add_eps(ps, s, f.s);
+        add_eps(ps, s, g.s);
+        add_eps(ps, f.a, a);
+        add_eps(ps, g.a, a);
+        f = (frag){s, a};
+    }
+    return f;
+}
+
+static void set_add(nd_re_set *s, int i)
+{
+    s->w[i >> 6] |= 1ull << (i & 63);
+}
+
+static int set_has(const nd_re_set *s, int i)
+{
+    return (int)((s->w[i >> 6] >> (i & 63)) & 1);
+}
+
+static void closure_of(const nd_regex *re, int i, nd_re_set *out)
+{
+    int stack[ND_RE_MAX_STATES * 2], sp = 0;
+    stack[sp++] = i;
+    while (sp) {
+        int s = stack[--sp];
+        if (set_has(out, s))
+            continue;
+        set_add(out, s);
+        for (int k = 0; k < 2; k++)
+            if (re->st[s].eps[k] >= 0 && sp < ND_RE_MAX_STATES * 2)
+                stack[sp++] = re->st[s].eps[k];
+    }
+}
+
+int nd_re_compile(const char *pattern, nd_regex *re)
+{
+    memset(re, 0, sizeof *re);
+    parser ps = {re, pattern, 0};
+    int anchored_start = 0, anchored_end = 0;
+    if (*ps.p == '^') {
+        anchored_start = 1;
+        ps.p++;
+    }
+    size_t len = strlen(pattern);
+    if (len && pattern[len - 1] == '$' && (len < 2 || pattern[len - 2] != '\\'))
+        anchored_end = 1;
+    uint64_t any[2] = {~0ull, ~0ull};
+    frag f = anchored_start ? empty_frag(&ps) : star(&ps, char_frag(&ps, any));
+    f = concat(&ps, f, parse_alt(&ps));
+    if (!ps.err && *ps.p == '$')
+        ps.p++;
+    if (!ps.err && *ps.p)
+        ps.err = nd_error(ND_EUNSUPPORTED, "unexpected '%c' in pattern", *ps.p);
+    if (!anchored_end && !ps.err)
+        f = concat(&ps, f, star(&ps, char_frag(&ps, any)));
+    if (ps.err)
+        return ps.err;
+    re->start = f.s;
+    re->accept = f.a;
+    for (int i = 0; i < re->n; i++)
+        closure_of(re, i, &re->closure[i]);
+    for (int i = 0; i < re->n; i++)
+        re->dist[i] = INF;
+    re->dist[re->accept] = 0;
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int i = 0; i < re->n; i++) {
+            int best = re->dist[i];
+            for (int k = 0; k < 2; k++) {
+                int e = re->st[i].eps[k];
+                if (e >= 0 && re->dist[e] < best)
+                    best = re->dist[e];
+            }
+            int nx = re->st[i].next;
+            if (nx >= 0 && (re->st[i].cls[0] | re->st[i].cls[1]) && re->dist[nx] + 1 < best)
+                best = re->dist[nx] + 1;
+            if (best < re->dist[i]) {
+                re->dist[i] = best;
+                changed = 1;
+            }
+        }
+    }
+    if (re->dist[re->start] >= INF)
+        return nd_error(ND_EUNSUPPORTED, "pattern can never match");
+    return ND_OK;
+}
+
+nd_re_set nd_re_initial(const nd_regex *re)
+{
+    return re->closure[re->start];
+}
+
+nd_re_set nd_re_step(const nd_regex *re, nd_re_set s, int ch)
+{
+    nd_re_set out = {{0, 0}};
+    if (ch < 0 || ch > 127)
+        return out;
+    uint64_t bit = 1ull << (ch & 63);
+    int word = ch >> 6;
+    for (int w = 0; w < 2; w++) {
+        uint64_t m = s.w[w];
+        while (m) {
+            int i = w * 64 + __builtin_ctzll(m);
+            m &= m - 1;
+            int nx = re->st[i].next;
+            if (nx >= 0 && (re->st[i].cls[word] & bit)) {
+                out.w[0] |= re->closure[nx].w[0];
+                out.w[1] |= re->closure[nx].w[1];
+            }
+        }
+    }
+    return out;
+}
+
+int nd_re_empty(nd_re_set s)
+{
+    return !s.w[0] && !s.w[1];
+}
+
+int nd_re_accepts(const nd_regex *re, nd_re_set s)
+{
+    return set_has(&s, re->accept);
+}
+
+int nd_re_dist(const nd_regex *re, nd_re_set s)
+{
+    int best = INF;
+    for (int w = 0; w < 2; w++) {
+        uint64_t m = s.w[w];
+        while (m) {
+            int i = w * 64 + __builtin_ctzll(m);
+            m &= m - 1;
+            if (re->dist[i] < best)
+                best = re->dist[i];
+        }
+    }
+    return best;
+}
+
+int nd_re_match(const nd_regex *re, const char *s)
+{
+    nd_re_set st = nd_re_initial(re);
+    for (; *s; s++) {
+        st = nd_re_step(re, st, (unsigned char)*s);
+        if (nd_re_empty(st))
+            return 0;
+    }
+    return nd_re_accepts(re, st);
+}

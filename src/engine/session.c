@@ -1,0 +1,815 @@
+/* Models, sessions and the generation loop behind include/needle.h. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "core/fileio.h"
+#include "core/status.h"
+#include "engine/engine.h"
+#include "engine/grammar.h"
+#include "needle.h"
+#include "text/pyjson.h"
+
+#define PIECE_MAX 64
+
+/* vocabulary as a byte trie (pieces with U+2581 as ' ', byte pieces as their byte) */
+typedef struct {
+    int child, sibling, tok; /* first token id ending here (-1), chained by tok_next */
+    unsigned char byte;
+} trie_node;
+
+struct needle_model {
+    san_model m;
+    nd_tokenizer *tok;
+    const nd_backend *be;
+    int kv_window;
+    trie_node *trie;
+    int n_trie;
+    int *tok_next;
+    uint8_t *reason_ok; /* tokens allowed while reasoning */
+    int id_bos, id_im_end, id_think_end, id_tool_call_end, id_space;
+    nd_idvec think_open;  /* target start: "▁<think>" as training encodes it */
+    nd_idvec think_close; /* "\n<tool_call>" after </think> */
+    char err[1024];
+};
+
+struct needle_session {
+    needle_model *model;
+    nd_kv_state kv;
+    nd_grammar *gram;
+    char *system;
+    nd_buf tools; /* compact TOOLS text */
+    int prefix_len;
+    int turn; /* 0 fresh, 1 after a call, 2 after a respond */
+    float *logits;
+    uint8_t *allowed;
+    int *tokdist;
+    nd_gram_state *stack;
+    char err[1024];
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void set_err(char *dst, size_t cap)
+{
+    snprintf(dst, cap, "%s", nd_last_error());
+}
+
+const char *needle_thread_error(void)
+{
+    return nd_last_error();
+}
+
+/* ------------------------------------------------------------------ */
+/* model                                                               */
+
+static int piece_bytes(const nd_tokenizer *t, int id, unsigned char *out, int *len)
+{
+    int ty = nd_tokenizer_type(t, id);
+    size_t pl;
+    const char *p = nd_tokenizer_piece(t, id, &pl);
+    *len = 0;
+    if (!p)
+        return 0;
+    if (ty == ND_SPM_BYTE) {
+        unsigned v;
+        if (pl == 6 && sscanf(p, "<0x%2X>", &v) == 1) {
+            out[0] = (unsigned char)v;
+            *len = 1;
+            return 1;
+        }
+        return 0;
+    }
+    if (ty != ND_SPM_NORMAL)
+        return 0;
+    int n = 0;
+    for (size_t i = 0; i < pl; i++) {
+        if (n >= PIECE_MAX)
+            return 0;
+        if (i + 2 < pl && (unsigned char)p[i] == 0xE2 && (unsigned char)p[i + 1] == 0x96 &&
+            (unsigned char)p[i + 2] == 0x81) {
+            out[n++] = ' ';
+            i += 2;
+        } else {
+            out[n++] = (unsigned char)p[i];
+        }
+    }
+    *len = n;
+    return n > 0;
+}
+
+static int build_trie(needle_model *M)
+{
+    int V = M->m.dims.V;
+    int cap = 4 * V + 1;
+    M->trie = malloc((size_t)cap * sizeof *M->trie);
+    M->tok_next = malloc((size_t)V * sizeof *M->tok_next);
+    M->reason_ok = calloc((size_t)V, 1);
+    if (!M->trie || !M->tok_next || !M->reason_ok)
+        return nd_error(ND_ENOMEM, "out of memory");
+    M->n_trie = 1;
+    M->trie[0] = (trie_node){-1, -1, -1, 0};
+    unsigned char b[PIECE_MAX];
+    for (int id = 0; id < V; id++) {
+        M->tok_next[id] = -1;
+        int len;
+        if (!piece_bytes(M->tok, id, b, &len))
+            continue;
+        M->reason_ok[id] = 1;
+        int node = 0;
+        for (int i = 0; i < len; i++) {
+            int c = M->trie[node].child;
+            while (c >= 0 && M->trie[c].byte != b[i])
+                c = M->trie[c].sibling;
+            if (c < 0) {
+                if (M->n_trie == cap) {
+                    cap *= 2;
+                    trie_node *t = realloc(M->trie, (size_t)cap * sizeof *t);
+                    if (!t)
+                        return nd_error(ND_ENOMEM, "out of memory");
+                    M->trie = t;
+                }
+                c = M->n_trie++;
+                M->trie[c] = (trie_node){-1, M->trie[node].child, -1, b[i]};
+                M->trie[node].child = c;
+            }
+            node = c;
+        }
+        M->tok_next[id] = M->trie[node].tok;
+        M->trie[node].tok = id;
+    }
+    return ND_OK;
+}
+
+static int marker(needle_model *M, const char *s, int *id)
+{
+    *id = nd_tokenizer_piece_to_id(M->tok, s, strlen(s));
+    if (*id < 0 || *id == nd_tokenizer_unk_id(M->tok))
+        return nd_error(ND_EFORMAT, "tokenizer has no %s marker", s);
+    return ND_OK;
+}
+
+static needle_model *load_parsed(cact_file *f)
+{
+    needle_model *M = calloc(1, sizeof *M);
+    if (!M) {
+        nd_error(ND_ENOMEM, "out of memory");
+        return NULL;
+    }
+    int rc = nd_cact_to_model(f, &M->m);
+    if (rc) {
+        free(M);
+        return NULL;
+    }
+    M->kv_window = (int)f->hdr.kv_window;
+    M->be = nd_backend_cpu(0);
+    int think;
+    nd_idvec tmp = {0};
+    if ((rc = nd_cact_tokenizer(f, &M->tok)) || (rc = build_trie(M)) ||
+        (rc = marker(M, "<|im_end|>", &M->id_im_end)) ||
+        (rc = marker(M, "</think>", &M->id_think_end)) || (rc = marker(M, "<think>", &think)) ||
+        (rc = marker(M, "</tool_call>", &M->id_tool_call_end)))
+        goto fail;
+    M->id_bos = nd_tokenizer_bos_id(M->tok);
+    M->id_space = nd_tokenizer_piece_to_id(M->tok, "\xE2\x96\x81", 3);
+    if (M->id_space == nd_tokenizer_unk_id(M->tok))
+        M->id_space = -1;
+    M->reason_ok[M->id_think_end] = 1;
+    /* the target as training encodes it starts "▁<think>"; after </think>
+     * comes "\n<tool_call>" */
+    if ((rc = nd_tokenizer_encode(M->tok, "<think>", 7, &M->think_open)))
+        goto fail;
+    const char *close = "</think>\n<tool_call>";
+    if ((rc = nd_tokenizer_encode(M->tok, close, strlen(close), &tmp)))
+        goto fail;
+    size_t k = 0;
+    while (k < tmp.n && tmp.v[k] != M->id_think_end)
+        k++;
+    for (k++; k < tmp.n; k++)
+        nd_idvec_push(&M->think_close, tmp.v[k]);
+    nd_idvec_free(&tmp);
+    if (!M->think_close.n || !M->think_open.n) {
+        rc = nd_error(ND_EFORMAT, "tokenizer cannot encode the chat markers");
+        goto fail;
+    }
+    return M;
+fail:
+    nd_idvec_free(&tmp);
+    needle_model_free(M);
+    return NULL;
+}
+
+needle_model *needle_model_load_buffer(const void *data, size_t len)
+{
+    if (!data) {
+        nd_error(ND_EARG, "needle_model_load_buffer: NULL data");
+        return NULL;
+    }
+    cact_file f;
+    if (cact_parse(data, len, &f))
+        return NULL;
+    needle_model *M = load_parsed(&f);
+    cact_free(&f);
+    return M;
+}
+
+needle_model *needle_model_load(const char *path)
+{
+    if (!path) {
+        nd_error(ND_EARG, "needle_model_load: NULL path");
+        return NULL;
+    }
+    cact_file f;
+    if (cact_read_file(path, &f))
+        return NULL;
+    needle_model *M = load_parsed(&f);
+    cact_free(&f);
+    return M;
+}
+
+void needle_model_free(needle_model *M)
+{
+    if (!M)
+        return;
+    san_model_free(&M->m);
+    nd_tokenizer_free(M->tok);
+    free(M->trie);
+    free(M->tok_next);
+    free(M->reason_ok);
+    nd_idvec_free(&M->think_open);
+    nd_idvec_free(&M->think_close);
+    free(M);
+}
+
+int needle_model_max_seq_len(const needle_model *M)
+{
+    return M ? M->m.cfg.max_seq_len : NEEDLE_EARG;
+}
+
+const char *needle_model_error(const needle_model *M)
+{
+    return M ? M->err : "NULL model";
+}
+
+/* ------------------------------------------------------------------ */
+/* session                                                             */
+
+static int render_prefix(const needle_session *S, nd_buf *b)
+{
+    int rc = ND_OK;
+#define PUT(s) (rc = rc ? rc : nd_buf_put(b, s, strlen(s)))
+    if (S->system && *S->system) {
+        PUT("<|im_start|>system\n");
+        PUT(S->system);
+        PUT("<|im_end|>\n");
+    }
+    PUT("<|im_start|>user\n<tools>");
+    rc = rc ? rc : nd_buf_put(b, S->tools.p, S->tools.n);
+    PUT("</tools>\n");
+#undef PUT
+    return rc;
+}
+
+needle_session *needle_session_new(needle_model *M, const char *system, const char *tools_json)
+{
+    if (!M) {
+        nd_error(ND_EARG, "needle_session_new: NULL model");
+        return NULL;
+    }
+    if (!tools_json)
+        tools_json = "[]";
+    needle_session *S = calloc(1, sizeof *S);
+    if (!S) {
+        nd_error(ND_ENOMEM, "out of memory");
+        return NULL;
+    }
+    S->model = M;
+    int V = M->m.dims.V, rc;
+    nd_pj_doc *doc = NULL;
+    nd_buf pre = {0};
+    nd_idvec ids = {0};
+    size_t col;
+    if ((rc = nd_pj_parse(tools_json, strlen(tools_json), &doc, &col))) {
+        nd_error_prefix(rc, "tools JSON");
+        goto fail;
+    }
+    if ((rc = nd_gram_compile(nd_pj_root(doc), &S->gram)))
+        goto fail;
+    if ((rc = nd_pj_dump(nd_pj_root(doc), 1, &S->tools)))
+        goto fail;
+    if (system && *system && !(S->system = strdup(system))) {
+        rc = nd_error(ND_ENOMEM, "out of memory");
+        goto fail;
+    }
+    S->logits = malloc((size_t)V * sizeof *S->logits);
+    S->allowed = malloc((size_t)V);
+    S->tokdist = malloc((size_t)V * sizeof *S->tokdist);
+    S->stack = malloc((PIECE_MAX + 2) * sizeof *S->stack);
+    if (!S->logits || !S->allowed || !S->tokdist || !S->stack) {
+        rc = nd_error(ND_ENOMEM, "out of memory");
+        goto fail;
+    }
+    if ((rc = nd_kv_init(&S->kv, &M->m, M->be, 64, M->kv_window)))
+        goto fail;
+    if ((rc = render_prefix(S, &pre)) || (rc = nd_idvec_push(&ids, M->id_bos)) ||
+        (rc = nd_tokenizer_encode(M->tok, pre.p, pre.n, &ids)))
+        goto fail;
+    if ((long)ids.n + 8 > M->m.cfg.max_seq_len) {
+        rc = nd_error(ND_ELIMIT,
+                      "the system prompt and tools are %zu tokens; max_seq_len is %d and leaves "
+                      "no room for a query",
+                      ids.n, M->m.cfg.max_seq_len);
+        goto fail;
+    }
+    if ((rc = nd_kv_forward(&S->kv, ids.v, (int)ids.n, NULL, 0)))
+        goto fail;
+    S->prefix_len = (int)ids.n;
+    nd_pj_free(doc);
+    nd_buf_free(&pre);
+    nd_idvec_free(&ids);
+    return S;
+fail:
+    nd_pj_free(doc);
+    nd_buf_free(&pre);
+    nd_idvec_free(&ids);
+    needle_session_free(S);
+    return NULL;
+}
+
+void needle_session_free(needle_session *S)
+{
+    if (!S)
+        return;
+    nd_kv_free(&S->kv);
+    nd_gram_free(S->gram);
+    free(S->system);
+    nd_buf_free(&S->tools);
+    free(S->logits);
+    free(S->allowed);
+    free(S->tokdist);
+    free(S->stack);
+    free(S);
+}
+
+int needle_session_reset(needle_session *S)
+{
+    if (!S)
+        return NEEDLE_EARG;
+    nd_kv_rewind(&S->kv, S->prefix_len);
+    S->turn = 0;
+    return NEEDLE_OK;
+}
+
+int needle_session_context_tokens(const needle_session *S)
+{
+    return S ? S->prefix_len : NEEDLE_EARG;
+}
+
+const char *needle_session_warnings(const needle_session *S)
+{
+    return S && S->gram ? nd_gram_warnings(S->gram) : "";
+}
+
+int needle_session_require_call(needle_session *S, int on)
+{
+    if (!S)
+        return NEEDLE_EARG;
+    nd_gram_require_call(S->gram, on);
+    return NEEDLE_OK;
+}
+
+const char *needle_session_error(const needle_session *S)
+{
+    return S ? S->err : "NULL session";
+}
+
+/* ---- token masks ---- */
+
+/* allowed[t] = 1 for every token whose bytes the grammar accepts from st;
+ * tokdist[t] = distance to completion after it. Returns the count. */
+static int grammar_mask(needle_session *S, const nd_gram_state *st)
+{
+    const needle_model *M = S->model;
+    const nd_grammar *g = S->gram;
+    memset(S->allowed, 0, (size_t)M->m.dims.V);
+    int count = 0;
+    /* iterative DFS: stack[d] is the state after d bytes */
+    int node_at[PIECE_MAX + 2];
+    nd_gram_copy(&S->stack[0], st);
+    node_at[0] = M->trie[0].child;
+    int d = 0;
+    while (d >= 0) {
+        int c = node_at[d];
+        if (c < 0) {
+            d--;
+            continue;
+        }
+        node_at[d] = M->trie[c].sibling;
+        nd_gram_state *ns = &S->stack[d + 1];
+        nd_gram_copy(ns, &S->stack[d]);
+        if (!nd_gram_feed(g, ns, M->trie[c].byte))
+            continue;
+        if (M->trie[c].tok >= 0) {
+            int dist = nd_gram_dist(g, ns);
+            for (int t = M->trie[c].tok; t >= 0; t = M->tok_next[t]) {
+                S->allowed[t] = 1;
+                S->tokdist[t] = dist;
+                count++;
+            }
+        }
+        if (d + 1 <= PIECE_MAX) {
+            node_at[d + 1] = M->trie[c].child;
+            d++;
+        }
+    }
+    return count;
+}
+
+static int argmax_masked(const float *lg, const uint8_t *ok, int V)
+{
+    int best = -1;
+    for (int i = 0; i < V; i++)
+        if (ok[i] && (best < 0 || lg[i] > lg[best]))
+            best = i;
+    return best;
+}
+
+static double token_prob(const float *lg, int V, int id)
+{
+    float mx = lg[0];
+    for (int i = 1; i < V; i++)
+        mx = lg[i] > mx ? lg[i] : mx;
+    double s = 0;
+    for (int i = 0; i < V; i++)
+        s += exp((double)(lg[i] - mx));
+    return exp((double)(lg[id] - mx)) / s;
+}
+
+/* ---- envelope ---- */
+
+static int put_str(nd_buf *b, const char *s, size_t n)
+{
+    nd_pj v = {0};
+    v.type = ND_PJ_STRING;
+    v.str = s;
+    v.len = n;
+    return nd_pj_dump(&v, 0, b);
+}
+
+typedef struct {
+    int success, is_call;
+    const char *error, *error_code;
+    const char *calls; /* JSON text of the call list or NULL */
+    size_t calls_len;
+    const char *reasoning;
+    size_t reasoning_len;
+    double confidence; /* < 0: null */
+    double prefill_tps, decode_tps;
+} envelope;
+
+static double peak_ram_mb(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru))
+        return 0;
+    return (double)ru.ru_maxrss / 1024.0;
+}
+
+static int write_envelope(const envelope *e, nd_buf *b)
+{
+    char num[64];
+    int rc = ND_OK;
+#define PUT(s) (rc = rc ? rc : nd_buf_put(b, s, strlen(s)))
+    PUT("{\"type\": ");
+    PUT(e->is_call ? "\"call\"" : "\"respond\"");
+    PUT(", \"success\": ");
+    PUT(e->success ? "true" : "false");
+    PUT(", \"error\": ");
+    if (e->error)
+        rc = rc ? rc : put_str(b, e->error, strlen(e->error));
+    else
+        PUT("null");
+    PUT(", \"error_code\": ");
+    if (e->error_code)
+        rc = rc ? rc : put_str(b, e->error_code, strlen(e->error_code));
+    else
+        PUT("null");
+    PUT(", \"function_calls\": ");
+    if (e->calls)
+        rc = rc ? rc : nd_buf_put(b, e->calls, e->calls_len);
+    else
+        PUT("[]");
+    PUT(", \"reasoning\": ");
+    rc =
+        rc ? rc : put_str(b, e->reasoning ? e->reasoning : "", e->reasoning ? e->reasoning_len : 0);
+    PUT(", \"confidence\": ");
+    if (e->confidence >= 0) {
+        snprintf(num, sizeof num, "%.6g", e->confidence);
+        PUT(num);
+    } else {
+        PUT("null");
+    }
+    snprintf(num, sizeof num, ", \"prefill_tps\": %.1f", e->prefill_tps);
+    PUT(num);
+    snprintf(num, sizeof num, ", \"decode_tps\": %.1f", e->decode_tps);
+    PUT(num);
+    snprintf(num, sizeof num, ", \"peak_ram_mb\": %.1f}", peak_ram_mb());
+    PUT(num);
+#undef PUT
+    return rc;
+}
+
+static int emit(const envelope *e, char *buf, int buf_len)
+{
+    nd_buf b = {0};
+    int rc = write_envelope(e, &b);
+    if (rc) {
+        nd_buf_free(&b);
+        return rc;
+    }
+    if (!buf || buf_len <= 0 || b.n + 1 > (size_t)buf_len) {
+        if (buf && buf_len > 0)
+            buf[0] = 0;
+        rc = nd_error(NEEDLE_EBUFFER, "the envelope is %zu bytes; the output buffer holds %d",
+                      b.n + 1, buf_len);
+        nd_buf_free(&b);
+        return rc;
+    }
+    memcpy(buf, b.p, b.n + 1);
+    int n = (int)b.n;
+    nd_buf_free(&b);
+    return n;
+}
+
+static const char *code_name(int rc)
+{
+    switch (rc) {
+    case ND_EIO: return "io";
+    case ND_EFORMAT: return "format";
+    case ND_ELIMIT: return "limit";
+    case ND_ENOMEM: return "out_of_memory";
+    case ND_EARG: return "argument";
+    default: return "internal";
+    }
+}
+
+/* error envelope when it fits; returns rc (negative) */
+static int fail_turn(needle_session *S, int rc, char *buf, int buf_len)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", nd_last_error());
+    snprintf(S->err, sizeof S->err, "%s", msg);
+    envelope e = {0};
+    e.error = msg;
+    e.error_code = code_name(rc);
+    e.confidence = -1;
+    int w = emit(&e, buf, buf_len);
+    (void)w;
+    nd_error(rc, "%s", msg);
+    return rc;
+}
+
+/* ---- one turn ---- */
+
+static int run(needle_session *S, const int32_t *ids, int n, float *logits)
+{
+    return nd_kv_forward(&S->kv, ids, n, logits, 0);
+}
+
+int needle_session_complete(needle_session *S, const char *text, int max_new_tokens, char *buf,
+                            int buf_len)
+{
+    if (!S) {
+        nd_error(ND_EARG, "needle_session_complete: NULL session");
+        return NEEDLE_EARG;
+    }
+    if (!text)
+        text = "";
+    if (max_new_tokens <= 0)
+        max_new_tokens = 256;
+    needle_model *M = S->model;
+    const nd_tokenizer *tk = M->tok;
+    int V = M->m.dims.V, max_len = M->m.cfg.max_seq_len, rc;
+    nd_buf seg = {0}, reasoning = {0}, call = {0};
+    nd_idvec ids = {0}, gen_reason = {0};
+    char *rtext = NULL;
+    size_t rlen = 0;
+    int start_turn = S->turn, start_len = S->kv.len;
+    double t0 = now_s();
+    int prefilled;
+
+    /* 1. the new input tokens, on top of the cache */
+    if (S->turn == 0) {
+        if ((rc = render_prefix(S, &seg)) || (rc = nd_buf_put(&seg, text, strlen(text))) ||
+            (rc = nd_buf_put(&seg, "<|im_end|>\n<|im_start|>assistant\n", 33)) ||
+            (rc = nd_idvec_push(&ids, M->id_bos)) ||
+            (rc = nd_tokenizer_encode(tk, seg.p, seg.n, &ids)))
+            goto fail;
+        int lcp = 0;
+        while (lcp < S->kv.len && lcp < (int)ids.n && S->kv.tokens[lcp] == ids.v[lcp])
+            lcp++;
+        if (lcp >= (int)ids.n)
+            lcp = (int)ids.n - 1;
+        if ((int)ids.n + 16 > max_len) {
+            rc = nd_error(ND_ELIMIT,
+                          "the prompt is %zu tokens; max_seq_len %d leaves no room for an answer",
+                          ids.n, max_len);
+            goto fail;
+        }
+        nd_kv_rewind(&S->kv, lcp);
+        prefilled = (int)ids.n - lcp;
+        if ((rc = run(S, ids.v + lcp, prefilled, S->logits)))
+            goto fail;
+    } else {
+        const char *open =
+            S->turn == 1 ? "\n<|im_start|>user\n<tool_result>" : "\n<|im_start|>user\n";
+        const char *close = S->turn == 1 ? "</tool_result><|im_end|>\n<|im_start|>assistant\n"
+                                         : "<|im_end|>\n<|im_start|>assistant\n";
+        if ((rc = nd_buf_put(&seg, open, strlen(open))) ||
+            (rc = nd_buf_put(&seg, text, strlen(text))) ||
+            (rc = nd_buf_put(&seg, close, strlen(close))) ||
+            (rc = nd_tokenizer_encode(tk, seg.p, seg.n, &ids)))
+            goto fail;
+        int skip = ids.n && ids.v[0] == M->id_space ? 1 : 0;
+        if (S->kv.len + (int)ids.n - skip + 16 > max_len) {
+            rc = nd_error(ND_ELIMIT,
+                          "the conversation is %d tokens and this turn adds %zu; max_seq_len %d "
+                          "leaves no room for an answer (reset the session)",
+                          S->kv.len, ids.n - (size_t)skip, max_len);
+            goto fail;
+        }
+        prefilled = (int)ids.n - skip;
+        if ((rc = run(S, ids.v + skip, prefilled, S->logits)))
+            goto fail;
+    }
+    double t1 = now_s();
+
+    /* 2. generate */
+    int budget = max_len - S->kv.len;
+    if (budget > max_new_tokens)
+        budget = max_new_tokens;
+    int gen = 0;
+    int closing = 2; /* </tool_call> <|im_end|> */
+    int reserve = (int)M->think_close.n + 1 + closing + 4;
+    /* reasoning gets at most half the budget, and always leaves room for
+     * the shortest call (in bytes: a safe bound on its tokens) */
+    nd_gram_state st;
+    nd_gram_init(S->gram, &st);
+    int min_call = nd_gram_dist(S->gram, &st);
+    int think_cap = budget / 2;
+    if (think_cap > budget - reserve - min_call)
+        think_cap = budget - reserve - min_call;
+    if (think_cap < (int)M->think_open.n)
+        think_cap = (int)M->think_open.n;
+    if (budget < (int)M->think_open.n + reserve) {
+        rc = nd_error(ND_ELIMIT,
+                      "max_new_tokens %d (or the room left in max_seq_len) is too small for a "
+                      "tool call",
+                      budget);
+        goto fail;
+    }
+    /* forced "▁<think>" */
+    if ((rc = run(S, M->think_open.v, (int)M->think_open.n, S->logits)))
+        goto fail;
+    gen += (int)M->think_open.n;
+    /* free reasoning */
+    for (;;) {
+        int t;
+        if (gen >= think_cap)
+            t = M->id_think_end;
+        else
+            t = argmax_masked(S->logits, M->reason_ok, V);
+        if (t == M->id_think_end)
+            break;
+        nd_idvec_push(&gen_reason, t);
+        if ((rc = run(S, &t, 1, S->logits)))
+            goto fail;
+        gen++;
+    }
+    {
+        nd_idvec forced = {0};
+        nd_idvec_push(&forced, M->id_think_end);
+        for (size_t i = 0; i < M->think_close.n; i++)
+            nd_idvec_push(&forced, M->think_close.v[i]);
+        rc = run(S, forced.v, (int)forced.n, S->logits);
+        gen += (int)forced.n;
+        nd_idvec_free(&forced);
+        if (rc)
+            goto fail;
+    }
+    /* constrained call */
+    double conf = 2.0;
+    int complete = 0;
+    unsigned char pb[PIECE_MAX];
+    while (!nd_gram_done(&st)) {
+        int left = budget - gen - closing;
+        if (left <= 0)
+            break;
+        int n_ok = grammar_mask(S, &st);
+        if (!n_ok)
+            break;
+        /* every later token shortens the way to a closed list by >= 1 byte
+         * (single-byte pieces exist), so keep within reach of the budget */
+        int reach = left - 1, best_d = 1 << 30;
+        for (int i = 0; i < V; i++)
+            if (S->allowed[i] && S->tokdist[i] < best_d)
+                best_d = S->tokdist[i];
+        if (reach < best_d)
+            reach = best_d;
+        for (int i = 0; i < V; i++)
+            if (S->allowed[i] && S->tokdist[i] > reach)
+                S->allowed[i] = 0;
+        int t = argmax_masked(S->logits, S->allowed, V);
+        double p = token_prob(S->logits, V, t);
+        conf = p < conf ? p : conf;
+        int len;
+        piece_bytes(tk, t, pb, &len);
+        for (int i = 0; i < len; i++)
+            nd_gram_feed(S->gram, &st, pb[i]);
+        nd_buf_put(&call, (const char *)pb, (size_t)len);
+        if ((rc = run(S, &t, 1, S->logits)))
+            goto fail;
+        gen++;
+    }
+    complete = nd_gram_done(&st);
+    if (complete) {
+        int32_t fin[2] = {M->id_tool_call_end, M->id_im_end};
+        if ((rc = run(S, fin, 2, NULL)))
+            goto fail;
+        gen += 2;
+    }
+    double t2 = now_s();
+
+    /* 3. envelope */
+    if ((rc = nd_tokenizer_decode(tk, gen_reason.v, gen_reason.n, &rtext, &rlen)))
+        goto fail;
+    envelope e = {0};
+    e.reasoning = rtext;
+    e.reasoning_len = rlen;
+    e.prefill_tps = prefilled / (t1 - t0 > 1e-9 ? t1 - t0 : 1e-9);
+    e.decode_tps = gen / (t2 - t1 > 1e-9 ? t2 - t1 : 1e-9);
+    e.confidence = conf <= 1.0 ? conf : -1;
+    nd_pj_doc *doc = NULL;
+    nd_buf calls = {0};
+    if (complete) {
+        if ((rc = nd_pj_parse(call.p, call.n, &doc, NULL))) {
+            nd_error_prefix(rc, "internal: the constrained call is not valid JSON (%s)", call.p);
+            goto fail;
+        }
+        const nd_pj *arr = nd_pj_root(doc);
+        nd_buf_put(&calls, "[", 1);
+        for (size_t i = 0; i < arr->len; i++) {
+            const nd_pj *c = arr->items[i];
+            if (i)
+                nd_buf_put(&calls, ", ", 2);
+            nd_buf_put(&calls, "{\"name\": ", 9);
+            nd_pj_dump(nd_pj_get(c, "name"), 0, &calls);
+            nd_buf_put(&calls, ", \"arguments\": ", 15);
+            nd_pj_dump(nd_pj_get(c, "arguments"), 0, &calls);
+            nd_buf_put(&calls, "}", 1);
+        }
+        nd_buf_put(&calls, "]", 1);
+        e.success = 1;
+        e.is_call = arr->len > 0;
+        e.calls = calls.p;
+        e.calls_len = calls.n;
+        S->turn = e.is_call ? 1 : 2;
+    } else {
+        e.success = 0;
+        e.error = "max_new_tokens ran out before the tool call was complete";
+        e.error_code = "max_new_tokens";
+        S->turn = 2;
+    }
+    rc = emit(&e, buf, buf_len);
+    if (rc < 0)
+        set_err(S->err, sizeof S->err);
+    nd_pj_free(doc);
+    nd_buf_free(&calls);
+    free(rtext);
+    nd_buf_free(&seg);
+    nd_buf_free(&reasoning);
+    nd_buf_free(&call);
+    nd_idvec_free(&ids);
+    nd_idvec_free(&gen_reason);
+    return rc;
+fail:
+    S->turn = start_turn;
+    if (start_turn)
+        nd_kv_rewind(&S->kv, start_len);
+    free(rtext);
+    nd_buf_free(&seg);
+    nd_buf_free(&reasoning);
+    nd_buf_free(&call);
+    nd_idvec_free(&ids);
+    nd_idvec_free(&gen_reason);
+    return fail_turn(S, rc, buf, buf_len);
+}

@@ -1,0 +1,207 @@
+/* Grammar internals: regex matches, known call texts accepted/rejected,
+ * and the invariant the budgeted decoder relies on: from every reachable
+ * state some byte shortens nd_gram_dist by exactly one (random walks). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rng.h"
+#include "core/status.h"
+#include "engine/grammar.h"
+#include "engine/regex.h"
+#include "testutil.h"
+
+static void test_regex(void)
+{
+    static const struct {
+        const char *re, *s;
+        int match;
+    } cases[] = {
+        {"^[a-z]{2,5}$", "abc", 1},
+        {"^[a-z]{2,5}$", "a", 0},
+        {"^[a-z]{2,5}$", "abcdef", 0},
+        {"^@[a-z0-9_]+$", "@bob_1", 1},
+        {"^@[a-z0-9_]+$", "bob", 0},
+        {"^\\d{3}-\\d{4}$", "555-1234", 1},
+        {"^(red|green|blue)$", "green", 1},
+        {"^(red|green|blue)$", "greenx", 0},
+        {"ab+c", "xxabbbcyy", 1},
+        {"ab+c", "ac", 0},
+        {"^x?y+z*$", "yyzz", 1},
+        {"^x?y+z*$", "xz", 0},
+        {"\\.com$", "a.com", 1},
+        {"\\.com$", "acom", 0},
+        {"^[^aeiou\\s]{1,6}$", "xyz", 1},
+        {"^[^aeiou\\s]{1,6}$", "xaz", 0},
+        {"^.{3}$", "a\nb", 0},
+        {"^.{3}$", "a-b", 1},
+        {"^(\\+|-)?\\d+(\\.\\d{1,2})?$", "-12.50", 1},
+        {"^(\\+|-)?\\d+(\\.\\d{1,2})?$", "12.505", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        nd_regex re;
+        int rc = nd_re_compile(cases[i].re, &re);
+        CHECK_MSG(rc == 0, "%s: %s", cases[i].re, nd_last_error());
+        if (!rc)
+            CHECK_MSG(nd_re_match(&re, cases[i].s) == cases[i].match, "%s on %s", cases[i].re,
+                      cases[i].s);
+    }
+    nd_regex re;
+    CHECK(nd_re_compile("a(b", &re) != 0);
+    CHECK(nd_re_compile("a\\1", &re) != 0);
+    CHECK(nd_re_compile("(a{1,9}){1,9}(b{1,9}){1,9}", &re) == ND_ELIMIT);
+}
+
+static nd_grammar *compile(const char *tools)
+{
+    nd_pj_doc *doc;
+    if (nd_pj_parse(tools, strlen(tools), &doc, NULL))
+        return NULL;
+    nd_grammar *g = NULL;
+    int rc = nd_gram_compile(nd_pj_root(doc), &g);
+    nd_pj_free(doc);
+    CHECK_MSG(rc == 0, "%s", nd_last_error());
+    return g;
+}
+
+static int accepts(const nd_grammar *g, const char *text)
+{
+    nd_gram_state s;
+    nd_gram_init(g, &s);
+    for (const char *p = text; *p; p++)
+        if (!nd_gram_feed(g, &s, (unsigned char)*p))
+            return 0;
+    return nd_gram_done(&s);
+}
+
+static const char *TOOLS =
+    "[{\"name\": \"set_lights\", \"parameters\": {\"type\": \"object\", \"properties\": {"
+    "\"room\": {\"type\": \"string\", \"minLength\": 1, \"maxLength\": 12},"
+    "\"on\": {\"type\": \"boolean\"},"
+    "\"level\": {\"type\": \"integer\", \"minimum\": 10, \"maximum\": 100},"
+    "\"temp\": {\"type\": \"number\", \"exclusiveMinimum\": 0.5, \"maximum\": 30},"
+    "\"mode\": {\"enum\": [\"warm\", \"cold\", 1, 12]},"
+    "\"tag\": {\"type\": \"string\", \"pattern\": \"^@[a-z]+$\"},"
+    "\"ids\": {\"type\": \"array\", \"items\": {\"type\": \"integer\"}, \"minItems\": 1, "
+    "\"maxItems\": 2},"
+    "\"extra\": {\"type\": \"object\"}, \"any\": {}},"
+    "\"required\": [\"room\", \"on\"]}}, {\"name\": \"noop\"}]";
+
+static void test_texts(void)
+{
+    nd_grammar *g = compile(TOOLS);
+    if (!g)
+        return;
+    CHECK(accepts(g, "[]"));
+    CHECK(accepts(g, "[{\"name\":\"noop\",\"arguments\":{}}]"));
+    CHECK(accepts(g, "[{\"name\":\"set_lights\",\"arguments\":{\"room\":\"k\",\"on\":true}}]"));
+    CHECK(accepts(g,
+                  "[{\"name\":\"set_lights\",\"arguments\":{\"on\":false,\"room\":\"caf\\u00e9\","
+                  "\"level\":100,\"temp\":0.51,\"mode\":12,\"tag\":\"@ab\",\"ids\":[1,-2],"
+                  "\"extra\":{\"a\":[1,{\"b\":null}]},\"any\":\"x\"}},"
+                  "{\"name\":\"noop\",\"arguments\":{}}]"));
+    CHECK(!accepts(g, "[{\"name\":\"other\",\"arguments\":{}}]"));
+    CHECK(!accepts(g, "[{\"name\":\"set_lights\",\"arguments\":{\"room\":\"k\"}}]"));
+    CHECK(!accepts(g, "[{\"name\":\"set_lights\",\"arguments\":{\"room\":\"\",\"on\":true}}]"));
+    CHECK(!accepts(g, "[{\"name\":\"set_lights\",\"arguments\":{\"room\":\"k\",\"on\":1}}]"));
+    CHECK(!accepts(g, "[{\"name\":\"set_lights\",\"arguments\":{\"room\":\"k\",\"on\":true,"
+                      "\"level\":9}}]"));
+    CHECK(!accepts(g, "[{\"name\":\"set_lights\",\"arguments\":{\"room\":\"k\",\"on\":true,"
+                      "\"level\":101}}]"));
+    CHECK(!accepts(g, "[{\"name\":\"set_lights\",\"arguments\":{\"room\":\"k\",\"on\":true,"
+                      "\"temp\":0.5}}]"));
+    CHECK(!accepts(g, "[{\"name\":\"set_lights\",\"arguments\":{\"room\":\"k\",\"on\":true,"
+                      "\"mode\":2}}]"));
+    CHECK(!accepts(g, "[{\"name\":\"set_lights\",\"arguments\":{\"room\":\"k\",\"on\":true,"
+                      "\"tag\":\"ab\"}}]"));
+    CHECK(!accepts(g, "[{\"name\":\"set_lights\",\"arguments\":{\"room\":\"k\",\"on\":true,"
+                      "\"ids\":[]}}]"));
+    CHECK(!accepts(g, "[{\"name\":\"set_lights\",\"arguments\":{\"room\":\"k\",\"on\":true,"
+                      "\"ids\":[1,2,3]}}]"));
+    CHECK(!accepts(g, "[{\"name\":\"set_lights\",\"arguments\":{\"room\":\"k\",\"on\":true,"
+                      "\"room\":\"j\"}}]"));
+    CHECK(!accepts(g, "[{\"name\":\"set_lights\",\"arguments\":{\"room\":\"k\",\"on\":true,"
+                      "\"nope\":1}}]"));
+    CHECK(!accepts(g, "[ ]"));
+    CHECK(!accepts(g, "[{\"name\":\"noop\",\"arguments\":{}}"));
+    nd_gram_require_call(g, 1);
+    CHECK(!accepts(g, "[]"));
+    nd_gram_free(g);
+}
+
+/* random walks: at every step some byte lowers the distance by exactly 1 */
+static void test_dist_walks(void)
+{
+    nd_grammar *g = compile(TOOLS);
+    if (!g)
+        return;
+    nd_rng r;
+    nd_rng_seed(&r, 5);
+    int bad = 0, walks = 300;
+    for (int w = 0; w < walks && bad < 5; w++) {
+        nd_gram_state s, t;
+        nd_gram_init(g, &s);
+        char text[4096];
+        int tn = 0;
+        int free_steps = (int)nd_rng_below(&r, 120);
+        for (int step = 0; step < 4000 && !nd_gram_done(&s); step++) {
+            int d = nd_gram_dist(g, &s);
+            unsigned char ok[256];
+            int n_ok = 0, shorter = -1;
+            for (int b = 0; b < 256; b++) {
+                nd_gram_copy(&t, &s);
+                if (nd_gram_feed(g, &t, (unsigned char)b)) {
+                    ok[n_ok++] = (unsigned char)b;
+                    if (nd_gram_dist(g, &t) == d - 1 && shorter < 0)
+                        shorter = b;
+                }
+            }
+            if (!n_ok || shorter < 0) {
+                bad++;
+                CHECK_MSG(0, "walk %d step %d: dist %d, %d bytes accepted, none shortens: %.*s", w,
+                          step, d, n_ok, tn, text);
+                break;
+            }
+            unsigned char b =
+                step < free_steps ? ok[nd_rng_below(&r, (uint64_t)n_ok)] : (unsigned char)shorter;
+            CHECK(nd_gram_feed(g, &s, b));
+            if (tn < (int)sizeof text)
+                text[tn++] = (char)b;
+        }
+        CHECK_MSG(nd_gram_done(&s), "walk %d did not finish", w);
+    }
+    nd_gram_free(g);
+}
+
+static void test_bad_tools(void)
+{
+    const char *bad[] = {"{}", "[1]", "[{\"description\": \"no name\"}]",
+                         "[{\"name\": \"a\"}, {\"name\": \"a\"}]"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        nd_pj_doc *doc;
+        CHECK(nd_pj_parse(bad[i], strlen(bad[i]), &doc, NULL) == 0);
+        nd_grammar *g = NULL;
+        CHECK_MSG(nd_gram_compile(nd_pj_root(doc), &g) != 0, "%s accepted", bad[i]);
+        nd_gram_free(g);
+        nd_pj_free(doc);
+    }
+    nd_grammar *g = compile("[{\"name\": \"f\", \"parameters\": {\"type\": \"object\", "
+                            "\"properties\": {\"a\": {\"type\": \"string\", \"pattern\": \"(\", "
+                            "\"zork\": 1}, \"n\": {\"type\": \"integer\", \"minimum\": 5, "
+                            "\"maximum\": 1}}}}]");
+    if (g) {
+        const char *w = nd_gram_warnings(g);
+        CHECK_MSG(strstr(w, "zork") && strstr(w, "pattern ignored") && strstr(w, "bounds"), "%s",
+                  w);
+        nd_gram_free(g);
+    }
+}
+
+int main(void)
+{
+    test_regex();
+    test_texts();
+    test_dist_walks();
+    test_bad_tools();
+    return tu_finish("test_grammar_unit");
+}

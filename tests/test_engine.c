@@ -90,7 +90,7 @@ int main(void)
     CHECK(T > 20 && T < 128);
 
     san_acts a;
-    CHECK(san_acts_create(&a, be, &m, 1, T, 0) == 0);
+    CHECK(san_acts_create(&a, be, &m, 1, T, 0, 0) == 0);
     CHECK(san_forward(&m, &m.w, &a, ids.v) == 0);
 
     float *lg = malloc((size_t)T * V * sizeof *lg);

@@ -253,7 +253,7 @@ static int dump_mode(const char *ckpt, const char *tokfile, const char *out)
     int T = (int)(seqs.start[1] - seqs.start[0]);
     const nd_backend *be = nd_backend_cpu(0);
     san_acts a;
-    if (san_acts_create(&a, be, &m, 1, T, 0))
+    if (san_acts_create(&a, be, &m, 1, T, 0, 0))
         return 1;
     FILE *f = fopen(out, "w");
     fprintf(f, "needle-dump 1\ncheckpoint %s\ntokens", ckpt);

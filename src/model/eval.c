@@ -41,7 +41,7 @@ int san_eval(const san_model *m, const nd_backend *be, const token_seqs *seqs, i
         /* re-size activations only when the padded shape changes */
         if (T != acts_T || B != acts_B) {
             san_acts_free(&acts);
-            rc = san_acts_create(&acts, be, m, B, T, 0);
+            rc = san_acts_create(&acts, be, m, B, T, 0, 0);
             if (rc)
                 goto done;
             acts_T = T;

@@ -21,7 +21,7 @@ void san_rope_tables(float *cos_t, float *sin_t, int T, int hd, double theta)
 }
 
 int san_acts_create(san_acts *a, const nd_backend *be, const san_model *m, int B, int T,
-                    int save_lanes)
+                    int save_lanes, int keep_layers)
 {
     memset(a, 0, sizeof *a);
     const san_dims *D = &m->dims;
@@ -35,6 +35,8 @@ int san_acts_create(san_acts *a, const nd_backend *be, const san_model *m, int B
         size_t elt;
     } plan[64];
     int np = 0;
+    /* with keep_layers, every san_layer_acts field is allocated L times */
+    size_t copies = keep_layers ? (size_t)D->L : 1;
 #define P(ptr, cnt)                                                                              \
     plan[np++] = (struct act_plan){(void **)&(ptr), (size_t)(cnt), sizeof(*(ptr))}
     P(a->rope_cos, (size_t)T * D->hd / 2);
@@ -93,9 +95,12 @@ int san_acts_create(san_acts *a, const nd_backend *be, const san_model *m, int B
     if (save_lanes)
         P(a->X_saved, (size_t)(D->L + 1) * N * n * d);
 #undef P
+    /* layer fields: the pointer lives inside a->l */
+    const char *lo = (const char *)&a->l, *hi = lo + sizeof a->l;
+#define IS_LAYER(i) ((const char *)plan[i].p >= lo && (const char *)plan[i].p < hi)
     size_t total = 0;
     for (int i = 0; i < np; i++)
-        total += (plan[i].count * plan[i].elt + 63) & ~(size_t)63;
+        total += (plan[i].count * plan[i].elt * (IS_LAYER(i) ? copies : 1) + 63) & ~(size_t)63;
     char *blk = be->alloc(be, total);
     if (!blk)
         return nd_error(ND_ENOMEM, "out of memory: activations for batch %d x seq %d need %.1f MB",
@@ -103,8 +108,26 @@ int san_acts_create(san_acts *a, const nd_backend *be, const san_model *m, int B
     size_t off = 0;
     for (int i = 0; i < np; i++) {
         *plan[i].p = blk + off;
-        off += (plan[i].count * plan[i].elt + 63) & ~(size_t)63;
+        off += (plan[i].count * plan[i].elt * (IS_LAYER(i) ? copies : 1) + 63) & ~(size_t)63;
     }
+    if (keep_layers) {
+        a->layer_sets = malloc(sizeof *a->layer_sets * (size_t)D->L);
+        if (!a->layer_sets) {
+            be->free(be, blk);
+            return nd_error(ND_ENOMEM, "out of memory");
+        }
+        for (int l = 0; l < D->L; l++) {
+            a->layer_sets[l] = a->l;
+            for (int i = 0; i < np; i++)
+                if (IS_LAYER(i)) {
+                    size_t fo = (size_t)((const char *)plan[i].p - lo);
+                    float **dst = (float **)((char *)&a->layer_sets[l] + fo);
+                    *dst = *(float **)plan[i].p + (size_t)l * plan[i].count;
+                }
+        }
+    }
+#undef IS_LAYER
+    a->bytes = total;
     a->block = blk;
     a->B = B;
     a->T = T;
@@ -114,8 +137,20 @@ int san_acts_create(san_acts *a, const nd_backend *be, const san_model *m, int B
     return ND_OK;
 }
 
+size_t san_layer_acts_bytes(const san_model *m, int B, int T)
+{
+    const san_dims *D = &m->dims;
+    size_t N = (size_t)B * T, d = D->d, n = D->n, s = m->cfg.n_sites ? m->cfg.n_sites : 1;
+    size_t per_row = n * d + 1 + 2 * (2 * n + n * n) + 2 * d + s + 3 * d + 2 +
+                     3 * D->q_dim + 2 * D->kv_dim + D->q_dim + D->kv_dim + D->H + D->G +
+                     D->q_dim + D->H + D->q_dim + 3 * d + 1 + d + d + 1 + D->hada_n + d;
+    return N * per_row * sizeof(float);
+}
+
 void san_acts_free(san_acts *a)
 {
+    if (a)
+        free(a->layer_sets);
     if (a && a->block)
         a->be->free(a->be, a->block);
     if (a)
@@ -227,6 +262,8 @@ int san_forward(const san_model *m, const san_weights *w, san_acts *a, const int
         if (a->X_saved)
             be->copy2d(be, a->X_saved + (size_t)l * lane_sz, (int)lane_sz, a->X, (int)lane_sz, 1,
                        (int)lane_sz);
+        if (a->layer_sets)
+            a->l = a->layer_sets[l];
         san_layer_forward(m, w, a, l, a->X, a->Xn);
         float *t = a->X;
         a->X = a->Xn;

@@ -45,14 +45,20 @@ typedef struct {
     float *X_saved;                      /* optional [(L+1), N, n, d] lane states */
     float *phi_cat;                      /* one layer's [phi_pre|phi_post|phi_res] [n*d, 2n+n^2] */
     float *proj;                         /* nx @ phi_cat [N, 2n+n^2] */
+    san_layer_acts *layer_sets;          /* optional: every layer's activations kept */
+    size_t bytes;                        /* size of the allocation */
     void *block;                         /* the one allocation */
     const nd_backend *be;
 } san_acts;
 
 /* Size the activations for B sequences of T tokens. save_lanes keeps every
- * layer's input lane state (for the backward pass). */
+ * layer's input lane state (for the backward pass); keep_layers also keeps
+ * every layer's activations so the backward need not recompute them (about
+ * san_layer_acts_bytes() per layer). */
 int san_acts_create(san_acts *a, const nd_backend *be, const san_model *m, int B, int T,
-                    int save_lanes);
+                    int save_lanes, int keep_layers);
+/* Approximate bytes of one layer's activations at this shape. */
+size_t san_layer_acts_bytes(const san_model *m, int B, int T);
 void san_acts_free(san_acts *a);
 
 /* Forward of B*T tokens (row-major [B, T]); logits land in a->logits. */

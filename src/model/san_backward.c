@@ -120,6 +120,9 @@ static void layer_backward(const san_model *m, const san_weights *w, san_acts *a
     int qd = D->q_dim, kvd = D->kv_dim, hn = D->hada_n;
     size_t Ld = (size_t)l * d, Lh = (size_t)l * hn;
     long Nd = (long)N * d;
+    const float *phi_pre_l = w->phi_pre + (size_t)l * nd * n;
+    const float *phi_post_l = w->phi_post + (size_t)l * nd * n;
+    const float *phi_res_l = w->phi_res + (size_t)l * nd * n * n;
 
     /* X_new = M X + hpost y */
     be->lanes_update_backward(be, g->dX, g->dM, g->dhpost, g->dy, g->dXn, A->M, X, A->hpost,
@@ -190,9 +193,11 @@ static void layer_backward(const san_model *m, const san_weights *w, san_acts *a
                               GP(b_res, (size_t)l * n * n), g->dhpre, g->dhpost, g->dM, A->pre,
                               A->post, A->res, A->hpre, A->hpost, w->a_pre[l], w->a_post[l],
                               w->a_res[l], w->b_res + (size_t)l * n * n, N, n);
-    /* dnx through the fused projection (a->phi_cat still holds this
-     * layer's [phi_pre|phi_post|phi_res] from the recomputed forward) */
+    /* dnx through the fused projection [phi_pre|phi_post|phi_res] */
     int K = 2 * n + n * n;
+    be->copy2d(be, a->phi_cat, K, phi_pre_l, n, nd, n);
+    be->copy2d(be, a->phi_cat + n, K, phi_post_l, n, nd, n);
+    be->copy2d(be, a->phi_cat + 2 * n, K, phi_res_l, n * n, nd, n * n);
     be->copy2d(be, a->proj, K, g->dpre, n, N, n);
     be->copy2d(be, a->proj + n, K, g->dpost, n, N, n);
     be->copy2d(be, a->proj + 2 * n, K, g->dres, n * n, N, n * n);
@@ -237,7 +242,10 @@ int san_backward(const san_model *m, const san_weights *w, san_acts *a, san_grad
     }
     for (int l = D->L - 1; l >= 0; l--) {
         const float *X = a->X_saved + (size_t)l * lane_sz;
-        san_layer_forward(m, w, a, l, X, a->Xn); /* recompute this layer */
+        if (a->layer_sets)
+            a->l = a->layer_sets[l]; /* kept by the forward */
+        else
+            san_layer_forward(m, w, a, l, X, a->Xn); /* recompute this layer */
         layer_backward(m, w, a, g, tgt, l, X);
         float *t = g->dX;
         g->dX = g->dXn;

@@ -232,6 +232,9 @@ int nd_finetune(const nd_finetune_opts *o)
     if ((rc = nd_trainer_create(&tr, &m, be, o->full ? NULL : &lora, B, T, o->full)))
         goto done;
     float *G = o->full ? tr.full_g : tr.lora_g;
+    emitf(o, "  %-9s %s (%.0f MB of activations; budget NEEDLE_ACT_BUDGET_MB)", "memory",
+          tr.kept_layers ? "every layer's activations kept" : "layers recomputed in backward",
+          (double)tr.acts.bytes / 1048576.0);
     ids = malloc(sizeof *ids * (size_t)B * T);
     mask = malloc(sizeof *mask * (size_t)B * T);
     last_good = malloc(sizeof *last_good * (NP ? NP : 1));

@@ -15,7 +15,14 @@ int nd_trainer_create(nd_trainer *tr, const san_model *m, const nd_backend *be, 
     tr->B = B;
     tr->T = T;
     tr->lora = lora;
-    int rc = san_acts_create(&tr->acts, be, m, B, T, 1);
+    /* keep every layer's activations (no recompute in the backward, about a
+     * third less work) when they fit the budget; otherwise recompute layer
+     * by layer like upstream's remat */
+    const char *env = getenv("NEEDLE_ACT_BUDGET_MB");
+    double budget_mb = env && *env ? atof(env) : 3072.0;
+    double need_mb = (double)san_layer_acts_bytes(m, B, T) * m->dims.L / 1048576.0;
+    tr->kept_layers = need_mb <= budget_mb;
+    int rc = san_acts_create(&tr->acts, be, m, B, T, 1, tr->kept_layers);
     if (!rc)
         rc = san_grad_acts_create(&tr->gacts, be, m, B, T, lora ? lora->rank : 0);
     if (rc) {

@@ -11,6 +11,7 @@ typedef struct {
     const san_model *m;
     const nd_backend *be;
     int B, T;
+    int kept_layers;   /* 1: activations of every layer kept; 0: recomputed */
     san_acts acts;
     san_grad_acts gacts;
     san_lora *lora;    /* may be NULL */

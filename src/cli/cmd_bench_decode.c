@@ -81,7 +81,7 @@ int cli_bench_decode(int argc, char **argv)
     double best_p = 1e30, best_d = 1e30;
     for (long long it = 0; it < iters && !rc; it++) {
         nd_kv_state s;
-        if ((rc = nd_kv_init(&s, &m, be, 64, kvw)))
+        if ((rc = nd_kv_init(&s, &m, be, 256, kvw)))
             break;
         double a = omp_get_wtime();
         rc = nd_kv_forward(&s, tok, (int)P, lg, 0);

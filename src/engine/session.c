@@ -318,7 +318,7 @@ needle_session *needle_session_new(needle_model *M, const char *system, const ch
         rc = nd_error(ND_ENOMEM, "out of memory");
         goto fail;
     }
-    if ((rc = nd_kv_init(&S->kv, &M->m, M->be, 64, M->kv_window)))
+    if ((rc = nd_kv_init(&S->kv, &M->m, M->be, 256, M->kv_window)))
         goto fail;
     if ((rc = render_prefix(S, &pre)) || (rc = nd_idvec_push(&ids, M->id_bos)) ||
         (rc = nd_tokenizer_encode(M->tok, pre.p, pre.n, &ids)))

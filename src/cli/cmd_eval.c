@@ -13,6 +13,7 @@
 #include "io/token_file.h"
 #include "model/eval.h"
 #include "model/lora.h"
+#include "model/lora_merge.h"
 #include "io/jsonl.h"
 #include "text/render.h"
 #include "text/tokenizer.h"
@@ -52,22 +53,6 @@ static int write_logits(void *ctx, int seq, const float *logits, int len, int V)
     if (fwrite(logits, sizeof(float), (size_t)len * V, f) != (size_t)len * V)
         return nd_error(ND_EIO, "writing logits failed");
     return ND_OK;
-}
-
-/* W += scale * A @ B in place (the model is this command's private copy) */
-static void merge_into(san_model *m, const san_lora *lo, const nd_backend *be)
-{
-    for (int t = 0; t < LORA_NTARGETS; t++) {
-        if (!lo->t[t].present)
-            continue;
-        int in = lo->t[t].in, out = lo->t[t].out, r = lo->rank;
-        float *W = san_lora_weight_slot(&m->w, t);
-        for (int l = 0; l < lo->L; l++)
-            be->matmul(be, 0, 0, in, out, r, lo->scale,
-                       san_lora_A(lo, lo->mem, t) + (size_t)l * in * r, r,
-                       san_lora_B(lo, lo->mem, t) + (size_t)l * r * out, out, 1.0f,
-                       W + (size_t)l * in * out, out);
-    }
 }
 
 static double l2(const float *x, size_t n)
@@ -262,7 +247,8 @@ int cli_eval(int argc, char **argv)
     if (!be)
         return cli_fail(NULL);
     san_model m;
-    if (ckpt_load(ckpt, &m, NULL))
+    pv *tree = NULL; /* kept for --tokens --lora: the merge needs the stored dtypes */
+    if (ckpt_load(ckpt, &m, tokens && ja.lora_path ? &tree : NULL))
         return cli_fail(NULL);
     fprintf(stderr, "  %-9s %s (%d threads)\n", "backend", be->name, be->threads);
     if (ja.data) {
@@ -274,13 +260,14 @@ int cli_eval(int argc, char **argv)
         return rc;
     }
     if (ja.lora_path) {
-        san_lora lo;
-        if (san_lora_load(&lo, &m, ja.lora_path, NULL)) {
+        /* the same merge as `needle build` (dtype rounding included) */
+        lora_merge_info li;
+        int bad = lora_merge_file(&m, pv_dict_get(tree, "params"), ja.lora_path, &li);
+        pv_decref(tree);
+        if (bad) {
             san_model_free(&m);
             return cli_fail(NULL);
         }
-        merge_into(&m, &lo, be);
-        san_lora_free(&lo);
     }
     token_seqs seqs;
     if (token_file_read(tokens, m.dims.V, &seqs)) {

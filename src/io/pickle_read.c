@@ -899,6 +899,13 @@ int pickle_load_file(const char *path, pv **out)
     if (rc)
         return rc;
     rc = pickle_loads(buf, len, path, out);
+    /* the usual mistake is passing some other file: say so first */
+    if (rc && (len == 0 || buf[0] != 0x80)) {
+        char detail[768];
+        snprintf(detail, sizeof detail, "%s", nd_last_error());
+        rc = nd_error(rc, "%s is not a pickle file written with protocol 2 or later (%s)", path,
+                      detail);
+    }
     free(buf);
     return rc;
 }

@@ -19,7 +19,7 @@ void san_sinkhorn(float *M, int n, int rounds)
             for (int j = 1; j < n; j++)
                 mx = row[j] > mx ? row[j] : mx;
             for (int j = 0; j < n; j++)
-                s += expf(row[j] - mx);
+                s += san_expf(row[j] - mx);
             float lse = mx + logf(s);
             for (int j = 0; j < n; j++)
                 row[j] -= lse;
@@ -29,14 +29,14 @@ void san_sinkhorn(float *M, int n, int rounds)
             for (int i = 1; i < n; i++)
                 mx = M[i * n + j] > mx ? M[i * n + j] : mx;
             for (int i = 0; i < n; i++)
-                s += expf(M[i * n + j] - mx);
+                s += san_expf(M[i * n + j] - mx);
             float lse = mx + logf(s);
             for (int i = 0; i < n; i++)
                 M[i * n + j] -= lse;
         }
     }
     for (int i = 0; i < n * n; i++)
-        M[i] = expf(M[i]);
+        M[i] = san_expf(M[i]);
 }
 
 void cpu_attention(const nd_backend *be, float *out, float *lse, const float *q, const float *k,
@@ -71,7 +71,7 @@ void cpu_attention(const nd_backend *be, float *out, float *lse, const float *q,
                     mx = s[j] > mx ? s[j] : mx;
                 float sum = 0.0f;
                 for (int j = 0; j <= last; j++) {
-                    s[j] = expf(s[j] - mx);
+                    s[j] = san_expf(s[j] - mx);
                     sum += s[j];
                 }
                 float inv = 1.0f / sum;

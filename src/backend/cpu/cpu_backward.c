@@ -122,7 +122,7 @@ void cpu_cross_entropy_backward(const nd_backend *be, float *logits, const int32
             mx = l[i] > mx ? l[i] : mx;
         double s = 0;
         for (int i = 0; i < V; i++) {
-            l[i] = expf(l[i] - mx);
+            l[i] = san_expf(l[i] - mx);
             s += l[i];
         }
         float c = (float)(w / s);
@@ -331,7 +331,7 @@ static void sinkhorn_record(float *sm, float *Z, int n, int rounds)
             for (int b = 1; b < n; b++)
                 mx = p[b * stp] > mx ? p[b * stp] : mx;
             for (int b = 0; b < n; b++) {
-                q[b * stp] = expf(p[b * stp] - mx);
+                q[b * stp] = san_expf(p[b * stp] - mx);
                 sum += q[b * stp];
             }
             float lse = mx + logf(sum), inv = 1.0f / sum;
@@ -386,7 +386,7 @@ void cpu_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, 
                 Z[i] = a_res * rr[i] + b_res[i];
             sinkhorn_record(sm, Z, n, rounds);
             for (int i = 0; i < nn; i++) /* M = exp(Z) */
-                g[i] = (double)dM[r * nn + i] * (double)expf(Z[i]);
+                g[i] = (double)dM[r * nn + i] * (double)san_expf(Z[i]);
             for (int s = 2 * rounds - 1; s >= 0; s--) {
                 const float *e = sm + (size_t)s * nn;
                 int rowstep = !(s & 1), stp = rowstep ? 1 : n;
@@ -713,7 +713,7 @@ void cpu_attention_backward(const nd_backend *be, float *dq, float *dk, float *d
                         float *p = Pb + (size_t)r * keys, l = L[r];
                         int last = t0 + r;
                         for (int j = 0; j <= last; j++)
-                            p[j] = expf(p[j] - l);
+                            p[j] = san_expf(p[j] - l);
                         for (int j = last + 1; j < keys; j++)
                             p[j] = 0.0f;
                         Dr[r] = dot8(dO + (size_t)r * qs, O + (size_t)r * qs, hd);

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "backend/backend.h"
 
@@ -16,9 +17,44 @@
  * blocks, so the backward recomputes the very same score GEMMs) */
 #define SAN_ATTN_QBLOCK 64
 
+/* exp(x) for float32 in plain arithmetic (no libm call), so loops over it
+ * vectorise: Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2, a degree-6
+ * polynomial for e^r (relative error < 3e-7), and 2^k built in the exponent
+ * bits. Returns 0 below -87.3 and +inf above 88 (exp(88.72) is the float
+ * limit; callers use it on non-positive arguments); NaN propagates (the
+ * input is never converted to an integer). */
+static inline float san_expf(float x)
+{
+    const float hi = 88.0f, lo = -87.3f;
+    float xc = x > hi ? hi : x;
+    xc = xc < lo ? lo : xc;
+    /* k = round(x / ln2) via the 1.5 * 2^23 trick */
+    float kf = xc * 1.44269504088896341f + 12582912.0f;
+    uint32_t kb;
+    memcpy(&kb, &kf, 4);
+    kf -= 12582912.0f;
+    float r = xc - kf * 0.693359375f;
+    r = r - kf * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    /* 2^k: k sits in the low mantissa bits of kf's pattern */
+    uint32_t e = ((kb - 0x4B400000u) + 127u) << 23;
+    float scale;
+    memcpy(&scale, &e, 4);
+    float y = p * scale;
+    y = x > hi ? INFINITY : y;
+    y = x < lo ? 0.0f : y;
+    return x != x ? x : y;
+}
+
 static inline float san_sigmoid(float x)
 {
-    return 1.0f / (1.0f + expf(-x));
+    return 1.0f / (1.0f + san_expf(-x));
 }
 static inline float san_silu(float x)
 {

@@ -107,12 +107,18 @@ int ckpt_from_tree(const pv *root, const char *what, san_model *m)
     if (!root || root->kind != PV_DICT)
         return nd_error(ND_EFORMAT, "%s: not a needle checkpoint (top level is not a dict)", what);
     const pv *ver = pv_dict_get(root, "format_version");
-    if (!ver || ver->kind != PV_INT || ver->u.i != SAN_CHECKPOINT_FORMAT)
+    if (!ver || ver->kind != PV_INT || ver->u.i != SAN_CHECKPOINT_FORMAT) {
+        char got[48];
+        if (ver && ver->kind == PV_INT)
+            snprintf(got, sizeof got, "format_version=%lld", (long long)ver->u.i);
+        else
+            snprintf(got, sizeof got, "%s", ver ? "format_version is not an integer"
+                                                : "no format_version");
         return nd_error(ND_EFORMAT,
-                        "%s is not a format-v%d checkpoint (format_version=%s%lld); old "
-                        "encoder-decoder checkpoints are not supported",
-                        what, SAN_CHECKPOINT_FORMAT, ver ? "" : "missing ",
-                        ver && ver->kind == PV_INT ? (long long)ver->u.i : 0LL);
+                        "%s is not a format-v%d checkpoint (%s); old encoder-decoder "
+                        "checkpoints are not supported",
+                        what, SAN_CHECKPOINT_FORMAT, got);
+    }
     const pv *cfgv = pv_dict_get(root, "config");
     const pv *params = pv_dict_get(root, "params");
     if (!params || params->kind != PV_DICT)

@@ -1,0 +1,65 @@
+/* Internals shared by the grammar's compiler (grammar_compile.c), its
+ * number rules (grammar_num.c) and its byte-level runtime (grammar.c). */
+#ifndef ND_GRAMMAR_INTERNAL_H
+#define ND_GRAMMAR_INTERNAL_H
+
+#include <stdint.h>
+
+#include "engine/grammar.h"
+#include "engine/regex.h"
+
+enum { K_ANY, K_OBJ, K_GOBJ, K_STR, K_INT, K_NUM, K_LIT, K_ARR, K_GARR };
+/* built-in nodes */
+enum { N_ANY, N_STR, N_NUM, N_TFN, N_GOBJ, N_GARR, N_BUILTIN };
+
+enum { FR_TOP, FR_CALL, FR_OBJ, FR_GOBJ, FR_STR, FR_NUM, FR_LIT, FR_ARR, FR_GARR, FR_ANY };
+enum { R_REJ, R_ACC, R_ACC_POP, R_POP, R_RETRY };
+
+#define MAX_CALLS 16
+#define MAX_DIGITS 15
+
+typedef struct {
+    int kind, minlen;
+    /* object */
+    int nprops;
+    char **key; /* serialised with quotes */
+    int *keylen, *prop;
+    uint64_t required;
+    /* string */
+    int min_len, max_len;
+    nd_regex *re;
+    /* number */
+    double lo, hi;
+    int lo_ex, hi_ex;
+    /* literal */
+    int nlit;
+    char **lit;
+    int *litlen;
+    /* array */
+    int item, min_items, max_items;
+} gnode;
+
+typedef struct {
+    char *name; /* serialised with quotes */
+    int namelen, args;
+} gtool;
+
+struct nd_grammar {
+    gnode *nodes;
+    int n_nodes, cap_nodes;
+    gtool *tools;
+    int n_tools;
+    int call_fixed; /* len of {"name": + ,"arguments": + } */
+    int require_call;
+    nd_buf warn;
+};
+
+static const char PFX1[] = "{\"name\":";
+static const char PFX2[] = ",\"arguments\":";
+
+/* numbers (grammar_num.c): a literal prefix t[0..len) of node n's number */
+int nd_gram_num_short(const gnode *n, const char *t, int len);
+int nd_gram_num_syntax(const gnode *n, const char *t, int len);
+int nd_gram_num_minlen(const gnode *n);
+
+#endif

@@ -17,15 +17,13 @@ int nd_eval_masked(nd_trainer *tr, const int32_t *ids, const float *mask, size_t
     int32_t *bid = malloc(sizeof *bid * (size_t)B * T);
     float *bmask = calloc((size_t)B * T, sizeof *bmask);
     float *gacc = NULL;
-    double *chunk_tot = NULL;
     size_t nchunks = (n + (size_t)B - 1) / (size_t)B;
     if (want_grad && lnum) {
         out->lora_grad = calloc(lnum, sizeof(float));
         gacc = out->lora_grad;
     }
-    chunk_tot = calloc(nchunks ? nchunks : 1, sizeof(double));
     int rc = ND_OK;
-    if (!out->loss_sum || !out->positions || !bid || !bmask || !chunk_tot ||
+    if (!out->loss_sum || !out->positions || !bid || !bmask ||
         (want_grad && lnum && !gacc)) {
         rc = nd_error(ND_ENOMEM, "out of memory");
         goto done;
@@ -59,7 +57,6 @@ int nd_eval_masked(nd_trainer *tr, const int32_t *ids, const float *mask, size_t
             out->positions[r0 + b] = k;
             out->total_loss += s;
         }
-        chunk_tot[c] = masked;
         if (gacc) {
             /* the chunk's gradient is of its own mean; reweight to the global mean */
             double denom = out->total_positions > 1 ? out->total_positions : 1;
@@ -71,7 +68,6 @@ int nd_eval_masked(nd_trainer *tr, const int32_t *ids, const float *mask, size_t
 done:
     free(bid);
     free(bmask);
-    free(chunk_tot);
     if (rc)
         nd_masked_eval_free(out);
     return rc;

@@ -15,19 +15,19 @@ typedef struct nd_backend nd_backend;
 struct nd_backend {
     const char *name;
     int threads;
+    const char *detail; /* for progress lines, e.g. "OpenBLAS SkylakeX"; may be "" */
 
     void *(*alloc)(const nd_backend *be, size_t bytes); /* zeroed */
     void (*free)(const nd_backend *be, void *p);
 
     /* C[M,N] = alpha * op(A) @ op(B) + beta * C (row-major, op = transpose if t*) */
     void (*matmul)(const nd_backend *be, int ta, int tb, int M, int N, int K, float alpha,
-                   const float *A, int lda, const float *B, int ldb, float beta, float *C,
-                   int ldc);
+                   const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
 
     /* y = x * rstd * (1 + scale) per row of `dim`; scale NULL = plain rms_unit.
      * rstd (rows) may be NULL. Safe in place. */
-    void (*rmsnorm)(const nd_backend *be, float *y, float *rstd, const float *x,
-                    const float *scale, long rows, int dim);
+    void (*rmsnorm)(const nd_backend *be, float *y, float *rstd, const float *x, const float *scale,
+                    long rows, int dim);
 
     /* x0[t] = emb[tok[t]] * scale */
     void (*embed)(const nd_backend *be, float *x0, const float *emb, const int32_t *tok, long N,
@@ -37,12 +37,12 @@ struct nd_backend {
     void (*engram_hash)(const nd_backend *be, int32_t *idx, const int32_t *tok, int B, int T,
                         const int *orders, int n_orders, int heads, int slots);
     /* e[t] = concat_k table_k[idx[t,k]] (zero rows while t < order_k - 1) */
-    void (*engram_gather)(const nd_backend *be, float *e, const float *tables,
-                          const int32_t *idx, int B, int T, const int *orders, int n_orders,
-                          int heads, int slots, int sub);
+    void (*engram_gather)(const nd_backend *be, float *e, const float *tables, const int32_t *idx,
+                          int B, int T, const int *orders, int n_orders, int heads, int slots,
+                          int sub);
     /* v[t] = sum_j taps[j] * vp[t - j*dil] * [t >= j*dil] (within each sequence) */
-    void (*engram_taps)(const nd_backend *be, float *v, const float *vp, const float *taps,
-                        int B, int T, int d, int dil);
+    void (*engram_taps)(const nd_backend *be, float *v, const float *vp, const float *taps, int B,
+                        int T, int d, int dil);
     /* alpha = sigmoid(<rms_unit(u), rms_unit(k)> / sqrt(d)); bx = u + alpha * v,
      * or bx += alpha * v when accumulate (a second site on the same layer) */
     void (*engram_gate)(const nd_backend *be, float *bx, float *alpha, const float *u,
@@ -57,14 +57,13 @@ struct nd_backend {
                          float a_post, float a_res, const float *b_pre, const float *b_post,
                          const float *b_res, int lane, long N, int n);
     /* u = sum_i hpre_i X_i */
-    void (*lanes_combine)(const nd_backend *be, float *u, const float *hpre, const float *X,
-                          long N, int n, int d);
+    void (*lanes_combine)(const nd_backend *be, float *u, const float *hpre, const float *X, long N,
+                          int n, int d);
     /* Xo_i = sum_j M_ij X_j + hpost_i * y */
     void (*lanes_update)(const nd_backend *be, float *Xo, const float *M, const float *X,
                          const float *hpost, const float *y, long N, int n, int d);
     /* X_i = x0 for every lane */
-    void (*lanes_broadcast)(const nd_backend *be, float *X, const float *x0, long N, int n,
-                            int d);
+    void (*lanes_broadcast)(const nd_backend *be, float *X, const float *x0, long N, int n, int d);
     /* xm = mean_i X_i */
     void (*lanes_mean)(const nd_backend *be, float *xm, const float *X, long N, int n, int d);
 
@@ -74,20 +73,19 @@ struct nd_backend {
                  int T, int heads, int hd);
     /* causal GQA attention, scale 1/sqrt(hd): q [N, H*hd], k/v [N, G*hd];
      * out [N, H*hd]; lse [B, H, T] = log-sum-exp of each score row */
-    void (*attention)(const nd_backend *be, float *out, float *lse, const float *q,
-                      const float *k, const float *v, int B, int T, int H, int G, int hd);
+    void (*attention)(const nd_backend *be, float *out, float *lse, const float *q, const float *k,
+                      const float *v, int B, int T, int H, int G, int hd);
 
     /* o = att * sigmoid(g) */
-    void (*gate_sigmoid)(const nd_backend *be, float *o, const float *att, const float *g,
-                         long n);
+    void (*gate_sigmoid)(const nd_backend *be, float *o, const float *att, const float *g, long n);
     /* y = x + sigmoid(gate) * r */
     void (*residual_scaled)(const nd_backend *be, float *y, const float *x, const float *r,
                             float gate, long n);
     /* Hadamard MLP: h1 = fwht(d1*pad(z)) [N, hn]; out = (d3 * fwht(silu(d2*h1)))[:d];
      * then y = (x + out) - u  (u may be NULL: y = x + out). h1 is kept for backward. */
-    void (*hadamard_mlp)(const nd_backend *be, float *y, float *h1, const float *x,
-                         const float *z, const float *u, const float *d1, const float *d2,
-                         const float *d3, long N, int d, int hn);
+    void (*hadamard_mlp)(const nd_backend *be, float *y, float *h1, const float *x, const float *z,
+                         const float *u, const float *d1, const float *d2, const float *d3, long N,
+                         int d, int hn);
 
     /* per-row cross-entropy: loss[r] = logsumexp(logits[r]) - logits[r][target[r]] */
     void (*cross_entropy)(const nd_backend *be, float *loss, const float *logits,
@@ -110,21 +108,20 @@ struct nd_backend {
                              const float *x, const float *rstd, const float *scale, long rows,
                              int dim, int accumulate);
     /* demb[tok[t]] += dx0[t] * scale */
-    void (*embed_backward)(const nd_backend *be, float *demb, const float *dx0,
-                           const int32_t *tok, long N, int d, float scale);
+    void (*embed_backward)(const nd_backend *be, float *demb, const float *dx0, const int32_t *tok,
+                           long N, int d, float scale);
     /* dtables[k][idx] += de rows (rows zeroed in forward get nothing) */
     void (*engram_gather_backward)(const nd_backend *be, float *dtables, const float *de,
                                    const int32_t *idx, int B, int T, const int *orders,
                                    int n_orders, int heads, int slots, int sub);
     /* v = taps conv vp: dvp set, dtaps += */
     void (*engram_taps_backward)(const nd_backend *be, float *dvp, float *dtaps, const float *dv,
-                                 const float *vp, const float *taps, int B, int T, int d,
-                                 int dil);
+                                 const float *vp, const float *taps, int B, int T, int d, int dil);
     /* bx (+)= alpha*v, alpha = sigmoid(<rms_unit(u), rms_unit(k)>/sqrt(d)): dk +=, dv +=,
      * du += the alpha path only (the u -> bx identity is the caller's) */
     void (*engram_gate_backward)(const nd_backend *be, float *du, float *dk, float *dv,
-                                 const float *dbx, const float *u, const float *k,
-                                 const float *v, const float *alpha, long N, int d);
+                                 const float *dbx, const float *u, const float *k, const float *v,
+                                 const float *alpha, long N, int d);
     /* hyper_coeffs: dpre/dpost/dres set; da_* (scalars) and db_* += */
     void (*hyper_coeffs_backward)(const nd_backend *be, float *dpre, float *dpost, float *dres,
                                   float *da_pre, float *da_post, float *da_res, float *db_pre,
@@ -134,9 +131,8 @@ struct nd_backend {
                                   const float *hpost, float a_pre, float a_post, float a_res,
                                   const float *b_res, long N, int n);
     /* u = sum_i hpre_i X_i: dhpre set, dX += */
-    void (*lanes_combine_backward)(const nd_backend *be, float *dhpre, float *dX,
-                                   const float *du, const float *hpre, const float *X, long N,
-                                   int n, int d);
+    void (*lanes_combine_backward)(const nd_backend *be, float *dhpre, float *dX, const float *du,
+                                   const float *hpre, const float *X, long N, int n, int d);
     /* Xo = M X + hpost y: dM, dhpost, dy set; dX set (may alias dXo) */
     void (*lanes_update_backward)(const nd_backend *be, float *dX, float *dM, float *dhpost,
                                   float *dy, const float *dXo, const float *M, const float *X,
@@ -161,14 +157,14 @@ struct nd_backend {
                                   const float *att, const float *g, long n);
     /* y = x + sigmoid(gate)*r: dr set (may alias dy); dgate += (scalar); dx is dy
      * (caller aliases) */
-    void (*residual_scaled_backward)(const nd_backend *be, float *dr, float *dgate,
-                                     const float *dy, const float *r, float gate, long n);
+    void (*residual_scaled_backward)(const nd_backend *be, float *dr, float *dgate, const float *dy,
+                                     const float *r, float gate, long n);
     /* y = (x + out) - u with out = HadamardMLP(z): dz set; dd1, dd2, dd3 +=
      * (dx = dy and du = -dy are left to the caller) */
     void (*hadamard_mlp_backward)(const nd_backend *be, float *dz, float *dd1, float *dd2,
                                   float *dd3, const float *dy, const float *z, const float *h1,
-                                  const float *d1, const float *d2, const float *d3, long N,
-                                  int d, int hn);
+                                  const float *d1, const float *d2, const float *d3, long N, int d,
+                                  int hn);
     /* dst[r*dst_ld + c] = src[r*src_ld + c] for r < rows, c < cols: plain
      * copies (ld = cols) and packing/unpacking column blocks */
     void (*copy2d)(const nd_backend *be, float *dst, int dst_ld, const float *src, int src_ld,

@@ -28,5 +28,9 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
 /* Strict number parsing for flags; print an error naming the flag. */
 int cli_parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out);
 int cli_parse_double(const char *flag, const char *s, double *out);
+/* fp32 FMA peak of this machine right now, GFLOP/s on all OpenMP threads
+ * (best of short bursts over `seconds`); 0 when it cannot be measured.
+ * *isa names the vector width used. */
+double bench_fma_peak(double seconds, const char **isa);
 
 #endif

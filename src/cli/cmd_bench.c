@@ -17,7 +17,7 @@
 
 static const char *bench_help =
     "usage: needle bench forward|train|decode [--preset tiny|needle2] [--batch B] [--seq T]\n"
-    "                            [--iters N] [--threads N] [--device auto|cpu]\n"
+    "                            [--iters|--steps N] [--threads N] [--device auto|cpu]\n"
     "\n"
     "forward: times the float32 forward pass (logits included) on random weights.\n"
     "decode:  engine prefill/decode tokens/s on a .cact (needle bench decode --help).\n"
@@ -75,7 +75,7 @@ int cli_bench(int argc, char **argv)
         } else if (!strcmp(a, "--seq")) {
             if (cli_parse_int(a, v, 1, 1 << 16, &T))
                 return 2;
-        } else if (!strcmp(a, "--iters")) {
+        } else if (!strcmp(a, "--iters") || !strcmp(a, "--steps")) {
             if (cli_parse_int(a, v, 1, 10000, &iters))
                 return 2;
         } else if (!strcmp(a, "--threads")) {
@@ -123,11 +123,16 @@ int cli_bench(int argc, char **argv)
     for (long long i = 0; i < B * T; i++)
         tok[i] = (int32_t)nd_rng_below(&rng, (uint64_t)cfg.vocab_size);
     double *sec = malloc(sizeof *sec * (size_t)iters);
-    fprintf(stderr, "  %-9s %s (%d threads)\n", "backend", be->name, be->threads);
+    double *peak = malloc(sizeof *peak * (size_t)iters);
+    double *sec_unsorted = malloc(sizeof *sec_unsorted * (size_t)iters);
+    const char *isa = "none";
+    fprintf(stderr, "  %-9s %s (%d threads, %s)\n", "backend", be->name, be->threads, be->detail);
     fprintf(stderr, "  %-9s %s %s  batch %lld x seq %lld  %.2fM params  %lld iters (+1 warmup)\n",
             "bench", what, preset, B, T, (double)m.numel / 1e6, iters);
-    int rc = 0;
+    int rc = (!sec || !peak || !sec_unsorted) ? nd_error(ND_ENOMEM, "out of memory") : 0;
     for (long long i = -1; i < iters && !rc; i++) { /* i = -1: warm-up (page faults, BLAS) */
+        if (i >= 0) /* the peak right now, so drift on a shared host cancels */
+            peak[i] = bench_fma_peak(0.2, &isa);
         double t0 = omp_get_wtime(), loss;
         if (train) {
             rc = nd_trainer_step(&tr, tok, mask, (int)B, 1, &loss, NULL);
@@ -139,10 +144,18 @@ int cli_bench(int argc, char **argv)
             rc = san_forward(&m, &m.w, &acts, tok);
         }
         if (i >= 0)
-            sec[i] = omp_get_wtime() - t0;
+            sec[i] = sec_unsorted[i] = omp_get_wtime() - t0;
     }
+    double peak_med = 0;
     if (!rc) {
         qsort(sec, (size_t)iters, sizeof *sec, cmp_double);
+        double *ps = malloc(sizeof *ps * (size_t)iters);
+        if (ps) {
+            memcpy(ps, peak, sizeof *ps * (size_t)iters);
+            qsort(ps, (size_t)iters, sizeof *ps, cmp_double);
+            peak_med = ps[iters / 2];
+            free(ps);
+        }
         /* Model FLOPs of a LoRA step: the forward plus the input-gradient
          * backward (2 x forward; frozen weights get no weight gradient; the
          * adapter's rank-16 GEMMs are small and not counted). A recomputed
@@ -159,7 +172,20 @@ int cli_bench(int argc, char **argv)
                flops / med / 1e9, hw / med / 1e9,
                train ? (tr.kept_layers ? " (activations kept)" : " (remat)") : "",
                (double)ru.ru_maxrss / 1024.0);
+        /* per-iteration ratio, then the median: each step against the
+         * peak probed just before it */
+        for (long long i = 0; i < iters; i++)
+            peak[i] = peak[i] > 0 ? flops / sec_unsorted[i] / 1e9 / peak[i] : 0;
+        qsort(peak, (size_t)iters, sizeof *peak, cmp_double);
+        if (peak[iters / 2] > 0)
+            printf("  fp32 FMA peak probed before each iteration (%s, %d threads): %.1f GFLOP/s "
+                   "median; model FLOPs reach %.1f%% of it (median of per-iteration ratios; "
+                   "min %.1f%%, max %.1f%%)\n",
+                   isa, be->threads, peak_med, 100 * peak[iters / 2], 100 * peak[0],
+                   100 * peak[iters - 1]);
     }
+    free(sec_unsorted);
+    free(peak);
     free(sec);
     free(tok);
     free(mask);

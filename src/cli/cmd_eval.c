@@ -126,8 +126,7 @@ static int eval_jsonl(const jsonl_args *a, san_model *m, const nd_backend *be)
         printf("{\"examples\": [");
         for (size_t i = 0; i < ev.n; i++)
             printf("%s{\"loss\": %.9g, \"tokens\": %.0f}", i ? ", " : "",
-                   ev.positions[i] > 0 ? ev.loss_sum[i] / ev.positions[i] : 0.0,
-                   ev.positions[i]);
+                   ev.positions[i] > 0 ? ev.loss_sum[i] / ev.positions[i] : 0.0, ev.positions[i]);
         printf("], \"mean_loss\": %.9g", mean);
     } else {
         for (size_t i = 0; i < ev.n; i++)
@@ -146,7 +145,8 @@ static int eval_jsonl(const jsonl_args *a, san_model *m, const nd_backend *be)
         for (int t = 0; t < LORA_NTARGETS; t++) {
             if (!lora.t[t].present)
                 continue;
-            double na = l2(ev.lora_grad + lora.t[t].a_off, (size_t)lora.L * lora.t[t].in * lora.rank);
+            double na =
+                l2(ev.lora_grad + lora.t[t].a_off, (size_t)lora.L * lora.t[t].in * lora.rank);
             double nb =
                 l2(ev.lora_grad + lora.t[t].b_off, (size_t)lora.L * lora.rank * lora.t[t].out);
             if (a->json)
@@ -250,7 +250,7 @@ int cli_eval(int argc, char **argv)
     pv *tree = NULL; /* kept for --tokens --lora: the merge needs the stored dtypes */
     if (ckpt_load(ckpt, &m, tokens && ja.lora_path ? &tree : NULL))
         return cli_fail(NULL);
-    fprintf(stderr, "  %-9s %s (%d threads)\n", "backend", be->name, be->threads);
+    fprintf(stderr, "  %-9s %s (%d threads, %s)\n", "backend", be->name, be->threads, be->detail);
     if (ja.data) {
         ja.ckpt = ckpt;
         ja.json = json;

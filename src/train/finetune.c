@@ -124,7 +124,7 @@ int nd_finetune(const nd_finetune_opts *o)
                         "or pass --checkpoint PATH (e.g. one made by `needle init`)",
                         o->checkpoint);
     fclose(probe);
-    emitf(o, "  %-9s %s  float32  (%d threads)", "backend", be->name, be->threads);
+    emitf(o, "  %-9s %s  float32  (%d threads, %s)", "backend", be->name, be->threads, be->detail);
     if ((rc = ckpt_load(o->checkpoint, &m, o->full ? &base_tree : NULL)))
         goto done;
     if ((rc = nd_tokenizer_load(o->tokenizer, &tok)))
@@ -149,8 +149,9 @@ int nd_finetune(const nd_finetune_opts *o)
     emitf(o, "  %-9s %zu examples  seq_len %zu  cap %d%s", "data", ts.n, ts.max_len, o->max_len,
           "");
     if (ds.no_query || ds.bad || ts.truncated)
-        emitf(o, "  %-9s %zu lines without query skipped, %zu invalid lines skipped, %zu examples "
-                 "truncated to %zu tokens",
+        emitf(o,
+              "  %-9s %zu lines without query skipped, %zu invalid lines skipped, %zu examples "
+              "truncated to %zu tokens",
               "note", ds.no_query, ds.bad, ts.truncated, ts.max_len);
 
     /* held-out split after a seeded shuffle (upstream: n_val = min(int(N*s), N-1)) */
@@ -173,8 +174,9 @@ int nd_finetune(const nd_finetune_opts *o)
     if (n_val)
         emitf(o, "  %-9s %zu examples for validation", "holdout", n_val);
     if ((size_t)o->batch_size > count) {
-        rc = nd_error(ND_EARG, "batch size %d is larger than the %zu training examples; use "
-                               "--batch-size %zu or fewer",
+        rc = nd_error(ND_EARG,
+                      "batch size %d is larger than the %zu training examples; use "
+                      "--batch-size %zu or fewer",
                       o->batch_size, count, count);
         goto done;
     }
@@ -219,8 +221,8 @@ int nd_finetune(const nd_finetune_opts *o)
             memcpy(opt.mu, mu->u.nd.data, sizeof(float) * lora.numel);
             memcpy(opt.nu, nu->u.nd.data, sizeof(float) * lora.numel);
             opt.count = (long)cnt->u.i;
-            emitf(o, "  %-9s %s at step %ld/%ld (optimiser moments restored)", "resume",
-                  o->resume, opt.count, total);
+            emitf(o, "  %-9s %s at step %ld/%ld (optimiser moments restored)", "resume", o->resume,
+                  opt.count, total);
         } else {
             emitf(o, "  %-9s %s (no optimiser state: moments start at zero, step 0)", "resume",
                   o->resume);

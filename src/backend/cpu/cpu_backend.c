@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -339,8 +340,8 @@ static void cpu_cross_entropy(const nd_backend *be, float *loss, const float *lo
     }
 }
 
-static void cpu_copy2d(const nd_backend *be, float *dst, int dst_ld, const float *src,
-                       int src_ld, long rows, int cols)
+static void cpu_copy2d(const nd_backend *be, float *dst, int dst_ld, const float *src, int src_ld,
+                       long rows, int cols)
 {
     (void)be;
     if (dst_ld == cols && src_ld == cols) {
@@ -401,6 +402,9 @@ const nd_backend *nd_backend_cpu(int threads)
         openblas_set_num_threads(threads);
     }
     cpu_backend.threads = threads > 0 ? threads : omp_get_max_threads();
+    static char detail[64];
+    snprintf(detail, sizeof detail, "OpenBLAS %s", openblas_get_corename());
+    cpu_backend.detail = detail;
     return &cpu_backend;
 }
 

@@ -1,0 +1,90 @@
+/* In-run fp32 FMA peak probe for `needle bench`.
+ *
+ * Shared machines drift by 2x within minutes, so "share of peak" is only
+ * meaningful when the peak is measured in the same run, next to the timed
+ * work. Per thread: 12 independent FMA chains (covers latency x throughput
+ * on current x86 cores), 16-wide where AVX-512 exists, else 8-wide. */
+#include <omp.h>
+
+#include "cli/cli.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+/* 12 named accumulators: an array indexed in a loop may be left in memory
+ * at -O2, which would time loads and stores instead of FMAs. */
+#define FMA12(fma)                                                                                 \
+    do {                                                                                           \
+        a0 = fma(a0, m, c), a1 = fma(a1, m, c), a2 = fma(a2, m, c), a3 = fma(a3, m, c);            \
+        a4 = fma(a4, m, c), a5 = fma(a5, m, c), a6 = fma(a6, m, c), a7 = fma(a7, m, c);            \
+        a8 = fma(a8, m, c), a9 = fma(a9, m, c), a10 = fma(a10, m, c), a11 = fma(a11, m, c);        \
+    } while (0)
+#define SUM12() ((((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))) + ((a8 + a9) + (a10 + a11)))
+
+__attribute__((target("avx2,fma"))) static float fma_chains256(long iters)
+{
+    __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+    __m256 a0 = _mm256_set1_ps(0), a1 = _mm256_set1_ps(1), a2 = _mm256_set1_ps(2),
+           a3 = _mm256_set1_ps(3), a4 = _mm256_set1_ps(4), a5 = _mm256_set1_ps(5),
+           a6 = _mm256_set1_ps(6), a7 = _mm256_set1_ps(7), a8 = _mm256_set1_ps(8),
+           a9 = _mm256_set1_ps(9), a10 = _mm256_set1_ps(10), a11 = _mm256_set1_ps(11);
+    for (long k = 0; k < iters; k++)
+        FMA12(_mm256_fmadd_ps);
+    __m256 s = SUM12();
+    float out[8];
+    _mm256_storeu_ps(out, s);
+    return out[0];
+}
+
+__attribute__((target("avx512f"))) static float fma_chains512(long iters)
+{
+    __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    __m512 a0 = _mm512_set1_ps(0), a1 = _mm512_set1_ps(1), a2 = _mm512_set1_ps(2),
+           a3 = _mm512_set1_ps(3), a4 = _mm512_set1_ps(4), a5 = _mm512_set1_ps(5),
+           a6 = _mm512_set1_ps(6), a7 = _mm512_set1_ps(7), a8 = _mm512_set1_ps(8),
+           a9 = _mm512_set1_ps(9), a10 = _mm512_set1_ps(10), a11 = _mm512_set1_ps(11);
+    for (long k = 0; k < iters; k++)
+        FMA12(_mm512_fmadd_ps);
+    return _mm512_reduce_add_ps(SUM12());
+}
+
+static volatile float bench_sink;
+
+double bench_fma_peak(double seconds, const char **isa)
+{
+    __builtin_cpu_init();
+    int wide = __builtin_cpu_supports("avx512f");
+    if (!wide && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) {
+        *isa = "none";
+        return 0.0;
+    }
+    *isa = wide ? "avx512" : "avx2";
+    long chunk = 1 << 20, rounds = 0;
+    double flops_per_round = 2.0 * (wide ? 16 : 8) * 12 * (double)chunk;
+    double best = 0, t_start = omp_get_wtime();
+    /* several short bursts; keep the fastest (the probe's own noise) */
+    while (omp_get_wtime() - t_start < seconds || rounds < 3) {
+        int team = 1;
+        float acc = 0;
+        double t0 = omp_get_wtime();
+#pragma omp parallel reduction(+ : acc)
+        {
+#pragma omp single
+            team = omp_get_num_threads();
+            acc += wide ? fma_chains512(chunk) : fma_chains256(chunk);
+        }
+        double dt = omp_get_wtime() - t0, g = flops_per_round * team / dt / 1e9;
+        bench_sink += acc;
+        best = g > best ? g : best;
+        rounds++;
+    }
+    return best;
+}
+#else
+double bench_fma_peak(double seconds, const char **isa)
+{
+    (void)seconds;
+    *isa = "none";
+    return 0.0;
+}
+#endif

@@ -50,15 +50,13 @@ __attribute__((target("avx512f"))) static float fma_chains512(long iters)
 
 static volatile float bench_sink;
 
-double bench_fma_peak(double seconds, const char **isa)
+double bench_fma_peak_width(double seconds, int width)
 {
     __builtin_cpu_init();
-    int wide = __builtin_cpu_supports("avx512f");
-    if (!wide && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) {
-        *isa = "none";
+    if (width == 16 ? !__builtin_cpu_supports("avx512f")
+                    : !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")))
         return 0.0;
-    }
-    *isa = wide ? "avx512" : "avx2";
+    int wide = width == 16;
     long chunk = 1 << 20, rounds = 0;
     double flops_per_round = 2.0 * (wide ? 16 : 8) * 12 * (double)chunk;
     double best = 0, t_start = omp_get_wtime();
@@ -80,7 +78,25 @@ double bench_fma_peak(double seconds, const char **isa)
     }
     return best;
 }
+
+double bench_fma_peak(double seconds, const char **isa)
+{
+    double g = bench_fma_peak_width(seconds, 16);
+    *isa = "avx512";
+    if (g <= 0) {
+        g = bench_fma_peak_width(seconds, 8);
+        *isa = g > 0 ? "avx2" : "none";
+    }
+    return g;
+}
 #else
+double bench_fma_peak_width(double seconds, int width)
+{
+    (void)seconds;
+    (void)width;
+    return 0.0;
+}
+
 double bench_fma_peak(double seconds, const char **isa)
 {
     (void)seconds;

@@ -83,6 +83,57 @@ static void test_sinkhorn(void)
     }
 }
 
+/* The batched Sinkhorn: every matrix of a run (several SK_W groups plus a
+ * short tail) equals the one-matrix result bit for bit. */
+static void test_sinkhorn_rows(void)
+{
+    for (int n = 1; n <= 5; n++) {
+        int rows = 2 * SK_W + 5, nn = n * n;
+        float *M = malloc(sizeof *M * (size_t)rows * nn), *one = malloc(sizeof *one * nn);
+        fill(M, rows * nn, 3.0);
+        float *orig = malloc(sizeof *orig * (size_t)rows * nn);
+        memcpy(orig, M, sizeof *M * (size_t)rows * nn);
+        san_sinkhorn_rows(M, rows, n, 20);
+        int same = 1;
+        for (int r = 0; r < rows; r++) {
+            memcpy(one, orig + (size_t)r * nn, sizeof *one * nn);
+            san_sinkhorn(one, n, 20);
+            same &= !memcmp(one, M + (size_t)r * nn, sizeof *one * nn);
+        }
+        CHECK_MSG(same, "sinkhorn_rows n=%d differs from per-matrix sinkhorn", n);
+        free(M);
+        free(one);
+        free(orig);
+    }
+}
+
+/* san_logf (vectorisable log used by Sinkhorn) against libm's double log:
+ * within 2 float ulps over sums-of-exponentials' range and beyond. */
+static void test_logf(void)
+{
+    double worst = 0;
+    float worst_x = 0;
+    for (float x = 1e-30f; x < 1e30f; x *= 1.0009765625f) {
+        double ref = log((double)x), got = san_logf(x);
+        double ulp = nextafterf((float)ref, INFINITY) - (float)ref;
+        double e = fabs(got - ref) / fabs(ulp);
+        if (e > worst) {
+            worst = e;
+            worst_x = x;
+        }
+    }
+    for (float x = 1.0f; x < 64.0f; x = nextafterf(x, 100.0f) + 1e-5f) {
+        double ref = log((double)x), got = san_logf(x);
+        double ulp = fmax(nextafterf((float)ref, INFINITY) - (float)ref, 1e-45);
+        double e = fabs(got - ref) / ulp;
+        if (e > worst) {
+            worst = e;
+            worst_x = x;
+        }
+    }
+    CHECK_MSG(worst <= 2.0, "san_logf worst error %.2f ulp at x=%g", worst, (double)worst_x);
+}
+
 static void test_engram_index(void)
 {
     /* golden values computed by a separate Python evaluation of SPEC §1's
@@ -327,6 +378,8 @@ int main(int argc, char **argv)
     nd_rng_seed(&rng, 1234);
     test_fwht();
     test_sinkhorn();
+    test_sinkhorn_rows();
+    test_logf();
     test_engram_index();
     test_rope();
     test_attention();

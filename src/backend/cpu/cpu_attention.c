@@ -11,34 +11,6 @@
 
 #include "backend/cpu/cpu_kernels.h"
 
-void san_sinkhorn(float *M, int n, int rounds)
-{
-    for (int it = 0; it < rounds; it++) {
-        for (int i = 0; i < n; i++) {
-            float *row = M + i * n, mx = row[0], s = 0;
-            for (int j = 1; j < n; j++)
-                mx = row[j] > mx ? row[j] : mx;
-            for (int j = 0; j < n; j++)
-                s += san_expf(row[j] - mx);
-            float lse = mx + logf(s);
-            for (int j = 0; j < n; j++)
-                row[j] -= lse;
-        }
-        for (int j = 0; j < n; j++) {
-            float mx = M[j], s = 0;
-            for (int i = 1; i < n; i++)
-                mx = M[i * n + j] > mx ? M[i * n + j] : mx;
-            for (int i = 0; i < n; i++)
-                s += san_expf(M[i * n + j] - mx);
-            float lse = mx + logf(s);
-            for (int i = 0; i < n; i++)
-                M[i * n + j] -= lse;
-        }
-    }
-    for (int i = 0; i < n * n; i++)
-        M[i] = san_expf(M[i]);
-}
-
 void cpu_attention(const nd_backend *be, float *out, float *lse, const float *q, const float *k,
                    const float *v, int B, int T, int H, int G, int hd)
 {

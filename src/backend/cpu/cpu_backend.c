@@ -171,18 +171,26 @@ static void cpu_hyper_coeffs(const nd_backend *be, float *hpre, float *hpost, fl
                              const float *b_res, int lane, long N, int n)
 {
     (void)be;
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < N; r++) {
-        for (int i = 0; i < n; i++) {
-            float on = i == lane ? 1.0f : 0.0f;
-            hpre[r * n + i] = san_sigmoid(a_pre * pre[r * n + i] + b_pre[i] + 8.0f * on - 4.0f);
-            hpost[r * n + i] =
-                2.0f * san_sigmoid(a_post * post[r * n + i] + b_post[i] - 4.0f * (1.0f - on));
+    long nn = (long)n * n;
+#pragma omp parallel
+    {
+        /* a contiguous share of rows per thread, so Sinkhorn runs on whole
+         * vector groups of consecutive matrices */
+        int t = omp_get_thread_num(), team = omp_get_num_threads();
+        long r0 = N * t / team, r1 = N * (t + 1) / team;
+        for (long r = r0; r < r1; r++) {
+            for (int i = 0; i < n; i++) {
+                float on = i == lane ? 1.0f : 0.0f;
+                hpre[r * n + i] = san_sigmoid(a_pre * pre[r * n + i] + b_pre[i] + 8.0f * on - 4.0f);
+                hpost[r * n + i] =
+                    2.0f * san_sigmoid(a_post * post[r * n + i] + b_post[i] - 4.0f * (1.0f - on));
+            }
+            float *Mr = M + r * nn;
+            for (long i = 0; i < nn; i++)
+                Mr[i] = a_res * res[r * nn + i] + b_res[i];
         }
-        float *Mr = M + r * n * n;
-        for (int i = 0; i < n * n; i++)
-            Mr[i] = a_res * res[r * n * n + i] + b_res[i];
-        san_sinkhorn(Mr, n, SAN_SINKHORN_ROUNDS);
+        if (r1 > r0)
+            san_sinkhorn_rows(M + r0 * nn, r1 - r0, n, SAN_SINKHORN_ROUNDS);
     }
 }
 

@@ -314,35 +314,6 @@ void cpu_engram_gate_backward(const nd_backend *be, float *du, float *dk, float 
 
 /* ---- hyper-connections ---- */
 
-/* san_sinkhorn in place on the log-space Z (left as the final log state),
- * keeping each half-round's softmax sm[s] (s = 0..2*rounds-1; even = row
- * step, odd = column step): sm = exp(y) for that step's output y, which is
- * all its backward needs. Same float operations as the forward. */
-static void sinkhorn_record(float *sm, float *Z, int n, int rounds)
-{
-    int nn = n * n;
-    for (int s = 0; s < 2 * rounds; s++) {
-        float *e = sm + (size_t)s * nn;
-        int rowstep = !(s & 1), stp = rowstep ? 1 : n;
-        for (int a = 0; a < n; a++) {
-            int base = rowstep ? a * n : a; /* row a, or column a */
-            float *p = Z + base, *q = e + base;
-            float mx = p[0], sum = 0;
-            for (int b = 1; b < n; b++)
-                mx = p[b * stp] > mx ? p[b * stp] : mx;
-            for (int b = 0; b < n; b++) {
-                q[b * stp] = san_expf(p[b * stp] - mx);
-                sum += q[b * stp];
-            }
-            float lse = mx + logf(sum), inv = 1.0f / sum;
-            for (int b = 0; b < n; b++) {
-                p[b * stp] -= lse;
-                q[b * stp] *= inv;
-            }
-        }
-    }
-}
-
 void cpu_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, float *dres,
                                float *da_pre, float *da_post, float *da_res, float *db_pre,
                                float *db_post, float *db_res, const float *dhpre,
@@ -362,47 +333,68 @@ void cpu_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, 
     {
         long r0, r1;
         double *pp = partials_mine(&P, N, &r0, &r1);
-        float *sm = cpu_xalloc((size_t)(2 * rounds + 1) * nn * sizeof *sm);
-        double *g = cpu_xalloc((size_t)nn * sizeof *g);
-        float *Z = sm + (size_t)(2 * rounds) * nn;
-        for (long r = r0; r < r1; r++) {
-            for (int i = 0; i < n; i++) {
-                long e = r * n + i;
-                float h = hpre[e], dz = dhpre[e] * h * (1.0f - h);
-                dpre[e] = a_pre * dz;
-                pp[0] += (double)(dz * pre[e]);
-                pp[o_bpre + i] += (double)dz;
-                /* hpost = 2*sigmoid(z): dhpost/dz = hpost*(1 - hpost/2) */
-                h = hpost[e];
-                dz = dhpost[e] * h * (1.0f - 0.5f * h);
-                dpost[e] = a_post * dz;
-                pp[1] += (double)(dz * post[e]);
-                pp[o_bpost + i] += (double)dz;
-            }
-            /* recompute the 20 rounds, then walk them back: a log-normalise
-             * y = x - lse(x) has dx = dy - exp(y) * sum(dy) */
-            const float *rr = res + r * nn;
-            for (int i = 0; i < nn; i++)
-                Z[i] = a_res * rr[i] + b_res[i];
-            sinkhorn_record(sm, Z, n, rounds);
-            for (int i = 0; i < nn; i++) /* M = exp(Z) */
-                g[i] = (double)dM[r * nn + i] * (double)san_expf(Z[i]);
-            for (int s = 2 * rounds - 1; s >= 0; s--) {
-                const float *e = sm + (size_t)s * nn;
-                int rowstep = !(s & 1), stp = rowstep ? 1 : n;
+        /* Sinkhorn states for SK_W rows at a time, SoA (cpu_sinkhorn.c) */
+        float *sm = cpu_xalloc((size_t)(2 * rounds + 1) * nn * SK_W * sizeof *sm);
+        double *g = cpu_xalloc((size_t)nn * SK_W * sizeof *g);
+        float *Z = sm + (size_t)(2 * rounds) * nn * SK_W;
+        for (long g0 = r0; g0 < r1; g0 += SK_W) {
+            int w = r1 - g0 < SK_W ? (int)(r1 - g0) : SK_W;
+            for (long r = g0; r < g0 + w; r++)
+                for (int i = 0; i < n; i++) {
+                    long e = r * n + i;
+                    float h = hpre[e], dz = dhpre[e] * h * (1.0f - h);
+                    dpre[e] = a_pre * dz;
+                    pp[0] += (double)(dz * pre[e]);
+                    pp[o_bpre + i] += (double)dz;
+                    /* hpost = 2*sigmoid(z): dhpost/dz = hpost*(1 - hpost/2) */
+                    h = hpost[e];
+                    dz = dhpost[e] * h * (1.0f - 0.5f * h);
+                    dpost[e] = a_post * dz;
+                    pp[1] += (double)(dz * post[e]);
+                    pp[o_bpost + i] += (double)dz;
+                }
+            /* recompute the 20 rounds keeping each half-round's softmax,
+             * then walk them back: a log-normalise y = x - lse(x) has
+             * dx = dy - exp(y) * sum(dy). Unused lanes run on zeros. */
+            memset(Z, 0, (size_t)nn * SK_W * sizeof *Z);
+            memset(g, 0, (size_t)nn * SK_W * sizeof *g);
+            for (int k = 0; k < w; k++)
+                for (int i = 0; i < nn; i++)
+                    Z[(size_t)i * SK_W + k] = a_res * res[(g0 + k) * nn + i] + b_res[i];
+            for (int st = 0; st < 2 * rounds; st++)
+                san_sinkhorn_halfstep(Z, sm + (size_t)st * nn * SK_W, n, !(st & 1));
+            for (int k = 0; k < w; k++) /* M = exp(Z) */
+                for (int i = 0; i < nn; i++)
+                    g[(size_t)i * SK_W + k] =
+                        (double)dM[(g0 + k) * nn + i] * (double)san_expf(Z[(size_t)i * SK_W + k]);
+            for (int st = 2 * rounds - 1; st >= 0; st--) {
+                const float *e = sm + (size_t)st * nn * SK_W;
+                int rowstep = !(st & 1), stp = rowstep ? 1 : n;
                 for (int a = 0; a < n; a++) {
                     int base = rowstep ? a * n : a;
-                    double sum = 0;
-                    for (int b = 0; b < n; b++)
-                        sum += g[base + b * stp];
-                    for (int b = 0; b < n; b++)
-                        g[base + b * stp] -= (double)e[base + b * stp] * sum;
+                    double sum[SK_W] = {0};
+                    for (int b = 0; b < n; b++) {
+                        const double *gb = g + (size_t)(base + b * stp) * SK_W;
+                        for (int k = 0; k < SK_W; k++)
+                            sum[k] += gb[k];
+                    }
+                    for (int b = 0; b < n; b++) {
+                        double *gb = g + (size_t)(base + b * stp) * SK_W;
+                        const float *eb = e + (size_t)(base + b * stp) * SK_W;
+                        for (int k = 0; k < SK_W; k++)
+                            gb[k] -= (double)eb[k] * sum[k];
+                    }
                 }
             }
-            for (int i = 0; i < nn; i++) {
-                dres[r * nn + i] = (float)(a_res * g[i]);
-                pp[2] += g[i] * rr[i];
-                pp[o_bres + i] += g[i];
+            for (int k = 0; k < w; k++) {
+                long r = g0 + k;
+                const float *rr = res + r * nn;
+                for (int i = 0; i < nn; i++) {
+                    double gi = g[(size_t)i * SK_W + k];
+                    dres[r * nn + i] = (float)(a_res * gi);
+                    pp[2] += gi * rr[i];
+                    pp[o_bres + i] += gi;
+                }
             }
         }
         free(g);

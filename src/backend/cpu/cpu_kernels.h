@@ -52,6 +52,37 @@ static inline float san_expf(float x)
     return x != x ? x : y;
 }
 
+/* log(x) for positive, normal, finite float32 x in plain arithmetic (no
+ * libm call) so it vectorises: x = m 2^e with m in [sqrt(1/2), sqrt(2)),
+ * log(m) from Cephes' degree-9 polynomial (within ~1 ulp of logf), e ln2
+ * added in two parts. Only used on sums of exponentials (>= 1). */
+static inline float san_logf(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    int e = (int)((u >> 23) & 0xffu) - 126;
+    u = (u & 0x007fffffu) | 0x3f000000u; /* mantissa in [0.5, 1) */
+    float m;
+    memcpy(&m, &u, 4);
+    int lo = m < 0.707106781186547524f;
+    float fe = (float)(e - lo);
+    m = lo ? m + m - 1.0f : m - 1.0f;
+    float z = m * m;
+    float y = 7.0376836292e-2f;
+    y = y * m - 1.1514610310e-1f;
+    y = y * m + 1.1676998740e-1f;
+    y = y * m - 1.2420140846e-1f;
+    y = y * m + 1.4249322787e-1f;
+    y = y * m - 1.6668057665e-1f;
+    y = y * m + 2.0000714765e-1f;
+    y = y * m - 2.4999993993e-1f;
+    y = y * m + 3.3333331174e-1f;
+    y = y * m * z;
+    y += -2.12194440e-4f * fe;
+    y += -0.5f * z;
+    return (m + y) + 0.693359375f * fe;
+}
+
 static inline float san_sigmoid(float x)
 {
     return 1.0f / (1.0f + san_expf(-x));
@@ -98,6 +129,12 @@ static inline uint32_t san_engram_index(const int32_t *seq, int t, int order, in
 /* In place: M (n x n logits) -> exp of `rounds` alternating row then
  * column log-normalisations. */
 void san_sinkhorn(float *M, int n, int rounds);
+/* The same on `rows` consecutive n x n matrices (cpu_sinkhorn.c). */
+void san_sinkhorn_rows(float *M, long rows, int n, int rounds);
+/* Matrices per vectorised Sinkhorn group, and one half-round on a group in
+ * SoA form (see cpu_sinkhorn.c). */
+#define SK_W 16
+void san_sinkhorn_halfstep(float *Z, float *E, int n, int rowstep);
 
 void cpu_attention(const nd_backend *be, float *out, float *lse, const float *q, const float *k,
                    const float *v, int B, int T, int H, int G, int hd);

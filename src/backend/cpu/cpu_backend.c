@@ -305,29 +305,42 @@ static void cpu_hadamard_mlp(const nd_backend *be, float *y, float *h1, const fl
     float scale = san_walsh_scale(hn);
 #pragma omp parallel
     {
-        float *tmp = malloc((size_t)hn * sizeof *tmp);
-#pragma omp for schedule(static)
-        for (long r = 0; r < N; r++) {
-            float *h = h1 + r * hn;
-            const float *zr = z + r * d;
-            for (int i = 0; i < d; i++)
-                h[i] = d1[i] * zr[i];
-            for (int i = d; i < hn; i++)
-                h[i] = 0.0f;
-            san_fwht(h, hn, scale);
+        /* SK_W consecutive rows at a time in SoA form, so every transform
+         * stage is full-width vector work (see san_fwht_soa) */
+        int t = omp_get_thread_num(), team = omp_get_num_threads();
+        long r0 = N * t / team, r1 = N * (t + 1) / team;
+        float *H = cpu_xalloc((size_t)2 * hn * SK_W * sizeof *H), *S = H + (size_t)hn * SK_W;
+        for (long g0 = r0; g0 < r1; g0 += SK_W) {
+            int w = r1 - g0 < SK_W ? (int)(r1 - g0) : SK_W;
+            memset(H, 0, (size_t)hn * SK_W * sizeof *H); /* pad rows d..hn, idle lanes */
+            for (int k = 0; k < w; k++) {
+                const float *zr = z + (g0 + k) * d;
+                for (int i = 0; i < d; i++)
+                    H[(size_t)i * SK_W + k] = d1[i] * zr[i];
+            }
+            san_fwht_soa(H, hn, scale);
+            for (int k = 0; k < w; k++) {
+                float *h = h1 + (g0 + k) * hn;
+                for (int i = 0; i < hn; i++)
+                    h[i] = H[(size_t)i * SK_W + k];
+            }
             for (int i = 0; i < hn; i++)
-                tmp[i] = san_silu(d2[i] * h[i]);
-            san_fwht(tmp, hn, scale);
-            const float *xr = x + r * d;
-            float *yr = y + r * d;
-            if (u)
-                for (int i = 0; i < d; i++)
-                    yr[i] = (xr[i] + d3[i] * tmp[i]) - u[r * d + i];
-            else
-                for (int i = 0; i < d; i++)
-                    yr[i] = xr[i] + d3[i] * tmp[i];
+                for (int k = 0; k < SK_W; k++)
+                    S[(size_t)i * SK_W + k] = san_silu(d2[i] * H[(size_t)i * SK_W + k]);
+            san_fwht_soa(S, hn, scale);
+            for (int k = 0; k < w; k++) {
+                long r = g0 + k;
+                const float *xr = x + r * d;
+                float *yr = y + r * d;
+                if (u)
+                    for (int i = 0; i < d; i++)
+                        yr[i] = (xr[i] + d3[i] * S[(size_t)i * SK_W + k]) - u[r * d + i];
+                else
+                    for (int i = 0; i < d; i++)
+                        yr[i] = xr[i] + d3[i] * S[(size_t)i * SK_W + k];
+            }
         }
-        free(tmp);
+        free(H);
     }
 }
 

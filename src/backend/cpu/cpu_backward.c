@@ -604,45 +604,66 @@ void cpu_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1, floa
             r0 = N * t / team;
             r1 = N * (t + 1) / team;
         }
-        float *w = cpu_xalloc((size_t)3 * hn * sizeof *w), *g = w + hn, *sg = w + 2 * hn;
-        for (long r = r0; r < r1; r++) {
-            const float *h = h1 + r * hn, *gy = dy + r * d, *zr = z + r * d;
-            /* recompute w = fwht(silu(d2*h1)) */
-            for (int i = 0; i < hn; i++) {
-                float s = d2[i] * h[i];
-                sg[i] = san_sigmoid(s);
-                w[i] = s * sg[i];
-            }
-            san_fwht(w, hn, scale);
-            /* out = (d3*w)[:d]; the scaled Walsh matrix is symmetric, so the
-             * transpose of each fwht is fwht itself */
-            for (int i = 0; i < d; i++)
-                g[i] = gy[i] * d3[i];
-            for (int i = d; i < hn; i++)
-                g[i] = 0.0f;
-            if (pp)
-                for (int i = 0; i < d; i++)
-                    pp[2 * hn + i] += (double)(gy[i] * w[i]);
-            san_fwht(g, hn, scale);
-            /* silu'(s) = sg*(1 + s*(1-sg)) */
-            for (int i = 0; i < hn; i++) {
-                float s = d2[i] * h[i];
-                g[i] *= sg[i] * (1.0f + s * (1.0f - sg[i]));
-            }
-            if (pp)
+        /* SK_W consecutive rows at a time in SoA form (see san_fwht_soa);
+         * the partial sums still take rows in order */
+        size_t blk = (size_t)hn * SK_W;
+        float *H = cpu_xalloc(4 * blk * sizeof *H), *W = H + blk, *SG = H + 2 * blk,
+              *Gm = H + 3 * blk;
+        for (long g0 = r0; g0 < r1; g0 += SK_W) {
+            int wn = r1 - g0 < SK_W ? (int)(r1 - g0) : SK_W;
+            memset(H, 0, blk * sizeof *H);   /* idle lanes of a short group */
+            memset(Gm, 0, blk * sizeof *Gm); /* and rows d..hn of the gradient */
+            for (int k = 0; k < wn; k++) {
+                const float *h = h1 + (g0 + k) * hn, *gy = dy + (g0 + k) * d;
                 for (int i = 0; i < hn; i++)
-                    pp[hn + i] += (double)(g[i] * h[i]);
+                    H[(size_t)i * SK_W + k] = h[i];
+                for (int i = 0; i < d; i++)
+                    Gm[(size_t)i * SK_W + k] = gy[i] * d3[i];
+            }
+            /* recompute W = fwht(silu(d2*h1)) */
             for (int i = 0; i < hn; i++)
-                g[i] *= d2[i];
-            san_fwht(g, hn, scale);
-            float *dzr = dz + r * d;
-            for (int i = 0; i < d; i++) {
-                if (pp)
-                    pp[i] += (double)(g[i] * zr[i]);
-                dzr[i] = g[i] * d1[i];
+                for (int k = 0; k < SK_W; k++) {
+                    float sv = d2[i] * H[(size_t)i * SK_W + k], sg = san_sigmoid(sv);
+                    SG[(size_t)i * SK_W + k] = sg;
+                    W[(size_t)i * SK_W + k] = sv * sg;
+                }
+            san_fwht_soa(W, hn, scale);
+            /* out = (d3*W)[:d]; the scaled Walsh matrix is symmetric, so the
+             * transpose of each fwht is fwht itself */
+            if (pp)
+                for (int k = 0; k < wn; k++) {
+                    const float *gy = dy + (g0 + k) * d;
+                    for (int i = 0; i < d; i++)
+                        pp[2 * hn + i] += (double)(gy[i] * W[(size_t)i * SK_W + k]);
+                }
+            san_fwht_soa(Gm, hn, scale);
+            /* silu'(s) = sg*(1 + s*(1-sg)) */
+            for (int i = 0; i < hn; i++)
+                for (int k = 0; k < SK_W; k++) {
+                    size_t e = (size_t)i * SK_W + k;
+                    float sv = d2[i] * H[e];
+                    Gm[e] *= SG[e] * (1.0f + sv * (1.0f - SG[e]));
+                }
+            if (pp)
+                for (int k = 0; k < wn; k++)
+                    for (int i = 0; i < hn; i++)
+                        pp[hn + i] += (double)(Gm[(size_t)i * SK_W + k] * H[(size_t)i * SK_W + k]);
+            for (int i = 0; i < hn; i++)
+                for (int k = 0; k < SK_W; k++)
+                    Gm[(size_t)i * SK_W + k] *= d2[i];
+            san_fwht_soa(Gm, hn, scale);
+            for (int k = 0; k < wn; k++) {
+                const float *zr = z + (g0 + k) * d;
+                float *dzr = dz + (g0 + k) * d;
+                for (int i = 0; i < d; i++) {
+                    float gi = Gm[(size_t)i * SK_W + k];
+                    if (pp)
+                        pp[i] += (double)(gi * zr[i]);
+                    dzr[i] = gi * d1[i];
+                }
             }
         }
-        free(w);
+        free(H);
     }
     if (want) {
         partials_reduce(&P, dd1, 0, hn);

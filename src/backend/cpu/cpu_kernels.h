@@ -11,6 +11,9 @@
 #include "backend/backend.h"
 
 #define SAN_SINKHORN_ROUNDS 20
+/* rows per vectorised group in the SoA kernels (Sinkhorn, Hadamard MLP):
+ * one AVX-512 vector of floats */
+#define SK_W 16
 #define SAN_ENGRAM_SEED 0x9E3779B9u
 #define SAN_ENGRAM_PRIME 0x01000193u
 /* queries per attention work block (forward and backward use the same
@@ -114,6 +117,26 @@ static inline void san_fwht(float *x, int n, float scale)
         x[i] *= scale;
 }
 
+/* san_fwht on SK_W vectors at once, stored side by side (element i of
+ * vector k at X[i * SK_W + k]): the same float operations per vector, but
+ * every butterfly is one full-width vector operation, including the first
+ * stages whose pairs sit 1, 2, 4 elements apart in a single row. */
+static inline void san_fwht_soa(float *X, int n, float scale)
+{
+    for (int h = 1; h < n; h <<= 1)
+        for (int i = 0; i < n; i += h << 1)
+            for (int j = i; j < i + h; j++) {
+                float *a = X + (size_t)j * SK_W, *b = X + (size_t)(j + h) * SK_W;
+                for (int k = 0; k < SK_W; k++) {
+                    float p = a[k], q = b[k];
+                    a[k] = p + q;
+                    b[k] = p - q;
+                }
+            }
+    for (int i = 0; i < n * SK_W; i++)
+        X[i] *= scale;
+}
+
 /* Engram hash of table k (order `order`) at position t of one sequence. */
 static inline uint32_t san_engram_index(const int32_t *seq, int t, int order, int k, int slots)
 {
@@ -133,7 +156,6 @@ void san_sinkhorn(float *M, int n, int rounds);
 void san_sinkhorn_rows(float *M, long rows, int n, int rounds);
 /* Matrices per vectorised Sinkhorn group, and one half-round on a group in
  * SoA form (see cpu_sinkhorn.c). */
-#define SK_W 16
 void san_sinkhorn_halfstep(float *Z, float *E, int n, int rowstep);
 
 void cpu_attention(const nd_backend *be, float *out, float *lse, const float *q, const float *k,

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/mem.h"
 #include "core/rng.h"
 #include "core/status.h"
 
@@ -57,19 +58,18 @@ int san_model_layout(san_model *m, const san_config *cfg)
     float std = 0.02f, res_std = (float)(0.02 / sqrt(2.0 * L));
     int cap = 0;
     const char *blk = "stack/layers/block";
-#define ADD(slot, init, val, nd_, shape, ...)                                                    \
-    do {                                                                                         \
-        rc = add(m, &cap, slot, init, val, nd_, shape, __VA_ARGS__);                             \
-        if (rc)                                                                                  \
-            goto fail;                                                                           \
+#define ADD(slot, init, val, nd_, shape, ...)                                                      \
+    do {                                                                                           \
+        rc = add(m, &cap, slot, init, val, nd_, shape, __VA_ARGS__);                               \
+        if (rc)                                                                                    \
+            goto fail;                                                                             \
     } while (0)
     ADD(SLOT(emb), INIT_NORMAL, std, 2, S(D->V, d), "embedding/embedding");
     ADD(SLOT(norm_in), INIT_ZEROS, 0, 2, S(L, d), "%s/ZCRMSNorm_0/scale", blk);
     ADD(SLOT(wq), INIT_NORMAL, std, 3, S(L, d, D->q_dim), "%s/self_attn/q_proj/kernel", blk);
     ADD(SLOT(wk), INIT_NORMAL, std, 3, S(L, d, D->kv_dim), "%s/self_attn/k_proj/kernel", blk);
     ADD(SLOT(wv), INIT_NORMAL, std, 3, S(L, d, D->kv_dim), "%s/self_attn/v_proj/kernel", blk);
-    ADD(SLOT(wgate), INIT_NORMAL, std, 3, S(L, d, D->q_dim), "%s/self_attn/gate_proj/kernel",
-        blk);
+    ADD(SLOT(wgate), INIT_NORMAL, std, 3, S(L, d, D->q_dim), "%s/self_attn/gate_proj/kernel", blk);
     ADD(SLOT(wout), INIT_NORMAL, res_std, 3, S(L, D->q_dim, d), "%s/self_attn/out_proj/kernel",
         blk);
     ADD(SLOT(q_norm), INIT_ZEROS, 0, 2, S(L, D->hd), "%s/self_attn/q_norm/scale", blk);
@@ -91,8 +91,8 @@ int san_model_layout(san_model *m, const san_config *cfg)
     ADD(SLOT(a_res), INIT_CONST, 0.01f, 1, S(L), "stack/mhc_a_res");
     ADD(SLOT(final_norm), INIT_ZEROS, 0, 1, S(d), "stack/final_norm/scale");
     for (int s = 0; s < cfg->n_sites; s++) {
-        ADD(SLOT(eng[s].table), INIT_NORMAL, std, 3, S(D->eng_tables, cfg->engram_slots, D->eng_sub),
-            "engrams_%d/embedding", s);
+        ADD(SLOT(eng[s].table), INIT_NORMAL, std, 3,
+            S(D->eng_tables, cfg->engram_slots, D->eng_sub), "engrams_%d/embedding", s);
         ADD(SLOT(eng[s].wk), INIT_NORMAL, std, 2, S(D->eng_dim, d), "engrams_%d/key_proj/kernel",
             s);
         ADD(SLOT(eng[s].wv), INIT_NORMAL, res_std, 2, S(D->eng_dim, d),
@@ -121,7 +121,7 @@ int san_model_create(san_model *m, const san_config *cfg)
     int rc = san_model_layout(m, cfg);
     if (rc)
         return rc;
-    m->mem = calloc(m->numel, sizeof(float));
+    m->mem = nd_calloc_big(m->numel, sizeof(float));
     if (!m->mem) {
         rc = nd_error(ND_ENOMEM, "out of memory allocating %zu parameters", m->numel);
         free(m->tensors);

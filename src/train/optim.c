@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/mem.h"
 #include "core/status.h"
 
 long nd_warmup_steps(long S)
@@ -41,8 +42,8 @@ int nd_adamw_init(nd_adamw *o, size_t n, float peak_lr, long total_steps)
     o->total_steps = total_steps;
     o->warmup_steps = nd_warmup_steps(total_steps);
     o->n = n;
-    o->mu = calloc(n ? n : 1, sizeof(float));
-    o->nu = calloc(n ? n : 1, sizeof(float));
+    o->mu = nd_calloc_big(n ? n : 1, sizeof(float));
+    o->nu = nd_calloc_big(n ? n : 1, sizeof(float));
     if (!o->mu || !o->nu) {
         nd_adamw_free(o);
         return nd_error(ND_ENOMEM, "out of memory for optimiser state");

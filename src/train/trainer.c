@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/mem.h"
 #include "core/status.h"
 
 int nd_trainer_create(nd_trainer *tr, const san_model *m, const nd_backend *be, san_lora *lora,
@@ -35,13 +36,13 @@ int nd_trainer_create(nd_trainer *tr, const san_model *m, const nd_backend *be, 
         for (int t = 0; t < LORA_NTARGETS; t++)
             if (lora->t[t].present)
                 merged += (size_t)lora->L * lora->t[t].in * lora->t[t].out;
-    tr->merged = malloc(sizeof(float) * (merged ? merged : 1));
+    tr->merged = nd_calloc_big(merged ? merged : 1, sizeof(float));
     tr->lora_g = lora ? calloc(lora->numel ? lora->numel : 1, sizeof(float)) : NULL;
     tr->row_loss = malloc(sizeof(float) * N);
     tr->row_w = malloc(sizeof(float) * N);
     tr->tgt = malloc(sizeof(int32_t) * N);
     if (full_grads) {
-        tr->full_g = calloc(m->numel, sizeof(float));
+        tr->full_g = nd_calloc_big(m->numel, sizeof(float));
         if (tr->full_g)
             san_weights_bind(m, tr->full_g, &tr->gw);
     }

@@ -1,4 +1,3 @@
-#define _DEFAULT_SOURCE /* madvise */
 /* CPU backend: GEMMs through cblas (OpenBLAS), everything else as plain
  * loops parallelised with OpenMP over token rows. */
 #include <cblas.h>
@@ -7,33 +6,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "core/mem.h"
 #include "core/status.h"
-
-/* Activation blocks run to gigabytes and every kernel streams through
- * them with row strides of kilobytes: with 4 KB pages the TLB misses (dear
- * under virtualisation) dominated the forward GEMMs. Large blocks are
- * 2 MB-aligned and offered to transparent huge pages (the kernel's
- * "madvise" mode, Linux's default, only uses them where asked). */
-#define CPU_HUGE_MIN ((size_t)8 << 20)
-#define CPU_HUGE_ALIGN ((size_t)2 << 20)
 
 static void *cpu_alloc(const nd_backend *be, size_t bytes)
 {
     (void)be;
-    if (bytes < CPU_HUGE_MIN)
-        return calloc(1, bytes ? bytes : 1);
-    void *p = NULL;
-    if (posix_memalign(&p, CPU_HUGE_ALIGN, bytes))
-        return NULL;
-#ifdef MADV_HUGEPAGE
-    madvise(p, bytes, MADV_HUGEPAGE); /* advice only: failure is harmless */
-#endif
-    memset(p, 0, bytes);
-    return p;
+    return nd_calloc_big(1, bytes);
 }
 
 static void cpu_free(const nd_backend *be, void *p)

@@ -5,8 +5,8 @@
 
 #include "core/status.h"
 
-int san_grad_acts_create(san_grad_acts *g, const nd_backend *be, const san_model *m, int B,
-                         int T, int lora_rank)
+int san_grad_acts_create(san_grad_acts *g, const nd_backend *be, const san_model *m, int B, int T,
+                         int lora_rank)
 {
     memset(g, 0, sizeof *g);
     const san_dims *D = &m->dims;
@@ -53,8 +53,10 @@ int san_grad_acts_create(san_grad_acts *g, const nd_backend *be, const san_model
         P(g->deng_vp, N * d);
         P(g->deng_e, N * D->eng_dim);
     }
+    /* single projection: [N, rank]; the four sharing an input
+     * (lora_grads_shared_input): two [N, 4 rank] + two [d, 4 rank] */
     if (lora_rank > 0)
-        P(g->lora_tmp, N * (size_t)lora_rank);
+        P(g->lora_tmp, (2 * N + 2 * (size_t)d) * 4 * (size_t)lora_rank);
 #undef P
     size_t total = 0;
     for (int i = 0; i < np; i++)
@@ -83,13 +85,13 @@ void san_grad_acts_free(san_grad_acts *g)
 
 /* Gradients of y = x @ W_l (W_l = W + s*A@B) with respect to the weight:
  * full dW and/or the adapter's A, B. */
-static void linear_param_grads(const nd_backend *be, const san_grad_target *tgt,
-                               san_grad_acts *g, int target, float *dW_full, int l, int N,
-                               int in, int out, const float *x, const float *dy)
+static void linear_param_grads(const nd_backend *be, const san_grad_target *tgt, san_grad_acts *g,
+                               int target, float *dW_full, int l, int N, int in, int out,
+                               const float *x, const float *dy)
 {
     if (dW_full)
-        be->matmul(be, 1, 0, in, out, N, 1.0f, x, in, dy, out, 1.0f,
-                   dW_full + (size_t)l * in * out, out);
+        be->matmul(be, 1, 0, in, out, N, 1.0f, x, in, dy, out, 1.0f, dW_full + (size_t)l * in * out,
+                   out);
     const san_lora *lo = tgt->lora;
     if (!lo || !lo->t[target].present)
         return;
@@ -105,12 +107,60 @@ static void linear_param_grads(const nd_backend *be, const san_grad_target *tgt,
     be->matmul(be, 1, 0, in, r, N, s, x, in, g->lora_tmp, r, 1.0f, dA, r);
 }
 
+/* LoRA gradients of the four projections that read the same input x
+ * (q, k, v, gate). Rank-r GEMMs are thin (N x 16) and run far below GEMM
+ * speed, so the two that involve x are done once for all four adapters
+ * side by side: x @ [A_q|A_k|A_v|A_g] and x^T @ [U_q|U_k|U_v|U_g]. */
+static void lora_grads_shared_input(const nd_backend *be, const san_grad_target *tgt,
+                                    san_grad_acts *g, const int targets[4],
+                                    const float *const dys[4], const int outs[4], int l, int N,
+                                    int in, const float *x)
+{
+    const san_lora *lo = tgt->lora;
+    if (!lo)
+        return;
+    int r = lo->rank, k = 0, tj[4], oj[4];
+    const float *dyj[4];
+    for (int j = 0; j < 4; j++)
+        if (lo->t[targets[j]].present) {
+            tj[k] = targets[j];
+            oj[k] = outs[j];
+            dyj[k++] = dys[j];
+        }
+    if (!k)
+        return;
+    int R = k * r;
+    float s = lo->scale;
+    float *T = g->lora_tmp, *U = T + (size_t)N * R, *Acat = U + (size_t)N * R,
+          *dAcat = Acat + (size_t)in * R;
+    for (int j = 0; j < k; j++) {
+        const float *A = tgt->lora_w + lo->t[tj[j]].a_off + (size_t)l * in * r;
+        be->copy2d(be, Acat + (size_t)j * r, R, A, r, in, r);
+    }
+    be->matmul(be, 0, 0, N, R, in, 1.0f, x, in, Acat, R, 0.0f, T, R);
+    for (int j = 0; j < k; j++) {
+        const float *B = tgt->lora_w + lo->t[tj[j]].b_off + (size_t)l * r * oj[j];
+        float *dB = tgt->lora_g + lo->t[tj[j]].b_off + (size_t)l * r * oj[j];
+        be->matmul(be, 1, 0, r, oj[j], N, s, T + (size_t)j * r, R, dyj[j], oj[j], 1.0f, dB, oj[j]);
+        be->matmul(be, 0, 1, N, r, oj[j], 1.0f, dyj[j], oj[j], B, oj[j], 0.0f, U + (size_t)j * r,
+                   R);
+    }
+    /* dA_j += s x^T U_j, as one GEMM over the gathered dA blocks */
+    for (int j = 0; j < k; j++)
+        be->copy2d(be, dAcat + (size_t)j * r, R,
+                   tgt->lora_g + lo->t[tj[j]].a_off + (size_t)l * in * r, r, in, r);
+    be->matmul(be, 1, 0, in, R, N, s, x, in, U, R, 1.0f, dAcat, R);
+    for (int j = 0; j < k; j++)
+        be->copy2d(be, tgt->lora_g + lo->t[tj[j]].a_off + (size_t)l * in * r, r,
+                   dAcat + (size_t)j * r, R, in, r);
+}
+
 #define GP(field, off) (F ? F->field + (off) : NULL)
 
 /* dXn (gradient of the layer's output lanes) -> dX (of its input lanes),
  * with the layer's activations freshly recomputed in a->l. */
-static void layer_backward(const san_model *m, const san_weights *w, san_acts *a,
-                           san_grad_acts *g, const san_grad_target *tgt, int l, const float *X)
+static void layer_backward(const san_model *m, const san_weights *w, san_acts *a, san_grad_acts *g,
+                           const san_grad_target *tgt, int l, const float *X)
 {
     const nd_backend *be = a->be;
     const san_dims *D = &m->dims;
@@ -125,23 +175,22 @@ static void layer_backward(const san_model *m, const san_weights *w, san_acts *a
     const float *phi_res_l = w->phi_res + (size_t)l * nd * n * n;
 
     /* X_new = M X + hpost y */
-    be->lanes_update_backward(be, g->dX, g->dM, g->dhpost, g->dy, g->dXn, A->M, X, A->hpost,
-                              A->y, N, n, d);
+    be->lanes_update_backward(be, g->dX, g->dM, g->dhpost, g->dy, g->dXn, A->M, X, A->hpost, A->y,
+                              N, n, d);
 
     /* y = (x1 + mlp(z)) - u */
     be->hadamard_mlp_backward(be, g->dz, GP(d1, Lh), GP(d2, Lh), GP(d3, Lh), g->dy, A->z, A->h1,
                               w->d1 + Lh, w->d2 + Lh, w->d3 + Lh, N, d, hn);
     be->copy2d(be, g->dx1, (int)Nd, g->dy, (int)Nd, 1, (int)Nd);
-    be->rmsnorm_backward(be, g->dx1, GP(pre_hada, Ld), g->dz, A->x1, A->z_rstd, w->pre_hada + Ld,
-                         N, d, 1);
+    be->rmsnorm_backward(be, g->dx1, GP(pre_hada, Ld), g->dz, A->x1, A->z_rstd, w->pre_hada + Ld, N,
+                         d, 1);
 
     /* x1 = bx + sigmoid(gate) * zcrms(o2, post_norm) */
     const float *bx = A->u;
     for (int s = 0; s < m->cfg.n_sites; s++)
         if (m->cfg.engram_layers[s] == l)
             bx = A->bx;
-    be->residual_scaled_backward(be, g->dpn, GP(attn_gate, l), g->dx1, A->pn, w->attn_gate[l],
-                                 Nd);
+    be->residual_scaled_backward(be, g->dpn, GP(attn_gate, l), g->dx1, A->pn, w->attn_gate[l], Nd);
     be->copy2d(be, g->dbx, (int)Nd, g->dx1, (int)Nd, 1, (int)Nd);
     be->rmsnorm_backward(be, g->do2, GP(post_norm, Ld), g->dpn, A->o2, A->pn_rstd,
                          w->post_norm + Ld, N, d, 0);
@@ -153,8 +202,8 @@ static void layer_backward(const san_model *m, const san_weights *w, san_acts *a
 
     /* o = att * sigmoid(g); attention; rope; q/k norms */
     be->gate_sigmoid_backward(be, g->datt, g->dg, g->do_, A->att, A->g, (long)N * qd);
-    be->attention_backward(be, g->dqn, g->dkn, g->dv, g->datt, A->qn, A->kn, A->v, A->att,
-                           A->lse, a->B, a->T, D->H, D->G, hd);
+    be->attention_backward(be, g->dqn, g->dkn, g->dv, g->datt, A->qn, A->kn, A->v, A->att, A->lse,
+                           a->B, a->T, D->H, D->G, hd);
     be->rope_backward(be, g->dqn, a->rope_cos, a->rope_sin, a->B, a->T, D->H, hd);
     be->rope_backward(be, g->dkn, a->rope_cos, a->rope_sin, a->B, a->T, D->G, hd);
     be->rmsnorm_backward(be, g->dq, GP(q_norm, (size_t)l * hd), g->dqn, A->q, A->q_rstd,
@@ -163,20 +212,25 @@ static void layer_backward(const san_model *m, const san_weights *w, san_acts *a
                          w->k_norm + (size_t)l * hd, (long)N * D->G, hd, 0);
 
     /* the four projections of a = zcrms(bx, norm_in) */
-    be->matmul(be, 0, 1, N, d, qd, 1.0f, g->dq, qd, w->wq + (size_t)l * d * qd, qd, 0.0f, g->da,
+    be->matmul(be, 0, 1, N, d, qd, 1.0f, g->dq, qd, w->wq + (size_t)l * d * qd, qd, 0.0f, g->da, d);
+    be->matmul(be, 0, 1, N, d, kvd, 1.0f, g->dk, kvd, w->wk + (size_t)l * d * kvd, kvd, 1.0f, g->da,
                d);
-    be->matmul(be, 0, 1, N, d, kvd, 1.0f, g->dk, kvd, w->wk + (size_t)l * d * kvd, kvd, 1.0f,
-               g->da, d);
-    be->matmul(be, 0, 1, N, d, kvd, 1.0f, g->dv, kvd, w->wv + (size_t)l * d * kvd, kvd, 1.0f,
-               g->da, d);
-    be->matmul(be, 0, 1, N, d, qd, 1.0f, g->dg, qd, w->wgate + (size_t)l * d * qd, qd, 1.0f,
-               g->da, d);
-    linear_param_grads(be, tgt, g, LORA_Q, F ? F->wq : NULL, l, N, d, qd, A->a, g->dq);
-    linear_param_grads(be, tgt, g, LORA_K, F ? F->wk : NULL, l, N, d, kvd, A->a, g->dk);
-    linear_param_grads(be, tgt, g, LORA_V, F ? F->wv : NULL, l, N, d, kvd, A->a, g->dv);
-    linear_param_grads(be, tgt, g, LORA_GATE, F ? F->wgate : NULL, l, N, d, qd, A->a, g->dg);
-    be->rmsnorm_backward(be, g->dbx, GP(norm_in, Ld), g->da, bx, A->a_rstd, w->norm_in + Ld, N,
-                         d, 1);
+    be->matmul(be, 0, 1, N, d, kvd, 1.0f, g->dv, kvd, w->wv + (size_t)l * d * kvd, kvd, 1.0f, g->da,
+               d);
+    be->matmul(be, 0, 1, N, d, qd, 1.0f, g->dg, qd, w->wgate + (size_t)l * d * qd, qd, 1.0f, g->da,
+               d);
+    if (F) {
+        linear_param_grads(be, tgt, g, LORA_Q, F->wq, l, N, d, qd, A->a, g->dq);
+        linear_param_grads(be, tgt, g, LORA_K, F->wk, l, N, d, kvd, A->a, g->dk);
+        linear_param_grads(be, tgt, g, LORA_V, F->wv, l, N, d, kvd, A->a, g->dv);
+        linear_param_grads(be, tgt, g, LORA_GATE, F->wgate, l, N, d, qd, A->a, g->dg);
+    } else {
+        const int targets[4] = {LORA_Q, LORA_K, LORA_V, LORA_GATE}, outs[4] = {qd, kvd, kvd, qd};
+        const float *dys[4] = {g->dq, g->dk, g->dv, g->dg};
+        lora_grads_shared_input(be, tgt, g, targets, dys, outs, l, N, d, A->a);
+    }
+    be->rmsnorm_backward(be, g->dbx, GP(norm_in, Ld), g->da, bx, A->a_rstd, w->norm_in + Ld, N, d,
+                         1);
 
     /* bx = u + sum_s alpha_s v_s; y's "- u" term */
     be->copy2d(be, g->du, (int)Nd, g->dbx, (int)Nd, 1, (int)Nd);
@@ -232,8 +286,8 @@ int san_backward(const san_model *m, const san_weights *w, san_acts *a, san_grad
     be->matmul(be, 0, 0, N, d, V, 1.0f, a->logits, V, w->emb, d, 0.0f, g->dhf, d);
     if (F)
         be->matmul(be, 1, 0, V, d, N, 1.0f, a->logits, V, a->hf, d, 1.0f, F->emb, d);
-    be->rmsnorm_backward(be, g->dxm, GP(final_norm, 0), g->dhf, a->xm, a->hf_rstd, w->final_norm,
-                         N, d, 0);
+    be->rmsnorm_backward(be, g->dxm, GP(final_norm, 0), g->dhf, a->xm, a->hf_rstd, w->final_norm, N,
+                         d, 0);
     be->lanes_mean_backward(be, g->dXn, g->dxm, N, n, d);
 
     for (int s = 0; s < m->cfg.n_sites; s++) {
@@ -259,9 +313,8 @@ int san_backward(const san_model *m, const san_weights *w, san_acts *a, san_grad
     be->embed_backward(be, F->emb, dx0, tokens, N, d, (float)sqrt((double)d));
     const san_config *c = &m->cfg;
     for (int s = 0; s < c->n_sites; s++) {
-        be->engram_gather(be, a->eng_e, w->eng[s].table, a->eng_idx, a->B, a->T,
-                          c->engram_orders, c->n_orders, D->eng_heads, c->engram_slots,
-                          D->eng_sub);
+        be->engram_gather(be, a->eng_e, w->eng[s].table, a->eng_idx, a->B, a->T, c->engram_orders,
+                          c->n_orders, D->eng_heads, c->engram_slots, D->eng_sub);
         be->matmul(be, 0, 0, N, d, D->eng_dim, 1.0f, a->eng_e, D->eng_dim, w->eng[s].wv, d, 0.0f,
                    a->eng_vp, d);
         be->engram_taps_backward(be, g->deng_vp, F->eng[s].taps, g->deng_v[s], a->eng_vp,

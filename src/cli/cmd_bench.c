@@ -127,6 +127,10 @@ int cli_bench(int argc, char **argv)
     double *sec_unsorted = malloc(sizeof *sec_unsorted * (size_t)iters);
     const char *isa = "none";
     fprintf(stderr, "  %-9s %s (%d threads, %s)\n", "backend", be->name, be->threads, be->detail);
+    const char *forced = getenv("OPENBLAS_CORETYPE");
+    if (forced && *forced)
+        fprintf(stderr, "  %-9s OPENBLAS_CORETYPE=%s picks the BLAS kernels, not this CPU\n",
+                "note", forced);
     fprintf(stderr, "  %-9s %s %s  batch %lld x seq %lld  %.2fM params  %lld iters (+1 warmup)\n",
             "bench", what, preset, B, T, (double)m.numel / 1e6, iters);
     int rc = (!sec || !peak || !sec_unsorted) ? nd_error(ND_ENOMEM, "out of memory") : 0;

@@ -59,10 +59,7 @@ static void cpu_rmsnorm(const nd_backend *be, float *y, float *rstd, const float
     for (long r = 0; r < rows; r++) {
         const float *xr = x + r * dim;
         float *yr = y + r * dim;
-        float ss = 0.0f;
-        for (int i = 0; i < dim; i++)
-            ss += xr[i] * xr[i];
-        float rs = 1.0f / sqrtf(ss / (float)dim + 1e-6f);
+        float rs = 1.0f / sqrtf(san_dot(xr, xr, dim) / (float)dim + 1e-6f);
         if (rstd)
             rstd[r] = rs;
         if (scale)
@@ -148,12 +145,7 @@ static void cpu_engram_gate(const nd_backend *be, float *bx, float *alpha, const
 #pragma omp parallel for schedule(static)
     for (long r = 0; r < N; r++) {
         const float *ur = u + r * d, *kr = k + r * d, *vr = v + r * d;
-        float uu = 0, kk = 0, uk = 0;
-        for (int i = 0; i < d; i++) {
-            uu += ur[i] * ur[i];
-            kk += kr[i] * kr[i];
-            uk += ur[i] * kr[i];
-        }
+        float uu = san_dot(ur, ur, d), kk = san_dot(kr, kr, d), uk = san_dot(ur, kr, d);
         float ru = 1.0f / sqrtf(uu / (float)d + 1e-6f), rk = 1.0f / sqrtf(kk / (float)d + 1e-6f);
         float a = san_sigmoid(uk * ru * rk * inv_sqrt_d);
         alpha[r] = a;
@@ -250,13 +242,18 @@ static void cpu_lanes_mean(const nd_backend *be, float *xm, const float *X, long
     (void)be;
     float inv = 1.0f / (float)n;
 #pragma omp parallel for schedule(static)
-    for (long r = 0; r < N; r++)
-        for (int c = 0; c < d; c++) {
-            float s = 0;
-            for (int i = 0; i < n; i++)
-                s += X[(r * n + i) * d + c];
-            xm[r * d + c] = s * inv;
-        }
+    for (long r = 0; r < N; r++) {
+        /* lane by lane over whole rows (contiguous, vectorises) */
+        float *o = xm + r * d;
+        const float *Xr = X + r * n * d;
+        for (int c = 0; c < d; c++)
+            o[c] = Xr[c];
+        for (int i = 1; i < n; i++)
+            for (int c = 0; c < d; c++)
+                o[c] += Xr[i * d + c];
+        for (int c = 0; c < d; c++)
+            o[c] *= inv;
+    }
 }
 
 static void cpu_rope(const nd_backend *be, float *x, const float *cos_t, const float *sin_t, int B,

@@ -55,6 +55,25 @@ static inline float san_expf(float x)
     return x != x ? x : y;
 }
 
+/* Dot product with 32 independent partial sums: a single running sum is
+ * one chain of dependent adds (a few flops per cycle at best), while the
+ * partial sums vectorise into independent accumulators. Reduced in a fixed
+ * pairwise order, so the result depends only on the inputs. */
+static inline float san_dot(const float *a, const float *b, int n)
+{
+    float acc[32] = {0}, tail = 0.0f;
+    int i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int j = 0; j < 32; j++)
+            acc[j] += a[i + j] * b[i + j];
+    for (; i < n; i++)
+        tail += a[i] * b[i];
+    for (int w = 16; w >= 1; w >>= 1)
+        for (int j = 0; j < w; j++)
+            acc[j] += acc[j + w];
+    return acc[0] + tail;
+}
+
 /* log(x) for positive, normal, finite float32 x in plain arithmetic (no
  * libm call) so it vectorises: x = m 2^e with m in [sqrt(1/2), sqrt(2)),
  * log(m) from Cephes' degree-9 polynomial (within ~1 ulp of logf), e ln2

@@ -24,6 +24,47 @@ static void cpu_free(const nd_backend *be, void *p)
     free(p);
 }
 
+/* One GEMM on all threads, split by us: each thread runs a single-threaded
+ * cblas_sgemm on its own block of rows of C (or of columns when C has few
+ * rows). OpenBLAS's own threading synchronises its threads several times
+ * per call with sched_yield spins, which on a shared virtual machine cost
+ * ~10% of a training step; a block split needs one barrier at the end and
+ * only re-packs the shared operand once per thread. */
+static void gemm_split(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                       const float *B, int ldb, float beta, float *C, int ldc)
+{
+    enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
+    int team = omp_in_parallel() ? 1 : omp_get_max_threads();
+    int by_rows = M >= N || N < 128;
+    int along = by_rows ? M : N;
+    if (team > along / 64)
+        team = along / 64;
+    if (team <= 1) {
+        cblas_sgemm(CblasRowMajor, TA, TB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+#pragma omp parallel num_threads(team)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        /* blocks in multiples of 16 rows/columns (the kernels' tile) */
+        int step = (along / nt + 15) & ~15;
+        int lo = t * step, hi = t == nt - 1 ? along : (t + 1) * step;
+        if (hi > along)
+            hi = along;
+        if (lo < hi) {
+            if (by_rows) {
+                const float *Ab = ta ? A + lo : A + (size_t)lo * lda;
+                cblas_sgemm(CblasRowMajor, TA, TB, hi - lo, N, K, alpha, Ab, lda, B, ldb, beta,
+                            C + (size_t)lo * ldc, ldc);
+            } else {
+                const float *Bb = tb ? B + (size_t)lo * ldb : B + lo;
+                cblas_sgemm(CblasRowMajor, TA, TB, M, hi - lo, K, alpha, A, lda, Bb, ldb, beta,
+                            C + lo, ldc);
+            }
+        }
+    }
+}
+
 static void cpu_matmul(const nd_backend *be, int ta, int tb, int M, int N, int K, float alpha,
                        const float *A, int lda, const float *B, int ldb, float beta, float *C,
                        int ldc)
@@ -47,8 +88,7 @@ static void cpu_matmul(const nd_backend *be, int ta, int tb, int M, int N, int K
                     ldb, A, 1, beta, C, 1);
         return;
     }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
-                K, alpha, A, lda, B, ldb, beta, C, ldc);
+    gemm_split(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 static void cpu_rmsnorm(const nd_backend *be, float *y, float *rstd, const float *x,

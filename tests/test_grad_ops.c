@@ -665,9 +665,8 @@ static void lm_fwd(double *out)
         }
 }
 
-static void test_lanes(void)
+static void test_lanes(int N, int n, int d)
 {
-    int N = 3, n = 4, d = 5;
     long nX = (long)N * n * d, nh = (long)N * n, nd = (long)N * d;
     float *X = fvec(nX, 1.0), *h = fvec(nh, 1.0), *M = fvec((long)N * n * n, 0.5), *y = fvec(nd, 1);
     LN.N = N;
@@ -1044,6 +1043,7 @@ int main(void)
     test_cross_entropy();
     test_rmsnorm_case(7, 12, 1);
     test_rmsnorm_case(5, 9, 0);
+    test_rmsnorm_case(3, 75, 1); /* dot products past their 32 partial sums */
     test_rmsnorm_reduction();
     test_embed();
     test_engram_gather();
@@ -1052,7 +1052,13 @@ int main(void)
     test_engram_gate(1);
     test_hyper_coeffs(3, 4, 1);
     test_hyper_coeffs(2, 3, 2);
-    test_lanes();
+    /* lanes_update_backward has an unrolled path for n = 4, a runtime-n one
+     * up to 8 lanes and a generic one beyond; d covers full column chunks
+     * of 16 and a partial one */
+    test_lanes(3, 4, 5);
+    test_lanes(2, 4, 37);
+    test_lanes(2, 3, 20);
+    test_lanes(2, 9, 18);
     test_rope();
     test_attention(2, 80, 4, 2, 8);
     test_attention(1, 3, 2, 1, 4);

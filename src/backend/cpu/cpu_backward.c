@@ -75,32 +75,47 @@ static void partials_free(partials *p)
  * line): each chunk is owned by one thread and walks the rows in order. */
 #define COLCHUNK 16
 
-/* Dot product over 8 independent partial sums: without -ffast-math the
- * compiler may not reorder one float accumulator, so this is what lets
- * the reduction vectorise (in a fixed order). */
-static inline float dot8(const float *a, const float *b, int n)
+/* Dot products keep DOT_LANES independent partial sums. Without
+ * -ffast-math the compiler may not reorder a float accumulator, and a single
+ * 8-wide chain is bound by the add latency (one vector per ~3 cycles); 32
+ * lanes are two zmm (four ymm) chains kept in registers, which is as fast as
+ * the loads allow here (64 measured no faster). The lanes are then added
+ * pairwise in a fixed order, so the result depends only on the inputs, not
+ * on the thread count or alignment. */
+#define DOT_LANES 32
+
+/* Sum of w (a power of two) partial sums, pairwise by halving, in place */
+static inline float lanes_sum(float *a, int w)
 {
-    float acc[8] = {0};
+    for (w /= 2; w > 0; w /= 2)
+        for (int j = 0; j < w; j++)
+            a[j] += a[j + w];
+    return a[0];
+}
+
+static inline float fdot(const float *a, const float *b, int n)
+{
+    float acc[DOT_LANES] = {0};
     int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++)
+    for (; i + DOT_LANES <= n; i += DOT_LANES)
+        for (int j = 0; j < DOT_LANES; j++)
             acc[j] += a[i + j] * b[i + j];
     for (int j = 0; i < n; i++, j++)
         acc[j] += a[i] * b[i];
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    return lanes_sum(acc, DOT_LANES);
 }
 
 /* sum_i a_i * (1 + w_i) * b_i, same scheme */
-static inline float dot8w(const float *a, const float *w, const float *b, int n)
+static inline float fdotw(const float *a, const float *w, const float *b, int n)
 {
-    float acc[8] = {0};
+    float acc[DOT_LANES] = {0};
     int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++)
+    for (; i + DOT_LANES <= n; i += DOT_LANES)
+        for (int j = 0; j < DOT_LANES; j++)
             acc[j] += a[i + j] * (1.0f + w[i + j]) * b[i + j];
     for (int j = 0; i < n; i++, j++)
         acc[j] += a[i] * (1.0f + w[i]) * b[i];
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    return lanes_sum(acc, DOT_LANES);
 }
 
 /* ---- loss, norms, embeddings ---- */
@@ -162,9 +177,9 @@ void cpu_rmsnorm_backward(const nd_backend *be, float *dx, float *dscale, const 
             if (rstd)
                 rs = rstd[r];
             else
-                rs = 1.0f / sqrtf(dot8(xr, xr, dim) * inv_dim + 1e-6f);
+                rs = 1.0f / sqrtf(fdot(xr, xr, dim) * inv_dim + 1e-6f);
             /* g = dy*(1+scale); dx = rs*g - x*rs^3*<g,x>/dim */
-            float gx = scale ? dot8w(gr, scale, xr, dim) : dot8(gr, xr, dim);
+            float gx = scale ? fdotw(gr, scale, xr, dim) : fdot(gr, xr, dim);
             float c = rs * rs * rs * gx * inv_dim;
             if (ps)
                 for (int i = 0; i < dim; i++)
@@ -296,8 +311,8 @@ void cpu_engram_gate_backward(const nd_backend *be, float *du, float *dk, float 
 #pragma omp parallel for schedule(static)
     for (long r = 0; r < N; r++) {
         const float *ur = u + r * d, *kr = k + r * d, *vr = v + r * d, *g = dbx + r * d;
-        float uu = dot8(ur, ur, d), kk = dot8(kr, kr, d), uk = dot8(ur, kr, d);
-        float gv = dot8(g, vr, d);
+        float uu = fdot(ur, ur, d), kk = fdot(kr, kr, d), uk = fdot(ur, kr, d);
+        float gv = fdot(g, vr, d);
         float ru = 1.0f / sqrtf(uu * inv_d + 1e-6f), rk = 1.0f / sqrtf(kk * inv_d + 1e-6f);
         float a = alpha[r];
         /* s = c*<u,k>*ru*rk, alpha = sigmoid(s) */
@@ -411,21 +426,147 @@ void cpu_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, 
 
 /* ---- lanes ---- */
 
+/* Returns <g, x> (DOT_LANES partial sums, as fdot) and does dx += h g in
+ * the same pass, sharing the loads of g. dx must not overlap g or x. */
+static inline float dot_axpy(float *restrict dx, const float *restrict g, const float *restrict x,
+                             float h, int n)
+{
+    float acc[DOT_LANES] = {0};
+    int i = 0;
+    for (; i + DOT_LANES <= n; i += DOT_LANES)
+        for (int j = 0; j < DOT_LANES; j++) {
+            acc[j] += g[i + j] * x[i + j];
+            dx[i + j] += h * g[i + j];
+        }
+    for (int j = 0; i < n; i++, j++) {
+        acc[j] += g[i] * x[i];
+        dx[i] += h * g[i];
+    }
+    return lanes_sum(acc, DOT_LANES);
+}
+
 void cpu_lanes_combine_backward(const nd_backend *be, float *dhpre, float *dX, const float *du,
                                 const float *hpre, const float *X, long N, int n, int d)
 {
     (void)be;
 #pragma omp parallel for schedule(static)
-    for (long r = 0; r < N; r++) {
-        const float *g = du + r * d;
-        for (int i = 0; i < n; i++) {
-            const float *x = X + (r * n + i) * d;
-            float *dx = dX + (r * n + i) * d, h = hpre[r * n + i];
-            dhpre[r * n + i] = dot8(g, x, d);
-            for (int c = 0; c < d; c++)
-                dx[c] += h * g[c];
+    for (long r = 0; r < N; r++)
+        for (int i = 0; i < n; i++)
+            dhpre[r * n + i] =
+                dot_axpy(dX + (r * n + i) * d, du + r * d, X + (r * n + i) * d, hpre[r * n + i], d);
+}
+
+/* lanes_update_backward walks each row once in chunks of LU_CHUNK columns
+ * for up to LU_MAXN lanes; its partial sums, (LU_MAXN^2 + LU_MAXN) x
+ * LU_CHUNK floats, stay in L1. */
+#define LU_CHUNK 16
+#define LU_MAXN 8
+#define LU_INLINE static inline __attribute__((always_inline))
+
+/* One chunk of one row: G, X are n rows of LU_CHUNK columns `stride` apart,
+ * y one. Adds the lane-wise partial products of <G_i, y> to acc[i] and of
+ * <G_i, X_j> to acc[n + i n + j]; sets dy = sum_i hp_i G_i and
+ * dX_j = sum_i M_ij G_i for these columns in dyc, dxc. The caller stores
+ * dxc only after this: dX may alias G. */
+LU_INLINE void lu_chunk(float (*restrict acc)[LU_CHUNK], float *restrict dyc,
+                        float (*restrict dxc)[LU_CHUNK], const float *restrict G,
+                        const float *restrict X, const float *restrict y, long stride,
+                        const float *restrict hp, const float *restrict M, int n)
+{
+    for (int k = 0; k < LU_CHUNK; k++)
+        dyc[k] = 0.0f;
+    for (int j = 0; j < n; j++)
+        for (int k = 0; k < LU_CHUNK; k++)
+            dxc[j][k] = 0.0f;
+            /* unrolled when n is a constant: straight-line code, dyc and dxc in
+             * registers (about twice as fast as the loop for n = 4) */
+#pragma GCC unroll 8
+    for (int i = 0; i < n; i++) {
+        const float *g = G + i * stride;
+        for (int k = 0; k < LU_CHUNK; k++) {
+            dyc[k] += hp[i] * g[k];
+            acc[i][k] += g[k] * y[k];
+        }
+        for (int j = 0; j < n; j++) {
+            const float *x = X + j * stride;
+            float m = M[i * n + j];
+            for (int k = 0; k < LU_CHUNK; k++) {
+                acc[n + i * n + j][k] += g[k] * x[k];
+                dxc[j][k] += m * g[k];
+            }
         }
     }
+}
+
+/* One row (n <= LU_MAXN lanes of width d): all outputs in one pass. Inlined
+ * so that a constant n unrolls the lane loops. */
+LU_INLINE void lu_row(float *dXr, float *dMr, float *dhp, float *dyr, const float *G,
+                      const float *Mr, const float *Xr, const float *hp, const float *yr, int n,
+                      int d)
+{
+    float acc[LU_MAXN * LU_MAXN + LU_MAXN][LU_CHUNK], dyc[LU_CHUNK];
+    float dxc[LU_MAXN][LU_CHUNK];
+    memset(acc, 0, (size_t)(n * n + n) * sizeof acc[0]);
+    int c = 0;
+    for (; c + LU_CHUNK <= d; c += LU_CHUNK) {
+        lu_chunk(acc, dyc, dxc, G + c, Xr + c, yr + c, d, hp, Mr, n);
+        memcpy(dyr + c, dyc, sizeof dyc);
+        for (int j = 0; j < n; j++)
+            memcpy(dXr + j * d + c, dxc[j], sizeof dxc[j]);
+    }
+    if (c < d) {
+        /* the last w columns, zero-padded to a full chunk: the padding adds
+         * exact zeros to the partial sums and is not stored */
+        int w = d - c;
+        float tg[LU_MAXN][LU_CHUNK] = {{0}}, tx[LU_MAXN][LU_CHUNK] = {{0}};
+        float ty[LU_CHUNK] = {0};
+        for (int i = 0; i < n; i++) {
+            memcpy(tg[i], G + i * d + c, (size_t)w * sizeof(float));
+            memcpy(tx[i], Xr + i * d + c, (size_t)w * sizeof(float));
+        }
+        memcpy(ty, yr + c, (size_t)w * sizeof(float));
+        lu_chunk(acc, dyc, dxc, tg[0], tx[0], ty, LU_CHUNK, hp, Mr, n);
+        memcpy(dyr + c, dyc, (size_t)w * sizeof(float));
+        for (int j = 0; j < n; j++)
+            memcpy(dXr + j * d + c, dxc[j], (size_t)w * sizeof(float));
+    }
+    for (int i = 0; i < n; i++) {
+        dhp[i] = lanes_sum(acc[i], LU_CHUNK);
+        for (int j = 0; j < n; j++)
+            dMr[i * n + j] = lanes_sum(acc[n + i * n + j], LU_CHUNK);
+    }
+}
+
+/* The original multi-pass form, for rows of more than LU_MAXN lanes. */
+static void lu_row_generic(float *dX, float *dM, float *dhpost, float *dyr, const float *G,
+                           const float *Mr, const float *Xr, const float *hp, const float *yr,
+                           float *tmp, int n, int d)
+{
+    for (int c = 0; c < d; c++)
+        dyr[c] = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float *gi = G + i * d;
+        for (int c = 0; c < d; c++)
+            dyr[c] += hp[i] * gi[c];
+        dhpost[i] = fdot(gi, yr, d);
+        for (int j = 0; j < n; j++)
+            dM[i * n + j] = fdot(gi, Xr + j * d, d);
+    }
+    /* dX_j = sum_i M_ij dXo_i, built in tmp when dX aliases dXo */
+    float *out = tmp ? tmp : dX;
+    for (int j = 0; j < n; j++) {
+        float *o = out + j * d;
+        for (int c = 0; c < d; c++)
+            o[c] = 0.0f;
+        for (int i = 0; i < n; i++) {
+            float m = Mr[i * n + j];
+            const float *gi = G + i * d;
+            for (int c = 0; c < d; c++)
+                o[c] += m * gi[c];
+        }
+    }
+    if (tmp)
+        memcpy(dX, tmp, (size_t)n * d * sizeof *tmp);
 }
 
 void cpu_lanes_update_backward(const nd_backend *be, float *dX, float *dM, float *dhpost, float *dy,
@@ -433,44 +574,30 @@ void cpu_lanes_update_backward(const nd_backend *be, float *dX, float *dM, float
                                const float *y, long N, int n, int d)
 {
     (void)be;
-    int alias = dX == dXo;
+    if (n > LU_MAXN) {
+        int alias = dX == dXo;
 #pragma omp parallel
-    {
-        /* dX may alias dXo: then build each row's dX aside first */
-        float *tmp = alias ? cpu_xalloc((size_t)n * d * sizeof *tmp) : NULL;
+        {
+            float *tmp = alias ? cpu_xalloc((size_t)n * d * sizeof *tmp) : NULL;
 #pragma omp for schedule(static)
-        for (long r = 0; r < N; r++) {
-            const float *G = dXo + r * n * d, *Xr = X + r * n * d, *Mr = M + r * n * n;
-            const float *yr = y + r * d;
-            float *dyr = dy + r * d;
-            for (int c = 0; c < d; c++)
-                dyr[c] = 0.0f;
-            for (int i = 0; i < n; i++) {
-                const float *gi = G + i * d;
-                float hp = hpost[r * n + i];
-                for (int c = 0; c < d; c++)
-                    dyr[c] += hp * gi[c];
-                dhpost[r * n + i] = dot8(gi, yr, d);
-                for (int j = 0; j < n; j++)
-                    dM[(r * n + i) * n + j] = dot8(gi, Xr + j * d, d);
-            }
-            /* dX_j = sum_i M_ij dXo_i */
-            float *out = alias ? tmp : dX + r * n * d;
-            for (int j = 0; j < n; j++) {
-                float *o = out + j * d;
-                for (int c = 0; c < d; c++)
-                    o[c] = 0.0f;
-                for (int i = 0; i < n; i++) {
-                    float m = Mr[i * n + j];
-                    const float *gi = G + i * d;
-                    for (int c = 0; c < d; c++)
-                        o[c] += m * gi[c];
-                }
-            }
-            if (alias)
-                memcpy(dX + r * n * d, tmp, (size_t)n * d * sizeof *tmp);
+            for (long r = 0; r < N; r++)
+                lu_row_generic(dX + r * n * d, dM + r * n * n, dhpost + r * n, dy + r * d,
+                               dXo + r * n * d, M + r * n * n, X + r * n * d, hpost + r * n,
+                               y + r * d, tmp, n, d);
+            free(tmp);
         }
-        free(tmp);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (long r = 0; r < N; r++) {
+        float *dXr = dX + r * n * d, *dMr = dM + r * n * n, *dhp = dhpost + r * n,
+              *dyr = dy + r * d;
+        const float *G = dXo + r * n * d, *Mr = M + r * n * n, *Xr = X + r * n * d;
+        const float *hp = hpost + r * n, *yr = y + r * d;
+        if (n == 4) /* the model's lane count, unrolled */
+            lu_row(dXr, dMr, dhp, dyr, G, Mr, Xr, hp, yr, 4, d);
+        else
+            lu_row(dXr, dMr, dhp, dyr, G, Mr, Xr, hp, yr, n, d);
     }
 }
 
@@ -566,7 +693,7 @@ void cpu_residual_scaled_backward(const nd_backend *be, float *dr, float *dgate,
             long e = b + 1024 < i1 ? b + 1024 : i1;
             /* the sum is taken before dr is written: dr may alias dy */
             if (pg)
-                pg[0] += (double)dot8(dy + b, r + b, (int)(e - b));
+                pg[0] += (double)fdot(dy + b, r + b, (int)(e - b));
             for (long i = b; i < e; i++)
                 dr[i] = s * dy[i];
         }
@@ -729,7 +856,7 @@ void cpu_attention_backward(const nd_backend *be, float *dq, float *dk, float *d
                             p[j] = san_expf(p[j] - l);
                         for (int j = last + 1; j < keys; j++)
                             p[j] = 0.0f;
-                        Dr[r] = dot8(dO + (size_t)r * qs, O + (size_t)r * qs, hd);
+                        Dr[r] = fdot(dO + (size_t)r * qs, O + (size_t)r * qs, hd);
                     }
                     /* dV += P^T dO; dP = dO V^T */
                     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hd, rows, 1.0f, Pb,

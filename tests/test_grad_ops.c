@@ -988,6 +988,47 @@ static void test_hadamard(int N, int d, int hn)
 
 /* ================= add ================= */
 
+/* be->matmul against a double-precision loop for every transpose pair,
+ * beta 0 and 1, padded leading dimensions, and shapes that take each of
+ * the CPU backend's paths: one GEMV row, one unsplit call, C split by rows
+ * (M >= 128) and by columns (few rows, N >= 128). */
+static void test_matmul(void)
+{
+    static const int shapes[][3] = {{1, 40, 33}, {9, 20, 17}, {300, 24, 70}, {16, 260, 50}};
+    double worst = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int bi = 0; bi < 2; bi++) {
+                    int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+                    int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = N + 5;
+                    float *A = fvec((long)(ta ? K : M) * lda, 1.0);
+                    float *B = fvec((long)(tb ? N : K) * ldb, 1.0);
+                    float *C = fvec((long)M * ldc, 1.0), *C0 = fcopy(C, (long)M * ldc);
+                    float beta = bi ? 1.0f : 0.0f, alpha = 0.5f;
+                    be->matmul(be, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+                    for (int i = 0; i < M; i++)
+                        for (int j = 0; j < N; j++) {
+                            double acc = 0;
+                            for (int k = 0; k < K; k++)
+                                acc += (double)(ta ? A[(long)k * lda + i] : A[(long)i * lda + k]) *
+                                       (tb ? B[(long)j * ldb + k] : B[(long)k * ldb + j]);
+                            double want = alpha * acc + beta * C0[(long)i * ldc + j];
+                            double e = fabs(C[(long)i * ldc + j] - want) / fmax(fabs(want), 1.0);
+                            worst = fmax(worst, e);
+                        }
+                    /* the padding between rows of C is never written */
+                    int pad_ok = 1;
+                    for (int i = 0; i < M; i++)
+                        for (int j = N; j < ldc; j++)
+                            pad_ok &= C[(long)i * ldc + j] == C0[(long)i * ldc + j];
+                    CHECK_MSG(pad_ok, "matmul %dx%dx%d ta=%d tb=%d wrote past N", M, N, K, ta, tb);
+                    tfree_all();
+                }
+    printf("  matmul (all paths)          max rel err %.2e\n", worst);
+    CHECK_MSG(worst < 1e-5, "matmul error %g", worst);
+}
+
 static void test_add(void)
 {
     long n = 1001;
@@ -1066,6 +1107,7 @@ int main(void)
     test_hadamard(4, 6, 8);
     test_hadamard(3, 12, 16);
     test_add();
+    test_matmul();
     test_threads();
     printf("worst FD error over all checks: %.2e\n", worst_err);
     return tu_finish("test_grad_ops");

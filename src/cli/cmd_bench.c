@@ -122,9 +122,9 @@ int cli_bench(int argc, char **argv)
     nd_rng_seed(&rng, 7);
     for (long long i = 0; i < B * T; i++)
         tok[i] = (int32_t)nd_rng_below(&rng, (uint64_t)cfg.vocab_size);
-    double *sec = malloc(sizeof *sec * (size_t)iters);
-    double *peak = malloc(sizeof *peak * (size_t)iters);
-    double *sec_unsorted = malloc(sizeof *sec_unsorted * (size_t)iters);
+    /* per iteration: seconds, the FMA peak probed just before, their ratio */
+    double *sec = malloc(3 * sizeof *sec * (size_t)iters);
+    double *peak = sec ? sec + iters : NULL, *ratio = sec ? sec + 2 * iters : NULL;
     const char *isa = "none";
     fprintf(stderr, "  %-9s %s (%d threads, %s)\n", "backend", be->name, be->threads, be->detail);
     const char *forced = getenv("OPENBLAS_CORETYPE");
@@ -133,7 +133,7 @@ int cli_bench(int argc, char **argv)
                 "note", forced);
     fprintf(stderr, "  %-9s %s %s  batch %lld x seq %lld  %.2fM params  %lld iters (+1 warmup)\n",
             "bench", what, preset, B, T, (double)m.numel / 1e6, iters);
-    int rc = (!sec || !peak || !sec_unsorted) ? nd_error(ND_ENOMEM, "out of memory") : 0;
+    int rc = !sec ? nd_error(ND_ENOMEM, "out of memory") : 0;
     for (long long i = -1; i < iters && !rc; i++) { /* i = -1: warm-up (page faults, BLAS) */
         if (i >= 0) /* the peak right now, so drift on a shared host cancels */
             peak[i] = bench_fma_peak(0.2, &isa);
@@ -148,24 +148,22 @@ int cli_bench(int argc, char **argv)
             rc = san_forward(&m, &m.w, &acts, tok);
         }
         if (i >= 0)
-            sec[i] = sec_unsorted[i] = omp_get_wtime() - t0;
+            sec[i] = omp_get_wtime() - t0;
     }
-    double peak_med = 0;
     if (!rc) {
-        qsort(sec, (size_t)iters, sizeof *sec, cmp_double);
-        double *ps = malloc(sizeof *ps * (size_t)iters);
-        if (ps) {
-            memcpy(ps, peak, sizeof *ps * (size_t)iters);
-            qsort(ps, (size_t)iters, sizeof *ps, cmp_double);
-            peak_med = ps[iters / 2];
-            free(ps);
-        }
         /* Model FLOPs of a LoRA step: the forward plus the input-gradient
          * backward (2 x forward; frozen weights get no weight gradient; the
          * adapter's rank-16 GEMMs are small and not counted). A recomputed
          * forward (remat) is extra hardware work, reported separately. */
-        double med = sec[iters / 2], fwd = forward_flops(&m, (int)B, (int)T);
+        double fwd = forward_flops(&m, (int)B, (int)T);
         double flops = train ? 2 * fwd : fwd;
+        /* each step against the peak probed just before it, then medians */
+        for (long long i = 0; i < iters; i++)
+            ratio[i] = peak[i] > 0 ? flops / sec[i] / 1e9 / peak[i] : 0;
+        qsort(sec, (size_t)iters, sizeof *sec, cmp_double);
+        qsort(peak, (size_t)iters, sizeof *peak, cmp_double);
+        qsort(ratio, (size_t)iters, sizeof *ratio, cmp_double);
+        double med = sec[iters / 2];
         double hw = train && !tr.kept_layers ? 3 * fwd : flops;
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
@@ -176,20 +174,13 @@ int cli_bench(int argc, char **argv)
                flops / med / 1e9, hw / med / 1e9,
                train ? (tr.kept_layers ? " (activations kept)" : " (remat)") : "",
                (double)ru.ru_maxrss / 1024.0);
-        /* per-iteration ratio, then the median: each step against the
-         * peak probed just before it */
-        for (long long i = 0; i < iters; i++)
-            peak[i] = peak[i] > 0 ? flops / sec_unsorted[i] / 1e9 / peak[i] : 0;
-        qsort(peak, (size_t)iters, sizeof *peak, cmp_double);
-        if (peak[iters / 2] > 0)
+        if (ratio[iters / 2] > 0)
             printf("  fp32 FMA peak probed before each iteration (%s, %d threads): %.1f GFLOP/s "
                    "median; model FLOPs reach %.1f%% of it (median of per-iteration ratios; "
                    "min %.1f%%, max %.1f%%)\n",
-                   isa, be->threads, peak_med, 100 * peak[iters / 2], 100 * peak[0],
-                   100 * peak[iters - 1]);
+                   isa, be->threads, peak[iters / 2], 100 * ratio[iters / 2], 100 * ratio[0],
+                   100 * ratio[iters - 1]);
     }
-    free(sec_unsorted);
-    free(peak);
     free(sec);
     free(tok);
     free(mask);

@@ -209,8 +209,8 @@ static void cpu_hyper_coeffs(const nd_backend *be, float *hpre, float *hpost, fl
     {
         /* a contiguous share of rows per thread, so Sinkhorn runs on whole
          * vector groups of consecutive matrices */
-        int t = omp_get_thread_num(), team = omp_get_num_threads();
-        long r0 = N * t / team, r1 = N * (t + 1) / team;
+        long r0, r1;
+        cpu_thread_share(N, &r0, &r1);
         for (long r = r0; r < r1; r++) {
             for (int i = 0; i < n; i++) {
                 float on = i == lane ? 1.0f : 0.0f;
@@ -345,8 +345,8 @@ static void cpu_hadamard_mlp(const nd_backend *be, float *y, float *h1, const fl
     {
         /* SK_W consecutive rows at a time in SoA form, so every transform
          * stage is full-width vector work (see san_fwht_soa) */
-        int t = omp_get_thread_num(), team = omp_get_num_threads();
-        long r0 = N * t / team, r1 = N * (t + 1) / team;
+        long r0, r1;
+        cpu_thread_share(N, &r0, &r1);
         float *H = cpu_xalloc((size_t)2 * hn * SK_W * sizeof *H), *S = H + (size_t)hn * SK_W;
         for (long g0 = r0; g0 < r1; g0 += SK_W) {
             int w = r1 - g0 < SK_W ? (int)(r1 - g0) : SK_W;

@@ -166,9 +166,7 @@ void cpu_rmsnorm_backward(const nd_backend *be, float *dx, float *dscale, const 
         if (dscale)
             ps = partials_mine(&P, rows, &r0, &r1);
         else {
-            int t = omp_get_thread_num(), team = omp_get_num_threads();
-            r0 = rows * t / team;
-            r1 = rows * (t + 1) / team;
+            cpu_thread_share(rows, &r0, &r1);
         }
         for (long r = r0; r < r1; r++) {
             const float *xr = x + r * dim, *gr = dy + r * dim;
@@ -271,9 +269,7 @@ void cpu_engram_taps_backward(const nd_backend *be, float *dvp, float *dtaps, co
         if (dtaps)
             pt = partials_mine(&P, N, &r0, &r1);
         else {
-            int t = omp_get_thread_num(), team = omp_get_num_threads();
-            r0 = N * t / team;
-            r1 = N * (t + 1) / team;
+            cpu_thread_share(N, &r0, &r1);
         }
         for (long r = r0; r < r1; r++) {
             int t = (int)(r % T);
@@ -684,9 +680,7 @@ void cpu_residual_scaled_backward(const nd_backend *be, float *dr, float *dgate,
         if (dgate)
             pg = partials_mine(&P, n, &i0, &i1);
         else {
-            int t = omp_get_thread_num(), team = omp_get_num_threads();
-            i0 = n * t / team;
-            i1 = n * (t + 1) / team;
+            cpu_thread_share(n, &i0, &i1);
         }
         /* float blocks keep the inner loop vectorisable; double across blocks */
         for (long b = i0; b < i1; b += 1024) {
@@ -727,9 +721,7 @@ void cpu_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1, floa
         if (want)
             pp = partials_mine(&P, N, &r0, &r1);
         else {
-            int t = omp_get_thread_num(), team = omp_get_num_threads();
-            r0 = N * t / team;
-            r1 = N * (t + 1) / team;
+            cpu_thread_share(N, &r0, &r1);
         }
         /* SK_W consecutive rows at a time in SoA form (see san_fwht_soa);
          * the partial sums still take rows in order */

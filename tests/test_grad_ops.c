@@ -82,6 +82,46 @@ static int same_bits(const float *a, const float *b, long n)
     return memcmp(a, b, sizeof(float) * (size_t)n) == 0;
 }
 
+/* ---- layouts: padded batches and shared prefixes ---- */
+
+/* kind 0: B dense sequences of T; kind 1: a prefix of `a` rows continued
+ * by children of lens[] (then a standalone sequence of T rows) */
+static nd_layout_buf layb;
+
+static const nd_layout *make_layout(int kind, int B, int T, int a, const int *lens, int nl)
+{
+    nd_layout_buf_free(&layb);
+    if (nd_layout_buf_init(&layb, 4096, 64)) {
+        fprintf(stderr, "test_grad_ops: out of memory\n");
+        exit(2);
+    }
+    if (kind == 0) {
+        nd_layout_dense(&layb, B, T);
+    } else {
+        int p = nd_layout_add(&layb, a, -1);
+        for (int i = 0; i < nl; i++)
+            nd_layout_add(&layb, lens[i], p);
+        nd_layout_add(&layb, T, -1);
+    }
+    return &layb.L;
+}
+
+/* The rows of row r's whole sequence up to r, written out from the
+ * segment table (independent of nd_layout_back): returns the count. */
+static int seq_rows(const nd_layout *L, long r, long *out)
+{
+    const nd_segment *s = &L->seg[L->row_seg[r]];
+    int n = 0;
+    if (s->parent >= 0)
+        for (int i = 0; i < L->seg[s->parent].len; i++)
+            out[n++] = L->seg[s->parent].start + i;
+    for (long i = s->start; i <= r; i++)
+        out[n++] = i;
+    return n;
+}
+
+static long seqbuf[4096];
+
 /* ---- the checker ---- */
 
 /* A double reference forward writes all outputs of the op under test. */
@@ -347,7 +387,8 @@ static void test_embed(void)
 /* ================= engram gather ================= */
 
 static struct {
-    int B, T, K, heads, slots, sub;
+    int K, heads, slots, sub;
+    const nd_layout *L;
     const int *orders;
     const int32_t *idx;
     double *tab;
@@ -355,28 +396,39 @@ static struct {
 
 static void eg_fwd(double *out)
 {
-    for (int r = 0; r < EG.B * EG.T; r++)
+    for (long r = 0; r < EG.L->N; r++)
         for (int k = 0; k < EG.K; k++)
             for (int c = 0; c < EG.sub; c++) {
                 double v = 0;
-                if (r % EG.T >= EG.orders[k / EG.heads] - 1)
+                int pos = seq_rows(EG.L, r, seqbuf) - 1;
+                if (pos >= EG.orders[k / EG.heads] - 1)
                     v = EG.tab[((size_t)k * EG.slots + EG.idx[r * EG.K + k]) * EG.sub + c];
                 out[((size_t)r * EG.K + k) * EG.sub + c] = v;
             }
 }
 
-static void test_engram_gather(void)
+static void test_engram_gather(const nd_layout *L)
 {
     static const int orders[2] = {2, 3};
-    int B = 2, T = 7, heads = 2, K = 4, slots = 5, sub = 19; /* sub > one column chunk */
-    int32_t tok[14], idx[14 * 4];
-    for (int i = 0; i < B * T; i++)
+    int heads = 2, K = 4, slots = 5, sub = 19; /* sub > one column chunk */
+    long N = L->N;
+    int32_t *tok = talloc(sizeof *tok * (size_t)N), *idx = talloc(sizeof *idx * (size_t)N * K);
+    for (long i = 0; i < N; i++)
         tok[i] = (int32_t)nd_rng_below(&rng, 50);
-    be->engram_hash(be, idx, tok, B, T, orders, 2, heads, slots);
-    long nt = (long)K * slots * sub, ne = (long)B * T * K * sub;
+    be->engram_hash(be, idx, tok, L, orders, 2, heads, slots);
+    /* the hash of each row is that of its whole sequence written out */
+    for (long r = 0; r < N; r++) {
+        int n = seq_rows(L, r, seqbuf);
+        int32_t seq[4096];
+        for (int i = 0; i < n; i++)
+            seq[i] = tok[seqbuf[i]];
+        for (int k = 0; k < K; k++)
+            CHECK(idx[r * K + k] ==
+                  (int32_t)san_engram_index(seq, n - 1, orders[k / heads], k, slots));
+    }
+    long nt = (long)K * slots * sub, ne = N * K * sub;
     float *tab = fvec(nt, 1.0);
-    EG.B = B;
-    EG.T = T;
+    EG.L = L;
     EG.K = K;
     EG.heads = heads;
     EG.slots = slots;
@@ -387,43 +439,43 @@ static void test_engram_gather(void)
     const float *R;
     objective o = obj_new("engram_gather", eg_fwd, ne, &R);
     float *e = fzero(ne);
-    be->engram_gather(be, e, tab, idx, B, T, orders, 2, heads, slots, sub);
+    be->engram_gather(be, e, tab, idx, L, orders, 2, heads, slots, sub);
     check_ref(&o, e, 1e-7);
     float *dt = fzero(nt);
-    be->engram_gather_backward(be, dt, R, idx, B, T, orders, 2, heads, slots, sub);
+    be->engram_gather_backward(be, dt, R, idx, L, orders, 2, heads, slots, sub);
     fd_check(&o, "tables", EG.tab, nt, dt);
-    be->engram_gather_backward(be, NULL, R, idx, B, T, orders, 2, heads, slots, sub);
+    be->engram_gather_backward(be, NULL, R, idx, L, orders, 2, heads, slots, sub);
     tfree_all();
 }
 
 /* ================= engram taps ================= */
 
 static struct {
-    int B, T, d, dil;
+    int d, dil;
+    const nd_layout *L;
     double *vp, *taps;
 } ET;
 
 static void et_fwd(double *out)
 {
-    for (int b = 0; b < ET.B; b++)
-        for (int t = 0; t < ET.T; t++)
-            for (int i = 0; i < ET.d; i++) {
-                double s = 0;
-                for (int j = 0; j < 4; j++)
-                    if (t - j * ET.dil >= 0)
-                        s += ET.taps[j * ET.d + i] *
-                             ET.vp[((size_t)b * ET.T + t - j * ET.dil) * ET.d + i];
-                out[((size_t)b * ET.T + t) * ET.d + i] = s;
-            }
+    for (long r = 0; r < ET.L->N; r++) {
+        int n = seq_rows(ET.L, r, seqbuf), t = n - 1;
+        for (int i = 0; i < ET.d; i++) {
+            double s = 0;
+            for (int j = 0; j < 4; j++)
+                if (t - j * ET.dil >= 0)
+                    s += ET.taps[j * ET.d + i] * ET.vp[(size_t)seqbuf[t - j * ET.dil] * ET.d + i];
+            out[(size_t)r * ET.d + i] = s;
+        }
+    }
 }
 
-static void test_engram_taps(void)
+static void test_engram_taps(const nd_layout *L)
 {
-    int B = 2, T = 11, d = 5, dil = 3;
-    long n = (long)B * T * d;
+    int d = 5, dil = 3;
+    long n = L->N * d;
     float *vp = fvec(n, 1.0), *taps = fvec(4 * d, 1.0);
-    ET.B = B;
-    ET.T = T;
+    ET.L = L;
     ET.d = d;
     ET.dil = dil;
     ET.vp = dvec(vp, n);
@@ -431,16 +483,22 @@ static void test_engram_taps(void)
     const float *R;
     objective o = obj_new("engram_taps", et_fwd, n, &R);
     float *v = fzero(n);
-    be->engram_taps(be, v, vp, taps, B, T, d, dil);
+    be->engram_taps(be, v, vp, taps, L, d, dil);
     check_ref(&o, v, 1e-6);
     float *dvp = fvec(n, 1.0), *dtaps = fzero(4 * d); /* dvp is set, not += */
-    be->engram_taps_backward(be, dvp, dtaps, R, vp, taps, B, T, d, dil);
+    be->engram_taps_backward(be, dvp, dtaps, R, vp, taps, L, d, dil);
     fd_check(&o, "vp", ET.vp, n, dvp);
     fd_check(&o, "taps", ET.taps, 4 * d, dtaps);
+    /* every vp row exactly (the prefix rows that children read are few) */
+    if (L->seg[0].len >= 3 * dil && L->n_seg > 1 && L->seg[1].parent == 0) {
+        long p_end = (long)L->seg[0].len * d;
+        fd_check(&o, "vp[prefix end]", ET.vp + p_end - 3 * dil * d, 3 * dil * d,
+                 dvp + p_end - 3 * dil * d);
+    }
     float *dvp2 = fzero(n), *dtaps2 = fcopy(dtaps, 4 * d);
-    be->engram_taps_backward(be, dvp2, NULL, R, vp, taps, B, T, d, dil);
+    be->engram_taps_backward(be, dvp2, NULL, R, vp, taps, L, d, dil);
     CHECK(same_bits(dvp, dvp2, n));
-    be->engram_taps_backward(be, dvp2, dtaps2, R, vp, taps, B, T, d, dil);
+    be->engram_taps_backward(be, dvp2, dtaps2, R, vp, taps, L, d, dil);
     for (int i = 0; i < 4 * d; i++)
         CHECK(dtaps2[i] == 2.0f * dtaps[i]);
     tfree_all();
@@ -730,7 +788,8 @@ static void test_lanes(int N, int n, int d)
 /* ================= rope ================= */
 
 static struct {
-    int B, T, heads, hd;
+    int heads, hd;
+    const nd_layout *L;
     const float *cs, *sn;
     double *x;
 } RP;
@@ -738,8 +797,8 @@ static struct {
 static void rp_fwd(double *out)
 {
     int half = RP.hd / 2;
-    for (int r = 0; r < RP.B * RP.T; r++) {
-        int t = r % RP.T;
+    for (long r = 0; r < RP.L->N; r++) {
+        int t = seq_rows(RP.L, r, seqbuf) - 1;
         for (int h = 0; h < RP.heads; h++)
             for (int i = 0; i < half; i++) {
                 size_t o = ((size_t)r * RP.heads + h) * RP.hd;
@@ -751,14 +810,13 @@ static void rp_fwd(double *out)
     }
 }
 
-static void test_rope(void)
+static void test_rope(const nd_layout *L)
 {
-    int B = 2, T = 5, heads = 3, hd = 8;
-    long n = (long)B * T * heads * hd;
+    int heads = 3, hd = 8, T = nd_layout_max_pos(L);
+    long n = L->N * heads * hd;
     float *cs = fzero((long)T * hd / 2), *sn = fzero((long)T * hd / 2), *x = fvec(n, 1.0);
     san_rope_tables(cs, sn, T, hd, 100.0); /* small theta: large angles */
-    RP.B = B;
-    RP.T = T;
+    RP.L = L;
     RP.heads = heads;
     RP.hd = hd;
     RP.cs = cs;
@@ -767,10 +825,10 @@ static void test_rope(void)
     const float *R;
     objective o = obj_new("rope", rp_fwd, n, &R);
     float *y = fcopy(x, n);
-    be->rope(be, y, cs, sn, B, T, heads, hd);
+    be->rope(be, y, cs, sn, L, heads, hd);
     check_ref(&o, y, 1e-6);
     float *dx = fcopy(R, n);
-    be->rope_backward(be, dx, cs, sn, B, T, heads, hd);
+    be->rope_backward(be, dx, cs, sn, L, heads, hd);
     fd_check(&o, "x", RP.x, n, dx);
     tfree_all();
 }
@@ -778,47 +836,48 @@ static void test_rope(void)
 /* ================= attention ================= */
 
 static struct {
-    int B, T, H, G, hd;
+    int H, G, hd;
+    const nd_layout *L;
     double *q, *k, *v;
 } AT;
 
 static void at_fwd(double *out)
 {
-    int B = AT.B, T = AT.T, H = AT.H, G = AT.G, hd = AT.hd, rep = H / G;
-    double *s = malloc(sizeof(double) * (size_t)T), sc = 1 / sqrt((double)hd);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int t = 0; t < T; t++) {
-                const double *q = AT.q + ((size_t)(b * T + t) * H + h) * hd;
-                double mx = -INFINITY, sum = 0;
-                for (int j = 0; j <= t; j++) {
-                    const double *k = AT.k + ((size_t)(b * T + j) * G + h / rep) * hd;
-                    double dot = 0;
-                    for (int i = 0; i < hd; i++)
-                        dot += q[i] * k[i];
-                    s[j] = dot * sc;
-                    mx = fmax(mx, s[j]);
-                }
-                for (int j = 0; j <= t; j++)
-                    sum += (s[j] = exp(s[j] - mx));
-                double *o = out + ((size_t)(b * T + t) * H + h) * hd;
+    int H = AT.H, G = AT.G, hd = AT.hd, rep = H / G;
+    double *s = malloc(sizeof(double) * 4096), sc = 1 / sqrt((double)hd);
+    for (long r = 0; r < AT.L->N; r++) {
+        int n = seq_rows(AT.L, r, seqbuf);
+        for (int h = 0; h < H; h++) {
+            const double *q = AT.q + ((size_t)r * H + h) * hd;
+            double mx = -INFINITY, sum = 0;
+            for (int j = 0; j < n; j++) {
+                const double *k = AT.k + ((size_t)seqbuf[j] * G + h / rep) * hd;
+                double dot = 0;
                 for (int i = 0; i < hd; i++)
-                    o[i] = 0;
-                for (int j = 0; j <= t; j++) {
-                    const double *v = AT.v + ((size_t)(b * T + j) * G + h / rep) * hd;
-                    for (int i = 0; i < hd; i++)
-                        o[i] += s[j] / sum * v[i];
-                }
+                    dot += q[i] * k[i];
+                s[j] = dot * sc;
+                mx = fmax(mx, s[j]);
             }
+            for (int j = 0; j < n; j++)
+                sum += (s[j] = exp(s[j] - mx));
+            double *o = out + ((size_t)r * H + h) * hd;
+            for (int i = 0; i < hd; i++)
+                o[i] = 0;
+            for (int j = 0; j < n; j++) {
+                const double *v = AT.v + ((size_t)seqbuf[j] * G + h / rep) * hd;
+                for (int i = 0; i < hd; i++)
+                    o[i] += s[j] / sum * v[i];
+            }
+        }
+    }
     free(s);
 }
 
-static void test_attention(int B, int T, int H, int G, int hd)
+static void test_attention(const nd_layout *L, int H, int G, int hd)
 {
-    long N = (long)B * T, nq = N * H * hd, nk = N * G * hd;
+    long N = L->N, nq = N * H * hd, nk = N * G * hd;
     float *q = fvec(nq, 1.0), *k = fvec(nk, 1.0), *v = fvec(nk, 1.0);
-    AT.B = B;
-    AT.T = T;
+    AT.L = L;
     AT.H = H;
     AT.G = G;
     AT.hd = hd;
@@ -826,24 +885,31 @@ static void test_attention(int B, int T, int H, int G, int hd)
     AT.k = dvec(k, nk);
     AT.v = dvec(v, nk);
     const float *R;
-    char name[64];
-    snprintf(name, sizeof name, "attention(T=%d,H=%d,G=%d)", T, H, G);
+    char name[96];
+    snprintf(name, sizeof name, "attention(N=%ld,segs=%d,H=%d,G=%d)", N, L->n_seg, H, G);
     objective o = obj_new(name, at_fwd, nq, &R);
     float *out = fzero(nq), *lse = fzero(N * H);
-    be->attention(be, out, lse, q, k, v, B, T, H, G, hd);
+    be->attention(be, out, lse, q, k, v, L, H, G, hd);
     check_ref(&o, out, 1e-5);
     float *dq = fvec(nq, 1.0), *dk = fvec(nk, 1.0), *dv = fvec(nk, 1.0); /* all set */
-    be->attention_backward(be, dq, dk, dv, R, q, k, v, out, lse, B, T, H, G, hd);
+    be->attention_backward(be, dq, dk, dv, R, q, k, v, out, lse, L, H, G, hd);
     fd_check(&o, "q", AT.q, nq, dq);
     fd_check(&o, "k", AT.k, nk, dk);
     fd_check(&o, "v", AT.v, nk, dv);
-    /* the FD probes are random: also check a query row past the first
-     * 64-query block and the last key row exactly */
-    if (T > SAN_ATTN_QBLOCK) {
-        long rowq = ((long)(B - 1) * T + T - 1) * H * hd, rowk = (long)(B - 1) * T * G * hd;
-        fd_check(&o, "q[last]", AT.q + rowq, H * hd, dq + rowq);
-        fd_check(&o, "k[first]", AT.k + rowk, G * hd, dk + rowk);
-    }
+    /* the FD probes are random: also check the last query row, the first
+     * key row (read by every query of its sequence) and the rows of the
+     * last segment's first key exactly */
+    long rowq = (N - 1) * H * hd;
+    fd_check(&o, "q[last]", AT.q + rowq, H * hd, dq + rowq);
+    fd_check(&o, "k[first]", AT.k, G * hd, dk);
+    fd_check(&o, "v[first]", AT.v, G * hd, dv);
+    long rk = (long)L->seg[L->n_seg - 1].start * G * hd;
+    fd_check(&o, "k[last seg]", AT.k + rk, G * hd, dk + rk);
+    /* thread count must not change the prefix's summed gradients */
+    const nd_backend *b1 = nd_backend_cpu(1);
+    float *dq1 = fzero(nq), *dk1 = fzero(nk), *dv1 = fzero(nk);
+    b1->attention_backward(b1, dq1, dk1, dv1, R, q, k, v, out, lse, L, H, G, hd);
+    CHECK(same_bits(dk, dk1, nk) && same_bits(dv, dv1, nk) && same_bits(dq, dq1, nq));
     tfree_all();
 }
 
@@ -1087,8 +1153,13 @@ int main(void)
     test_rmsnorm_case(3, 75, 1); /* dot products past their 32 partial sums */
     test_rmsnorm_reduction();
     test_embed();
-    test_engram_gather();
-    test_engram_taps();
+    static const int kids[4] = {1, 66, 5, 12};
+    test_engram_gather(make_layout(0, 2, 7, 0, NULL, 0));
+    test_engram_gather(make_layout(1, 0, 4, 6, kids, 4));
+    test_engram_gather(make_layout(1, 0, 3, 1, kids, 1)); /* a one-row prefix */
+    test_engram_taps(make_layout(0, 2, 11, 0, NULL, 0));
+    test_engram_taps(make_layout(1, 0, 4, 13, kids, 4));
+    test_engram_taps(make_layout(1, 0, 2, 2, kids + 2, 2)); /* prefix shorter than the taps */
     test_engram_gate(0);
     test_engram_gate(1);
     test_hyper_coeffs(3, 4, 1);
@@ -1100,15 +1171,20 @@ int main(void)
     test_lanes(2, 4, 37);
     test_lanes(2, 3, 20);
     test_lanes(2, 9, 18);
-    test_rope();
-    test_attention(2, 80, 4, 2, 8);
-    test_attention(1, 3, 2, 1, 4);
+    test_rope(make_layout(0, 2, 5, 0, NULL, 0));
+    test_rope(make_layout(1, 0, 3, 4, kids + 2, 2));
+    test_attention(make_layout(0, 2, 80, 0, NULL, 0), 4, 2, 8);
+    test_attention(make_layout(0, 1, 3, 0, NULL, 0), 2, 1, 4);
+    /* a prefix longer than a query block, children of 1, 66 (two blocks),
+     * 5 and 12 rows, and a standalone sequence */
+    test_attention(make_layout(1, 0, 9, 70, kids, 4), 4, 2, 8);
     test_elementwise();
     test_hadamard(4, 6, 8);
     test_hadamard(3, 12, 16);
     test_add();
     test_matmul();
     test_threads();
+    nd_layout_buf_free(&layb);
     printf("worst FD error over all checks: %.2e\n", worst_err);
     return tu_finish("test_grad_ops");
 }

@@ -158,7 +158,10 @@ static void test_rope(void)
     fill(x, T * H * hd, 1.0);
     memcpy(y, x, sizeof x);
     const nd_backend *be = nd_backend_cpu(0);
-    be->rope(be, y, cs, sn, 1, T, H, hd);
+    nd_layout_buf lb;
+    CHECK(nd_layout_buf_init(&lb, T, 1) == 0 && nd_layout_dense(&lb, 1, T) == 0);
+    be->rope(be, y, cs, sn, &lb.L, H, hd);
+    nd_layout_buf_free(&lb);
     double err = 0;
     for (int t = 0; t < T; t++)
         for (int h = 0; h < H; h++)
@@ -183,7 +186,10 @@ static void test_attention(void)
     fill(k, N * G * hd, 1.0);
     fill(v, N * G * hd, 1.0);
     const nd_backend *be = nd_backend_cpu(0);
-    be->attention(be, o, lse, q, k, v, B, T, H, G, hd);
+    nd_layout_buf lb;
+    CHECK(nd_layout_buf_init(&lb, N, B) == 0 && nd_layout_dense(&lb, B, T) == 0);
+    be->attention(be, o, lse, q, k, v, &lb.L, H, G, hd);
+    nd_layout_buf_free(&lb);
     double err = 0, lerr = 0;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
@@ -200,7 +206,7 @@ static void test_attention(void)
                 }
                 for (int j = 0; j <= t; j++)
                     sum += exp(s[j] - mx);
-                lerr = fmax(lerr, fabs(mx + log(sum) - lse[(b * H + h) * T + t]));
+                lerr = fmax(lerr, fabs(mx + log(sum) - lse[(b * T + t) * H + h]));
                 for (int i = 0; i < hd; i++) {
                     double acc = 0;
                     for (int j = 0; j <= t; j++)
@@ -224,7 +230,10 @@ static void test_engram_taps(void)
     fill(vp, B * T * d, 1.0);
     fill(taps, 4 * d, 1.0);
     const nd_backend *be = nd_backend_cpu(0);
-    be->engram_taps(be, v, vp, taps, B, T, d, dil);
+    nd_layout_buf lb;
+    CHECK(nd_layout_buf_init(&lb, B * T, B) == 0 && nd_layout_dense(&lb, B, T) == 0);
+    be->engram_taps(be, v, vp, taps, &lb.L, d, dil);
+    nd_layout_buf_free(&lb);
     double err = 0;
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
@@ -286,7 +295,8 @@ static void dump(FILE *f, const char *name, const float *x, int ndim, const long
         fprintf(f, "%.9g%c", x[i], (i + 1) % 8 == 0 || i + 1 == n ? '\n' : ' ');
 }
 
-#define DUMP(name, x, ...) dump(f, name, x, sizeof((long[]){__VA_ARGS__}) / sizeof(long), (long[]){__VA_ARGS__})
+#define DUMP(name, x, ...)                                                                         \
+    dump(f, name, x, sizeof((long[]){__VA_ARGS__}) / sizeof(long), (long[]){__VA_ARGS__})
 
 static int dump_mode(const char *ckpt, const char *tokfile, const char *out)
 {
@@ -332,8 +342,8 @@ static int dump_mode(const char *ckpt, const char *tokfile, const char *out)
     for (int l = 0; l < D->L; l++) {
         san_layer_forward(&m, &m.w, &a, l, a.X, a.Xn);
         san_layer_acts *A = &a.l;
-#define LD(field, buf, ...)                                                                      \
-    snprintf(name, sizeof name, "layer%d.%s", l, field);                                          \
+#define LD(field, buf, ...)                                                                        \
+    snprintf(name, sizeof name, "layer%d.%s", l, field);                                           \
     DUMP(name, buf, __VA_ARGS__)
         LD("hpre", A->hpre, T, D->n);
         LD("hpost", A->hpost, T, D->n);

@@ -3,12 +3,16 @@
  * Every op works on flat float32 arrays that live on the backend's device;
  * the model code (src/model/san.c) is only a sequence of these calls, so
  * a CUDA or Metal backend implements this table and nothing else changes.
- * Shapes are row-major; N is the number of token rows (batch * seq). */
+ * Shapes are row-major; N is the number of token rows. Ops that depend on
+ * positions take an nd_layout (backend/layout.h): which rows form which
+ * sequence, and which sequences continue a shared prefix. */
 #ifndef ND_BACKEND_H
 #define ND_BACKEND_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "backend/layout.h"
 
 typedef struct nd_backend nd_backend;
 
@@ -33,16 +37,17 @@ struct nd_backend {
     void (*embed)(const nd_backend *be, float *x0, const float *emb, const int32_t *tok, long N,
                   int d, float scale);
 
-    /* engram table indices [N, K] (SPEC §1 step 2) for B sequences of T */
-    void (*engram_hash)(const nd_backend *be, int32_t *idx, const int32_t *tok, int B, int T,
+    /* engram table indices [N, K] (SPEC §1 step 2); the n-gram reads the
+     * previous tokens of each row's sequence (through its parent) */
+    void (*engram_hash)(const nd_backend *be, int32_t *idx, const int32_t *tok, const nd_layout *L,
                         const int *orders, int n_orders, int heads, int slots);
-    /* e[t] = concat_k table_k[idx[t,k]] (zero rows while t < order_k - 1) */
+    /* e[r] = concat_k table_k[idx[r,k]] (zero rows while pos[r] < order_k - 1) */
     void (*engram_gather)(const nd_backend *be, float *e, const float *tables, const int32_t *idx,
-                          int B, int T, const int *orders, int n_orders, int heads, int slots,
+                          const nd_layout *L, const int *orders, int n_orders, int heads, int slots,
                           int sub);
-    /* v[t] = sum_j taps[j] * vp[t - j*dil] * [t >= j*dil] (within each sequence) */
-    void (*engram_taps)(const nd_backend *be, float *v, const float *vp, const float *taps, int B,
-                        int T, int d, int dil);
+    /* v[r] = sum_j taps[j] * vp[back(r, j*dil)] (terms before the sequence start are 0) */
+    void (*engram_taps)(const nd_backend *be, float *v, const float *vp, const float *taps,
+                        const nd_layout *L, int d, int dil);
     /* alpha = sigmoid(<rms_unit(u), rms_unit(k)> / sqrt(d)); bx = u + alpha * v,
      * or bx += alpha * v when accumulate (a second site on the same layer) */
     void (*engram_gate)(const nd_backend *be, float *bx, float *alpha, const float *u,
@@ -67,14 +72,15 @@ struct nd_backend {
     /* xm = mean_i X_i */
     void (*lanes_mean)(const nd_backend *be, float *xm, const float *X, long N, int n, int d);
 
-    /* rotate q or k in place: x is [N, heads*hd], rows of one sequence are
-     * consecutive (position = row % T); cos/sin are [T, hd/2] */
-    void (*rope)(const nd_backend *be, float *x, const float *cos_t, const float *sin_t, int B,
-                 int T, int heads, int hd);
+    /* rotate q or k in place: x is [N, heads*hd], row r at position
+     * L->pos[r]; cos/sin are [max position + 1, hd/2] */
+    void (*rope)(const nd_backend *be, float *x, const float *cos_t, const float *sin_t,
+                 const nd_layout *L, int heads, int hd);
     /* causal GQA attention, scale 1/sqrt(hd): q [N, H*hd], k/v [N, G*hd];
-     * out [N, H*hd]; lse [B, H, T] = log-sum-exp of each score row */
+     * a row sees its parent segment's rows and its own segment's rows up to
+     * itself; out [N, H*hd]; lse [N, H] = log-sum-exp of each score row */
     void (*attention)(const nd_backend *be, float *out, float *lse, const float *q, const float *k,
-                      const float *v, int B, int T, int H, int G, int hd);
+                      const float *v, const nd_layout *L, int H, int G, int hd);
 
     /* o = att * sigmoid(g) */
     void (*gate_sigmoid)(const nd_backend *be, float *o, const float *att, const float *g, long n);
@@ -86,6 +92,13 @@ struct nd_backend {
     void (*hadamard_mlp)(const nd_backend *be, float *y, float *h1, const float *x, const float *z,
                          const float *u, const float *d1, const float *d2, const float *d3, long N,
                          int d, int hn);
+
+    /* dst[i] = src[rows[i]] (rows of d floats) */
+    void (*gather_rows)(const nd_backend *be, float *dst, const float *src, const int32_t *rows,
+                        long n, int d);
+    /* dst[rows[i]] += src[i]; rows may repeat (summed in order i) */
+    void (*scatter_add_rows)(const nd_backend *be, float *dst, const float *src,
+                             const int32_t *rows, long n, int d);
 
     /* per-row cross-entropy: loss[r] = logsumexp(logits[r]) - logits[r][target[r]] */
     void (*cross_entropy)(const nd_backend *be, float *loss, const float *logits,
@@ -112,11 +125,13 @@ struct nd_backend {
                            long N, int d, float scale);
     /* dtables[k][idx] += de rows (rows zeroed in forward get nothing) */
     void (*engram_gather_backward)(const nd_backend *be, float *dtables, const float *de,
-                                   const int32_t *idx, int B, int T, const int *orders,
+                                   const int32_t *idx, const nd_layout *L, const int *orders,
                                    int n_orders, int heads, int slots, int sub);
-    /* v = taps conv vp: dvp set, dtaps += */
+    /* v = taps conv vp: dvp set (a prefix row also collects from the rows of
+     * the segments that continue it), dtaps += */
     void (*engram_taps_backward)(const nd_backend *be, float *dvp, float *dtaps, const float *dv,
-                                 const float *vp, const float *taps, int B, int T, int d, int dil);
+                                 const float *vp, const float *taps, const nd_layout *L, int d,
+                                 int dil);
     /* bx (+)= alpha*v, alpha = sigmoid(<rms_unit(u), rms_unit(k)>/sqrt(d)): dk +=, dv +=,
      * du += the alpha path only (the u -> bx identity is the caller's) */
     void (*engram_gate_backward)(const nd_backend *be, float *du, float *dk, float *dv,
@@ -145,12 +160,13 @@ struct nd_backend {
                                 int d);
     /* in place: rotate gradients back (transpose of rope) */
     void (*rope_backward)(const nd_backend *be, float *dx, const float *cos_t, const float *sin_t,
-                          int B, int T, int heads, int hd);
+                          const nd_layout *L, int heads, int hd);
     /* causal GQA attention: dq, dk, dv set (out/lse from the forward; lse
-     * is required here) */
+     * is required here); a prefix's dk/dv sum what every continuing
+     * segment's queries send them */
     void (*attention_backward)(const nd_backend *be, float *dq, float *dk, float *dv,
                                const float *dout, const float *q, const float *k, const float *v,
-                               const float *out, const float *lse, int B, int T, int H, int G,
+                               const float *out, const float *lse, const nd_layout *L, int H, int G,
                                int hd);
     /* o = att*sigmoid(g): datt, dg set (datt may alias dout) */
     void (*gate_sigmoid_backward)(const nd_backend *be, float *datt, float *dg, const float *dout,

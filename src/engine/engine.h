@@ -50,6 +50,7 @@ typedef struct {
     void *scratch;
     float *x0, *X, *Xn, *eng_e, *eng_k, *eng_v, *eng_vp, *xm, *hf, *att_s, *logits;
     int32_t *eng_idx, *win_tok;
+    nd_layout_buf lay; /* one sequence of the chunk's rows */
     float *nx, *pre, *post, *res, *hpre, *hpost, *M, *u, *alpha, *bx, *a, *q, *kk, *vv, *g;
     float *att, *o, *o2, *pn, *x1, *z, *h1, *y;
 } nd_kv_state;

@@ -91,6 +91,10 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
         off += (plan[i].bytes + 63) & ~(size_t)63;
     }
     s->scratch = blk;
+    if (nd_layout_buf_init(&s->lay, (long)W, 1)) {
+        nd_kv_free(s);
+        return nd_error(ND_ENOMEM, "out of memory");
+    }
     san_rope_tables(s->rope_cos, s->rope_sin, s->max_len, D->hd, m->cfg.rope_theta);
     return ND_OK;
 }
@@ -100,6 +104,7 @@ void nd_kv_free(nd_kv_state *s)
     if (!s)
         return;
     free(s->scratch);
+    nd_layout_buf_free(&s->lay);
     free(s->tokens);
     free(s->k);
     free(s->v);
@@ -211,11 +216,12 @@ static void engram_chunk(nd_kv_state *s, int p0, int n)
         ws = 0;
     int T = p0 + n - ws, off = p0 - ws, d = D->d;
     memcpy(s->win_tok, s->tokens + ws, (size_t)T * sizeof *s->win_tok);
-    be->engram_hash(be, s->eng_idx, s->win_tok, 1, T, c->engram_orders, c->n_orders, D->eng_heads,
-                    c->engram_slots);
+    nd_layout_dense(&s->lay, 1, T);
+    be->engram_hash(be, s->eng_idx, s->win_tok, &s->lay.L, c->engram_orders, c->n_orders,
+                    D->eng_heads, c->engram_slots);
     for (int site = 0; site < c->n_sites; site++) {
         const san_weights *w = &m->w;
-        be->engram_gather(be, s->eng_e, w->eng[site].table, s->eng_idx, 1, T, c->engram_orders,
+        be->engram_gather(be, s->eng_e, w->eng[site].table, s->eng_idx, &s->lay.L, c->engram_orders,
                           c->n_orders, D->eng_heads, c->engram_slots, D->eng_sub);
         const float *e = s->eng_e + (size_t)off * D->eng_dim;
         float *ek = s->eng_k + (size_t)site * n * d, *ev = s->eng_v + (size_t)site * n * d;
@@ -282,9 +288,10 @@ static void layer_chunk(nd_kv_state *s, int l, int p0, int n)
     be->rmsnorm(be, s->q, NULL, s->q, w->q_norm + (size_t)l * hd, (long)n * D->H, hd);
     be->rmsnorm(be, s->kk, NULL, s->kk, w->k_norm + (size_t)l * hd, (long)n * D->G, hd);
     /* rope rows are positions p0.. : offset the tables, one "sequence" of n */
-    be->rope(be, s->q, s->rope_cos + (size_t)p0 * half, s->rope_sin + (size_t)p0 * half, 1, n, D->H,
-             hd);
-    be->rope(be, s->kk, s->rope_cos + (size_t)p0 * half, s->rope_sin + (size_t)p0 * half, 1, n,
+    nd_layout_dense(&s->lay, 1, n);
+    be->rope(be, s->q, s->rope_cos + (size_t)p0 * half, s->rope_sin + (size_t)p0 * half, &s->lay.L,
+             D->H, hd);
+    be->rope(be, s->kk, s->rope_cos + (size_t)p0 * half, s->rope_sin + (size_t)p0 * half, &s->lay.L,
              D->G, hd);
     size_t lc = (size_t)l * s->cap * kvd;
     memcpy(s->k + lc + (size_t)p0 * kvd, s->kk, (size_t)n * kvd * sizeof(float));

@@ -24,10 +24,40 @@ int san_acts_create(san_acts *a, const nd_backend *be, const san_model *m, int B
                     int save_lanes, int keep_layers)
 {
     memset(a, 0, sizeof *a);
-    const san_dims *D = &m->dims;
     if (B <= 0 || T <= 0)
         return nd_error(ND_EARG, "batch %d x seq %d is empty", B, T);
-    long N = (long)B * T;
+    int rc =
+        san_acts_create_rows(a, be, m, (long)B * T, B, T, (long)B * T, save_lanes, keep_layers);
+    if (rc)
+        return rc;
+    nd_layout_dense(&a->lay, B, T);
+    return san_acts_use_layout(a);
+}
+
+int san_acts_use_layout(san_acts *a)
+{
+    const nd_layout *L = &a->lay.L;
+    if (L->N > a->cap_rows || nd_layout_max_pos(L) > a->max_pos)
+        return nd_error(ND_EARG,
+                        "batch layout of %ld rows (positions < %d) exceeds the %ld rows "
+                        "and %d positions sized",
+                        L->N, nd_layout_max_pos(L), a->cap_rows, a->max_pos);
+    a->N = L->N;
+    return ND_OK;
+}
+
+int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, long cap_rows,
+                         int cap_seg, int max_pos, long cap_logits, int save_lanes, int keep_layers)
+{
+    memset(a, 0, sizeof *a);
+    const san_dims *D = &m->dims;
+    if (cap_rows <= 0 || max_pos <= 0 || cap_seg <= 0)
+        return nd_error(ND_EARG, "activations for %ld rows, %d positions: empty", cap_rows,
+                        max_pos);
+    if (cap_logits < 1)
+        cap_logits = 1;
+    int B = cap_seg, T = max_pos; /* for messages */
+    long N = cap_rows;
     size_t d = D->d, n = D->n, hn = D->hada_n;
     struct act_plan {
         void **p;
@@ -37,10 +67,9 @@ int san_acts_create(san_acts *a, const nd_backend *be, const san_model *m, int B
     int np = 0;
     /* with keep_layers, every san_layer_acts field is allocated L times */
     size_t copies = keep_layers ? (size_t)D->L : 1;
-#define P(ptr, cnt)                                                                              \
-    plan[np++] = (struct act_plan){(void **)&(ptr), (size_t)(cnt), sizeof(*(ptr))}
-    P(a->rope_cos, (size_t)T * D->hd / 2);
-    P(a->rope_sin, (size_t)T * D->hd / 2);
+#define P(ptr, cnt) plan[np++] = (struct act_plan){(void **)&(ptr), (size_t)(cnt), sizeof(*(ptr))}
+    P(a->rope_cos, (size_t)max_pos * D->hd / 2);
+    P(a->rope_sin, (size_t)max_pos * D->hd / 2);
     P(a->x0, N * d);
     P(a->X, N * n * d);
     P(a->Xn, N * n * d);
@@ -91,7 +120,8 @@ int san_acts_create(san_acts *a, const nd_backend *be, const san_model *m, int B
     P(a->xm, N * d);
     P(a->hf, N * d);
     P(a->hf_rstd, N);
-    P(a->logits, N * (size_t)D->V);
+    P(a->logits, (size_t)cap_logits * D->V);
+    P(a->hsel, (size_t)cap_logits * d);
     if (save_lanes)
         P(a->X_saved, (size_t)(D->L + 1) * N * n * d);
 #undef P
@@ -103,8 +133,10 @@ int san_acts_create(san_acts *a, const nd_backend *be, const san_model *m, int B
         total += (plan[i].count * plan[i].elt * (IS_LAYER(i) ? copies : 1) + 63) & ~(size_t)63;
     char *blk = be->alloc(be, total);
     if (!blk)
-        return nd_error(ND_ENOMEM, "out of memory: activations for batch %d x seq %d need %.1f MB",
-                        B, T, (double)total / 1e6);
+        return nd_error(ND_ENOMEM,
+                        "out of memory: activations for %ld rows (%d sequences, positions < %d) "
+                        "need %.1f MB",
+                        N, B, T, (double)total / 1e6);
     size_t off = 0;
     for (int i = 0; i < np; i++) {
         *plan[i].p = blk + off;
@@ -129,28 +161,34 @@ int san_acts_create(san_acts *a, const nd_backend *be, const san_model *m, int B
 #undef IS_LAYER
     a->bytes = total;
     a->block = blk;
-    a->B = B;
-    a->T = T;
-    a->N = N;
     a->be = be;
-    san_rope_tables(a->rope_cos, a->rope_sin, T, D->hd, m->cfg.rope_theta);
+    a->cap_rows = N;
+    a->cap_logits = cap_logits;
+    a->max_pos = max_pos;
+    if (nd_layout_buf_init(&a->lay, N, cap_seg)) {
+        san_acts_free(a);
+        return nd_error(ND_ENOMEM, "out of memory");
+    }
+    san_rope_tables(a->rope_cos, a->rope_sin, max_pos, D->hd, m->cfg.rope_theta);
     return ND_OK;
 }
 
-size_t san_layer_acts_bytes(const san_model *m, int B, int T)
+size_t san_layer_acts_bytes(const san_model *m, long rows)
 {
     const san_dims *D = &m->dims;
-    size_t N = (size_t)B * T, d = D->d, n = D->n, s = m->cfg.n_sites ? m->cfg.n_sites : 1;
-    size_t per_row = n * d + 1 + 2 * (2 * n + n * n) + 2 * d + s + 3 * d + 2 +
-                     3 * D->q_dim + 2 * D->kv_dim + D->q_dim + D->kv_dim + D->H + D->G +
-                     D->q_dim + D->H + D->q_dim + 3 * d + 1 + d + d + 1 + D->hada_n + d;
+    size_t N = (size_t)rows, d = D->d, n = D->n, s = m->cfg.n_sites ? m->cfg.n_sites : 1;
+    size_t per_row = n * d + 1 + 2 * (2 * n + n * n) + 2 * d + s + 3 * d + 2 + 3 * D->q_dim +
+                     2 * D->kv_dim + D->q_dim + D->kv_dim + D->H + D->G + D->q_dim + D->H +
+                     D->q_dim + 3 * d + 1 + d + d + 1 + D->hada_n + d;
     return N * per_row * sizeof(float);
 }
 
 void san_acts_free(san_acts *a)
 {
-    if (a)
+    if (a) {
         free(a->layer_sets);
+        nd_layout_buf_free(&a->lay);
+    }
     if (a && a->block)
         a->be->free(a->be, a->block);
     if (a)
@@ -165,23 +203,22 @@ void san_engram_forward(const san_model *m, const san_weights *w, san_acts *a,
     const san_dims *D = &m->dims;
     if (!c->n_sites)
         return;
-    be->engram_hash(be, a->eng_idx, tokens, a->B, a->T, c->engram_orders, c->n_orders,
-                    D->eng_heads, c->engram_slots);
+    const nd_layout *L = &a->lay.L;
+    be->engram_hash(be, a->eng_idx, tokens, L, c->engram_orders, c->n_orders, D->eng_heads,
+                    c->engram_slots);
     for (int s = 0; s < c->n_sites; s++) {
-        be->engram_gather(be, a->eng_e, w->eng[s].table, a->eng_idx, a->B, a->T,
-                          c->engram_orders, c->n_orders, D->eng_heads, c->engram_slots,
-                          D->eng_sub);
+        be->engram_gather(be, a->eng_e, w->eng[s].table, a->eng_idx, L, c->engram_orders,
+                          c->n_orders, D->eng_heads, c->engram_slots, D->eng_sub);
         be->matmul(be, 0, 0, (int)a->N, D->d, D->eng_dim, 1.0f, a->eng_e, D->eng_dim, w->eng[s].wk,
                    D->d, 0.0f, a->eng_k[s], D->d);
         be->matmul(be, 0, 0, (int)a->N, D->d, D->eng_dim, 1.0f, a->eng_e, D->eng_dim, w->eng[s].wv,
                    D->d, 0.0f, a->eng_vp, D->d);
-        be->engram_taps(be, a->eng_v[s], a->eng_vp, w->eng[s].taps, a->B, a->T, D->d,
-                        D->eng_dilation);
+        be->engram_taps(be, a->eng_v[s], a->eng_vp, w->eng[s].taps, L, D->d, D->eng_dilation);
     }
 }
 
-void san_layer_forward(const san_model *m, const san_weights *w, san_acts *a, int l,
-                       const float *X, float *Xn)
+void san_layer_forward(const san_model *m, const san_weights *w, san_acts *a, int l, const float *X,
+                       float *Xn)
 {
     const nd_backend *be = a->be;
     const san_dims *D = &m->dims;
@@ -210,8 +247,8 @@ void san_layer_forward(const san_model *m, const san_weights *w, san_acts *a, in
     const float *bx = A->u;
     for (int s = 0; s < m->cfg.n_sites; s++)
         if (m->cfg.engram_layers[s] == l) {
-            be->engram_gate(be, A->bx, A->alpha + (size_t)s * N, A->u, a->eng_k[s], a->eng_v[s],
-                            N, d, bx == A->bx);
+            be->engram_gate(be, A->bx, A->alpha + (size_t)s * N, A->u, a->eng_k[s], a->eng_v[s], N,
+                            d, bx == A->bx);
             bx = A->bx;
         }
 
@@ -226,25 +263,24 @@ void san_layer_forward(const san_model *m, const san_weights *w, san_acts *a, in
                qd);
     be->rmsnorm(be, A->qn, A->q_rstd, A->q, w->q_norm + (size_t)l * hd, (long)N * D->H, hd);
     be->rmsnorm(be, A->kn, A->k_rstd, A->k, w->k_norm + (size_t)l * hd, (long)N * D->G, hd);
-    be->rope(be, A->qn, a->rope_cos, a->rope_sin, a->B, a->T, D->H, hd);
-    be->rope(be, A->kn, a->rope_cos, a->rope_sin, a->B, a->T, D->G, hd);
-    be->attention(be, A->att, A->lse, A->qn, A->kn, A->v, a->B, a->T, D->H, D->G, hd);
+    be->rope(be, A->qn, a->rope_cos, a->rope_sin, &a->lay.L, D->H, hd);
+    be->rope(be, A->kn, a->rope_cos, a->rope_sin, &a->lay.L, D->G, hd);
+    be->attention(be, A->att, A->lse, A->qn, A->kn, A->v, &a->lay.L, D->H, D->G, hd);
     be->gate_sigmoid(be, A->o, A->att, A->g, (long)N * qd);
-    be->matmul(be, 0, 0, N, d, qd, 1.0f, A->o, qd, w->wout + (size_t)l * qd * d, d, 0.0f, A->o2,
-               d);
+    be->matmul(be, 0, 0, N, d, qd, 1.0f, A->o, qd, w->wout + (size_t)l * qd * d, d, 0.0f, A->o2, d);
     be->rmsnorm(be, A->pn, A->pn_rstd, A->o2, w->post_norm + Ld, N, d);
     be->residual_scaled(be, A->x1, bx, A->pn, w->attn_gate[l], (long)N * d);
 
     /* Hadamard MLP; y = Block(bx) - u */
     be->rmsnorm(be, A->z, A->z_rstd, A->x1, w->pre_hada + Ld, N, d);
     size_t Lh = (size_t)l * D->hada_n;
-    be->hadamard_mlp(be, A->y, A->h1, A->x1, A->z, A->u, w->d1 + Lh, w->d2 + Lh, w->d3 + Lh, N,
-                     d, D->hada_n);
+    be->hadamard_mlp(be, A->y, A->h1, A->x1, A->z, A->u, w->d1 + Lh, w->d2 + Lh, w->d3 + Lh, N, d,
+                     D->hada_n);
 
     be->lanes_update(be, Xn, A->M, X, A->hpost, A->y, N, n, d);
 }
 
-int san_forward(const san_model *m, const san_weights *w, san_acts *a, const int32_t *tokens)
+int san_forward_hidden(const san_model *m, const san_weights *w, san_acts *a, const int32_t *tokens)
 {
     const nd_backend *be = a->be;
     const san_dims *D = &m->dims;
@@ -252,7 +288,8 @@ int san_forward(const san_model *m, const san_weights *w, san_acts *a, const int
     int d = D->d, n = D->n;
     for (long i = 0; i < N; i++)
         if (tokens[i] < 0 || tokens[i] >= D->V)
-            return nd_error(ND_EARG, "token id %d at position %ld is outside the vocabulary [0, %d)",
+            return nd_error(ND_EARG,
+                            "token id %d at position %ld is outside the vocabulary [0, %d)",
                             tokens[i], i, D->V);
     be->embed(be, a->x0, w->emb, tokens, N, d, (float)sqrt((double)d));
     san_engram_forward(m, w, a, tokens);
@@ -274,6 +311,36 @@ int san_forward(const san_model *m, const san_weights *w, san_acts *a, const int
                    (int)lane_sz);
     be->lanes_mean(be, a->xm, a->X, N, n, d);
     be->rmsnorm(be, a->hf, a->hf_rstd, a->xm, w->final_norm, N, d);
-    be->matmul(be, 0, 1, (int)N, D->V, d, 1.0f, a->hf, d, w->emb, d, 0.0f, a->logits, D->V);
+    return ND_OK;
+}
+
+int san_forward(const san_model *m, const san_weights *w, san_acts *a, const int32_t *tokens)
+{
+    const san_dims *D = &m->dims;
+    if (a->N > a->cap_logits)
+        return nd_error(ND_EARG, "logits of %ld rows asked, %ld sized", a->N, a->cap_logits);
+    int rc = san_forward_hidden(m, w, a, tokens);
+    if (rc)
+        return rc;
+    a->be->matmul(a->be, 0, 1, (int)a->N, D->V, D->d, 1.0f, a->hf, D->d, w->emb, D->d, 0.0f,
+                  a->logits, D->V);
+    return ND_OK;
+}
+
+int san_logits_rows(const san_model *m, const san_weights *w, san_acts *a, const int32_t *rows,
+                    long n)
+{
+    const nd_backend *be = a->be;
+    const san_dims *D = &m->dims;
+    if (n > a->cap_logits)
+        return nd_error(ND_EARG, "logits of %ld rows asked, %ld sized", n, a->cap_logits);
+    for (long i = 0; i < n; i++)
+        if (rows[i] < 0 || rows[i] >= a->N)
+            return nd_error(ND_EARG, "logit row %d outside the batch's %ld rows", rows[i], a->N);
+    if (n == 0)
+        return ND_OK;
+    be->gather_rows(be, a->hsel, a->hf, rows, n, D->d);
+    be->matmul(be, 0, 1, (int)n, D->V, D->d, 1.0f, a->hsel, D->d, w->emb, D->d, 0.0f, a->logits,
+               D->V);
     return ND_OK;
 }

@@ -5,12 +5,12 @@
 
 #include "core/status.h"
 
-int san_grad_acts_create(san_grad_acts *g, const nd_backend *be, const san_model *m, int B, int T,
-                         int lora_rank)
+int san_grad_acts_create(san_grad_acts *g, const nd_backend *be, const san_model *m, long rows,
+                         long logit_rows, int lora_rank)
 {
     memset(g, 0, sizeof *g);
     const san_dims *D = &m->dims;
-    size_t N = (size_t)B * T, d = D->d, n = D->n;
+    size_t N = (size_t)rows, d = D->d, n = D->n;
     struct grad_plan {
         float **p;
         size_t count;
@@ -20,6 +20,7 @@ int san_grad_acts_create(san_grad_acts *g, const nd_backend *be, const san_model
     P(g->dX, N * n * d);
     P(g->dXn, N * n * d);
     P(g->dhf, N * d);
+    P(g->dhsel, (size_t)(logit_rows > 0 ? logit_rows : 1) * d);
     P(g->dxm, N * d);
     P(g->dy, N * d);
     P(g->dx1, N * d);
@@ -203,9 +204,9 @@ static void layer_backward(const san_model *m, const san_weights *w, san_acts *a
     /* o = att * sigmoid(g); attention; rope; q/k norms */
     be->gate_sigmoid_backward(be, g->datt, g->dg, g->do_, A->att, A->g, (long)N * qd);
     be->attention_backward(be, g->dqn, g->dkn, g->dv, g->datt, A->qn, A->kn, A->v, A->att, A->lse,
-                           a->B, a->T, D->H, D->G, hd);
-    be->rope_backward(be, g->dqn, a->rope_cos, a->rope_sin, a->B, a->T, D->H, hd);
-    be->rope_backward(be, g->dkn, a->rope_cos, a->rope_sin, a->B, a->T, D->G, hd);
+                           &a->lay.L, D->H, D->G, hd);
+    be->rope_backward(be, g->dqn, a->rope_cos, a->rope_sin, &a->lay.L, D->H, hd);
+    be->rope_backward(be, g->dkn, a->rope_cos, a->rope_sin, &a->lay.L, D->G, hd);
     be->rmsnorm_backward(be, g->dq, GP(q_norm, (size_t)l * hd), g->dqn, A->q, A->q_rstd,
                          w->q_norm + (size_t)l * hd, (long)N * D->H, hd, 0);
     be->rmsnorm_backward(be, g->dk, GP(k_norm, (size_t)l * hd), g->dkn, A->k, A->k_rstd,
@@ -271,21 +272,53 @@ static void layer_backward(const san_model *m, const san_weights *w, san_acts *a
     be->rmsnorm_backward(be, g->dX, NULL, g->dnx, X, A->nx_rstd, NULL, N, nd, 1);
 }
 
+static int san_backward_hidden(const san_model *m, const san_weights *w, san_acts *a,
+                               san_grad_acts *g, const san_grad_target *tgt, const int32_t *tokens);
+
 int san_backward(const san_model *m, const san_weights *w, san_acts *a, san_grad_acts *g,
                  const san_grad_target *tgt, const int32_t *tokens)
 {
     const nd_backend *be = a->be;
     const san_dims *D = &m->dims;
     san_weights *F = tgt->full;
-    int N = (int)a->N, d = D->d, n = D->n, V = D->V;
-    if (!a->X_saved)
-        return nd_error(ND_EARG, "san_backward needs activations created with save_lanes");
-    size_t lane_sz = (size_t)N * n * d;
-
+    int N = (int)a->N, d = D->d, V = D->V;
     /* logits = hf @ E^T (tied) */
     be->matmul(be, 0, 0, N, d, V, 1.0f, a->logits, V, w->emb, d, 0.0f, g->dhf, d);
     if (F)
         be->matmul(be, 1, 0, V, d, N, 1.0f, a->logits, V, a->hf, d, 1.0f, F->emb, d);
+    return san_backward_hidden(m, w, a, g, tgt, tokens);
+}
+
+int san_backward_rows(const san_model *m, const san_weights *w, san_acts *a, san_grad_acts *g,
+                      const san_grad_target *tgt, const int32_t *tokens, const int32_t *rows,
+                      long n)
+{
+    const nd_backend *be = a->be;
+    const san_dims *D = &m->dims;
+    san_weights *F = tgt->full;
+    int d = D->d, V = D->V;
+    memset(g->dhf, 0, sizeof(float) * (size_t)a->N * d);
+    if (n > 0) {
+        be->matmul(be, 0, 0, (int)n, d, V, 1.0f, a->logits, V, w->emb, d, 0.0f, g->dhsel, d);
+        if (F)
+            be->matmul(be, 1, 0, V, d, (int)n, 1.0f, a->logits, V, a->hsel, d, 1.0f, F->emb, d);
+        be->scatter_add_rows(be, g->dhf, g->dhsel, rows, n, d);
+    }
+    return san_backward_hidden(m, w, a, g, tgt, tokens);
+}
+
+static int san_backward_hidden(const san_model *m, const san_weights *w, san_acts *a,
+                               san_grad_acts *g, const san_grad_target *tgt, const int32_t *tokens)
+{
+    const nd_backend *be = a->be;
+    const san_dims *D = &m->dims;
+    san_weights *F = tgt->full;
+    int N = (int)a->N, d = D->d, n = D->n;
+    if (!a->X_saved)
+        return nd_error(ND_EARG, "san_backward needs activations created with save_lanes");
+    size_t lane_sz = (size_t)N * n * d;
+    const nd_layout *Lay = &a->lay.L;
+
     be->rmsnorm_backward(be, g->dxm, GP(final_norm, 0), g->dhf, a->xm, a->hf_rstd, w->final_norm, N,
                          d, 0);
     be->lanes_mean_backward(be, g->dXn, g->dxm, N, n, d);
@@ -313,12 +346,12 @@ int san_backward(const san_model *m, const san_weights *w, san_acts *a, san_grad
     be->embed_backward(be, F->emb, dx0, tokens, N, d, (float)sqrt((double)d));
     const san_config *c = &m->cfg;
     for (int s = 0; s < c->n_sites; s++) {
-        be->engram_gather(be, a->eng_e, w->eng[s].table, a->eng_idx, a->B, a->T, c->engram_orders,
+        be->engram_gather(be, a->eng_e, w->eng[s].table, a->eng_idx, Lay, c->engram_orders,
                           c->n_orders, D->eng_heads, c->engram_slots, D->eng_sub);
         be->matmul(be, 0, 0, N, d, D->eng_dim, 1.0f, a->eng_e, D->eng_dim, w->eng[s].wv, d, 0.0f,
                    a->eng_vp, d);
         be->engram_taps_backward(be, g->deng_vp, F->eng[s].taps, g->deng_v[s], a->eng_vp,
-                                 w->eng[s].taps, a->B, a->T, d, D->eng_dilation);
+                                 w->eng[s].taps, Lay, d, D->eng_dilation);
         be->matmul(be, 1, 0, D->eng_dim, d, N, 1.0f, a->eng_e, D->eng_dim, g->deng_vp, d, 1.0f,
                    F->eng[s].wv, d);
         be->matmul(be, 1, 0, D->eng_dim, d, N, 1.0f, a->eng_e, D->eng_dim, g->deng_k[s], d, 1.0f,
@@ -327,7 +360,7 @@ int san_backward(const san_model *m, const san_weights *w, san_acts *a, san_grad
                    g->deng_e, D->eng_dim);
         be->matmul(be, 0, 1, N, D->eng_dim, d, 1.0f, g->deng_k[s], d, w->eng[s].wk, d, 1.0f,
                    g->deng_e, D->eng_dim);
-        be->engram_gather_backward(be, F->eng[s].table, g->deng_e, a->eng_idx, a->B, a->T,
+        be->engram_gather_backward(be, F->eng[s].table, g->deng_e, a->eng_idx, Lay,
                                    c->engram_orders, c->n_orders, D->eng_heads, c->engram_slots,
                                    D->eng_sub);
     }

@@ -8,33 +8,36 @@
 #include "model/san.h"
 
 typedef struct {
-    float *dX, *dXn;                    /* lane gradients [N, n, d] */
-    float *dhf, *dxm;                   /* [N, d] */
-    float *dy, *dx1, *dz, *dpn, *dbx, *do2, *du; /* [N, d] */
-    float *do_, *datt, *dg, *dqn, *dq;  /* [N, q_dim] */
-    float *dkn, *dk, *dv;               /* [N, kv_dim] */
-    float *da;                          /* [N, d] */
-    float *dhpre, *dhpost, *dM;         /* [N, n], [N, n], [N, n*n] */
-    float *dpre, *dpost, *dres;         /* same */
-    float *dnx;                         /* [N, n*d] */
-    float *dnx_tmp;                     /* [n*d, n*n] unpacking phi gradients */
+    float *dX, *dXn;                                      /* lane gradients [N, n, d] */
+    float *dhf, *dxm;                                     /* [N, d] */
+    float *dhsel;                                         /* [logit rows, d] */
+    float *dy, *dx1, *dz, *dpn, *dbx, *do2, *du;          /* [N, d] */
+    float *do_, *datt, *dg, *dqn, *dq;                    /* [N, q_dim] */
+    float *dkn, *dk, *dv;                                 /* [N, kv_dim] */
+    float *da;                                            /* [N, d] */
+    float *dhpre, *dhpost, *dM;                           /* [N, n], [N, n], [N, n*n] */
+    float *dpre, *dpost, *dres;                           /* same */
+    float *dnx;                                           /* [N, n*d] */
+    float *dnx_tmp;                                       /* [n*d, n*n] unpacking phi gradients */
     float *deng_k[SAN_MAX_SITES], *deng_v[SAN_MAX_SITES]; /* [N, d] */
-    float *deng_vp, *deng_e;            /* [N, d], [N, eng_dim] */
-    float *lora_tmp;                    /* [N, rank] */
+    float *deng_vp, *deng_e;                              /* [N, d], [N, eng_dim] */
+    float *lora_tmp;                                      /* [N, rank] */
     void *block;
     const nd_backend *be;
 } san_grad_acts;
 
-int san_grad_acts_create(san_grad_acts *g, const nd_backend *be, const san_model *m, int B,
-                         int T, int lora_rank);
+/* rows: the most rows a batch has; logit_rows: the most rows whose logits
+ * are taken (san_backward_rows) */
+int san_grad_acts_create(san_grad_acts *g, const nd_backend *be, const san_model *m, long rows,
+                         long logit_rows, int lora_rank);
 void san_grad_acts_free(san_grad_acts *g);
 
 /* What to differentiate. Either or both may be set. */
 typedef struct {
-    san_weights *full;     /* += gradients of every base parameter (NULL: frozen) */
-    const san_lora *lora;  /* adapter layout (NULL: no adapter) */
-    const float *lora_w;   /* adapter values (A, B) */
-    float *lora_g;         /* += gradients of A and B */
+    san_weights *full;    /* += gradients of every base parameter (NULL: frozen) */
+    const san_lora *lora; /* adapter layout (NULL: no adapter) */
+    const float *lora_w;  /* adapter values (A, B) */
+    float *lora_g;        /* += gradients of A and B */
 } san_grad_target;
 
 /* Given a completed forward (acts made with save_lanes) whose logits have
@@ -42,5 +45,10 @@ typedef struct {
  * `w` must be the weights the forward used (LoRA merged in). */
 int san_backward(const san_model *m, const san_weights *w, san_acts *a, san_grad_acts *g,
                  const san_grad_target *tgt, const int32_t *tokens);
+/* The same after san_logits_rows: a->logits holds dLoss/dlogits of those n
+ * rows only. */
+int san_backward_rows(const san_model *m, const san_weights *w, san_acts *a, san_grad_acts *g,
+                      const san_grad_target *tgt, const int32_t *tokens, const int32_t *rows,
+                      long n);
 
 #endif

@@ -6,27 +6,46 @@
 
 #include "model/lora.h"
 #include "model/san_backward.h"
+#include "train/pack.h"
 
 typedef struct {
     const san_model *m;
     const nd_backend *be;
     int B, T;
-    int kept_layers;   /* 1: activations of every layer kept; 0: recomputed */
+    int kept_layers; /* 1: activations of every layer kept; 0: recomputed */
     san_acts acts;
     san_grad_acts gacts;
-    san_lora *lora;    /* may be NULL */
-    float *lora_g;     /* lora->numel */
-    float *merged;     /* merged projection weights */
-    san_weights w;     /* effective weights for the forward */
-    float *full_g;     /* m->numel when full gradients are on */
+    san_lora *lora; /* may be NULL */
+    float *lora_g;  /* lora->numel */
+    float *merged;  /* merged projection weights */
+    san_weights w;  /* effective weights for the forward */
+    float *full_g;  /* m->numel when full gradients are on */
     san_weights gw;
     float *row_loss, *row_w;
     int32_t *tgt;
+    /* packed mode (nd_trainer_create_packed) */
+    int packed;
+    int share;      /* share common prefixes (default 1) */
+    long cap_items; /* most loss positions in one batch */
+    nd_pack_plan plan;
+    int32_t *ptok;   /* packed tokens [cap rows] */
+    int32_t *row_of; /* each example position's row [cap rows] */
+    long n_items;    /* loss positions of the last batch: */
+    int32_t *item_row, *item_tgt, *item_ex;
+    float *item_w, *item_loss;
 } nd_trainer;
 
 int nd_trainer_create(nd_trainer *tr, const san_model *m, const nd_backend *be, san_lora *lora,
                       int B, int T, int full_grads);
 void nd_trainer_free(nd_trainer *tr);
+/* Packed mode: batches of up to max_examples examples of their own
+ * lengths (no padding), common prefixes run once, logits only where the
+ * loss is. cap_rows: the most tokens a batch holds (e.g. the sum of the
+ * max_examples longest); max_pos: the longest example; cap_items: the most
+ * loss positions in a batch. */
+int nd_trainer_create_packed(nd_trainer *tr, const san_model *m, const nd_backend *be,
+                             san_lora *lora, int max_examples, long cap_rows, int max_pos,
+                             long cap_items, int full_grads);
 /* Recompute the effective weights after the adapter changed. */
 void nd_trainer_merge(nd_trainer *tr);
 /* Loss of B rows of T ids with loss mask (row-major [B, T]); rows beyond
@@ -35,5 +54,10 @@ void nd_trainer_merge(nd_trainer *tr);
  * predicted positions that counted. */
 int nd_trainer_step(nd_trainer *tr, const int32_t *ids, const float *mask, int rows, int grad,
                     double *loss, double *masked);
+/* The same for `count` examples in packed mode (the loss is the same
+ * token-weighted mean). Per-position losses land in item_loss (item_ex
+ * says whose); tr->plan says how the batch was packed. */
+int nd_trainer_step_examples(nd_trainer *tr, const nd_seq_example *ex, int count, int grad,
+                             double *loss, double *masked);
 
 #endif

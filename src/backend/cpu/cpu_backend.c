@@ -121,29 +121,41 @@ static void cpu_embed(const nd_backend *be, float *x0, const float *emb, const i
             x0[t * d + i] = emb[(size_t)tok[t] * d + i] * scale;
 }
 
-static void cpu_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *tok, int B, int T,
-                            const int *orders, int n_orders, int heads, int slots)
+/* the n-gram hash reads at most this many tokens */
+#define SAN_MAX_ORDER 8
+
+static void cpu_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *tok,
+                            const nd_layout *L, const int *orders, int n_orders, int heads,
+                            int slots)
 {
     (void)be;
-    int K = n_orders * heads;
+    int K = n_orders * heads, omax = 0;
+    for (int o = 0; o < n_orders; o++)
+        omax = orders[o] > omax ? orders[o] : omax;
+    omax = omax < SAN_MAX_ORDER ? omax : SAN_MAX_ORDER;
 #pragma omp parallel for schedule(static)
-    for (long r = 0; r < (long)B * T; r++) {
-        int t = (int)(r % T);
-        const int32_t *seq = tok + (r - t);
-        for (int k = 0; k < K; k++)
-            idx[r * K + k] = (int32_t)san_engram_index(seq, t, orders[k / heads], k, slots);
+    for (long r = 0; r < L->N; r++) {
+        uint32_t hist[SAN_MAX_ORDER];
+        for (int j = 0; j < omax; j++) {
+            long b = nd_layout_back(L, r, j);
+            hist[j] = b >= 0 ? (uint32_t)tok[b] : 0u;
+        }
+        for (int k = 0; k < K; k++) {
+            int o = orders[k / heads] < omax ? orders[k / heads] : omax;
+            idx[r * K + k] = (int32_t)san_engram_index_hist(hist, o, k, slots);
+        }
     }
 }
 
 static void cpu_engram_gather(const nd_backend *be, float *e, const float *tables,
-                              const int32_t *idx, int B, int T, const int *orders, int n_orders,
-                              int heads, int slots, int sub)
+                              const int32_t *idx, const nd_layout *L, const int *orders,
+                              int n_orders, int heads, int slots, int sub)
 {
     (void)be;
     int K = n_orders * heads;
 #pragma omp parallel for schedule(static)
-    for (long r = 0; r < (long)B * T; r++) {
-        int t = (int)(r % T);
+    for (long r = 0; r < L->N; r++) {
+        int t = L->pos[r];
         for (int k = 0; k < K; k++) {
             float *dst = e + (r * K + k) * sub;
             if (t < orders[k / heads] - 1) {
@@ -157,19 +169,19 @@ static void cpu_engram_gather(const nd_backend *be, float *e, const float *table
 }
 
 static void cpu_engram_taps(const nd_backend *be, float *v, const float *vp, const float *taps,
-                            int B, int T, int d, int dil)
+                            const nd_layout *L, int d, int dil)
 {
     (void)be;
 #pragma omp parallel for schedule(static)
-    for (long r = 0; r < (long)B * T; r++) {
-        int t = (int)(r % T);
+    for (long r = 0; r < L->N; r++) {
         float *vr = v + r * d;
         for (int i = 0; i < d; i++)
             vr[i] = 0.0f;
         for (int j = 0; j < 4; j++) {
-            if (t < j * dil)
+            long b = nd_layout_back(L, r, j * dil);
+            if (b < 0)
                 break;
-            const float *src = vp + (r - (long)j * dil) * d;
+            const float *src = vp + b * d;
             const float *tj = taps + j * d;
             for (int i = 0; i < d; i++)
                 vr[i] += tj[i] * src[i];
@@ -296,14 +308,14 @@ static void cpu_lanes_mean(const nd_backend *be, float *xm, const float *X, long
     }
 }
 
-static void cpu_rope(const nd_backend *be, float *x, const float *cos_t, const float *sin_t, int B,
-                     int T, int heads, int hd)
+static void cpu_rope(const nd_backend *be, float *x, const float *cos_t, const float *sin_t,
+                     const nd_layout *L, int heads, int hd)
 {
     (void)be;
     int half = hd / 2;
 #pragma omp parallel for schedule(static)
-    for (long r = 0; r < (long)B * T; r++) {
-        int t = (int)(r % T);
+    for (long r = 0; r < L->N; r++) {
+        int t = L->pos[r];
         const float *c = cos_t + (size_t)t * half, *s = sin_t + (size_t)t * half;
         for (int h = 0; h < heads; h++) {
             float *v = x + (r * heads + h) * hd;
@@ -430,6 +442,8 @@ static nd_backend cpu_backend = {
     .lanes_mean = cpu_lanes_mean,
     .rope = cpu_rope,
     .attention = cpu_attention,
+    .gather_rows = cpu_gather_rows,
+    .scatter_add_rows = cpu_scatter_add_rows,
     .gate_sigmoid = cpu_gate_sigmoid,
     .residual_scaled = cpu_residual_scaled,
     .hadamard_mlp = cpu_hadamard_mlp,

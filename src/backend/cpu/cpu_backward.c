@@ -226,14 +226,14 @@ void cpu_embed_backward(const nd_backend *be, float *demb, const float *dx0, con
 /* ---- engram ---- */
 
 void cpu_engram_gather_backward(const nd_backend *be, float *dtables, const float *de,
-                                const int32_t *idx, int B, int T, const int *orders, int n_orders,
-                                int heads, int slots, int sub)
+                                const int32_t *idx, const nd_layout *L, const int *orders,
+                                int n_orders, int heads, int slots, int sub)
 {
     (void)be;
     if (!dtables)
         return;
     int K = n_orders * heads, nch = (sub + COLCHUNK - 1) / COLCHUNK;
-    long N = (long)B * T;
+    long N = L->N;
 #pragma omp parallel for schedule(static)
     for (int task = 0; task < K * nch; task++) {
         int k = task / nch, c0 = (task % nch) * COLCHUNK;
@@ -241,7 +241,7 @@ void cpu_engram_gather_backward(const nd_backend *be, float *dtables, const floa
         int first = orders[k / heads] - 1; /* earlier positions were zero rows */
         float *tab = dtables + (size_t)k * slots * sub;
         for (long r = 0; r < N; r++) {
-            if ((int)(r % T) < first)
+            if (L->pos[r] < first)
                 continue;
             float *dst = tab + (size_t)idx[r * K + k] * sub;
             const float *src = de + (r * K + k) * sub;
@@ -252,10 +252,11 @@ void cpu_engram_gather_backward(const nd_backend *be, float *dtables, const floa
 }
 
 void cpu_engram_taps_backward(const nd_backend *be, float *dvp, float *dtaps, const float *dv,
-                              const float *vp, const float *taps, int B, int T, int d, int dil)
+                              const float *vp, const float *taps, const nd_layout *L, int d,
+                              int dil)
 {
     (void)be;
-    long N = (long)B * T;
+    long N = L->N;
     if (N <= 0)
         return;
     partials P = {0};
@@ -272,20 +273,25 @@ void cpu_engram_taps_backward(const nd_backend *be, float *dvp, float *dtaps, co
             cpu_thread_share(N, &r0, &r1);
         }
         for (long r = r0; r < r1; r++) {
-            int t = (int)(r % T);
-            /* dvp[t] = sum_j taps[j] * dv[t + j*dil] (same sequence) */
+            const nd_segment *sg = &L->seg[L->row_seg[r]];
+            long end = (long)sg->start + sg->len;
+            /* dvp[t] = sum_j taps[j] * dv[t + j*dil] (same segment; the
+             * segments continuing this one are added below) */
             float *o = dvp + r * d;
             for (int i = 0; i < d; i++)
                 o[i] = 0.0f;
-            for (int j = 0; j < 4 && t + j * dil < T; j++) {
+            for (int j = 0; j < 4 && r + (long)j * dil < end; j++) {
                 const float *g = dv + (r + (long)j * dil) * d, *tj = taps + j * d;
                 for (int i = 0; i < d; i++)
                     o[i] += tj[i] * g[i];
             }
             /* dtaps[j] += dv[t] * vp[t - j*dil] */
             if (pt)
-                for (int j = 0; j < 4 && t >= j * dil; j++) {
-                    const float *g = dv + r * d, *src = vp + (r - (long)j * dil) * d;
+                for (int j = 0; j < 4; j++) {
+                    long b = nd_layout_back(L, r, j * dil);
+                    if (b < 0)
+                        break;
+                    const float *g = dv + r * d, *src = vp + b * d;
                     double *pj = pt + j * d;
                     for (int i = 0; i < d; i++)
                         pj[i] += (double)(g[i] * src[i]);
@@ -295,6 +301,24 @@ void cpu_engram_taps_backward(const nd_backend *be, float *dvp, float *dtaps, co
     if (dtaps) {
         partials_reduce(&P, dtaps, 0, 4 * d);
         partials_free(&P);
+    }
+    /* a prefix's last rows also feed the first rows of each continuation */
+    for (int s = 0; s < L->n_seg; s++) {
+        const nd_segment *sg = &L->seg[s];
+        if (sg->parent < 0)
+            continue;
+        for (int off = 0; off < sg->len && off < 3 * dil; off++) {
+            long r = (long)sg->start + off;
+            for (int j = 1; j < 4; j++) {
+                long b = nd_layout_back(L, r, j * dil);
+                if (b < 0 || L->row_seg[b] == s)
+                    continue;
+                const float *g = dv + r * d, *tj = taps + j * d;
+                float *o = dvp + b * d;
+                for (int i = 0; i < d; i++)
+                    o[i] += tj[i] * g[i];
+            }
+        }
     }
 }
 
@@ -631,13 +655,13 @@ void cpu_lanes_mean_backward(const nd_backend *be, float *dX, const float *dxm, 
 /* ---- attention block pieces ---- */
 
 void cpu_rope_backward(const nd_backend *be, float *dx, const float *cos_t, const float *sin_t,
-                       int B, int T, int heads, int hd)
+                       const nd_layout *L, int heads, int hd)
 {
     (void)be;
     int half = hd / 2;
 #pragma omp parallel for schedule(static)
-    for (long r = 0; r < (long)B * T; r++) {
-        int t = (int)(r % T);
+    for (long r = 0; r < L->N; r++) {
+        int t = L->pos[r];
         const float *c = cos_t + (size_t)t * half, *s = sin_t + (size_t)t * half;
         for (int h = 0; h < heads; h++) {
             float *v = dx + (r * heads + h) * hd;
@@ -798,78 +822,4 @@ void cpu_add(const nd_backend *be, float *y, const float *x, float alpha, long n
 #pragma omp parallel for schedule(static)
     for (long i = 0; i < n; i++)
         y[i] += alpha * x[i];
-}
-
-/* ---- attention ---- */
-
-/* Flash-style: probabilities are recomputed per 64-query block from q, k
- * and the saved lse. One task owns a (sequence, kv head) pair and walks
- * all query heads of its group, so dk/dv rows have a single writer and
- * need no reduction. */
-void cpu_attention_backward(const nd_backend *be, float *dq, float *dk, float *dv,
-                            const float *dout, const float *q, const float *k, const float *v,
-                            const float *out, const float *lse, int B, int T, int H, int G, int hd)
-{
-    (void)be;
-    int nblk = (T + SAN_ATTN_QBLOCK - 1) / SAN_ATTN_QBLOCK, rep = H / G;
-    float scale = 1.0f / sqrtf((float)hd);
-    int qs = H * hd, ks = G * hd;
-#pragma omp parallel
-    {
-        size_t bs = (size_t)SAN_ATTN_QBLOCK * T;
-        float *Pb = cpu_xalloc((2 * bs + SAN_ATTN_QBLOCK) * sizeof *Pb);
-        float *dP = Pb + bs, *Dr = dP + bs;
-#pragma omp for schedule(dynamic, 1)
-        for (long task = 0; task < (long)B * G; task++) {
-            int b = (int)(task / G), g = (int)(task % G);
-            size_t kv0 = (size_t)b * T * ks + (size_t)g * hd;
-            const float *K = k + kv0, *Vv = v + kv0;
-            float *dK = dk + kv0, *dV = dv + kv0;
-            for (int t = 0; t < T; t++)
-                for (int i = 0; i < hd; i++) {
-                    dK[(size_t)t * ks + i] = 0.0f;
-                    dV[(size_t)t * ks + i] = 0.0f;
-                }
-            for (int h = g * rep; h < (g + 1) * rep; h++)
-                for (int blk = 0; blk < nblk; blk++) {
-                    int t0 = blk * SAN_ATTN_QBLOCK;
-                    int t1 = t0 + SAN_ATTN_QBLOCK < T ? t0 + SAN_ATTN_QBLOCK : T;
-                    int rows = t1 - t0, keys = t1;
-                    size_t qo = ((size_t)b * T + t0) * qs + (size_t)h * hd;
-                    const float *Q = q + qo, *dO = dout + qo, *O = out + qo;
-                    const float *L = lse + ((size_t)b * H + h) * T + t0;
-                    /* P = exp(scale * Q K^T - lse), causal */
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, scale, Q,
-                                qs, K, ks, 0.0f, Pb, keys);
-                    for (int r = 0; r < rows; r++) {
-                        float *p = Pb + (size_t)r * keys, l = L[r];
-                        int last = t0 + r;
-                        for (int j = 0; j <= last; j++)
-                            p[j] = san_expf(p[j] - l);
-                        for (int j = last + 1; j < keys; j++)
-                            p[j] = 0.0f;
-                        Dr[r] = fdot(dO + (size_t)r * qs, O + (size_t)r * qs, hd);
-                    }
-                    /* dV += P^T dO; dP = dO V^T */
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hd, rows, 1.0f, Pb,
-                                keys, dO, qs, 1.0f, dV, ks);
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, hd, 1.0f, dO,
-                                qs, Vv, ks, 0.0f, dP, keys);
-                    /* dS = P * (dP - rowsum(dO*O)); masked entries have P = 0 */
-                    for (int r = 0; r < rows; r++) {
-                        float *ds = dP + (size_t)r * keys;
-                        const float *p = Pb + (size_t)r * keys;
-                        float D = Dr[r];
-                        for (int j = 0; j < keys; j++)
-                            ds[j] = p[j] * (ds[j] - D);
-                    }
-                    /* dQ = scale * dS K; dK += scale * dS^T Q */
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, keys, scale,
-                                dP, keys, K, ks, 0.0f, dq + qo, qs);
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, hd, rows, scale, dP,
-                                keys, Q, qs, 1.0f, dK, ks);
-                }
-        }
-        free(Pb);
-    }
 }

@@ -169,6 +169,17 @@ static inline uint32_t san_engram_index(const int32_t *seq, int t, int order, in
     return acc % (uint32_t)slots;
 }
 
+/* The same hash from the previous tokens themselves: hist[j] is the token
+ * j steps back (0 before the sequence start). */
+static inline uint32_t san_engram_index_hist(const uint32_t *hist, int order, int k, int slots)
+{
+    uint32_t acc = SAN_ENGRAM_SEED * (uint32_t)(k + 1);
+    for (int j = 0; j < order; j++)
+        acc = (acc ^ hist[j]) * SAN_ENGRAM_PRIME;
+    acc ^= acc >> 15;
+    return acc % (uint32_t)slots;
+}
+
 /* In place: M (n x n logits) -> exp of `rounds` alternating row then
  * column log-normalisations. */
 void san_sinkhorn(float *M, int n, int rounds);
@@ -179,7 +190,7 @@ void san_sinkhorn_rows(float *M, long rows, int n, int rounds);
 void san_sinkhorn_halfstep(float *Z, float *E, int n, int rowstep);
 
 void cpu_attention(const nd_backend *be, float *out, float *lse, const float *q, const float *k,
-                   const float *v, int B, int T, int H, int G, int hd);
+                   const float *v, const nd_layout *L, int H, int G, int hd);
 
 /* Inside a parallel region: this thread's contiguous share [lo, hi) of n
  * items (static split; depends only on the team size). */
@@ -202,10 +213,11 @@ void cpu_rmsnorm_backward(const nd_backend *be, float *dx, float *dscale, const 
 void cpu_embed_backward(const nd_backend *be, float *demb, const float *dx0, const int32_t *tok,
                         long N, int d, float scale);
 void cpu_engram_gather_backward(const nd_backend *be, float *dtables, const float *de,
-                                const int32_t *idx, int B, int T, const int *orders, int n_orders,
-                                int heads, int slots, int sub);
+                                const int32_t *idx, const nd_layout *L, const int *orders,
+                                int n_orders, int heads, int slots, int sub);
 void cpu_engram_taps_backward(const nd_backend *be, float *dvp, float *dtaps, const float *dv,
-                              const float *vp, const float *taps, int B, int T, int d, int dil);
+                              const float *vp, const float *taps, const nd_layout *L, int d,
+                              int dil);
 void cpu_engram_gate_backward(const nd_backend *be, float *du, float *dk, float *dv,
                               const float *dbx, const float *u, const float *k, const float *v,
                               const float *alpha, long N, int d);
@@ -226,10 +238,15 @@ void cpu_lanes_broadcast_backward(const nd_backend *be, float *dx0, const float 
 void cpu_lanes_mean_backward(const nd_backend *be, float *dX, const float *dxm, long N, int n,
                              int d);
 void cpu_rope_backward(const nd_backend *be, float *dx, const float *cos_t, const float *sin_t,
-                       int B, int T, int heads, int hd);
+                       const nd_layout *L, int heads, int hd);
 void cpu_attention_backward(const nd_backend *be, float *dq, float *dk, float *dv,
                             const float *dout, const float *q, const float *k, const float *v,
-                            const float *out, const float *lse, int B, int T, int H, int G, int hd);
+                            const float *out, const float *lse, const nd_layout *L, int H, int G,
+                            int hd);
+void cpu_gather_rows(const nd_backend *be, float *dst, const float *src, const int32_t *rows,
+                     long n, int d);
+void cpu_scatter_add_rows(const nd_backend *be, float *dst, const float *src, const int32_t *rows,
+                          long n, int d);
 void cpu_gate_sigmoid_backward(const nd_backend *be, float *datt, float *dg, const float *dout,
                                const float *att, const float *g, long n);
 void cpu_residual_scaled_backward(const nd_backend *be, float *dr, float *dgate, const float *dy,

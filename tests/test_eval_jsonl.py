@@ -87,12 +87,15 @@ def main():
     sp = spm.SentencePieceProcessor(model_file=TOK)
     rows = render_ref.reference(data, sp, 256)
     per, mean = reference_losses(ck, rows)
-    r = subprocess.run([NEEDLE, "eval", data, "--checkpoint", ck, "--tokenizer", TOK,
-                        "--max-len", "256", "--json", "--batch-size", "4"],
-                       capture_output=True, text=True)
-    check(r.returncode == 0, "eval JSONL exits 0", r.stderr[-300:])
-    if r.returncode == 0:
-        compare("base", r.stdout, per, mean)
+    # every batching mode against the reference: shared prefixes (default),
+    # packed at own lengths, upstream's padded batches
+    for mode in ("shared", "packed", "padded"):
+        r = subprocess.run([NEEDLE, "eval", data, "--checkpoint", ck, "--tokenizer", TOK,
+                            "--max-len", "256", "--json", "--batch-size", "4",
+                            "--batching", mode], capture_output=True, text=True)
+        check(r.returncode == 0, f"eval JSONL --batching {mode} exits 0", r.stderr[-300:])
+        if r.returncode == 0:
+            compare(f"base ({mode})", r.stdout, per, mean)
 
     # a random adapter with B != 0 on every target
     rng = np.random.default_rng(5)
@@ -113,6 +116,30 @@ def main():
     check(r.returncode == 0, "eval JSONL --lora exits 0", r.stderr[-300:])
     if r.returncode == 0:
         compare("with adapter", r.stdout, per, mean)
+
+    # the gradient of the loss w.r.t. the adapter: shared-prefix and packed
+    # batches against upstream's padded ones (every A and B norm)
+    norms = {}
+    for mode in ("padded", "packed", "shared"):
+        r = subprocess.run([NEEDLE, "eval", data, "--checkpoint", ck, "--tokenizer", TOK,
+                            "--max-len", "256", "--json", "--lora", ad, "--grad-norms",
+                            "--batch-size", "3", "--batching", mode],
+                           capture_output=True, text=True)
+        check(r.returncode == 0, f"eval --grad-norms --batching {mode} exits 0", r.stderr[-300:])
+        if r.returncode == 0:
+            norms[mode] = json.loads(r.stdout)["grad_norms"]
+    if len(norms) == 3:
+        def flat(g):
+            out = {"global": g["global"]}
+            for k, v in g.items():
+                if k != "global":
+                    out[k + " A"], out[k + " B"] = v["A"], v["B"]
+            return out
+        ref = flat(norms["padded"])
+        for mode in ("packed", "shared"):
+            got = flat(norms[mode])
+            err = max(abs(got[k] - v) / max(abs(v), 1e-12) for k, v in ref.items())
+            check(err <= 1e-4, f"grad norms: {mode} vs padded", f"max rel err {err:.2e}")
 
     # a tokenizer whose vocabulary differs from the checkpoint's is refused
     ck2 = os.path.join(tmp, "v512.pkl")

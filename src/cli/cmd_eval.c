@@ -23,6 +23,7 @@ static const char *eval_help =
     "usage: needle eval --checkpoint CKPT.pkl DATA.jsonl [--tokenizer M] [--max-len N]\n"
     "                   [--lora ADAPTER] [--grad-norms [--lora-rank R --seed S]] [--json]\n"
     "       needle eval --checkpoint CKPT.pkl --tokens FILE [--json] [--logits OUT.bin]\n"
+    "                   [--batching shared|packed|padded]\n"
     "       common: [--batch-size B] [--threads N] [--device auto|cpu]\n"
     "\n"
     "JSONL: per-example masked loss (target tokens only) and the overall loss exactly\n"
@@ -38,6 +39,11 @@ static const char *eval_help =
     "  --tokenizer M    SentencePiece model (default $NEEDLE_TOKENIZER, else\n"
     "                   tokenizer.model beside the checkpoint)\n"
     "  --max-len N      cap on the sequence length (default 1024)\n"
+    "  --batching M     shared (default): each example at its own length, common\n"
+    "                   prefixes (system + tools) run once, logits only at target\n"
+    "                   positions; packed: own lengths, nothing shared; padded:\n"
+    "                   upstream's batches of B x fit_max_len. Same numbers, up to\n"
+    "                   float rounding\n"
     "  --json           print one JSON object: {\"examples\": [{\"loss\", \"tokens\"}...],\n"
     "                   \"mean_loss\"}; tokens = predicted positions (length - 1)\n"
     "  --logits OUT     write every sequence's float32 logits [len, V], little-endian,\n"
@@ -65,7 +71,7 @@ static double l2(const float *x, size_t n)
 
 typedef struct {
     const char *ckpt, *data, *tok_flag, *lora_path;
-    int json, grad_norms, batch, max_len, rank;
+    int json, grad_norms, batch, max_len, rank, batching;
     double alpha;
     long long seed;
 } jsonl_args;
@@ -80,7 +86,7 @@ static int eval_jsonl(const jsonl_args *a, san_model *m, const nd_backend *be)
     nd_dataset ds = {0};
     nd_token_set ts = {0};
     san_lora lora = {0};
-    nd_trainer tr = {0};
+    nd_batcher bt = {0};
     nd_masked_eval ev = {0};
     int rc = 1, have_lora = 0;
     if (nd_tokenizer_load(tpath, &tok)) {
@@ -116,8 +122,8 @@ static int eval_jsonl(const jsonl_args *a, san_model *m, const nd_backend *be)
         have_lora = 1;
     }
     int B = a->batch < (int)ts.n ? a->batch : (int)ts.n;
-    if (nd_trainer_create(&tr, m, be, have_lora ? &lora : NULL, B, (int)ts.max_len, 0) ||
-        nd_eval_masked(&tr, ts.ids, ts.mask, ts.n, a->grad_norms, &ev)) {
+    if (nd_batcher_create(&bt, m, be, have_lora ? &lora : NULL, &ts, B, a->batching, 0) ||
+        nd_eval_masked(&bt, a->grad_norms, &ev)) {
         cli_fail(a->data);
         goto done;
     }
@@ -162,7 +168,7 @@ static int eval_jsonl(const jsonl_args *a, san_model *m, const nd_backend *be)
     rc = 0;
 done:
     nd_masked_eval_free(&ev);
-    nd_trainer_free(&tr);
+    nd_batcher_free(&bt);
     san_lora_free(&lora);
     nd_token_set_free(&ts);
     nd_dataset_free(&ds);
@@ -211,7 +217,10 @@ int cli_eval(int argc, char **argv)
             ja.tok_flag = val;
         else if (!strcmp(a, "--lora"))
             ja.lora_path = val;
-        else if (!strcmp(a, "--batch-size")) {
+        else if (!strcmp(a, "--batching")) {
+            if ((ja.batching = nd_batching_parse(val)) < 0)
+                return cli_usage_error("eval", "--batching must be shared, packed or padded");
+        } else if (!strcmp(a, "--batch-size")) {
             if (cli_parse_int(a, val, 1, 1 << 16, &batch))
                 return 2;
         } else if (!strcmp(a, "--threads")) {

@@ -9,6 +9,7 @@
 
 #include "cli/cli.h"
 #include "core/status.h"
+#include "train/batch.h"
 #include "train/finetune.h"
 
 static const char *finetune_help =
@@ -34,6 +35,14 @@ static const char *finetune_help =
     "  --skip-bad           skip (and count) invalid JSONL lines instead of failing\n"
     "  --full               train every base parameter instead of an adapter; --out is\n"
     "                       then a checkpoint (for pre-training small bases)\n"
+    "  --batching M         shared (default): each example at its own length, the\n"
+    "                       prefix examples of a batch share (system + tools) run\n"
+    "                       once, logits only at target positions; packed: own\n"
+    "                       lengths, nothing shared; padded: upstream's B x\n"
+    "                       fit_max_len batches. Same loss and gradients up to\n"
+    "                       float rounding, same batches and schedule\n"
+    "  --group-by-tools     put examples of one tool set into the same batches (then\n"
+    "                       shuffle the batches): more sharing, different batches\n"
     "  --seed N             random seed (default 0)\n"
     "  --threads N          worker threads (default: all cores)\n"
     "  --device D           auto|cpu (default auto; the backend used is printed)\n";
@@ -89,6 +98,10 @@ int cli_finetune(int argc, char **argv)
             o.full = 1;
             continue;
         }
+        if (!strcmp(a, "--group-by-tools")) {
+            o.group_by_tools = 1;
+            continue;
+        }
         if (a[0] != '-' || a[1] != '-') {
             if (o.data)
                 return cli_usage_error("finetune", "unexpected argument '%s'", a);
@@ -114,6 +127,9 @@ int cli_finetune(int argc, char **argv)
             if (cli_parse_int(a, val, 1, 1000000, &v))
                 return 2;
             o.epochs = (int)v;
+        } else if (!strcmp(a, "--batching")) {
+            if ((o.batching = nd_batching_parse(val)) < 0)
+                return cli_usage_error("finetune", "--batching must be shared, packed or padded");
         } else if (!strcmp(a, "--batch-size")) {
             if (cli_parse_int(a, val, 1, 65536, &v))
                 return 2;

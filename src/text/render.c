@@ -139,6 +139,7 @@ void nd_token_set_free(nd_token_set *s)
 {
     free(s->ids);
     free(s->mask);
+    free(s->len);
     memset(s, 0, sizeof *s);
 }
 
@@ -168,13 +169,17 @@ int nd_dataset_tokenize(const nd_dataset *d, const nd_tokenizer *t, size_t cap, 
         size_t cells = d->n * out->max_len;
         out->ids = malloc((cells ? cells : 1) * sizeof *out->ids);
         out->mask = malloc((cells ? cells : 1) * sizeof *out->mask);
-        if (!out->ids || !out->mask)
+        out->len = malloc((d->n ? d->n : 1) * sizeof *out->len);
+        if (!out->ids || !out->mask || !out->len)
             rc = nd_error(ND_ENOMEM, "out of memory for %zu x %zu tokens", d->n, out->max_len);
         int32_t pad = nd_tokenizer_pad_id(t) >= 0 ? nd_tokenizer_pad_id(t) : 0;
-        for (size_t i = 0; i < d->n && !rc; i++)
-            out->truncated += (size_t)nd_render_pack(all.v + off[i], off[i + 1] - off[i], np[i],
-                                                     out->max_len, pad, out->ids + i * out->max_len,
-                                                     out->mask + i * out->max_len);
+        for (size_t i = 0; i < d->n && !rc; i++) {
+            size_t n = off[i + 1] - off[i];
+            out->truncated +=
+                (size_t)nd_render_pack(all.v + off[i], n, np[i], out->max_len, pad,
+                                       out->ids + i * out->max_len, out->mask + i * out->max_len);
+            out->len[i] = (int32_t)(n < out->max_len ? n : out->max_len);
+        }
     }
     nd_tok_cache_free(cache);
     free(off);

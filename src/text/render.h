@@ -36,6 +36,7 @@ typedef struct {
     size_t n, max_len;
     int32_t *ids;
     float *mask;
+    int32_t *len;     /* each example's tokens after truncation (the rest is padding) */
     size_t longest;   /* longest untruncated example, in tokens */
     size_t truncated; /* examples cut to max_len (upstream does so silently) */
 } nd_token_set;

@@ -8,19 +8,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "train/trainer.h"
+#include "train/batch.h"
 
 typedef struct {
     size_t n;          /* examples */
     double *loss_sum;  /* per example: summed CE over its masked positions */
     double *positions; /* per example: masked positions */
     double total_loss, total_positions;
-    float *lora_grad;  /* d(mean loss)/d(A, B) when requested (lora->numel) */
+    float *lora_grad; /* d(mean loss)/d(A, B) when requested (lora->numel) */
 } nd_masked_eval;
 
-/* ids/mask: n rows of T (the trainer's T); rows are run tr->B at a time. */
-int nd_eval_masked(nd_trainer *tr, const int32_t *ids, const float *mask, size_t n,
-                   int want_grad, nd_masked_eval *out);
+/* Every example of the batcher's token set, bt->B at a time (in the
+ * batcher's mode: padded, packed or shared prefixes). */
+int nd_eval_masked(nd_batcher *bt, int want_grad, nd_masked_eval *out);
 void nd_masked_eval_free(nd_masked_eval *e);
 
 #endif

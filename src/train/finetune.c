@@ -15,6 +15,7 @@
 #include "text/render.h"
 #include "text/tokenizer.h"
 #include "train/optim.h"
+#include "train/batch.h"
 #include "train/trainer.h"
 
 void nd_finetune_defaults(nd_finetune_opts *o)
@@ -55,20 +56,85 @@ static void shuffle(size_t *idx, size_t n, nd_rng *rng)
     }
 }
 
-/* Rows idx[0..rows) of the token set into a [B, T] batch (rest: pad, mask 0). */
-static void gather(const nd_token_set *ts, const size_t *idx, int rows, int B, int32_t *ids,
-                   float *mask)
+/* --group-by-tools: order the epoch's (shuffled) examples by tool set so
+ * batches hold one set and share its long prefix, then shuffle the
+ * batches themselves so training does not walk the sets one by one. */
+static void group_by_tools(size_t *idx, size_t n, int B, const int32_t *set_of, nd_rng *rng,
+                           size_t *tmp)
 {
-    size_t T = ts->max_len;
-    for (int b = 0; b < B; b++) {
-        if (b < rows) {
-            memcpy(ids + b * T, ts->ids + idx[b] * T, T * sizeof *ids);
-            memcpy(mask + b * T, ts->mask + idx[b] * T, T * sizeof *mask);
-        } else {
-            memset(ids + b * T, 0, T * sizeof *ids);
-            memset(mask + b * T, 0, T * sizeof *mask);
-        }
+    /* stable counting by set id (ids are dense 0..n-1) */
+    size_t *count = calloc(n + 1, sizeof *count);
+    if (!count)
+        return; /* keep the plain shuffle */
+    for (size_t i = 0; i < n; i++)
+        count[set_of[idx[i]] + 1]++;
+    for (size_t k = 1; k <= n; k++)
+        count[k] += count[k - 1];
+    for (size_t i = 0; i < n; i++)
+        tmp[count[set_of[idx[i]]]++] = idx[i];
+    free(count);
+    size_t nb = (n + (size_t)B - 1) / (size_t)B;
+    size_t *perm = malloc(sizeof *perm * (nb ? nb : 1));
+    if (!perm) {
+        memcpy(idx, tmp, sizeof *idx * n);
+        return;
     }
+    for (size_t i = 0; i < nb; i++)
+        perm[i] = i;
+    /* the short last batch stays last, as in the plain order */
+    if (nb > 1)
+        shuffle(perm, n % (size_t)B ? nb - 1 : nb, rng);
+    size_t o = 0;
+    for (size_t i = 0; i < nb; i++) {
+        size_t s0 = perm[i] * (size_t)B, s1 = s0 + (size_t)B < n ? s0 + (size_t)B : n;
+        for (size_t j = s0; j < s1; j++)
+            idx[o++] = tmp[j];
+    }
+    free(perm);
+}
+
+typedef struct {
+    uint64_t h;
+    size_t i;
+} keyed;
+
+static int by_key(const void *a, const void *b)
+{
+    const keyed *x = a, *y = b;
+    if (x->h != y->h)
+        return x->h < y->h ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* Each example's tool set as a dense id: examples whose prompts agree up to
+ * the end of the tools block (system prompt + tools) share one. Grouping
+ * only decides batches, never the math, so a 64-bit hash will do. */
+static int32_t *tool_set_ids(const nd_dataset *ds, size_t n)
+{
+    int32_t *id = malloc(sizeof *id * (n ? n : 1));
+    keyed *k = malloc(sizeof *k * (n ? n : 1));
+    if (!id || !k) {
+        free(id);
+        free(k);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const char *p = ds->ex[i].prompt, *end = strstr(p, "</tools>");
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        uint64_t h = 1469598103934665603ull;
+        for (size_t j = 0; j < len; j++)
+            h = (h ^ (unsigned char)p[j]) * 1099511628211ull;
+        k[i] = (keyed){h, i};
+    }
+    qsort(k, n, sizeof *k, by_key);
+    int32_t next = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (i == 0 || k[i].h != k[i - 1].h)
+            next++;
+        id[k[i].i] = next;
+    }
+    free(k);
+    return id;
 }
 
 static pv *optimizer_state(const nd_adamw *opt, uint64_t seed)
@@ -109,11 +175,11 @@ int nd_finetune(const nd_finetune_opts *o)
     nd_dataset ds = {0};
     nd_token_set ts = {0};
     san_lora lora = {0};
-    nd_trainer tr = {0};
+    nd_batcher bt = {0};
     nd_adamw opt = {0};
-    size_t *order = NULL;
-    int32_t *ids = NULL;
-    float *mask = NULL, *last_good = NULL;
+    size_t *order = NULL, *tmp = NULL, *tmp2 = NULL;
+    int32_t *set_of = NULL;
+    float *last_good = NULL;
     pv *resume_root = NULL, *base_tree = NULL;
 
     FILE *probe = fopen(o->checkpoint, "rb");
@@ -231,18 +297,43 @@ int nd_finetune(const nd_finetune_opts *o)
     emitf(o, "  %-9s %ld steps  warmup %ld  cosine decay  clip 1.0", "schedule", total,
           opt.warmup_steps);
 
-    if ((rc = nd_trainer_create(&tr, &m, be, o->full ? NULL : &lora, B, T, o->full)))
+    if ((rc = nd_batcher_create(&bt, &m, be, o->full ? NULL : &lora, &ts, B, o->batching, o->full)))
         goto done;
-    float *G = o->full ? tr.full_g : tr.lora_g;
+    nd_trainer *tr = &bt.tr;
+    float *G = o->full ? tr->full_g : tr->lora_g;
     emitf(o, "  %-9s %s (%.0f MB of activations; budget NEEDLE_ACT_BUDGET_MB)", "memory",
-          tr.kept_layers ? "every layer's activations kept" : "layers recomputed in backward",
-          (double)tr.acts.bytes / 1048576.0);
-    ids = malloc(sizeof *ids * (size_t)B * T);
-    mask = malloc(sizeof *mask * (size_t)B * T);
+          tr->kept_layers ? "every layer's activations kept" : "layers recomputed in backward",
+          (double)tr->acts.bytes / 1048576.0);
     last_good = malloc(sizeof *last_good * (NP ? NP : 1));
-    if (!ids || !mask || !last_good) {
+    tmp = malloc(sizeof *tmp * (count ? count : 1));
+    tmp2 = malloc(sizeof *tmp2 * (count ? count : 1));
+    if (o->group_by_tools)
+        set_of = tool_set_ids(&ds, N);
+    if (!last_good || !tmp || !tmp2 || (o->group_by_tools && !set_of)) {
         rc = nd_error(ND_ENOMEM, "out of memory");
         goto done;
+    }
+    {
+        /* what the batching saves, on the first epoch's batches */
+        memcpy(tmp, train, sizeof *tmp * count);
+        nd_rng er;
+        nd_rng_seed(&er, o->seed * 0x9E3779B97F4A7C15ull + 17);
+        shuffle(tmp, count, &er);
+        if (set_of)
+            group_by_tools(tmp, count, B, set_of, &er, tmp2);
+        double real = 0, rows_done = 0, padded = (double)spe * B * T;
+        for (size_t i = 0; i < count; i++)
+            real += ts.len[tmp[i]];
+        for (size_t s0 = 0; s0 < count; s0 += (size_t)B) {
+            int rows = count - s0 < (size_t)B ? (int)(count - s0) : B;
+            rows_done += (double)nd_batcher_rows(&bt, tmp + s0, rows);
+        }
+        emitf(o,
+              "  %-9s %s: %.0fk real tokens an epoch (%.0fk padded), %.0fk computed (%.1fx less "
+              "than padded)%s",
+              "batching", nd_batching_name(o->batching), real / 1e3, padded / 1e3, rows_done / 1e3,
+              padded / (rows_done > 0 ? rows_done : 1),
+              set_of ? "; batches grouped by tool set (--group-by-tools)" : "");
     }
 
     long every = total / 50 > 1 ? total / 50 : 1, step = 0;
@@ -253,6 +344,8 @@ int nd_finetune(const nd_finetune_opts *o)
         nd_rng er;
         nd_rng_seed(&er, o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)epoch + 17);
         shuffle(train, count, &er);
+        if (set_of)
+            group_by_tools(train, count, B, set_of, &er, tmp);
         double last = 0;
         for (size_t s0 = 0; s0 < count && !rc; s0 += (size_t)B, step++) {
             if (step < start_step)
@@ -262,9 +355,8 @@ int nd_finetune(const nd_finetune_opts *o)
                 break;
             }
             int rows = count - s0 < (size_t)B ? (int)(count - s0) : B;
-            gather(&ts, train + s0, rows, B, ids, mask);
             double loss, masked, gnorm;
-            rc = nd_trainer_step(&tr, ids, mask, rows, 1, &loss, &masked);
+            rc = nd_batcher_step(&bt, train + s0, rows, 1, &loss, &masked);
             if (!rc) {
                 memcpy(last_good, P, sizeof(float) * NP);
                 rc = nd_adamw_step(&opt, P, G, &gnorm, NULL);
@@ -284,9 +376,10 @@ int nd_finetune(const nd_finetune_opts *o)
             if (rc)
                 break;
             if (!o->full)
-                nd_trainer_merge(&tr);
+                nd_trainer_merge(tr);
             last = loss;
-            tokens_done += (double)rows * T;
+            for (int b = 0; b < rows; b++)
+                tokens_done += ts.len[train[s0 + (size_t)b]];
             double el = omp_get_wtime() - t_start, done_steps = (double)(step + 1 - start_step);
             if (o->status)
                 o->status(o->ctx, step + 1, total, loss, tokens_done / (el > 0 ? el : 1e-9),
@@ -305,9 +398,8 @@ int nd_finetune(const nd_finetune_opts *o)
             int nb = 0;
             for (size_t v0 = 0; v0 < n_val && !rc; v0 += (size_t)B, nb++) {
                 int rows = n_val - v0 < (size_t)B ? (int)(n_val - v0) : B;
-                gather(&ts, val + v0, rows, B, ids, mask);
                 double vl;
-                rc = nd_trainer_step(&tr, ids, mask, rows, 0, &vl, NULL);
+                rc = nd_batcher_step(&bt, val + v0, rows, 0, &vl, NULL);
                 vsum += vl;
             }
             if (!rc)
@@ -339,13 +431,14 @@ int nd_finetune(const nd_finetune_opts *o)
     }
 done:
     free(order);
-    free(ids);
-    free(mask);
+    free(tmp);
+    free(tmp2);
+    free(set_of);
     free(last_good);
     pv_decref(resume_root);
     pv_decref(base_tree);
     nd_adamw_free(&opt);
-    nd_trainer_free(&tr);
+    nd_batcher_free(&bt);
     san_lora_free(&lora);
     nd_token_set_free(&ts);
     nd_dataset_free(&ds);

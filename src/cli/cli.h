@@ -9,6 +9,7 @@ int cli_init(int argc, char **argv);
 int cli_eval(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_bench_decode(int argc, char **argv);
+int cli_bench_finetune(int argc, char **argv);
 int cli_finetune(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_render(int argc, char **argv);

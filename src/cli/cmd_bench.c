@@ -16,11 +16,13 @@
 #include "train/trainer.h"
 
 static const char *bench_help =
-    "usage: needle bench forward|train|decode [--preset tiny|needle2] [--batch B] [--seq T]\n"
+    "usage: needle bench forward|train|decode|finetune [--preset tiny|needle2] [--batch B]\n"
+    "                            [--seq T]\n"
     "                            [--iters|--steps N] [--threads N] [--device auto|cpu]\n"
     "\n"
     "forward: times the float32 forward pass (logits included) on random weights.\n"
     "decode:  engine prefill/decode tokens/s on a .cact (needle bench decode --help).\n"
+    "finetune: LoRA steps on a JSONL file per batching mode (needle bench finetune --help).\n"
     "train:   times a full LoRA training step (merge, forward, loss, backward with\n"
     "         layer recomputation, AdamW), rank 16, every position a target.\n"
     "Prints min/median seconds, tokens/s, achieved GFLOP/s counting matmul and\n"
@@ -50,6 +52,8 @@ int cli_bench(int argc, char **argv)
     long long B = 16, T = 128, iters = 5, threads = 0;
     if (argc > 1 && !strcmp(argv[1], "decode"))
         return cli_bench_decode(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "finetune"))
+        return cli_bench_finetune(argc - 1, argv + 1);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {

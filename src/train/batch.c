@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/status.h"
+#include "io/jsonl.h"
 
 int nd_batching_parse(const char *s)
 {
@@ -165,3 +166,95 @@ long nd_batcher_rows(nd_batcher *bt, const size_t *idx, int rows)
         return -1;
     return bt->tr.plan.rows;
 }
+
+void nd_shuffle_indices(size_t *idx, size_t n, nd_rng *rng)
+{
+    for (size_t i = n; i > 1; i--) {
+        size_t j = (size_t)nd_rng_below(rng, i);
+        size_t t = idx[i - 1];
+        idx[i - 1] = idx[j];
+        idx[j] = t;
+    }
+}
+
+/* --group-by-tools: order the epoch's (shuffled) examples by tool set so
+ * batches hold one set and share its long prefix, then shuffle the
+ * batches themselves so training does not walk the sets one by one. */
+void nd_group_by_tools(size_t *idx, size_t n, int B, const int32_t *set_of, nd_rng *rng,
+                           size_t *tmp)
+{
+    /* stable counting by set id (ids are dense 0..n-1) */
+    size_t *count = calloc(n + 1, sizeof *count);
+    if (!count)
+        return; /* keep the plain shuffle */
+    for (size_t i = 0; i < n; i++)
+        count[set_of[idx[i]] + 1]++;
+    for (size_t k = 1; k <= n; k++)
+        count[k] += count[k - 1];
+    for (size_t i = 0; i < n; i++)
+        tmp[count[set_of[idx[i]]]++] = idx[i];
+    free(count);
+    size_t nb = (n + (size_t)B - 1) / (size_t)B;
+    size_t *perm = malloc(sizeof *perm * (nb ? nb : 1));
+    if (!perm) {
+        memcpy(idx, tmp, sizeof *idx * n);
+        return;
+    }
+    for (size_t i = 0; i < nb; i++)
+        perm[i] = i;
+    /* the short last batch stays last, as in the plain order */
+    if (nb > 1)
+        nd_shuffle_indices(perm, n % (size_t)B ? nb - 1 : nb, rng);
+    size_t o = 0;
+    for (size_t i = 0; i < nb; i++) {
+        size_t s0 = perm[i] * (size_t)B, s1 = s0 + (size_t)B < n ? s0 + (size_t)B : n;
+        for (size_t j = s0; j < s1; j++)
+            idx[o++] = tmp[j];
+    }
+    free(perm);
+}
+
+typedef struct {
+    uint64_t h;
+    size_t i;
+} keyed;
+
+static int by_key(const void *a, const void *b)
+{
+    const keyed *x = a, *y = b;
+    if (x->h != y->h)
+        return x->h < y->h ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* Each example's tool set as a dense id: examples whose prompts agree up to
+ * the end of the tools block (system prompt + tools) share one. Grouping
+ * only decides batches, never the math, so a 64-bit hash will do. */
+int32_t *nd_tool_set_ids(const nd_dataset *ds, size_t n)
+{
+    int32_t *id = malloc(sizeof *id * (n ? n : 1));
+    keyed *k = malloc(sizeof *k * (n ? n : 1));
+    if (!id || !k) {
+        free(id);
+        free(k);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const char *p = ds->ex[i].prompt, *end = strstr(p, "</tools>");
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        uint64_t h = 1469598103934665603ull;
+        for (size_t j = 0; j < len; j++)
+            h = (h ^ (unsigned char)p[j]) * 1099511628211ull;
+        k[i] = (keyed){h, i};
+    }
+    qsort(k, n, sizeof *k, by_key);
+    int32_t next = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (i == 0 || k[i].h != k[i - 1].h)
+            next++;
+        id[k[i].i] = next;
+    }
+    free(k);
+    return id;
+}
+

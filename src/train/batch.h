@@ -9,6 +9,8 @@
 
 #include <stddef.h>
 
+#include "core/rng.h"
+#include "io/jsonl.h"
 #include "text/render.h"
 #include "train/trainer.h"
 
@@ -38,5 +40,15 @@ int nd_batcher_step(nd_batcher *bt, const size_t *idx, int rows, int grad, doubl
 void nd_batcher_example_losses(const nd_batcher *bt, int rows, double *loss_sum, double *positions);
 /* Rows one step over idx[0..rows) computes (without running it). */
 long nd_batcher_rows(nd_batcher *bt, const size_t *idx, int rows);
+
+/* Fisher-Yates with rng (upstream-compatible order is the caller's). */
+void nd_shuffle_indices(size_t *idx, size_t n, nd_rng *rng);
+/* Each example's tool set as a dense id (same system + tools block, same
+ * id); malloc'd, NULL when out of memory. */
+int32_t *nd_tool_set_ids(const nd_dataset *ds, size_t n);
+/* --group-by-tools: order idx[0..n) by tool set, cut into batches of B and
+ * shuffle the batches (the short last one stays last); tmp: n scratch. */
+void nd_group_by_tools(size_t *idx, size_t n, int B, const int32_t *set_of, nd_rng *rng,
+                       size_t *tmp);
 
 #endif

@@ -46,97 +46,6 @@ static void emitf(const nd_finetune_opts *o, const char *fmt, ...)
     o->emit(o->ctx, line);
 }
 
-static void shuffle(size_t *idx, size_t n, nd_rng *rng)
-{
-    for (size_t i = n; i > 1; i--) {
-        size_t j = (size_t)nd_rng_below(rng, i);
-        size_t t = idx[i - 1];
-        idx[i - 1] = idx[j];
-        idx[j] = t;
-    }
-}
-
-/* --group-by-tools: order the epoch's (shuffled) examples by tool set so
- * batches hold one set and share its long prefix, then shuffle the
- * batches themselves so training does not walk the sets one by one. */
-static void group_by_tools(size_t *idx, size_t n, int B, const int32_t *set_of, nd_rng *rng,
-                           size_t *tmp)
-{
-    /* stable counting by set id (ids are dense 0..n-1) */
-    size_t *count = calloc(n + 1, sizeof *count);
-    if (!count)
-        return; /* keep the plain shuffle */
-    for (size_t i = 0; i < n; i++)
-        count[set_of[idx[i]] + 1]++;
-    for (size_t k = 1; k <= n; k++)
-        count[k] += count[k - 1];
-    for (size_t i = 0; i < n; i++)
-        tmp[count[set_of[idx[i]]]++] = idx[i];
-    free(count);
-    size_t nb = (n + (size_t)B - 1) / (size_t)B;
-    size_t *perm = malloc(sizeof *perm * (nb ? nb : 1));
-    if (!perm) {
-        memcpy(idx, tmp, sizeof *idx * n);
-        return;
-    }
-    for (size_t i = 0; i < nb; i++)
-        perm[i] = i;
-    /* the short last batch stays last, as in the plain order */
-    if (nb > 1)
-        shuffle(perm, n % (size_t)B ? nb - 1 : nb, rng);
-    size_t o = 0;
-    for (size_t i = 0; i < nb; i++) {
-        size_t s0 = perm[i] * (size_t)B, s1 = s0 + (size_t)B < n ? s0 + (size_t)B : n;
-        for (size_t j = s0; j < s1; j++)
-            idx[o++] = tmp[j];
-    }
-    free(perm);
-}
-
-typedef struct {
-    uint64_t h;
-    size_t i;
-} keyed;
-
-static int by_key(const void *a, const void *b)
-{
-    const keyed *x = a, *y = b;
-    if (x->h != y->h)
-        return x->h < y->h ? -1 : 1;
-    return x->i < y->i ? -1 : x->i > y->i;
-}
-
-/* Each example's tool set as a dense id: examples whose prompts agree up to
- * the end of the tools block (system prompt + tools) share one. Grouping
- * only decides batches, never the math, so a 64-bit hash will do. */
-static int32_t *tool_set_ids(const nd_dataset *ds, size_t n)
-{
-    int32_t *id = malloc(sizeof *id * (n ? n : 1));
-    keyed *k = malloc(sizeof *k * (n ? n : 1));
-    if (!id || !k) {
-        free(id);
-        free(k);
-        return NULL;
-    }
-    for (size_t i = 0; i < n; i++) {
-        const char *p = ds->ex[i].prompt, *end = strstr(p, "</tools>");
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        uint64_t h = 1469598103934665603ull;
-        for (size_t j = 0; j < len; j++)
-            h = (h ^ (unsigned char)p[j]) * 1099511628211ull;
-        k[i] = (keyed){h, i};
-    }
-    qsort(k, n, sizeof *k, by_key);
-    int32_t next = -1;
-    for (size_t i = 0; i < n; i++) {
-        if (i == 0 || k[i].h != k[i - 1].h)
-            next++;
-        id[k[i].i] = next;
-    }
-    free(k);
-    return id;
-}
-
 static pv *optimizer_state(const nd_adamw *opt, uint64_t seed)
 {
     pv *st = pv_dict();
@@ -235,7 +144,7 @@ int nd_finetune(const nd_finetune_opts *o)
     nd_rng rng;
     nd_rng_seed(&rng, o->seed ^ 0x5851F42D4C957F2Dull);
     if (n_val)
-        shuffle(order, N, &rng);
+        nd_shuffle_indices(order, N, &rng);
     size_t *val = order, *train = order + n_val, count = N - n_val;
     if (n_val)
         emitf(o, "  %-9s %zu examples for validation", "holdout", n_val);
@@ -308,7 +217,7 @@ int nd_finetune(const nd_finetune_opts *o)
     tmp = malloc(sizeof *tmp * (count ? count : 1));
     tmp2 = malloc(sizeof *tmp2 * (count ? count : 1));
     if (o->group_by_tools)
-        set_of = tool_set_ids(&ds, N);
+        set_of = nd_tool_set_ids(&ds, N);
     if (!last_good || !tmp || !tmp2 || (o->group_by_tools && !set_of)) {
         rc = nd_error(ND_ENOMEM, "out of memory");
         goto done;
@@ -318,9 +227,9 @@ int nd_finetune(const nd_finetune_opts *o)
         memcpy(tmp, train, sizeof *tmp * count);
         nd_rng er;
         nd_rng_seed(&er, o->seed * 0x9E3779B97F4A7C15ull + 17);
-        shuffle(tmp, count, &er);
+        nd_shuffle_indices(tmp, count, &er);
         if (set_of)
-            group_by_tools(tmp, count, B, set_of, &er, tmp2);
+            nd_group_by_tools(tmp, count, B, set_of, &er, tmp2);
         double real = 0, rows_done = 0, padded = (double)spe * B * T;
         for (size_t i = 0; i < count; i++)
             real += ts.len[tmp[i]];
@@ -343,9 +252,9 @@ int nd_finetune(const nd_finetune_opts *o)
         /* per-epoch order derived from (seed, epoch) so a resume replays it */
         nd_rng er;
         nd_rng_seed(&er, o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)epoch + 17);
-        shuffle(train, count, &er);
+        nd_shuffle_indices(train, count, &er);
         if (set_of)
-            group_by_tools(train, count, B, set_of, &er, tmp);
+            nd_group_by_tools(train, count, B, set_of, &er, tmp);
         double last = 0;
         for (size_t s0 = 0; s0 < count && !rc; s0 += (size_t)B, step++) {
             if (step < start_step)

@@ -1,0 +1,212 @@
+/* needle bench finetune: LoRA steps on a real JSONL file, timed, with
+ * what the batching computes against upstream's padded batches. */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "cli/cli.h"
+#include "core/rng.h"
+#include "core/status.h"
+#include "io/checkpoint.h"
+#include "io/jsonl.h"
+#include "model/lora.h"
+#include "text/render.h"
+#include "text/tokenizer.h"
+#include "train/batch.h"
+#include "train/optim.h"
+
+static const char *help =
+    "usage: needle bench finetune DATA.jsonl --checkpoint CKPT.pkl [--tokenizer M]\n"
+    "                             [--batching shared|packed|padded] [--group-by-tools]\n"
+    "                             [--batch-size 16] [--steps 4] [--max-len 1024]\n"
+    "                             [--seed 0] [--threads N]\n"
+    "\n"
+    "Times the first --steps LoRA steps (rank 16: merge, forward, loss, backward,\n"
+    "AdamW) of an epoch over DATA (shuffled by --seed as finetune does, no\n"
+    "hold-out) and prints, for the whole epoch: real tokens, the tokens upstream's\n"
+    "padded batches compute, the rows this batching computes; per step: seconds\n"
+    "(min/median) and rows; the epoch's time projected from the measured seconds\n"
+    "per computed row; peak RSS. Run it once per --batching to compare (each run\n"
+    "is its own process, so peak RSS is per mode). Realistic data:\n"
+    "  tools/gen_realistic_data.py /tmp/real.jsonl\n"
+    "  needle init /tmp/n2.pkl --preset needle2\n"
+    "  needle bench finetune /tmp/real.jsonl --checkpoint /tmp/n2.pkl \\\n"
+    "      --tokenizer models/tokenizer.model --batching padded --steps 2\n";
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int cli_bench_finetune(int argc, char **argv)
+{
+    const char *data = NULL, *ckpt = NULL, *tok_flag = NULL;
+    long long B = 16, steps = 4, max_len = 1024, seed = 0, threads = 0;
+    int mode = ND_BATCH_SHARED, group = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(help, stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--group-by-tools")) {
+            group = 1;
+            continue;
+        }
+        if (a[0] != '-') {
+            if (data)
+                return cli_usage_error("bench", "unexpected argument '%s'", a);
+            data = a;
+            continue;
+        }
+        if (i + 1 >= argc)
+            return cli_usage_error("bench", "%s needs a value", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "--checkpoint"))
+            ckpt = v;
+        else if (!strcmp(a, "--tokenizer"))
+            tok_flag = v;
+        else if (!strcmp(a, "--batching")) {
+            if ((mode = nd_batching_parse(v)) < 0)
+                return cli_usage_error("bench", "--batching must be shared, packed or padded");
+        } else if (!strcmp(a, "--batch-size")) {
+            if (cli_parse_int(a, v, 1, 4096, &B))
+                return 2;
+        } else if (!strcmp(a, "--steps")) {
+            if (cli_parse_int(a, v, 1, 1 << 20, &steps))
+                return 2;
+        } else if (!strcmp(a, "--max-len")) {
+            if (cli_parse_int(a, v, 2, 1 << 20, &max_len))
+                return 2;
+        } else if (!strcmp(a, "--seed")) {
+            if (cli_parse_int(a, v, 0, 1LL << 62, &seed))
+                return 2;
+        } else if (!strcmp(a, "--threads")) {
+            if (cli_parse_int(a, v, 1, 1024, &threads))
+                return 2;
+        } else
+            return cli_usage_error("bench", "unknown option '%s'", a);
+    }
+    if (!data || !ckpt)
+        return cli_usage_error("bench", "finetune needs DATA.jsonl and --checkpoint");
+    char tokbuf[4096];
+    const char *tpath = cli_tokenizer_path(tok_flag, ckpt, tokbuf, sizeof tokbuf);
+    if (!tpath)
+        return 1;
+    const nd_backend *be = nd_backend_get("auto", (int)threads);
+    if (!be)
+        return cli_fail(NULL);
+    san_model m = {0};
+    nd_tokenizer *tok = NULL;
+    nd_dataset ds = {0};
+    nd_token_set ts = {0};
+    san_lora lora = {0};
+    nd_batcher bt = {0};
+    nd_adamw opt = {0};
+    size_t *order = NULL, *tmp = NULL;
+    int32_t *set_of = NULL;
+    double *sec = NULL, *rows_of = NULL;
+    int rc = 1;
+    nd_jsonl_opts jo = {0};
+    if (ckpt_load(ckpt, &m, NULL) || nd_tokenizer_load(tpath, &tok) ||
+        nd_jsonl_load(data, &jo, &ds) || nd_dataset_tokenize(&ds, tok, (size_t)max_len, &ts)) {
+        cli_fail(NULL);
+        goto done;
+    }
+    size_t n = ts.n;
+    if (n == 0 || (size_t)B > n) {
+        fprintf(stderr, "needle: %s: %zu examples for batches of %lld\n", data, n, B);
+        goto done;
+    }
+    long spe = (long)((n + (size_t)B - 1) / (size_t)B);
+    if (steps > spe)
+        steps = spe;
+    if (san_lora_create(&lora, &m, 16, 32.0f) ||
+        nd_adamw_init(&opt, lora.numel, 1e-4f, spe) ||
+        nd_batcher_create(&bt, &m, be, &lora, &ts, (int)B, mode, 0)) {
+        cli_fail(NULL);
+        goto done;
+    }
+    san_lora_init(&lora, (uint64_t)seed);
+    nd_trainer_merge(&bt.tr);
+    order = malloc(sizeof *order * n);
+    tmp = malloc(sizeof *tmp * n);
+    sec = malloc(sizeof *sec * (size_t)steps);
+    rows_of = malloc(sizeof *rows_of * (size_t)steps);
+    set_of = group ? nd_tool_set_ids(&ds, n) : NULL;
+    if (!order || !tmp || !sec || !rows_of || (group && !set_of)) {
+        fprintf(stderr, "needle: out of memory\n");
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++)
+        order[i] = i;
+    nd_rng er;
+    nd_rng_seed(&er, (uint64_t)seed * 0x9E3779B97F4A7C15ull + 17);
+    nd_shuffle_indices(order, n, &er);
+    if (set_of)
+        nd_group_by_tools(order, n, (int)B, set_of, &er, tmp);
+    double real = 0, epoch_rows = 0, padded = (double)spe * B * ts.max_len;
+    for (size_t i = 0; i < n; i++)
+        real += ts.len[i];
+    for (long s = 0; s < spe; s++) {
+        size_t s0 = (size_t)s * (size_t)B;
+        int rows = n - s0 < (size_t)B ? (int)(n - s0) : (int)B;
+        epoch_rows += (double)nd_batcher_rows(&bt, order + s0, rows);
+    }
+    printf("  %-9s %s (%d threads, %s)\n", "backend", be->name, be->threads, be->detail);
+    printf("  %-9s %s  d=%d L=%d  %zu examples, batch %lld, fit_max_len %zu, %ld steps an epoch\n",
+           "data", data, m.dims.d, m.dims.L, n, B, ts.max_len, spe);
+    printf("  %-9s %s%s: epoch = %.0fk real tokens, %.0fk padded (upstream), %.0fk computed "
+           "(%.2fx fewer than padded)\n",
+           "batching", nd_batching_name(mode), group ? " + group-by-tools" : "", real / 1e3,
+           padded / 1e3, epoch_rows / 1e3, padded / epoch_rows);
+    printf("  %-9s %s\n", "memory",
+           bt.tr.kept_layers ? "every layer's activations kept" : "layers recomputed in backward");
+    double t_sum = 0, r_sum = 0;
+    for (long s = 0; s < steps; s++) {
+        size_t s0 = (size_t)s * (size_t)B;
+        int rows = n - s0 < (size_t)B ? (int)(n - s0) : (int)B;
+        double t0 = omp_get_wtime(), loss, masked, gn;
+        if (nd_batcher_step(&bt, order + s0, rows, 1, &loss, &masked) ||
+            nd_adamw_step(&opt, lora.mem, bt.tr.lora_g, &gn, NULL)) {
+            cli_fail(NULL);
+            goto done;
+        }
+        nd_trainer_merge(&bt.tr);
+        sec[s] = omp_get_wtime() - t0;
+        rows_of[s] = (double)nd_batcher_rows(&bt, order + s0, rows);
+        t_sum += sec[s];
+        r_sum += rows_of[s];
+        printf("  %-9s %ld/%lld  %.2f s  %.0f rows  loss %.4f over %.0f targets\n", "step", s + 1,
+               steps, sec[s], rows_of[s], loss, masked);
+        fflush(stdout);
+    }
+    qsort(sec, (size_t)steps, sizeof *sec, cmp_double);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double per_row = t_sum / r_sum;
+    printf("  %-9s min %.2f s  median %.2f s  (%.0f computed rows/s, %.0f real tokens/s)\n",
+           "steps", sec[0], sec[steps / 2], 1.0 / per_row, (real / epoch_rows) / per_row);
+    printf("  %-9s %.1f min projected (%.3f ms per computed row x %.0fk rows)\n", "epoch",
+           per_row * epoch_rows / 60.0, per_row * 1e3, epoch_rows / 1e3);
+    printf("  %-9s %.0f MB peak RSS\n", "rss", (double)ru.ru_maxrss / 1024.0);
+    rc = 0;
+done:
+    free(order);
+    free(tmp);
+    free(sec);
+    free(rows_of);
+    free(set_of);
+    nd_adamw_free(&opt);
+    nd_batcher_free(&bt);
+    san_lora_free(&lora);
+    nd_token_set_free(&ts);
+    nd_dataset_free(&ds);
+    nd_tokenizer_free(tok);
+    san_model_free(&m);
+    return rc;
+}

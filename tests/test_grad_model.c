@@ -104,7 +104,7 @@ int main(void)
         mask[i] = (i % T) > 5 && (i % 7) ? 1.0f : 0.0f;
     }
     nd_trainer tr;
-    CHECK(nd_trainer_create(&tr, &m, be, &lora, Bn, T, 1) == 0);
+    CHECK(nd_trainer_create(&tr, &m, be, &lora, Bn, T, 1, -1) == 0);
     double loss, masked;
     CHECK(nd_trainer_step(&tr, ids, mask, rows, 1, &loss, &masked) == 0);
     printf("loss %.6f over %.0f masked positions\n", loss, masked);

@@ -53,7 +53,7 @@ static result run_dense(const batch *bt)
 {
     result r = {0};
     nd_trainer tr;
-    CHECK(nd_trainer_create(&tr, &m, be, &lora, bt->count, T, 1) == 0);
+    CHECK(nd_trainer_create(&tr, &m, be, &lora, bt->count, T, 1, -1) == 0);
     int32_t *ids = calloc((size_t)bt->count * T, sizeof *ids);
     float *mask = calloc((size_t)bt->count * T, sizeof *mask);
     for (int b = 0; b < bt->count; b++) {
@@ -72,24 +72,43 @@ static result run_dense(const batch *bt)
     return r;
 }
 
-static result run_packed(const batch *bt, int share)
+/* micro: run the batch as micro-batches of one prefix group each */
+static result run_packed(const batch *bt, int share, int micro)
 {
     result r = {0};
     nd_trainer tr;
-    long cap = 0;
-    for (int b = 0; b < bt->count; b++)
-        cap += bt->len[b];
-    CHECK(nd_trainer_create_packed(&tr, &m, be, &lora, bt->count, cap, T, cap, 1) == 0);
-    tr.share = share;
     nd_seq_example ex[MAXB];
     for (int b = 0; b < bt->count; b++)
         ex[b] = (nd_seq_example){bt->ids[b], bt->mask[b], bt->len[b]};
+    long cap = 0, items = 0;
+    for (int b = 0; b < bt->count; b++) {
+        cap += bt->len[b];
+        for (int t = 1; t < bt->len[b]; t++)
+            items += bt->mask[b][t] != 0.0f;
+    }
+    long cap_rows = cap;
+    if (micro) {
+        nd_pack_plan p;
+        CHECK(nd_pack_plan_init(&p, bt->count) == 0);
+        nd_pack_plan_make(&p, ex, bt->count, share);
+        cap_rows = 1;
+        for (int g = 0; g < p.n_groups; g++) {
+            long gr = nd_pack_group_rows(&p, ex, g, g + 1);
+            cap_rows = gr > cap_rows ? gr : cap_rows;
+        }
+        nd_pack_plan_free(&p);
+    }
+    CHECK(nd_trainer_create_packed(&tr, &m, be, &lora, bt->count, cap_rows, T, items, items, 1,
+                                   -1) == 0);
+    tr.share = share;
     CHECK(nd_trainer_step_examples(&tr, ex, bt->count, 1, &r.loss, &r.masked) == 0);
     r.gl = malloc(sizeof(float) * lora.numel);
     r.gf = malloc(sizeof(float) * m.numel);
     memcpy(r.gl, tr.lora_g, sizeof(float) * lora.numel);
     memcpy(r.gf, tr.full_g, sizeof(float) * m.numel);
     r.rows = tr.plan.rows;
+    if (micro && tr.plan.n_groups > 1)
+        CHECK_MSG(tr.n_micro > 1, "micro-batches: %d", tr.n_micro);
     /* per-position losses sum to the batch loss */
     double s = 0;
     for (long i = 0; i < tr.n_items; i++)
@@ -146,16 +165,19 @@ static void free_result(result *r)
 static void check_batch(const char *name, const batch *bt, int expect_saving)
 {
     printf("%s (%d examples)\n", name, bt->count);
-    result d = run_dense(bt), p0 = run_packed(bt, 0), p1 = run_packed(bt, 1);
+    result d = run_dense(bt), p0 = run_packed(bt, 0, 0), p1 = run_packed(bt, 1, 0);
+    result p2 = run_packed(bt, 1, 1);
     printf("  %-34s loss %.6f  rows %4ld\n", "padded [B, T]", d.loss, d.rows);
     compare("packed, own lengths", &d, &p0);
     compare("packed, shared prefixes", &d, &p1);
+    compare("shared, one group per micro-batch", &d, &p2);
     if (expect_saving)
         CHECK_MSG(p1.rows < p0.rows, "%s: sharing saved nothing (%ld vs %ld rows)", name, p1.rows,
                   p0.rows);
     free_result(&d);
     free_result(&p0);
     free_result(&p1);
+    free_result(&p2);
 }
 
 static void setup_model(void)

@@ -108,7 +108,7 @@ int cli_bench(int argc, char **argv)
     float *mask = NULL;
     if (train) {
         if (san_lora_create(&lora, &m, 16, 32.0f) ||
-            nd_trainer_create(&tr, &m, be, &lora, (int)B, (int)T, 0) ||
+            nd_trainer_create(&tr, &m, be, &lora, (int)B, (int)T, 0, -1) ||
             nd_adamw_init(&opt, lora.numel, 1e-4f, 1000)) {
             san_model_free(&m);
             return cli_fail(NULL);
@@ -168,16 +168,18 @@ int cli_bench(int argc, char **argv)
         qsort(peak, (size_t)iters, sizeof *peak, cmp_double);
         qsort(ratio, (size_t)iters, sizeof *ratio, cmp_double);
         double med = sec[iters / 2];
-        double hw = train && !tr.kept_layers ? 3 * fwd : flops;
+        /* recomputed layers run their forward twice */
+        double hw = train ? flops + fwd * (m.dims.L - tr.kept_layers) / m.dims.L : flops;
+        char keep[64];
+        snprintf(keep, sizeof keep, " (%d of %d layers' activations kept)", tr.kept_layers,
+                 m.dims.L);
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         printf("%s %s B=%lld T=%lld threads=%d: min %.4f s  median %.4f s  "
                "%.0f tokens/s (median)  %.1f model GFLOP/s  %.1f hardware GFLOP/s%s  "
                "peak RSS %.1f MB\n",
                what, preset, B, T, be->threads, sec[0], med, (double)(B * T) / med,
-               flops / med / 1e9, hw / med / 1e9,
-               train ? (tr.kept_layers ? " (activations kept)" : " (remat)") : "",
-               (double)ru.ru_maxrss / 1024.0);
+               flops / med / 1e9, hw / med / 1e9, train ? keep : "", (double)ru.ru_maxrss / 1024.0);
         if (ratio[iters / 2] > 0)
             printf("  fp32 FMA peak probed before each iteration (%s, %d threads): %.1f GFLOP/s "
                    "median; model FLOPs reach %.1f%% of it (median of per-iteration ratios; "

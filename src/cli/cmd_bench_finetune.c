@@ -22,7 +22,7 @@ static const char *help =
     "usage: needle bench finetune DATA.jsonl --checkpoint CKPT.pkl [--tokenizer M]\n"
     "                             [--batching shared|packed|padded] [--group-by-tools]\n"
     "                             [--batch-size 16] [--steps 4] [--max-len 1024]\n"
-    "                             [--seed 0] [--threads N]\n"
+    "                             [--seed 0] [--act-memory MB] [--threads N]\n"
     "\n"
     "Times the first --steps LoRA steps (rank 16: merge, forward, loss, backward,\n"
     "AdamW) of an epoch over DATA (shuffled by --seed as finetune does, no\n"
@@ -46,6 +46,7 @@ int cli_bench_finetune(int argc, char **argv)
 {
     const char *data = NULL, *ckpt = NULL, *tok_flag = NULL;
     long long B = 16, steps = 4, max_len = 1024, seed = 0, threads = 0;
+    double act_mb = ND_ACT_BUDGET_MB;
     int mode = ND_BATCH_SHARED, group = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -85,6 +86,9 @@ int cli_bench_finetune(int argc, char **argv)
         } else if (!strcmp(a, "--seed")) {
             if (cli_parse_int(a, v, 0, 1LL << 62, &seed))
                 return 2;
+        } else if (!strcmp(a, "--act-memory")) {
+            if (cli_parse_double(a, v, &act_mb) || act_mb < 0)
+                return cli_usage_error("bench", "--act-memory must be >= 0 (MB)");
         } else if (!strcmp(a, "--threads")) {
             if (cli_parse_int(a, v, 1, 1024, &threads))
                 return 2;
@@ -125,23 +129,12 @@ int cli_bench_finetune(int argc, char **argv)
     long spe = (long)((n + (size_t)B - 1) / (size_t)B);
     if (steps > spe)
         steps = spe;
-    if (san_lora_create(&lora, &m, 16, 32.0f) ||
-        nd_adamw_init(&opt, lora.numel, 1e-4f, spe) ||
-        nd_batcher_create(&bt, &m, be, &lora, &ts, (int)B, mode, 0)) {
+    if (san_lora_create(&lora, &m, 16, 32.0f) || nd_adamw_init(&opt, lora.numel, 1e-4f, spe) ||
+        !(order = malloc(sizeof *order * n)) || !(tmp = malloc(sizeof *tmp * n))) {
         cli_fail(NULL);
         goto done;
     }
-    san_lora_init(&lora, (uint64_t)seed);
-    nd_trainer_merge(&bt.tr);
-    order = malloc(sizeof *order * n);
-    tmp = malloc(sizeof *tmp * n);
-    sec = malloc(sizeof *sec * (size_t)steps);
-    rows_of = malloc(sizeof *rows_of * (size_t)steps);
     set_of = group ? nd_tool_set_ids(&ds, n) : NULL;
-    if (!order || !tmp || !sec || !rows_of || (group && !set_of)) {
-        fprintf(stderr, "needle: out of memory\n");
-        goto done;
-    }
     for (size_t i = 0; i < n; i++)
         order[i] = i;
     nd_rng er;
@@ -149,6 +142,22 @@ int cli_bench_finetune(int argc, char **argv)
     nd_shuffle_indices(order, n, &er);
     if (set_of)
         nd_group_by_tools(order, n, (int)B, set_of, &er, tmp);
+    long max_rows = 0, max_items = 0;
+    long max_group = 0;
+    if (nd_batch_caps(&ts, mode, order, n, (int)B, &max_rows, &max_items, &max_group) ||
+        nd_batcher_create(&bt, &m, be, &lora, &ts, (int)B, mode, 0, max_rows, max_items, max_group,
+                          act_mb)) {
+        cli_fail(NULL);
+        goto done;
+    }
+    san_lora_init(&lora, (uint64_t)seed);
+    nd_trainer_merge(&bt.tr);
+    sec = malloc(sizeof *sec * (size_t)steps);
+    rows_of = malloc(sizeof *rows_of * (size_t)steps);
+    if (!sec || !rows_of || (group && !set_of)) {
+        fprintf(stderr, "needle: out of memory\n");
+        goto done;
+    }
     double real = 0, epoch_rows = 0, padded = (double)spe * B * ts.max_len;
     for (size_t i = 0; i < n; i++)
         real += ts.len[i];
@@ -164,8 +173,8 @@ int cli_bench_finetune(int argc, char **argv)
            "(%.2fx fewer than padded)\n",
            "batching", nd_batching_name(mode), group ? " + group-by-tools" : "", real / 1e3,
            padded / 1e3, epoch_rows / 1e3, padded / epoch_rows);
-    printf("  %-9s %s\n", "memory",
-           bt.tr.kept_layers ? "every layer's activations kept" : "layers recomputed in backward");
+    printf("  %-9s %d of %d layers' activations kept (%.0f MB of activations)\n", "memory",
+           bt.tr.kept_layers, m.dims.L, (double)bt.tr.acts.bytes / 1048576.0);
     double t_sum = 0, r_sum = 0;
     for (long s = 0; s < steps; s++) {
         size_t s0 = (size_t)s * (size_t)B;

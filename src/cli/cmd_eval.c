@@ -122,7 +122,8 @@ static int eval_jsonl(const jsonl_args *a, san_model *m, const nd_backend *be)
         have_lora = 1;
     }
     int B = a->batch < (int)ts.n ? a->batch : (int)ts.n;
-    if (nd_batcher_create(&bt, m, be, have_lora ? &lora : NULL, &ts, B, a->batching, 0) ||
+    if (nd_batcher_create(&bt, m, be, have_lora ? &lora : NULL, &ts, B, a->batching, 0, 0, 0, 0,
+                          ND_ACT_BUDGET_MB) ||
         nd_eval_masked(&bt, a->grad_norms, &ev)) {
         cli_fail(a->data);
         goto done;

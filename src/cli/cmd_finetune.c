@@ -43,6 +43,9 @@ static const char *finetune_help =
     "                       float rounding, same batches and schedule\n"
     "  --group-by-tools     put examples of one tool set into the same batches (then\n"
     "                       shuffle the batches): more sharing, different batches\n"
+    "  --act-memory MB      memory for kept layer activations (default 1024: a\n"
+    "                       needle2 run stays under 2 GB); layers that do not fit\n"
+    "                       are recomputed in the backward (slower, same numbers)\n"
     "  --seed N             random seed (default 0)\n"
     "  --threads N          worker threads (default: all cores)\n"
     "  --device D           auto|cpu (default auto; the backend used is printed)\n";
@@ -127,6 +130,9 @@ int cli_finetune(int argc, char **argv)
             if (cli_parse_int(a, val, 1, 1000000, &v))
                 return 2;
             o.epochs = (int)v;
+        } else if (!strcmp(a, "--act-memory")) {
+            if (cli_parse_double(a, val, &o.act_budget_mb) || o.act_budget_mb < 0)
+                return cli_usage_error("finetune", "--act-memory must be >= 0 (MB)");
         } else if (!strcmp(a, "--batching")) {
             if ((o.batching = nd_batching_parse(val)) < 0)
                 return cli_usage_error("finetune", "--batching must be shared, packed or padded");

@@ -26,8 +26,8 @@ int san_acts_create(san_acts *a, const nd_backend *be, const san_model *m, int B
     memset(a, 0, sizeof *a);
     if (B <= 0 || T <= 0)
         return nd_error(ND_EARG, "batch %d x seq %d is empty", B, T);
-    int rc =
-        san_acts_create_rows(a, be, m, (long)B * T, B, T, (long)B * T, save_lanes, keep_layers);
+    int rc = san_acts_create_rows(a, be, m, (long)B * T, B, T, (long)B * T, save_lanes,
+                                  keep_layers ? m->dims.L : 0);
     if (rc)
         return rc;
     nd_layout_dense(&a->lay, B, T);
@@ -65,8 +65,14 @@ int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, 
         size_t elt;
     } plan[64];
     int np = 0;
-    /* with keep_layers, every san_layer_acts field is allocated L times */
-    size_t copies = keep_layers ? (size_t)D->L : 1;
+    /* keep_layers = k: every san_layer_acts field is allocated for layers
+     * 0..k-1, plus one scratch set when the others are recomputed */
+    if (keep_layers < 0)
+        keep_layers = 0;
+    if (keep_layers > D->L)
+        keep_layers = D->L;
+    int nsets = keep_layers == D->L ? D->L : keep_layers + 1;
+    size_t copies = (size_t)nsets;
 #define P(ptr, cnt) plan[np++] = (struct act_plan){(void **)&(ptr), (size_t)(cnt), sizeof(*(ptr))}
     P(a->rope_cos, (size_t)max_pos * D->hd / 2);
     P(a->rope_sin, (size_t)max_pos * D->hd / 2);
@@ -143,12 +149,12 @@ int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, 
         off += (plan[i].count * plan[i].elt * (IS_LAYER(i) ? copies : 1) + 63) & ~(size_t)63;
     }
     if (keep_layers) {
-        a->layer_sets = malloc(sizeof *a->layer_sets * (size_t)D->L);
+        a->layer_sets = malloc(sizeof *a->layer_sets * (size_t)nsets);
         if (!a->layer_sets) {
             be->free(be, blk);
             return nd_error(ND_ENOMEM, "out of memory");
         }
-        for (int l = 0; l < D->L; l++) {
+        for (int l = 0; l < nsets; l++) {
             a->layer_sets[l] = a->l;
             for (int i = 0; i < np; i++)
                 if (IS_LAYER(i)) {
@@ -159,6 +165,10 @@ int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, 
         }
     }
 #undef IS_LAYER
+    a->n_kept = keep_layers;
+    if (keep_layers && keep_layers < D->L)
+        a->l = a->layer_sets[keep_layers]; /* the scratch set */
+    a->l_scratch = a->l;
     a->bytes = total;
     a->block = blk;
     a->be = be;
@@ -299,8 +309,7 @@ int san_forward_hidden(const san_model *m, const san_weights *w, san_acts *a, co
         if (a->X_saved)
             be->copy2d(be, a->X_saved + (size_t)l * lane_sz, (int)lane_sz, a->X, (int)lane_sz, 1,
                        (int)lane_sz);
-        if (a->layer_sets)
-            a->l = a->layer_sets[l];
+        a->l = l < a->n_kept ? a->layer_sets[l] : a->l_scratch;
         san_layer_forward(m, w, a, l, a->X, a->Xn);
         float *t = a->X;
         a->X = a->Xn;

@@ -50,9 +50,11 @@ typedef struct {
     float *X_saved;             /* optional [(L+1), N, n, d] lane states */
     float *phi_cat;             /* one layer's [phi_pre|phi_post|phi_res] [n*d, 2n+n^2] */
     float *proj;                /* nx @ phi_cat [N, 2n+n^2] */
-    san_layer_acts *layer_sets; /* optional: every layer's activations kept */
-    size_t bytes;               /* size of the allocation */
-    void *block;                /* the one allocation */
+    san_layer_acts *layer_sets; /* optional: layers 0..n_kept-1's activations kept */
+    int n_kept;
+    san_layer_acts l_scratch; /* the set recomputed layers use */
+    size_t bytes;             /* size of the allocation */
+    void *block;              /* the one allocation */
     const nd_backend *be;
 } san_acts;
 
@@ -65,7 +67,9 @@ int san_acts_create(san_acts *a, const nd_backend *be, const san_model *m, int B
                     int save_lanes, int keep_layers);
 /* The same for packed batches: at most cap_rows rows in cap_seg segments,
  * positions below max_pos, logits for at most cap_logits rows. The layout
- * starts empty: fill a->lay, then san_acts_use_layout. */
+ * starts empty: fill a->lay, then san_acts_use_layout. Here keep_layers is
+ * the number of layers (from the first) whose activations are kept; the
+ * backward recomputes the others. */
 int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, long cap_rows,
                          int cap_seg, int max_pos, long cap_logits, int save_lanes,
                          int keep_layers);

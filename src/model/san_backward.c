@@ -329,10 +329,12 @@ static int san_backward_hidden(const san_model *m, const san_weights *w, san_act
     }
     for (int l = D->L - 1; l >= 0; l--) {
         const float *X = a->X_saved + (size_t)l * lane_sz;
-        if (a->layer_sets)
+        if (l < a->n_kept) {
             a->l = a->layer_sets[l]; /* kept by the forward */
-        else
+        } else {
+            a->l = a->l_scratch;
             san_layer_forward(m, w, a, l, X, a->Xn); /* recompute this layer */
+        }
         layer_backward(m, w, a, g, tgt, l, X);
         float *t = g->dX;
         g->dX = g->dXn;

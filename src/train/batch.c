@@ -40,8 +40,49 @@ static long top_sum(long *v, size_t n, int k)
     return s;
 }
 
+static long example_items(const nd_token_set *ts, size_t i)
+{
+    long k = 0;
+    for (int t = 1; t < ts->len[i]; t++)
+        k += ts->mask[i * ts->max_len + (size_t)t] != 0.0f;
+    return k;
+}
+
+int nd_batch_caps(const nd_token_set *ts, int mode, const size_t *idx, size_t n, int B, long *rows,
+                  long *items, long *group_rows)
+{
+    nd_pack_plan p;
+    nd_seq_example *ex = malloc(sizeof *ex * (size_t)B);
+    if (!ex || nd_pack_plan_init(&p, B)) {
+        free(ex);
+        return -1;
+    }
+    for (size_t s0 = 0; s0 < n; s0 += (size_t)B) {
+        int cnt = n - s0 < (size_t)B ? (int)(n - s0) : B;
+        long it = 0;
+        for (int b = 0; b < cnt; b++) {
+            size_t i = idx[s0 + (size_t)b];
+            ex[b] =
+                (nd_seq_example){ts->ids + i * ts->max_len, ts->mask + i * ts->max_len, ts->len[i]};
+            it += example_items(ts, i);
+        }
+        nd_pack_plan_make(&p, ex, cnt, mode == ND_BATCH_SHARED);
+        long r = mode == ND_BATCH_PADDED ? (long)B * (long)ts->max_len : p.rows;
+        *rows = r > *rows ? r : *rows;
+        for (int g = 0; g < p.n_groups && group_rows; g++) {
+            long gr = nd_pack_group_rows(&p, ex, g, g + 1);
+            *group_rows = gr > *group_rows ? gr : *group_rows;
+        }
+        *items = it > *items ? it : *items;
+    }
+    nd_pack_plan_free(&p);
+    free(ex);
+    return 0;
+}
+
 int nd_batcher_create(nd_batcher *bt, const san_model *m, const nd_backend *be, san_lora *lora,
-                      const nd_token_set *ts, int B, int mode, int full_grads)
+                      const nd_token_set *ts, int B, int mode, int full_grads, long max_rows,
+                      long max_items, long max_group_rows, double act_budget_mb)
 {
     memset(bt, 0, sizeof *bt);
     bt->ts = ts;
@@ -52,7 +93,7 @@ int nd_batcher_create(nd_batcher *bt, const san_model *m, const nd_backend *be, 
         return nd_error(ND_EARG, "no examples to batch");
     int rc;
     if (mode == ND_BATCH_PADDED) {
-        rc = nd_trainer_create(&bt->tr, m, be, lora, B, (int)T, full_grads);
+        rc = nd_trainer_create(&bt->tr, m, be, lora, B, (int)T, full_grads, act_budget_mb);
         if (!rc) {
             bt->ids = malloc(sizeof *bt->ids * (size_t)B * T);
             bt->mask = malloc(sizeof *bt->mask * (size_t)B * T);
@@ -67,16 +108,23 @@ int nd_batcher_create(nd_batcher *bt, const san_model *m, const nd_backend *be, 
         for (size_t i = 0; i < ts->n; i++)
             v[i] = ts->len[i];
         long cap_rows = top_sum(v, ts->n, B);
-        for (size_t i = 0; i < ts->n; i++) {
-            long k = 0;
-            for (int t = 1; t < ts->len[i]; t++)
-                k += ts->mask[i * T + (size_t)t] != 0.0f;
-            v[i] = k;
-        }
+        for (size_t i = 0; i < ts->n; i++)
+            v[i] = example_items(ts, i);
         long cap_items = top_sum(v, ts->n, B);
         free(v);
-        rc = nd_trainer_create_packed(&bt->tr, m, be, lora, B, cap_rows, (int)T, cap_items,
-                                      full_grads);
+        if (max_rows > 0 && max_rows < cap_rows)
+            cap_rows = max_rows;
+        if (max_rows > 0 && max_items < cap_items)
+            cap_items = max_items > 0 ? max_items : 1;
+        /* micro-batches of whole prefix groups up to ND_MICRO_ROWS rows: memory
+         * does not grow with the batch; a single larger group gets its own */
+        long micro = cap_rows < ND_MICRO_ROWS ? cap_rows : ND_MICRO_ROWS;
+        if (max_group_rows > micro)
+            micro = max_group_rows;
+        if (max_rows <= 0 && (long)T > micro)
+            micro = (long)T; /* no plan given: any one example must fit */
+        rc = nd_trainer_create_packed(&bt->tr, m, be, lora, B, micro, (int)T, cap_items, cap_items,
+                                      full_grads, act_budget_mb);
         bt->tr.share = mode == ND_BATCH_SHARED;
         bt->ex = malloc(sizeof *bt->ex * (size_t)B);
         if (!rc && !bt->ex)
@@ -133,17 +181,11 @@ void nd_batcher_example_losses(const nd_batcher *bt, int rows, double *loss_sum,
     for (int b = 0; b < rows; b++)
         loss_sum[b] = positions[b] = 0;
     if (bt->mode != ND_BATCH_PADDED) {
-        /* items run example by example, position by position; their
-         * weights were rescaled for the backward, so read the raw mask */
-        long i = 0;
-        for (int b = 0; b < rows; b++)
-            for (int t = 0; t + 1 < bt->ex[b].len; t++) {
-                float w = bt->ex[b].mask[t + 1];
-                if (w == 0.0f)
-                    continue;
-                loss_sum[b] += (double)w * tr->item_loss[i++];
-                positions[b] += w;
-            }
+        for (long i = 0; i < tr->n_items; i++) {
+            int b = tr->item_ex[i];
+            loss_sum[b] += (double)tr->item_w[i] * tr->item_loss[i];
+            positions[b] += tr->item_w[i];
+        }
         return;
     }
     int T = tr->T;
@@ -181,7 +223,7 @@ void nd_shuffle_indices(size_t *idx, size_t n, nd_rng *rng)
  * batches hold one set and share its long prefix, then shuffle the
  * batches themselves so training does not walk the sets one by one. */
 void nd_group_by_tools(size_t *idx, size_t n, int B, const int32_t *set_of, nd_rng *rng,
-                           size_t *tmp)
+                       size_t *tmp)
 {
     /* stable counting by set id (ids are dense 0..n-1) */
     size_t *count = calloc(n + 1, sizeof *count);
@@ -257,4 +299,3 @@ int32_t *nd_tool_set_ids(const nd_dataset *ds, size_t n)
     free(k);
     return id;
 }
-

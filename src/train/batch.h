@@ -16,6 +16,13 @@
 
 typedef enum { ND_BATCH_SHARED = 0, ND_BATCH_PACKED = 1, ND_BATCH_PADDED = 2 } nd_batching;
 
+/* Default memory for kept layer activations in finetune/eval: with the
+ * weights, optimiser and lane states, a needle2 LoRA run on tool-calling
+ * data stays under 2 GB. */
+#define ND_ACT_BUDGET_MB 1024.0
+/* Rows of one micro-batch (a batch runs as several when larger). */
+#define ND_MICRO_ROWS 2048L
+
 /* "shared" | "packed" | "padded" -> mode; -1 if unknown */
 int nd_batching_parse(const char *s);
 const char *nd_batching_name(int mode);
@@ -29,9 +36,17 @@ typedef struct {
     nd_seq_example *ex; /* packed modes: [B] */
 } nd_batcher;
 
-/* Buffers sized for any B examples of ts. */
+/* Buffers sized for any B examples of ts, or, when max_rows > 0, for
+ * batches of at most max_rows rows and max_items loss positions (see
+ * nd_batch_caps). */
 int nd_batcher_create(nd_batcher *bt, const san_model *m, const nd_backend *be, san_lora *lora,
-                      const nd_token_set *ts, int B, int mode, int full_grads);
+                      const nd_token_set *ts, int B, int mode, int full_grads, long max_rows,
+                      long max_items, long max_group_rows, double act_budget_mb);
+/* The most rows, loss positions and rows of one prefix group of the
+ * batches idx[0..n) cut into B (raised into *rows, *items, *group_rows;
+ * group_rows may be NULL). 0, or -1 out of memory. */
+int nd_batch_caps(const nd_token_set *ts, int mode, const size_t *idx, size_t n, int B, long *rows,
+                  long *items, long *group_rows);
 void nd_batcher_free(nd_batcher *bt);
 /* One step over examples idx[0..rows) (rows <= B); see nd_trainer_step. */
 int nd_batcher_step(nd_batcher *bt, const size_t *idx, int rows, int grad, double *loss,

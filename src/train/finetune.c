@@ -30,6 +30,7 @@ void nd_finetune_defaults(nd_finetune_opts *o)
     o->lr = 1e-4;
     o->alpha = 32;
     o->val_split = 0.1;
+    o->act_budget_mb = ND_ACT_BUDGET_MB;
 }
 
 static void emitf(const nd_finetune_opts *o, const char *fmt, ...)
@@ -206,13 +207,6 @@ int nd_finetune(const nd_finetune_opts *o)
     emitf(o, "  %-9s %ld steps  warmup %ld  cosine decay  clip 1.0", "schedule", total,
           opt.warmup_steps);
 
-    if ((rc = nd_batcher_create(&bt, &m, be, o->full ? NULL : &lora, &ts, B, o->batching, o->full)))
-        goto done;
-    nd_trainer *tr = &bt.tr;
-    float *G = o->full ? tr->full_g : tr->lora_g;
-    emitf(o, "  %-9s %s (%.0f MB of activations; budget NEEDLE_ACT_BUDGET_MB)", "memory",
-          tr->kept_layers ? "every layer's activations kept" : "layers recomputed in backward",
-          (double)tr->acts.bytes / 1048576.0);
     last_good = malloc(sizeof *last_good * (NP ? NP : 1));
     tmp = malloc(sizeof *tmp * (count ? count : 1));
     tmp2 = malloc(sizeof *tmp2 * (count ? count : 1));
@@ -222,28 +216,51 @@ int nd_finetune(const nd_finetune_opts *o)
         rc = nd_error(ND_ENOMEM, "out of memory");
         goto done;
     }
-    {
-        /* what the batching saves, on the first epoch's batches */
-        memcpy(tmp, train, sizeof *tmp * count);
+    /* Replay every epoch's batches (the orders are seeded) to size the
+     * buffers for the largest batch, and say what the batching saves on
+     * the first epoch. */
+    long max_rows = 0, max_items = 0, max_group = 0;
+    double real = 0, rows_done = 0, padded = (double)spe * B * T;
+    memcpy(tmp, train, sizeof *tmp * count);
+    for (int e = 0; e < o->epochs && !rc; e++) {
         nd_rng er;
-        nd_rng_seed(&er, o->seed * 0x9E3779B97F4A7C15ull + 17);
+        nd_rng_seed(&er, o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)e + 17);
         nd_shuffle_indices(tmp, count, &er);
         if (set_of)
             nd_group_by_tools(tmp, count, B, set_of, &er, tmp2);
-        double real = 0, rows_done = 0, padded = (double)spe * B * T;
-        for (size_t i = 0; i < count; i++)
-            real += ts.len[tmp[i]];
-        for (size_t s0 = 0; s0 < count; s0 += (size_t)B) {
-            int rows = count - s0 < (size_t)B ? (int)(count - s0) : B;
-            rows_done += (double)nd_batcher_rows(&bt, tmp + s0, rows);
-        }
-        emitf(o,
-              "  %-9s %s: %.0fk real tokens an epoch (%.0fk padded), %.0fk computed (%.1fx less "
-              "than padded)%s",
-              "batching", nd_batching_name(o->batching), real / 1e3, padded / 1e3, rows_done / 1e3,
-              padded / (rows_done > 0 ? rows_done : 1),
-              set_of ? "; batches grouped by tool set (--group-by-tools)" : "");
+        if (nd_batch_caps(&ts, o->batching, tmp, count, B, &max_rows, &max_items, &max_group))
+            rc = nd_error(ND_ENOMEM, "out of memory");
+        if (e == 0)
+            for (size_t s0 = 0; s0 < count; s0 += (size_t)B) {
+                int rows = count - s0 < (size_t)B ? (int)(count - s0) : B;
+                long r0 = 0, i0 = 0;
+                nd_batch_caps(&ts, o->batching, tmp + s0, (size_t)rows, B, &r0, &i0, NULL);
+                rows_done += (double)r0;
+                for (int b = 0; b < rows; b++)
+                    real += ts.len[tmp[s0 + (size_t)b]];
+            }
     }
+    if (!rc && n_val &&
+        nd_batch_caps(&ts, o->batching, val, n_val, B, &max_rows, &max_items, &max_group))
+        rc = nd_error(ND_ENOMEM, "out of memory");
+    if (rc)
+        goto done;
+    emitf(o,
+          "  %-9s %s: %.0fk real tokens an epoch (%.0fk padded), %.0fk computed (%.1fx less "
+          "than padded)%s",
+          "batching", nd_batching_name(o->batching), real / 1e3, padded / 1e3, rows_done / 1e3,
+          padded / (rows_done > 0 ? rows_done : 1),
+          set_of ? "; batches grouped by tool set (--group-by-tools)" : "");
+    if ((rc = nd_batcher_create(&bt, &m, be, o->full ? NULL : &lora, &ts, B, o->batching, o->full,
+                                max_rows, max_items, max_group, o->act_budget_mb)))
+        goto done;
+    nd_trainer *tr = &bt.tr;
+    float *G = o->full ? tr->full_g : tr->lora_g;
+    emitf(o,
+          "  %-9s %d of %d layers' activations kept, the rest recomputed in the backward (%.0f "
+          "MB of activations for up to %ld rows at a time; --act-memory)",
+          "memory", tr->kept_layers, m.dims.L, (double)tr->acts.bytes / 1048576.0,
+          tr->acts.cap_rows);
 
     long every = total / 50 > 1 ? total / 50 : 1, step = 0;
     double t_start = omp_get_wtime(), tokens_done = 0;

@@ -18,9 +18,10 @@ typedef struct {
     uint64_t seed;
     long save_every; /* steps; 0 = only at the end */
     int skip_bad;
-    int full;           /* train every base parameter; out is a checkpoint */
-    int batching;       /* nd_batching (train/batch.h); 0 = shared prefixes */
-    int group_by_tools; /* reorder so batches hold one tool set (changes batches) */
+    int full;             /* train every base parameter; out is a checkpoint */
+    int batching;         /* nd_batching (train/batch.h); 0 = shared prefixes */
+    int group_by_tools;   /* reorder so batches hold one tool set (changes batches) */
+    double act_budget_mb; /* memory for kept activations (ND_ACT_BUDGET_MB) */
     const nd_backend *be;
     /* progress: complete lines ("  step      3/30  loss 2.1234") and a live
      * status (called often; may be NULL) */

@@ -140,8 +140,19 @@ int nd_pack_plan_make(nd_pack_plan *p, const nd_seq_example *ex, int count, int 
     return 0;
 }
 
-int nd_pack_layout(const nd_pack_plan *p, const nd_seq_example *ex, nd_layout_buf *lay,
-                   int32_t *tok, int32_t *row_of)
+long nd_pack_group_rows(const nd_pack_plan *p, const nd_seq_example *ex, int g0, int g1)
+{
+    long rows = 0;
+    for (int g = g0; g < g1; g++) {
+        rows += p->gplen[g];
+        for (int i = p->gstart[g]; i < p->gstart[g + 1]; i++)
+            rows += ex[p->order[i]].len - p->gplen[g];
+    }
+    return rows;
+}
+
+int nd_pack_layout(const nd_pack_plan *p, const nd_seq_example *ex, int g0, int g1,
+                   nd_layout_buf *lay, int32_t *tok, int32_t *row_of)
 {
     nd_layout_reset(lay);
     /* offsets of each example's row map (original order) */
@@ -156,7 +167,7 @@ int nd_pack_layout(const nd_pack_plan *p, const nd_seq_example *ex, nd_layout_bu
             o += ex[b].len;
         }
     }
-    for (int g = 0; g < p->n_groups; g++) {
+    for (int g = g0; g < g1; g++) {
         int i0 = p->gstart[g], i1 = p->gstart[g + 1], pl = p->gplen[g], parent = -1;
         if (pl) {
             parent = nd_layout_add(lay, pl, -1);

@@ -43,11 +43,13 @@ void nd_pack_plan_free(nd_pack_plan *p);
  * every member keeps a row of its own). Returns 0, or -1 if count > cap. */
 int nd_pack_plan_make(nd_pack_plan *p, const nd_seq_example *ex, int count, int share);
 
-/* Lay the plan out: segments into lay, the packed tokens into tok, and for
- * each example its row of each position: row_of[off[b] + t] for
- * t < ex[b].len, with off[b] = sum of earlier lengths. 0, or -1 when lay's
- * capacity is too small. */
-int nd_pack_layout(const nd_pack_plan *p, const nd_seq_example *ex, nd_layout_buf *lay,
-                   int32_t *tok, int32_t *row_of);
+/* Rows of groups [g0, g1) of the plan. */
+long nd_pack_group_rows(const nd_pack_plan *p, const nd_seq_example *ex, int g0, int g1);
+/* Lay groups [g0, g1) of the plan out (all: 0, p->n_groups): segments into
+ * lay, the packed tokens into tok, and for each of their examples the row
+ * of each position: row_of[off[b] + t] for t < ex[b].len, with off[b] =
+ * sum of earlier lengths. 0, or -1 when lay's capacity is too small. */
+int nd_pack_layout(const nd_pack_plan *p, const nd_seq_example *ex, int g0, int g1,
+                   nd_layout_buf *lay, int32_t *tok, int32_t *row_of);
 
 #endif

@@ -9,7 +9,8 @@
 
 /* Buffers common to both modes; the activations hold cap_rows rows. */
 static int trainer_init(nd_trainer *tr, const san_model *m, const nd_backend *be, san_lora *lora,
-                        long cap_rows, int cap_seg, int max_pos, long cap_logits, int full_grads)
+                        long cap_rows, int cap_seg, int max_pos, long cap_logits, int full_grads,
+                        double act_budget_mb)
 {
     tr->m = m;
     tr->be = be;
@@ -19,9 +20,11 @@ static int trainer_init(nd_trainer *tr, const san_model *m, const nd_backend *be
      * a third less work) when they fit the budget; otherwise recompute
      * layer by layer like upstream's remat */
     const char *env = getenv("NEEDLE_ACT_BUDGET_MB");
-    double budget_mb = env && *env ? atof(env) : 3072.0;
-    double need_mb = (double)san_layer_acts_bytes(m, cap_rows) * m->dims.L / 1048576.0;
-    tr->kept_layers = need_mb <= budget_mb;
+    double budget_mb = env && *env ? atof(env) : act_budget_mb >= 0 ? act_budget_mb : 3072.0;
+    double layer_mb = (double)san_layer_acts_bytes(m, cap_rows) / 1048576.0;
+    /* as many layers as fit (the first ones); the rest are recomputed */
+    int k = layer_mb > 0 ? (int)(budget_mb / layer_mb) : m->dims.L;
+    tr->kept_layers = k > m->dims.L ? m->dims.L : k < 0 ? 0 : k;
     int rc = san_acts_create_rows(&tr->acts, be, m, cap_rows, cap_seg, max_pos, cap_logits, 1,
                                   tr->kept_layers);
     if (!rc)
@@ -68,14 +71,15 @@ static int trainer_init(nd_trainer *tr, const san_model *m, const nd_backend *be
 }
 
 int nd_trainer_create(nd_trainer *tr, const san_model *m, const nd_backend *be, san_lora *lora,
-                      int B, int T, int full_grads)
+                      int B, int T, int full_grads, double act_budget_mb)
 {
     memset(tr, 0, sizeof *tr);
     if (B <= 0 || T <= 0)
         return nd_error(ND_EARG, "batch %d x seq %d is empty", B, T);
     tr->B = B;
     tr->T = T;
-    int rc = trainer_init(tr, m, be, lora, (long)B * T, B, T, (long)B * T, full_grads);
+    int rc =
+        trainer_init(tr, m, be, lora, (long)B * T, B, T, (long)B * T, full_grads, act_budget_mb);
     if (!rc) {
         nd_layout_dense(&tr->acts.lay, B, T);
         rc = san_acts_use_layout(&tr->acts);
@@ -87,7 +91,8 @@ int nd_trainer_create(nd_trainer *tr, const san_model *m, const nd_backend *be, 
 
 int nd_trainer_create_packed(nd_trainer *tr, const san_model *m, const nd_backend *be,
                              san_lora *lora, int max_examples, long cap_rows, int max_pos,
-                             long cap_items, int full_grads)
+                             long cap_items, long cap_batch_items, int full_grads,
+                             double act_budget_mb)
 {
     memset(tr, 0, sizeof *tr);
     if (max_examples <= 0 || cap_rows <= 0 || max_pos <= 0)
@@ -97,19 +102,25 @@ int nd_trainer_create_packed(nd_trainer *tr, const san_model *m, const nd_backen
     tr->B = max_examples;
     tr->T = max_pos;
     tr->cap_items = cap_items > 0 ? cap_items : 1;
+    tr->cap_batch_items = cap_batch_items > tr->cap_items ? cap_batch_items : tr->cap_items;
     int rc = trainer_init(tr, m, be, lora, cap_rows, 2 * max_examples, max_pos, tr->cap_items,
-                          full_grads);
+                          full_grads, act_budget_mb);
     if (!rc) {
-        size_t ci = (size_t)tr->cap_items, cr = (size_t)cap_rows;
+        size_t ci = (size_t)tr->cap_batch_items, cr = (size_t)cap_rows;
         tr->ptok = malloc(sizeof *tr->ptok * cr);
-        tr->row_of = malloc(sizeof *tr->row_of * cr);
+        tr->row_of = malloc(sizeof *tr->row_of * (size_t)max_examples * (size_t)max_pos);
         tr->item_row = malloc(sizeof *tr->item_row * ci);
         tr->item_tgt = malloc(sizeof *tr->item_tgt * ci);
         tr->item_ex = malloc(sizeof *tr->item_ex * ci);
         tr->item_w = malloc(sizeof *tr->item_w * ci);
         tr->item_loss = malloc(sizeof *tr->item_loss * ci);
+        tr->item_g = malloc(sizeof *tr->item_g * ci);
+        tr->item_pos = malloc(sizeof *tr->item_pos * ci);
+        tr->ex_off = malloc(sizeof *tr->ex_off * (size_t)max_examples);
+        tr->group_item0 = malloc(sizeof *tr->group_item0 * ((size_t)max_examples + 1));
         if (nd_pack_plan_init(&tr->plan, max_examples) || !tr->ptok || !tr->row_of ||
-            !tr->item_row || !tr->item_tgt || !tr->item_ex || !tr->item_w || !tr->item_loss)
+            !tr->item_row || !tr->item_tgt || !tr->item_ex || !tr->item_w || !tr->item_loss ||
+            !tr->item_g || !tr->item_pos || !tr->ex_off || !tr->group_item0)
             rc = nd_error(ND_ENOMEM, "out of memory for training buffers");
     }
     if (rc)
@@ -135,6 +146,10 @@ void nd_trainer_free(nd_trainer *tr)
     free(tr->item_ex);
     free(tr->item_w);
     free(tr->item_loss);
+    free(tr->item_g);
+    free(tr->item_pos);
+    free(tr->ex_off);
+    free(tr->group_item0);
     memset(tr, 0, sizeof *tr);
 }
 
@@ -217,73 +232,119 @@ static void zero_grads(nd_trainer *tr)
         memset(tr->full_g, 0, sizeof(float) * tr->m->numel);
 }
 
-int nd_trainer_step_examples(nd_trainer *tr, const nd_seq_example *ex, int count, int grad,
-                             double *loss, double *masked)
+/* One micro-batch: groups [g0, g1) of the plan, their items [i0, i1). */
+static int micro_step(nd_trainer *tr, const nd_seq_example *ex, int g0, int g1, long i0, long i1,
+                      int grad, double denom, double *sum)
 {
     const nd_backend *be = tr->be;
     int V = tr->m->dims.V;
-    if (!tr->packed)
-        return nd_error(ND_EARG, "nd_trainer_step_examples needs a packed trainer");
-    long real = 0, items = 0;
-    for (int b = 0; b < count; b++) {
-        if (ex[b].len < 1 || ex[b].len > tr->T)
-            return nd_error(ND_EARG, "example %d has %d tokens (1..%d allowed)", b, ex[b].len,
-                            tr->T);
-        real += ex[b].len;
-        for (int t = 0; t + 1 < ex[b].len; t++)
-            items += ex[b].mask[t + 1] != 0.0f;
-    }
-    if (count > tr->B || real > tr->acts.cap_rows || items > tr->cap_items)
-        return nd_error(ND_EARG,
-                        "batch of %d examples, %ld tokens, %ld loss positions exceeds the %d, "
-                        "%ld, %ld sized",
-                        count, real, items, tr->B, tr->acts.cap_rows, tr->cap_items);
-    if (nd_pack_plan_make(&tr->plan, ex, count, tr->share) ||
-        nd_pack_layout(&tr->plan, ex, &tr->acts.lay, tr->ptok, tr->row_of))
-        return nd_error(ND_ENOMEM, "packing a batch of %d examples failed", count);
+    if (nd_pack_layout(&tr->plan, ex, g0, g1, &tr->acts.lay, tr->ptok, tr->row_of))
+        return nd_error(ND_ENOMEM, "packing a batch failed");
     int rc = san_acts_use_layout(&tr->acts);
     if (rc)
         return rc;
-    /* loss positions: the row of position t predicts ids[t+1] */
-    double total = 0;
-    long n = 0, off = 0;
-    for (int b = 0; b < count; off += ex[b].len, b++)
-        for (int t = 0; t + 1 < ex[b].len; t++) {
-            float w = ex[b].mask[t + 1];
-            if (w == 0.0f)
-                continue;
-            tr->item_row[n] = tr->row_of[off + t];
-            tr->item_tgt[n] = ex[b].ids[t + 1];
-            tr->item_ex[n] = b;
-            tr->item_w[n] = w;
-            total += w;
-            n++;
-        }
-    tr->n_items = n;
-    double denom = total > 1.0 ? total : 1.0;
+    long n = i1 - i0;
+    for (long i = i0; i < i1; i++)
+        tr->item_row[i] = tr->row_of[tr->item_pos[i]];
     if ((rc = san_forward_hidden(tr->m, &tr->w, &tr->acts, tr->ptok)) ||
-        (rc = san_logits_rows(tr->m, &tr->w, &tr->acts, tr->item_row, n)))
+        (rc = san_logits_rows(tr->m, &tr->w, &tr->acts, tr->item_row + i0, n)))
         return rc;
-    be->cross_entropy(be, tr->item_loss, tr->acts.logits, tr->item_tgt, n, V);
-    double sum = 0;
-    for (long i = 0; i < n; i++)
-        sum += (double)tr->item_w[i] * tr->item_loss[i];
-    *loss = sum / denom;
-    if (masked)
-        *masked = total;
+    be->cross_entropy(be, tr->item_loss + i0, tr->acts.logits, tr->item_tgt + i0, n, V);
+    for (long i = i0; i < i1; i++)
+        *sum += (double)tr->item_w[i] * tr->item_loss[i];
     if (!grad)
         return ND_OK;
-    if (!isfinite(*loss))
-        return nd_error(ND_ENUMERIC, "loss is not finite (%g)", *loss);
-    for (long i = 0; i < n; i++)
-        tr->item_w[i] = (float)(tr->item_w[i] / denom);
-    be->cross_entropy_backward(be, tr->acts.logits, tr->item_tgt, tr->item_w, n, V);
-    zero_grads(tr);
+    for (long i = i0; i < i1; i++)
+        tr->item_g[i] = (float)(tr->item_w[i] / denom);
+    be->cross_entropy_backward(be, tr->acts.logits, tr->item_tgt + i0, tr->item_g + i0, n, V);
     san_grad_target tg = {
         .full = tr->full_g ? &tr->gw : NULL,
         .lora = tr->lora,
         .lora_w = tr->lora ? tr->lora->mem : NULL,
         .lora_g = tr->lora_g,
     };
-    return san_backward_rows(tr->m, &tr->w, &tr->acts, &tr->gacts, &tg, tr->ptok, tr->item_row, n);
+    return san_backward_rows(tr->m, &tr->w, &tr->acts, &tr->gacts, &tg, tr->ptok, tr->item_row + i0,
+                             n);
+}
+
+int nd_trainer_step_examples(nd_trainer *tr, const nd_seq_example *ex, int count, int grad,
+                             double *loss, double *masked)
+{
+    if (!tr->packed)
+        return nd_error(ND_EARG, "nd_trainer_step_examples needs a packed trainer");
+    long items = 0;
+    for (int b = 0; b < count; b++) {
+        if (ex[b].len < 1 || ex[b].len > tr->T)
+            return nd_error(ND_EARG, "example %d has %d tokens (1..%d allowed)", b, ex[b].len,
+                            tr->T);
+        for (int t = 0; t + 1 < ex[b].len; t++)
+            items += ex[b].mask[t + 1] != 0.0f;
+    }
+    if (count > tr->B || items > tr->cap_batch_items ||
+        nd_pack_plan_make(&tr->plan, ex, count, tr->share))
+        return nd_error(ND_EARG,
+                        "batch of %d examples, %ld loss positions exceeds the %d, %ld sized", count,
+                        items, tr->B, tr->cap_batch_items);
+    const nd_pack_plan *p = &tr->plan;
+    /* loss positions group by group (a micro-batch is a run of groups):
+     * position t of example b predicts ids[t+1] */
+    for (int b = 0, o = 0; b < count; o += ex[b].len, b++)
+        tr->ex_off[b] = o;
+    double total = 0;
+    long n = 0;
+    for (int g = 0; g < p->n_groups; g++) {
+        tr->group_item0[g] = n;
+        for (int i = p->gstart[g]; i < p->gstart[g + 1]; i++) {
+            int b = p->order[i];
+            for (int t = 0; t + 1 < ex[b].len; t++) {
+                float w = ex[b].mask[t + 1];
+                if (w == 0.0f)
+                    continue;
+                tr->item_pos[n] = (int32_t)(tr->ex_off[b] + t);
+                tr->item_tgt[n] = ex[b].ids[t + 1];
+                tr->item_ex[n] = b;
+                tr->item_w[n] = w;
+                total += w;
+                n++;
+            }
+        }
+    }
+    tr->group_item0[p->n_groups] = n;
+    tr->n_items = n;
+    double denom = total > 1.0 ? total : 1.0, sum = 0;
+    if (grad)
+        zero_grads(tr);
+    /* micro-batches: as many whole groups as fit the activations; the
+     * gradients of the token-weighted mean add up across them */
+    int rc = ND_OK;
+    tr->n_micro = 0;
+    for (int g0 = 0; g0 < p->n_groups && !rc;) {
+        int g1 = g0 + 1;
+        long rows = nd_pack_group_rows(p, ex, g0, g1);
+        while (g1 < p->n_groups) {
+            long more = nd_pack_group_rows(p, ex, g1, g1 + 1);
+            if (rows + more > tr->acts.cap_rows ||
+                tr->group_item0[g1 + 1] - tr->group_item0[g0] > tr->cap_items)
+                break;
+            rows += more;
+            g1++;
+        }
+        long i0 = tr->group_item0[g0], i1 = tr->group_item0[g1];
+        if (rows > tr->acts.cap_rows || i1 - i0 > tr->cap_items)
+            return nd_error(ND_EARG,
+                            "a prefix group of %ld rows and %ld loss positions exceeds the %ld "
+                            "rows and %ld positions sized",
+                            rows, i1 - i0, tr->acts.cap_rows, tr->cap_items);
+        rc = micro_step(tr, ex, g0, g1, i0, i1, grad, denom, &sum);
+        tr->n_micro++;
+        g0 = g1;
+    }
+    if (rc)
+        return rc;
+    *loss = sum / denom;
+    if (masked)
+        *masked = total;
+    if (grad && !isfinite(*loss))
+        return nd_error(ND_ENUMERIC, "loss is not finite (%g)", *loss);
+    return ND_OK;
 }

@@ -12,7 +12,7 @@ typedef struct {
     const san_model *m;
     const nd_backend *be;
     int B, T;
-    int kept_layers; /* 1: activations of every layer kept; 0: recomputed */
+    int kept_layers; /* layers whose activations are kept (the rest recomputed) */
     san_acts acts;
     san_grad_acts gacts;
     san_lora *lora; /* may be NULL */
@@ -25,27 +25,35 @@ typedef struct {
     int32_t *tgt;
     /* packed mode (nd_trainer_create_packed) */
     int packed;
-    int share;      /* share common prefixes (default 1) */
-    long cap_items; /* most loss positions in one batch */
+    int share;            /* share common prefixes (default 1) */
+    long cap_items;       /* most loss positions in one micro-batch (logits rows) */
+    long cap_batch_items; /* most loss positions in one batch */
+    int n_micro;          /* micro-batches the last batch ran as */
     nd_pack_plan plan;
     int32_t *ptok;   /* packed tokens [cap rows] */
     int32_t *row_of; /* each example position's row [cap rows] */
     long n_items;    /* loss positions of the last batch: */
-    int32_t *item_row, *item_tgt, *item_ex;
-    float *item_w, *item_loss;
+    int32_t *item_row, *item_tgt, *item_ex, *item_pos;
+    float *item_w, *item_loss, *item_g;
+    long *ex_off, *group_item0;
 } nd_trainer;
 
+/* act_budget_mb: memory for kept layer activations (as many layers as fit
+ * are kept, the rest recomputed in the backward); < 0: 3072. The
+ * environment's NEEDLE_ACT_BUDGET_MB overrides it. */
 int nd_trainer_create(nd_trainer *tr, const san_model *m, const nd_backend *be, san_lora *lora,
-                      int B, int T, int full_grads);
+                      int B, int T, int full_grads, double act_budget_mb);
 void nd_trainer_free(nd_trainer *tr);
 /* Packed mode: batches of up to max_examples examples of their own
  * lengths (no padding), common prefixes run once, logits only where the
- * loss is. cap_rows: the most tokens a batch holds (e.g. the sum of the
- * max_examples longest); max_pos: the longest example; cap_items: the most
- * loss positions in a batch. */
+ * loss is. A batch runs as micro-batches of whole prefix groups of at most
+ * cap_rows rows and cap_items loss positions (the gradients add up);
+ * max_pos: the longest example; cap_batch_items: the most loss positions
+ * in a batch. */
 int nd_trainer_create_packed(nd_trainer *tr, const san_model *m, const nd_backend *be,
                              san_lora *lora, int max_examples, long cap_rows, int max_pos,
-                             long cap_items, int full_grads);
+                             long cap_items, long cap_batch_items, int full_grads,
+                             double act_budget_mb);
 /* Recompute the effective weights after the adapter changed. */
 void nd_trainer_merge(nd_trainer *tr);
 /* Loss of B rows of T ids with loss mask (row-major [B, T]); rows beyond

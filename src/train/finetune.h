@@ -8,17 +8,18 @@
 #include "backend/backend.h"
 
 typedef struct {
-    const char *data;          /* JSONL */
-    const char *checkpoint;    /* base checkpoint */
-    const char *tokenizer;     /* .model path (required) */
-    const char *out;           /* adapter path */
-    const char *resume;        /* adapter to continue from, or NULL */
+    const char *data;       /* JSONL */
+    const char *checkpoint; /* base checkpoint */
+    const char *tokenizer;  /* .model path (required) */
+    const char *out;        /* adapter path */
+    const char *resume;     /* adapter to continue from, or NULL */
     int epochs, batch_size, rank, max_len;
     double lr, alpha, val_split;
     uint64_t seed;
-    long save_every;           /* steps; 0 = only at the end */
+    long save_every; /* steps; 0 = only at the end */
     int skip_bad;
-    int full;                  /* train every base parameter; out is a checkpoint */
+    int full;            /* train every base parameter; out is a checkpoint */
+    int resume_override; /* resume even when the adapter's recorded settings differ */
     const nd_backend *be;
     /* progress: complete lines ("  step      3/30  loss 2.1234") and a live
      * status (called often; may be NULL) */
@@ -26,7 +27,7 @@ typedef struct {
     void (*status)(void *ctx, long step, long total, double loss, double tokens_per_s,
                    double eta_s);
     void *ctx;
-    volatile int *stop;        /* set non-zero (e.g. on SIGINT) to stop and save */
+    volatile int *stop; /* set non-zero (e.g. on SIGINT) to stop and save */
 } nd_finetune_opts;
 
 void nd_finetune_defaults(nd_finetune_opts *o);

@@ -192,7 +192,8 @@ int san_lora_load(san_lora *lo, const san_model *m, const char *path, pv **root_
     double sc = scale->kind == PV_FLOAT ? scale->u.f : (double)scale->u.i;
     if (!isfinite(sc) || fabs(sc) > LORA_MAX_SCALE) {
         pv_decref(root);
-        return nd_error(ND_ENUMERIC, "%s: adapter 'scale' is %g (must be finite, |scale| <= %g)",
+        return nd_error(ND_ENUMERIC,
+                        "%s: adapter 'scale' is %g (must be finite and at most %g in magnitude)",
                         path, sc, (double)LORA_MAX_SCALE);
     }
     rc = san_lora_create(lo, m, r, (float)(sc * r));

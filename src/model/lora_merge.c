@@ -159,7 +159,8 @@ int lora_merge(san_model *m, const pv *params, const pv *adapter, const char *wh
         return nd_error(ND_EFORMAT, "%s: adapter has no numeric 'scale'", what);
     inf.scale = sc->kind == PV_FLOAT ? sc->u.f : (double)sc->u.i;
     if (!isfinite(inf.scale) || fabs(inf.scale) > LORA_MAX_SCALE)
-        return nd_error(ND_ENUMERIC, "%s: adapter 'scale' is %g (must be finite, |scale| <= %g)",
+        return nd_error(ND_ENUMERIC,
+                        "%s: adapter 'scale' is %g (must be finite and at most %g in magnitude)",
                         what, inf.scale, (double)LORA_MAX_SCALE);
     if (rk && rk->kind != PV_NONE) {
         if (rk->kind != PV_INT || rk->u.i < 1 || rk->u.i > (1 << 20))

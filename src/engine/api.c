@@ -105,5 +105,10 @@ void needle_reset(void)
 
 const char *needle_last_error(void)
 {
-    return g_err;
+    /* a copy per thread: g_err changes under the lock while others run */
+    static _Thread_local char copy[sizeof g_err];
+    pthread_mutex_lock(&g_lock);
+    memcpy(copy, g_err, sizeof copy);
+    pthread_mutex_unlock(&g_lock);
+    return copy;
 }

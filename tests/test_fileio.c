@@ -3,6 +3,7 @@
  * mode is kept and new files honour the umask, write errors carry the
  * system's reason (disk full through /dev/full), temporaries of killed
  * saves are removed by the next save, and nd_same_file sees through links. */
+#define _DEFAULT_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <fcntl.h>
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -105,10 +107,14 @@ int main(void)
     CHECK_MSG(rc == ND_EIO && strstr(nd_last_error(), "FIFO"), "%s", nd_last_error());
     CHECK(lstat(P("fifo"), &st) == 0 && S_ISFIFO(st.st_mode));
 
-    /* a character device */
-    rc = nd_write_file_atomic("/dev/null", "XX", 2);
+    /* a character device: as root our own node (1, 3), so that a
+     * regression cannot replace the system's /dev/null */
+    const char *dev = "/dev/null";
+    if (geteuid() == 0 && mknod(P("null"), S_IFCHR | 0666, makedev(1, 3)) == 0)
+        dev = P("null");
+    rc = nd_write_file_atomic(dev, "XX", 2);
     CHECK_MSG(rc == ND_EIO && strstr(nd_last_error(), "character device"), "%s", nd_last_error());
-    CHECK(lstat("/dev/null", &st) == 0 && S_ISCHR(st.st_mode));
+    CHECK(lstat(dev, &st) == 0 && S_ISCHR(st.st_mode));
 
     /* a directory */
     CHECK(mkdir(P("adir"), 0755) == 0);

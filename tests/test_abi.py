@@ -113,6 +113,21 @@ def main():
     # --- upstream's sequence ---
     buf = ctypes.create_string_buffer(65536)
     check(lib.needle_complete(b"hi", 64, buf, len(buf)) < 0, "complete before init must fail")
+    # a failed load, then complete: the error envelope needle.h promises
+    # (issue 10: it was -11 with an empty buffer)
+    check(lib.needle_load(b"\0" * 64, 64) != 0, "garbage .cact refused")
+    rc = lib.needle_complete(b"hi", 64, buf, len(buf))
+    try:
+        env = json.loads(buf.value.decode())
+    except ValueError:
+        env = {}
+    check(rc == -11 and env.get("success") is False and env.get("error_code") == "no_model"
+          and "needle_load failed" in (env.get("error") or "")
+          and env.get("function_calls") == [],
+          "complete after a failed load: rc %d, envelope %r" % (rc, buf.value[:200]))
+    small = ctypes.create_string_buffer(8)
+    check(lib.needle_complete(b"hi", 64, small, len(small)) == -10 and small.value == b"",
+          "error envelope that does not fit: NEEDLE_EBUFFER, empty buffer")
     check(lib.needle_init(b"", json.dumps(TOOLS).encode(), None) < 0, "init before load fails")
     check(b"needle_load" in lib.needle_last_error(), "error names needle_load")
     check(lib.needle_load(blob, len(blob)) == 0, "needle_load: %s" % lib.needle_last_error())

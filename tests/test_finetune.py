@@ -39,7 +39,8 @@ def run(*args, **kw):
 
 
 def no_tmp_files(d):
-    return not glob.glob(os.path.join(d, "*.tmp.*"))
+    # temporaries are hidden (".NAME.tmp.PID"); older ones were "NAME.tmp.XXXXXX"
+    return not (glob.glob(os.path.join(d, "*.tmp.*")) or glob.glob(os.path.join(d, ".*.tmp.*")))
 
 
 def main():

@@ -24,6 +24,12 @@ int cli_run(int argc, char **argv);
 
 /* Print "needle: <message>" for the library's last error and return 1. */
 int cli_fail(const char *context);
+/* Refuse an output path that names one of the command's inputs (same
+ * device and inode, links followed) or anything but a regular file. The
+ * variadic part is (const char *what, const char *path) pairs ending with a
+ * NULL `what`; NULL paths are skipped. Prints the error and returns 1, else
+ * returns 0. */
+int cli_check_output(const char *out, ...);
 /* Report a usage error for a subcommand and return 2. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Strict number parsing for flags; print an error naming the flag. */

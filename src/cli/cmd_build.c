@@ -112,6 +112,13 @@ int cli_build(int argc, char **argv)
         out = outbuf;
     }
 
+    if (cli_check_output(out, "checkpoint", ckpt, "adapter", lora, "tokenizer", tok_model,
+                         "tokenizer blob", tok_blob, "tokenizer ($NEEDLE_TOKENIZER)",
+                         getenv("NEEDLE_TOKENIZER"), (const char *)NULL))
+        return 1;
+    if (nd_check_writable(out))
+        return cli_fail(NULL);
+
     double t0 = now();
     san_model m;
     pv *root = NULL;
@@ -127,6 +134,12 @@ int cli_build(int argc, char **argv)
         if (rc)
             goto fail;
         printf("  %-9s %d weight groups  %s\n", "merged", li.merged + li.skipped, lora);
+    }
+    /* NaN/Inf would be quantised into garbage codes: refuse, naming the tensor */
+    if ((rc = san_model_check_finite(&m, lora ? lora : ckpt))) {
+        if (lora)
+            nd_error_prefix(rc, "after merging the adapter into %s", ckpt);
+        goto fail;
     }
     if (tok_blob) {
         rc = nd_read_file(tok_blob, (size_t)1 << 30, &blob, &blob_len);
@@ -147,6 +160,13 @@ int cli_build(int argc, char **argv)
                 fclose(f);
                 tok_model = beside;
             }
+        }
+        if (tok_model && nd_same_file(out, tok_model)) {
+            rc = nd_error(ND_EARG,
+                          "%s: is the same file as the tokenizer (%s); refusing to "
+                          "overwrite an input, choose another output path",
+                          out, tok_model);
+            goto fail;
         }
         if (tok_model) {
             rc = tokenizer_blob(tok_model, &blob, &blob_len);

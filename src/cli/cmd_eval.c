@@ -52,13 +52,30 @@ static const char *eval_help =
     "  --threads N      worker threads (default: all cores)\n"
     "  --device D       auto|cpu (default auto)\n";
 
+typedef struct {
+    nd_atomic_file af;
+    int failed; /* the error is the output's (its message names it) */
+} logits_out;
+
 static int write_logits(void *ctx, int seq, const float *logits, int len, int V)
 {
     (void)seq;
-    FILE *f = ctx;
-    if (fwrite(logits, sizeof(float), (size_t)len * V, f) != (size_t)len * V)
-        return nd_error(ND_EIO, "writing logits failed");
-    return ND_OK;
+    logits_out *lo = ctx;
+    int rc = nd_atomic_write(&lo->af, logits, sizeof(float) * (size_t)len * V);
+    if (rc)
+        lo->failed = 1;
+    return rc;
+}
+
+/* A loss that is not finite means the weights (or the adapter) are broken:
+ * print the numbers, but fail. */
+static int nonfinite_loss(const char *ckpt, const char *lora, double mean)
+{
+    fprintf(stderr,
+            "needle: %s: the loss is not finite (%g): the checkpoint%s has NaN/Inf weights or "
+            "overflows\n",
+            ckpt, mean, lora ? " or the adapter" : "");
+    return 1;
 }
 
 static double l2(const float *x, size_t n)
@@ -166,7 +183,7 @@ static int eval_jsonl(const jsonl_args *a, san_model *m, const nd_backend *be)
     }
     if (a->json)
         printf("}\n");
-    rc = 0;
+    rc = isfinite(mean) ? 0 : nonfinite_loss(a->ckpt, a->lora_path, mean);
 done:
     nd_masked_eval_free(&ev);
     nd_batcher_free(&bt);
@@ -253,6 +270,9 @@ int cli_eval(int argc, char **argv)
     if (tokens && ja.grad_norms)
         return cli_usage_error("eval", "--grad-norms works with JSONL input");
 
+    if (cli_check_output(logits_path, "checkpoint", ckpt, "token file", tokens, "adapter",
+                         ja.lora_path, (const char *)NULL))
+        return 1;
     const nd_backend *be = nd_backend_get(device, (int)threads);
     if (!be)
         return cli_fail(NULL);
@@ -284,24 +304,26 @@ int cli_eval(int argc, char **argv)
         san_model_free(&m);
         return cli_fail(NULL);
     }
-    nd_atomic_file af = {0};
-    if (logits_path && nd_atomic_open(&af, logits_path)) {
+    logits_out lo = {0};
+    if (logits_path && nd_atomic_open(&lo.af, logits_path)) {
         token_seqs_free(&seqs);
         san_model_free(&m);
         return cli_fail(NULL);
     }
     san_eval_result r;
-    int rc = san_eval(&m, be, &seqs, (int)batch, logits_path ? write_logits : NULL, af.fp, &r);
+    int rc = san_eval(&m, be, &seqs, (int)batch, logits_path ? write_logits : NULL, &lo, &r);
     if (logits_path) {
-        if (rc)
-            nd_atomic_abort(&af);
-        else
-            rc = nd_atomic_commit(&af);
+        if (rc) {
+            nd_atomic_abort(&lo.af);
+        } else if ((rc = nd_atomic_commit(&lo.af))) {
+            lo.failed = 1;
+            san_eval_result_free(&r);
+        }
     }
     if (rc) {
         token_seqs_free(&seqs);
         san_model_free(&m);
-        return cli_fail(tokens);
+        return cli_fail(lo.failed ? NULL : tokens);
     }
     double mean = r.total_positions ? r.total_loss / (double)r.total_positions : 0.0;
     if (json) {
@@ -317,6 +339,7 @@ int cli_eval(int argc, char **argv)
         printf("mean loss %.6f over %ld tokens (%d sequences)\n", mean, r.total_positions,
                seqs.count);
     }
+    int status = isfinite(mean) ? 0 : nonfinite_loss(ckpt, ja.lora_path, mean);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     fprintf(stderr, "  %-9s %.0f tokens/s forward  (%ld tokens in %.3f s)  peak RSS %.1f MB\n",
@@ -325,5 +348,5 @@ int cli_eval(int argc, char **argv)
     san_eval_result_free(&r);
     token_seqs_free(&seqs);
     san_model_free(&m);
-    return 0;
+    return status;
 }

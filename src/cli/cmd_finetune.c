@@ -1,5 +1,6 @@
 /* needle finetune: LoRA training with upstream's options and output. */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +32,13 @@ static const char *finetune_help =
     "  --checkpoint-dir D   where the default output goes (default checkpoints)\n"
     "  --out PATH           adapter path (default D/needle_lora.pkl)\n"
     "  --save-every N       also write the adapter every N steps (crash safety)\n"
-    "  --resume ADAPTER     continue from an adapter (and its optimiser state)\n"
+    "  --resume ADAPTER     continue from an adapter (and its optimiser state); the run\n"
+    "                       must use the settings recorded in it (base checkpoint,\n"
+    "                       --seed, --batch-size, --epochs, --val-split, --max-len,\n"
+    "                       --lora-rank, --lora-alpha): differences are listed and refused\n"
+    "  --resume-override    resume even when those settings differ (the schedule and the\n"
+    "                       train/validation split then change; the adapter's rank and\n"
+    "                       scale are kept)\n"
     "  --skip-bad           skip (and count) invalid JSONL lines instead of failing\n"
     "  --full               train every base parameter instead of an adapter; --out is\n"
     "                       then a checkpoint (for pre-training small bases)\n"
@@ -48,13 +55,77 @@ static const char *finetune_help =
     "                       are recomputed in the backward (slower, same numbers)\n"
     "  --seed N             random seed (default 0)\n"
     "  --threads N          worker threads (default: all cores)\n"
-    "  --device D           auto|cpu (default auto; the backend used is printed)\n";
+    "  --device D           auto|cpu (default auto; the backend used is printed)\n"
+    "\n"
+    "Outputs are checked before training starts (writable, a regular file, not one of\n"
+    "the inputs). SIGINT (Ctrl-C), SIGTERM and SIGHUP stop the run after the current\n"
+    "step, write the adapter so far and print the command that resumes it (exit 1).\n";
 
 static volatile int stop_flag;
-static void on_sigint(int sig)
+static void on_stop_signal(int sig)
 {
-    (void)sig;
-    stop_flag = 1;
+    stop_flag = sig;
+}
+
+static const int stop_signals[] = {SIGINT, SIGTERM, SIGHUP};
+
+static void set_stop_handlers(int on)
+{
+    for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on ? on_stop_signal : SIG_DFL;
+        sigemptyset(&sa.sa_mask);
+        sigaction(stop_signals[i], &sa, NULL);
+    }
+}
+
+static const char *signal_name(int sig)
+{
+    switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    default: return "a signal";
+    }
+}
+
+/* Print a word for a POSIX shell ('...' quoting when needed). */
+static void put_shell_word(FILE *f, const char *w)
+{
+    int plain = *w != 0;
+    for (const char *p = w; *p; p++)
+        if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+@%", *p))
+            plain = 0;
+    if (plain) {
+        fputs(w, f);
+        return;
+    }
+    fputc('\'', f);
+    for (const char *p = w; *p; p++) {
+        if (*p == '\'')
+            fputs("'\\''", f);
+        else
+            fputc(*p, f);
+    }
+    fputc('\'', f);
+}
+
+/* The command that continues a stopped run: this one with --resume OUT. */
+static void print_resume_command(int argc, char **argv, const char *out)
+{
+    fprintf(stderr, "needle: to continue: needle");
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--resume") && i + 1 < argc) {
+            i++;
+            continue;
+        }
+        fputc(' ', stderr);
+        put_shell_word(stderr, argv[i]);
+    }
+    fprintf(stderr, " --resume ");
+    put_shell_word(stderr, out);
+    fputc('\n', stderr);
 }
 
 static void emit_line(void *ctx, const char *line)
@@ -103,6 +174,10 @@ int cli_finetune(int argc, char **argv)
         }
         if (!strcmp(a, "--group-by-tools")) {
             o.group_by_tools = 1;
+            continue;
+        }
+        if (!strcmp(a, "--resume-override")) {
+            o.resume_override = 1;
             continue;
         }
         if (a[0] != '-' || a[1] != '-') {
@@ -176,10 +251,21 @@ int cli_finetune(int argc, char **argv)
     char outbuf[4096], tokbuf[4096];
     if (!out) {
         snprintf(outbuf, sizeof outbuf, "%s/needle_lora.pkl", ckdir);
-        mkdir(ckdir, 0755); /* as upstream's os.makedirs(exist_ok=True) */
+        /* as upstream's os.makedirs(exist_ok=True) */
+        if (mkdir(ckdir, 0777) != 0 && errno != EEXIST) {
+            fprintf(stderr, "needle: %s: cannot create the checkpoint directory: %s\n", ckdir,
+                    strerror(errno));
+            return 1;
+        }
         out = outbuf;
     }
     o.out = out;
+    /* --resume X --out X is the usual way to continue: the adapter is read
+     * whole before anything is written; every other input must differ */
+    if (cli_check_output(out, "training data", o.data, "base checkpoint", o.checkpoint, "tokenizer",
+                         tok_flag, "tokenizer ($NEEDLE_TOKENIZER)",
+                         tok_flag ? NULL : getenv("NEEDLE_TOKENIZER"), (const char *)NULL))
+        return 1;
     FILE *df = fopen(o.data, "rb");
     if (!df) {
         fprintf(stderr, "needle: %s: cannot open the training data\n", o.data);
@@ -197,10 +283,18 @@ int cli_finetune(int argc, char **argv)
     o.status = status_bar;
     o.ctx = &tty;
     o.stop = &stop_flag;
-    signal(SIGINT, on_sigint);
+    set_stop_handlers(1);
     int rc = nd_finetune(&o);
     if (tty)
         fprintf(stderr, "\r\033[K");
-    signal(SIGINT, SIG_DFL);
-    return rc ? cli_fail(NULL) : 0;
+    set_stop_handlers(0);
+    if (!rc)
+        return 0;
+    if (stop_flag) {
+        fprintf(stderr, "needle: %s: %s\n", signal_name(stop_flag), nd_last_error());
+        if (!o.full)
+            print_resume_command(argc, argv, out);
+        return 1;
+    }
+    return cli_fail(NULL);
 }

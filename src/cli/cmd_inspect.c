@@ -1,5 +1,6 @@
 /* needle inspect: print a .cact archive's header, codebooks and tensor
  * table, or dump one tensor dequantised to float32. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,8 @@ static const char *inspect_help =
     "\n"
     "  --dequant NAME   write tensor NAME (an export name such as layer00.q_proj,\n"
     "                   or #INDEX) as little-endian float32 to stdout\n"
-    "  --out FILE       with --dequant: write to FILE (atomically) instead\n";
+    "  --out FILE       with --dequant: write to FILE (atomically) instead; - is\n"
+    "                   stdout. FILE must be a regular file (or new), not the archive\n";
 
 static void print_header(const cact_file *f, const char *path)
 {
@@ -118,6 +120,10 @@ int cli_inspect(int argc, char **argv)
         return cli_usage_error("inspect", "missing archive path");
     if (out && !deq)
         return cli_usage_error("inspect", "--out goes with --dequant");
+    if (out && !strcmp(out, "-"))
+        out = NULL; /* stdout */
+    if (cli_check_output(out, "archive", path, (const char *)NULL))
+        return 1;
     cact_file f;
     if (cact_read_file(path, &f))
         return cli_fail(NULL);
@@ -158,7 +164,7 @@ int cli_inspect(int argc, char **argv)
     if (out) {
         rc = nd_write_file_atomic(out, b, n * 4);
     } else if (fwrite(b, 1, n * 4, stdout) != n * 4 || fflush(stdout)) {
-        rc = nd_error(ND_EIO, "writing to stdout failed");
+        rc = nd_error(ND_EIO, "writing to stdout failed: %s", strerror(errno));
     }
     free(b);
     return rc ? cli_fail(NULL) : 0;

@@ -88,11 +88,12 @@ int cli_run(int argc, char **argv)
     size_t tl;
     int rc = nd_read_file(tools, 64u << 20, &tj, &tl);
     if (rc)
-        return cli_fail(tools);
+        return cli_fail(NULL); /* the message names the file */
     needle_model *m = needle_model_load(weights);
     if (!m) {
         free(tj);
-        return cli_fail(weights);
+        fprintf(stderr, "needle: %s\n", needle_thread_error());
+        return 1;
     }
     needle_session *s = needle_session_new(m, system, (const char *)tj);
     free(tj);

@@ -208,6 +208,10 @@ int cli_tokenize(int argc, char **argv)
             return cli_usage_error("tokenize", "unexpected argument '%s'", argv[i]);
         }
     }
+    if (blob_out &&
+        cli_check_output(blob_out, "tokenizer", tok_path, "tokenizer ($NEEDLE_TOKENIZER)",
+                         tok_path ? NULL : getenv("NEEDLE_TOKENIZER"), (const char *)NULL))
+        return 1;
     nd_tokenizer *tok;
     int rc = load(tok_path, &tok);
     if (rc)
@@ -216,7 +220,7 @@ int cli_tokenize(int argc, char **argv)
         unsigned char *blob = NULL;
         size_t len;
         if (nd_tokenizer_write_blob(tok, &blob, &len) || nd_write_file_atomic(blob_out, blob, len))
-            rc = cli_fail(blob_out);
+            rc = cli_fail(NULL);
         free(blob);
         nd_tokenizer_free(tok);
         return rc;

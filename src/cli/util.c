@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "cli/cli.h"
+#include "core/fileio.h"
 #include "core/status.h"
 
 int cli_fail(const char *context)
@@ -51,5 +52,33 @@ int cli_parse_double(const char *flag, const char *s, double *out)
         return -1;
     }
     *out = v;
+    return 0;
+}
+
+int cli_check_output(const char *out, ...)
+{
+    if (!out)
+        return 0;
+    va_list ap;
+    va_start(ap, out);
+    int bad = 0;
+    for (;;) {
+        const char *what = va_arg(ap, const char *);
+        if (!what)
+            break;
+        const char *in = va_arg(ap, const char *);
+        if (!bad && in && nd_same_file(out, in)) {
+            fprintf(stderr,
+                    "needle: %s: is the same file as the %s (%s); refusing to overwrite an "
+                    "input, choose another output path\n",
+                    out, what, in);
+            bad = 1;
+        }
+    }
+    va_end(ap);
+    if (bad)
+        return 1;
+    if (nd_output_check(out, NULL, NULL))
+        return cli_fail(NULL);
     return 0;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/status.h"
+#include "engine/engine.h"
 #include "needle.h"
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -71,10 +72,20 @@ int needle_complete(const char *text, int max_new_tokens, char *buf, int buf_len
     pthread_mutex_lock(&g_lock);
     int rc;
     if (!g_session) {
-        snprintf(g_err, sizeof g_err, "no session: call needle_init first");
-        if (buf && buf_len > 0)
-            buf[0] = 0;
-        rc = NEEDLE_ESTATE;
+        if (g_model)
+            snprintf(g_err, sizeof g_err, "no session: call needle_init first");
+        else if (g_err[0] && strncmp(g_err, "no model loaded", 15)) {
+            char prev[sizeof g_err];
+            snprintf(prev, sizeof prev, "%s", g_err);
+            snprintf(g_err, sizeof g_err, "no model loaded: the last needle_load failed (%.900s)",
+                     prev);
+        } else if (!g_err[0]) {
+            snprintf(g_err, sizeof g_err, "no model loaded: call needle_load, then needle_init");
+        }
+        /* the envelope needle.h promises, when it fits */
+        rc = nd_error_envelope(g_err, g_model ? "no_session" : "no_model", buf, buf_len) < 0
+                 ? NEEDLE_EBUFFER
+                 : NEEDLE_ESTATE;
     } else {
         rc = needle_session_complete(g_session, text, max_new_tokens, buf, buf_len);
         if (rc < 0)
@@ -94,5 +105,10 @@ void needle_reset(void)
 
 const char *needle_last_error(void)
 {
-    return g_err;
+    /* a copy per thread: g_err changes under the lock while others run */
+    static _Thread_local char copy[sizeof g_err];
+    pthread_mutex_lock(&g_lock);
+    memcpy(copy, g_err, sizeof copy);
+    pthread_mutex_unlock(&g_lock);
+    return copy;
 }

@@ -66,4 +66,9 @@ void nd_kv_rewind(nd_kv_state *s, int len);
  * row's ([V]); logits may be NULL. */
 int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int all_logits);
 
+/* Write an error envelope ({"success": false, "error": msg, "error_code":
+ * code, ...}) into buf when it fits (else buf[0] = 0 when buf_len > 0).
+ * Returns the envelope's length, or NEEDLE_EBUFFER when it does not fit. */
+int nd_error_envelope(const char *msg, const char *code, char *buf, int buf_len);
+
 #endif

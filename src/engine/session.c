@@ -562,6 +562,19 @@ static const char *code_name(int rc)
     }
 }
 
+int nd_error_envelope(const char *msg, const char *code, char *buf, int buf_len)
+{
+    char keep[1024];
+    snprintf(keep, sizeof keep, "%s", nd_last_error());
+    envelope e = {0};
+    e.error = msg;
+    e.error_code = code;
+    e.confidence = -1;
+    int w = emit(&e, buf, buf_len);
+    nd_error(ND_OK, "%s", keep); /* the caller's message stays the thread's */
+    return w;
+}
+
 /* error envelope when it fits; returns rc (negative) */
 static int fail_turn(needle_session *S, int rc, char *buf, int buf_len)
 {
@@ -589,6 +602,7 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
                             int buf_len)
 {
     if (!S) {
+        nd_error_envelope("needle_session_complete: NULL session", "argument", buf, buf_len);
         nd_error(ND_EARG, "needle_session_complete: NULL session");
         return NEEDLE_EARG;
     }

@@ -456,7 +456,7 @@ static uint64_t plan_size(const plan *p)
 /* emitting                                                            */
 
 typedef struct {
-    FILE *fp;
+    nd_atomic_file *af;
     unsigned char *buf;
     size_t len, cap;
     uint64_t written;
@@ -464,9 +464,10 @@ typedef struct {
 
 static int sink_put(sink *s, const void *p, size_t n)
 {
-    if (s->fp) {
-        if (n && fwrite(p, 1, n, s->fp) != n)
-            return nd_error(ND_EIO, "write failed");
+    if (s->af) {
+        int rc = nd_atomic_write(s->af, p, n);
+        if (rc)
+            return rc;
     } else {
         if (s->len + n > s->cap)
             return nd_error(ND_EARG, "internal: archive size mismatch");
@@ -685,12 +686,12 @@ int cact_write_file(const char *path, const san_model *m, const pv *params,
         return rc;
     }
     sink s = {0};
-    s.fp = af.fp;
+    s.af = &af;
     rc = emit(&p, &s);
     if (rc) {
         nd_atomic_abort(&af);
         plan_free(&p);
-        return nd_error_prefix(rc, "%s", path);
+        return rc == ND_EIO ? rc : nd_error_prefix(rc, "%s", path);
     }
     rc = nd_atomic_commit(&af);
     if (!rc && info) {

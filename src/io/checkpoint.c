@@ -107,13 +107,19 @@ int ckpt_from_tree(const pv *root, const char *what, san_model *m)
     if (!root || root->kind != PV_DICT)
         return nd_error(ND_EFORMAT, "%s: not a needle checkpoint (top level is not a dict)", what);
     const pv *ver = pv_dict_get(root, "format_version");
+    if (!ver && pv_dict_get(root, "lora") && pv_dict_get(root, "scale"))
+        return nd_error(ND_EFORMAT,
+                        "%s: this is a LoRA adapter, not a checkpoint; pass it with --lora "
+                        "(eval, build) or --resume (finetune), and the base it was trained on "
+                        "with --checkpoint",
+                        what);
     if (!ver || ver->kind != PV_INT || ver->u.i != SAN_CHECKPOINT_FORMAT) {
         char got[48];
         if (ver && ver->kind == PV_INT)
             snprintf(got, sizeof got, "format_version=%lld", (long long)ver->u.i);
         else
-            snprintf(got, sizeof got, "%s", ver ? "format_version is not an integer"
-                                                : "no format_version");
+            snprintf(got, sizeof got, "%s",
+                     ver ? "format_version is not an integer" : "no format_version");
         return nd_error(ND_EFORMAT,
                         "%s is not a format-v%d checkpoint (%s); old encoder-decoder "
                         "checkpoints are not supported",

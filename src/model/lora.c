@@ -10,14 +10,15 @@
 #include "core/status.h"
 
 static const char *target_names[LORA_NTARGETS] = {
-    "stack/layers/block/self_attn/q_proj/kernel",
-    "stack/layers/block/self_attn/k_proj/kernel",
-    "stack/layers/block/self_attn/v_proj/kernel",
-    "stack/layers/block/self_attn/gate_proj/kernel",
+    "stack/layers/block/self_attn/q_proj/kernel",   "stack/layers/block/self_attn/k_proj/kernel",
+    "stack/layers/block/self_attn/v_proj/kernel",   "stack/layers/block/self_attn/gate_proj/kernel",
     "stack/layers/block/self_attn/out_proj/kernel",
 };
 
-const char *san_lora_target_name(int t) { return target_names[t]; }
+const char *san_lora_target_name(int t)
+{
+    return target_names[t];
+}
 
 float *san_lora_weight_slot(san_weights *w, int t)
 {
@@ -129,12 +130,12 @@ int san_lora_save(const san_lora *lo, const char *path, pv *extra)
     return rc;
 }
 
-static int copy_array(const pv *a, float *dst, int64_t d0, int64_t d1, int64_t d2,
-                      const char *path, const char *name, const char *what)
+static int copy_array(const pv *a, float *dst, int64_t d0, int64_t d1, int64_t d2, const char *path,
+                      const char *name, const char *what)
 {
     if (!a || a->kind != PV_NDARRAY)
-        return nd_error(ND_ESHAPE, "%s: adapter entry %s/%s is missing or not an array", path,
-                        what, name);
+        return nd_error(ND_ESHAPE, "%s: adapter entry %s/%s is missing or not an array", path, what,
+                        name);
     if (a->u.nd.ndim != 3 || a->u.nd.shape[0] != d0 || a->u.nd.shape[1] != d1 ||
         a->u.nd.shape[2] != d2)
         return nd_error(ND_ESHAPE,
@@ -174,15 +175,13 @@ int san_lora_load(san_lora *lo, const san_model *m, const char *path, pv **root_
     if (!tree || tree->kind != PV_DICT || !scale ||
         (scale->kind != PV_FLOAT && scale->kind != PV_INT)) {
         pv_decref(root);
-        return nd_error(ND_EFORMAT, "%s: not a LoRA adapter (needs 'lora' dict and 'scale')",
-                        path);
+        return nd_error(ND_EFORMAT, "%s: not a LoRA adapter (needs 'lora' dict and 'scale')", path);
     }
     /* rank: recorded, else read off the first A */
     int r = rank && rank->kind == PV_INT ? (int)rank->u.i : 0;
     for (size_t i = 0; !r && i < tree->u.dict.n; i++) {
-        const pv *A = tree->u.dict.vals[i]->kind == PV_DICT
-                          ? pv_dict_get(tree->u.dict.vals[i], "A")
-                          : NULL;
+        const pv *A =
+            tree->u.dict.vals[i]->kind == PV_DICT ? pv_dict_get(tree->u.dict.vals[i], "A") : NULL;
         if (A && A->kind == PV_NDARRAY && A->u.nd.ndim == 3)
             r = (int)A->u.nd.shape[2];
     }
@@ -191,6 +190,12 @@ int san_lora_load(san_lora *lo, const san_model *m, const char *path, pv **root_
         return nd_error(ND_EFORMAT, "%s: adapter rank %d is invalid", path, r);
     }
     double sc = scale->kind == PV_FLOAT ? scale->u.f : (double)scale->u.i;
+    if (!isfinite(sc) || fabs(sc) > LORA_MAX_SCALE) {
+        pv_decref(root);
+        return nd_error(ND_ENUMERIC,
+                        "%s: adapter 'scale' is %g (must be finite and at most %g in magnitude)",
+                        path, sc, (double)LORA_MAX_SCALE);
+    }
     rc = san_lora_create(lo, m, r, (float)(sc * r));
     if (rc) {
         pv_decref(root);
@@ -215,11 +220,13 @@ int san_lora_load(san_lora *lo, const san_model *m, const char *path, pv **root_
         for (int t = 0; t < LORA_NTARGETS && k->kind == PV_STR; t++)
             known |= !strcmp(k->u.str.s, target_names[t]);
         if (!known) {
+            /* the message first: the key lives in the tree freed below */
+            rc = nd_error(ND_ESHAPE,
+                          "%s: adapter targets '%s', which is not a LoRA target of this model",
+                          path, k->kind == PV_STR ? k->u.str.s : "(a key that is not a string)");
             san_lora_free(lo);
             pv_decref(root);
-            return nd_error(ND_ESHAPE, "%s: adapter targets '%s', which is not a LoRA target of "
-                                       "this model",
-                            path, k->kind == PV_STR ? k->u.str.s : "?");
+            return rc;
         }
     }
     free(lo->mem);
@@ -234,8 +241,7 @@ int san_lora_load(san_lora *lo, const san_model *m, const char *path, pv **root_
             continue;
         const pv *ab = pv_dict_get(tree, target_names[t]);
         if (ab->kind != PV_DICT) {
-            rc = nd_error(ND_EFORMAT, "%s: adapter entry %s is not a dict", path,
-                          target_names[t]);
+            rc = nd_error(ND_EFORMAT, "%s: adapter entry %s is not a dict", path, target_names[t]);
             break;
         }
         rc = copy_array(pv_dict_get(ab, "A"), san_lora_A(lo, lo->mem, t), lo->L, lo->t[t].in, r,
@@ -243,6 +249,16 @@ int san_lora_load(san_lora *lo, const san_model *m, const char *path, pv **root_
         if (!rc)
             rc = copy_array(pv_dict_get(ab, "B"), san_lora_B(lo, lo->mem, t), lo->L, r,
                             lo->t[t].out, path, "B", target_names[t]);
+        for (int ab_i = 0; ab_i < 2 && !rc; ab_i++) {
+            const float *x = ab_i ? san_lora_B(lo, lo->mem, t) : san_lora_A(lo, lo->mem, t);
+            size_t n = (size_t)lo->L * r * (ab_i ? lo->t[t].out : lo->t[t].in);
+            for (size_t i = 0; i < n; i++)
+                if (!isfinite(x[i])) {
+                    rc = nd_error(ND_ENUMERIC, "%s: adapter %s %s has a non-finite value (%g)",
+                                  path, ab_i ? "B" : "A", target_names[t], (double)x[i]);
+                    break;
+                }
+        }
     }
     const pv *base = pv_dict_get(root, "base");
     if (base && base->kind == PV_STR)

@@ -12,11 +12,14 @@
 #include "io/pickle.h"
 #include "model/params.h"
 
+/* Largest |scale| an adapter may carry (upstream's is alpha/rank, ~2). */
+#define LORA_MAX_SCALE 1e6
+
 enum { LORA_Q, LORA_K, LORA_V, LORA_GATE, LORA_OUT, LORA_NTARGETS };
 
 typedef struct {
-    int present;       /* target adapted (its base kernel is not all zero) */
-    int in, out;       /* per-layer kernel shape */
+    int present;         /* target adapted (its base kernel is not all zero) */
+    int in, out;         /* per-layer kernel shape */
     size_t a_off, b_off; /* floats from the buffer start */
 } san_lora_target;
 

@@ -8,6 +8,7 @@
 #include "core/fp16.h"
 #include "core/status.h"
 #include "io/checkpoint.h"
+#include "model/lora.h"
 
 static int is_float(const pv *a)
 {
@@ -85,6 +86,14 @@ static int check_group(const san_model *m, const pv *params, const char *what, c
         return nd_error(ND_ESHAPE, "%s: %s: B has shape %s, the base weight %s needs %s", what,
                         path, got, ws, want);
     }
+    for (int k = 0; k < 2; k++) {
+        const pv *X = k ? B : A;
+        size_t n = (size_t)pv_nd_numel(X);
+        for (size_t i = 0; i < n; i++)
+            if (!isfinite(elem(X, i)))
+                return nd_error(ND_ENUMERIC, "%s: adapter %s %s has a non-finite value (%g)", what,
+                                k ? "B" : "A", path, (double)elem(X, i));
+    }
     return ND_OK;
 }
 
@@ -149,8 +158,10 @@ int lora_merge(san_model *m, const pv *params, const pv *adapter, const char *wh
     if (!sc || (sc->kind != PV_FLOAT && sc->kind != PV_INT))
         return nd_error(ND_EFORMAT, "%s: adapter has no numeric 'scale'", what);
     inf.scale = sc->kind == PV_FLOAT ? sc->u.f : (double)sc->u.i;
-    if (!isfinite(inf.scale))
-        return nd_error(ND_ENUMERIC, "%s: adapter scale is not finite", what);
+    if (!isfinite(inf.scale) || fabs(inf.scale) > LORA_MAX_SCALE)
+        return nd_error(ND_ENUMERIC,
+                        "%s: adapter 'scale' is %g (must be finite and at most %g in magnitude)",
+                        what, inf.scale, (double)LORA_MAX_SCALE);
     if (rk && rk->kind != PV_NONE) {
         if (rk->kind != PV_INT || rk->u.i < 1 || rk->u.i > (1 << 20))
             return nd_error(ND_EFORMAT, "%s: adapter 'rank' must be a positive int", what);

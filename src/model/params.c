@@ -194,3 +194,17 @@ void san_model_init_random(san_model *m, uint64_t seed)
         san_tensor_init(&m->tensors[i], m->mem + m->tensors[i].offset, &rng);
     }
 }
+
+int san_model_check_finite(const san_model *m, const char *what)
+{
+    for (int i = 0; i < m->n_tensors; i++) {
+        const san_tensor *t = &m->tensors[i];
+        const float *x = m->mem + t->offset;
+        for (size_t j = 0; j < t->numel; j++)
+            if (!isfinite(x[j]))
+                return nd_error(ND_ENUMERIC,
+                                "%s: tensor %s has a non-finite value (%g at flat index %zu)", what,
+                                t->name, (double)x[j], j);
+    }
+    return ND_OK;
+}

@@ -12,17 +12,17 @@
 /* Pointers into one flat buffer. Per-layer tensors are stacked along a
  * leading L axis, exactly as in the checkpoint. */
 typedef struct {
-    float *emb;                                 /* (V, d) */
-    float *norm_in;                             /* (L, d) */
-    float *wq, *wk, *wv, *wgate, *wout;         /* (L, in, out) */
-    float *q_norm, *k_norm;                     /* (L, hd) */
-    float *post_norm, *pre_hada;                /* (L, d) */
-    float *attn_gate;                           /* (L) */
-    float *d1, *d2, *d3;                        /* (L, hada_n) */
-    float *phi_pre, *phi_post, *phi_res;        /* (L, n*d, n|n|n*n) */
-    float *b_pre, *b_post, *b_res;              /* (L, n), (L, n), (L, n, n) */
-    float *a_pre, *a_post, *a_res;              /* (L) */
-    float *final_norm;                          /* (d) */
+    float *emb;                          /* (V, d) */
+    float *norm_in;                      /* (L, d) */
+    float *wq, *wk, *wv, *wgate, *wout;  /* (L, in, out) */
+    float *q_norm, *k_norm;              /* (L, hd) */
+    float *post_norm, *pre_hada;         /* (L, d) */
+    float *attn_gate;                    /* (L) */
+    float *d1, *d2, *d3;                 /* (L, hada_n) */
+    float *phi_pre, *phi_post, *phi_res; /* (L, n*d, n|n|n*n) */
+    float *b_pre, *b_post, *b_res;       /* (L, n), (L, n), (L, n, n) */
+    float *a_pre, *a_post, *a_res;       /* (L) */
+    float *final_norm;                   /* (d) */
     struct {
         float *table; /* (K, slots, sub) */
         float *wk;    /* (K*sub, d) */
@@ -34,8 +34,8 @@ typedef struct {
 typedef enum {
     INIT_ZEROS,
     INIT_ONES,
-    INIT_CONST,  /* value */
-    INIT_NORMAL, /* N(0, value^2) */
+    INIT_CONST,   /* value */
+    INIT_NORMAL,  /* N(0, value^2) */
     INIT_RES_EYE, /* 4 * I per leading index (mhc_b_res) */
     INIT_TAPS,    /* row 0 ones, other rows zero (identity conv) */
 } san_init_kind;
@@ -45,8 +45,8 @@ typedef struct {
     int ndim;
     int64_t shape[4];
     size_t numel;
-    size_t offset;      /* floats from the start of the buffer */
-    size_t slot;        /* byte offset of the pointer inside san_weights */
+    size_t offset; /* floats from the start of the buffer */
+    size_t slot;   /* byte offset of the pointer inside san_weights */
     san_init_kind init;
     float init_value;
 } san_tensor;
@@ -68,6 +68,9 @@ int san_model_create(san_model *m, const san_config *cfg);
 void san_model_free(san_model *m);
 /* Point a san_weights at `mem` (a buffer of m->numel floats). */
 void san_weights_bind(const san_model *m, float *mem, san_weights *w);
+/* ND_ENUMERIC naming the first tensor (and element) that is NaN or Inf;
+ * `what` (e.g. the file) starts the message. */
+int san_model_check_finite(const san_model *m, const char *what);
 /* Find a tensor by flax path, or NULL. */
 const san_tensor *san_model_find(const san_model *m, const char *name);
 /* Upstream's initialisers, deterministic for a seed. */

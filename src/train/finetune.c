@@ -1,5 +1,7 @@
+#define _XOPEN_SOURCE 700
 #include "train/finetune.h"
 
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdarg.h>
@@ -7,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/fileio.h"
 #include "core/rng.h"
 #include "core/status.h"
 #include "io/checkpoint.h"
@@ -47,19 +50,123 @@ static void emitf(const nd_finetune_opts *o, const char *fmt, ...)
     o->emit(o->ctx, line);
 }
 
-static pv *optimizer_state(const nd_adamw *opt, uint64_t seed)
+/* The base checkpoint as recorded for --resume: its absolute path when it
+ * resolves, else as given. */
+static void base_id(const char *path, char *buf, size_t cap)
+{
+    char *rp = realpath(path, NULL);
+    snprintf(buf, cap, "%s", rp ? rp : path);
+    free(rp);
+}
+
+/* The optimiser state plus the run's settings (SPEC: needle_c_state). A
+ * resume compares the settings with the new run's (see check_resume). */
+static pv *optimizer_state(const nd_finetune_opts *o, const nd_adamw *opt)
 {
     pv *st = pv_dict();
     int64_t n = (int64_t)opt->n;
     if (!st)
         return NULL;
+    char base[PATH_MAX + 1];
+    base_id(o->checkpoint, base, sizeof base);
     pv_dict_set(st, "format", pv_str("needle-c adamw 1"));
     pv_dict_set(st, "count", pv_int(opt->count));
-    pv_dict_set(st, "seed", pv_int((int64_t)seed));
+    pv_dict_set(st, "seed", pv_int((int64_t)o->seed));
     pv_dict_set(st, "total_steps", pv_int(opt->total_steps));
     pv_dict_set(st, "mu", pv_ndarray(ND_F32, 1, &n, opt->mu));
     pv_dict_set(st, "nu", pv_ndarray(ND_F32, 1, &n, opt->nu));
+    pv_dict_set(st, "base_checkpoint", pv_str(base));
+    pv_dict_set(st, "batch_size", pv_int(o->batch_size));
+    pv_dict_set(st, "epochs", pv_int(o->epochs));
+    pv_dict_set(st, "val_split", pv_float(o->val_split));
+    pv_dict_set(st, "max_len", pv_int(o->max_len));
+    pv_dict_set(st, "lora_rank", pv_int(o->rank));
+    pv_dict_set(st, "lora_alpha", pv_float(o->alpha));
+    pv_dict_set(st, "group_by_tools", pv_int(o->group_by_tools));
     return st;
+}
+
+static void appendf(char *buf, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void appendf(char *buf, size_t cap, const char *fmt, ...)
+{
+    size_t n = strlen(buf);
+    if (n + 1 >= cap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + n, cap - n, fmt, ap);
+    va_end(ap);
+}
+
+/* Compare the settings recorded in a resumed adapter with this run's:
+ * differences refuse the resume unless o->resume_override. */
+static int check_resume(const nd_finetune_opts *o, const pv *root)
+{
+    const pv *st = pv_dict_get(root, "needle_c_state");
+    const pv *bs = st && st->kind == PV_DICT ? pv_dict_get(st, "batch_size") : NULL;
+    if (!bs) {
+        emitf(o,
+              "  %-9s %s records no run settings (an upstream or older adapter): cannot check "
+              "that the base, seed, batch size, epochs, split, max_len and LoRA shape match "
+              "this run; continuing",
+              "warning", o->resume);
+        return ND_OK;
+    }
+    char diff[2048] = "";
+    int nd = 0;
+    char base[PATH_MAX + 1];
+    base_id(o->checkpoint, base, sizeof base);
+    const pv *v = pv_dict_get(st, "base_checkpoint");
+    if (!v || v->kind != PV_STR || strcmp(v->u.str.s, base)) {
+        appendf(diff, sizeof diff, "%sbase checkpoint %s (adapter) vs %s (this run)",
+                nd++ ? "; " : "", v && v->kind == PV_STR ? v->u.str.s : "?", base);
+    }
+    static const struct {
+        const char *key, *what;
+    } ints[] = {{"seed", "--seed"},
+                {"batch_size", "--batch-size"},
+                {"epochs", "--epochs"},
+                {"max_len", "--max-len"},
+                {"lora_rank", "--lora-rank"},
+                {"group_by_tools", "--group-by-tools (1 = on)"}};
+    long long now[] = {(long long)o->seed, o->batch_size, o->epochs, o->max_len, o->rank,
+                       o->group_by_tools};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        v = pv_dict_get(st, ints[i].key);
+        if (!v || v->kind != PV_INT || v->u.i != now[i]) {
+            char was[32];
+            if (v && v->kind == PV_INT)
+                snprintf(was, sizeof was, "%lld", (long long)v->u.i);
+            else
+                snprintf(was, sizeof was, "?");
+            appendf(diff, sizeof diff, "%s%s %s (adapter) vs %lld (this run)", nd++ ? "; " : "",
+                    ints[i].what, was, now[i]);
+        }
+    }
+    static const struct {
+        const char *key, *what;
+    } dbls[] = {{"val_split", "--val-split"}, {"lora_alpha", "--lora-alpha"}};
+    double nowd[] = {o->val_split, o->alpha};
+    for (size_t i = 0; i < sizeof dbls / sizeof dbls[0]; i++) {
+        v = pv_dict_get(st, dbls[i].key);
+        double was = v && v->kind == PV_FLOAT ? v->u.f
+                     : v && v->kind == PV_INT ? (double)v->u.i
+                                              : NAN;
+        if (!(was == nowd[i]))
+            appendf(diff, sizeof diff, "%s%s %g (adapter) vs %g (this run)", nd++ ? "; " : "",
+                    dbls[i].what, was, nowd[i]);
+    }
+    if (!nd)
+        return ND_OK;
+    if (!o->resume_override)
+        return nd_error(ND_EARG,
+                        "%s was trained with other settings than this run: %s. Resume with "
+                        "the same settings (the schedule and the train/validation split "
+                        "depend on them), or pass --resume-override to continue anyway",
+                        o->resume, diff);
+    emitf(o, "  %-9s --resume-override: continuing despite: %s", "warning", diff);
+    return ND_OK;
 }
 
 /* The run's output: the adapter (with optimiser state, for --resume) or,
@@ -69,7 +176,7 @@ static int save_output(const nd_finetune_opts *o, const san_model *m, const pv *
 {
     if (o->full)
         return ckpt_save(o->out, m, base_tree);
-    return san_lora_save(lora, o->out, optimizer_state(opt, o->seed));
+    return san_lora_save(lora, o->out, optimizer_state(o, opt));
 }
 
 int nd_finetune(const nd_finetune_opts *o)
@@ -92,6 +199,9 @@ int nd_finetune(const nd_finetune_opts *o)
     float *last_good = NULL;
     pv *resume_root = NULL, *base_tree = NULL;
 
+    /* the output must be writable before any long work starts */
+    if ((rc = nd_check_writable(o->out)))
+        return rc;
     FILE *probe = fopen(o->checkpoint, "rb");
     if (!probe)
         return nd_error(ND_EIO,
@@ -156,6 +266,18 @@ int nd_finetune(const nd_finetune_opts *o)
                       o->batch_size, count, count);
         goto done;
     }
+    double targets = 0;
+    for (size_t i = 0; i < count; i++)
+        for (size_t t = 0; t < ts.max_len; t++)
+            targets += ts.mask[train[i] * ts.max_len + t];
+    if (targets == 0) {
+        rc = nd_error(ND_EARG,
+                      "%s: no target tokens to train on: --max-len %d cuts every training "
+                      "example before its answer (the longest example has %zu tokens); raise "
+                      "--max-len",
+                      o->data, o->max_len, ts.longest);
+        goto done;
+    }
     int B = o->batch_size, T = (int)ts.max_len;
     long spe = (long)((count + (size_t)B - 1) / (size_t)B), total = (long)o->epochs * spe;
 
@@ -167,6 +289,8 @@ int nd_finetune(const nd_finetune_opts *o)
         /* every base parameter trains; the output is a checkpoint */
     } else if (o->resume) {
         if ((rc = san_lora_load(&lora, &m, o->resume, &resume_root)))
+            goto done;
+        if ((rc = check_resume(o, resume_root)))
             goto done;
     } else {
         if ((rc = san_lora_create(&lora, &m, o->rank, (float)o->alpha)))
@@ -273,6 +397,7 @@ int nd_finetune(const nd_finetune_opts *o)
         if (set_of)
             nd_group_by_tools(train, count, B, set_of, &er, tmp);
         double last = 0;
+        long epoch_first = step;
         for (size_t s0 = 0; s0 < count && !rc; s0 += (size_t)B, step++) {
             if (step < start_step)
                 continue; /* resumed: these updates are already in the adapter */
@@ -313,12 +438,19 @@ int nd_finetune(const nd_finetune_opts *o)
             if ((step + 1) % every == 0)
                 emitf(o, "  %-9s %ld/%ld  loss %.4f", "step", step + 1, total, loss);
             if (o->save_every && (step + 1) % o->save_every == 0 && step + 1 < total) {
-                if ((rc = save_output(o, &m, base_tree, &lora, &opt)))
-                    break;
+                /* a failed periodic save costs only its crash safety: go on */
+                if (save_output(o, &m, base_tree, &lora, &opt))
+                    emitf(o, "  %-9s periodic save at step %ld failed (%s); training continues",
+                          "warning", step + 1, nd_last_error());
             }
         }
         if (rc)
             break;
+        if (step <= start_step && step > epoch_first) {
+            /* every step of this epoch was done before the resume */
+            emitf(o, "  %-9s %d/%d  done before the resume", "epoch", epoch + 1, o->epochs);
+            continue;
+        }
         if (n_val) {
             double vsum = 0;
             int nb = 0;

@@ -22,6 +22,7 @@ typedef struct {
     int batching;         /* nd_batching (train/batch.h); 0 = shared prefixes */
     int group_by_tools;   /* reorder so batches hold one tool set (changes batches) */
     double act_budget_mb; /* memory for kept activations (ND_ACT_BUDGET_MB) */
+    int resume_override;  /* resume even when the adapter's recorded settings differ */
     const nd_backend *be;
     /* progress: complete lines ("  step      3/30  loss 2.1234") and a live
      * status (called often; may be NULL) */

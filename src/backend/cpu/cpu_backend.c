@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -468,16 +469,27 @@ static nd_backend cpu_backend = {
     .add = cpu_add,
 };
 
+static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
+static char cpu_detail[64];
+
+static void cpu_backend_init(void)
+{
+    cpu_backend.threads = omp_get_max_threads();
+    snprintf(cpu_detail, sizeof cpu_detail, "OpenBLAS %s", openblas_get_corename());
+    cpu_backend.detail = cpu_detail;
+}
+
 const nd_backend *nd_backend_cpu(int threads)
 {
+    /* The table is filled once: models loaded on several threads (the
+     * engine asks with threads = 0) only read it. threads > 0 changes
+     * process-wide settings (the CLI's --threads), before any worker. */
+    pthread_once(&cpu_once, cpu_backend_init);
     if (threads > 0) {
         omp_set_num_threads(threads);
         openblas_set_num_threads(threads);
+        cpu_backend.threads = threads;
     }
-    cpu_backend.threads = threads > 0 ? threads : omp_get_max_threads();
-    static char detail[64];
-    snprintf(detail, sizeof detail, "OpenBLAS %s", openblas_get_corename());
-    cpu_backend.detail = detail;
     return &cpu_backend;
 }
 

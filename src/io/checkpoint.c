@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/fp16.h"
+#include "core/mem.h"
 #include "core/rng.h"
 #include "core/status.h"
 
@@ -61,7 +62,8 @@ static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
         snprintf(buf + o, cap - o, ndim == 1 ? ",)" : ")");
 }
 
-static int load_tensor(const pv *arr, const san_tensor *t, float *dst, const char *what)
+/* Shape and dtype of one tensor against the layout (no data touched). */
+static int check_tensor(const pv *arr, const san_tensor *t, const char *what)
 {
     char want[96], got[96];
     shape_str(want, sizeof want, t->ndim, t->shape);
@@ -79,6 +81,15 @@ static int load_tensor(const pv *arr, const san_tensor *t, float *dst, const cha
         return nd_error(ND_ESHAPE, "%s: tensor %s has shape %s but the config expects %s", what,
                         t->name, got, want);
     }
+    if (arr->u.nd.dtype != ND_F32 && arr->u.nd.dtype != ND_F16 && arr->u.nd.dtype != ND_F64)
+        return nd_error(ND_EFORMAT, "%s: tensor %s has dtype %s, expected a float type", what,
+                        t->name, nd_dtype_name(arr->u.nd.dtype));
+    return ND_OK;
+}
+
+/* Copy a tensor that passed check_tensor. */
+static void copy_tensor(const pv *arr, const san_tensor *t, float *dst)
+{
     size_t n = t->numel;
     switch (arr->u.nd.dtype) {
     case ND_F32: memcpy(dst, arr->u.nd.data, n * sizeof(float)); break;
@@ -88,17 +99,13 @@ static int load_tensor(const pv *arr, const san_tensor *t, float *dst, const cha
             dst[i] = nd_half_to_float(s[i]);
         break;
     }
-    case ND_F64: {
+    default: {
         const double *s = arr->u.nd.data;
         for (size_t i = 0; i < n; i++)
             dst[i] = (float)s[i];
         break;
     }
-    default:
-        return nd_error(ND_EFORMAT, "%s: tensor %s has dtype %s, expected a float type", what,
-                        t->name, nd_dtype_name(arr->u.nd.dtype));
     }
-    return ND_OK;
 }
 
 int ckpt_from_tree(const pv *root, const char *what, san_model *m)
@@ -127,17 +134,29 @@ int ckpt_from_tree(const pv *root, const char *what, san_model *m)
     int rc = san_config_from_pv(&cfg, cfgv);
     if (rc)
         return nd_error_prefix(rc, "%s", what);
-    rc = san_model_create(m, &cfg);
+    rc = san_model_layout(m, &cfg);
     if (rc)
         return nd_error_prefix(rc, "%s", what);
+    /* Every tensor is checked before the weights are allocated: the config
+     * alone must not make us allocate (a few bytes of pickle can claim a
+     * model of terabytes); arrays that match are backed by the file. */
     for (int i = 0; i < m->n_tensors; i++) {
-        const san_tensor *t = &m->tensors[i];
-        rc = load_tensor(ckpt_tree_get(params, t->name), t, m->mem + t->offset, what);
+        rc = check_tensor(ckpt_tree_get(params, m->tensors[i].name), &m->tensors[i], what);
         if (rc) {
             san_model_free(m);
             return rc;
         }
     }
+    m->mem = nd_calloc_big(m->numel, sizeof(float));
+    if (!m->mem) {
+        rc = nd_error(ND_ENOMEM, "%s: out of memory allocating %zu parameters", what, m->numel);
+        san_model_free(m);
+        return rc;
+    }
+    san_weights_bind(m, m->mem, &m->w);
+    for (int i = 0; i < m->n_tensors; i++)
+        copy_tensor(ckpt_tree_get(params, m->tensors[i].name), &m->tensors[i],
+                    m->mem + m->tensors[i].offset);
     return ND_OK;
 }
 

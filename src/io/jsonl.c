@@ -16,6 +16,10 @@
 
 struct nd_lines {
     FILE *f;
+    const char *mem; /* in_mem: reading these bytes instead of f */
+    int in_mem;
+    size_t mem_len, mem_pos;
+    size_t chunk; /* most bytes one read adds */
     char *path;
     char *buf;
     size_t start, end, cap; /* unread bytes are buf[start, end) */
@@ -23,26 +27,51 @@ struct nd_lines {
     int eof, skipping, pending_cr;
 };
 
-int nd_lines_open(const char *path, size_t max_line, nd_lines **out)
+static nd_lines *lines_new(const char *name, size_t max_line)
 {
-    *out = NULL;
     nd_lines *r = calloc(1, sizeof *r);
     if (!r)
-        return nd_error(ND_ENOMEM, "out of memory");
+        return NULL;
     r->max_line = max_line ? max_line : DEFAULT_MAX_LINE;
-    r->path = malloc(strlen(path) + 1);
+    r->chunk = (size_t)-1;
+    r->path = malloc(strlen(name) + 1);
     r->cap = READ_CHUNK * 2;
     r->buf = malloc(r->cap);
     if (!r->path || !r->buf) {
         nd_lines_close(r);
-        return nd_error(ND_ENOMEM, "out of memory");
+        return NULL;
     }
-    strcpy(r->path, path);
+    strcpy(r->path, name);
+    return r;
+}
+
+int nd_lines_open(const char *path, size_t max_line, nd_lines **out)
+{
+    *out = NULL;
+    nd_lines *r = lines_new(path, max_line);
+    if (!r)
+        return nd_error(ND_ENOMEM, "out of memory");
     if (!(r->f = fopen(path, "rb"))) {
         int e = errno;
         nd_lines_close(r);
         return nd_error(ND_EIO, "%s: cannot open: %s", path, strerror(e));
     }
+    *out = r;
+    return 0;
+}
+
+int nd_lines_open_mem(const void *data, size_t n, const char *name, size_t max_line,
+                      size_t chunk, nd_lines **out)
+{
+    *out = NULL;
+    nd_lines *r = lines_new(name, max_line);
+    if (!r)
+        return nd_error(ND_ENOMEM, "out of memory");
+    r->mem = data;
+    r->mem_len = data ? n : 0;
+    r->in_mem = 1;
+    if (chunk)
+        r->chunk = chunk;
     *out = r;
     return 0;
 }
@@ -76,9 +105,17 @@ static int fill(nd_lines *r)
         r->buf = b;
         r->cap = cap;
     }
-    size_t got = fread(r->buf + r->end, 1, r->cap - r->end, r->f);
+    size_t want = r->cap - r->end < r->chunk ? r->cap - r->end : r->chunk, got;
+    if (r->in_mem) {
+        got = r->mem_len - r->mem_pos < want ? r->mem_len - r->mem_pos : want;
+        if (got)
+            memcpy(r->buf + r->end, r->mem + r->mem_pos, got);
+        r->mem_pos += got;
+    } else {
+        got = fread(r->buf + r->end, 1, want, r->f);
+    }
     if (got == 0) {
-        if (ferror(r->f))
+        if (r->f && ferror(r->f))
             return nd_error(ND_EIO, "%s: read error: %s", r->path, strerror(errno));
         r->eof = 1;
     }
@@ -211,16 +248,10 @@ static int load_line(const char *s, size_t n, nd_example *ex)
     return 0;
 }
 
-int nd_jsonl_load(const char *path, const nd_jsonl_opts *opts, nd_dataset *out)
+/* Reads every line of r (closed here) into out. */
+static int load_lines(nd_lines *r, const char *path, const nd_jsonl_opts *opts, nd_dataset *out)
 {
-    nd_jsonl_opts def = {0, 0};
-    if (!opts)
-        opts = &def;
-    memset(out, 0, sizeof *out);
-    nd_lines *r;
-    int rc = nd_lines_open(path, opts->max_line, &r);
-    if (rc)
-        return rc;
+    int rc = ND_OK;
     size_t cap = 0;
     for (;;) {
         const char *line;
@@ -281,4 +312,31 @@ int nd_jsonl_load(const char *path, const nd_jsonl_opts *opts, nd_dataset *out)
     if (rc)
         nd_dataset_free(out);
     return rc;
+}
+
+int nd_jsonl_load(const char *path, const nd_jsonl_opts *opts, nd_dataset *out)
+{
+    nd_jsonl_opts def = {0, 0, 0};
+    if (!opts)
+        opts = &def;
+    memset(out, 0, sizeof *out);
+    nd_lines *r;
+    int rc = nd_lines_open(path, opts->max_line, &r);
+    if (rc)
+        return rc;
+    return load_lines(r, path, opts, out);
+}
+
+int nd_jsonl_load_mem(const void *data, size_t n, const char *name, const nd_jsonl_opts *opts,
+                      nd_dataset *out)
+{
+    nd_jsonl_opts def = {0, 0, 0};
+    if (!opts)
+        opts = &def;
+    memset(out, 0, sizeof *out);
+    nd_lines *r;
+    int rc = nd_lines_open_mem(data, n, name, opts->max_line, opts->read_chunk, &r);
+    if (rc)
+        return rc;
+    return load_lines(r, name, opts, out);
 }

@@ -70,6 +70,13 @@ int nd_lines_open_mem(const void *data, size_t n, const char *name, size_t max_l
     r->mem = data;
     r->mem_len = data ? n : 0;
     r->in_mem = 1;
+    if (r->mem_len + 1 < r->cap) { /* a small input gets a small buffer */
+        char *b = realloc(r->buf, r->mem_len + 1);
+        if (b) {
+            r->buf = b;
+            r->cap = r->mem_len + 1;
+        }
+    }
     if (chunk)
         r->chunk = chunk;
     *out = r;
@@ -96,7 +103,11 @@ static int fill(nd_lines *r)
         r->end -= r->start;
         r->start = 0;
     }
-    if (r->cap - r->end < READ_CHUNK) {
+    /* room for a chunk, or for what is left of an in-memory input */
+    size_t room = READ_CHUNK;
+    if (r->in_mem && r->mem_len - r->mem_pos < room)
+        room = r->mem_len - r->mem_pos + 1;
+    if (r->cap - r->end < room) {
         size_t cap = r->cap * 2;
         char *b = realloc(r->buf, cap);
         if (!b)
@@ -198,6 +209,11 @@ static size_t ws_len(const unsigned char *s, size_t n, int at_end)
         if (c == ' ' || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F))
             return 1;
     }
+    /* every other Unicode space starts with one of these bytes */
+    unsigned lead = at_end ? (n >= 3 ? s[n - 3] : 0) : s[0];
+    unsigned lead2 = at_end ? (n >= 2 ? s[n - 2] : 0) : s[0];
+    if (lead != 0xE1 && lead != 0xE2 && lead != 0xE3 && lead2 != 0xC2)
+        return 0;
     static const char *const uni[] = {
         "\xC2\x85",     "\xC2\xA0",     "\xE1\x9A\x80", "\xE2\x80\x80", "\xE2\x80\x81",
         "\xE2\x80\x82", "\xE2\x80\x83", "\xE2\x80\x84", "\xE2\x80\x85", "\xE2\x80\x86",

@@ -184,7 +184,7 @@ int san_lora_from_tree(san_lora *lo, const san_model *m, const pv *root, const c
             r = A->u.nd.shape[2] >= 1 && A->u.nd.shape[2] <= 1 << 16 ? (int)A->u.nd.shape[2] : -1;
     }
     if (r < 1 || r > 1 << 16)
-        return nd_error(ND_EFORMAT, "%s: adapter rank is missing or invalid", path);
+        return nd_error(ND_EFORMAT, "%s: adapter rank is missing or outside 1..65536", path);
     /* every key must name a target before anything is allocated */
     for (size_t i = 0; i < tree->u.dict.n; i++) {
         const pv *k = tree->u.dict.keys[i];

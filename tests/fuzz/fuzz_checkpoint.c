@@ -2,7 +2,8 @@
  * anything that is not a consistent format-v2 checkpoint without crashing,
  * leaking or allocating what the config claims before the arrays back it;
  * whatever loads must write back (ckpt_to_tree, carrying the extras) and
- * load again to the same weights. */
+ * load again to the same weights, and saving that again must give the same
+ * bytes. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort(); /* what loads must save and load again */
         if (m2.numel != m.numel || memcmp(m2.mem, m.mem, m.numel * sizeof(float)) != 0)
             abort();
+        /* saving what was saved changes nothing: extras are carried whole */
+        pv *tree2 = ckpt_to_tree(&m2, again);
+        unsigned char *buf2 = NULL;
+        size_t len2 = 0;
+        if (!tree2 || pickle_dumps(tree2, &buf2, &len2) != 0 || len2 != len ||
+            memcmp(buf2, buf, len) != 0)
+            abort();
+        free(buf2);
+        pv_decref(tree2);
         san_model_free(&m2);
         pv_decref(again);
         free(buf);

@@ -1,4 +1,5 @@
 /* Tool-call grammar: JSON schemas -> grammar nodes (see grammar.h). */
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -293,6 +294,14 @@ static int compile_node(nd_grammar *g, const nd_pj *s, const char *path, int dep
                           "%s: pattern needs %d characters but maxLength is %d; pattern "
                           "ignored",
                           path, need, g->nodes[id].max_len);
+                    free(re);
+                } else if (nd_re_len_min(re, nd_re_initial(re), g->nodes[id].min_len,
+                                         g->nodes[id].max_len >= 0 ? g->nodes[id].max_len
+                                                                   : INT_MAX) < 0) {
+                    /* e.g. "^@[a-z]$" with minLength 9: no string satisfies
+                     * both, and a required property would be a dead end */
+                    warnf(g, "%s: pattern admits no string of the allowed length; pattern ignored",
+                          path);
                     free(re);
                 } else {
                     g->nodes[id].re = re;

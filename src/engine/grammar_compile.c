@@ -394,10 +394,9 @@ static int node_minlen(nd_grammar *g, int id)
     case K_GARR: return 2;
     case K_STR: {
         int m = n->min_len;
-        if (n->re) {
-            int d = nd_re_dist(n->re, nd_re_initial(n->re));
-            m = d > m ? d : m;
-        }
+        if (n->re) /* satisfiable: checked when the pattern was kept */
+            m = nd_re_len_min(n->re, nd_re_initial(n->re), n->min_len,
+                              n->max_len >= 0 ? n->max_len : INT_MAX);
         return 2 + m;
     }
     case K_INT:

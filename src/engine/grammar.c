@@ -149,10 +149,14 @@ static int step_str(const nd_grammar *g, nd_gram_frame *f, unsigned char b)
     if (b == '\\') {
         if (n->max_len >= 0 && f->count + 1 > n->max_len)
             return R_REJ;
-        if (n->re) {
-            nd_gram_frame t = *f;
-            if (!str_char(n, &t, '"') && !(t = *f, str_char(n, &t, '\\')) &&
-                !(t = *f, str_char(n, &t, '/')))
+        if (n->re) { /* some escaped character must fit the pattern */
+            static const char escaped[] = "\"\\/\b\f\n\r\t";
+            int ok = 0;
+            for (int i = 0; escaped[i] && !ok; i++) {
+                nd_gram_frame t = *f;
+                ok = str_char(n, &t, escaped[i]);
+            }
+            if (!ok)
                 return R_REJ;
         }
         f->esc = 1;

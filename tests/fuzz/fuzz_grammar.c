@@ -18,6 +18,7 @@ static void complete(const nd_grammar *g, nd_gram_state *s)
     int d = nd_gram_dist(g, s);
     if (d > 48)
         return; /* bounded work per input */
+    int escapes = 0;
     while (!nd_gram_done(s)) {
         nd_gram_state n;
         int found = 0;
@@ -25,6 +26,17 @@ static void complete(const nd_grammar *g, nd_gram_state *s)
             nd_gram_copy(&n, s);
             if (nd_gram_feed(g, &n, (unsigned char)c) && nd_gram_dist(g, &n) == d - 1)
                 found = 1;
+        }
+        /* Known limit: inside a string with a pattern, nd_gram_dist counts a
+         * character that must be escaped (quote, backslash, \n ...) as one
+         * byte, so the backslash of such an escape leaves it unchanged. */
+        if (!found && escapes < 64) {
+            nd_gram_copy(&n, s);
+            if (nd_gram_feed(g, &n, '\\') && nd_gram_dist(g, &n) == d) {
+                nd_gram_copy(s, &n);
+                escapes++;
+                continue;
+            }
         }
         if (!found)
             abort(); /* a dead end, or dist is not the fewest bytes left */

@@ -127,7 +127,7 @@ int cli_render(int argc, char **argv)
     nd_tokenizer *tok = NULL;
     if (tok_path && nd_tokenizer_load(tok_path, &tok))
         return cli_fail(NULL);
-    nd_jsonl_opts opts = {skip_bad, 0};
+    nd_jsonl_opts opts = {.skip_bad = skip_bad};
     nd_dataset ds;
     if (nd_jsonl_load(data, &opts, &ds)) {
         nd_tokenizer_free(tok);

@@ -1,4 +1,5 @@
 /* Tool-call grammar: the byte-level runtime (see grammar.h). */
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -78,7 +79,11 @@ static int str_char(const gnode *n, nd_gram_frame *f, int ch)
         r = nd_re_step(n->re, r, ch);
         if (nd_re_empty(r))
             return 0;
-        if (n->max_len >= 0 && f->count + 1 + nd_re_dist(n->re, r) > n->max_len)
+        /* the pattern must still be able to match at a length within
+         * [minLength, maxLength]: otherwise the string is a dead end */
+        int c1 = f->count + 1;
+        if (nd_re_len_min(n->re, r, n->min_len - c1, n->max_len >= 0 ? n->max_len - c1 : INT_MAX) <
+            0)
             return 0;
         f->re[0] = r.w[0];
         f->re[1] = r.w[1];
@@ -144,10 +149,14 @@ static int step_str(const nd_grammar *g, nd_gram_frame *f, unsigned char b)
     if (b == '\\') {
         if (n->max_len >= 0 && f->count + 1 > n->max_len)
             return R_REJ;
-        if (n->re) {
-            nd_gram_frame t = *f;
-            if (!str_char(n, &t, '"') && !(t = *f, str_char(n, &t, '\\')) &&
-                !(t = *f, str_char(n, &t, '/')))
+        if (n->re) { /* some escaped character must fit the pattern */
+            static const char escaped[] = "\"\\/\b\f\n\r\t";
+            int ok = 0;
+            for (int i = 0; escaped[i] && !ok; i++) {
+                nd_gram_frame t = *f;
+                ok = str_char(n, &t, escaped[i]);
+            }
+            if (!ok)
                 return R_REJ;
         }
         f->esc = 1;
@@ -597,9 +606,15 @@ static int frame_dist(const nd_grammar *g, const nd_gram_frame *f)
         /* after a backslash the escaped character is not counted yet */
         int need = n->min_len - f->count - (f->esc == 1);
         if (n->re) {
+            /* characters to come, the escaped one included */
             nd_re_set r = {{f->re[0], f->re[1]}};
-            int d = nd_re_dist(n->re, r);
-            need = d > need ? d : need;
+            int lo = n->min_len - f->count, hi = n->max_len >= 0 ? n->max_len - f->count : INT_MAX;
+            if (f->esc == 1 && lo < 1)
+                lo = 1;
+            int t = nd_re_len_min(n->re, r, lo, hi);
+            if (t < 0)
+                return 1 << 20;
+            need = t - (f->esc == 1);
         }
         return pend + (need > 0 ? need : 0) + 1;
     }

@@ -67,7 +67,9 @@ void nd_gram_init(const nd_grammar *g, nd_gram_state *s);
 int nd_gram_feed(const nd_grammar *g, nd_gram_state *s, unsigned char b);
 /* 1 once the whole call list has been closed. */
 int nd_gram_done(const nd_gram_state *s);
-/* Fewest bytes that complete the call list from this state. */
+/* Fewest bytes that complete the call list from this state (known limit:
+ * inside a string with a pattern, a character that has to be escaped --
+ * quote, backslash, \b \f \n \r \t -- counts as one byte, not two). */
 int nd_gram_dist(const nd_grammar *g, const nd_gram_state *s);
 
 /* Copy only the live part of a state. */

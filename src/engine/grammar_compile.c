@@ -1,4 +1,5 @@
 /* Tool-call grammar: JSON schemas -> grammar nodes (see grammar.h). */
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -294,6 +295,14 @@ static int compile_node(nd_grammar *g, const nd_pj *s, const char *path, int dep
                           "ignored",
                           path, need, g->nodes[id].max_len);
                     free(re);
+                } else if (nd_re_len_min(re, nd_re_initial(re), g->nodes[id].min_len,
+                                         g->nodes[id].max_len >= 0 ? g->nodes[id].max_len
+                                                                   : INT_MAX) < 0) {
+                    /* e.g. "^@[a-z]$" with minLength 9: no string satisfies
+                     * both, and a required property would be a dead end */
+                    warnf(g, "%s: pattern admits no string of the allowed length; pattern ignored",
+                          path);
+                    free(re);
                 } else {
                     g->nodes[id].re = re;
                 }
@@ -385,10 +394,9 @@ static int node_minlen(nd_grammar *g, int id)
     case K_GARR: return 2;
     case K_STR: {
         int m = n->min_len;
-        if (n->re) {
-            int d = nd_re_dist(n->re, nd_re_initial(n->re));
-            m = d > m ? d : m;
-        }
+        if (n->re) /* satisfiable: checked when the pattern was kept */
+            m = nd_re_len_min(n->re, nd_re_initial(n->re), n->min_len,
+                              n->max_len >= 0 ? n->max_len : INT_MAX);
         return 2 + m;
     }
     case K_INT:

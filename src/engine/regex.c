@@ -490,6 +490,51 @@ int nd_re_dist(const nd_regex *re, nd_re_set s)
     return best;
 }
 
+/* One step over every character a JSON string under a pattern can hold:
+ * printable ASCII and DEL raw, \b \f \n \r \t escaped (no \u). */
+static nd_re_set any_step(const nd_regex *re, nd_re_set s)
+{
+    static const uint64_t admit[2] = {0xFFFFFFFF00000000ull | 1ull << '\b' | 1ull << '\t' |
+                                          1ull << '\n' | 1ull << '\f' | 1ull << '\r',
+                                      ~0ull};
+    nd_re_set out = {{0, 0}};
+    for (int w = 0; w < 2; w++) {
+        uint64_t m = s.w[w];
+        while (m) {
+            int i = w * 64 + __builtin_ctzll(m);
+            m &= m - 1;
+            int nx = re->st[i].next;
+            if (nx >= 0 && ((re->st[i].cls[0] & admit[0]) | (re->st[i].cls[1] & admit[1]))) {
+                out.w[0] |= re->closure[nx].w[0];
+                out.w[1] |= re->closure[nx].w[1];
+            }
+        }
+    }
+    return out;
+}
+
+int nd_re_len_min(const nd_regex *re, nd_re_set s, int lo, int hi)
+{
+    if (lo < 0)
+        lo = 0;
+    if (hi < lo)
+        return -1;
+    /* unbounded: the sets reachable in exactly t steps settle (or cycle)
+     * well within this many steps past lo for a 128-state automaton */
+    int limit = hi - lo > 1 << 16 ? lo + (1 << 16) : hi;
+    for (int t = 0; t <= limit; t++) {
+        if (t >= lo && set_has(&s, re->accept))
+            return t;
+        nd_re_set n = any_step(re, s);
+        if (nd_re_empty(n))
+            return -1;
+        if (n.w[0] == s.w[0] && n.w[1] == s.w[1]) /* fixed point */
+            return set_has(&s, re->accept) && lo <= hi ? (t + 1 > lo ? t + 1 : lo) : -1;
+        s = n;
+    }
+    return -1;
+}
+
 int nd_re_match(const nd_regex *re, const char *s)
 {
     nd_re_set st = nd_re_initial(re);

@@ -38,6 +38,11 @@ int nd_re_empty(nd_re_set s);
 int nd_re_accepts(const nd_regex *re, nd_re_set s);
 /* Fewest further characters to reach a match (large if none). */
 int nd_re_dist(const nd_regex *re, nd_re_set s);
+/* Fewest further characters t with lo <= t <= hi (hi = INT_MAX: no
+ * bound) after which a match is possible, counting only characters a JSON
+ * string under a pattern can hold; -1 if there is none. Exact, unlike
+ * nd_re_dist, when a minimum length also applies. */
+int nd_re_len_min(const nd_regex *re, nd_re_set s, int lo, int hi);
 /* Whole-string match (for tests). */
 int nd_re_match(const nd_regex *re, const char *s);
 

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/fp16.h"
+#include "core/mem.h"
 #include "core/rng.h"
 #include "core/status.h"
 
@@ -61,7 +62,8 @@ static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
         snprintf(buf + o, cap - o, ndim == 1 ? ",)" : ")");
 }
 
-static int load_tensor(const pv *arr, const san_tensor *t, float *dst, const char *what)
+/* Shape and dtype of one tensor against the layout (no data touched). */
+static int check_tensor(const pv *arr, const san_tensor *t, const char *what)
 {
     char want[96], got[96];
     shape_str(want, sizeof want, t->ndim, t->shape);
@@ -79,6 +81,15 @@ static int load_tensor(const pv *arr, const san_tensor *t, float *dst, const cha
         return nd_error(ND_ESHAPE, "%s: tensor %s has shape %s but the config expects %s", what,
                         t->name, got, want);
     }
+    if (arr->u.nd.dtype != ND_F32 && arr->u.nd.dtype != ND_F16 && arr->u.nd.dtype != ND_F64)
+        return nd_error(ND_EFORMAT, "%s: tensor %s has dtype %s, expected a float type", what,
+                        t->name, nd_dtype_name(arr->u.nd.dtype));
+    return ND_OK;
+}
+
+/* Copy a tensor that passed check_tensor. */
+static void copy_tensor(const pv *arr, const san_tensor *t, float *dst)
+{
     size_t n = t->numel;
     switch (arr->u.nd.dtype) {
     case ND_F32: memcpy(dst, arr->u.nd.data, n * sizeof(float)); break;
@@ -88,17 +99,13 @@ static int load_tensor(const pv *arr, const san_tensor *t, float *dst, const cha
             dst[i] = nd_half_to_float(s[i]);
         break;
     }
-    case ND_F64: {
+    default: {
         const double *s = arr->u.nd.data;
         for (size_t i = 0; i < n; i++)
             dst[i] = (float)s[i];
         break;
     }
-    default:
-        return nd_error(ND_EFORMAT, "%s: tensor %s has dtype %s, expected a float type", what,
-                        t->name, nd_dtype_name(arr->u.nd.dtype));
     }
-    return ND_OK;
 }
 
 int ckpt_from_tree(const pv *root, const char *what, san_model *m)
@@ -133,17 +140,29 @@ int ckpt_from_tree(const pv *root, const char *what, san_model *m)
     int rc = san_config_from_pv(&cfg, cfgv);
     if (rc)
         return nd_error_prefix(rc, "%s", what);
-    rc = san_model_create(m, &cfg);
+    rc = san_model_layout(m, &cfg);
     if (rc)
         return nd_error_prefix(rc, "%s", what);
+    /* Every tensor is checked before the weights are allocated: the config
+     * alone must not make us allocate (a few bytes of pickle can claim a
+     * model of terabytes); arrays that match are backed by the file. */
     for (int i = 0; i < m->n_tensors; i++) {
-        const san_tensor *t = &m->tensors[i];
-        rc = load_tensor(ckpt_tree_get(params, t->name), t, m->mem + t->offset, what);
+        rc = check_tensor(ckpt_tree_get(params, m->tensors[i].name), &m->tensors[i], what);
         if (rc) {
             san_model_free(m);
             return rc;
         }
     }
+    m->mem = nd_calloc_big(m->numel, sizeof(float));
+    if (!m->mem) {
+        rc = nd_error(ND_ENOMEM, "%s: out of memory allocating %zu parameters", what, m->numel);
+        san_model_free(m);
+        return rc;
+    }
+    san_weights_bind(m, m->mem, &m->w);
+    for (int i = 0; i < m->n_tensors; i++)
+        copy_tensor(ckpt_tree_get(params, m->tensors[i].name), &m->tensors[i],
+                    m->mem + m->tensors[i].offset);
     return ND_OK;
 }
 
@@ -163,21 +182,42 @@ int ckpt_load(const char *path, san_model *m, pv **tree_out)
     return rc;
 }
 
-/* Copy leaves of `src` that are not model tensors into `dst`. */
-static int carry_extras(const san_model *m, const pv *src, pv *dst, char *path, size_t plen)
+/* Copy everything under `src` that is not a model tensor into `dst`,
+ * nesting and keys exactly as they are. The loader reaches tensors by
+ * '/'-joined paths of plain string keys, so only a node all of whose keys
+ * on the way are plain can be a model tensor (reach); any other key (with
+ * '/', NUL, empty, very long, not a string) is carried as it is: joined
+ * into a path it could land on, and overwrite, a model tensor or the whole
+ * subtree above one. */
+static int carry_extras(const san_model *m, const pv *src, pv *dst, char *path, size_t plen,
+                        int reach)
 {
     for (size_t i = 0; i < src->u.dict.n; i++) {
         const pv *k = src->u.dict.keys[i], *v = src->u.dict.vals[i];
-        if (k->kind != PV_STR)
-            continue;
-        size_t n = (size_t)snprintf(path + plen, 512 - plen, "%s%s", plen ? "/" : "", k->u.str.s);
-        if (plen + n >= 511)
-            continue;
+        size_t klen = k->kind == PV_STR ? k->u.str.len : 0, n = plen;
+        int plain = reach && k->kind == PV_STR && klen > 0 && klen < 128 &&
+                    !memchr(k->u.str.s, '/', klen) && !memchr(k->u.str.s, 0, klen) &&
+                    plen + 1 + klen < 512;
+        if (plain) {
+            if (plen)
+                path[n++] = '/';
+            memcpy(path + n, k->u.str.s, klen);
+            n += klen;
+            path[n] = 0;
+        }
         int rc = ND_OK;
-        if (v->kind == PV_DICT)
-            rc = carry_extras(m, v, dst, path, plen + n);
-        else if (!san_model_find(m, path))
-            rc = ckpt_tree_set(dst, path, pv_incref((pv *)v));
+        if (v->kind == PV_DICT) {
+            pv *child = pv_dict_get_key(dst, k);
+            if (!child) {
+                child = pv_dict();
+                rc = child ? pv_dict_set_key(dst, k, child) : ND_ENOMEM;
+            }
+            /* a dict where the model has an array cannot have loaded */
+            if (!rc && child->kind == PV_DICT)
+                rc = carry_extras(m, v, child, path, n, plain);
+        } else if (!plain || !san_model_find(m, path)) {
+            rc = pv_dict_set_key(dst, k, pv_incref((pv *)v));
+        }
         path[plen] = 0;
         if (rc)
             return rc;
@@ -200,7 +240,7 @@ pv *ckpt_to_tree(const san_model *m, const pv *base)
     const pv *bparams = base ? pv_dict_get(base, "params") : NULL;
     if (bparams && bparams->kind == PV_DICT) {
         char path[512] = "";
-        if (carry_extras(m, bparams, params, path, 0))
+        if (carry_extras(m, bparams, params, path, 0, 1))
             goto fail;
     }
     pv_dict_set(root, "params", params);
@@ -209,13 +249,15 @@ pv *ckpt_to_tree(const san_model *m, const pv *base)
     /* keep the original config dict when there is one: it may carry keys we
      * do not model, and upstream reads it back verbatim */
     pv_dict_set(root, "config", bcfg ? pv_incref((pv *)bcfg) : san_config_to_pv(&m->cfg));
+    /* other top-level entries (step, run, ...) with their exact keys: a key
+     * such as "params\0x" must not replace what we wrote */
     if (base && base->kind == PV_DICT)
         for (size_t i = 0; i < base->u.dict.n; i++) {
             const pv *k = base->u.dict.keys[i];
-            if (k->kind != PV_STR || !strcmp(k->u.str.s, "params") ||
-                !strcmp(k->u.str.s, "config") || !strcmp(k->u.str.s, "format_version"))
-                continue;
-            pv_dict_set(root, k->u.str.s, pv_incref(base->u.dict.vals[i]));
+            if (pv_dict_get_key(root, k))
+                continue; /* format_version, params, config: ours */
+            if (pv_dict_set_key(root, k, pv_incref(base->u.dict.vals[i])))
+                goto fail;
         }
     return root;
 fail:

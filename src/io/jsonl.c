@@ -16,6 +16,10 @@
 
 struct nd_lines {
     FILE *f;
+    const char *mem; /* in_mem: reading these bytes instead of f */
+    int in_mem;
+    size_t mem_len, mem_pos;
+    size_t chunk; /* most bytes one read adds */
     char *path;
     char *buf;
     size_t start, end, cap; /* unread bytes are buf[start, end) */
@@ -23,26 +27,58 @@ struct nd_lines {
     int eof, skipping, pending_cr;
 };
 
-int nd_lines_open(const char *path, size_t max_line, nd_lines **out)
+static nd_lines *lines_new(const char *name, size_t max_line)
 {
-    *out = NULL;
     nd_lines *r = calloc(1, sizeof *r);
     if (!r)
-        return nd_error(ND_ENOMEM, "out of memory");
+        return NULL;
     r->max_line = max_line ? max_line : DEFAULT_MAX_LINE;
-    r->path = malloc(strlen(path) + 1);
+    r->chunk = (size_t)-1;
+    r->path = malloc(strlen(name) + 1);
     r->cap = READ_CHUNK * 2;
     r->buf = malloc(r->cap);
     if (!r->path || !r->buf) {
         nd_lines_close(r);
-        return nd_error(ND_ENOMEM, "out of memory");
+        return NULL;
     }
-    strcpy(r->path, path);
+    strcpy(r->path, name);
+    return r;
+}
+
+int nd_lines_open(const char *path, size_t max_line, nd_lines **out)
+{
+    *out = NULL;
+    nd_lines *r = lines_new(path, max_line);
+    if (!r)
+        return nd_error(ND_ENOMEM, "out of memory");
     if (!(r->f = fopen(path, "rb"))) {
         int e = errno;
         nd_lines_close(r);
         return nd_error(ND_EIO, "%s: cannot open: %s", path, strerror(e));
     }
+    *out = r;
+    return 0;
+}
+
+int nd_lines_open_mem(const void *data, size_t n, const char *name, size_t max_line,
+                      size_t chunk, nd_lines **out)
+{
+    *out = NULL;
+    nd_lines *r = lines_new(name, max_line);
+    if (!r)
+        return nd_error(ND_ENOMEM, "out of memory");
+    r->mem = data;
+    r->mem_len = data ? n : 0;
+    r->in_mem = 1;
+    if (r->mem_len + 1 < r->cap) { /* a small input gets a small buffer */
+        char *b = realloc(r->buf, r->mem_len + 1);
+        if (b) {
+            r->buf = b;
+            r->cap = r->mem_len + 1;
+        }
+    }
+    if (chunk)
+        r->chunk = chunk;
     *out = r;
     return 0;
 }
@@ -67,7 +103,11 @@ static int fill(nd_lines *r)
         r->end -= r->start;
         r->start = 0;
     }
-    if (r->cap - r->end < READ_CHUNK) {
+    /* room for a chunk, or for what is left of an in-memory input */
+    size_t room = READ_CHUNK;
+    if (r->in_mem && r->mem_len - r->mem_pos < room)
+        room = r->mem_len - r->mem_pos + 1;
+    if (r->cap - r->end < room) {
         size_t cap = r->cap * 2;
         char *b = realloc(r->buf, cap);
         if (!b)
@@ -76,9 +116,17 @@ static int fill(nd_lines *r)
         r->buf = b;
         r->cap = cap;
     }
-    size_t got = fread(r->buf + r->end, 1, r->cap - r->end, r->f);
+    size_t want = r->cap - r->end < r->chunk ? r->cap - r->end : r->chunk, got;
+    if (r->in_mem) {
+        got = r->mem_len - r->mem_pos < want ? r->mem_len - r->mem_pos : want;
+        if (got)
+            memcpy(r->buf + r->end, r->mem + r->mem_pos, got);
+        r->mem_pos += got;
+    } else {
+        got = fread(r->buf + r->end, 1, want, r->f);
+    }
     if (got == 0) {
-        if (ferror(r->f))
+        if (r->f && ferror(r->f))
             return nd_error(ND_EIO, "%s: read error: %s", r->path, strerror(errno));
         r->eof = 1;
     }
@@ -161,6 +209,11 @@ static size_t ws_len(const unsigned char *s, size_t n, int at_end)
         if (c == ' ' || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F))
             return 1;
     }
+    /* every other Unicode space starts with one of these bytes */
+    unsigned lead = at_end ? (n >= 3 ? s[n - 3] : 0) : s[0];
+    unsigned lead2 = at_end ? (n >= 2 ? s[n - 2] : 0) : s[0];
+    if (lead != 0xE1 && lead != 0xE2 && lead != 0xE3 && lead2 != 0xC2)
+        return 0;
     static const char *const uni[] = {
         "\xC2\x85",     "\xC2\xA0",     "\xE1\x9A\x80", "\xE2\x80\x80", "\xE2\x80\x81",
         "\xE2\x80\x82", "\xE2\x80\x83", "\xE2\x80\x84", "\xE2\x80\x85", "\xE2\x80\x86",
@@ -211,16 +264,10 @@ static int load_line(const char *s, size_t n, nd_example *ex)
     return 0;
 }
 
-int nd_jsonl_load(const char *path, const nd_jsonl_opts *opts, nd_dataset *out)
+/* Reads every line of r (closed here) into out. */
+static int load_lines(nd_lines *r, const char *path, const nd_jsonl_opts *opts, nd_dataset *out)
 {
-    nd_jsonl_opts def = {0, 0};
-    if (!opts)
-        opts = &def;
-    memset(out, 0, sizeof *out);
-    nd_lines *r;
-    int rc = nd_lines_open(path, opts->max_line, &r);
-    if (rc)
-        return rc;
+    int rc = ND_OK;
     size_t cap = 0;
     for (;;) {
         const char *line;
@@ -281,4 +328,31 @@ int nd_jsonl_load(const char *path, const nd_jsonl_opts *opts, nd_dataset *out)
     if (rc)
         nd_dataset_free(out);
     return rc;
+}
+
+int nd_jsonl_load(const char *path, const nd_jsonl_opts *opts, nd_dataset *out)
+{
+    nd_jsonl_opts def = {0, 0, 0};
+    if (!opts)
+        opts = &def;
+    memset(out, 0, sizeof *out);
+    nd_lines *r;
+    int rc = nd_lines_open(path, opts->max_line, &r);
+    if (rc)
+        return rc;
+    return load_lines(r, path, opts, out);
+}
+
+int nd_jsonl_load_mem(const void *data, size_t n, const char *name, const nd_jsonl_opts *opts,
+                      nd_dataset *out)
+{
+    nd_jsonl_opts def = {0, 0, 0};
+    if (!opts)
+        opts = &def;
+    memset(out, 0, sizeof *out);
+    nd_lines *r;
+    int rc = nd_lines_open_mem(data, n, name, opts->max_line, opts->read_chunk, &r);
+    if (rc)
+        return rc;
+    return load_lines(r, name, opts, out);
 }

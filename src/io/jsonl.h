@@ -13,6 +13,11 @@
 typedef struct nd_lines nd_lines;
 
 int nd_lines_open(const char *path, size_t max_line, nd_lines **out);
+/* Same over n bytes in memory (not copied: they must outlive the reader);
+ * `name` is used in messages. chunk: most bytes added to the buffer per
+ * read (0 = as from a file); small values exercise the buffering. */
+int nd_lines_open_mem(const void *data, size_t n, const char *name, size_t max_line,
+                      size_t chunk, nd_lines **out);
 /* Returns 1 with the next line (without its terminator; valid until the
  * next call), 0 at end of file, or a negative code. A line longer than
  * max_line gives ND_ELIMIT; calling again resumes after that line. */
@@ -40,10 +45,14 @@ typedef struct {
 typedef struct {
     int skip_bad;    /* count invalid lines instead of failing */
     size_t max_line; /* bytes; 0 = 16 MiB */
+    size_t read_chunk; /* memory input only: bytes per read, 0 = default */
 } nd_jsonl_opts;
 
 /* Load and render every example. Errors read "PATH:LINE: problem". */
 int nd_jsonl_load(const char *path, const nd_jsonl_opts *opts, nd_dataset *out);
+/* Same from n bytes in memory; `name` stands for the path in messages. */
+int nd_jsonl_load_mem(const void *data, size_t n, const char *name, const nd_jsonl_opts *opts,
+                      nd_dataset *out);
 void nd_dataset_free(nd_dataset *d);
 
 #endif

@@ -96,6 +96,12 @@ int pv_dict_set(pv *dict, const char *key, pv *val);
 /* dict[key] for a string key, or NULL (borrowed). */
 pv *pv_dict_get(const pv *dict, const char *key);
 
+/* The same for any key value (compared with pv_equal: a str key may hold
+ * NUL bytes, keys may be ints or tuples); set takes a new reference to key
+ * and steals val. */
+pv *pv_dict_get_key(const pv *dict, const pv *key);
+int pv_dict_set_key(pv *dict, const pv *key, pv *val);
+
 pv *pv_incref(pv *v);
 void pv_decref(pv *v); /* NULL-safe */
 

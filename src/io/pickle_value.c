@@ -314,6 +314,35 @@ pv *pv_dict_get(const pv *dict, const char *key)
     return NULL;
 }
 
+pv *pv_dict_get_key(const pv *dict, const pv *key)
+{
+    if (!dict || dict->kind != PV_DICT || !key)
+        return NULL;
+    for (size_t i = 0; i < dict->u.dict.n; i++)
+        if (pv_equal(dict->u.dict.keys[i], key))
+            return dict->u.dict.vals[i];
+    return NULL;
+}
+
+int pv_dict_set_key(pv *dict, const pv *key, pv *val)
+{
+    if (!dict || dict->kind != PV_DICT || !key || !val || val == dict || key == dict) {
+        pv_decref(val);
+        return ND_EARG;
+    }
+    uint16_t d = PV_BOX(val)->depth;
+    if (d + 1 > PV_BOX(dict)->depth)
+        PV_BOX(dict)->depth = (uint16_t)(d < UINT16_MAX - 1 ? d + 1 : UINT16_MAX);
+    for (size_t i = 0; i < dict->u.dict.n; i++) {
+        if (pv_equal(dict->u.dict.keys[i], key)) {
+            pv_decref(dict->u.dict.vals[i]);
+            dict->u.dict.vals[i] = val;
+            return 0;
+        }
+    }
+    return pv_dict_push(dict, pv_incref((pv *)key), val);
+}
+
 pv *pv_incref(pv *v)
 {
     if (v)

@@ -160,47 +160,51 @@ static int copy_array(const pv *a, float *dst, int64_t d0, int64_t d1, int64_t d
     return ND_OK;
 }
 
-int san_lora_load(san_lora *lo, const san_model *m, const char *path, pv **root_out)
+/* Everything the adapter file holds, checked against the model; `root` is
+ * only read. */
+int san_lora_from_tree(san_lora *lo, const san_model *m, const pv *root, const char *path)
 {
     memset(lo, 0, sizeof *lo);
-    if (root_out)
-        *root_out = NULL;
-    pv *root;
-    int rc = pickle_load_file(path, &root);
-    if (rc)
-        return rc;
-    const pv *tree = root->kind == PV_DICT ? pv_dict_get(root, "lora") : NULL;
-    const pv *rank = root->kind == PV_DICT ? pv_dict_get(root, "rank") : NULL;
-    const pv *scale = root->kind == PV_DICT ? pv_dict_get(root, "scale") : NULL;
+    int rc = ND_OK;
+    const pv *tree = root && root->kind == PV_DICT ? pv_dict_get(root, "lora") : NULL;
+    const pv *rank = root && root->kind == PV_DICT ? pv_dict_get(root, "rank") : NULL;
+    const pv *scale = root && root->kind == PV_DICT ? pv_dict_get(root, "scale") : NULL;
     if (!tree || tree->kind != PV_DICT || !scale ||
-        (scale->kind != PV_FLOAT && scale->kind != PV_INT)) {
-        pv_decref(root);
+        (scale->kind != PV_FLOAT && scale->kind != PV_INT))
         return nd_error(ND_EFORMAT, "%s: not a LoRA adapter (needs 'lora' dict and 'scale')", path);
-    }
     /* rank: recorded, else read off the first A */
-    int r = rank && rank->kind == PV_INT ? (int)rank->u.i : 0;
+    int r = rank && rank->kind == PV_INT && rank->u.i >= 1 && rank->u.i <= 1 << 16 ? (int)rank->u.i
+            : rank && rank->kind == PV_INT                                         ? -1
+                                                                                   : 0;
     for (size_t i = 0; !r && i < tree->u.dict.n; i++) {
         const pv *A =
             tree->u.dict.vals[i]->kind == PV_DICT ? pv_dict_get(tree->u.dict.vals[i], "A") : NULL;
         if (A && A->kind == PV_NDARRAY && A->u.nd.ndim == 3)
-            r = (int)A->u.nd.shape[2];
+            r = A->u.nd.shape[2] >= 1 && A->u.nd.shape[2] <= 1 << 16 ? (int)A->u.nd.shape[2] : -1;
     }
-    if (r < 1 || r > 1 << 16) {
-        pv_decref(root);
-        return nd_error(ND_EFORMAT, "%s: adapter rank %d is invalid", path, r);
+    if (r < 1 || r > 1 << 16)
+        return nd_error(ND_EFORMAT, "%s: adapter rank is missing or outside 1..65536", path);
+    /* every key must name a target before anything is allocated */
+    for (size_t i = 0; i < tree->u.dict.n; i++) {
+        const pv *k = tree->u.dict.keys[i];
+        int known = 0;
+        for (int t = 0; t < LORA_NTARGETS && k->kind == PV_STR; t++)
+            known |= !strcmp(k->u.str.s, target_names[t]);
+        if (!known)
+            return nd_error(ND_ESHAPE,
+                            "%s: adapter targets '%s', which is not a LoRA target of "
+                            "this model",
+                            path, k->kind == PV_STR ? k->u.str.s : "(a key that is not a string)");
     }
     double sc = scale->kind == PV_FLOAT ? scale->u.f : (double)scale->u.i;
     if (!isfinite(sc) || fabs(sc) > LORA_MAX_SCALE) {
-        pv_decref(root);
         return nd_error(ND_ENUMERIC,
                         "%s: adapter 'scale' is %g (must be finite and at most %g in magnitude)",
                         path, sc, (double)LORA_MAX_SCALE);
     }
     rc = san_lora_create(lo, m, r, (float)(sc * r));
-    if (rc) {
-        pv_decref(root);
+    if (rc)
         return rc;
-    }
     lo->scale = (float)sc;
     /* which targets the file has decides what is adapted, not the base */
     size_t off = 0;
@@ -214,26 +218,11 @@ int san_lora_load(san_lora *lo, const san_model *m, const char *path, pv **root_
         lo->t[t].b_off = off;
         off += (size_t)lo->L * r * lo->t[t].out;
     }
-    for (size_t i = 0; i < tree->u.dict.n; i++) {
-        const pv *k = tree->u.dict.keys[i];
-        int known = 0;
-        for (int t = 0; t < LORA_NTARGETS && k->kind == PV_STR; t++)
-            known |= !strcmp(k->u.str.s, target_names[t]);
-        if (!known) {
-            /* the message first: the key lives in the tree freed below */
-            rc = nd_error(ND_ESHAPE,
-                          "%s: adapter targets '%s', which is not a LoRA target of this model",
-                          path, k->kind == PV_STR ? k->u.str.s : "(a key that is not a string)");
-            san_lora_free(lo);
-            pv_decref(root);
-            return rc;
-        }
-    }
     free(lo->mem);
     lo->numel = off;
     lo->mem = calloc(off ? off : 1, sizeof(float));
     if (!lo->mem) {
-        pv_decref(root);
+        san_lora_free(lo);
         return nd_error(ND_ENOMEM, "out of memory");
     }
     for (int t = 0; t < LORA_NTARGETS && !rc; t++) {
@@ -263,14 +252,24 @@ int san_lora_load(san_lora *lo, const san_model *m, const char *path, pv **root_
     const pv *base = pv_dict_get(root, "base");
     if (base && base->kind == PV_STR)
         snprintf(lo->base, sizeof lo->base, "%s", base->u.str.s);
-    if (rc) {
+    if (rc)
         san_lora_free(lo);
-        pv_decref(root);
-        return rc;
-    }
+    return rc;
+}
+
+int san_lora_load(san_lora *lo, const san_model *m, const char *path, pv **root_out)
+{
+    memset(lo, 0, sizeof *lo);
     if (root_out)
-        *root_out = root;
-    else
+        *root_out = NULL;
+    pv *root;
+    int rc = pickle_load_file(path, &root);
+    if (rc)
+        return rc;
+    rc = san_lora_from_tree(lo, m, root, path);
+    if (rc || !root_out)
         pv_decref(root);
-    return ND_OK;
+    else
+        *root_out = root;
+    return rc;
 }

@@ -58,5 +58,7 @@ int san_lora_save(const san_lora *lo, const char *path, pv *extra /* stolen, may
 /* Load an adapter for `m` (ours or upstream's): shapes checked against the
  * model, naming the tensor on mismatch. */
 int san_lora_load(san_lora *lo, const san_model *m, const char *path, pv **root_out);
+/* Same from a parsed adapter tree (only read); `path` names it in messages. */
+int san_lora_from_tree(san_lora *lo, const san_model *m, const pv *root, const char *path);
 
 #endif

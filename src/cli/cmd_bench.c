@@ -1,7 +1,7 @@
 /* needle bench: timing of the model's hot paths on random weights.
  * Benchmarks live here, never in the timed test suite. */
 #include <math.h>
-#include <omp.h>
+#include "core/omp_compat.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

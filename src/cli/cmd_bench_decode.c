@@ -1,6 +1,6 @@
 /* needle bench decode: prefill and decode speed of the engine on a .cact,
  * against upstream's published numbers. */
-#include <omp.h>
+#include "core/omp_compat.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

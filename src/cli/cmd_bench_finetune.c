@@ -1,7 +1,7 @@
 /* needle bench finetune: LoRA steps on a real JSONL file, timed, with
  * what the batching computes against upstream's padded batches. */
 #include <math.h>
-#include <omp.h>
+#include "core/omp_compat.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -5,10 +5,10 @@
  * buffers (double) that are added in thread order, so a given thread count
  * always gives the same bits; scatter-adds (embedding, engram tables) are
  * instead split over the column axis, which needs no partials at all. */
-#include <cblas.h>
+#include "backend/cpu/blas.h"
 #include <float.h>
 #include <math.h>
-#include <omp.h>
+#include "core/omp_compat.h"
 #include <stdlib.h>
 #include <string.h>
 

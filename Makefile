@@ -53,11 +53,13 @@ fuzz: test-deps
 # aarch64 Linux: cross build with Debian's gcc-aarch64-linux-gnu against the
 # arm64 multiarch libraries (tools/deps.sh --arm64 installs them as root),
 # tests under qemu-aarch64. The C tests run whole under the emulator; the
-# Python tests run natively and start build-arm64/needle-emu (a wrapper that
-# runs the aarch64 needle under qemu). ARM64_TESTS is the portable subset
-# that fits the time CI can give emulation (README, "Platforms"); libgomp's
-# spinning barriers crawl under qemu, so threads wait passively.
-ARM64_TESTS ?= ^(test_grad_ops|test_grad_model|test_pack|test_san_parts|test_cq|test_engine|test_tokenizer|test_pickle|test_grammar_unit|test_fileio|test_pyjson|fuzz_.*_replay|test_forward_ref|test_init|test_tokenizer_parity|test_render|test_cact|test_finetune)$$
+# Python/shell tests run natively and start build-arm64/needle-emu (a
+# wrapper that runs the aarch64 needle under qemu). ARM64_TESTS is the
+# portable subset (README, "Platforms", says what is left out and why). It
+# runs on one OpenMP thread: under qemu-aarch64 7.2 here, the first
+# pthread_create of a process spins for minutes in the guest, so tests that
+# start worker threads are left out.
+ARM64_TESTS ?= ^(test_grad_model|test_grad_model_remat|test_pack|test_san_parts|test_cq|test_tokenizer|test_pickle|test_pyjson|test_grammar_unit|fuzz_.*_replay|test_forward_ref|test_init|test_tokenizer_parity|test_render|test_checkpoint|test_pipeline_smoke)$$
 arm64-deps:
 	@bash tools/deps.sh --arm64
 
@@ -67,7 +69,7 @@ arm64-build: arm64-deps
 	@cmake --build build-arm64 -j $(JOBS)
 
 arm64-check: test-deps arm64-build
-	cd build-arm64 && OMP_WAIT_POLICY=passive OMP_NUM_THREADS=2 \
+	cd build-arm64 && OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
 	  ctest --output-on-failure -j $(JOBS) -R '$(ARM64_TESTS)'
 
 # OpenMP switched off (what a macOS build without libomp gets): pragmas are

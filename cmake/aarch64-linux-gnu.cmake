@@ -25,7 +25,16 @@ set(ENV{PKG_CONFIG_PATH} "")
 # Baseline ARMv8-A: runs on every 64-bit ARM core (and on qemu's default).
 set(NEEDLE_CPU "-mcpu=generic" CACHE STRING "CPU flag for cross builds")
 
+# With libc6:arm64 installed (the multiarch libraries need it) the arm64
+# loader is /lib/ld-linux-aarch64.so.1 and qemu needs no -L. Do not point
+# -L at the cross toolchain's /usr/aarch64-linux-gnu then: its ld.so comes
+# from another glibc build than the multiarch libc.so.6 it would load, and
+# with that mix the first pthread_create spins for minutes.
 find_program(QEMU_AARCH64 qemu-aarch64)
 if(QEMU_AARCH64)
-  set(CMAKE_CROSSCOMPILING_EMULATOR ${QEMU_AARCH64} -L /usr/aarch64-linux-gnu)
+  if(EXISTS /lib/ld-linux-aarch64.so.1)
+    set(CMAKE_CROSSCOMPILING_EMULATOR ${QEMU_AARCH64})
+  else()
+    set(CMAKE_CROSSCOMPILING_EMULATOR ${QEMU_AARCH64} -L /usr/aarch64-linux-gnu)
+  endif()
 endif()

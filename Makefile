@@ -4,7 +4,8 @@
 JOBS ?= $(shell nproc)
 BUILD ?= build
 
-.PHONY: all build deps test-deps check demo asan-check tsan-check clang-build fuzz format clean
+.PHONY: all build deps test-deps check demo asan-check tsan-check clang-build fuzz format clean \
+	arm64-deps arm64-build arm64-check noomp-check
 
 all: build
 
@@ -49,8 +50,35 @@ fuzz: test-deps
 	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DNEEDLE_FUZZ=ON >/dev/null
 	@cmake --build build-fuzz -j $(JOBS)
 
+# aarch64 Linux: cross build with Debian's gcc-aarch64-linux-gnu against the
+# arm64 multiarch libraries (tools/deps.sh --arm64 installs them as root),
+# tests under qemu-aarch64. The C tests run whole under the emulator; the
+# Python/shell tests run natively and start build-arm64/needle-emu (a
+# wrapper that runs the aarch64 needle under qemu). ARM64_TESTS is the
+# portable subset that fits the time CI can give emulation (README,
+# "Platforms", says what is left out and why).
+ARM64_TESTS ?= ^(test_grad_ops|test_engine|test_threads|test_fileio|test_grad_model|test_grad_model_remat|test_pack|test_san_parts|test_cq|test_tokenizer|test_pickle|test_pyjson|test_grammar_unit|fuzz_.*_replay|test_forward_ref|test_init|test_tokenizer_parity|test_render|test_checkpoint|test_pipeline_smoke)$$
+arm64-deps:
+	@bash tools/deps.sh --arm64
+
+arm64-build: arm64-deps
+	@cmake -S . -B build-arm64 -DCMAKE_BUILD_TYPE=Release \
+	  -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/cmake/aarch64-linux-gnu.cmake >/dev/null
+	@cmake --build build-arm64 -j $(JOBS)
+
+arm64-check: test-deps arm64-build
+	cd build-arm64 && OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive \
+	  ctest --output-on-failure -j $(JOBS) -R '$(ARM64_TESTS)'
+
+# OpenMP switched off (what a macOS build without libomp gets): pragmas are
+# ignored, src/core/omp_compat.h stands in for omp_*, everything is serial.
+noomp-check: test-deps
+	@cmake -S . -B build-noomp -DCMAKE_BUILD_TYPE=Release -DNEEDLE_OPENMP=OFF >/dev/null
+	@cmake --build build-noomp -j $(JOBS)
+	cd build-noomp && ctest --output-on-failure -j $(JOBS)
+
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan build-fuzz
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-arm64 build-noomp

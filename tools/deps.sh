@@ -5,8 +5,22 @@
 set -euo pipefail
 BUILD_PKGS="build-essential cmake pkg-config libopenblas-openmp-dev libjansson-dev"
 TEST_PKGS="python3 python3-numpy sentencepiece python3-sentencepiece clang libomp-dev"
+# --arm64: the aarch64 cross toolchain, qemu, and the arm64 multiarch
+# libraries the cross build links (make arm64-build / arm64-check).
+ARM64_PKGS="gcc-aarch64-linux-gnu qemu-user libc6:arm64 libopenblas-openmp-dev:arm64 libjansson-dev:arm64"
 want="$BUILD_PKGS"
 [ "${1:-}" = "--test" ] && want="$BUILD_PKGS $TEST_PKGS"
+if [ "${1:-}" = "--arm64" ]; then
+  want="cmake pkg-config $ARM64_PKGS"
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    if [ "$(id -u)" = 0 ]; then
+      dpkg --add-architecture arm64
+    else
+      echo "deps: run: sudo dpkg --add-architecture arm64 && sudo apt-get update" >&2
+      exit 1
+    fi
+  fi
+fi
 missing=()
 for p in $want; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -39,7 +39,8 @@ int cli_parse_double(const char *flag, const char *s, double *out);
  * (best of short bursts over `seconds`); 0 when it cannot be measured.
  * *isa names the vector width used. */
 double bench_fma_peak(double seconds, const char **isa);
-/* The same at one vector width (8 = AVX2+FMA, 16 = AVX-512); 0 if absent. */
+/* The same at one vector width (8 = AVX2+FMA, 16 = AVX-512, 4 = NEON on
+ * aarch64); 0 if absent. */
 double bench_fma_peak_width(double seconds, int width);
 
 #endif

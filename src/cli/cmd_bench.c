@@ -1,7 +1,8 @@
 /* needle bench: timing of the model's hot paths on random weights.
  * Benchmarks live here, never in the timed test suite. */
 #include <math.h>
-#include <omp.h>
+#include "core/mem.h"
+#include "core/omp_compat.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,7 +180,7 @@ int cli_bench(int argc, char **argv)
                "%.0f tokens/s (median)  %.1f model GFLOP/s  %.1f hardware GFLOP/s%s  "
                "peak RSS %.1f MB\n",
                what, preset, B, T, be->threads, sec[0], med, (double)(B * T) / med,
-               flops / med / 1e9, hw / med / 1e9, train ? keep : "", (double)ru.ru_maxrss / 1024.0);
+               flops / med / 1e9, hw / med / 1e9, train ? keep : "", nd_maxrss_mb(ru.ru_maxrss));
         if (ratio[iters / 2] > 0)
             printf("  fp32 FMA peak probed before each iteration (%s, %d threads): %.1f GFLOP/s "
                    "median; model FLOPs reach %.1f%% of it (median of per-iteration ratios; "

@@ -1,6 +1,7 @@
 /* needle bench decode: prefill and decode speed of the engine on a .cact,
  * against upstream's published numbers. */
-#include <omp.h>
+#include "core/mem.h"
+#include "core/omp_compat.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,7 +104,7 @@ int cli_bench_decode(int argc, char **argv)
     if (!rc) {
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
-        double pt = (double)P / best_p, dt = (double)G / best_d, mb = (double)ru.ru_maxrss / 1024.0;
+        double pt = (double)P / best_p, dt = (double)G / best_d, mb = nd_maxrss_mb(ru.ru_maxrss);
         printf("weights %s: d=%d L=%d H=%d G=%d V=%d, %.1fM params (float32 after dequant), "
                "load %.2f s, %d threads\n",
                weights, m.dims.d, m.dims.L, m.dims.H, m.dims.G, V, (double)m.numel / 1e6, t_load,

@@ -1,7 +1,8 @@
 /* needle bench finetune: LoRA steps on a real JSONL file, timed, with
  * what the batching computes against upstream's padded batches. */
 #include <math.h>
-#include <omp.h>
+#include "core/mem.h"
+#include "core/omp_compat.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,7 +203,7 @@ int cli_bench_finetune(int argc, char **argv)
            "steps", sec[0], sec[steps / 2], 1.0 / per_row, (real / epoch_rows) / per_row);
     printf("  %-9s %.1f min projected (%.3f ms per computed row x %.0fk rows)\n", "epoch",
            per_row * epoch_rows / 60.0, per_row * 1e3, epoch_rows / 1e3);
-    printf("  %-9s %.0f MB peak RSS\n", "rss", (double)ru.ru_maxrss / 1024.0);
+    printf("  %-9s %.0f MB peak RSS\n", "rss", nd_maxrss_mb(ru.ru_maxrss));
     rc = 0;
 done:
     free(order);

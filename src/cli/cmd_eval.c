@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "core/mem.h"
 #include "backend/backend.h"
 #include "cli/cli.h"
 #include "core/fileio.h"
@@ -344,7 +345,7 @@ int cli_eval(int argc, char **argv)
     getrusage(RUSAGE_SELF, &ru);
     fprintf(stderr, "  %-9s %.0f tokens/s forward  (%ld tokens in %.3f s)  peak RSS %.1f MB\n",
             "speed", r.seconds > 0 ? (double)r.tokens / r.seconds : 0.0, r.tokens, r.seconds,
-            (double)ru.ru_maxrss / 1024.0);
+            nd_maxrss_mb(ru.ru_maxrss));
     san_eval_result_free(&r);
     token_seqs_free(&seqs);
     san_model_free(&m);

@@ -9,4 +9,14 @@
  * transparent huge pages. NULL on overflow or when memory runs out. */
 void *nd_calloc_big(size_t n, size_t size);
 
+/* getrusage's ru_maxrss in MB: Linux counts kilobytes, macOS bytes. */
+static inline double nd_maxrss_mb(long maxrss)
+{
+#ifdef __APPLE__
+    return (double)maxrss / (1024.0 * 1024.0);
+#else
+    return (double)maxrss / 1024.0;
+#endif
+}
+
 #endif

@@ -2,7 +2,7 @@
  * _forward_cached): new tokens attend to every cached key, the engram
  * n-gram hash reads the token history and the taps read cached v' rows. */
 #include <float.h>
-#include <omp.h>
+#include "core/omp_compat.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "core/mem.h"
 #include "core/fileio.h"
 #include "core/status.h"
 #include "engine/engine.h"
@@ -481,7 +482,7 @@ static double peak_ram_mb(void)
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru))
         return 0;
-    return (double)ru.ru_maxrss / 1024.0;
+    return nd_maxrss_mb(ru.ru_maxrss);
 }
 
 static int write_envelope(const envelope *e, nd_buf *b)

@@ -1,6 +1,6 @@
 #include "model/eval.h"
 
-#include <omp.h>
+#include "core/omp_compat.h"
 #include <stdlib.h>
 #include <string.h>
 

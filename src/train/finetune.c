@@ -3,7 +3,7 @@
 
 #include <limits.h>
 #include <math.h>
-#include <omp.h>
+#include "core/omp_compat.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>

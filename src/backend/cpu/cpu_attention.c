@@ -7,7 +7,7 @@
  * GEMMs over the two spans, written side by side into one score matrix.
  * With the OpenMP build of OpenBLAS, a GEMM inside our parallel region runs
  * on the calling thread, so the two levels do not fight. */
-#include <cblas.h>
+#include "backend/cpu/blas.h"
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>

@@ -1,8 +1,8 @@
-/* CPU backend: GEMMs through cblas (OpenBLAS), everything else as plain
+/* CPU backend: GEMMs through cblas (OpenBLAS or Accelerate), everything else as plain
  * loops parallelised with OpenMP over token rows. */
-#include <cblas.h>
+#include "backend/cpu/blas.h"
 #include <math.h>
-#include <omp.h>
+#include "core/omp_compat.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -475,7 +475,7 @@ static char cpu_detail[64];
 static void cpu_backend_init(void)
 {
     cpu_backend.threads = omp_get_max_threads();
-    snprintf(cpu_detail, sizeof cpu_detail, "OpenBLAS %s", openblas_get_corename());
+    nd_blas_describe(cpu_detail, sizeof cpu_detail);
     cpu_backend.detail = cpu_detail;
 }
 
@@ -487,7 +487,7 @@ const nd_backend *nd_backend_cpu(int threads)
     pthread_once(&cpu_once, cpu_backend_init);
     if (threads > 0) {
         omp_set_num_threads(threads);
-        openblas_set_num_threads(threads);
+        nd_blas_set_threads(threads);
         cpu_backend.threads = threads;
     }
     return &cpu_backend;

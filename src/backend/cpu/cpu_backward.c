@@ -5,10 +5,10 @@
  * buffers (double) that are added in thread order, so a given thread count
  * always gives the same bits; scatter-adds (embedding, engram tables) are
  * instead split over the column axis, which needs no partials at all. */
-#include <cblas.h>
+#include "backend/cpu/blas.h"
 #include <float.h>
 #include <math.h>
-#include <omp.h>
+#include "core/omp_compat.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -158,6 +158,7 @@ void cpu_rmsnorm_backward(const nd_backend *be, float *dx, float *dscale, const 
     if (dscale)
         P = partials_new(dim);
     int nt = dscale ? P.nt : omp_get_max_threads();
+    (void)nt; /* read only by the pragma: unused without OpenMP */
     float inv_dim = 1.0f / (float)dim;
 #pragma omp parallel num_threads(nt)
     {
@@ -263,6 +264,7 @@ void cpu_engram_taps_backward(const nd_backend *be, float *dvp, float *dtaps, co
     if (dtaps)
         P = partials_new(4 * d);
     int nt = dtaps ? P.nt : omp_get_max_threads();
+    (void)nt; /* read only by the pragma: unused without OpenMP */
 #pragma omp parallel num_threads(nt)
     {
         long r0, r1;
@@ -697,6 +699,7 @@ void cpu_residual_scaled_backward(const nd_backend *be, float *dr, float *dgate,
     if (dgate)
         P = partials_new(1);
     int nt = dgate ? P.nt : omp_get_max_threads();
+    (void)nt; /* read only by the pragma: unused without OpenMP */
 #pragma omp parallel num_threads(nt)
     {
         long i0, i1;
@@ -738,6 +741,7 @@ void cpu_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1, floa
     if (want)
         P = partials_new(3 * hn);
     int nt = want ? P.nt : omp_get_max_threads();
+    (void)nt; /* read only by the pragma: unused without OpenMP */
 #pragma omp parallel num_threads(nt)
     {
         long r0, r1;

@@ -4,7 +4,7 @@
 #define ND_CPU_KERNELS_H
 
 #include <math.h>
-#include <omp.h>
+#include "core/omp_compat.h"
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>

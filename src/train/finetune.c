@@ -124,14 +124,11 @@ static int check_resume(const nd_finetune_opts *o, const pv *root)
     }
     static const struct {
         const char *key, *what;
-    } ints[] = {{"seed", "--seed"},
-                {"batch_size", "--batch-size"},
-                {"epochs", "--epochs"},
-                {"max_len", "--max-len"},
-                {"lora_rank", "--lora-rank"},
-                {"group_by_tools", "--group-by-tools (1 = on)"}};
-    long long now[] = {(long long)o->seed, o->batch_size, o->epochs, o->max_len, o->rank,
-                       o->group_by_tools};
+    } ints[] = {{"seed", "--seed"},           {"batch_size", "--batch-size"},
+                {"epochs", "--epochs"},       {"max_len", "--max-len"},
+                {"lora_rank", "--lora-rank"}, {"group_by_tools", "--group-by-tools (1 = on)"}};
+    long long now[] = {(long long)o->seed, o->batch_size, o->epochs,
+                       o->max_len,         o->rank,       o->group_by_tools};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         v = pv_dict_get(st, ints[i].key);
         if (!v || v->kind != PV_INT || v->u.i != now[i]) {

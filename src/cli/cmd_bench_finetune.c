@@ -138,14 +138,12 @@ int cli_bench_finetune(int argc, char **argv)
     set_of = group ? nd_tool_set_ids(&ds, n) : NULL;
     for (size_t i = 0; i < n; i++)
         order[i] = i;
-    nd_rng er;
-    nd_rng_seed(&er, (uint64_t)seed * 0x9E3779B97F4A7C15ull + 17);
-    nd_shuffle_indices(order, n, &er);
-    if (set_of)
-        nd_group_by_tools(order, n, (int)B, set_of, &er, tmp);
+    nd_epoch_order(order, n, (int)B, (uint64_t)seed, 0, set_of, tmp);
     long max_rows = 0, max_items = 0;
     long max_group = 0;
-    if (nd_batch_caps(&ts, mode, order, n, (int)B, &max_rows, &max_items, &max_group) ||
+    double epoch_rows = 0;
+    if (nd_batch_caps(&ts, mode, order, n, (int)B, &max_rows, &max_items, &max_group,
+                      &epoch_rows) ||
         nd_batcher_create(&bt, &m, be, &lora, &ts, (int)B, mode, 0, max_rows, max_items, max_group,
                           act_mb)) {
         cli_fail(NULL);
@@ -159,14 +157,9 @@ int cli_bench_finetune(int argc, char **argv)
         fprintf(stderr, "needle: out of memory\n");
         goto done;
     }
-    double real = 0, epoch_rows = 0, padded = (double)spe * B * ts.max_len;
+    double real = 0, padded = (double)spe * B * ts.max_len;
     for (size_t i = 0; i < n; i++)
         real += ts.len[i];
-    for (long s = 0; s < spe; s++) {
-        size_t s0 = (size_t)s * (size_t)B;
-        int rows = n - s0 < (size_t)B ? (int)(n - s0) : (int)B;
-        epoch_rows += (double)nd_batcher_rows(&bt, order + s0, rows);
-    }
     printf("  %-9s %s (%d threads, %s)\n", "backend", be->name, be->threads, be->detail);
     printf("  %-9s %s  d=%d L=%d  %zu examples, batch %lld, fit_max_len %zu, %ld steps an epoch\n",
            "data", data, m.dims.d, m.dims.L, n, B, ts.max_len, spe);
@@ -188,7 +181,8 @@ int cli_bench_finetune(int argc, char **argv)
         }
         nd_trainer_merge(&bt.tr);
         sec[s] = omp_get_wtime() - t0;
-        rows_of[s] = (double)nd_batcher_rows(&bt, order + s0, rows);
+        rows_of[s] =
+            mode == ND_BATCH_PADDED ? (double)B * (double)ts.max_len : (double)bt.tr.plan.rows;
         t_sum += sec[s];
         r_sum += rows_of[s];
         printf("  %-9s %ld/%lld  %.2f s  %.0f rows  loss %.4f over %.0f targets\n", "step", s + 1,

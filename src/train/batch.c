@@ -49,7 +49,7 @@ static long example_items(const nd_token_set *ts, size_t i)
 }
 
 int nd_batch_caps(const nd_token_set *ts, int mode, const size_t *idx, size_t n, int B, long *rows,
-                  long *items, long *group_rows)
+                  long *items, long *group_rows, double *total_rows)
 {
     nd_pack_plan p;
     nd_seq_example *ex = malloc(sizeof *ex * (size_t)B);
@@ -69,6 +69,8 @@ int nd_batch_caps(const nd_token_set *ts, int mode, const size_t *idx, size_t n,
         nd_pack_plan_make(&p, ex, cnt, mode == ND_BATCH_SHARED);
         long r = mode == ND_BATCH_PADDED ? (long)B * (long)ts->max_len : p.rows;
         *rows = r > *rows ? r : *rows;
+        if (total_rows)
+            *total_rows += (double)r;
         for (int g = 0; g < p.n_groups && group_rows; g++) {
             long gr = nd_pack_group_rows(&p, ex, g, g + 1);
             *group_rows = gr > *group_rows ? gr : *group_rows;
@@ -199,16 +201,6 @@ void nd_batcher_example_losses(const nd_batcher *bt, int rows, double *loss_sum,
         }
 }
 
-long nd_batcher_rows(nd_batcher *bt, const size_t *idx, int rows)
-{
-    if (bt->mode == ND_BATCH_PADDED)
-        return (long)bt->B * (long)bt->ts->max_len;
-    fill_examples(bt, idx, rows);
-    if (nd_pack_plan_make(&bt->tr.plan, bt->ex, rows, bt->tr.share))
-        return -1;
-    return bt->tr.plan.rows;
-}
-
 void nd_shuffle_indices(size_t *idx, size_t n, nd_rng *rng)
 {
     for (size_t i = n; i > 1; i--) {
@@ -298,4 +290,14 @@ int32_t *nd_tool_set_ids(const nd_dataset *ds, size_t n)
     }
     free(k);
     return id;
+}
+
+void nd_epoch_order(size_t *idx, size_t n, int B, uint64_t seed, int epoch, const int32_t *set_of,
+                    size_t *tmp)
+{
+    nd_rng er;
+    nd_rng_seed(&er, seed * 0x9E3779B97F4A7C15ull + (uint64_t)epoch + 17);
+    nd_shuffle_indices(idx, n, &er);
+    if (set_of)
+        nd_group_by_tools(idx, n, B, set_of, &er, tmp);
 }

@@ -43,24 +43,28 @@ int nd_batcher_create(nd_batcher *bt, const san_model *m, const nd_backend *be, 
                       const nd_token_set *ts, int B, int mode, int full_grads, long max_rows,
                       long max_items, long max_group_rows, double act_budget_mb);
 /* The most rows, loss positions and rows of one prefix group of the
- * batches idx[0..n) cut into B (raised into *rows, *items, *group_rows;
- * group_rows may be NULL). 0, or -1 out of memory. */
+ * batches idx[0..n) cut into B (raised into *rows, *items, *group_rows),
+ * and the rows all of them compute (added to *total_rows); group_rows and
+ * total_rows may be NULL. 0, or -1 out of memory. */
 int nd_batch_caps(const nd_token_set *ts, int mode, const size_t *idx, size_t n, int B, long *rows,
-                  long *items, long *group_rows);
+                  long *items, long *group_rows, double *total_rows);
 void nd_batcher_free(nd_batcher *bt);
 /* One step over examples idx[0..rows) (rows <= B); see nd_trainer_step. */
 int nd_batcher_step(nd_batcher *bt, const size_t *idx, int rows, int grad, double *loss,
                     double *masked);
 /* After a step: each example's summed loss and loss positions (rows). */
 void nd_batcher_example_losses(const nd_batcher *bt, int rows, double *loss_sum, double *positions);
-/* Rows one step over idx[0..rows) computes (without running it). */
-long nd_batcher_rows(nd_batcher *bt, const size_t *idx, int rows);
 
 /* Fisher-Yates with rng (upstream-compatible order is the caller's). */
 void nd_shuffle_indices(size_t *idx, size_t n, nd_rng *rng);
 /* Each example's tool set as a dense id (same system + tools block, same
  * id); malloc'd, NULL when out of memory. */
 int32_t *nd_tool_set_ids(const nd_dataset *ds, size_t n);
+/* One epoch's order, in place: the seeded shuffle of (seed, epoch) applied
+ * to the previous order (as finetune does, so a resume replays it), then
+ * --group-by-tools when set_of is given (tmp: n scratch). */
+void nd_epoch_order(size_t *idx, size_t n, int B, uint64_t seed, int epoch, const int32_t *set_of,
+                    size_t *tmp);
 /* --group-by-tools: order idx[0..n) by tool set, cut into batches of B and
  * shuffle the batches (the short last one stays last); tmp: n scratch. */
 void nd_group_by_tools(size_t *idx, size_t n, int B, const int32_t *set_of, nd_rng *rng,

@@ -344,25 +344,15 @@ int nd_finetune(const nd_finetune_opts *o)
     double real = 0, rows_done = 0, padded = (double)spe * B * T;
     memcpy(tmp, train, sizeof *tmp * count);
     for (int e = 0; e < o->epochs && !rc; e++) {
-        nd_rng er;
-        nd_rng_seed(&er, o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)e + 17);
-        nd_shuffle_indices(tmp, count, &er);
-        if (set_of)
-            nd_group_by_tools(tmp, count, B, set_of, &er, tmp2);
-        if (nd_batch_caps(&ts, o->batching, tmp, count, B, &max_rows, &max_items, &max_group))
+        nd_epoch_order(tmp, count, B, o->seed, e, set_of, tmp2);
+        if (nd_batch_caps(&ts, o->batching, tmp, count, B, &max_rows, &max_items, &max_group,
+                          e == 0 ? &rows_done : NULL))
             rc = nd_error(ND_ENOMEM, "out of memory");
-        if (e == 0)
-            for (size_t s0 = 0; s0 < count; s0 += (size_t)B) {
-                int rows = count - s0 < (size_t)B ? (int)(count - s0) : B;
-                long r0 = 0, i0 = 0;
-                nd_batch_caps(&ts, o->batching, tmp + s0, (size_t)rows, B, &r0, &i0, NULL);
-                rows_done += (double)r0;
-                for (int b = 0; b < rows; b++)
-                    real += ts.len[tmp[s0 + (size_t)b]];
-            }
     }
+    for (size_t i = 0; i < count; i++)
+        real += ts.len[train[i]];
     if (!rc && n_val &&
-        nd_batch_caps(&ts, o->batching, val, n_val, B, &max_rows, &max_items, &max_group))
+        nd_batch_caps(&ts, o->batching, val, n_val, B, &max_rows, &max_items, &max_group, NULL))
         rc = nd_error(ND_ENOMEM, "out of memory");
     if (rc)
         goto done;
@@ -388,11 +378,7 @@ int nd_finetune(const nd_finetune_opts *o)
     long start_step = opt.count;
     for (int epoch = 0; epoch < o->epochs && !rc; epoch++) {
         /* per-epoch order derived from (seed, epoch) so a resume replays it */
-        nd_rng er;
-        nd_rng_seed(&er, o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)epoch + 17);
-        nd_shuffle_indices(train, count, &er);
-        if (set_of)
-            nd_group_by_tools(train, count, B, set_of, &er, tmp);
+        nd_epoch_order(train, count, B, o->seed, epoch, set_of, tmp);
         double last = 0;
         long epoch_first = step;
         for (size_t s0 = 0; s0 < count && !rc; s0 += (size_t)B, step++) {

@@ -183,22 +183,7 @@ static void check_batch(const char *name, const batch *bt, int expect_saving)
 static void setup_model(void)
 {
     san_config cfg;
-    san_config_default(&cfg);
-    cfg.vocab_size = 64;
-    cfg.d_model = 24;
-    cfg.attn_dim = 32;
-    cfg.num_heads = 4;
-    cfg.num_kv_heads = 2;
-    cfg.num_layers = 3;
-    cfg.max_seq_len = 64;
-    cfg.mhc_lanes = 3;
-    cfg.n_sites = 2;
-    cfg.engram_layers[0] = 0;
-    cfg.engram_layers[1] = 2;
-    cfg.n_orders = 2;
-    cfg.engram_orders[0] = 2;
-    cfg.engram_orders[1] = 3;
-    cfg.engram_slots = 13;
+    tu_small_config(&cfg);
     CHECK(san_model_create(&m, &cfg) == 0);
     san_model_init_random(&m, 5);
     for (size_t i = 0; i < m.numel; i++)

@@ -22,3 +22,23 @@ int tu_finish(const char *name)
     printf("%s: %d checks, %d failures\n", name, tu_checks, tu_failures);
     return tu_failures ? 1 : 0;
 }
+
+void tu_small_config(san_config *cfg)
+{
+    san_config_default(cfg);
+    cfg->vocab_size = 64;
+    cfg->d_model = 24;
+    cfg->attn_dim = 32;
+    cfg->num_heads = 4;
+    cfg->num_kv_heads = 2;
+    cfg->num_layers = 3;
+    cfg->max_seq_len = 64;
+    cfg->mhc_lanes = 3;
+    cfg->n_sites = 2;
+    cfg->engram_layers[0] = 0;
+    cfg->engram_layers[1] = 2;
+    cfg->n_orders = 2;
+    cfg->engram_orders[0] = 2;
+    cfg->engram_orders[1] = 3;
+    cfg->engram_slots = 13;
+}

@@ -5,30 +5,36 @@
 
 #include <stdio.h>
 
+#include "model/config.h"
+
 extern int tu_failures, tu_checks;
 
-#define CHECK(cond)                                                                      \
-    do {                                                                                 \
-        tu_checks++;                                                                     \
-        if (!(cond)) {                                                                   \
-            tu_failures++;                                                               \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);     \
-        }                                                                                \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        tu_checks++;                                                                               \
+        if (!(cond)) {                                                                             \
+            tu_failures++;                                                                         \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_MSG(cond, ...)                                                             \
-    do {                                                                                 \
-        tu_checks++;                                                                     \
-        if (!(cond)) {                                                                   \
-            tu_failures++;                                                               \
-            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);     \
-            fprintf(stderr, __VA_ARGS__);                                                \
-            fputc('\n', stderr);                                                         \
-        }                                                                                \
+#define CHECK_MSG(cond, ...)                                                                       \
+    do {                                                                                           \
+        tu_checks++;                                                                               \
+        if (!(cond)) {                                                                             \
+            tu_failures++;                                                                         \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);               \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+        }                                                                                          \
     } while (0)
 
 /* max |a-b| / max(max|b|, floor) over n floats */
 double tu_rel_err(const float *a, const float *b, long n, double floor);
 int tu_finish(const char *name);
+
+/* A small model that exercises every part: d 24 (not a power of two, so the
+ * Hadamard MLP pads), 3 layers, 3 lanes, GQA 4/2, two engram sites. */
+void tu_small_config(san_config *cfg);
 
 #endif

@@ -1,11 +1,22 @@
 /* The narrow op interface the model is written against.
  *
- * Every op works on flat float32 arrays that live on the backend's device;
- * the model code (src/model/san.c) is only a sequence of these calls, so
- * a CUDA or Metal backend implements this table and nothing else changes.
- * Shapes are row-major; N is the number of token rows. Ops that depend on
- * positions take an nd_layout (backend/layout.h): which rows form which
- * sequence, and which sequences continue a shared prefix. */
+ * Every op works on flat float32 arrays; the model code (src/model/san.c)
+ * is only a sequence of these calls, so a GPU backend (CUDA, Vulkan)
+ * implements this table and nothing else changes. Shapes are row-major; N
+ * is the number of token rows. Ops that depend on positions take an
+ * nd_layout (backend/layout.h): which rows form which sequence, and which
+ * sequences continue a shared prefix.
+ *
+ * Memory rule (every backend):
+ * - An op's outputs (non-const pointers) must lie in memory from alloc.
+ * - Its inputs may lie in alloc memory or be plain host memory: a device
+ *   backend copies host inputs when the op is issued (fine for token ids,
+ *   targets and index lists; big reused data such as weights belongs in
+ *   alloc memory, see san_model_to_backend). The layout is host data.
+ * - alloc memory is host-accessible (host-visible / managed / unified), but
+ *   a device backend may run ops asynchronously, in issue order: call
+ *   nd_backend_sync() before the host reads what ops wrote or writes what
+ *   issued ops read. Scalar arguments are read at issue time. */
 #ifndef ND_BACKEND_H
 #define ND_BACKEND_H
 
@@ -20,6 +31,10 @@ struct nd_backend {
     const char *name;
     int threads;
     const char *detail; /* for progress lines, e.g. "OpenBLAS SkylakeX"; may be "" */
+    int device;         /* 0: ops run on the host and finish before they return (CPU) */
+
+    /* wait until every issued op has finished (NULL: nothing to wait for) */
+    void (*sync)(const nd_backend *be);
 
     void *(*alloc)(const nd_backend *be, size_t bytes); /* zeroed */
     void (*free)(const nd_backend *be, void *p);
@@ -189,10 +204,22 @@ struct nd_backend {
     void (*add)(const nd_backend *be, float *y, const float *x, float alpha, long n);
 };
 
+static inline void nd_backend_sync(const nd_backend *be)
+{
+    if (be->sync)
+        be->sync(be);
+}
+
 /* The CPU backend (cblas + OpenMP). threads <= 0: all cores. */
 const nd_backend *nd_backend_cpu(int threads);
 
-/* Pick a backend by name ("auto", "cpu"); NULL + error if unavailable. */
+/* Pick a backend by name: "cpu"; "cuda" / "cuda:N"; "vulkan" / "vulkan:N"
+ * (N: the device index; a software Vulkan device such as lavapipe only when
+ * named by index or NEEDLE_VULKAN_SOFTWARE=1); "auto": CUDA when a device
+ * is present, else a Vulkan GPU, else the CPU. GPU backends are plugins
+ * (libneedle_cuda.so, libneedle_vulkan.so) loaded at run time from the
+ * directory of the program or library, or NEEDLE_PLUGIN_DIR. NULL + error
+ * when the named backend is unavailable. */
 const nd_backend *nd_backend_get(const char *name, int threads);
 
 #endif

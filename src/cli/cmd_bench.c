@@ -102,13 +102,17 @@ int cli_bench(int argc, char **argv)
     if (san_model_create(&m, &cfg))
         return cli_fail(NULL);
     san_model_init_random(&m, 1);
+    if (san_model_to_backend(&m, be)) {
+        san_model_free(&m);
+        return cli_fail(NULL);
+    }
     san_acts acts = {0};
     san_lora lora = {0};
     nd_trainer tr = {0};
     nd_adamw opt = {0};
     float *mask = NULL;
     if (train) {
-        if (san_lora_create(&lora, &m, 16, 32.0f) ||
+        if (san_lora_create(&lora, &m, 16, 32.0f) || san_lora_to_backend(&lora, be) ||
             nd_trainer_create(&tr, &m, be, &lora, (int)B, (int)T, 0, -1) ||
             nd_adamw_init(&opt, lora.numel, 1e-4f, 1000)) {
             san_model_free(&m);
@@ -152,6 +156,7 @@ int cli_bench(int argc, char **argv)
         } else {
             rc = san_forward(&m, &m.w, &acts, tok);
         }
+        nd_backend_sync(be);
         if (i >= 0)
             sec[i] = omp_get_wtime() - t0;
     }

@@ -130,7 +130,8 @@ int cli_bench_finetune(int argc, char **argv)
     long spe = (long)((n + (size_t)B - 1) / (size_t)B);
     if (steps > spe)
         steps = spe;
-    if (san_lora_create(&lora, &m, 16, 32.0f) || nd_adamw_init(&opt, lora.numel, 1e-4f, spe) ||
+    if (san_lora_create(&lora, &m, 16, 32.0f) || san_lora_to_backend(&lora, be) ||
+        san_model_to_backend(&m, be) || nd_adamw_init(&opt, lora.numel, 1e-4f, spe) ||
         !(order = malloc(sizeof *order * n)) || !(tmp = malloc(sizeof *tmp * n))) {
         cli_fail(NULL);
         goto done;

@@ -140,6 +140,10 @@ static int eval_jsonl(const jsonl_args *a, san_model *m, const nd_backend *be)
         have_lora = 1;
     }
     int B = a->batch < (int)ts.n ? a->batch : (int)ts.n;
+    if (have_lora && san_lora_to_backend(&lora, be)) {
+        cli_fail(NULL);
+        goto done;
+    }
     if (nd_batcher_create(&bt, m, be, have_lora ? &lora : NULL, &ts, B, a->batching, 0, 0, 0, 0,
                           ND_ACT_BUDGET_MB) ||
         nd_eval_masked(&bt, a->grad_norms, &ev)) {
@@ -281,6 +285,11 @@ int cli_eval(int argc, char **argv)
     pv *tree = NULL; /* kept for --tokens --lora: the merge needs the stored dtypes */
     if (ckpt_load(ckpt, &m, tokens && ja.lora_path ? &tree : NULL))
         return cli_fail(NULL);
+    if (san_model_to_backend(&m, be)) {
+        pv_decref(tree);
+        san_model_free(&m);
+        return cli_fail(NULL);
+    }
     fprintf(stderr, "  %-9s %s (%d threads, %s)\n", "backend", be->name, be->threads, be->detail);
     if (ja.data) {
         ja.ckpt = ckpt;

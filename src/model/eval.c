@@ -25,7 +25,7 @@ int san_eval(const san_model *m, const nd_backend *be, const token_seqs *seqs, i
     res->positions = calloc((size_t)count, sizeof *res->positions);
     int32_t *tok = malloc((size_t)batch * maxT * sizeof *tok);
     int32_t *tgt = malloc((size_t)batch * maxT * sizeof *tgt);
-    float *loss = malloc((size_t)batch * maxT * sizeof *loss);
+    float *loss = be->alloc(be, (size_t)batch * maxT * sizeof *loss);
     san_acts acts = {0};
     int rc = ND_OK, acts_T = 0, acts_B = 0;
     if (!res->loss_sum || !res->positions || !tok || !tgt || !loss) {
@@ -60,6 +60,7 @@ int san_eval(const san_model *m, const nd_backend *be, const token_seqs *seqs, i
         if (rc)
             goto done;
         be->cross_entropy(be, loss, acts.logits, tgt, (long)B * T, V);
+        nd_backend_sync(be);
         res->seconds += omp_get_wtime() - t0;
         res->tokens += (long)B * T;
         for (int b = 0; b < B; b++) {
@@ -82,7 +83,8 @@ done:
     san_acts_free(&acts);
     free(tok);
     free(tgt);
-    free(loss);
+    if (loss)
+        be->free(be, loss);
     if (rc)
         san_eval_result_free(res);
     return rc;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "core/fp16.h"
 #include "core/rng.h"
 #include "core/status.h"
@@ -65,9 +66,32 @@ int san_lora_create(san_lora *lo, const san_model *m, int rank, float alpha)
     return ND_OK;
 }
 
+int san_lora_to_backend(san_lora *lo, const nd_backend *be)
+{
+    if (!be->device || lo->mem_be == be)
+        return ND_OK;
+    size_t n = lo->numel ? lo->numel : 1;
+    float *p = be->alloc(be, n * sizeof(float));
+    if (!p)
+        return nd_error(ND_ENOMEM, "out of %s memory for the LoRA adapter", be->name);
+    nd_backend_sync(be);
+    memcpy(p, lo->mem, n * sizeof(float));
+    if (lo->mem_be)
+        lo->mem_be->free(lo->mem_be, lo->mem);
+    else
+        free(lo->mem);
+    lo->mem = p;
+    lo->mem_be = be;
+    return ND_OK;
+}
+
 void san_lora_free(san_lora *lo)
 {
-    free(lo->mem);
+    if (lo->mem_be) {
+        nd_backend_sync(lo->mem_be);
+        lo->mem_be->free(lo->mem_be, lo->mem);
+    } else
+        free(lo->mem);
     memset(lo, 0, sizeof *lo);
 }
 
@@ -218,7 +242,11 @@ int san_lora_from_tree(san_lora *lo, const san_model *m, const pv *root, const c
         lo->t[t].b_off = off;
         off += (size_t)lo->L * r * lo->t[t].out;
     }
-    free(lo->mem);
+    if (lo->mem_be)
+        lo->mem_be->free(lo->mem_be, lo->mem);
+    else
+        free(lo->mem);
+    lo->mem_be = NULL;
     lo->numel = off;
     lo->mem = calloc(off ? off : 1, sizeof(float));
     if (!lo->mem) {

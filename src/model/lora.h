@@ -29,6 +29,7 @@ typedef struct {
     san_lora_target t[LORA_NTARGETS];
     size_t numel;
     float *mem;
+    const struct nd_backend *mem_be; /* mem from this backend's alloc (NULL: host) */
     char base[512]; /* checkpoint path recorded in the adapter file */
 } san_lora;
 
@@ -37,6 +38,9 @@ const char *san_lora_target_name(int target);
 /* Layout for a model: targets whose base max|w| > 1e-6 (SPEC §2). */
 int san_lora_create(san_lora *lo, const san_model *m, int rank, float alpha);
 void san_lora_free(san_lora *lo);
+/* Move the adapter into a device backend's memory (no-op for the CPU);
+ * see san_model_to_backend. */
+int san_lora_to_backend(san_lora *lo, const struct nd_backend *be);
 /* A ~ N(0,1)/rank, B = 0 (deterministic for a seed). */
 void san_lora_init(san_lora *lo, uint64_t seed);
 /* Pointers to target t's A / B inside an arbitrary buffer of lo->numel. */

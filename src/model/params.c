@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "core/mem.h"
 #include "core/rng.h"
 #include "core/status.h"
@@ -132,11 +133,35 @@ int san_model_create(san_model *m, const san_config *cfg)
     return ND_OK;
 }
 
+int san_model_to_backend(san_model *m, const nd_backend *be)
+{
+    if (!be->device || m->mem_be == be)
+        return ND_OK;
+    float *p = be->alloc(be, m->numel * sizeof(float));
+    if (!p)
+        return nd_error(ND_ENOMEM, "out of %s memory for %zu parameters (%.1f MB)", be->name,
+                        m->numel, (double)m->numel * 4 / 1e6);
+    nd_backend_sync(be);
+    memcpy(p, m->mem, m->numel * sizeof(float));
+    if (m->mem_be)
+        m->mem_be->free(m->mem_be, m->mem);
+    else
+        free(m->mem);
+    m->mem = p;
+    m->mem_be = be;
+    san_weights_bind(m, m->mem, &m->w);
+    return ND_OK;
+}
+
 void san_model_free(san_model *m)
 {
     if (!m)
         return;
-    free(m->mem);
+    if (m->mem_be) {
+        nd_backend_sync(m->mem_be);
+        m->mem_be->free(m->mem_be, m->mem);
+    } else
+        free(m->mem);
     free(m->tensors);
     memset(m, 0, sizeof *m);
 }

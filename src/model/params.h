@@ -59,6 +59,7 @@ typedef struct {
     size_t numel; /* total floats */
     float *mem;   /* the weights */
     san_weights w;
+    const struct nd_backend *mem_be; /* mem came from this backend's alloc (NULL: host) */
 } san_model;
 
 /* Build the tensor table for a config (no weights allocated). */
@@ -66,6 +67,10 @@ int san_model_layout(san_model *m, const san_config *cfg);
 /* Layout + allocate zeroed weights. */
 int san_model_create(san_model *m, const san_config *cfg);
 void san_model_free(san_model *m);
+/* Move the weights into `be`'s memory when it is a device backend (a
+ * no-op for the CPU), so ops read them in place; the host still reads and
+ * writes them after nd_backend_sync(). */
+int san_model_to_backend(san_model *m, const struct nd_backend *be);
 /* Point a san_weights at `mem` (a buffer of m->numel floats). */
 void san_weights_bind(const san_model *m, float *mem, san_weights *w);
 /* ND_ENUMERIC naming the first tensor (and element) that is NaN or Inf;

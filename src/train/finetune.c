@@ -208,7 +208,8 @@ int nd_finetune(const nd_finetune_opts *o)
                         o->checkpoint);
     fclose(probe);
     emitf(o, "  %-9s %s  float32  (%d threads, %s)", "backend", be->name, be->threads, be->detail);
-    if ((rc = ckpt_load(o->checkpoint, &m, o->full ? &base_tree : NULL)))
+    if ((rc = ckpt_load(o->checkpoint, &m, o->full ? &base_tree : NULL)) ||
+        (rc = san_model_to_backend(&m, be)))
         goto done;
     if ((rc = nd_tokenizer_load(o->tokenizer, &tok)))
         goto done;
@@ -295,6 +296,8 @@ int nd_finetune(const nd_finetune_opts *o)
         san_lora_init(&lora, o->seed);
     }
     snprintf(lora.base, sizeof lora.base, "%s", o->checkpoint);
+    if (!o->full && (rc = san_lora_to_backend(&lora, be)))
+        goto done;
     int groups = 0;
     for (int t = 0; t < LORA_NTARGETS; t++)
         groups += lora.t[t].present;

@@ -38,14 +38,15 @@ static int trainer_init(nd_trainer *tr, const san_model *m, const nd_backend *be
         for (int t = 0; t < LORA_NTARGETS; t++)
             if (lora->t[t].present)
                 merged += (size_t)lora->L * lora->t[t].in * lora->t[t].out;
-    tr->merged = nd_calloc_big(merged ? merged : 1, sizeof(float));
-    tr->lora_g = lora ? calloc(lora->numel ? lora->numel : 1, sizeof(float)) : NULL;
+    /* what ops write lives in the backend's memory */
+    tr->merged = be->alloc(be, (merged ? merged : 1) * sizeof(float));
+    tr->lora_g = lora ? be->alloc(be, (lora->numel ? lora->numel : 1) * sizeof(float)) : NULL;
     size_t NL = tr->packed ? 1 : N;
-    tr->row_loss = malloc(sizeof(float) * NL);
+    tr->row_loss = be->alloc(be, sizeof(float) * NL);
     tr->row_w = malloc(sizeof(float) * NL);
     tr->tgt = malloc(sizeof(int32_t) * NL);
     if (full_grads) {
-        tr->full_g = nd_calloc_big(m->numel, sizeof(float));
+        tr->full_g = be->alloc(be, m->numel * sizeof(float));
         if (tr->full_g)
             san_weights_bind(m, tr->full_g, &tr->gw);
     }
@@ -113,7 +114,7 @@ int nd_trainer_create_packed(nd_trainer *tr, const san_model *m, const nd_backen
         tr->item_tgt = malloc(sizeof *tr->item_tgt * ci);
         tr->item_ex = malloc(sizeof *tr->item_ex * ci);
         tr->item_w = malloc(sizeof *tr->item_w * ci);
-        tr->item_loss = malloc(sizeof *tr->item_loss * ci);
+        tr->item_loss = be->alloc(be, sizeof *tr->item_loss * ci);
         tr->item_g = malloc(sizeof *tr->item_g * ci);
         tr->item_pos = malloc(sizeof *tr->item_pos * ci);
         tr->ex_off = malloc(sizeof *tr->ex_off * (size_t)max_examples);
@@ -130,12 +131,18 @@ int nd_trainer_create_packed(nd_trainer *tr, const san_model *m, const nd_backen
 
 void nd_trainer_free(nd_trainer *tr)
 {
+    const nd_backend *be = tr->be;
+    if (be)
+        nd_backend_sync(be);
     san_acts_free(&tr->acts);
     san_grad_acts_free(&tr->gacts);
-    free(tr->merged);
-    free(tr->lora_g);
-    free(tr->full_g);
-    free(tr->row_loss);
+    if (be) {
+        be->free(be, tr->merged);
+        be->free(be, tr->lora_g);
+        be->free(be, tr->full_g);
+        be->free(be, tr->row_loss);
+        be->free(be, tr->item_loss);
+    }
     free(tr->row_w);
     free(tr->tgt);
     nd_pack_plan_free(&tr->plan);
@@ -145,7 +152,6 @@ void nd_trainer_free(nd_trainer *tr)
     free(tr->item_tgt);
     free(tr->item_ex);
     free(tr->item_w);
-    free(tr->item_loss);
     free(tr->item_g);
     free(tr->item_pos);
     free(tr->ex_off);
@@ -159,6 +165,7 @@ void nd_trainer_merge(nd_trainer *tr)
     if (!lo)
         return;
     san_weights base = tr->m->w;
+    nd_backend_sync(tr->be); /* the host rewrites what earlier ops read */
     for (int t = 0; t < LORA_NTARGETS; t++) {
         if (!lo->t[t].present)
             continue;
@@ -197,6 +204,7 @@ int nd_trainer_step(nd_trainer *tr, const int32_t *ids, const float *mask, int r
     if (rc)
         return rc;
     be->cross_entropy(be, tr->row_loss, tr->acts.logits, tr->tgt, N, V);
+    nd_backend_sync(be);
     double sum = 0;
     for (long r = 0; r < N; r++)
         if (tr->row_w[r] != 0.0f)
@@ -221,11 +229,14 @@ int nd_trainer_step(nd_trainer *tr, const int32_t *ids, const float *mask, int r
         .lora_w = tr->lora ? tr->lora->mem : NULL,
         .lora_g = tr->lora_g,
     };
-    return san_backward(tr->m, &tr->w, &tr->acts, &tr->gacts, &tg, ids);
+    rc = san_backward(tr->m, &tr->w, &tr->acts, &tr->gacts, &tg, ids);
+    nd_backend_sync(be); /* gradients readable on return */
+    return rc;
 }
 
 static void zero_grads(nd_trainer *tr)
 {
+    nd_backend_sync(tr->be);
     if (tr->lora_g)
         memset(tr->lora_g, 0, sizeof(float) * tr->lora->numel);
     if (tr->full_g)
@@ -250,6 +261,7 @@ static int micro_step(nd_trainer *tr, const nd_seq_example *ex, int g0, int g1, 
         (rc = san_logits_rows(tr->m, &tr->w, &tr->acts, tr->item_row + i0, n)))
         return rc;
     be->cross_entropy(be, tr->item_loss + i0, tr->acts.logits, tr->item_tgt + i0, n, V);
+    nd_backend_sync(be);
     for (long i = i0; i < i1; i++)
         *sum += (double)tr->item_w[i] * tr->item_loss[i];
     if (!grad)
@@ -339,6 +351,7 @@ int nd_trainer_step_examples(nd_trainer *tr, const nd_seq_example *ex, int count
         tr->n_micro++;
         g0 = g1;
     }
+    nd_backend_sync(tr->be); /* gradients readable on return */
     if (rc)
         return rc;
     *loss = sum / denom;

@@ -492,11 +492,3 @@ const nd_backend *nd_backend_cpu(int threads)
     }
     return &cpu_backend;
 }
-
-const nd_backend *nd_backend_get(const char *name, int threads)
-{
-    if (!name || !strcmp(name, "auto") || !strcmp(name, "cpu"))
-        return nd_backend_cpu(threads);
-    nd_error(ND_EUNSUPPORTED, "backend '%s' is not available in this build (available: cpu)", name);
-    return NULL;
-}

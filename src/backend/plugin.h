@@ -1,0 +1,25 @@
+/* What a GPU backend plugin (a shared library loaded with dlopen) exports.
+ *
+ * The plugin is self-contained: it sees backend.h and layout.h (inline
+ * helpers only) and links its own runtime (CUDA, the Vulkan loader), so a
+ * machine without that runtime still runs the CPU path of the same
+ * program. */
+#ifndef ND_PLUGIN_H
+#define ND_PLUGIN_H
+
+#include <stddef.h>
+
+#include "backend/backend.h"
+
+#define ND_PLUGIN_ABI 2
+#define ND_PLUGIN_SYMBOL "nd_plugin_open"
+
+/* index >= 0: that device (software devices allowed); index < 0: the best
+ * hardware device, software ones only when allow_software. On failure NULL
+ * and a message in err (e.g. "no CUDA device"). *no_device is set to 1 when
+ * the failure is only that no suitable device exists (auto then falls back
+ * quietly). Repeated calls with the same arguments return the same table. */
+typedef const nd_backend *(*nd_plugin_open_fn)(int abi, int index, int allow_software, int threads,
+                                               int *no_device, char *err, size_t errlen);
+
+#endif

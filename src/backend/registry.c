@@ -1,0 +1,127 @@
+/* Backend selection: the CPU backend is built in; GPU backends are
+ * plugins found next to the program (or NEEDLE_PLUGIN_DIR) and loaded on
+ * first use, so one binary runs with or without a GPU runtime. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/plugin.h"
+#include "core/status.h"
+
+/* Directory of this code's image (the program, or libneedle.so). */
+static void self_dir(char *dir, size_t n)
+{
+    Dl_info info;
+    dir[0] = 0;
+    if (dladdr((void *)self_dir, &info) && info.dli_fname) {
+        const char *slash = strrchr(info.dli_fname, '/');
+        if (slash && (size_t)(slash - info.dli_fname) < n) {
+            memcpy(dir, info.dli_fname, (size_t)(slash - info.dli_fname));
+            dir[slash - info.dli_fname] = 0;
+        }
+    }
+}
+
+/* dlopen libneedle_<kind>.so; NULL + message when absent. */
+static void *plugin_load(const char *kind, char *why, size_t n)
+{
+    char file[64], path[4096], dir[3072];
+    snprintf(file, sizeof file, "libneedle_%s.so", kind);
+    const char *env = getenv("NEEDLE_PLUGIN_DIR");
+    const char *dirs[2] = {env && *env ? env : NULL, NULL};
+    self_dir(dir, sizeof dir);
+    if (dir[0])
+        dirs[1] = dir;
+    why[0] = 0;
+    for (int i = 0; i < 2; i++) {
+        if (!dirs[i])
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dirs[i], file);
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (h)
+            return h;
+        const char *e = dlerror();
+        /* a plugin that exists but cannot load (missing libcuda/libvulkan)
+         * is worth naming; a missing file only when nothing else was found */
+        if (e && (!why[0] || !strstr(e, "No such file")))
+            snprintf(why, n, "%s", e);
+    }
+    void *h = dlopen(file, RTLD_NOW | RTLD_LOCAL); /* LD_LIBRARY_PATH, rpath */
+    if (h)
+        return h;
+    if (!why[0]) {
+        const char *e = dlerror();
+        snprintf(why, n, "%s", e ? e : "not found");
+    }
+    return NULL;
+}
+
+static const nd_backend *plugin_open(const char *kind, int index, int allow_sw, int threads,
+                                     int quiet, int *no_device)
+{
+    static void *handles[2];
+    int slot = !strcmp(kind, "cuda") ? 0 : 1;
+    char why[1024];
+    *no_device = 0;
+    if (!handles[slot]) {
+        handles[slot] = plugin_load(kind, why, sizeof why);
+        if (!handles[slot]) {
+            *no_device = 1;
+            if (!quiet)
+                nd_error(ND_EUNSUPPORTED,
+                         "backend '%s' is not available: its plugin libneedle_%s.so could not be "
+                         "loaded (%s)",
+                         kind, kind, why);
+            return NULL;
+        }
+    }
+    nd_plugin_open_fn open_fn = (nd_plugin_open_fn)dlsym(handles[slot], ND_PLUGIN_SYMBOL);
+    if (!open_fn) {
+        if (!quiet)
+            nd_error(ND_EUNSUPPORTED, "libneedle_%s.so has no %s", kind, ND_PLUGIN_SYMBOL);
+        return NULL;
+    }
+    const nd_backend *be =
+        open_fn(ND_PLUGIN_ABI, index, allow_sw, threads, no_device, why, sizeof why);
+    if (!be && !quiet)
+        nd_error(*no_device ? ND_EUNSUPPORTED : ND_EIO, "backend '%s': %s", kind, why);
+    return be;
+}
+
+const nd_backend *nd_backend_get(const char *name, int threads)
+{
+    if (!name || !strcmp(name, "cpu"))
+        return nd_backend_cpu(threads);
+    int no_device;
+    if (!strcmp(name, "auto")) {
+        const nd_backend *be = plugin_open("cuda", -1, 0, threads, 1, &no_device);
+        if (!be)
+            be = plugin_open("vulkan", -1, 0, threads, 1, &no_device);
+        return be ? be : nd_backend_cpu(threads);
+    }
+    const char *kinds[] = {"cuda", "vulkan"};
+    for (int k = 0; k < 2; k++) {
+        size_t n = strlen(kinds[k]);
+        if (strncmp(name, kinds[k], n) || (name[n] && name[n] != ':'))
+            continue;
+        int index = -1;
+        if (name[n] == ':') {
+            char *end;
+            long v = strtol(name + n + 1, &end, 10);
+            if (end == name + n + 1 || *end || v < 0 || v > 1000) {
+                nd_error(ND_EARG, "device '%s': expected %s or %s:N with N a device index", name,
+                         kinds[k], kinds[k]);
+                return NULL;
+            }
+            index = (int)v;
+        }
+        const char *sw = getenv("NEEDLE_VULKAN_SOFTWARE");
+        int allow_sw = sw && *sw && strcmp(sw, "0");
+        return plugin_open(kinds[k], index, allow_sw, threads, 0, &no_device);
+    }
+    nd_error(ND_EARG, "unknown device '%s' (expected auto, cpu, cuda[:N] or vulkan[:N])", name);
+    return NULL;
+}

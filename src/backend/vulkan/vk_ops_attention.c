@@ -1,6 +1,253 @@
+/* RoPE and causal GQA attention on Vulkan, forward and backward.
+ *
+ * Attention is flash style: a workgroup owns ATTN_ROWS consecutive rows of
+ * one segment and one head (forward, dq) or kv head (dk/dv), streams the
+ * other side through shared memory in small tiles, and never stores a
+ * score matrix. The backward is three dispatches with no atomics:
+ * D = rowsum(dout * out) into a scratch buffer, then dq per (query block,
+ * head) over its keys, then dk/dv per (key block, kv head) over every query
+ * row that sees those keys, in a fixed order (own segment, then each child
+ * segment in index order; heads of the group in order). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
 #include "backend/vulkan/vk_ops.h"
+
+/* rows per workgroup: must match ROWS in the attn_*.comp shaders */
+#define ATTN_ROWS 16
+
+static void vk_rope_common(float *x, const float *cos_t, const float *sin_t, const nd_layout *L,
+                           int heads, int hd, int backward)
+{
+    if (L->N <= 0 || heads <= 0 || hd < 2)
+        return;
+    int half = hd / 2;
+    /* the tables are read up to the largest position in use */
+    int max_pos = 0;
+    for (long r = 0; r < L->N; r++)
+        max_pos = L->pos[r] > max_pos ? L->pos[r] : max_pos;
+    size_t tab = (size_t)(max_pos + 1) * half * 4;
+    struct {
+        uint64_t x, cos_t, sin_t, lay;
+        int32_t N, n_seg, heads, hd, backward;
+    } a;
+    a.cos_t = vk_in(cos_t, tab);
+    a.sin_t = vk_in(sin_t, tab);
+    a.lay = vk_layout(L);
+    a.x = vk_out(x, (size_t)L->N * heads * hd * 4);
+    a.N = vk_i32(L->N);
+    a.n_seg = L->n_seg;
+    a.heads = heads;
+    a.hd = hd;
+    a.backward = backward;
+    long total = L->N * heads * (long)half;
+    vk_i32(total);
+    vk_dispatch("rope", &a, sizeof a, vk_groups(total, 256), 1, 1);
+}
+
+static void vk_rope(const nd_backend *be, float *x, const float *cos_t, const float *sin_t,
+                    const nd_layout *L, int heads, int hd)
+{
+    (void)be;
+    vk_rope_common(x, cos_t, sin_t, L, heads, hd, 0);
+}
+
+static void vk_rope_backward(const nd_backend *be, float *dx, const float *cos_t,
+                             const float *sin_t, const nd_layout *L, int heads, int hd)
+{
+    (void)be;
+    vk_rope_common(dx, cos_t, sin_t, L, heads, hd, 1);
+}
+
+/* Host-side tables, copied into the staging ring at issue time (so one
+ * buffer is reused from call to call): blocks of ATTN_ROWS rows as
+ * (segment, first row in the segment), and each segment's children as
+ * offsets [n_seg + 1] into a list. */
+static struct {
+    int32_t *blocks, *child_off, *child_list;
+    long cap_blocks;
+    int cap_seg;
+    long n_blocks;
+    int n_children;
+} T;
+
+static void attn_tables(const nd_layout *L)
+{
+    long nb = 0;
+    for (int s = 0; s < L->n_seg; s++)
+        nb += (L->seg[s].len + ATTN_ROWS - 1) / ATTN_ROWS;
+    if (nb + 1 > T.cap_blocks) {
+        T.cap_blocks = 2 * (nb + 1);
+        T.blocks = realloc(T.blocks, sizeof *T.blocks * 2 * (size_t)T.cap_blocks);
+    }
+    if (L->n_seg + 1 > T.cap_seg) {
+        T.cap_seg = 2 * (L->n_seg + 1);
+        T.child_off = realloc(T.child_off, sizeof *T.child_off * (size_t)T.cap_seg);
+        T.child_list = realloc(T.child_list, sizeof *T.child_list * (size_t)T.cap_seg);
+    }
+    if (!T.blocks || !T.child_off || !T.child_list)
+        abort(); /* a few bytes per segment: nothing sensible to do without them */
+    long b = 0;
+    for (int s = 0; s < L->n_seg; s++)
+        for (int t0 = 0; t0 < L->seg[s].len; t0 += ATTN_ROWS) {
+            T.blocks[2 * b] = s;
+            T.blocks[2 * b + 1] = t0;
+            b++;
+        }
+    T.n_blocks = nb;
+    /* counting sort of segments by parent keeps children in index order */
+    memset(T.child_off, 0, sizeof *T.child_off * (size_t)(L->n_seg + 1));
+    for (int s = 0; s < L->n_seg; s++)
+        if (L->seg[s].parent >= 0)
+            T.child_off[L->seg[s].parent + 1]++;
+    for (int s = 0; s < L->n_seg; s++)
+        T.child_off[s + 1] += T.child_off[s];
+    T.n_children = T.child_off[L->n_seg];
+    /* fill each parent's slots in segment order, advancing child_list's
+     * use of child_off[p] as a cursor, then shift the cursors back */
+    for (int s = 0; s < L->n_seg; s++) {
+        int p = L->seg[s].parent;
+        if (p >= 0)
+            T.child_list[T.child_off[p]++] = s;
+    }
+    for (int s = L->n_seg; s > 0; s--)
+        T.child_off[s] = T.child_off[s - 1];
+    T.child_off[0] = 0;
+}
+
+static void vk_attention(const nd_backend *be, float *out, float *lse, const float *q,
+                         const float *k, const float *v, const nd_layout *L, int H, int G, int hd)
+{
+    (void)be;
+    if (L->N <= 0 || H <= 0)
+        return;
+    if (hd > 128 || G <= 0 || H % G) {
+        fprintf(stderr, "needle: vulkan attention: needs hd <= 128 and H %% G == 0\n");
+        abort();
+    }
+    attn_tables(L);
+    if (!T.n_blocks)
+        return;
+    size_t nq = (size_t)L->N * H * hd, nk = (size_t)L->N * G * hd;
+    struct {
+        uint64_t out, lse, q, k, v, lay, blocks;
+        int32_t N, n_seg, n_blocks, H, G, hd;
+        float scale;
+    } a;
+    a.q = vk_in(q, nq * 4);
+    a.k = vk_in(k, nk * 4);
+    a.v = vk_in(v, nk * 4);
+    a.lay = vk_layout(L);
+    a.blocks = vk_in(T.blocks, (size_t)T.n_blocks * 2 * 4);
+    a.out = vk_out(out, nq * 4);
+    a.lse = vk_out_opt(lse, (size_t)L->N * H * 4);
+    a.N = vk_i32(L->N);
+    a.n_seg = L->n_seg;
+    a.n_blocks = vk_i32(T.n_blocks);
+    a.H = H;
+    a.G = G;
+    a.hd = hd;
+    a.scale = 1.0f / sqrtf((float)hd);
+    vk_dispatch("attn_fwd", &a, sizeof a, vk_groups(T.n_blocks, 1), (uint32_t)H, 1);
+}
+
+/* D = rowsum(dout * out) per (row, head), grown on demand */
+static float *attn_delta;
+static size_t attn_delta_bytes;
+
+static void vk_attention_backward(const nd_backend *be, float *dq, float *dk, float *dv,
+                                  const float *dout, const float *q, const float *k, const float *v,
+                                  const float *out, const float *lse, const nd_layout *L, int H,
+                                  int G, int hd)
+{
+    (void)be;
+    if (L->N <= 0 || H <= 0)
+        return;
+    if (hd > 128 || G <= 0 || H % G) {
+        fprintf(stderr, "needle: vulkan attention: needs hd <= 128 and H %% G == 0\n");
+        abort();
+    }
+    attn_tables(L);
+    if (!T.n_blocks)
+        return;
+    size_t nq = (size_t)L->N * H * hd, nk = (size_t)L->N * G * hd, nl = (size_t)L->N * H;
+    if (nl * 4 > attn_delta_bytes) {
+        vk_free(attn_delta); /* syncs: recorded dispatches may still use it */
+        attn_delta_bytes = nl * 4 * 2;
+        attn_delta = vk_alloc(attn_delta_bytes);
+        if (!attn_delta) {
+            fprintf(stderr, "needle: vulkan attention: out of device memory\n");
+            abort();
+        }
+    }
+    float scale = 1.0f / sqrtf((float)hd);
+
+    struct {
+        uint64_t delta, dout, out;
+        int32_t rows, hd;
+    } d;
+    d.dout = vk_in(dout, nq * 4);
+    d.out = vk_in(out, nq * 4);
+    d.delta = vk_out(attn_delta, nl * 4);
+    d.rows = vk_i32((long)nl);
+    d.hd = hd;
+    vk_dispatch("attn_bwd_delta", &d, sizeof d, vk_groups((long)nl, 256), 1, 1);
+
+    struct {
+        uint64_t dq, dout, q, k, v, lse, delta, lay, blocks;
+        int32_t N, n_seg, n_blocks, H, G, hd;
+        float scale;
+    } a;
+    a.dout = vk_in(dout, nq * 4);
+    a.q = vk_in(q, nq * 4);
+    a.k = vk_in(k, nk * 4);
+    a.v = vk_in(v, nk * 4);
+    a.lse = vk_in(lse, nl * 4);
+    a.delta = vk_in(attn_delta, nl * 4);
+    a.lay = vk_layout(L);
+    a.blocks = vk_in(T.blocks, (size_t)T.n_blocks * 2 * 4);
+    a.dq = vk_out(dq, nq * 4);
+    a.N = vk_i32(L->N);
+    a.n_seg = L->n_seg;
+    a.n_blocks = vk_i32(T.n_blocks);
+    a.H = H;
+    a.G = G;
+    a.hd = hd;
+    a.scale = scale;
+    vk_dispatch("attn_bwd_dq", &a, sizeof a, vk_groups(T.n_blocks, 1), (uint32_t)H, 1);
+
+    struct {
+        uint64_t dk, dv, dout, q, k, v, lse, delta, lay, blocks, child_off, child_list;
+        int32_t N, n_seg, n_blocks, H, G, hd;
+        float scale;
+    } b;
+    b.dout = vk_in(dout, nq * 4);
+    b.q = vk_in(q, nq * 4);
+    b.k = vk_in(k, nk * 4);
+    b.v = vk_in(v, nk * 4);
+    b.lse = vk_in(lse, nl * 4);
+    b.delta = vk_in(attn_delta, nl * 4);
+    b.lay = vk_layout(L);
+    b.blocks = vk_in(T.blocks, (size_t)T.n_blocks * 2 * 4);
+    b.child_off = vk_in(T.child_off, (size_t)(L->n_seg + 1) * 4);
+    b.child_list = vk_in(T.child_list, (size_t)(T.n_children ? T.n_children : 1) * 4);
+    b.dk = vk_out(dk, nk * 4);
+    b.dv = vk_out(dv, nk * 4);
+    b.N = vk_i32(L->N);
+    b.n_seg = L->n_seg;
+    b.n_blocks = vk_i32(T.n_blocks);
+    b.H = H;
+    b.G = G;
+    b.hd = hd;
+    b.scale = scale;
+    vk_dispatch("attn_bwd_dkdv", &b, sizeof b, vk_groups(T.n_blocks, 1), (uint32_t)G, 1);
+}
 
 void vk_ops_attention_register(nd_backend *t)
 {
-    (void)t;
+    t->rope = vk_rope;
+    t->rope_backward = vk_rope_backward;
+    t->attention = vk_attention;
+    t->attention_backward = vk_attention_backward;
 }

@@ -60,17 +60,45 @@ static void vk_rope_backward(const nd_backend *be, float *dx, const float *cos_t
     vk_rope_common(dx, cos_t, sin_t, L, heads, hd, 1);
 }
 
-/* Host-side tables, copied into the staging ring at issue time (so one
- * buffer is reused from call to call): blocks of ATTN_ROWS rows as
- * (segment, first row in the segment), and each segment's children as
- * offsets [n_seg + 1] into a list. */
+/* Host-side tables, copied into the staging ring at issue time (so the
+ * buffers are reused from call to call): blocks of ATTN_ROWS rows as
+ * (segment, first row in the segment), once ordered for the query-side
+ * kernels (attn_fwd, attn_bwd_dq) and once for the key-side one
+ * (attn_bwd_dkdv), heaviest first so that long blocks do not start last;
+ * and each segment's children as offsets [n_seg + 1] into a list. The
+ * order changes only scheduling: every block writes its own rows. */
+typedef struct {
+    int32_t seg, t0;
+    long work; /* keys a query block sees, or queries a key block sends to */
+} attn_block;
+
 static struct {
-    int32_t *blocks, *child_off, *child_list;
+    attn_block *sort;
+    int32_t *qblocks, *kblocks, *child_off, *child_list;
     long cap_blocks;
     int cap_seg;
     long n_blocks;
     int n_children;
 } T;
+
+static int by_work_desc(const void *x, const void *y)
+{
+    const attn_block *a = x, *b = y;
+    if (a->work != b->work)
+        return a->work > b->work ? -1 : 1;
+    if (a->seg != b->seg)
+        return a->seg < b->seg ? -1 : 1;
+    return a->t0 < b->t0 ? -1 : a->t0 > b->t0;
+}
+
+static void fill_blocks(int32_t *dst, long n)
+{
+    qsort(T.sort, (size_t)n, sizeof *T.sort, by_work_desc);
+    for (long b = 0; b < n; b++) {
+        dst[2 * b] = T.sort[b].seg;
+        dst[2 * b + 1] = T.sort[b].t0;
+    }
+}
 
 static void attn_tables(const nd_layout *L)
 {
@@ -79,24 +107,25 @@ static void attn_tables(const nd_layout *L)
         nb += (L->seg[s].len + ATTN_ROWS - 1) / ATTN_ROWS;
     if (nb + 1 > T.cap_blocks) {
         T.cap_blocks = 2 * (nb + 1);
-        T.blocks = realloc(T.blocks, sizeof *T.blocks * 2 * (size_t)T.cap_blocks);
+        free(T.sort);
+        free(T.qblocks);
+        free(T.kblocks);
+        T.sort = malloc(sizeof *T.sort * (size_t)T.cap_blocks);
+        T.qblocks = malloc(sizeof *T.qblocks * 2 * (size_t)T.cap_blocks);
+        T.kblocks = malloc(sizeof *T.kblocks * 2 * (size_t)T.cap_blocks);
     }
     if (L->n_seg + 1 > T.cap_seg) {
         T.cap_seg = 2 * (L->n_seg + 1);
-        T.child_off = realloc(T.child_off, sizeof *T.child_off * (size_t)T.cap_seg);
-        T.child_list = realloc(T.child_list, sizeof *T.child_list * (size_t)T.cap_seg);
+        free(T.child_off);
+        free(T.child_list);
+        T.child_off = malloc(sizeof *T.child_off * (size_t)T.cap_seg);
+        T.child_list = malloc(sizeof *T.child_list * (size_t)T.cap_seg);
     }
-    if (!T.blocks || !T.child_off || !T.child_list)
-        abort(); /* a few bytes per segment: nothing sensible to do without them */
-    long b = 0;
-    for (int s = 0; s < L->n_seg; s++)
-        for (int t0 = 0; t0 < L->seg[s].len; t0 += ATTN_ROWS) {
-            T.blocks[2 * b] = s;
-            T.blocks[2 * b + 1] = t0;
-            b++;
-        }
+    if (!T.sort || !T.qblocks || !T.kblocks || !T.child_off || !T.child_list)
+        abort(); /* a few bytes per block: nothing sensible to do without them */
     T.n_blocks = nb;
-    /* counting sort of segments by parent keeps children in index order */
+
+    /* children of each segment, in index order (counting sort by parent) */
     memset(T.child_off, 0, sizeof *T.child_off * (size_t)(L->n_seg + 1));
     for (int s = 0; s < L->n_seg; s++)
         if (L->seg[s].parent >= 0)
@@ -104,8 +133,7 @@ static void attn_tables(const nd_layout *L)
     for (int s = 0; s < L->n_seg; s++)
         T.child_off[s + 1] += T.child_off[s];
     T.n_children = T.child_off[L->n_seg];
-    /* fill each parent's slots in segment order, advancing child_list's
-     * use of child_off[p] as a cursor, then shift the cursors back */
+    /* child_off[p] serves as p's fill cursor, then is shifted back */
     for (int s = 0; s < L->n_seg; s++) {
         int p = L->seg[s].parent;
         if (p >= 0)
@@ -114,6 +142,26 @@ static void attn_tables(const nd_layout *L)
     for (int s = L->n_seg; s > 0; s--)
         T.child_off[s] = T.child_off[s - 1];
     T.child_off[0] = 0;
+
+    long b = 0;
+    for (int s = 0; s < L->n_seg; s++) {
+        const nd_segment *sg = &L->seg[s];
+        int plen = sg->parent >= 0 ? L->seg[sg->parent].len : 0;
+        for (int t0 = 0; t0 < sg->len; t0 += ATTN_ROWS) {
+            int t1 = t0 + ATTN_ROWS < sg->len ? t0 + ATTN_ROWS : sg->len;
+            T.sort[b++] = (attn_block){s, t0, (long)plen + t1};
+        }
+    }
+    fill_blocks(T.qblocks, nb);
+    b = 0;
+    for (int s = 0; s < L->n_seg; s++) {
+        long from_children = 0;
+        for (int c = T.child_off[s]; c < T.child_off[s + 1]; c++)
+            from_children += L->seg[T.child_list[c]].len;
+        for (int t0 = 0; t0 < L->seg[s].len; t0 += ATTN_ROWS)
+            T.sort[b++] = (attn_block){s, t0, L->seg[s].len - t0 + from_children};
+    }
+    fill_blocks(T.kblocks, nb);
 }
 
 static void vk_attention(const nd_backend *be, float *out, float *lse, const float *q,
@@ -130,6 +178,7 @@ static void vk_attention(const nd_backend *be, float *out, float *lse, const flo
     if (!T.n_blocks)
         return;
     size_t nq = (size_t)L->N * H * hd, nk = (size_t)L->N * G * hd;
+    vk_i32((long)nq); /* the shaders index with int32 */
     struct {
         uint64_t out, lse, q, k, v, lay, blocks;
         int32_t N, n_seg, n_blocks, H, G, hd;
@@ -139,7 +188,7 @@ static void vk_attention(const nd_backend *be, float *out, float *lse, const flo
     a.k = vk_in(k, nk * 4);
     a.v = vk_in(v, nk * 4);
     a.lay = vk_layout(L);
-    a.blocks = vk_in(T.blocks, (size_t)T.n_blocks * 2 * 4);
+    a.blocks = vk_in(T.qblocks, (size_t)T.n_blocks * 2 * 4);
     a.out = vk_out(out, nq * 4);
     a.lse = vk_out_opt(lse, (size_t)L->N * H * 4);
     a.N = vk_i32(L->N);
@@ -172,6 +221,7 @@ static void vk_attention_backward(const nd_backend *be, float *dq, float *dk, fl
     if (!T.n_blocks)
         return;
     size_t nq = (size_t)L->N * H * hd, nk = (size_t)L->N * G * hd, nl = (size_t)L->N * H;
+    vk_i32((long)nq); /* the shaders index with int32 */
     if (nl * 4 > attn_delta_bytes) {
         vk_free(attn_delta); /* syncs: recorded dispatches may still use it */
         attn_delta_bytes = nl * 4 * 2;
@@ -206,7 +256,7 @@ static void vk_attention_backward(const nd_backend *be, float *dq, float *dk, fl
     a.lse = vk_in(lse, nl * 4);
     a.delta = vk_in(attn_delta, nl * 4);
     a.lay = vk_layout(L);
-    a.blocks = vk_in(T.blocks, (size_t)T.n_blocks * 2 * 4);
+    a.blocks = vk_in(T.qblocks, (size_t)T.n_blocks * 2 * 4);
     a.dq = vk_out(dq, nq * 4);
     a.N = vk_i32(L->N);
     a.n_seg = L->n_seg;
@@ -229,7 +279,7 @@ static void vk_attention_backward(const nd_backend *be, float *dq, float *dk, fl
     b.lse = vk_in(lse, nl * 4);
     b.delta = vk_in(attn_delta, nl * 4);
     b.lay = vk_layout(L);
-    b.blocks = vk_in(T.blocks, (size_t)T.n_blocks * 2 * 4);
+    b.blocks = vk_in(T.kblocks, (size_t)T.n_blocks * 2 * 4);
     b.child_off = vk_in(T.child_off, (size_t)(L->n_seg + 1) * 4);
     b.child_list = vk_in(T.child_list, (size_t)(T.n_children ? T.n_children : 1) * 4);
     b.dk = vk_out(dk, nk * 4);

@@ -411,6 +411,8 @@ uint32_t vk_max_shared_bytes(void)
 
 /* ---- memory ---- */
 
+static void vk_flush(int reset_ring);
+
 static int block_create(vk_block *b, size_t bytes)
 {
     size_t sz = bytes ? (bytes + 255) & ~(size_t)255 : 256;
@@ -514,7 +516,9 @@ void vk_free(void *p)
 {
     if (!p)
         return;
-    vk_sync(); /* nothing recorded may still use it */
+    /* nothing recorded may still use it; the staging ring is kept, since
+     * an op may free (grow) scratch after staging its inputs */
+    vk_flush(0);
     pthread_mutex_lock(&vk_lock);
     for (int i = 0; i < V.n_blocks; i++)
         if (V.blocks[i].host == p) {
@@ -717,6 +721,11 @@ uint32_t vk_groups(long n, long per)
 
 void vk_sync(void)
 {
+    vk_flush(1);
+}
+
+static void vk_flush(int reset_ring)
+{
     pthread_mutex_lock(&vk_lock);
     if (V.recording) {
         VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
@@ -733,6 +742,11 @@ void vk_sync(void)
         VKCHECK(vkResetFences(V.dev, 1, &V.fence));
         VKCHECK(vkResetCommandBuffer(V.cmd, 0));
         V.recording = 0;
+    }
+    V.n_wr = V.n_rd = 0; /* everything recorded has run */
+    if (!reset_ring) {
+        pthread_mutex_unlock(&vk_lock);
+        return;
     }
     /* keep the first chunk of the ring, free the rest */
     for (int i = 1; i < V.n_chunks; i++)

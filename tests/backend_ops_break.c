@@ -1,0 +1,502 @@
+/* NEEDLE_TEST_BREAK for test_backend_ops: a copy of the target's table
+ * whose entries forward to the real backend (always with the real table
+ * pointer: a backend may keep its state next to its table), with one op
+ * perturbing its first output by ~1e-3 relative after it ran. The test
+ * must then fail: proof that it can. */
+#include <string.h>
+
+#include "backend_ops.h"
+
+static const nd_backend *real;
+static const char *broken;
+static nd_backend wrapped;
+
+static void perturb_float(float *x)
+{
+    if (!x)
+        return;
+    nd_backend_sync(real);
+    x[0] = x[0] * (1.0f + 1e-3f) + 1e-3f;
+}
+
+static void perturb_int(int32_t *x)
+{
+    if (!x)
+        return;
+    nd_backend_sync(real);
+    x[0] = x[0] > 0 ? x[0] - 1 : x[0] + 1; /* another valid slot */
+}
+
+static void brk_sync(const nd_backend *be)
+{
+    (void)be;
+    nd_backend_sync(real);
+}
+
+static void *brk_alloc(const nd_backend *be, size_t bytes)
+{
+    (void)be;
+    return real->alloc(real, bytes);
+}
+
+static void brk_free(const nd_backend *be, void *p)
+{
+    (void)be;
+    real->free(real, p);
+}
+
+static void brk_matmul(const nd_backend *be, int ta, int tb, int M, int N, int K, float alpha,
+                       const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                       int ldc)
+{
+    (void)be;
+    real->matmul(real, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (!strcmp(broken, "matmul"))
+        perturb_float(C);
+}
+
+static void brk_rmsnorm(const nd_backend *be, float *y, float *rstd, const float *x,
+                        const float *scale, long rows, int dim)
+{
+    (void)be;
+    real->rmsnorm(real, y, rstd, x, scale, rows, dim);
+    if (!strcmp(broken, "rmsnorm"))
+        perturb_float(y);
+}
+
+static void brk_embed(const nd_backend *be, float *x0, const float *emb, const int32_t *tok, long N,
+                      int d, float scale)
+{
+    (void)be;
+    real->embed(real, x0, emb, tok, N, d, scale);
+    if (!strcmp(broken, "embed"))
+        perturb_float(x0);
+}
+
+static void brk_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *tok,
+                            const nd_layout *L, const int *orders, int n_orders, int heads,
+                            int slots)
+{
+    (void)be;
+    real->engram_hash(real, idx, tok, L, orders, n_orders, heads, slots);
+    if (!strcmp(broken, "engram_hash"))
+        perturb_int(idx);
+}
+
+static void brk_engram_gather(const nd_backend *be, float *e, const float *tables,
+                              const int32_t *idx, const nd_layout *L, const int *orders,
+                              int n_orders, int heads, int slots, int sub)
+{
+    (void)be;
+    real->engram_gather(real, e, tables, idx, L, orders, n_orders, heads, slots, sub);
+    if (!strcmp(broken, "engram_gather"))
+        perturb_float(e);
+}
+
+static void brk_engram_taps(const nd_backend *be, float *v, const float *vp, const float *taps,
+                            const nd_layout *L, int d, int dil)
+{
+    (void)be;
+    real->engram_taps(real, v, vp, taps, L, d, dil);
+    if (!strcmp(broken, "engram_taps"))
+        perturb_float(v);
+}
+
+static void brk_engram_gate(const nd_backend *be, float *bx, float *alpha, const float *u,
+                            const float *k, const float *v, long N, int d, int accumulate)
+{
+    (void)be;
+    real->engram_gate(real, bx, alpha, u, k, v, N, d, accumulate);
+    if (!strcmp(broken, "engram_gate"))
+        perturb_float(bx);
+}
+
+static void brk_hyper_coeffs(const nd_backend *be, float *hpre, float *hpost, float *M,
+                             const float *pre, const float *post, const float *res, float a_pre,
+                             float a_post, float a_res, const float *b_pre, const float *b_post,
+                             const float *b_res, int lane, long N, int n)
+{
+    (void)be;
+    real->hyper_coeffs(real, hpre, hpost, M, pre, post, res, a_pre, a_post, a_res, b_pre, b_post,
+                       b_res, lane, N, n);
+    if (!strcmp(broken, "hyper_coeffs"))
+        perturb_float(hpre);
+}
+
+static void brk_lanes_combine(const nd_backend *be, float *u, const float *hpre, const float *X,
+                              long N, int n, int d)
+{
+    (void)be;
+    real->lanes_combine(real, u, hpre, X, N, n, d);
+    if (!strcmp(broken, "lanes_combine"))
+        perturb_float(u);
+}
+
+static void brk_lanes_update(const nd_backend *be, float *Xo, const float *M, const float *X,
+                             const float *hpost, const float *y, long N, int n, int d)
+{
+    (void)be;
+    real->lanes_update(real, Xo, M, X, hpost, y, N, n, d);
+    if (!strcmp(broken, "lanes_update"))
+        perturb_float(Xo);
+}
+
+static void brk_lanes_broadcast(const nd_backend *be, float *X, const float *x0, long N, int n,
+                                int d)
+{
+    (void)be;
+    real->lanes_broadcast(real, X, x0, N, n, d);
+    if (!strcmp(broken, "lanes_broadcast"))
+        perturb_float(X);
+}
+
+static void brk_lanes_mean(const nd_backend *be, float *xm, const float *X, long N, int n, int d)
+{
+    (void)be;
+    real->lanes_mean(real, xm, X, N, n, d);
+    if (!strcmp(broken, "lanes_mean"))
+        perturb_float(xm);
+}
+
+static void brk_rope(const nd_backend *be, float *x, const float *cos_t, const float *sin_t,
+                     const nd_layout *L, int heads, int hd)
+{
+    (void)be;
+    real->rope(real, x, cos_t, sin_t, L, heads, hd);
+    if (!strcmp(broken, "rope"))
+        perturb_float(x);
+}
+
+static void brk_attention(const nd_backend *be, float *out, float *lse, const float *q,
+                          const float *k, const float *v, const nd_layout *L, int H, int G, int hd)
+{
+    (void)be;
+    real->attention(real, out, lse, q, k, v, L, H, G, hd);
+    if (!strcmp(broken, "attention"))
+        perturb_float(out);
+}
+
+static void brk_gate_sigmoid(const nd_backend *be, float *o, const float *att, const float *g,
+                             long n)
+{
+    (void)be;
+    real->gate_sigmoid(real, o, att, g, n);
+    if (!strcmp(broken, "gate_sigmoid"))
+        perturb_float(o);
+}
+
+static void brk_residual_scaled(const nd_backend *be, float *y, const float *x, const float *r,
+                                float gate, long n)
+{
+    (void)be;
+    real->residual_scaled(real, y, x, r, gate, n);
+    if (!strcmp(broken, "residual_scaled"))
+        perturb_float(y);
+}
+
+static void brk_hadamard_mlp(const nd_backend *be, float *y, float *h1, const float *x,
+                             const float *z, const float *u, const float *d1, const float *d2,
+                             const float *d3, long N, int d, int hn)
+{
+    (void)be;
+    real->hadamard_mlp(real, y, h1, x, z, u, d1, d2, d3, N, d, hn);
+    if (!strcmp(broken, "hadamard_mlp"))
+        perturb_float(y);
+}
+
+static void brk_gather_rows(const nd_backend *be, float *dst, const float *src, const int32_t *rows,
+                            long n, int d)
+{
+    (void)be;
+    real->gather_rows(real, dst, src, rows, n, d);
+    if (!strcmp(broken, "gather_rows"))
+        perturb_float(dst);
+}
+
+static void brk_scatter_add_rows(const nd_backend *be, float *dst, const float *src,
+                                 const int32_t *rows, long n, int d)
+{
+    (void)be;
+    real->scatter_add_rows(real, dst, src, rows, n, d);
+    if (!strcmp(broken, "scatter_add_rows"))
+        perturb_float(dst);
+}
+
+static void brk_cross_entropy(const nd_backend *be, float *loss, const float *logits,
+                              const int32_t *target, long N, int V)
+{
+    (void)be;
+    real->cross_entropy(real, loss, logits, target, N, V);
+    if (!strcmp(broken, "cross_entropy"))
+        perturb_float(loss);
+}
+
+static void brk_cross_entropy_backward(const nd_backend *be, float *logits, const int32_t *target,
+                                       const float *weight, long N, int V)
+{
+    (void)be;
+    real->cross_entropy_backward(real, logits, target, weight, N, V);
+    if (!strcmp(broken, "cross_entropy_backward"))
+        perturb_float(logits);
+}
+
+static void brk_rmsnorm_backward(const nd_backend *be, float *dx, float *dscale, const float *dy,
+                                 const float *x, const float *rstd, const float *scale, long rows,
+                                 int dim, int accumulate)
+{
+    (void)be;
+    real->rmsnorm_backward(real, dx, dscale, dy, x, rstd, scale, rows, dim, accumulate);
+    if (!strcmp(broken, "rmsnorm_backward"))
+        perturb_float(dx);
+}
+
+static void brk_embed_backward(const nd_backend *be, float *demb, const float *dx0,
+                               const int32_t *tok, long N, int d, float scale)
+{
+    (void)be;
+    real->embed_backward(real, demb, dx0, tok, N, d, scale);
+    if (!strcmp(broken, "embed_backward"))
+        perturb_float(demb);
+}
+
+static void brk_engram_gather_backward(const nd_backend *be, float *dtables, const float *de,
+                                       const int32_t *idx, const nd_layout *L, const int *orders,
+                                       int n_orders, int heads, int slots, int sub)
+{
+    (void)be;
+    real->engram_gather_backward(real, dtables, de, idx, L, orders, n_orders, heads, slots, sub);
+    if (!strcmp(broken, "engram_gather_backward"))
+        perturb_float(dtables);
+}
+
+static void brk_engram_taps_backward(const nd_backend *be, float *dvp, float *dtaps,
+                                     const float *dv, const float *vp, const float *taps,
+                                     const nd_layout *L, int d, int dil)
+{
+    (void)be;
+    real->engram_taps_backward(real, dvp, dtaps, dv, vp, taps, L, d, dil);
+    if (!strcmp(broken, "engram_taps_backward"))
+        perturb_float(dvp);
+}
+
+static void brk_engram_gate_backward(const nd_backend *be, float *du, float *dk, float *dv,
+                                     const float *dbx, const float *u, const float *k,
+                                     const float *v, const float *alpha, long N, int d)
+{
+    (void)be;
+    real->engram_gate_backward(real, du, dk, dv, dbx, u, k, v, alpha, N, d);
+    if (!strcmp(broken, "engram_gate_backward"))
+        perturb_float(du);
+}
+
+static void brk_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, float *dres,
+                                      float *da_pre, float *da_post, float *da_res, float *db_pre,
+                                      float *db_post, float *db_res, const float *dhpre,
+                                      const float *dhpost, const float *dM, const float *pre,
+                                      const float *post, const float *res, const float *hpre,
+                                      const float *hpost, float a_pre, float a_post, float a_res,
+                                      const float *b_res, long N, int n)
+{
+    (void)be;
+    real->hyper_coeffs_backward(real, dpre, dpost, dres, da_pre, da_post, da_res, db_pre, db_post,
+                                db_res, dhpre, dhpost, dM, pre, post, res, hpre, hpost, a_pre,
+                                a_post, a_res, b_res, N, n);
+    if (!strcmp(broken, "hyper_coeffs_backward"))
+        perturb_float(dpre);
+}
+
+static void brk_lanes_combine_backward(const nd_backend *be, float *dhpre, float *dX,
+                                       const float *du, const float *hpre, const float *X, long N,
+                                       int n, int d)
+{
+    (void)be;
+    real->lanes_combine_backward(real, dhpre, dX, du, hpre, X, N, n, d);
+    if (!strcmp(broken, "lanes_combine_backward"))
+        perturb_float(dhpre);
+}
+
+static void brk_lanes_update_backward(const nd_backend *be, float *dX, float *dM, float *dhpost,
+                                      float *dy, const float *dXo, const float *M, const float *X,
+                                      const float *hpost, const float *y, long N, int n, int d)
+{
+    (void)be;
+    real->lanes_update_backward(real, dX, dM, dhpost, dy, dXo, M, X, hpost, y, N, n, d);
+    if (!strcmp(broken, "lanes_update_backward"))
+        perturb_float(dX);
+}
+
+static void brk_lanes_broadcast_backward(const nd_backend *be, float *dx0, const float *dX, long N,
+                                         int n, int d)
+{
+    (void)be;
+    real->lanes_broadcast_backward(real, dx0, dX, N, n, d);
+    if (!strcmp(broken, "lanes_broadcast_backward"))
+        perturb_float(dx0);
+}
+
+static void brk_lanes_mean_backward(const nd_backend *be, float *dX, const float *dxm, long N,
+                                    int n, int d)
+{
+    (void)be;
+    real->lanes_mean_backward(real, dX, dxm, N, n, d);
+    if (!strcmp(broken, "lanes_mean_backward"))
+        perturb_float(dX);
+}
+
+static void brk_rope_backward(const nd_backend *be, float *dx, const float *cos_t,
+                              const float *sin_t, const nd_layout *L, int heads, int hd)
+{
+    (void)be;
+    real->rope_backward(real, dx, cos_t, sin_t, L, heads, hd);
+    if (!strcmp(broken, "rope_backward"))
+        perturb_float(dx);
+}
+
+static void brk_attention_backward(const nd_backend *be, float *dq, float *dk, float *dv,
+                                   const float *dout, const float *q, const float *k,
+                                   const float *v, const float *out, const float *lse,
+                                   const nd_layout *L, int H, int G, int hd)
+{
+    (void)be;
+    real->attention_backward(real, dq, dk, dv, dout, q, k, v, out, lse, L, H, G, hd);
+    if (!strcmp(broken, "attention_backward"))
+        perturb_float(dq);
+}
+
+static void brk_gate_sigmoid_backward(const nd_backend *be, float *datt, float *dg,
+                                      const float *dout, const float *att, const float *g, long n)
+{
+    (void)be;
+    real->gate_sigmoid_backward(real, datt, dg, dout, att, g, n);
+    if (!strcmp(broken, "gate_sigmoid_backward"))
+        perturb_float(datt);
+}
+
+static void brk_residual_scaled_backward(const nd_backend *be, float *dr, float *dgate,
+                                         const float *dy, const float *r, float gate, long n)
+{
+    (void)be;
+    real->residual_scaled_backward(real, dr, dgate, dy, r, gate, n);
+    if (!strcmp(broken, "residual_scaled_backward"))
+        perturb_float(dr);
+}
+
+static void brk_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1, float *dd2,
+                                      float *dd3, const float *dy, const float *z, const float *h1,
+                                      const float *d1, const float *d2, const float *d3, long N,
+                                      int d, int hn)
+{
+    (void)be;
+    real->hadamard_mlp_backward(real, dz, dd1, dd2, dd3, dy, z, h1, d1, d2, d3, N, d, hn);
+    if (!strcmp(broken, "hadamard_mlp_backward"))
+        perturb_float(dz);
+}
+
+static void brk_copy2d(const nd_backend *be, float *dst, int dst_ld, const float *src, int src_ld,
+                       long rows, int cols)
+{
+    (void)be;
+    real->copy2d(real, dst, dst_ld, src, src_ld, rows, cols);
+    if (!strcmp(broken, "copy2d"))
+        perturb_float(dst);
+}
+
+static void brk_add(const nd_backend *be, float *y, const float *x, float alpha, long n)
+{
+    (void)be;
+    real->add(real, y, x, alpha, n);
+    if (!strcmp(broken, "add"))
+        perturb_float(y);
+}
+
+const nd_backend *bo_break(const nd_backend *be, const char *name)
+{
+    static const char *const names[] = {"matmul",
+                                        "rmsnorm",
+                                        "embed",
+                                        "engram_hash",
+                                        "engram_gather",
+                                        "engram_taps",
+                                        "engram_gate",
+                                        "hyper_coeffs",
+                                        "lanes_combine",
+                                        "lanes_update",
+                                        "lanes_broadcast",
+                                        "lanes_mean",
+                                        "rope",
+                                        "attention",
+                                        "gate_sigmoid",
+                                        "residual_scaled",
+                                        "hadamard_mlp",
+                                        "gather_rows",
+                                        "scatter_add_rows",
+                                        "cross_entropy",
+                                        "cross_entropy_backward",
+                                        "rmsnorm_backward",
+                                        "embed_backward",
+                                        "engram_gather_backward",
+                                        "engram_taps_backward",
+                                        "engram_gate_backward",
+                                        "hyper_coeffs_backward",
+                                        "lanes_combine_backward",
+                                        "lanes_update_backward",
+                                        "lanes_broadcast_backward",
+                                        "lanes_mean_backward",
+                                        "rope_backward",
+                                        "attention_backward",
+                                        "gate_sigmoid_backward",
+                                        "residual_scaled_backward",
+                                        "hadamard_mlp_backward",
+                                        "copy2d",
+                                        "add"};
+    int found = 0;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        found |= !strcmp(names[i], name);
+    if (!found)
+        return NULL;
+    real = be;
+    broken = name;
+    wrapped = *be;
+    wrapped.sync = brk_sync;
+    wrapped.alloc = brk_alloc;
+    wrapped.free = brk_free;
+    wrapped.matmul = brk_matmul;
+    wrapped.rmsnorm = brk_rmsnorm;
+    wrapped.embed = brk_embed;
+    wrapped.engram_hash = brk_engram_hash;
+    wrapped.engram_gather = brk_engram_gather;
+    wrapped.engram_taps = brk_engram_taps;
+    wrapped.engram_gate = brk_engram_gate;
+    wrapped.hyper_coeffs = brk_hyper_coeffs;
+    wrapped.lanes_combine = brk_lanes_combine;
+    wrapped.lanes_update = brk_lanes_update;
+    wrapped.lanes_broadcast = brk_lanes_broadcast;
+    wrapped.lanes_mean = brk_lanes_mean;
+    wrapped.rope = brk_rope;
+    wrapped.attention = brk_attention;
+    wrapped.gate_sigmoid = brk_gate_sigmoid;
+    wrapped.residual_scaled = brk_residual_scaled;
+    wrapped.hadamard_mlp = brk_hadamard_mlp;
+    wrapped.gather_rows = brk_gather_rows;
+    wrapped.scatter_add_rows = brk_scatter_add_rows;
+    wrapped.cross_entropy = brk_cross_entropy;
+    wrapped.cross_entropy_backward = brk_cross_entropy_backward;
+    wrapped.rmsnorm_backward = brk_rmsnorm_backward;
+    wrapped.embed_backward = brk_embed_backward;
+    wrapped.engram_gather_backward = brk_engram_gather_backward;
+    wrapped.engram_taps_backward = brk_engram_taps_backward;
+    wrapped.engram_gate_backward = brk_engram_gate_backward;
+    wrapped.hyper_coeffs_backward = brk_hyper_coeffs_backward;
+    wrapped.lanes_combine_backward = brk_lanes_combine_backward;
+    wrapped.lanes_update_backward = brk_lanes_update_backward;
+    wrapped.lanes_broadcast_backward = brk_lanes_broadcast_backward;
+    wrapped.lanes_mean_backward = brk_lanes_mean_backward;
+    wrapped.rope_backward = brk_rope_backward;
+    wrapped.attention_backward = brk_attention_backward;
+    wrapped.gate_sigmoid_backward = brk_gate_sigmoid_backward;
+    wrapped.residual_scaled_backward = brk_residual_scaled_backward;
+    wrapped.hadamard_mlp_backward = brk_hadamard_mlp_backward;
+    wrapped.copy2d = brk_copy2d;
+    wrapped.add = brk_add;
+    return &wrapped;
+}

@@ -1,15 +1,35 @@
 /* NEEDLE_TEST_BREAK for test_backend_ops: a copy of the target's table
  * whose entries forward to the real backend (always with the real table
  * pointer: a backend may keep its state next to its table), with one op
- * perturbing its first output by ~1e-3 relative after it ran. The test
- * must then fail: proof that it can. */
+ * broken. The test must then fail: proof that it can.
+ *
+ * <op>: the op perturbs its first output by ~1e-3 relative after it ran.
+ * defer:<op> (matmul, rmsnorm, engram_hash, attention, scatter_add_rows,
+ *   cross_entropy, attention_backward, hyper_coeffs_backward, copy2d): the
+ *   op runs only at the next sync (or at its own next call),
+ *   reading its inputs then: a legal asynchronous op as long as nothing
+ *   reads its outputs before the sync and its host inputs are still there,
+ *   which the test breaks on purpose (chains; host inputs overwritten after
+ *   issue). Like a device backend that forgets a barrier or the
+ *   copy-at-issue rule.
+ *
+ * Generated from backend.h's table (one wrapper per entry). */
 #include <string.h>
 
 #include "backend_ops.h"
 
 static const nd_backend *real;
-static const char *broken;
+static const char *broken = "", *deferred = "";
 static nd_backend wrapped;
+static void (*pending)(void);
+
+static void flush(void)
+{
+    void (*f)(void) = pending;
+    pending = NULL;
+    if (f)
+        f();
+}
 
 static void perturb_float(float *x)
 {
@@ -30,6 +50,7 @@ static void perturb_int(int32_t *x)
 static void brk_sync(const nd_backend *be)
 {
     (void)be;
+    flush();
     nd_backend_sync(real);
 }
 
@@ -45,20 +66,87 @@ static void brk_free(const nd_backend *be, void *p)
     real->free(real, p);
 }
 
+static struct {
+    int ta;
+    int tb;
+    int M;
+    int N;
+    int K;
+    float alpha;
+    const float *A;
+    int lda;
+    const float *B;
+    int ldb;
+    float beta;
+    float *C;
+    int ldc;
+} arg_matmul;
+
+static void run_matmul(void)
+{
+    real->matmul(real, arg_matmul.ta, arg_matmul.tb, arg_matmul.M, arg_matmul.N, arg_matmul.K,
+                 arg_matmul.alpha, arg_matmul.A, arg_matmul.lda, arg_matmul.B, arg_matmul.ldb,
+                 arg_matmul.beta, arg_matmul.C, arg_matmul.ldc);
+}
+
 static void brk_matmul(const nd_backend *be, int ta, int tb, int M, int N, int K, float alpha,
                        const float *A, int lda, const float *B, int ldb, float beta, float *C,
                        int ldc)
 {
     (void)be;
+    if (!strcmp(deferred, "matmul")) {
+        flush();
+        arg_matmul.ta = ta;
+        arg_matmul.tb = tb;
+        arg_matmul.M = M;
+        arg_matmul.N = N;
+        arg_matmul.K = K;
+        arg_matmul.alpha = alpha;
+        arg_matmul.A = A;
+        arg_matmul.lda = lda;
+        arg_matmul.B = B;
+        arg_matmul.ldb = ldb;
+        arg_matmul.beta = beta;
+        arg_matmul.C = C;
+        arg_matmul.ldc = ldc;
+        pending = run_matmul;
+        return;
+    }
     real->matmul(real, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     if (!strcmp(broken, "matmul"))
         perturb_float(C);
+}
+
+static struct {
+    float *y;
+    float *rstd;
+    const float *x;
+    const float *scale;
+    long rows;
+    int dim;
+} arg_rmsnorm;
+
+static void run_rmsnorm(void)
+{
+    real->rmsnorm(real, arg_rmsnorm.y, arg_rmsnorm.rstd, arg_rmsnorm.x, arg_rmsnorm.scale,
+                  arg_rmsnorm.rows, arg_rmsnorm.dim);
 }
 
 static void brk_rmsnorm(const nd_backend *be, float *y, float *rstd, const float *x,
                         const float *scale, long rows, int dim)
 {
     (void)be;
+    if (!strcmp(deferred, "rmsnorm")) {
+        flush();
+        arg_rmsnorm.y = y;
+        arg_rmsnorm.rstd = rstd;
+        arg_rmsnorm.x = x;
+        arg_rmsnorm.scale = scale;
+        arg_rmsnorm.rows = rows;
+        arg_rmsnorm.dim = dim;
+        pending = run_rmsnorm;
+        return;
+    }
     real->rmsnorm(real, y, rstd, x, scale, rows, dim);
     if (!strcmp(broken, "rmsnorm"))
         perturb_float(y);
@@ -73,11 +161,40 @@ static void brk_embed(const nd_backend *be, float *x0, const float *emb, const i
         perturb_float(x0);
 }
 
+static struct {
+    int32_t *idx;
+    const int32_t *tok;
+    const nd_layout *L;
+    const int *orders;
+    int n_orders;
+    int heads;
+    int slots;
+} arg_engram_hash;
+
+static void run_engram_hash(void)
+{
+    real->engram_hash(real, arg_engram_hash.idx, arg_engram_hash.tok, arg_engram_hash.L,
+                      arg_engram_hash.orders, arg_engram_hash.n_orders, arg_engram_hash.heads,
+                      arg_engram_hash.slots);
+}
+
 static void brk_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *tok,
                             const nd_layout *L, const int *orders, int n_orders, int heads,
                             int slots)
 {
     (void)be;
+    if (!strcmp(deferred, "engram_hash")) {
+        flush();
+        arg_engram_hash.idx = idx;
+        arg_engram_hash.tok = tok;
+        arg_engram_hash.L = L;
+        arg_engram_hash.orders = orders;
+        arg_engram_hash.n_orders = n_orders;
+        arg_engram_hash.heads = heads;
+        arg_engram_hash.slots = slots;
+        pending = run_engram_hash;
+        return;
+    }
     real->engram_hash(real, idx, tok, L, orders, n_orders, heads, slots);
     if (!strcmp(broken, "engram_hash"))
         perturb_int(idx);
@@ -167,10 +284,43 @@ static void brk_rope(const nd_backend *be, float *x, const float *cos_t, const f
         perturb_float(x);
 }
 
+static struct {
+    float *out;
+    float *lse;
+    const float *q;
+    const float *k;
+    const float *v;
+    const nd_layout *L;
+    int H;
+    int G;
+    int hd;
+} arg_attention;
+
+static void run_attention(void)
+{
+    real->attention(real, arg_attention.out, arg_attention.lse, arg_attention.q, arg_attention.k,
+                    arg_attention.v, arg_attention.L, arg_attention.H, arg_attention.G,
+                    arg_attention.hd);
+}
+
 static void brk_attention(const nd_backend *be, float *out, float *lse, const float *q,
                           const float *k, const float *v, const nd_layout *L, int H, int G, int hd)
 {
     (void)be;
+    if (!strcmp(deferred, "attention")) {
+        flush();
+        arg_attention.out = out;
+        arg_attention.lse = lse;
+        arg_attention.q = q;
+        arg_attention.k = k;
+        arg_attention.v = v;
+        arg_attention.L = L;
+        arg_attention.H = H;
+        arg_attention.G = G;
+        arg_attention.hd = hd;
+        pending = run_attention;
+        return;
+    }
     real->attention(real, out, lse, q, k, v, L, H, G, hd);
     if (!strcmp(broken, "attention"))
         perturb_float(out);
@@ -213,19 +363,68 @@ static void brk_gather_rows(const nd_backend *be, float *dst, const float *src, 
         perturb_float(dst);
 }
 
+static struct {
+    float *dst;
+    const float *src;
+    const int32_t *rows;
+    long n;
+    int d;
+} arg_scatter_add_rows;
+
+static void run_scatter_add_rows(void)
+{
+    real->scatter_add_rows(real, arg_scatter_add_rows.dst, arg_scatter_add_rows.src,
+                           arg_scatter_add_rows.rows, arg_scatter_add_rows.n,
+                           arg_scatter_add_rows.d);
+}
+
 static void brk_scatter_add_rows(const nd_backend *be, float *dst, const float *src,
                                  const int32_t *rows, long n, int d)
 {
     (void)be;
+    if (!strcmp(deferred, "scatter_add_rows")) {
+        flush();
+        arg_scatter_add_rows.dst = dst;
+        arg_scatter_add_rows.src = src;
+        arg_scatter_add_rows.rows = rows;
+        arg_scatter_add_rows.n = n;
+        arg_scatter_add_rows.d = d;
+        pending = run_scatter_add_rows;
+        return;
+    }
     real->scatter_add_rows(real, dst, src, rows, n, d);
     if (!strcmp(broken, "scatter_add_rows"))
         perturb_float(dst);
+}
+
+static struct {
+    float *loss;
+    const float *logits;
+    const int32_t *target;
+    long N;
+    int V;
+} arg_cross_entropy;
+
+static void run_cross_entropy(void)
+{
+    real->cross_entropy(real, arg_cross_entropy.loss, arg_cross_entropy.logits,
+                        arg_cross_entropy.target, arg_cross_entropy.N, arg_cross_entropy.V);
 }
 
 static void brk_cross_entropy(const nd_backend *be, float *loss, const float *logits,
                               const int32_t *target, long N, int V)
 {
     (void)be;
+    if (!strcmp(deferred, "cross_entropy")) {
+        flush();
+        arg_cross_entropy.loss = loss;
+        arg_cross_entropy.logits = logits;
+        arg_cross_entropy.target = target;
+        arg_cross_entropy.N = N;
+        arg_cross_entropy.V = V;
+        pending = run_cross_entropy;
+        return;
+    }
     real->cross_entropy(real, loss, logits, target, N, V);
     if (!strcmp(broken, "cross_entropy"))
         perturb_float(loss);
@@ -289,6 +488,48 @@ static void brk_engram_gate_backward(const nd_backend *be, float *du, float *dk,
         perturb_float(du);
 }
 
+static struct {
+    float *dpre;
+    float *dpost;
+    float *dres;
+    float *da_pre;
+    float *da_post;
+    float *da_res;
+    float *db_pre;
+    float *db_post;
+    float *db_res;
+    const float *dhpre;
+    const float *dhpost;
+    const float *dM;
+    const float *pre;
+    const float *post;
+    const float *res;
+    const float *hpre;
+    const float *hpost;
+    float a_pre;
+    float a_post;
+    float a_res;
+    const float *b_res;
+    long N;
+    int n;
+} arg_hyper_coeffs_backward;
+
+static void run_hyper_coeffs_backward(void)
+{
+    real->hyper_coeffs_backward(real, arg_hyper_coeffs_backward.dpre,
+                                arg_hyper_coeffs_backward.dpost, arg_hyper_coeffs_backward.dres,
+                                arg_hyper_coeffs_backward.da_pre, arg_hyper_coeffs_backward.da_post,
+                                arg_hyper_coeffs_backward.da_res, arg_hyper_coeffs_backward.db_pre,
+                                arg_hyper_coeffs_backward.db_post, arg_hyper_coeffs_backward.db_res,
+                                arg_hyper_coeffs_backward.dhpre, arg_hyper_coeffs_backward.dhpost,
+                                arg_hyper_coeffs_backward.dM, arg_hyper_coeffs_backward.pre,
+                                arg_hyper_coeffs_backward.post, arg_hyper_coeffs_backward.res,
+                                arg_hyper_coeffs_backward.hpre, arg_hyper_coeffs_backward.hpost,
+                                arg_hyper_coeffs_backward.a_pre, arg_hyper_coeffs_backward.a_post,
+                                arg_hyper_coeffs_backward.a_res, arg_hyper_coeffs_backward.b_res,
+                                arg_hyper_coeffs_backward.N, arg_hyper_coeffs_backward.n);
+}
+
 static void brk_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, float *dres,
                                       float *da_pre, float *da_post, float *da_res, float *db_pre,
                                       float *db_post, float *db_res, const float *dhpre,
@@ -298,6 +539,34 @@ static void brk_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *
                                       const float *b_res, long N, int n)
 {
     (void)be;
+    if (!strcmp(deferred, "hyper_coeffs_backward")) {
+        flush();
+        arg_hyper_coeffs_backward.dpre = dpre;
+        arg_hyper_coeffs_backward.dpost = dpost;
+        arg_hyper_coeffs_backward.dres = dres;
+        arg_hyper_coeffs_backward.da_pre = da_pre;
+        arg_hyper_coeffs_backward.da_post = da_post;
+        arg_hyper_coeffs_backward.da_res = da_res;
+        arg_hyper_coeffs_backward.db_pre = db_pre;
+        arg_hyper_coeffs_backward.db_post = db_post;
+        arg_hyper_coeffs_backward.db_res = db_res;
+        arg_hyper_coeffs_backward.dhpre = dhpre;
+        arg_hyper_coeffs_backward.dhpost = dhpost;
+        arg_hyper_coeffs_backward.dM = dM;
+        arg_hyper_coeffs_backward.pre = pre;
+        arg_hyper_coeffs_backward.post = post;
+        arg_hyper_coeffs_backward.res = res;
+        arg_hyper_coeffs_backward.hpre = hpre;
+        arg_hyper_coeffs_backward.hpost = hpost;
+        arg_hyper_coeffs_backward.a_pre = a_pre;
+        arg_hyper_coeffs_backward.a_post = a_post;
+        arg_hyper_coeffs_backward.a_res = a_res;
+        arg_hyper_coeffs_backward.b_res = b_res;
+        arg_hyper_coeffs_backward.N = N;
+        arg_hyper_coeffs_backward.n = n;
+        pending = run_hyper_coeffs_backward;
+        return;
+    }
     real->hyper_coeffs_backward(real, dpre, dpost, dres, da_pre, da_post, da_res, db_pre, db_post,
                                 db_res, dhpre, dhpost, dM, pre, post, res, hpre, hpost, a_pre,
                                 a_post, a_res, b_res, N, n);
@@ -352,12 +621,56 @@ static void brk_rope_backward(const nd_backend *be, float *dx, const float *cos_
         perturb_float(dx);
 }
 
+static struct {
+    float *dq;
+    float *dk;
+    float *dv;
+    const float *dout;
+    const float *q;
+    const float *k;
+    const float *v;
+    const float *out;
+    const float *lse;
+    const nd_layout *L;
+    int H;
+    int G;
+    int hd;
+} arg_attention_backward;
+
+static void run_attention_backward(void)
+{
+    real->attention_backward(
+        real, arg_attention_backward.dq, arg_attention_backward.dk, arg_attention_backward.dv,
+        arg_attention_backward.dout, arg_attention_backward.q, arg_attention_backward.k,
+        arg_attention_backward.v, arg_attention_backward.out, arg_attention_backward.lse,
+        arg_attention_backward.L, arg_attention_backward.H, arg_attention_backward.G,
+        arg_attention_backward.hd);
+}
+
 static void brk_attention_backward(const nd_backend *be, float *dq, float *dk, float *dv,
                                    const float *dout, const float *q, const float *k,
                                    const float *v, const float *out, const float *lse,
                                    const nd_layout *L, int H, int G, int hd)
 {
     (void)be;
+    if (!strcmp(deferred, "attention_backward")) {
+        flush();
+        arg_attention_backward.dq = dq;
+        arg_attention_backward.dk = dk;
+        arg_attention_backward.dv = dv;
+        arg_attention_backward.dout = dout;
+        arg_attention_backward.q = q;
+        arg_attention_backward.k = k;
+        arg_attention_backward.v = v;
+        arg_attention_backward.out = out;
+        arg_attention_backward.lse = lse;
+        arg_attention_backward.L = L;
+        arg_attention_backward.H = H;
+        arg_attention_backward.G = G;
+        arg_attention_backward.hd = hd;
+        pending = run_attention_backward;
+        return;
+    }
     real->attention_backward(real, dq, dk, dv, dout, q, k, v, out, lse, L, H, G, hd);
     if (!strcmp(broken, "attention_backward"))
         perturb_float(dq);
@@ -392,10 +705,36 @@ static void brk_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd
         perturb_float(dz);
 }
 
+static struct {
+    float *dst;
+    int dst_ld;
+    const float *src;
+    int src_ld;
+    long rows;
+    int cols;
+} arg_copy2d;
+
+static void run_copy2d(void)
+{
+    real->copy2d(real, arg_copy2d.dst, arg_copy2d.dst_ld, arg_copy2d.src, arg_copy2d.src_ld,
+                 arg_copy2d.rows, arg_copy2d.cols);
+}
+
 static void brk_copy2d(const nd_backend *be, float *dst, int dst_ld, const float *src, int src_ld,
                        long rows, int cols)
 {
     (void)be;
+    if (!strcmp(deferred, "copy2d")) {
+        flush();
+        arg_copy2d.dst = dst;
+        arg_copy2d.dst_ld = dst_ld;
+        arg_copy2d.src = src;
+        arg_copy2d.src_ld = src_ld;
+        arg_copy2d.rows = rows;
+        arg_copy2d.cols = cols;
+        pending = run_copy2d;
+        return;
+    }
     real->copy2d(real, dst, dst_ld, src, src_ld, rows, cols);
     if (!strcmp(broken, "copy2d"))
         perturb_float(dst);
@@ -449,13 +788,29 @@ const nd_backend *bo_break(const nd_backend *be, const char *name)
                                         "hadamard_mlp_backward",
                                         "copy2d",
                                         "add"};
+    static const char *const defer_names[] = {"matmul",
+                                              "rmsnorm",
+                                              "engram_hash",
+                                              "attention",
+                                              "scatter_add_rows",
+                                              "cross_entropy",
+                                              "attention_backward",
+                                              "hyper_coeffs_backward",
+                                              "copy2d"};
+    int defer = !strncmp(name, "defer:", 6);
+    const char *op = defer ? name + 6 : name;
+    const char *const *list = defer ? defer_names : names;
+    size_t n = defer ? sizeof defer_names / sizeof *defer_names : sizeof names / sizeof *names;
     int found = 0;
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
-        found |= !strcmp(names[i], name);
+    for (size_t i = 0; i < n; i++)
+        found |= !strcmp(list[i], op);
     if (!found)
         return NULL;
     real = be;
-    broken = name;
+    if (defer)
+        deferred = op;
+    else
+        broken = op;
     wrapped = *be;
     wrapped.sync = brk_sync;
     wrapped.alloc = brk_alloc;

@@ -67,6 +67,8 @@ static double tensor_err(const float *a, const float *b, size_t n, double *mabs)
     double md = 0, mb = 1e-12;
     for (size_t i = 0; i < n; i++) {
         double d = fabs((double)a[i] - b[i]);
+        if (d != d)
+            d = INFINITY;
         if (!(d <= md))
             md = d;
         mb = fmax(mb, fabs((double)b[i]));

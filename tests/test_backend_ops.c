@@ -19,7 +19,10 @@
  * that results do not depend on the thread count beyond rounding.
  *
  * One table line per op: op, cases, max abs error, max relative error
- * (|a - b| / max(|b|, 1% of the buffer's max |b|)), tolerance, ok/FAIL.
+ * (|a - b| / max(|b|, 1% of the buffer's max |b|)), tolerance, ok/FAIL,
+ * and det: whether a second run of each case on the target gave the same
+ * bits (the interface promises deterministic reductions; reported, not
+ * failed).
  * Exit 0 when all pass, 1 on any failure, 77 when the backend is not
  * available ("skipped: <why>"; CTest shows the test as skipped), or 1
  * then too when NEEDLE_TEST_REQUIRE_BACKEND=1 (machines that have the
@@ -49,11 +52,21 @@ enum { REF_THREADS = 1, CPU_TARGET_THREADS = 3 };
 typedef struct {
     char op[48];
     int cases, fail;
+    int nondet; /* a second run on the target gave other bits */
+    int model;  /* a model row (run once) */
     double tol, max_abs, max_rel;
 } bo_row;
 
 static bo_row rows[96];
 static int n_rows, failures;
+
+static int n_rows_of(const char *op)
+{
+    for (int i = 0; i < n_rows; i++)
+        if (!strcmp(rows[i].op, op))
+            return i;
+    return 0;
+}
 
 int bo_record(const char *op, double tol, double max_abs, double max_rel, int fail)
 {
@@ -68,10 +81,15 @@ int bo_record(const char *op, double tol, double max_abs, double max_rel, int fa
         }
         r = &rows[n_rows++];
         snprintf(r->op, sizeof r->op, "%s", op);
+        r->model = !strncmp(op, "model:", 6);
     }
     r->cases++;
     r->tol = fmax(r->tol, tol);
-    if (!(max_abs <= r->max_abs)) /* NaN sticks */
+    if (max_abs != max_abs) /* NaN: worse than anything */
+        max_abs = INFINITY;
+    if (max_rel != max_rel)
+        max_rel = INFINITY;
+    if (!(max_abs <= r->max_abs))
         r->max_abs = max_abs;
     if (!(max_rel <= r->max_rel))
         r->max_rel = max_rel;
@@ -236,6 +254,8 @@ static void compare(const float *a, const float *b, long n, double *mabs, double
     double floor = fmax(1e-2 * mb, 1e-6);
     for (long i = 0; i < n; i++) {
         double d = fabs((double)a[i] - (double)b[i]);
+        if (d != d)
+            d = INFINITY; /* NaN on either side */
         if (!(d <= *mabs))
             *mabs = d;
         double r = d / fmax(fabs((double)b[i]), floor);
@@ -244,16 +264,9 @@ static void compare(const float *a, const float *b, long n, double *mabs, double
     }
 }
 
-void bo_run(bo_case *c)
+/* One run on the target; returns 1 when a const host input changed. */
+static int target_run(const bo_case *c, void **pt, int *dt)
 {
-    void *pr[BO_MAXBUF], *pt[BO_MAXBUF];
-    int dr[BO_MAXBUF], dt[BO_MAXBUF];
-    const nd_backend *ref = bo_ref;
-    bo_use(0);
-    side_setup(ref, 0, c, pr, dr);
-    c->issue(ref, c, pr);
-    nd_backend_sync(ref);
-    bo_use(1);
     side_setup(tgt, 1, c, pt, dt);
     c->issue(tgt, c, pt);
     /* host inputs are copied when an op is issued: the host may reuse them
@@ -274,11 +287,31 @@ void bo_run(bo_case *c)
             memset(pt[i], 0, sizeof(int32_t) * (size_t)b->n);
     }
     nd_backend_sync(tgt);
+    return fail;
+}
+
+void bo_run(bo_case *c)
+{
+    void *pr[BO_MAXBUF], *pt[BO_MAXBUF], *p2[BO_MAXBUF];
+    int dr[BO_MAXBUF], dt[BO_MAXBUF], d2[BO_MAXBUF];
+    const nd_backend *ref = bo_ref;
+    bo_use(0);
+    side_setup(ref, 0, c, pr, dr);
+    c->issue(ref, c, pr);
+    nd_backend_sync(ref);
+    bo_use(1);
+    int fail = target_run(c, pt, dt);
+    /* a second run must give the same bits ("reductions over rows are
+     * deterministic"): reported in the table's det column, not a failure */
+    fail |= target_run(c, p2, d2);
 
     double mabs = 0, mrel = 0;
+    int same = 1;
     for (int i = 0; i < c->nb; i++) {
         const bo_buf *b = &c->b[i];
         size_t bytes = sizeof(float) * (size_t)b->n;
+        if (b->kind == BO_FOUT || b->kind == BO_IOUT)
+            same &= !memcmp(pt[i], p2[i], bytes);
         if (b->kind == BO_FOUT) {
             compare(pt[i], pr[i], b->n, &mabs, &mrel);
         } else if (b->kind == BO_IOUT) {
@@ -293,21 +326,28 @@ void bo_run(bo_case *c)
     }
     fail |= !(mrel <= c->tol);
     int k = bo_record(c->op, c->tol, mabs, mrel, fail);
+    if (!same)
+        rows[n_rows_of(c->op)].nondet = 1;
     if (fail)
         fprintf(stderr, "FAIL %s, case %d: max abs %.3g, max rel %.3g (tol %.1g)\n", c->op, k, mabs,
                 mrel, c->tol);
     side_free(ref, c, pr, dr);
     side_free(tgt, c, pt, dt);
+    side_free(tgt, c, p2, d2);
     bo_use(0);
 }
 
 static void print_table(void)
 {
-    printf("%-38s %5s %10s %10s %8s  %s\n", "op", "cases", "max_abs", "max_rel", "tol", "result");
+    printf("%-38s %5s %10s %10s %8s  %-6s %s\n", "op", "cases", "max_abs", "max_rel", "tol",
+           "result", "det");
     for (int i = 0; i < n_rows; i++) {
         const bo_row *r = &rows[i];
-        printf("%-38s %5d %10.2e %10.2e %8.0e  %s\n", r->op, r->cases, r->max_abs, r->max_rel,
-               r->tol, r->fail ? "FAIL" : "ok");
+        printf("%-38s %5d %10.2e %10.2e %8.0e  %-6s %s\n", r->op, r->cases, r->max_abs, r->max_rel,
+               r->tol, r->fail ? "FAIL" : "ok",
+               r->nondet  ? "NO"
+               : r->model ? "-"
+                          : "yes");
     }
 }
 

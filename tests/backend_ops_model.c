@@ -202,6 +202,12 @@ static void add_example(batch *bt, int b, const int32_t *prefix, int plen, int l
 
 void bo_model_check(const nd_backend *tgt)
 {
+    if (bo_missing("model:")) {
+        bo_mark_missing("model: padded batch");
+        bo_mark_missing("model: packed, shared prefixes");
+        bo_mark_missing("model: packed, recomputed");
+        return;
+    }
     printf("model check (tu_small_config + LoRA rank 4, full gradients):\n");
     setup(tgt);
     int32_t pa[T], pb[T];

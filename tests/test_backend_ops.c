@@ -11,7 +11,11 @@
  * pre-filled with the same random values on both sides (ops that
  * accumulate start from them). All ops of a case are issued before one
  * nd_backend_sync; chains of dependent ops check the backend's ordering.
- * Inputs are also checked to be left unchanged. At the end the small
+ * Host inputs are overwritten (NaN, index 0) right after the ops are
+ * issued: a device backend must have copied them at issue. Inputs are also
+ * checked to be left unchanged. Each case runs twice on the target. A NULL
+ * table entry (a partial backend, e.g. NEEDLE_VULKAN_PARTIAL=1) makes its
+ * rows read MISSING instead of crashing. At the end the small
  * all-parts model trains one padded and one packed (shared-prefix) batch
  * on both backends: losses and every LoRA and full gradient must agree.
  *
@@ -32,7 +36,10 @@
  * Self-test: NEEDLE_TEST_BREAK=<op> (e.g. matmul, attention_backward)
  * runs the target through a copy of its table whose <op> perturbs its
  * first output by ~1e-3 relative; the test must then fail on that op's
- * line (and on the chains and model lines that use it). */
+ * line (and on the chains and model lines that use it). defer:<op> runs
+ * the op only at the next sync instead (backend_ops_break.c): its rows
+ * with host inputs, and the chains, must fail. CTest runs a few of these
+ * (test_backend_ops_break_*). */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stddef.h>

@@ -297,6 +297,7 @@ int san_backward_rows(const san_model *m, const san_weights *w, san_acts *a, san
     const san_dims *D = &m->dims;
     san_weights *F = tgt->full;
     int d = D->d, V = D->V;
+    nd_backend_sync(be); /* the host zeroes backend memory earlier ops may use */
     memset(g->dhf, 0, sizeof(float) * (size_t)a->N * d);
     if (n > 0) {
         be->matmul(be, 0, 0, (int)n, d, V, 1.0f, a->logits, V, w->emb, d, 0.0f, g->dhsel, d);
@@ -323,6 +324,8 @@ static int san_backward_hidden(const san_model *m, const san_weights *w, san_act
                          d, 0);
     be->lanes_mean_backward(be, g->dXn, g->dxm, N, n, d);
 
+    if (m->cfg.n_sites)
+        nd_backend_sync(be); /* host zeroing below */
     for (int s = 0; s < m->cfg.n_sites; s++) {
         memset(g->deng_k[s], 0, sizeof(float) * (size_t)N * d);
         memset(g->deng_v[s], 0, sizeof(float) * (size_t)N * d);

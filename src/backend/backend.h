@@ -216,7 +216,8 @@ const nd_backend *nd_backend_cpu(int threads);
 /* Pick a backend by name: "cpu"; "cuda" / "cuda:N"; "vulkan" / "vulkan:N"
  * (N: the device index; a software Vulkan device such as lavapipe only when
  * named by index or NEEDLE_VULKAN_SOFTWARE=1); "auto": CUDA when a device
- * is present, else a Vulkan GPU, else the CPU. GPU backends are plugins
+ * is present, else a Vulkan GPU, else the CPU (on Apple Silicon always the
+ * CPU with Accelerate; its GPU only as "vulkan"). GPU backends are plugins
  * (libneedle_cuda.so, libneedle_vulkan.so) loaded at run time from the
  * directory of the program or library, or NEEDLE_PLUGIN_DIR. NULL + error
  * when the named backend is unavailable. */

@@ -97,6 +97,12 @@ const nd_backend *nd_backend_get(const char *name, int threads)
         return nd_backend_cpu(threads);
     int no_device;
     if (!strcmp(name, "auto")) {
+#if defined(__APPLE__) && defined(__aarch64__)
+        /* Apple Silicon: Accelerate runs GEMMs on the matrix coprocessor and
+         * shares memory with the GPU; the Vulkan (MoltenVK) GPU path is used
+         * only when asked for (--device vulkan) */
+        return nd_backend_cpu(threads);
+#endif
         const nd_backend *be = plugin_open("cuda", -1, 0, threads, 1, &no_device);
         if (!be)
             be = plugin_open("vulkan", -1, 0, threads, 1, &no_device);

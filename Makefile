@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 BUILD ?= build
 
 .PHONY: all build deps test-deps check demo asan-check tsan-check clang-build fuzz format clean \
-	arm64-deps arm64-build arm64-check noomp-check
+	arm64-deps arm64-build arm64-check noomp-check cuda-build
 
 all: build
 
@@ -77,8 +77,15 @@ noomp-check: test-deps
 	@cmake --build build-noomp -j $(JOBS)
 	cd build-noomp && ctest --output-on-failure -j $(JOBS)
 
+# The CUDA backend plugin (build-cuda/libneedle_cuda.so, fat binary for
+# sm_80/86/89/90 + PTX). Compile only: it needs nvcc and cuBLAS, not a GPU;
+# tests/device/cuda.sh runs it on one.
+cuda-build: deps
+	@cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DNEEDLE_CUDA=ON >/dev/null
+	@cmake --build build-cuda -j $(JOBS) --target needle_cuda
+
 format:
-	clang-format -i $$(git ls-files '*.c' '*.h')
+	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-arm64 build-noomp
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-arm64 build-noomp build-cuda

@@ -19,7 +19,8 @@
 static const char *bench_help =
     "usage: needle bench forward|train|decode|finetune [--preset tiny|needle2] [--batch B]\n"
     "                            [--seq T]\n"
-    "                            [--iters|--steps N] [--threads N] [--device auto|cpu]\n"
+    "                            [--iters|--steps N] [--threads N]\n"
+    "                            [--device auto|cpu|cuda[:N]|vulkan[:N]]\n"
     "\n"
     "forward: times the float32 forward pass (logits included) on random weights.\n"
     "decode:  engine prefill/decode tokens/s on a .cact (needle bench decode --help).\n"

@@ -63,11 +63,11 @@ __global__ void __launch_bounds__(ATT_THREADS)
         Qs[e] = t < t1 ? q[((long)sg.start + t) * qs + (long)h * hd + i] : 0.0f;
     }
     float acc[ATT_ROWS][CH], m[ATT_ROWS], l[ATT_ROWS];
-    #pragma unroll
+#pragma unroll
     for (int rr = 0; rr < ATT_ROWS; rr++) {
         m[rr] = NEG_INF;
         l[rr] = 0.0f;
-        #pragma unroll
+#pragma unroll
         for (int c = 0; c < CH; c++)
             acc[rr][c] = 0.0f;
     }
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
             Vs[j * kst + i] = vv;
         }
         __syncthreads();
-        #pragma unroll
+#pragma unroll
         for (int rr = 0; rr < ATT_ROWS; rr++) {
             int qi = w * ATT_ROWS + rr, t = t0 + qi; /* warp-uniform */
             int last = plen + t;
@@ -98,12 +98,12 @@ __global__ void __launch_bounds__(ATT_THREADS)
             float p = kk <= last ? dev_expf(s - mnew) : 0.0f;
             l[rr] = l[rr] * corr + warp_sum(p);
             m[rr] = mnew;
-            #pragma unroll
+#pragma unroll
             for (int c = 0; c < CH; c++)
                 acc[rr][c] *= corr;
             for (int j = 0; j < ATT_TILE; j++) {
                 float pj = __shfl_sync(0xffffffffu, p, j);
-                #pragma unroll
+#pragma unroll
                 for (int c = 0; c < CH; c++) {
                     int i = lane + 32 * c;
                     if (i < hd)
@@ -112,14 +112,14 @@ __global__ void __launch_bounds__(ATT_THREADS)
             }
         }
     }
-    #pragma unroll
+#pragma unroll
     for (int rr = 0; rr < ATT_ROWS; rr++) {
         int t = t0 + w * ATT_ROWS + rr;
         if (t >= t1)
             continue;
         long row = (long)sg.start + t;
         float inv = 1.0f / l[rr];
-        #pragma unroll
+#pragma unroll
         for (int c = 0; c < CH; c++) {
             int i = lane + 32 * c;
             if (i < hd)
@@ -133,8 +133,10 @@ __global__ void __launch_bounds__(ATT_THREADS)
 static void check_heads(int H, int G, int hd)
 {
     if (hd < 1 || hd > ATT_MAX_HD || G < 1 || H % G) {
-        fprintf(stderr, "needle cuda: attention with %d heads, %d kv heads, head dim %d "
-                        "(need H a multiple of G, head dim 1..%d)\n", H, G, hd, ATT_MAX_HD);
+        fprintf(stderr,
+                "needle cuda: attention with %d heads, %d kv heads, head dim %d "
+                "(need H a multiple of G, head dim 1..%d)\n",
+                H, G, hd, ATT_MAX_HD);
         abort();
     }
 }
@@ -143,8 +145,8 @@ static void check_heads(int H, int G, int hd)
 template <typename K> static void allow_shared(K kernel, size_t bytes)
 {
     if (bytes > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)bytes));
+        CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
 template <int CH>
@@ -226,13 +228,13 @@ __global__ void __launch_bounds__(ATT_THREADS)
         dOs[e] = t < t1 ? dout[o] : 0.0f;
     }
     float rl[ATT_ROWS], rD[ATT_ROWS], acc[ATT_ROWS][CH];
-    #pragma unroll
+#pragma unroll
     for (int rr = 0; rr < ATT_ROWS; rr++) {
         int t = t0 + w * ATT_ROWS + rr;
         long row = (long)sg.start + (t < t1 ? t : t0);
         rl[rr] = lse[row * H + h];
         rD[rr] = D[row * H + h];
-        #pragma unroll
+#pragma unroll
         for (int c = 0; c < CH; c++)
             acc[rr][c] = 0.0f;
     }
@@ -250,7 +252,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
             Vs[j * kst + i] = vv;
         }
         __syncthreads();
-        #pragma unroll
+#pragma unroll
         for (int rr = 0; rr < ATT_ROWS; rr++) {
             int qi = w * ATT_ROWS + rr, t = t0 + qi;
             int last = plen + t;
@@ -266,7 +268,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
             }
             for (int j = 0; j < ATT_TILE; j++) {
                 float dj = __shfl_sync(0xffffffffu, ds, j);
-                #pragma unroll
+#pragma unroll
                 for (int c = 0; c < CH; c++) {
                     int i = lane + 32 * c;
                     if (i < hd)
@@ -275,13 +277,13 @@ __global__ void __launch_bounds__(ATT_THREADS)
             }
         }
     }
-    #pragma unroll
+#pragma unroll
     for (int rr = 0; rr < ATT_ROWS; rr++) {
         int t = t0 + w * ATT_ROWS + rr;
         if (t >= t1)
             continue;
         long row = (long)sg.start + t;
-        #pragma unroll
+#pragma unroll
         for (int c = 0; c < CH; c++) {
             int i = lane + 32 * c;
             if (i < hd)
@@ -294,12 +296,11 @@ __global__ void __launch_bounds__(ATT_THREADS)
  * causal: query position (row - own segment start) must be >= the key's
  * position, else (a child's rows) every key is seen. */
 template <int CH>
-__device__ __forceinline__ void dkdv_tile(float (&adk)[ATT_ROWS][CH], float (&adv)[ATT_ROWS][CH],
-                                          float *Qt, float *dOt, float *lt, float *Dt,
-                                          const float *Kb, const float *Vb, const float *q,
-                                          const float *dout, const float *lse, const float *D,
-                                          long q0, int nq, int qpos0, int causal, int u0, int nkb,
-                                          int H, int h, int hd, float scale)
+__device__ __forceinline__ void
+dkdv_tile(float (&adk)[ATT_ROWS][CH], float (&adv)[ATT_ROWS][CH], float *Qt, float *dOt, float *lt,
+          float *Dt, const float *Kb, const float *Vb, const float *q, const float *dout,
+          const float *lse, const float *D, long q0, int nq, int qpos0, int causal, int u0, int nkb,
+          int H, int h, int hd, float scale)
 {
     int kst = hd + 1, qs = H * hd;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -320,7 +321,7 @@ __device__ __forceinline__ void dkdv_tile(float (&adk)[ATT_ROWS][CH], float (&ad
         Dt[j] = j < nq ? D[(q0 + j) * H + h] : 0.0f;
     }
     __syncthreads();
-    #pragma unroll
+#pragma unroll
     for (int rr = 0; rr < ATT_ROWS; rr++) {
         int ki = w * ATT_ROWS + rr, u = u0 + ki; /* the key's position in its segment */
         if (ki >= nkb)
@@ -338,7 +339,7 @@ __device__ __forceinline__ void dkdv_tile(float (&adk)[ATT_ROWS][CH], float (&ad
         }
         for (int j = 0; j < ATT_TILE; j++) {
             float pj = __shfl_sync(0xffffffffu, p, j), dj = __shfl_sync(0xffffffffu, ds, j);
-            #pragma unroll
+#pragma unroll
             for (int c = 0; c < CH; c++) {
                 int i = lane + 32 * c;
                 if (i < hd) {
@@ -374,9 +375,9 @@ __global__ void __launch_bounds__(ATT_THREADS)
         Vb[e] = kr < nkb ? v[o] : 0.0f;
     }
     float adk[ATT_ROWS][CH], adv[ATT_ROWS][CH];
-    #pragma unroll
+#pragma unroll
     for (int rr = 0; rr < ATT_ROWS; rr++)
-        #pragma unroll
+#pragma unroll
         for (int c = 0; c < CH; c++) {
             adk[rr][c] = 0.0f;
             adv[rr][c] = 0.0f;
@@ -398,13 +399,13 @@ __global__ void __launch_bounds__(ATT_THREADS)
             }
         }
     }
-    #pragma unroll
+#pragma unroll
     for (int rr = 0; rr < ATT_ROWS; rr++) {
         int ki = w * ATT_ROWS + rr;
         if (ki >= nkb)
             continue;
         long row = (long)sg.start + u0 + ki;
-        #pragma unroll
+#pragma unroll
         for (int c = 0; c < CH; c++) {
             int i = lane + 32 * c;
             if (i < hd) {
@@ -453,7 +454,7 @@ void cuda_attention_backward(const nd_backend *be, float *dq, float *dk, float *
         return;
     float *D = (float *)cuda_scratch(C, sizeof(float) * (size_t)N * H);
     k_attention_rowdot<<<cuda_blocks(N * H * 32, 256), 256, 0, C->stream>>>(D, ddo, dout_fwd, N, H,
-                                                                             hd);
+                                                                            hd);
     CUDA_LAUNCHED();
     switch ((hd + 31) / 32) {
     case 1:

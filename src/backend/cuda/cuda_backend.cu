@@ -273,7 +273,7 @@ void cuda_reduce_partials(cuda_ctx *C, float *dst, const double *partials, int c
     if (!dst || n <= 0)
         return;
     k_reduce_partials<<<cuda_blocks(n, 256), 256, 0, C->stream>>>(dst, partials, chunks, stride,
-                                                                   off, n);
+                                                                  off, n);
     CUDA_LAUNCHED();
 }
 
@@ -411,8 +411,10 @@ static cuda_ctx *ctx_create(int dev, int threads, char *err, size_t errlen)
         return NULL;
     }
     if (prop.major < 8) {
-        snprintf(err, errlen, "CUDA device %d (%s) has compute capability %d.%d; needle's plugin "
-                 "is built for 8.0 and newer", dev, prop.name, prop.major, prop.minor);
+        snprintf(err, errlen,
+                 "CUDA device %d (%s) has compute capability %d.%d; needle's plugin "
+                 "is built for 8.0 and newer",
+                 dev, prop.name, prop.major, prop.minor);
         return NULL;
     }
     if (!prop.managedMemory) {

@@ -89,8 +89,8 @@ __global__ void k_rmsnorm_rstd(float *rs_out, const float *x, int dim)
 }
 
 /* partials[p][c] = sum over chunk p's rows of dy*x*rs (the dscale terms) */
-__global__ void k_rmsnorm_dscale(double *partials, const float *dy, const float *x,
-                                 const float *rs, long rows, int dim, int chunks)
+__global__ void k_rmsnorm_dscale(double *partials, const float *dy, const float *x, const float *rs,
+                                 long rows, int dim, int chunks)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x, p = blockIdx.y;
     if (c >= dim)
@@ -149,7 +149,7 @@ void cuda_rmsnorm_backward(const nd_backend *be, float *dx, float *dscale, const
         }
         dim3 grid(cuda_blocks(dim, COL_THREADS), (unsigned)chunks);
         k_rmsnorm_dscale<<<grid, COL_THREADS, 0, C->stream>>>(partials, ddy, dxin, rs, rows, dim,
-                                                               chunks);
+                                                              chunks);
         CUDA_LAUNCHED();
     }
     k_rmsnorm_backward<<<(unsigned)rows, ROW_THREADS, 0, C->stream>>>(dx, ddy, dxin, drs, dsc, dim,
@@ -213,8 +213,7 @@ void cuda_engram_gather_backward(const nd_backend *be, float *dtables, const flo
     /* the first visible position per order, read at issue time */
     int first[CUDA_MAX_ORDERS];
     if (n_orders > CUDA_MAX_ORDERS) {
-        fprintf(stderr, "needle cuda: %d engram orders (at most %d)\n", n_orders,
-                CUDA_MAX_ORDERS);
+        fprintf(stderr, "needle cuda: %d engram orders (at most %d)\n", n_orders, CUDA_MAX_ORDERS);
         abort();
     }
     for (int o = 0; o < n_orders; o++)
@@ -295,7 +294,7 @@ void cuda_engram_taps_backward(const nd_backend *be, float *dvp, float *dtaps, c
         partials = (double *)cuda_scratch(C, sizeof(double) * (size_t)chunks * 4 * d);
         dim3 grid(cuda_blocks(4L * d, COL_THREADS), (unsigned)chunks);
         k_engram_taps_dtaps<<<grid, COL_THREADS, 0, C->stream>>>(partials, ddv, dvpin, dl, d, dil,
-                                                                  chunks);
+                                                                 chunks);
         CUDA_LAUNCHED();
     }
     k_engram_taps_dvp<<<cuda_blocks(N * d, 256), 256, 0, C->stream>>>(dvp, ddv, dtp, dl, d, dil);
@@ -347,8 +346,8 @@ void cuda_engram_gate_backward(const nd_backend *be, float *du, float *dk, float
     const float *dg = STAGE(C, dbx, N * d), *du_in = STAGE(C, u, N * d);
     const float *dk_in = STAGE(C, k, N * d), *dv_in = STAGE(C, v, N * d);
     const float *da = STAGE(C, alpha, N);
-    k_engram_gate_backward<<<(unsigned)N, ROW_THREADS, 0, C->stream>>>(du, dk, dv, dg, du_in,
-                                                                       dk_in, dv_in, da, d);
+    k_engram_gate_backward<<<(unsigned)N, ROW_THREADS, 0, C->stream>>>(du, dk, dv, dg, du_in, dk_in,
+                                                                       dv_in, da, d);
     CUDA_LAUNCHED();
 }
 
@@ -382,8 +381,8 @@ void cuda_lanes_combine_backward(const nd_backend *be, float *dhpre, float *dX, 
     cuda_ctx *C = cuda_op_begin(be);
     const float *dg = STAGE(C, du, N * d), *dh = STAGE(C, hpre, N * n);
     const float *dXin = STAGE(C, X, N * n * d);
-    k_lanes_combine_backward<<<(unsigned)N, ROW_THREADS, 0, C->stream>>>(dhpre, dX, dg, dh, dXin,
-                                                                         n, d);
+    k_lanes_combine_backward<<<(unsigned)N, ROW_THREADS, 0, C->stream>>>(dhpre, dX, dg, dh, dXin, n,
+                                                                         d);
     CUDA_LAUNCHED();
 }
 
@@ -453,8 +452,7 @@ void cuda_lanes_update_backward(const nd_backend *be, float *dX, float *dM, floa
     if (N <= 0)
         return;
     if (n > CUDA_MAX_LANES) {
-        fprintf(stderr, "needle cuda: %d hyper-connection lanes (at most %d)\n", n,
-                CUDA_MAX_LANES);
+        fprintf(stderr, "needle cuda: %d hyper-connection lanes (at most %d)\n", n, CUDA_MAX_LANES);
         abort();
     }
     cuda_ctx *C = cuda_op_begin(be);
@@ -484,8 +482,8 @@ __global__ void k_lanes_broadcast_backward(float *dx0, const float *dX, long N, 
     dx0[i] = o;
 }
 
-void cuda_lanes_broadcast_backward(const nd_backend *be, float *dx0, const float *dX, long N,
-                                   int n, int d)
+void cuda_lanes_broadcast_backward(const nd_backend *be, float *dx0, const float *dX, long N, int n,
+                                   int d)
 {
     if (N <= 0)
         return;
@@ -517,8 +515,8 @@ void cuda_lanes_mean_backward(const nd_backend *be, float *dX, const float *dxm,
 
 /* ---- gates ---- */
 
-__global__ void k_gate_sigmoid_backward(float *datt, float *dg, const float *dout,
-                                        const float *att, const float *g, long n)
+__global__ void k_gate_sigmoid_backward(float *datt, float *dg, const float *dout, const float *att,
+                                        const float *g, long n)
 {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
@@ -585,7 +583,7 @@ void cuda_residual_scaled_backward(const nd_backend *be, float *dr, float *dgate
         int chunks = (int)(c > CUDA_MAX_CHUNKS ? CUDA_MAX_CHUNKS : c);
         double *partials = (double *)cuda_scratch(C, sizeof(double) * (size_t)chunks);
         k_residual_dot<<<(unsigned)chunks, RS_THREADS, 0, C->stream>>>(partials, ddy, drin, n,
-                                                                        chunks);
+                                                                       chunks);
         CUDA_LAUNCHED();
         k_residual_dgate<<<1, 1, 0, C->stream>>>(dgate, partials, chunks, s);
         CUDA_LAUNCHED();

@@ -31,7 +31,7 @@ extern "C" {
 #define ATT_WARPS 4
 #define ATT_ROWS 4
 #define ATT_BLOCK (ATT_WARPS * ATT_ROWS)
-#define ATT_TILE 32  /* keys (or queries) per shared-memory tile: one per lane */
+#define ATT_TILE 32 /* keys (or queries) per shared-memory tile: one per lane */
 #define ATT_MAX_HD 128
 
 /* The layout as the kernels see it, plus what the host derives from it
@@ -51,9 +51,9 @@ typedef struct {
     int valid;
     long N;
     int n_seg;
-    size_t cap;      /* bytes of host copy */
-    void *host;      /* seg, row_seg, pos as given */
-    dev_layout dev;  /* pointers into the staging ring */
+    size_t cap;     /* bytes of host copy */
+    void *host;     /* seg, row_seg, pos as given */
+    dev_layout dev; /* pointers into the staging ring */
 } layout_cache_entry;
 
 typedef struct {
@@ -115,8 +115,8 @@ static inline int cuda_row_chunks(long rows)
     return (int)(c < 1 ? 1 : (c > CUDA_MAX_CHUNKS ? CUDA_MAX_CHUNKS : c));
 }
 /* dst[i] += sum_p partials[p * stride + off + i] for i < n (dst NULL: nothing) */
-void cuda_reduce_partials(cuda_ctx *C, float *dst, const double *partials, int chunks,
-                          int stride, int off, int n);
+void cuda_reduce_partials(cuda_ctx *C, float *dst, const double *partials, int chunks, int stride,
+                          int off, int n);
 
 /* ---- device helpers ---- */
 
@@ -320,10 +320,9 @@ void cuda_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost,
 void cuda_hadamard_mlp(const nd_backend *be, float *y, float *h1, const float *x, const float *z,
                        const float *u, const float *d1, const float *d2, const float *d3, long N,
                        int d, int hn);
-void cuda_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1, float *dd2,
-                                float *dd3, const float *dy, const float *z, const float *h1,
-                                const float *d1, const float *d2, const float *d3, long N, int d,
-                                int hn);
+void cuda_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1, float *dd2, float *dd3,
+                                const float *dy, const float *z, const float *h1, const float *d1,
+                                const float *d2, const float *d3, long N, int d, int hn);
 
 /* cuda_attention.cu */
 void cuda_attention(const nd_backend *be, float *out, float *lse, const float *q, const float *k,
@@ -355,8 +354,8 @@ void cuda_lanes_combine_backward(const nd_backend *be, float *dhpre, float *dX, 
 void cuda_lanes_update_backward(const nd_backend *be, float *dX, float *dM, float *dhpost,
                                 float *dy, const float *dXo, const float *M, const float *X,
                                 const float *hpost, const float *y, long N, int n, int d);
-void cuda_lanes_broadcast_backward(const nd_backend *be, float *dx0, const float *dX, long N,
-                                   int n, int d);
+void cuda_lanes_broadcast_backward(const nd_backend *be, float *dx0, const float *dX, long N, int n,
+                                   int d);
 void cuda_lanes_mean_backward(const nd_backend *be, float *dX, const float *dxm, long N, int n,
                               int d);
 void cuda_rope_backward(const nd_backend *be, float *dx, const float *cos_t, const float *sin_t,

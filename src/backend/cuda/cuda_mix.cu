@@ -92,9 +92,8 @@ void cuda_hyper_coeffs(const nd_backend *be, float *hpre, float *hpost, float *M
     const float *dbq = STAGE(C, b_post, n), *dbr = STAGE(C, b_res, nn);
     unsigned grid = cuda_blocks(N, HC_THREADS);
     if (n <= 4)
-        k_hyper_coeffs<4><<<grid, HC_THREADS, 0, C->stream>>>(hpre, hpost, M, dpre, dpost, dres,
-                                                              a_pre, a_post, a_res, dbp, dbq, dbr,
-                                                              lane, N, n);
+        k_hyper_coeffs<4><<<grid, HC_THREADS, 0, C->stream>>>(
+            hpre, hpost, M, dpre, dpost, dres, a_pre, a_post, a_res, dbp, dbq, dbr, lane, N, n);
     else
         k_hyper_coeffs<CUDA_MAX_LANES><<<grid, HC_THREADS, 0, C->stream>>>(
             hpre, hpost, M, dpre, dpost, dres, a_pre, a_post, a_res, dbp, dbq, dbr, lane, N, n);
@@ -107,12 +106,11 @@ void cuda_hyper_coeffs(const nd_backend *be, float *hpre, float *hpost, float *M
  * rounds are recomputed keeping each half-round's softmax E, then walked
  * back: y = x - lse(x) has dx = dy - E * sum(dy) (in double, as the CPU). */
 template <int NMAX>
-__global__ void k_hyper_coeffs_backward(float *dpre, float *dpost, float *dres, double *rowc,
-                                        const float *dhpre, const float *dhpost, const float *dM,
-                                        const float *pre, const float *post, const float *res,
-                                        const float *hpre, const float *hpost, float a_pre,
-                                        float a_post, float a_res, const float *b_res, long N,
-                                        int n)
+__global__ void
+k_hyper_coeffs_backward(float *dpre, float *dpost, float *dres, double *rowc, const float *dhpre,
+                        const float *dhpost, const float *dM, const float *pre, const float *post,
+                        const float *res, const float *hpre, const float *hpost, float a_pre,
+                        float a_post, float a_res, const float *b_res, long N, int n)
 {
     long r = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= N)
@@ -235,8 +233,10 @@ static int hm_threads(int hn)
 static void check_hn(int d, int hn)
 {
     if (hn < 2 || (hn & (hn - 1)) || hn > HM_MAX_CPT * 1024 || d > hn) {
-        fprintf(stderr, "needle cuda: Hadamard MLP width %d (d %d): need a power of two >= d, "
-                        "at most %d\n", hn, d, HM_MAX_CPT * 1024);
+        fprintf(stderr,
+                "needle cuda: Hadamard MLP width %d (d %d): need a power of two >= d, "
+                "at most %d\n",
+                hn, d, HM_MAX_CPT * 1024);
         abort();
     }
 }
@@ -366,10 +366,9 @@ __global__ void k_hadamard_mlp_backward(float *dz, double *partials, const float
     }
 }
 
-void cuda_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1, float *dd2,
-                                float *dd3, const float *dy, const float *z, const float *h1,
-                                const float *d1, const float *d2, const float *d3, long N, int d,
-                                int hn)
+void cuda_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1, float *dd2, float *dd3,
+                                const float *dy, const float *z, const float *h1, const float *d1,
+                                const float *d2, const float *d3, long N, int d, int hn)
 {
     if (N <= 0)
         return;
@@ -383,9 +382,12 @@ void cuda_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1, flo
     double *partials = NULL;
     if (dd1 || dd2 || dd3)
         partials = (double *)cuda_scratch(C, sizeof(double) * (size_t)chunks * 3 * hn);
-    k_hadamard_mlp_backward<<<(unsigned)chunks, hm_threads(hn), 4 * sizeof(float) * (size_t)hn,
-                              C->stream>>>(dz, partials, ddy, dzin, dh1, dd1in, dd2in, dd3in, N, d,
-                                           hn, scale, chunks);
+    size_t sh = 4 * sizeof(float) * (size_t)hn;
+    if (sh > 48 * 1024) /* over the default: an opt-in per kernel */
+        CUDA_CHECK(cudaFuncSetAttribute(k_hadamard_mlp_backward,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
+    k_hadamard_mlp_backward<<<(unsigned)chunks, hm_threads(hn), sh, C->stream>>>(
+        dz, partials, ddy, dzin, dh1, dd1in, dd2in, dd3in, N, d, hn, scale, chunks);
     CUDA_LAUNCHED();
     if (partials) {
         cuda_reduce_partials(C, dd1, partials, chunks, 3 * hn, 0, hn);

@@ -40,8 +40,7 @@ void cuda_rmsnorm(const nd_backend *be, float *y, float *rstd, const float *x, c
     CUDA_LAUNCHED();
 }
 
-__global__ void k_embed(float *x0, const float *emb, const int32_t *tok, long N, int d,
-                        float scale)
+__global__ void k_embed(float *x0, const float *emb, const int32_t *tok, long N, int d, float scale)
 {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N * d)
@@ -74,8 +73,7 @@ static order_list read_orders(const int *orders, int n_orders)
     /* orders are configuration: read at issue time like a scalar */
     order_list o;
     if (n_orders > CUDA_MAX_ORDERS) {
-        fprintf(stderr, "needle cuda: %d engram orders (at most %d)\n", n_orders,
-                CUDA_MAX_ORDERS);
+        fprintf(stderr, "needle cuda: %d engram orders (at most %d)\n", n_orders, CUDA_MAX_ORDERS);
         abort();
     }
     o.n = n_orders;
@@ -121,7 +119,7 @@ void cuda_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *tok, co
     const int32_t *dt = STAGE(C, tok, L->N);
     dev_layout dl = cuda_layout(C, L);
     k_engram_hash<<<cuda_blocks(L->N, 128), 128, 0, C->stream>>>(idx, dt, dl, o, heads, slots,
-                                                                  omax);
+                                                                 omax);
     CUDA_LAUNCHED();
 }
 
@@ -224,8 +222,7 @@ void cuda_engram_gate(const nd_backend *be, float *bx, float *alpha, const float
         return;
     cuda_ctx *C = cuda_op_begin(be);
     const float *du = STAGE(C, u, N * d), *dk = STAGE(C, k, N * d), *dv = STAGE(C, v, N * d);
-    k_engram_gate<<<(unsigned)N, ROW_THREADS, 0, C->stream>>>(bx, alpha, du, dk, dv, d,
-                                                              accumulate);
+    k_engram_gate<<<(unsigned)N, ROW_THREADS, 0, C->stream>>>(bx, alpha, du, dk, dv, d, accumulate);
     CUDA_LAUNCHED();
 }
 
@@ -280,8 +277,7 @@ void cuda_lanes_update(const nd_backend *be, float *Xo, const float *M, const fl
     cuda_ctx *C = cuda_op_begin(be);
     const float *dM = STAGE(C, M, N * n * n), *dX = STAGE(C, X, N * n * d);
     const float *dh = STAGE(C, hpost, N * n), *dy = STAGE(C, y, N * d);
-    k_lanes_update<<<cuda_blocks(N * n * d, 256), 256, 0, C->stream>>>(Xo, dM, dX, dh, dy, N, n,
-                                                                       d);
+    k_lanes_update<<<cuda_blocks(N * n * d, 256), 256, 0, C->stream>>>(Xo, dM, dX, dh, dy, N, n, d);
     CUDA_LAUNCHED();
 }
 
@@ -330,8 +326,8 @@ void cuda_lanes_mean(const nd_backend *be, float *xm, const float *X, long N, in
 
 /* ---- RoPE (forward and its transpose) ---- */
 
-__global__ void k_rope(float *x, const float *cos_t, const float *sin_t, const int32_t *pos,
-                       long N, int heads, int hd, int transpose)
+__global__ void k_rope(float *x, const float *cos_t, const float *sin_t, const int32_t *pos, long N,
+                       int heads, int hd, int transpose)
 {
     int half = hd / 2;
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -424,8 +420,7 @@ void cuda_residual_scaled(const nd_backend *be, float *y, const float *x, const 
         return;
     cuda_ctx *C = cuda_op_begin(be);
     const float *dx = STAGE(C, x, n), *dr = STAGE(C, r, n);
-    k_residual_scaled<<<cuda_blocks(n, 256), 256, 0, C->stream>>>(y, dx, dr, dev_sigmoid(gate),
-                                                                  n);
+    k_residual_scaled<<<cuda_blocks(n, 256), 256, 0, C->stream>>>(y, dx, dr, dev_sigmoid(gate), n);
     CUDA_LAUNCHED();
 }
 

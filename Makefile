@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 BUILD ?= build
 
 .PHONY: all build deps test-deps check demo asan-check tsan-check clang-build fuzz format clean \
-	arm64-deps arm64-build arm64-check noomp-check cuda-build
+	arm64-deps arm64-build arm64-check noomp-check cuda-build cuda-emu-check
 
 all: build
 
@@ -84,8 +84,14 @@ cuda-build: deps
 	@cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DNEEDLE_CUDA=ON >/dev/null
 	@cmake --build build-cuda -j $(JOBS) --target needle_cuda
 
+# The plugin's kernels run on the CPU (tools/cuda_emu: a stand-in CUDA
+# runtime, threads as coroutines) against the CPU backend: fine-tune losses
+# and weights must agree. Checks index math without a GPU (minutes).
+cuda-emu-check: build
+	NEEDLE=$(BUILD)/needle bash tools/cuda_emu/check.sh
+
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-arm64 build-noomp build-cuda
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-arm64 build-noomp build-cuda build-cuda-emu

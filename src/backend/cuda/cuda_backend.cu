@@ -83,7 +83,7 @@ cuda_ctx *cuda_op_begin(const nd_backend *be)
     return C;
 }
 
-static int is_host_memory(const void *p)
+int cuda_is_host(const void *p)
 {
     cudaPointerAttributes a;
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
@@ -123,7 +123,7 @@ static void *ring_take(cuda_ctx *C, size_t bytes, char **host)
 
 const void *cuda_stage(cuda_ctx *C, const void *p, size_t bytes)
 {
-    if (!p || !bytes || !is_host_memory(p))
+    if (!p || !bytes || !cuda_is_host(p))
         return p;
     char *h;
     void *d = ring_take(C, bytes, &h);

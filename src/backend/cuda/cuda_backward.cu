@@ -159,17 +159,7 @@ void cuda_rmsnorm_backward(const nd_backend *be, float *dx, float *dscale, const
         cuda_reduce_partials(C, dscale, partials, chunks, dim, 0, dim);
 }
 
-/* ---- scatter-adds: one thread per column, rows in order ---- */
-
-__global__ void k_embed_backward(float *demb, const float *dx0, const int32_t *tok, long N, int d,
-                                 float scale)
-{
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= d)
-        return;
-    for (long t = 0; t < N; t++)
-        demb[(size_t)tok[t] * d + c] += dx0[t * d + c] * scale;
-}
+/* ---- scatter-adds: each element sums its rows in order ---- */
 
 void cuda_embed_backward(const nd_backend *be, float *demb, const float *dx0, const int32_t *tok,
                          long N, int d, float scale)
@@ -177,10 +167,7 @@ void cuda_embed_backward(const nd_backend *be, float *demb, const float *dx0, co
     if (N <= 0 || !demb)
         return;
     cuda_ctx *C = cuda_op_begin(be);
-    const int32_t *dt = STAGE(C, tok, N);
-    const float *dg = STAGE(C, dx0, N * d);
-    k_embed_backward<<<cuda_blocks(d, 32), 32, 0, C->stream>>>(demb, dg, dt, N, d, scale);
-    CUDA_LAUNCHED();
+    cuda_scatter_rows(C, demb, dx0, tok, N, d, scale);
 }
 
 __global__ void k_engram_gather_backward(float *dtables, const float *de, const int32_t *idx,

@@ -94,6 +94,8 @@ cuda_ctx *cuda_op_begin(const nd_backend *be);
  * bigger one; the old one is freed at the next sync. */
 const void *cuda_stage(cuda_ctx *C, const void *p, size_t bytes);
 #define STAGE(C, p, count) ((decltype(p))cuda_stage((C), (p), sizeof(*(p)) * (size_t)(count)))
+/* Whether p is plain host memory (not from alloc): such inputs are staged. */
+int cuda_is_host(const void *p);
 /* Scratch device memory, valid until the next op begins. */
 void *cuda_scratch(cuda_ctx *C, size_t bytes);
 /* The layout uploaded (or found in the cache of this sync interval). */
@@ -117,6 +119,14 @@ static inline int cuda_row_chunks(long rows)
 /* dst[i] += sum_p partials[p * stride + off + i] for i < n (dst NULL: nothing) */
 void cuda_reduce_partials(cuda_ctx *C, float *dst, const double *partials, int chunks, int stride,
                           int off, int n);
+
+/* dst[rows[i]] += src[i] * scale for i < n (rows of d floats), each
+ * element summing its sources in order i as the CPU does: one thread per
+ * (destination, column) over the sources grouped by destination when rows
+ * is host memory (the usual case: token ids, target rows), else one
+ * thread per column walking all n rows. */
+void cuda_scatter_rows(cuda_ctx *C, float *dst, const float *src, const int32_t *rows, long n,
+                       int d, float scale);
 
 /* ---- device helpers ---- */
 

@@ -5,6 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "cuda_common.cuh"
 
 #define ROW_THREADS 256
@@ -465,25 +468,74 @@ void cuda_gather_rows(const nd_backend *be, float *dst, const float *src, const 
 
 /* one thread per column walks the rows in order i: repeated rows sum in
  * the CPU's order and no two threads touch one element */
-__global__ void k_scatter_add_rows(float *dst, const float *src, const int32_t *rows, long n, int d)
+__global__ void k_scatter_serial(float *dst, const float *src, const int32_t *rows, long n, int d,
+                                 float scale)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= d)
         return;
     for (long i = 0; i < n; i++)
-        dst[(size_t)rows[i] * d + c] += src[(size_t)i * d + c];
+        dst[(size_t)rows[i] * d + c] += src[(size_t)i * d + c] * scale;
+}
+
+/* one thread per (destination row, column): its sources in order */
+__global__ void k_scatter_grouped(float *dst, const float *src, const int32_t *dst_row,
+                                  const int32_t *off, const int32_t *src_row, long groups, int d,
+                                  float scale)
+{
+    long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= groups * d)
+        return;
+    long g = e / d;
+    int c = (int)(e % d);
+    float *o = dst + (size_t)dst_row[g] * d + c;
+    float acc = *o;
+    for (int j = off[g]; j < off[g + 1]; j++)
+        acc += src[(size_t)src_row[j] * d + c] * scale;
+    *o = acc;
+}
+
+void cuda_scatter_rows(cuda_ctx *C, float *dst, const float *src, const int32_t *rows, long n,
+                       int d, float scale)
+{
+    if (n <= 0 || d <= 0)
+        return;
+    const float *ds = STAGE(C, src, n * d);
+    if (!cuda_is_host(rows)) {
+        k_scatter_serial<<<cuda_blocks(d, 32), 32, 0, C->stream>>>(dst, ds, rows, n, d, scale);
+        CUDA_LAUNCHED();
+        return;
+    }
+    /* group the sources by destination, in order i within a group: sort
+     * (row, i) keys; the index list is host data read at issue time */
+    std::vector<uint64_t> key((size_t)n);
+    for (long i = 0; i < n; i++)
+        key[(size_t)i] = (uint64_t)(uint32_t)rows[i] << 32 | (uint64_t)i;
+    std::sort(key.begin(), key.end());
+    std::vector<int32_t> dst_row, off, src_row((size_t)n);
+    for (long i = 0; i < n; i++) {
+        int32_t r = (int32_t)(key[(size_t)i] >> 32);
+        if (!i || r != dst_row.back()) {
+            dst_row.push_back(r);
+            off.push_back((int32_t)i);
+        }
+        src_row[(size_t)i] = (int32_t)(key[(size_t)i] & 0xffffffffu);
+    }
+    off.push_back((int32_t)n);
+    long groups = (long)dst_row.size();
+    const int32_t *g_dst = STAGE(C, dst_row.data(), groups);
+    const int32_t *g_off = STAGE(C, off.data(), groups + 1);
+    const int32_t *g_src = STAGE(C, src_row.data(), n);
+    k_scatter_grouped<<<cuda_blocks(groups * d, 256), 256, 0, C->stream>>>(dst, ds, g_dst, g_off,
+                                                                           g_src, groups, d, scale);
+    CUDA_LAUNCHED();
 }
 
 void cuda_scatter_add_rows(const nd_backend *be, float *dst, const float *src, const int32_t *rows,
                            long n, int d)
 {
-    if (n <= 0)
-        return;
     cuda_ctx *C = cuda_op_begin(be);
-    const int32_t *dr = STAGE(C, rows, n);
-    const float *ds = STAGE(C, src, n * d);
-    k_scatter_add_rows<<<cuda_blocks(d, 64), 64, 0, C->stream>>>(dst, ds, dr, n, d);
-    CUDA_LAUNCHED();
+    cuda_scatter_rows(C, dst, src, rows, n, d, 1.0f);
 }
 
 /* ---- loss ---- */
@@ -520,6 +572,18 @@ void cuda_cross_entropy(const nd_backend *be, float *loss, const float *logits,
 
 /* ---- copies ---- */
 
+/* a kernel rather than cudaMemcpy2DAsync: the column blocks copied here
+ * are often a few floats wide, which the copy engines do row by row */
+__global__ void k_copy2d(float *dst, int dst_ld, const float *src, int src_ld, long rows, int cols)
+{
+    long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= rows * cols)
+        return;
+    long r = e / cols;
+    int c = (int)(e % cols);
+    dst[r * dst_ld + c] = src[r * src_ld + c];
+}
+
 void cuda_copy2d(const nd_backend *be, float *dst, int dst_ld, const float *src, int src_ld,
                  long rows, int cols)
 {
@@ -527,7 +591,7 @@ void cuda_copy2d(const nd_backend *be, float *dst, int dst_ld, const float *src,
         return;
     cuda_ctx *C = cuda_op_begin(be);
     const float *ds = STAGE(C, src, (rows - 1) * src_ld + cols);
-    CUDA_CHECK(cudaMemcpy2DAsync(dst, sizeof(float) * (size_t)dst_ld, ds,
-                                 sizeof(float) * (size_t)src_ld, sizeof(float) * (size_t)cols,
-                                 (size_t)rows, cudaMemcpyDefault, C->stream));
+    k_copy2d<<<cuda_blocks(rows * cols, 256), 256, 0, C->stream>>>(dst, dst_ld, ds, src_ld, rows,
+                                                                   cols);
+    CUDA_LAUNCHED();
 }

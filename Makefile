@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 BUILD ?= build
 
 .PHONY: all build deps test-deps check demo asan-check tsan-check clang-build fuzz format clean \
-	arm64-deps arm64-build arm64-check noomp-check cuda-build cuda-emu-check
+	arm64-deps arm64-build arm64-check noomp-check vulkan-check cuda-build cuda-emu-check
 
 all: build
 
@@ -95,3 +95,12 @@ format:
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-arm64 build-noomp build-cuda build-cuda-emu
+
+# The Vulkan backend on Mesa's lavapipe (software Vulkan on the CPU) under
+# the Khronos validation layer: any validation error aborts the run. The
+# plain suite runs the same tests without the layer; here a missing device
+# is a failure, not a skip.
+vulkan-check: test-deps build
+	NEEDLE_PLUGIN_DIR=$(BUILD) $(BUILD)/needle bench forward --preset tiny --batch 2 --seq 16 \
+	  --iters 1 --device vulkan:0
+	cd $(BUILD) && NEEDLE_VULKAN_VALIDATE=1 ctest --output-on-failure -R 'vulkan'

@@ -222,4 +222,8 @@ const nd_backend *nd_backend_cpu(int threads);
  * when the named backend is unavailable. */
 const nd_backend *nd_backend_get(const char *name, int threads);
 
+/* "cpu  float32  (2 threads, OpenBLAS Haswell)" or "vulkan  <device>, float32"
+ * for progress lines; returns buf. */
+const char *nd_backend_line(const nd_backend *be, char *buf, size_t n);
+
 #endif

@@ -125,3 +125,12 @@ const nd_backend *nd_backend_get(const char *name, int threads)
     nd_error(ND_EARG, "unknown device '%s' (expected auto, cpu, cuda[:N] or vulkan[:N])", name);
     return NULL;
 }
+
+const char *nd_backend_line(const nd_backend *be, char *buf, size_t n)
+{
+    if (be->device)
+        snprintf(buf, n, "%s  %s", be->name, be->detail);
+    else
+        snprintf(buf, n, "%s  float32  (%d threads, %s)", be->name, be->threads, be->detail);
+    return buf;
+}

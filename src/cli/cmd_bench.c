@@ -19,8 +19,7 @@
 static const char *bench_help =
     "usage: needle bench forward|train|decode|finetune [--preset tiny|needle2] [--batch B]\n"
     "                            [--seq T]\n"
-    "                            [--iters|--steps N] [--threads N]\n"
-    "                            [--device auto|cpu|cuda[:N]|vulkan[:N]]\n"
+    "                            [--iters|--steps N] [--threads N] [--device D]\n"
     "\n"
     "forward: times the float32 forward pass (logits included) on random weights.\n"
     "decode:  engine prefill/decode tokens/s on a .cact (needle bench decode --help).\n"
@@ -136,7 +135,8 @@ int cli_bench(int argc, char **argv)
     double *sec = malloc(3 * sizeof *sec * (size_t)iters);
     double *peak = sec ? sec + iters : NULL, *ratio = sec ? sec + 2 * iters : NULL;
     const char *isa = "none";
-    fprintf(stderr, "  %-9s %s (%d threads, %s)\n", "backend", be->name, be->threads, be->detail);
+    char bl[512];
+    fprintf(stderr, "  %-9s %s\n", "backend", nd_backend_line(be, bl, sizeof bl));
     const char *forced = getenv("OPENBLAS_CORETYPE");
     if (forced && *forced)
         fprintf(stderr, "  %-9s OPENBLAS_CORETYPE=%s picks the BLAS kernels, not this CPU\n",
@@ -145,8 +145,10 @@ int cli_bench(int argc, char **argv)
             "bench", what, preset, B, T, (double)m.numel / 1e6, iters);
     int rc = !sec ? nd_error(ND_ENOMEM, "out of memory") : 0;
     for (long long i = -1; i < iters && !rc; i++) { /* i = -1: warm-up (page faults, BLAS) */
-        if (i >= 0) /* the peak right now, so drift on a shared host cancels */
-            peak[i] = bench_fma_peak(0.2, &isa);
+        /* the CPU's peak right now, so drift on a shared host cancels (a
+         * device backend's peak is not measured here) */
+        if (i >= 0)
+            peak[i] = be->device ? 0 : bench_fma_peak(0.2, &isa);
         double t0 = omp_get_wtime(), loss;
         if (train) {
             rc = nd_trainer_step(&tr, tok, mask, (int)B, 1, &loss, NULL);
@@ -182,11 +184,16 @@ int cli_bench(int argc, char **argv)
                  m.dims.L);
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
-        printf("%s %s B=%lld T=%lld threads=%d: min %.4f s  median %.4f s  "
+        char where[64];
+        if (be->device)
+            snprintf(where, sizeof where, "device=%s", be->name);
+        else
+            snprintf(where, sizeof where, "threads=%d", be->threads);
+        printf("%s %s B=%lld T=%lld %s: min %.4f s  median %.4f s  "
                "%.0f tokens/s (median)  %.1f model GFLOP/s  %.1f hardware GFLOP/s%s  "
                "peak RSS %.1f MB\n",
-               what, preset, B, T, be->threads, sec[0], med, (double)(B * T) / med,
-               flops / med / 1e9, hw / med / 1e9, train ? keep : "", nd_maxrss_mb(ru.ru_maxrss));
+               what, preset, B, T, where, sec[0], med, (double)(B * T) / med, flops / med / 1e9,
+               hw / med / 1e9, train ? keep : "", nd_maxrss_mb(ru.ru_maxrss));
         if (ratio[iters / 2] > 0)
             printf("  fp32 FMA peak probed before each iteration (%s, %d threads): %.1f GFLOP/s "
                    "median; model FLOPs reach %.1f%% of it (median of per-iteration ratios; "

@@ -161,7 +161,8 @@ int cli_bench_finetune(int argc, char **argv)
     double real = 0, padded = (double)spe * B * ts.max_len;
     for (size_t i = 0; i < n; i++)
         real += ts.len[i];
-    printf("  %-9s %s (%d threads, %s)\n", "backend", be->name, be->threads, be->detail);
+    char bl[512];
+    printf("  %-9s %s\n", "backend", nd_backend_line(be, bl, sizeof bl));
     printf("  %-9s %s  d=%d L=%d  %zu examples, batch %lld, fit_max_len %zu, %ld steps an epoch\n",
            "data", data, m.dims.d, m.dims.L, n, B, ts.max_len, spe);
     printf("  %-9s %s%s: epoch = %.0fk real tokens, %.0fk padded (upstream), %.0fk computed "

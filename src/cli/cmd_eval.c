@@ -25,7 +25,7 @@ static const char *eval_help =
     "                   [--lora ADAPTER] [--grad-norms [--lora-rank R --seed S]] [--json]\n"
     "       needle eval --checkpoint CKPT.pkl --tokens FILE [--json] [--logits OUT.bin]\n"
     "                   [--batching shared|packed|padded]\n"
-    "       common: [--batch-size B] [--threads N] [--device auto|cpu|cuda[:N]]\n"
+    "       common: [--batch-size B] [--threads N] [--device D]\n"
     "\n"
     "JSONL: per-example masked loss (target tokens only) and the overall loss exactly\n"
     "as upstream's loss_fn over all examples as one batch (sum of masked CE / masked\n"
@@ -51,7 +51,8 @@ static const char *eval_help =
     "                   back to back (written atomically)\n"
     "  --batch-size B   sequences per forward pass (default 16)\n"
     "  --threads N      worker threads (default: all cores)\n"
-    "  --device D       auto|cpu|cuda[:N]|vulkan[:N] (default auto)\n";
+    "  --device D       auto|cpu|cuda[:N]|vulkan[:N] (default auto: CUDA, else a Vulkan GPU,\n"
+    "                   else the CPU)\n";
 
 typedef struct {
     nd_atomic_file af;
@@ -290,7 +291,8 @@ int cli_eval(int argc, char **argv)
         san_model_free(&m);
         return cli_fail(NULL);
     }
-    fprintf(stderr, "  %-9s %s (%d threads, %s)\n", "backend", be->name, be->threads, be->detail);
+    char bl[512];
+    fprintf(stderr, "  %-9s %s\n", "backend", nd_backend_line(be, bl, sizeof bl));
     if (ja.data) {
         ja.ckpt = ckpt;
         ja.json = json;

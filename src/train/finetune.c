@@ -207,7 +207,8 @@ int nd_finetune(const nd_finetune_opts *o)
                         "or pass --checkpoint PATH (e.g. one made by `needle init`)",
                         o->checkpoint);
     fclose(probe);
-    emitf(o, "  %-9s %s  float32  (%d threads, %s)", "backend", be->name, be->threads, be->detail);
+    char bl[512];
+    emitf(o, "  %-9s %s", "backend", nd_backend_line(be, bl, sizeof bl));
     if ((rc = ckpt_load(o->checkpoint, &m, o->full ? &base_tree : NULL)) ||
         (rc = san_model_to_backend(&m, be)))
         goto done;

@@ -432,20 +432,82 @@ __global__ void k_lanes_update_backward(float *dX, float *dM, float *dhpost, flo
     }
 }
 
+/* More than CUDA_MAX_LANES lanes: the same sums in separate kernels, from a
+ * copy of dXo when dX aliases it. dots: block (r, a): a < n is <G_a, y>,
+ * else <G_i, X_j> with a - n = i n + j. */
+__global__ void k_lu_dots(float *dM, float *dhpost, const float *G, const float *X, const float *y,
+                          int n, int d)
+{
+    __shared__ float sh[32];
+    long r = blockIdx.x;
+    int a = blockIdx.y;
+    const float *g, *x;
+    if (a < n) {
+        g = G + (r * n + a) * d;
+        x = y + r * d;
+    } else {
+        g = G + (r * n + (a - n) / n) * d;
+        x = X + (r * n + (a - n) % n) * d;
+    }
+    float acc = 0.0f;
+    for (int c = threadIdx.x; c < d; c += blockDim.x)
+        acc += g[c] * x[c];
+    acc = block_sum(acc, sh);
+    if (threadIdx.x == 0) {
+        if (a < n)
+            dhpost[r * n + a] = acc;
+        else
+            dM[r * n * n + (a - n)] = acc;
+    }
+}
+
+/* dy (lane index n) and dX_j (j < n) per (r, lane, c) */
+__global__ void k_lu_mix(float *dX, float *dy, const float *G, const float *M, const float *hpost,
+                         long N, int n, int d)
+{
+    long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= N * (n + 1) * d)
+        return;
+    int c = (int)(e % d), j = (int)((e / d) % (n + 1));
+    long r = e / ((long)(n + 1) * d);
+    const float *Gr = G + r * n * d;
+    float o = 0.0f;
+    if (j == n) {
+        for (int i = 0; i < n; i++)
+            o += hpost[r * n + i] * Gr[i * d + c];
+        dy[r * d + c] = o;
+    } else {
+        for (int i = 0; i < n; i++)
+            o += M[r * n * n + i * n + j] * Gr[i * d + c];
+        dX[(r * n + j) * d + c] = o;
+    }
+}
+
 void cuda_lanes_update_backward(const nd_backend *be, float *dX, float *dM, float *dhpost,
                                 float *dy, const float *dXo, const float *M, const float *X,
                                 const float *hpost, const float *y, long N, int n, int d)
 {
     if (N <= 0)
         return;
-    if (n > CUDA_MAX_LANES) {
-        fprintf(stderr, "needle cuda: %d hyper-connection lanes (at most %d)\n", n, CUDA_MAX_LANES);
-        abort();
-    }
     cuda_ctx *C = cuda_op_begin(be);
     const float *dG = STAGE(C, dXo, N * n * d), *dMi = STAGE(C, M, N * n * n);
     const float *dXi = STAGE(C, X, N * n * d), *dh = STAGE(C, hpost, N * n);
     const float *dyi = STAGE(C, y, N * d);
+    if (n > CUDA_MAX_LANES) {
+        if (dG == dX) { /* dX is written while G is still read: read a copy */
+            float *copy = (float *)cuda_scratch(C, sizeof(float) * (size_t)N * n * d);
+            CUDA_CHECK(cudaMemcpyAsync(copy, dG, sizeof(float) * (size_t)N * n * d,
+                                       cudaMemcpyDeviceToDevice, C->stream));
+            dG = copy;
+        }
+        k_lu_dots<<<dim3((unsigned)N, (unsigned)(n + n * n)), 128, 0, C->stream>>>(dM, dhpost, dG,
+                                                                                   dXi, dyi, n, d);
+        CUDA_LAUNCHED();
+        long total = N * (n + 1) * d;
+        k_lu_mix<<<cuda_blocks(total, 256), 256, 0, C->stream>>>(dX, dy, dG, dMi, dh, N, n, d);
+        CUDA_LAUNCHED();
+        return;
+    }
     if (n <= 4)
         k_lanes_update_backward<4><<<(unsigned)N, LU_THREADS, 0, C->stream>>>(
             dX, dM, dhpost, dy, dG, dMi, dXi, dh, dyi, n, d);

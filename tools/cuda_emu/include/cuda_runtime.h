@@ -234,3 +234,9 @@ template <typename K> static inline cudaError_t cudaFuncSetAttribute(K, cudaFunc
 {
     return 0;
 }
+enum { cudaMemcpyDeviceToDevice = 3 };
+static inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, int, cudaStream_t)
+{
+    memcpy(dst, src, n);
+    return 0;
+}

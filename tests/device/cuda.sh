@@ -6,6 +6,7 @@
 #                test_backend_ops when present)
 #   device       nvidia-smi -L and what `needle` reports for --device cuda
 #   conformance  build/test_backend_ops cuda: every op against the CPU
+#   device-ft    tests/device_finetune.sh cuda: 32 LoRA steps vs the CPU
 #   bench        needle bench train --preset needle2 --device cuda (16 x 128)
 #   bench-64x1k  the same at batch 64 x seq 1024
 #   ft-full      finetune --full of a tiny fresh base on CPU and on CUDA, same
@@ -79,13 +80,17 @@ note "$(grep -m1 -o 'backend .*' "$OUT/device.log" 2>/dev/null | cut -c1-60)"
 
 # ---- conformance ----
 if [ -x "$BUILD/test_backend_ops" ]; then
-  run conformance 180 "$BUILD/test_backend_ops" cuda
+  run conformance 180 env NEEDLE_TEST_REQUIRE_BACKEND=1 "$BUILD/test_backend_ops" cuda
 else
   names+=(conformance)
   codes+=(1)
   secs+=(0)
   notes+=("test_backend_ops not built (not merged yet?)")
 fi
+
+# ---- the suite's device fine-tune (32 LoRA steps vs the CPU) ----
+run device-ft 240 env NEEDLE="$NEEDLE" bash tests/device_finetune.sh cuda
+note "$(grep -m1 -o 'worst rel diff.*' "$OUT/device-ft.log")"
 
 # ---- benchmarks ----
 run bench 150 "$NEEDLE" bench train --preset needle2 --device cuda

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA plugin's kernels, run on the CPU (build.sh), against the CPU
-# backend: the same fine-tunes on both (shared-prefix, packed and padded
+# backend: test_backend_ops (every op), then the same fine-tunes on both (shared-prefix, packed and padded
 # batches; full and LoRA; a tiny and a wider model with 4 lanes, head dim
 # 64 and two engram sites), per-step losses within 1e-4 (relative) and the
 # trained weights within 1% of how far training moved them. Minutes, not
@@ -48,6 +48,17 @@ pair() { # NAME BASE DATA EXTRA...
       "$OUT/$base" || fail=1
   fi
 }
+# every op against the CPU first (test_backend_ops, when built)
+OPS=${OPS:-$(dirname "$NEEDLE")/test_backend_ops}
+if [ -x "$OPS" ]; then
+  if NEEDLE_TEST_REQUIRE_BACKEND=1 "$OPS" cuda >"$OUT/ops.log" 2>&1; then
+    echo "test_backend_ops: $(tail -n 1 "$OUT/ops.log")"
+  else
+    grep -v ' ok ' "$OUT/ops.log" | tail -n 20
+    echo "test_backend_ops: FAILED"
+    fail=1
+  fi
+fi
 pair tiny-full-shared tiny.pkl d16.jsonl --full
 pair wide-full-padded wide.pkl d8.jsonl --full --batching padded
 pair wide-lora-shared wide.pkl d8.jsonl

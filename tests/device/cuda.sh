@@ -17,13 +17,15 @@
 # Total well under 8 minutes on an H200 (most of it the build).
 # Environment: BUILD (default build), CUDA_ARCHS (default 90: only the
 # H200's SASS, to save build time; the full fat binary is `make cuda-build`),
-# FT_TOL (default 2e-3), JOBS (default nproc).
+# FT_TOL (default 2e-3), JOBS (default nproc), SKIP (stage names to leave
+# out, e.g. SKIP="build bench-64x1k").
 set -u
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 CUDA_ARCHS=${CUDA_ARCHS:-90}
 FT_TOL=${FT_TOL:-2e-3}
 JOBS=${JOBS:-$(nproc)}
+SKIP=${SKIP:-}
 OUT=${OUT:-$(mktemp -d /tmp/needle-cuda.XXXXXX)}
 NEEDLE="$BUILD/needle"
 TOK=models/tokenizer.model
@@ -40,6 +42,13 @@ notes=()
 run() {
   local name=$1 limit=$2
   shift 2
+  if [[ " $SKIP " == *" $name "* ]]; then
+    names+=("$name")
+    codes+=(0)
+    secs+=(0)
+    notes+=("skipped (SKIP)")
+    return 0
+  fi
   echo "== $name: $*"
   local t0=$SECONDS rc
   # through bash -c so that CMD may be one of the functions exported below
@@ -90,14 +99,14 @@ fi
 
 # ---- the suite's device fine-tune (32 LoRA steps vs the CPU) ----
 run device-ft 240 env NEEDLE="$NEEDLE" bash tests/device_finetune.sh cuda
-note "$(grep -m1 -o 'worst rel diff.*' "$OUT/device-ft.log")"
+note "$(grep -m1 -o 'worst rel diff.*' "$OUT/device-ft.log" 2>/dev/null)"
 
 # ---- benchmarks ----
 run bench 150 "$NEEDLE" bench train --preset needle2 --device cuda
-note "$(grep -m1 -o 'median [0-9.]* s  [0-9]* tokens/s' "$OUT/bench.log")"
+note "$(grep -m1 -o 'median [0-9.]* s  [0-9]* tokens/s' "$OUT/bench.log" 2>/dev/null)"
 run bench-64x1k 240 "$NEEDLE" bench train --preset needle2 --device cuda --batch 64 --seq 1024 \
   --iters 3
-note "$(grep -m1 -o 'median [0-9.]* s  [0-9]* tokens/s' "$OUT/bench-64x1k.log")"
+note "$(grep -m1 -o 'median [0-9.]* s  [0-9]* tokens/s' "$OUT/bench-64x1k.log" 2>/dev/null)"
 
 # ---- fine-tunes: CPU vs CUDA ----
 head -n 64 examples/data.jsonl >"$OUT/data.jsonl"
@@ -140,9 +149,9 @@ ft_pair() { # NAME EXTRA...: CPU then CUDA, compared
 }
 export -f losses compare finetune ft_pair
 run ft-full 150 ft_pair ft-full --full
-note "$(grep -m1 -o 'steps.*' "$OUT/ft-full.log")"
+note "$(grep -m1 -o 'steps.*' "$OUT/ft-full.log" 2>/dev/null)"
 run ft-lora 150 ft_pair ft-lora
-note "$(grep -m1 -o 'steps.*' "$OUT/ft-lora.log")"
+note "$(grep -m1 -o 'steps.*' "$OUT/ft-lora.log" 2>/dev/null)"
 
 ft_repeat() {
   [ -f "$OUT/ft-lora.cuda.log" ] || { echo "no first CUDA LoRA run"; return 1; }
@@ -151,7 +160,7 @@ ft_repeat() {
 }
 export -f ft_repeat
 run ft-repeat 90 ft_repeat
-note "$(grep -m1 -o 'steps.*' "$OUT/ft-repeat.log")"
+note "$(grep -m1 -o 'steps.*' "$OUT/ft-repeat.log" 2>/dev/null)"
 
 # ---- summary ----
 echo

@@ -11,7 +11,8 @@ NEEDLE=${NEEDLE:-build/needle}
 EMU=${EMU:-build-cuda-emu}
 OUT=$(mktemp -d /tmp/needle-cuda-emu.XXXXXX)
 trap 'rm -rf "$OUT"' EXIT
-bash tools/cuda_emu/build.sh "$EMU" >/dev/null
+# a 64 KB staging ring: outgrown and recycled many times a run
+EMU_CFLAGS="-DRING_MIN_BYTES=65536" bash tools/cuda_emu/build.sh "$EMU" >/dev/null
 export NEEDLE_PLUGIN_DIR=$PWD/$EMU
 PY=${PYTHON:-/usr/bin/python3}
 TOK=models/tokenizer.model

@@ -29,6 +29,26 @@ static jmp_buf sched_jb;
 static void (*g_body)(void *);
 static void *g_ctx;
 
+static std::vector<std::function<void()>> &queue()
+{
+    static std::vector<std::function<void()>> q;
+    return q;
+}
+
+void enqueue(std::function<void()> work)
+{
+    queue().push_back(std::move(work));
+}
+
+void drain()
+{
+    /* taking the list first: work never enqueues more, but be safe */
+    std::vector<std::function<void()>> q;
+    q.swap(queue());
+    for (auto &w : q)
+        w();
+}
+
 void *dyn_shared()
 {
     return shared_buf.data();

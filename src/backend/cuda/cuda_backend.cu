@@ -16,7 +16,9 @@ extern "C" {
 #include "backend/plugin.h"
 }
 
+#ifndef RING_MIN_BYTES /* tools/cuda_emu builds a tiny one to exercise regrowth */
 #define RING_MIN_BYTES ((size_t)64 << 20)
+#endif
 #define RING_ALIGN 256
 
 void cuda_fail(const char *what, cudaError_t err, const char *file, int line)

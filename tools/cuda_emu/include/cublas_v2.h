@@ -18,22 +18,25 @@ static inline cublasStatus_t cublasSetMathMode(cublasHandle_t, int)
 {
     return 0;
 }
-/* column-major reference SGEMM */
+/* column-major reference SGEMM, queued on the stream (alpha, beta read now) */
 static inline cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb,
-                                         int m, int n, int k, const float *alpha, const float *A,
-                                         int lda, const float *B, int ldb, const float *beta,
+                                         int m, int n, int k, const float *alpha_p, const float *A,
+                                         int lda, const float *B, int ldb, const float *beta_p,
                                          float *C, int ldc)
 {
-    for (int j = 0; j < n; j++)
-        for (int i = 0; i < m; i++) {
-            double s = 0;
-            for (int p = 0; p < k; p++) {
-                float a = ta == CUBLAS_OP_N ? A[i + (size_t)p * lda] : A[p + (size_t)i * lda];
-                float b = tb == CUBLAS_OP_N ? B[p + (size_t)j * ldb] : B[j + (size_t)p * ldb];
-                s += (double)a * b;
+    float alpha = *alpha_p, beta = *beta_p;
+    emu::enqueue([=]() {
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                double s = 0;
+                for (int p = 0; p < k; p++) {
+                    float a = ta == CUBLAS_OP_N ? A[i + (size_t)p * lda] : A[p + (size_t)i * lda];
+                    float b = tb == CUBLAS_OP_N ? B[p + (size_t)j * ldb] : B[j + (size_t)p * ldb];
+                    s += (double)a * b;
+                }
+                float *c = &C[i + (size_t)j * ldc];
+                *c = beta == 0.0f ? alpha * (float)s : alpha * (float)s + beta * *c;
             }
-            float *c = &C[i + (size_t)j * ldc];
-            *c = *beta == 0.0f ? *alpha * (float)s : *alpha * (float)s + *beta * *c;
-        }
+    });
     return 0;
 }

@@ -11,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <ucontext.h>
+#include <functional>
 #include <map>
+#include <memory>
 #include <vector>
 
 #define CUDART_VERSION 13000
@@ -69,6 +71,11 @@ double warp_xchg(double v, int src_lane, int mode); /* mode 0: from lane src, 1:
 int warp_any(int pred);
 void *dyn_shared();
 void launch_impl(dim3 grid, dim3 block, size_t shmem, void (*body)(void *), void *ctx);
+/* Work on the stream runs when the host synchronises (or frees memory), as
+ * on a GPU: an op that read host memory after issue, or a host read
+ * without a sync, sees what a real device would. */
+void enqueue(std::function<void()> work);
+void drain();
 std::map<uintptr_t, std::pair<size_t, cudaMemoryType>> &allocs();
 
 struct launcher {
@@ -77,17 +84,23 @@ struct launcher {
     launcher(dim3 g_, dim3 b_, size_t sh_ = 0, cudaStream_t = 0) : g(g_), b(b_), sh(sh_) {}
     template <typename F, typename... A> void run(F kernel, A... args)
     {
+        /* arguments by value at issue, as a launch does */
         struct ctx_t {
             F k;
             std::tuple<A...> a;
-        } c{kernel, std::tuple<A...>(args...)};
-        launch_impl(
-            g, b, sh,
-            [](void *p) {
-                ctx_t *c = (ctx_t *)p;
-                std::apply(c->k, c->a);
-            },
-            &c);
+        };
+        auto c = std::make_shared<ctx_t>(ctx_t{kernel, std::tuple<A...>(args...)});
+        dim3 g_ = g, b_ = b;
+        size_t sh_ = sh;
+        enqueue([c, g_, b_, sh_]() {
+            launch_impl(
+                g_, b_, sh_,
+                [](void *p) {
+                    ctx_t *cc = (ctx_t *)p;
+                    std::apply(cc->k, cc->a);
+                },
+                c.get());
+        });
     }
 };
 } // namespace emu
@@ -159,6 +172,7 @@ static inline cudaError_t cudaStreamDestroy(cudaStream_t)
 }
 static inline cudaError_t cudaStreamSynchronize(cudaStream_t)
 {
+    emu::drain();
     return 0;
 }
 static inline void *emu_alloc(size_t n, cudaMemoryType t)
@@ -170,6 +184,7 @@ static inline void *emu_alloc(size_t n, cudaMemoryType t)
 }
 static inline cudaError_t emu_free(void *p)
 {
+    emu::drain(); /* cudaFree waits for the device */
     emu::allocs().erase((uintptr_t)p);
     free(p);
     return 0;
@@ -220,14 +235,16 @@ static inline cudaError_t cudaMemAdvise(const void *, size_t, cudaMemoryAdvise, 
 }
 static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t)
 {
-    memset(p, v, n);
+    emu::enqueue([=]() { memset(p, v, n); });
     return 0;
 }
 static inline cudaError_t cudaMemcpy2DAsync(void *dst, size_t dp, const void *src, size_t sp,
                                             size_t w, size_t h, cudaMemcpyKind, cudaStream_t)
 {
-    for (size_t r = 0; r < h; r++)
-        memcpy((char *)dst + r * dp, (const char *)src + r * sp, w);
+    emu::enqueue([=]() {
+        for (size_t r = 0; r < h; r++)
+            memcpy((char *)dst + r * dp, (const char *)src + r * sp, w);
+    });
     return 0;
 }
 template <typename K> static inline cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, int)
@@ -237,6 +254,6 @@ template <typename K> static inline cudaError_t cudaFuncSetAttribute(K, cudaFunc
 enum { cudaMemcpyDeviceToDevice = 3 };
 static inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, int, cudaStream_t)
 {
-    memcpy(dst, src, n);
+    emu::enqueue([=]() { memcpy(dst, src, n); });
     return 0;
 }

@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 BUILD ?= build
 
 .PHONY: all build deps test-deps check demo asan-check tsan-check clang-build fuzz format clean \
-	arm64-deps arm64-build arm64-check noomp-check vulkan-check
+	arm64-deps arm64-build arm64-check noomp-check vulkan-check cuda-build cuda-emu-check
 
 all: build
 
@@ -77,11 +77,24 @@ noomp-check: test-deps
 	@cmake --build build-noomp -j $(JOBS)
 	cd build-noomp && ctest --output-on-failure -j $(JOBS)
 
+# The CUDA backend plugin (build-cuda/libneedle_cuda.so, fat binary for
+# sm_80/86/89/90 + PTX). Compile only: it needs nvcc and cuBLAS, not a GPU;
+# tests/device/cuda.sh runs it on one.
+cuda-build: deps
+	@cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DNEEDLE_CUDA=ON >/dev/null
+	@cmake --build build-cuda -j $(JOBS) --target needle_cuda
+
+# The plugin's kernels run on the CPU (tools/cuda_emu: a stand-in CUDA
+# runtime, threads as coroutines) against the CPU backend: fine-tune losses
+# and weights must agree. Checks index math without a GPU (minutes).
+cuda-emu-check: build
+	NEEDLE=$(BUILD)/needle bash tools/cuda_emu/check.sh
+
 format:
-	clang-format -i $$(git ls-files '*.c' '*.h')
+	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-arm64 build-noomp
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz build-arm64 build-noomp build-cuda build-cuda-emu
 
 # The Vulkan backend on Mesa's lavapipe (software Vulkan on the CPU) under
 # the Khronos validation layer: any validation error aborts the run. The

@@ -1,0 +1,378 @@
+/* Shared pieces of the CUDA backend plugin: the context behind the op
+ * table, staging of host inputs, scratch memory, the device copy of a
+ * layout, and float helpers that match the CPU reference kernels
+ * (src/backend/cpu/cpu_kernels.h).
+ *
+ * Every op is issued on one stream, in order, and returns at once. Inputs
+ * that are plain host memory are copied into a pinned, mapped staging ring
+ * when the op is issued (the host may reuse its buffer right after); the
+ * ring is recycled only after a sync, so a staged copy lives until every
+ * op issued before the sync has run. */
+#ifndef ND_CUDA_COMMON_CUH
+#define ND_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+extern "C" {
+#include "backend/backend.h"
+}
+
+#define CUDA_MAX_LAYOUTS 4 /* layouts cached per sync interval */
+#define CUDA_MAX_ORDERS 16 /* engram orders read at issue time */
+#define CUDA_MAX_LANES 8   /* hyper-connection lanes (n) */
+#define CUDA_MAX_ENGRAM_ORDER 8
+
+/* Rows per attention work block (queries in the forward and dq kernels,
+ * keys in the dk/dv kernel): 4 warps x 4 rows. */
+#define ATT_WARPS 4
+#define ATT_ROWS 4
+#define ATT_BLOCK (ATT_WARPS * ATT_ROWS)
+#define ATT_TILE 32 /* keys (or queries) per shared-memory tile: one per lane */
+#define ATT_MAX_HD 128
+
+/* The layout as the kernels see it, plus what the host derives from it
+ * once per upload: each segment's children, and the attention work blocks
+ * (segment, first row offset) of ATT_BLOCK rows. */
+typedef struct {
+    long N;
+    int n_seg, n_blk;
+    const nd_segment *seg;
+    const int32_t *row_seg, *pos;
+    const int32_t *child_off; /* [n_seg + 1] */
+    const int32_t *child;     /* children of s: child[child_off[s] .. child_off[s+1]) */
+    const int32_t *blk_seg, *blk_t0;
+} dev_layout;
+
+typedef struct {
+    int valid;
+    long N;
+    int n_seg;
+    size_t cap;     /* bytes of host copy */
+    void *host;     /* seg, row_seg, pos as given */
+    dev_layout dev; /* pointers into the staging ring */
+} layout_cache_entry;
+
+typedef struct {
+    nd_backend table; /* first: ops get &table and cast back */
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    /* staging ring: pinned host memory the device reads through its mapping */
+    char *ring_host, *ring_dev;
+    size_t ring_cap, ring_used;
+    /* rings outgrown since the last sync: kernels may still read them */
+    char **retired;
+    int n_retired, cap_retired;
+    /* scratch device memory for one op at a time (ops run in stream order) */
+    void *scratch;
+    size_t scratch_cap;
+    layout_cache_entry layouts[CUDA_MAX_LAYOUTS];
+    int layout_next;
+    char detail[320];
+} cuda_ctx;
+
+/* abort with the failing call: the op table has no error path */
+void cuda_fail(const char *what, cudaError_t err, const char *file, int line);
+#define CUDA_CHECK(call)                                                                           \
+    do {                                                                                           \
+        cudaError_t err_ = (call);                                                                 \
+        if (err_ != cudaSuccess)                                                                   \
+            cuda_fail(#call, err_, __FILE__, __LINE__);                                            \
+    } while (0)
+/* after a launch: configuration errors show up here, not in the launch */
+#define CUDA_LAUNCHED() CUDA_CHECK(cudaGetLastError())
+
+/* Start an op: the context, with the current device set for this thread
+ * (syncs first, recycling the staging ring, when the ring is half full). */
+cuda_ctx *cuda_op_begin(const nd_backend *be);
+/* A device-readable copy of input p when it is plain host memory, else p
+ * itself (alloc memory). NULL stays NULL. A full ring is replaced by a
+ * bigger one; the old one is freed at the next sync. */
+const void *cuda_stage(cuda_ctx *C, const void *p, size_t bytes);
+#define STAGE(C, p, count) ((decltype(p))cuda_stage((C), (p), sizeof(*(p)) * (size_t)(count)))
+/* Whether p is plain host memory (not from alloc): such inputs are staged. */
+int cuda_is_host(const void *p);
+/* Scratch device memory, valid until the next op begins. */
+void *cuda_scratch(cuda_ctx *C, size_t bytes);
+/* The layout uploaded (or found in the cache of this sync interval). */
+dev_layout cuda_layout(cuda_ctx *C, const nd_layout *L);
+
+static inline unsigned cuda_blocks(long n, int threads)
+{
+    long b = (n + threads - 1) / threads;
+    return (unsigned)(b < 1 ? 1 : b);
+}
+
+/* Deterministic column sums over rows: partials[chunk][col] are summed in
+ * chunk order into dst (+=). Row chunks depend only on the row count. */
+#define CUDA_ROW_CHUNK 64
+#define CUDA_MAX_CHUNKS 512
+static inline int cuda_row_chunks(long rows)
+{
+    long c = (rows + CUDA_ROW_CHUNK - 1) / CUDA_ROW_CHUNK;
+    return (int)(c < 1 ? 1 : (c > CUDA_MAX_CHUNKS ? CUDA_MAX_CHUNKS : c));
+}
+/* dst[i] += sum_p partials[p * stride + off + i] for i < n (dst NULL: nothing) */
+void cuda_reduce_partials(cuda_ctx *C, float *dst, const double *partials, int chunks, int stride,
+                          int off, int n);
+
+/* dst[rows[i]] += src[i] * scale for i < n (rows of d floats), each
+ * element summing its sources in order i as the CPU does: one thread per
+ * (destination, column) over the sources grouped by destination when rows
+ * is host memory (the usual case: token ids, target rows), else one
+ * thread per column walking all n rows. */
+void cuda_scatter_rows(cuda_ctx *C, float *dst, const float *src, const int32_t *rows, long n,
+                       int d, float scale);
+
+/* ---- device helpers ---- */
+
+/* float <-> bits on either side (intrinsics on the device) */
+__host__ __device__ __forceinline__ uint32_t f2u(float x)
+{
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(x);
+#else
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+#endif
+}
+__host__ __device__ __forceinline__ float u2f(uint32_t u)
+{
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+#endif
+}
+
+/* san_expf (cpu_kernels.h): the same polynomial, so device and CPU agree
+ * to an ulp or two rather than to expf's error */
+__host__ __device__ __forceinline__ float dev_expf(float x)
+{
+    const float hi = 88.0f, lo = -87.3f;
+    float xc = x > hi ? hi : x;
+    xc = xc < lo ? lo : xc;
+    float kf = xc * 1.44269504088896341f + 12582912.0f;
+    uint32_t kb = f2u(kf);
+    kf -= 12582912.0f;
+    float r = xc - kf * 0.693359375f;
+    r = r - kf * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    uint32_t e = ((kb - 0x4B400000u) + 127u) << 23;
+    float y = p * u2f(e);
+    y = x > hi ? u2f(0x7f800000u) : y;
+    y = x < lo ? 0.0f : y;
+    return x != x ? x : y;
+}
+
+/* san_logf (cpu_kernels.h), for positive normal finite x */
+__host__ __device__ __forceinline__ float dev_logf(float x)
+{
+    uint32_t u = f2u(x);
+    int e = (int)((u >> 23) & 0xffu) - 126;
+    u = (u & 0x007fffffu) | 0x3f000000u;
+    float m = u2f(u);
+    int lo = m < 0.707106781186547524f;
+    float fe = (float)(e - lo);
+    m = lo ? m + m - 1.0f : m - 1.0f;
+    float z = m * m;
+    float y = 7.0376836292e-2f;
+    y = y * m - 1.1514610310e-1f;
+    y = y * m + 1.1676998740e-1f;
+    y = y * m - 1.2420140846e-1f;
+    y = y * m + 1.4249322787e-1f;
+    y = y * m - 1.6668057665e-1f;
+    y = y * m + 2.0000714765e-1f;
+    y = y * m - 2.4999993993e-1f;
+    y = y * m + 3.3333331174e-1f;
+    y = y * m * z;
+    y += -2.12194440e-4f * fe;
+    y += -0.5f * z;
+    return (m + y) + 0.693359375f * fe;
+}
+
+__host__ __device__ __forceinline__ float dev_sigmoid(float x)
+{
+    return 1.0f / (1.0f + dev_expf(-x));
+}
+
+/* nd_layout_back on the device copy */
+__device__ __forceinline__ long dev_layout_back(const dev_layout &L, long r, int k)
+{
+    const nd_segment s = L.seg[L.row_seg[r]];
+    long off = r - s.start;
+    if (off >= k)
+        return r - k;
+    if (s.parent < 0)
+        return -1;
+    const nd_segment p = L.seg[s.parent];
+    long j = (long)p.len - (k - off);
+    return j >= 0 ? p.start + j : -1;
+}
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ double warp_sum_d(double v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, <= 1024), the same
+ * tree every time; every thread gets the result. `sh` holds 32 floats;
+ * the block must not be using it. */
+__device__ __forceinline__ float block_sum(float v, float *sh)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads(); /* sh may still be read by a previous call */
+    if (lane == 0)
+        sh[w] = v;
+    __syncthreads();
+    float t = lane < nw ? sh[lane] : 0.0f;
+    return warp_sum(t);
+}
+__device__ __forceinline__ double block_sum_d(double v, double *sh)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0)
+        sh[w] = v;
+    __syncthreads();
+    double t = lane < nw ? sh[lane] : 0.0;
+    return warp_sum_d(t);
+}
+__device__ __forceinline__ float block_max(float v, float *sh)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0)
+        sh[w] = v;
+    __syncthreads();
+    float t = lane < nw ? sh[lane] : -3.402823466e38f;
+    return warp_max(t);
+}
+
+/* ---- op entry points of the other files ---- */
+/* cuda_ops.cu */
+void cuda_rmsnorm(const nd_backend *be, float *y, float *rstd, const float *x, const float *scale,
+                  long rows, int dim);
+void cuda_embed(const nd_backend *be, float *x0, const float *emb, const int32_t *tok, long N,
+                int d, float scale);
+void cuda_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *tok, const nd_layout *L,
+                      const int *orders, int n_orders, int heads, int slots);
+void cuda_engram_gather(const nd_backend *be, float *e, const float *tables, const int32_t *idx,
+                        const nd_layout *L, const int *orders, int n_orders, int heads, int slots,
+                        int sub);
+void cuda_engram_taps(const nd_backend *be, float *v, const float *vp, const float *taps,
+                      const nd_layout *L, int d, int dil);
+void cuda_engram_gate(const nd_backend *be, float *bx, float *alpha, const float *u, const float *k,
+                      const float *v, long N, int d, int accumulate);
+void cuda_lanes_combine(const nd_backend *be, float *u, const float *hpre, const float *X, long N,
+                        int n, int d);
+void cuda_lanes_update(const nd_backend *be, float *Xo, const float *M, const float *X,
+                       const float *hpost, const float *y, long N, int n, int d);
+void cuda_lanes_broadcast(const nd_backend *be, float *X, const float *x0, long N, int n, int d);
+void cuda_lanes_mean(const nd_backend *be, float *xm, const float *X, long N, int n, int d);
+void cuda_rope(const nd_backend *be, float *x, const float *cos_t, const float *sin_t,
+               const nd_layout *L, int heads, int hd);
+void cuda_gate_sigmoid(const nd_backend *be, float *o, const float *att, const float *g, long n);
+void cuda_residual_scaled(const nd_backend *be, float *y, const float *x, const float *r,
+                          float gate, long n);
+void cuda_gather_rows(const nd_backend *be, float *dst, const float *src, const int32_t *rows,
+                      long n, int d);
+void cuda_scatter_add_rows(const nd_backend *be, float *dst, const float *src, const int32_t *rows,
+                           long n, int d);
+void cuda_cross_entropy(const nd_backend *be, float *loss, const float *logits,
+                        const int32_t *target, long N, int V);
+void cuda_copy2d(const nd_backend *be, float *dst, int dst_ld, const float *src, int src_ld,
+                 long rows, int cols);
+void cuda_add(const nd_backend *be, float *y, const float *x, float alpha, long n);
+
+/* cuda_mix.cu: hyper-connection coefficients (Sinkhorn) and the Hadamard MLP */
+void cuda_hyper_coeffs(const nd_backend *be, float *hpre, float *hpost, float *M, const float *pre,
+                       const float *post, const float *res, float a_pre, float a_post, float a_res,
+                       const float *b_pre, const float *b_post, const float *b_res, int lane,
+                       long N, int n);
+void cuda_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, float *dres,
+                                float *da_pre, float *da_post, float *da_res, float *db_pre,
+                                float *db_post, float *db_res, const float *dhpre,
+                                const float *dhpost, const float *dM, const float *pre,
+                                const float *post, const float *res, const float *hpre,
+                                const float *hpost, float a_pre, float a_post, float a_res,
+                                const float *b_res, long N, int n);
+void cuda_hadamard_mlp(const nd_backend *be, float *y, float *h1, const float *x, const float *z,
+                       const float *u, const float *d1, const float *d2, const float *d3, long N,
+                       int d, int hn);
+void cuda_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1, float *dd2, float *dd3,
+                                const float *dy, const float *z, const float *h1, const float *d1,
+                                const float *d2, const float *d3, long N, int d, int hn);
+
+/* cuda_attention.cu */
+void cuda_attention(const nd_backend *be, float *out, float *lse, const float *q, const float *k,
+                    const float *v, const nd_layout *L, int H, int G, int hd);
+void cuda_attention_backward(const nd_backend *be, float *dq, float *dk, float *dv,
+                             const float *dout, const float *q, const float *k, const float *v,
+                             const float *out, const float *lse, const nd_layout *L, int H, int G,
+                             int hd);
+
+/* cuda_backward.cu */
+void cuda_cross_entropy_backward(const nd_backend *be, float *logits, const int32_t *target,
+                                 const float *weight, long N, int V);
+void cuda_rmsnorm_backward(const nd_backend *be, float *dx, float *dscale, const float *dy,
+                           const float *x, const float *rstd, const float *scale, long rows,
+                           int dim, int accumulate);
+void cuda_embed_backward(const nd_backend *be, float *demb, const float *dx0, const int32_t *tok,
+                         long N, int d, float scale);
+void cuda_engram_gather_backward(const nd_backend *be, float *dtables, const float *de,
+                                 const int32_t *idx, const nd_layout *L, const int *orders,
+                                 int n_orders, int heads, int slots, int sub);
+void cuda_engram_taps_backward(const nd_backend *be, float *dvp, float *dtaps, const float *dv,
+                               const float *vp, const float *taps, const nd_layout *L, int d,
+                               int dil);
+void cuda_engram_gate_backward(const nd_backend *be, float *du, float *dk, float *dv,
+                               const float *dbx, const float *u, const float *k, const float *v,
+                               const float *alpha, long N, int d);
+void cuda_lanes_combine_backward(const nd_backend *be, float *dhpre, float *dX, const float *du,
+                                 const float *hpre, const float *X, long N, int n, int d);
+void cuda_lanes_update_backward(const nd_backend *be, float *dX, float *dM, float *dhpost,
+                                float *dy, const float *dXo, const float *M, const float *X,
+                                const float *hpost, const float *y, long N, int n, int d);
+void cuda_lanes_broadcast_backward(const nd_backend *be, float *dx0, const float *dX, long N, int n,
+                                   int d);
+void cuda_lanes_mean_backward(const nd_backend *be, float *dX, const float *dxm, long N, int n,
+                              int d);
+void cuda_rope_backward(const nd_backend *be, float *dx, const float *cos_t, const float *sin_t,
+                        const nd_layout *L, int heads, int hd);
+void cuda_gate_sigmoid_backward(const nd_backend *be, float *datt, float *dg, const float *dout,
+                                const float *att, const float *g, long n);
+void cuda_residual_scaled_backward(const nd_backend *be, float *dr, float *dgate, const float *dy,
+                                   const float *r, float gate, long n);
+
+#endif

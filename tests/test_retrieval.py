@@ -28,6 +28,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -128,7 +129,8 @@ def flat_params_from_cact(path, cfg):
     if rest:
         codes = R.dequant(rest[0]).astype(int)
         for i, code in enumerate(codes):
-            probes, proj, bias = (R.dequant(r).astype(np.float64) for r in rest[1 + 3 * i:4 + 3 * i])
+            trip = rest[1 + 3 * i:4 + 3 * i]
+            probes, proj, bias = (R.dequant(r).astype(np.float64) for r in trip)
             heads[{1: "contrastive", 2: "confidence"}[code]] = (probes, proj, bias)
     return c, P, heads
 
@@ -204,7 +206,8 @@ class Session:
         return json.loads(buf.value.decode())
 
     def context_names(self):
-        return [t["name"] for t in json.loads(self.lib.needle_session_context_tools(self.s) or b"[]")]
+        text = self.lib.needle_session_context_tools(self.s) or b"[]"
+        return [t["name"] for t in json.loads(text)]
 
     def close(self):
         self.lib.needle_session_free(self.s)
@@ -246,15 +249,26 @@ def read_index(path):
 # ---------------------------------------------------------------- main
 def main():
     tmp = tempfile.mkdtemp(prefix="needle_retr_")
+    try:
+        return run_all(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_all(tmp):
     cfg = make_ckpt.make_config(**dict(make_ckpt.TINY, max_seq_len=1024))
     params = make_ckpt.make_params(cfg, seed=5, perturb=True, probe_heads=True)
     d, cd = cfg["d_model"], cfg["contrastive_dim"]
     rng = np.random.default_rng(9)
-    params["contrastive_head"] = {"probes": rng.normal(0, 1.0, (4, d)).astype(np.float32),
-                                  "proj": {"kernel": rng.normal(0, 0.5, (4 * d, cd)).astype(np.float32)},
+
+    def normal(s, shape):
+        return rng.normal(0, s, shape).astype(np.float32)
+
+    params["contrastive_head"] = {"probes": normal(1.0, (4, d)),
+                                  "proj": {"kernel": normal(0.5, (4 * d, cd))},
                                   "log_temp": np.float32(math.log(0.07))}
-    params["confidence_head"] = {"probes": rng.normal(0, 1.0, (8, d)).astype(np.float32),
-                                 "proj": {"kernel": rng.normal(0, 0.05, (8 * d, 1)).astype(np.float32),
+    params["confidence_head"] = {"probes": normal(1.0, (8, d)),
+                                 "proj": {"kernel": normal(0.05, (8 * d, 1)),
                                           "bias": np.array([0.3], np.float32)}}
     arch = {}
     for tag in "ABC":

@@ -397,6 +397,13 @@ def run_all(tmp):
         check(s.embedded == 0, "%s index rebuilt and valid" % what)
         s.close()
 
+    # an index that cannot be written is a warning; the session works
+    s = Session(lib, mA, TOOLS, os.path.join(tmp, "no", "such", "dir", "t.idx"))
+    check(s.embedded == 8 and "not saved" in s.warnings, "unwritable index: %r" % s.warnings)
+    s.complete(QUERY)
+    check(s.context_names() == want, "unwritable index: retrieval still works")
+    s.close()
+
     # a hand-made index decides: crafted scores against the query
     want_sc = [0.1, 0.9, -0.2, 0.8, 0.7, 0.3, 0.95, 0.6]  # top 5: 1, 3, 4, 6, 7
     embs = []

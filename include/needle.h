@@ -25,10 +25,17 @@
  *    "peak_ram_mb": ...}
  *
  * - type is "call" when function_calls is non-empty, "respond" for [].
- * - confidence is the minimum, over the tokens of the call JSON, of the
- *   model's (unconstrained) softmax probability of the chosen token. There
- *   is no calibrated confidence head yet; this is the decoding-probability
- *   half of upstream's signal only.
+ * - confidence, as upstream documents it (doc/apis.md), is the minimum of
+ *   two signals: the archive's calibrated confidence head, sigmoid of its
+ *   logit over the whole sequence (prompt, reasoning, call and closing
+ *   markers; one full causal forward), and the decoding probability of the
+ *   call: the minimum, over the call JSON's tokens, of the model's
+ *   unconstrained softmax probability of the chosen token. An archive
+ *   without the head (checkpoints that never trained it, e.g. from
+ *   `needle init`) reports the decoding probability alone. The head is not
+ *   fine-tuned, so upstream's Python client reports null for tuned weights;
+ *   the engine cannot tell tuned archives apart and leaves that to the
+ *   caller.
  * - prefill_tps / decode_tps: prompt tokens / prefill seconds and generated
  *   tokens / decode seconds of this turn; peak_ram_mb: the process's peak
  *   resident set (getrusage), so it covers everything in the process.
@@ -58,8 +65,19 @@
  *   \n<|im_start|>user\n TEXT <|im_end|>\n<|im_start|>assistant\n
  * The system + tools prefix stays cached: reset rewinds to it.
  *
- * Tool retrieval (upstream's tool_index_path, > 5 tools) is not
- * implemented: every declared tool is rendered and callable. */
+ * Tool retrieval (doc/apis.md): with more than 5 tools and a contrastive
+ * head in the archive, each tool's compact JSON is embedded once when the
+ * session is made, each first turn (after new / reset) embeds the query
+ * (no BOS, at most 256 tokens), and only the 5 tools with the highest
+ * cosine score enter the prompt and the grammar (the others cannot be
+ * called); later turns of the conversation keep that subset. The
+ * embeddings can persist in a tool index file (tool_index_path), keyed by
+ * SHA-256 digests of the archive and of each tool: a matching file is
+ * loaded and left untouched, one for other tools lends the entries that
+ * still match, one for another model is rebuilt, and a damaged one is
+ * refused (see needle_session_warnings) and rebuilt; writes are atomic.
+ * An index that cannot be written is a warning, not an error. Without a
+ * contrastive head every tool is rendered, with a warning. */
 #ifndef NEEDLE_H
 #define NEEDLE_H
 
@@ -100,6 +118,10 @@ const char *needle_model_error(const needle_model *m);
  * ({"name", "description", "parameters": JSON schema}). The system + tools
  * prefix is prefilled here. NULL on failure: see needle_thread_error(). */
 needle_session *needle_session_new(needle_model *m, const char *system, const char *tools_json);
+/* The same with upstream's tool_index_path (NULL: embeddings in memory
+ * only; see "Tool retrieval" above). */
+needle_session *needle_session_new_with_index(needle_model *m, const char *system,
+                                              const char *tools_json, const char *tool_index_path);
 void needle_session_free(needle_session *s);
 /* One turn; see above. max_new_tokens <= 0 means 256. */
 int needle_session_complete(needle_session *s, const char *text, int max_new_tokens, char *buf,
@@ -115,6 +137,21 @@ const char *needle_session_error(const needle_session *s);
 /* on != 0: the answer must be at least one call (no [] refusal), like
  * tool_choice "required"; off by default. */
 int needle_session_require_call(needle_session *s, int on);
+/* Tools the session embedded with the model when it was made (those taken
+ * from a matching tool index are not counted); 0 without retrieval. */
+int needle_session_tools_embedded(const needle_session *s);
+/* Compact JSON array of the tools in the current context: all declared
+ * tools, or the retrieved subset of the last first turn ("" before it). */
+const char *needle_session_context_tools(const needle_session *s);
+
+/* The archive's probe heads directly (on error: needle_thread_error()).
+ * needle_model_embed: the retrieval embedding of `text` (unit length);
+ * writes min(dim, out_len) floats and returns dim, NEEDLE_EUNSUPPORTED
+ * without a contrastive head. needle_model_head_confidence: the confidence
+ * head's probability for the token ids[0..n) (a whole rendered sequence,
+ * BOS first); 0 or NEEDLE_EUNSUPPORTED without the head. */
+int needle_model_embed(const needle_model *m, const char *text, float *out, int out_len);
+int needle_model_head_confidence(const needle_model *m, const int *ids, int n, double *p);
 
 /* The calling thread's last error (after a NULL from a constructor). */
 const char *needle_thread_error(void);
@@ -123,8 +160,8 @@ const char *needle_thread_error(void);
 
 /* 0 on success. Replaces any loaded model (and drops its session). */
 int needle_load(const unsigned char *cact, unsigned long long n);
-/* >= 0: tokens of the tool context; < 0: error. tool_index_path is
- * accepted and ignored (no tool retrieval). */
+/* >= 0: tokens of the tool context (with tool retrieval: of the part
+ * before the tools); < 0: error. tool_index_path: see "Tool retrieval". */
 int needle_init(const char *system, const char *tools_json, const char *tool_index_path);
 int needle_complete(const char *text, int max_new_tokens, char *buf, int buf_len);
 void needle_reset(void);

@@ -11,15 +11,19 @@
 
 static const char *run_help =
     "usage: needle run --weights X.cact --tools tools.json [--system S]\n"
-    "                  [--max-new-tokens N] [--interactive] [QUERY]\n"
+    "                  [--tool-index PATH] [--max-new-tokens N] [--interactive] [QUERY]\n"
     "\n"
     "Prints one JSON envelope per turn: type (call|respond), success, error,\n"
-    "error_code, function_calls, reasoning, confidence (minimum token probability\n"
-    "over the call), prefill_tps, decode_tps, peak_ram_mb.\n"
+    "error_code, function_calls, reasoning, confidence (the archive's confidence\n"
+    "head and the call's minimum token probability, whichever is lower),\n"
+    "prefill_tps, decode_tps, peak_ram_mb.\n"
     "\n"
     "  --weights PATH      .cact archive (needle build)\n"
     "  --tools PATH        JSON array of tools {name, description, parameters}\n"
     "  --system TEXT       system facts (optional)\n"
+    "  --tool-index PATH   with more than 5 tools, keep the tool embeddings of\n"
+    "                      retrieval in this file (reused while the tools and\n"
+    "                      the model match, else rebuilt)\n"
     "  --max-new-tokens N  generation budget per turn (default 256)\n"
     "  --interactive       keep the session: read follow-ups from stdin, one per\n"
     "                      line (after a call, a line is the tool result);\n"
@@ -44,7 +48,7 @@ static int turn(needle_session *s, const char *q, int max_new, char *buf, int ca
 
 int cli_run(int argc, char **argv)
 {
-    const char *weights = NULL, *tools = NULL, *system = NULL, *query = NULL;
+    const char *weights = NULL, *tools = NULL, *system = NULL, *query = NULL, *index = NULL;
     long long max_new = 256;
     int interactive = 0;
     for (int i = 1; i < argc; i++) {
@@ -72,6 +76,8 @@ int cli_run(int argc, char **argv)
             tools = v;
         else if (!strcmp(a, "--system"))
             system = v;
+        else if (!strcmp(a, "--tool-index"))
+            index = v;
         else if (!strcmp(a, "--max-new-tokens")) {
             if (cli_parse_int(a, v, 1, 1 << 20, &max_new))
                 return 2;
@@ -95,7 +101,7 @@ int cli_run(int argc, char **argv)
         fprintf(stderr, "needle: %s\n", needle_thread_error());
         return 1;
     }
-    needle_session *s = needle_session_new(m, system, (const char *)tj);
+    needle_session *s = needle_session_new_with_index(m, system, (const char *)tj, index);
     free(tj);
     if (!s) {
         fprintf(stderr, "needle: %s\n", needle_thread_error());

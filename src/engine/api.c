@@ -45,14 +45,14 @@ int needle_load(const unsigned char *cact, unsigned long long n)
 
 int needle_init(const char *system, const char *tools_json, const char *tool_index_path)
 {
-    (void)tool_index_path;
     pthread_mutex_lock(&g_lock);
     int rc;
     if (!g_model) {
         snprintf(g_err, sizeof g_err, "no model loaded: call needle_load with a .cact first");
         rc = NEEDLE_ESTATE;
     } else {
-        needle_session *s = needle_session_new(g_model, system, tools_json);
+        needle_session *s =
+            needle_session_new_with_index(g_model, system, tools_json, tool_index_path);
         if (!s) {
             remember();
             rc = NEEDLE_EFORMAT;

@@ -9,9 +9,12 @@
 
 #include "core/mem.h"
 #include "core/fileio.h"
+#include "core/sha256.h"
 #include "core/status.h"
 #include "engine/engine.h"
 #include "engine/grammar.h"
+#include "engine/heads.h"
+#include "engine/retrieval.h"
 #include "needle.h"
 #include "text/pyjson.h"
 
@@ -33,17 +36,24 @@ struct needle_model {
     int *tok_next;
     uint8_t *reason_ok; /* tokens allowed while reasoning */
     int id_bos, id_im_end, id_think_end, id_tool_call_end, id_space;
-    nd_idvec think_open;  /* target start: "▁<think>" as training encodes it */
-    nd_idvec think_close; /* "\n<tool_call>" after </think> */
+    nd_idvec think_open;      /* target start: "▁<think>" as training encodes it */
+    nd_idvec think_close;     /* "\n<tool_call>" after </think> */
+    nd_heads heads;           /* probe heads (retrieval, confidence), when exported */
+    unsigned char digest[32]; /* SHA-256 of the archive: keys the tool index */
     char err[1024];
 };
 
 struct needle_session {
     needle_model *model;
     nd_kv_state kv;
-    nd_grammar *gram;
+    nd_grammar *gram;   /* every declared tool */
+    nd_grammar *active; /* the tools in the context: gram, or the retrieved subset's */
+    nd_pj_doc *tools_doc;
+    nd_retrieval rt;
+    int require_call;
+    char *warnings;
     char *system;
-    nd_buf tools; /* compact TOOLS text */
+    nd_buf tools; /* compact TOOLS text of the context */
     int prefix_len;
     int turn; /* 0 fresh, 1 after a call, 2 after a respond */
     float *logits;
@@ -173,6 +183,13 @@ static needle_model *load_parsed(cact_file *f)
     }
     M->kv_window = (int)f->hdr.kv_window;
     M->be = nd_backend_cpu(0);
+    if ((rc = nd_heads_load(f, &M->m, &M->heads))) {
+        san_model_free(&M->m);
+        free(M);
+        return NULL;
+    }
+    if (M->heads.contrastive.present) /* only retrieval's index needs it (~0.1 s / 25 MB) */
+        nd_sha256(f->data, f->len, M->digest);
     int think;
     nd_idvec tmp = {0};
     if ((rc = nd_cact_tokenizer(f, &M->tok)) || (rc = build_trie(M)) ||
@@ -248,6 +265,7 @@ void needle_model_free(needle_model *M)
     free(M->reason_ok);
     nd_idvec_free(&M->think_open);
     nd_idvec_free(&M->think_close);
+    nd_heads_free(&M->heads);
     free(M);
 }
 
@@ -264,7 +282,8 @@ const char *needle_model_error(const needle_model *M)
 /* ------------------------------------------------------------------ */
 /* session                                                             */
 
-static int render_prefix(const needle_session *S, nd_buf *b)
+/* with_tools 0: stop after "<tools>" (the part retrieval never changes) */
+static int render_prefix(const needle_session *S, nd_buf *b, int with_tools)
 {
     int rc = ND_OK;
 #define PUT(s) (rc = rc ? rc : nd_buf_put(b, s, strlen(s)))
@@ -274,14 +293,41 @@ static int render_prefix(const needle_session *S, nd_buf *b)
         PUT("<|im_end|>\n");
     }
     PUT("<|im_start|>user\n<tools>");
-    rc = rc ? rc : nd_buf_put(b, S->tools.p, S->tools.n);
-    PUT("</tools>\n");
+    if (with_tools) {
+        rc = rc ? rc : nd_buf_put(b, S->tools.p, S->tools.n);
+        PUT("</tools>\n");
+    }
 #undef PUT
     return rc;
 }
 
+static nd_embedder embedder(const needle_model *M)
+{
+    nd_embedder e = {&M->m, M->be, &M->heads, M->tok, M->digest};
+    return e;
+}
+
+/* the grammar's warnings, then retrieval's note */
+static int join_warnings(needle_session *S)
+{
+    const char *g = nd_gram_warnings(S->gram);
+    size_t n = strlen(g) + strlen(S->rt.note) + 2;
+    if (!(S->warnings = malloc(n)))
+        return nd_error(ND_ENOMEM, "out of memory");
+    snprintf(S->warnings, n, "%s%s%s", g, *g ? "\n" : "", S->rt.note);
+    return ND_OK;
+}
+
 needle_session *needle_session_new(needle_model *M, const char *system, const char *tools_json)
 {
+    return needle_session_new_with_index(M, system, tools_json, NULL);
+}
+
+needle_session *needle_session_new_with_index(needle_model *M, const char *system,
+                                              const char *tools_json, const char *tool_index_path)
+{
+    if (tool_index_path && !*tool_index_path)
+        tool_index_path = NULL;
     if (!M) {
         nd_error(ND_EARG, "needle_session_new: NULL model");
         return NULL;
@@ -305,7 +351,15 @@ needle_session *needle_session_new(needle_model *M, const char *system, const ch
     }
     if ((rc = nd_gram_compile(nd_pj_root(doc), &S->gram)))
         goto fail;
-    if ((rc = nd_pj_dump(nd_pj_root(doc), 1, &S->tools)))
+    S->active = S->gram;
+    S->tools_doc = doc;
+    doc = NULL;
+    nd_embedder emb = embedder(M);
+    if ((rc = nd_retrieval_init(&S->rt, &emb, nd_pj_root(S->tools_doc), tool_index_path)))
+        goto fail;
+    if (S->rt.note[0] && (rc = join_warnings(S)))
+        goto fail;
+    if (!S->rt.on && (rc = nd_pj_dump(nd_pj_root(S->tools_doc), 1, &S->tools)))
         goto fail;
     if (system && *system && !(S->system = strdup(system))) {
         rc = nd_error(ND_ENOMEM, "out of memory");
@@ -321,7 +375,7 @@ needle_session *needle_session_new(needle_model *M, const char *system, const ch
     }
     if ((rc = nd_kv_init(&S->kv, &M->m, M->be, 256, M->kv_window)))
         goto fail;
-    if ((rc = render_prefix(S, &pre)) || (rc = nd_idvec_push(&ids, M->id_bos)) ||
+    if ((rc = render_prefix(S, &pre, !S->rt.on)) || (rc = nd_idvec_push(&ids, M->id_bos)) ||
         (rc = nd_tokenizer_encode(M->tok, pre.p, pre.n, &ids)))
         goto fail;
     if ((long)ids.n + 8 > M->m.cfg.max_seq_len) {
@@ -351,7 +405,12 @@ void needle_session_free(needle_session *S)
     if (!S)
         return;
     nd_kv_free(&S->kv);
+    if (S->active != S->gram)
+        nd_gram_free(S->active);
     nd_gram_free(S->gram);
+    nd_pj_free(S->tools_doc);
+    nd_retrieval_free(&S->rt);
+    free(S->warnings);
     free(S->system);
     nd_buf_free(&S->tools);
     free(S->logits);
@@ -377,6 +436,8 @@ int needle_session_context_tokens(const needle_session *S)
 
 const char *needle_session_warnings(const needle_session *S)
 {
+    if (S && S->warnings)
+        return S->warnings;
     return S && S->gram ? nd_gram_warnings(S->gram) : "";
 }
 
@@ -384,7 +445,10 @@ int needle_session_require_call(needle_session *S, int on)
 {
     if (!S)
         return NEEDLE_EARG;
+    S->require_call = on;
     nd_gram_require_call(S->gram, on);
+    if (S->active != S->gram)
+        nd_gram_require_call(S->active, on);
     return NEEDLE_OK;
 }
 
@@ -400,7 +464,7 @@ const char *needle_session_error(const needle_session *S)
 static int grammar_mask(needle_session *S, const nd_gram_state *st)
 {
     const needle_model *M = S->model;
-    const nd_grammar *g = S->gram;
+    const nd_grammar *g = S->active;
     memset(S->allowed, 0, (size_t)M->m.dims.V);
     int count = 0;
     /* iterative DFS: stack[d] is the state after d bytes */
@@ -624,7 +688,11 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
 
     /* 1. the new input tokens, on top of the cache */
     if (S->turn == 0) {
-        if ((rc = render_prefix(S, &seg)) || (rc = nd_buf_put(&seg, text, strlen(text))) ||
+        nd_embedder emb = embedder(M);
+        if (S->rt.on && (rc = nd_retrieval_select(&S->rt, &emb, nd_pj_root(S->tools_doc), text,
+                                                  S->require_call, &S->tools, &S->active, S->gram)))
+            goto fail;
+        if ((rc = render_prefix(S, &seg, 1)) || (rc = nd_buf_put(&seg, text, strlen(text))) ||
             (rc = nd_buf_put(&seg, "<|im_end|>\n<|im_start|>assistant\n", 33)) ||
             (rc = nd_idvec_push(&ids, M->id_bos)) ||
             (rc = nd_tokenizer_encode(tk, seg.p, seg.n, &ids)))
@@ -678,8 +746,8 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
     /* reasoning gets at most half the budget, and always leaves room for
      * the shortest call (in bytes: a safe bound on its tokens) */
     nd_gram_state st;
-    nd_gram_init(S->gram, &st);
-    int min_call = nd_gram_dist(S->gram, &st);
+    nd_gram_init(S->active, &st);
+    int min_call = nd_gram_dist(S->active, &st);
     int think_cap = budget / 2;
     if (think_cap > budget - reserve - min_call)
         think_cap = budget - reserve - min_call;
@@ -749,7 +817,7 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
         int len;
         piece_bytes(tk, t, pb, &len);
         for (int i = 0; i < len; i++)
-            nd_gram_feed(S->gram, &st, pb[i]);
+            nd_gram_feed(S->active, &st, pb[i]);
         nd_buf_put(&call, (const char *)pb, (size_t)len);
         if ((rc = run(S, &t, 1, S->logits)))
             goto fail;
@@ -773,6 +841,14 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
     e.prefill_tps = prefilled / (t1 - t0 > 1e-9 ? t1 - t0 : 1e-9);
     e.decode_tps = gen / (t2 - t1 > 1e-9 ? t2 - t1 : 1e-9);
     e.confidence = conf <= 1.0 ? conf : -1;
+    if (complete && M->heads.confidence.present) {
+        /* upstream's signal: the minimum of the calibrated head over the
+         * whole sequence and the decoding probability of the call */
+        double head;
+        if ((rc = nd_head_confidence(&M->m, M->be, &M->heads, S->kv.tokens, S->kv.len, &head)))
+            goto fail;
+        e.confidence = e.confidence >= 0 && e.confidence < head ? e.confidence : head;
+    }
     nd_pj_doc *doc = NULL;
     nd_buf calls = {0};
     if (complete) {
@@ -827,4 +903,44 @@ fail:
     nd_idvec_free(&ids);
     nd_idvec_free(&gen_reason);
     return fail_turn(S, rc, buf, buf_len);
+}
+
+/* ------------------------------------------------------------------ */
+/* retrieval and confidence heads                                      */
+
+int needle_session_tools_embedded(const needle_session *S)
+{
+    return S ? S->rt.index.embedded : NEEDLE_EARG;
+}
+
+const char *needle_session_context_tools(const needle_session *S)
+{
+    return S && S->tools.p ? S->tools.p : "";
+}
+
+int needle_model_embed(const needle_model *M, const char *text, float *out, int out_len)
+{
+    if (!M || !text || (!out && out_len > 0))
+        return nd_error(ND_EARG, "needle_model_embed: NULL argument");
+    if (!M->heads.contrastive.present)
+        return nd_error(ND_EUNSUPPORTED, "the archive has no contrastive head");
+    int dim = M->heads.contrastive.out_dim;
+    float *v = malloc((size_t)dim * sizeof *v);
+    if (!v)
+        return nd_error(ND_ENOMEM, "out of memory");
+    nd_embedder e = embedder(M);
+    int rc = nd_embed_text(&e, text, strlen(text), v);
+    if (!rc)
+        memcpy(out, v, (size_t)(out_len < dim ? out_len : dim) * sizeof *v);
+    free(v);
+    return rc ? rc : dim;
+}
+
+int needle_model_head_confidence(const needle_model *M, const int *ids, int n, double *p)
+{
+    if (!M || !ids || !p)
+        return nd_error(ND_EARG, "needle_model_head_confidence: NULL argument");
+    if (!M->heads.confidence.present)
+        return nd_error(ND_EUNSUPPORTED, "the archive has no confidence head");
+    return nd_head_confidence(&M->m, M->be, &M->heads, (const int32_t *)ids, n, p);
 }

@@ -31,6 +31,10 @@ int cli_fail(const char *context);
  * returns 0. */
 int cli_check_output(const char *out, ...);
 /* Report a usage error for a subcommand and return 2. */
+/* The backend for --device (and --precision fp32|tf32|bf16, CUDA GEMMs
+ * only); NULL after printing why. */
+const struct nd_backend *cli_backend(const char *cmd, const char *device, const char *precision,
+                                     int threads);
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Strict number parsing for flags; print an error naming the flag. */
 int cli_parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out);

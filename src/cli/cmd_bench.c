@@ -20,6 +20,7 @@ static const char *bench_help =
     "usage: needle bench forward|train|decode|finetune [--preset tiny|needle2] [--batch B]\n"
     "                            [--seq T]\n"
     "                            [--iters|--steps N] [--threads N] [--device D]\n"
+    "                            [--precision fp32|tf32|bf16]\n"
     "\n"
     "forward: times the float32 forward pass (logits included) on random weights.\n"
     "decode:  engine prefill/decode tokens/s on a .cact (needle bench decode --help).\n"
@@ -49,7 +50,7 @@ static double forward_flops(const san_model *m, int B, int T)
 
 int cli_bench(int argc, char **argv)
 {
-    const char *what = NULL, *preset = "needle2", *device = "auto";
+    const char *what = NULL, *preset = "needle2", *device = "auto", *precision = NULL;
     long long B = 16, T = 128, iters = 5, threads = 0;
     if (argc > 1 && !strcmp(argv[1], "decode"))
         return cli_bench_decode(argc - 1, argv + 1);
@@ -74,6 +75,8 @@ int cli_bench(int argc, char **argv)
             preset = v;
         else if (!strcmp(a, "--device"))
             device = v;
+        else if (!strcmp(a, "--precision"))
+            precision = v;
         else if (!strcmp(a, "--batch")) {
             if (cli_parse_int(a, v, 1, 4096, &B))
                 return 2;
@@ -95,9 +98,9 @@ int cli_bench(int argc, char **argv)
     san_config cfg;
     if (san_config_preset(&cfg, preset))
         return cli_usage_error("bench", "%s", nd_last_error());
-    const nd_backend *be = nd_backend_get(device, (int)threads);
+    const nd_backend *be = cli_backend("bench", device, precision, (int)threads);
     if (!be)
-        return cli_fail(NULL);
+        return 1;
     san_model m;
     if (san_model_create(&m, &cfg))
         return cli_fail(NULL);

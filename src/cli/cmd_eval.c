@@ -25,7 +25,7 @@ static const char *eval_help =
     "                   [--lora ADAPTER] [--grad-norms [--lora-rank R --seed S]] [--json]\n"
     "       needle eval --checkpoint CKPT.pkl --tokens FILE [--json] [--logits OUT.bin]\n"
     "                   [--batching shared|packed|padded]\n"
-    "       common: [--batch-size B] [--threads N] [--device D]\n"
+    "       common: [--batch-size B] [--threads N] [--device D] [--precision P]\n"
     "\n"
     "JSONL: per-example masked loss (target tokens only) and the overall loss exactly\n"
     "as upstream's loss_fn over all examples as one batch (sum of masked CE / masked\n"
@@ -51,6 +51,7 @@ static const char *eval_help =
     "                   back to back (written atomically)\n"
     "  --batch-size B   sequences per forward pass (default 16)\n"
     "  --threads N      worker threads (default: all cores)\n"
+    "  --precision P    fp32|tf32|bf16: the CUDA backend's GEMMs (default fp32)\n"
     "  --device D       auto|cpu|cuda[:N]|vulkan[:N] (default auto: CUDA, else a Vulkan GPU,\n"
     "                   else the CPU)\n";
 
@@ -202,7 +203,8 @@ done:
 
 int cli_eval(int argc, char **argv)
 {
-    const char *ckpt = NULL, *tokens = NULL, *logits_path = NULL, *device = "auto";
+    const char *ckpt = NULL, *tokens = NULL, *logits_path = NULL, *device = "auto",
+               *precision = NULL;
     jsonl_args ja = {.batch = 16, .max_len = 1024, .rank = 16, .alpha = 32};
     int json = 0;
     long long batch = 16, threads = 0, v;
@@ -237,6 +239,8 @@ int cli_eval(int argc, char **argv)
             logits_path = val;
         else if (!strcmp(a, "--device"))
             device = val;
+        else if (!strcmp(a, "--precision"))
+            precision = val;
         else if (!strcmp(a, "--tokenizer"))
             ja.tok_flag = val;
         else if (!strcmp(a, "--lora"))
@@ -279,9 +283,9 @@ int cli_eval(int argc, char **argv)
     if (cli_check_output(logits_path, "checkpoint", ckpt, "token file", tokens, "adapter",
                          ja.lora_path, (const char *)NULL))
         return 1;
-    const nd_backend *be = nd_backend_get(device, (int)threads);
+    const nd_backend *be = cli_backend("eval", device, precision, (int)threads);
     if (!be)
-        return cli_fail(NULL);
+        return 1;
     san_model m;
     pv *tree = NULL; /* kept for --tokens --lora: the merge needs the stored dtypes */
     if (ckpt_load(ckpt, &m, tokens && ja.lora_path ? &tree : NULL))

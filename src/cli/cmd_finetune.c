@@ -58,6 +58,8 @@ static const char *finetune_help =
     "  --device D           auto|cpu|cuda[:N]|vulkan[:N] (default auto: CUDA, else a Vulkan\n"
     "                       GPU, else the CPU; software Vulkan such as lavapipe only as\n"
     "                       vulkan:N; the backend used is printed)\n"
+    "  --precision P        fp32|tf32|bf16: the CUDA backend's GEMMs (default fp32; tf32\n"
+    "                       and bf16 use tensor cores with float32 sums)\n"
     "\n"
     "Outputs are checked before training starts (writable, a regular file, not one of\n"
     "the inputs). SIGINT (Ctrl-C), SIGTERM and SIGHUP stop the run after the current\n"
@@ -158,7 +160,8 @@ int cli_finetune(int argc, char **argv)
 {
     nd_finetune_opts o;
     nd_finetune_defaults(&o);
-    const char *tok_flag = NULL, *device = "auto", *ckdir = "checkpoints", *out = NULL;
+    const char *tok_flag = NULL, *device = "auto", *precision = NULL, *ckdir = "checkpoints",
+               *out = NULL;
     long long threads = 0, v;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -203,6 +206,8 @@ int cli_finetune(int argc, char **argv)
             o.resume = val;
         else if (!strcmp(a, "--device"))
             device = val;
+        else if (!strcmp(a, "--precision"))
+            precision = val;
         else if (!strcmp(a, "--epochs")) {
             if (cli_parse_int(a, val, 1, 1000000, &v))
                 return 2;
@@ -277,9 +282,9 @@ int cli_finetune(int argc, char **argv)
     o.tokenizer = cli_tokenizer_path(tok_flag, o.checkpoint, tokbuf, sizeof tokbuf);
     if (!o.tokenizer)
         return 1;
-    o.be = nd_backend_get(device, (int)threads);
+    o.be = cli_backend("finetune", device, precision, (int)threads);
     if (!o.be)
-        return cli_fail(NULL);
+        return 1;
     int tty = isatty(fileno(stderr));
     o.emit = emit_line;
     o.status = status_bar;

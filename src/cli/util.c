@@ -1,11 +1,14 @@
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli.h"
 #include "core/fileio.h"
+#include "backend/backend.h"
 #include "core/status.h"
 
 int cli_fail(const char *context)
@@ -81,4 +84,30 @@ int cli_check_output(const char *out, ...)
     if (nd_output_check(out, NULL, NULL))
         return cli_fail(NULL);
     return 0;
+}
+
+const nd_backend *cli_backend(const char *cmd, const char *device, const char *precision,
+                              int threads)
+{
+    if (precision && strcmp(precision, "fp32") && strcmp(precision, "tf32") &&
+        strcmp(precision, "bf16")) {
+        cli_usage_error(cmd, "--precision: expected fp32, tf32 or bf16, got '%s'", precision);
+        return NULL;
+    }
+    /* read by the CUDA plugin when it opens its device */
+    if (precision)
+        setenv("NEEDLE_CUDA_PRECISION", precision, 1);
+    const nd_backend *be = nd_backend_get(device, threads);
+    if (!be) {
+        cli_fail(NULL);
+        return NULL;
+    }
+    if (precision && strcmp(precision, "fp32") && strcmp(be->name, "cuda")) {
+        fprintf(stderr,
+                "needle %s: --precision %s applies to the CUDA backend's GEMMs; the backend here "
+                "is %s (float32 only)\n",
+                cmd, precision, be->name);
+        return NULL;
+    }
+    return be;
 }

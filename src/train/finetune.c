@@ -341,6 +341,8 @@ int nd_finetune(const nd_finetune_opts *o)
         rc = nd_error(ND_ENOMEM, "out of memory");
         goto done;
     }
+    /* a loss that is not finite at the first step restores this */
+    memcpy(last_good, P, sizeof(float) * NP);
     /* Replay every epoch's batches (the orders are seeded) to size the
      * buffers for the largest batch, and say what the batching saves on
      * the first epoch. */

@@ -344,8 +344,17 @@ static void cuda_matmul(const nd_backend *be, int ta, int tb, int M, int N, int 
     /* row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the
      * same buffers read as their transposes, so B comes first */
     cublasOperation_t opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    blas_check(cublasSgemm(C->blas, opB, opA, N, M, K, &alpha, dB, ldb, dA, lda, &beta, Cm, ldc),
-               "cublasSgemm");
+    if (!C->precision) {
+        blas_check(
+            cublasSgemm(C->blas, opB, opA, N, M, K, &alpha, dB, ldb, dA, lda, &beta, Cm, ldc),
+            "cublasSgemm");
+        return;
+    }
+    cublasComputeType_t ct =
+        C->precision == 2 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_FAST_TF32;
+    blas_check(cublasGemmEx(C->blas, opB, opA, N, M, K, &alpha, dB, CUDA_R_32F, ldb, dA, CUDA_R_32F,
+                            lda, &beta, Cm, CUDA_R_32F, ldc, ct, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx");
 }
 
 /* ---- the table ---- */
@@ -442,16 +451,23 @@ static cuda_ctx *ctx_create(int dev, int threads, char *err, size_t errlen)
         return NULL;
     }
     cublasSetStream(C->blas, C->stream);
-    /* float32 as the CPU computes it: no TF32 tensor-core rounding unless
-     * asked for (NEEDLE_CUDA_TF32=1 trades ~10 bits of the inputs for speed) */
+    /* float32 as the CPU computes it unless asked for (`--precision`, i.e.
+     * NEEDLE_CUDA_PRECISION=tf32|bf16): tensor-core GEMMs that round their
+     * inputs to TF32 (10-bit mantissa) or bfloat16 (7-bit), float32 sums */
+    const char *prec = getenv("NEEDLE_CUDA_PRECISION");
     const char *tf32 = getenv("NEEDLE_CUDA_TF32");
-    int use_tf32 = tf32 && *tf32 && strcmp(tf32, "0");
-    cublasSetMathMode(C->blas, use_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
+    C->precision = prec && !strcmp(prec, "bf16")                                             ? 2
+                   : (prec && !strcmp(prec, "tf32")) || (tf32 && *tf32 && strcmp(tf32, "0")) ? 1
+                                                                                             : 0;
+    cublasSetMathMode(C->blas, CUBLAS_DEFAULT_MATH);
     ring_alloc(C, RING_MIN_BYTES);
     fill_table(&C->table);
     C->table.threads = threads > 0 ? threads : 1;
     snprintf(C->detail, sizeof C->detail, "%s (%.0f GB), %s", prop.name,
-             (double)prop.totalGlobalMem / 1e9, use_tf32 ? "float32 (TF32 matmuls)" : "float32");
+             (double)prop.totalGlobalMem / 1e9,
+             C->precision == 2   ? "float32 (bf16 matmuls)"
+             : C->precision == 1 ? "float32 (TF32 matmuls)"
+                                 : "float32");
     C->table.detail = C->detail;
     return C;
 }

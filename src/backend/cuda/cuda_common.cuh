@@ -73,6 +73,7 @@ typedef struct {
     layout_cache_entry layouts[CUDA_MAX_LAYOUTS];
     int layout_next;
     char detail[320];
+    int precision; /* GEMMs: 0 float32, 1 TF32 tensor cores, 2 bf16 tensor cores */
 } cuda_ctx;
 
 /* abort with the failing call: the op table has no error path */

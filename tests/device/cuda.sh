@@ -9,6 +9,7 @@
 #   device-ft    tests/device_finetune.sh cuda: 32 LoRA steps vs the CPU
 #   bench        needle bench train --preset needle2 --device cuda (16 x 128)
 #   bench-64x1k  the same at batch 64 x seq 1024
+#   bench-64x1k-tf32  the same with --precision tf32 (tensor-core GEMMs)
 #   ft-full      finetune --full of a tiny fresh base on CPU and on CUDA, same
 #                seed: per-step losses must agree (relative FT_TOL)
 #   ft-lora      the same for a LoRA adapter
@@ -107,6 +108,9 @@ note "$(grep -m1 -o 'median [0-9.]* s  [0-9]* tokens/s' "$OUT/bench.log" 2>/dev/
 run bench-64x1k 240 "$NEEDLE" bench train --preset needle2 --device cuda --batch 64 --seq 1024 \
   --iters 3
 note "$(grep -m1 -o 'median [0-9.]* s  [0-9]* tokens/s' "$OUT/bench-64x1k.log" 2>/dev/null)"
+run bench-64x1k-tf32 240 "$NEEDLE" bench train --preset needle2 --device cuda --batch 64 \
+  --seq 1024 --iters 3 --precision tf32
+note "$(grep -m1 -o 'median [0-9.]* s  [0-9]* tokens/s' "$OUT/bench-64x1k-tf32.log" 2>/dev/null)"
 
 # ---- fine-tunes: CPU vs CUDA ----
 head -n 64 examples/data.jsonl >"$OUT/data.jsonl"

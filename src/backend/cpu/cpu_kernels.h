@@ -4,7 +4,7 @@
 #define ND_CPU_KERNELS_H
 
 #include <math.h>
-#include "core/omp_compat.h"
+#include "core/threadpool.h"
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -191,15 +191,6 @@ void san_sinkhorn_halfstep(float *Z, float *E, int n, int rowstep);
 
 void cpu_attention(const nd_backend *be, float *out, float *lse, const float *q, const float *k,
                    const float *v, const nd_layout *L, int H, int G, int hd);
-
-/* Inside a parallel region: this thread's contiguous share [lo, hi) of n
- * items (static split; depends only on the team size). */
-static inline void cpu_thread_share(long n, long *lo, long *hi)
-{
-    int t = omp_get_thread_num(), team = omp_get_num_threads();
-    *lo = n * t / team;
-    *hi = n * (t + 1) / team;
-}
 
 /* calloc that aborts: the op table has no error path */
 void *cpu_xalloc(size_t bytes);

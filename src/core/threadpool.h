@@ -11,12 +11,15 @@
  * another thread while it is busy (the engine runs sessions on several
  * threads) runs serially on that thread instead of waiting. Results never
  * depend on which thread ran a share, only on the team size; reductions
- * that keep one partial per tid are deterministic for a given team. */
+ * that keep one partial per tid are deterministic for a given team. The
+ * pool is not fork-safe: a child process must not use its parent's pool
+ * (needle does not fork). */
 #ifndef ND_THREADPOOL_H
 #define ND_THREADPOOL_H
 
 /* Body of a loop over [lo, hi), run by thread `tid` (0 = the caller;
- * tid < nd_get_threads(), so per-thread scratch can be indexed by it). */
+ * tid < nd_get_threads() as read before the call, so per-thread scratch
+ * sized by it can be indexed by tid). */
 typedef void (*nd_range_fn)(void *ctx, long lo, long hi, int tid);
 
 /* Body of a region: thread `tid` of a team of `team` threads. */

@@ -90,6 +90,24 @@ static void gemm_split(int ta, int tb, int M, int N, int K, float alpha, const f
     nd_parallel_region(team, gemm_block, &g);
 }
 
+/* Set where BLAS runs on one thread (no OpenMP: our pool's threads call
+ * it one block each). Then a GEMV is split over our threads too. */
+static int blas_single_threaded;
+
+/* C[lo, hi) of a one-row product: the GEMV of that block of B's columns */
+static void gemv_columns(void *p, long lo, long hi, int tid)
+{
+    (void)tid;
+    const gemm_args *g = p;
+    int n = (int)(hi - lo);
+    if (g->tb)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, g->K, g->alpha, g->B + (size_t)lo * g->ldb,
+                    g->ldb, g->A, 1, g->beta, g->C + lo, 1);
+    else
+        cblas_sgemv(CblasRowMajor, CblasTrans, g->K, n, g->alpha, g->B + lo, g->ldb, g->A, 1,
+                    g->beta, g->C + lo, 1);
+}
+
 static void cpu_matmul(const nd_backend *be, int ta, int tb, int M, int N, int K, float alpha,
                        const float *A, int lda, const float *B, int ldb, float beta, float *C,
                        int ldc)
@@ -109,8 +127,14 @@ static void cpu_matmul(const nd_backend *be, int ta, int tb, int M, int N, int K
         if (beta == 0.0f)
             for (int j = 0; j < N; j++)
                 C[j] = 0.0f;
-        cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, tb ? N : K, tb ? K : N, alpha, B,
-                    ldb, A, 1, beta, C, 1);
+        if (blas_single_threaded) {
+            gemm_args g = {
+                .tb = tb, .K = K, .ldb = ldb, .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C};
+            nd_parallel_for(N, 256, gemv_columns, &g);
+        } else {
+            cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, tb ? N : K, tb ? K : N,
+                        alpha, B, ldb, A, 1, beta, C, 1);
+        }
         return;
     }
     gemm_split(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -724,6 +748,7 @@ static void cpu_backend_init(void)
     /* our pool's threads call BLAS one block each (gemm_split, attention):
      * a BLAS with threads of its own would fork again inside every one */
     nd_blas_set_threads(1);
+    blas_single_threaded = 1;
 #endif
     nd_blas_describe(cpu_detail, sizeof cpu_detail);
     cpu_backend.detail = cpu_detail;

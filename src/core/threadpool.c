@@ -62,6 +62,11 @@ int nd_in_parallel(void)
     return omp_in_parallel();
 }
 
+void nd_parallel_setup(void (*fn)(void))
+{
+    (void)fn;
+}
+
 static void run_region(int team, nd_region_fn fn, void *ctx)
 {
     if (team <= 1 || tls_serial || omp_in_parallel()) {
@@ -114,6 +119,29 @@ static struct {
 
 /* inside a parallel body (a worker always is) */
 static _Thread_local int tls_in_region;
+
+/* nd_parallel_setup: the function and how many times it was set; each
+ * thread runs it when its own count is behind */
+static void (*_Atomic setup_fn)(void);
+static atomic_uint setup_count;
+static _Thread_local unsigned tls_setup_seen;
+
+void nd_parallel_setup(void (*fn)(void))
+{
+    atomic_store(&setup_fn, fn);
+    atomic_fetch_add(&setup_count, 1);
+}
+
+static inline void thread_setup(void)
+{
+    unsigned n = atomic_load_explicit(&setup_count, memory_order_acquire);
+    if (n != tls_setup_seen) {
+        tls_setup_seen = n;
+        void (*fn)(void) = atomic_load(&setup_fn);
+        if (fn)
+            fn();
+    }
+}
 
 static int default_threads(void)
 {
@@ -173,6 +201,7 @@ static void *worker_main(void *arg)
             pthread_mutex_unlock(&pool.lock);
         }
         seen = g;
+        thread_setup();
         pool.fn(pool.ctx, id + 1, pool.team);
         if (atomic_fetch_sub_explicit(&pool.remaining, 1, memory_order_acq_rel) == 1) {
             pthread_mutex_lock(&pool.lock);
@@ -208,6 +237,7 @@ static int grow_workers(int want)
 
 static void run_region(int team, nd_region_fn fn, void *ctx)
 {
+    thread_setup();
     if (team <= 1 || tls_serial || tls_in_region || pthread_mutex_trylock(&pool.owner)) {
         fn(ctx, 0, 1);
         return;

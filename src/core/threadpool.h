@@ -58,6 +58,12 @@ int nd_in_parallel(void);
  * previous setting. For work too small to be worth a fork/join. */
 int nd_set_serial(int on);
 
+/* Without OpenMP: run fn on each thread that enters a parallel call (the
+ * pool's workers, callers) once before its work, and again after another
+ * nd_parallel_setup. For per-thread library settings, e.g. an OpenBLAS that
+ * must stay single-threaded inside our threads. Ignored with OpenMP. */
+void nd_parallel_setup(void (*fn)(void));
+
 /* Wall-clock seconds since an arbitrary origin. */
 double nd_wtime(void);
 

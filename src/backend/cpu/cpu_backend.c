@@ -741,6 +741,16 @@ static nd_backend cpu_backend = {
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 static char cpu_detail[64];
 
+#ifndef _OPENMP
+/* The OpenMP build of OpenBLAS sizes its threading by the calling thread's
+ * OpenMP setting, which each new thread (our pool's workers) starts at all
+ * cores: every thread that runs our kernels sets it to one. */
+static void blas_one_thread(void)
+{
+    nd_blas_set_threads(1);
+}
+#endif
+
 static void cpu_backend_init(void)
 {
     cpu_backend.threads = nd_get_threads();
@@ -748,6 +758,7 @@ static void cpu_backend_init(void)
     /* our pool's threads call BLAS one block each (gemm_split, attention):
      * a BLAS with threads of its own would fork again inside every one */
     nd_blas_set_threads(1);
+    nd_parallel_setup(blas_one_thread);
     blas_single_threaded = 1;
 #endif
     nd_blas_describe(cpu_detail, sizeof cpu_detail);

@@ -34,12 +34,21 @@ asan-check: test-deps
 # sessions on several threads, reloads during completes). OpenMP runs one
 # thread per region (libgomp is not instrumented: its own synchronisation
 # would read as races); the races TSan looks for are between our threads.
+# The same with OpenMP off (build-tsan-noomp): our own thread pool is
+# instrumented, so there the kernels run multi-threaded under TSan, and
+# test_threadpool checks the pool itself.
 tsan-check: test-deps
 	@cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DNEEDLE_TSAN=ON -DNEEDLE_NATIVE=OFF >/dev/null
 	@cmake --build build-tsan -j $(JOBS) --target test_threads
 	cd build-tsan && OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
 	  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
 	  ctest --output-on-failure -R '^test_threads$$'
+	@cmake -S . -B build-tsan-noomp -DCMAKE_BUILD_TYPE=Debug -DNEEDLE_TSAN=ON -DNEEDLE_NATIVE=OFF \
+	  -DNEEDLE_OPENMP=OFF >/dev/null
+	@cmake --build build-tsan-noomp -j $(JOBS) --target test_threads test_threadpool
+	cd build-tsan-noomp && OMP_NUM_THREADS=3 OPENBLAS_NUM_THREADS=1 \
+	  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	  ctest --output-on-failure -R '^test_thread(s|pool)$$'
 
 # warnings-as-errors build with clang (compile only; the suite runs on gcc's)
 clang-build: test-deps
@@ -70,8 +79,8 @@ arm64-check: test-deps arm64-build
 	cd build-arm64 && OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive \
 	  ctest --output-on-failure -j $(JOBS) -R '$(ARM64_TESTS)'
 
-# OpenMP switched off (what a macOS build without libomp gets): pragmas are
-# ignored, src/core/omp_compat.h stands in for omp_*, everything is serial.
+# OpenMP switched off (what a macOS build without libomp gets): the kernels'
+# parallel loops run on our own thread pool (src/core/threadpool.c).
 noomp-check: test-deps
 	@cmake -S . -B build-noomp -DCMAKE_BUILD_TYPE=Release -DNEEDLE_OPENMP=OFF >/dev/null
 	@cmake --build build-noomp -j $(JOBS)

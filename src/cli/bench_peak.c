@@ -6,9 +6,10 @@
  * on current x86 cores), 16-wide where AVX-512 exists, else 8-wide; on
  * aarch64, 4-wide NEON (Advanced SIMD is part of ARMv8-A: always there).
  * Other CPUs report no probe (0 GFLOP/s, isa "none"). */
-#include "core/omp_compat.h"
+#include <stdlib.h>
 
 #include "cli/cli.h"
+#include "core/threadpool.h"
 
 /* 12 named accumulators: an array indexed in a loop may be left in memory
  * at -O2, which would time loads and stores instead of FMAs. */
@@ -21,6 +22,44 @@
 #define SUM12() ((((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))) + ((a8 + a9) + (a10 + a11)))
 
 static volatile float bench_sink;
+
+/* One burst of `chunk` iterations of fn on every thread. */
+typedef struct {
+    float (*fn)(long iters);
+    long chunk;
+    float *acc; /* one result per thread */
+    int team;
+} fma_burst;
+
+static void fma_burst_share(void *p, int tid, int team)
+{
+    fma_burst *b = p;
+    if (tid == 0)
+        b->team = team;
+    b->acc[tid] = b->fn(b->chunk);
+}
+
+/* GFLOP/s of the fastest of several short bursts (the probe's own noise) */
+static __attribute__((unused)) double fma_probe(double seconds, float (*fn)(long),
+                                                double flops_per_chain_iter)
+{
+    long chunk = 1 << 20, rounds = 0;
+    double best = 0, t_start = nd_wtime();
+    fma_burst b = {fn, chunk, calloc((size_t)nd_get_threads(), sizeof(float)), 1};
+    if (!b.acc)
+        return 0.0;
+    while (nd_wtime() - t_start < seconds || rounds < 3) {
+        double t0 = nd_wtime();
+        nd_parallel_region(0, fma_burst_share, &b);
+        double dt = nd_wtime() - t0, g = flops_per_chain_iter * (double)chunk * b.team / dt / 1e9;
+        for (int t = 0; t < b.team; t++)
+            bench_sink += b.acc[t];
+        best = g > best ? g : best;
+        rounds++;
+    }
+    free(b.acc);
+    return best;
+}
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -59,26 +98,7 @@ double bench_fma_peak_width(double seconds, int width)
                     : !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")))
         return 0.0;
     int wide = width == 16;
-    long chunk = 1 << 20, rounds = 0;
-    double flops_per_round = 2.0 * (wide ? 16 : 8) * 12 * (double)chunk;
-    double best = 0, t_start = omp_get_wtime();
-    /* several short bursts; keep the fastest (the probe's own noise) */
-    while (omp_get_wtime() - t_start < seconds || rounds < 3) {
-        int team = 1;
-        float acc = 0;
-        double t0 = omp_get_wtime();
-#pragma omp parallel reduction(+ : acc)
-        {
-#pragma omp single
-            team = omp_get_num_threads();
-            acc += wide ? fma_chains512(chunk) : fma_chains256(chunk);
-        }
-        double dt = omp_get_wtime() - t0, g = flops_per_round * team / dt / 1e9;
-        bench_sink += acc;
-        best = g > best ? g : best;
-        rounds++;
-    }
-    return best;
+    return fma_probe(seconds, wide ? fma_chains512 : fma_chains256, 2.0 * (wide ? 16 : 8) * 12);
 }
 
 double bench_fma_peak(double seconds, const char **isa)
@@ -113,25 +133,7 @@ double bench_fma_peak_width(double seconds, int width)
 {
     if (width != 4)
         return 0.0;
-    long chunk = 1 << 20, rounds = 0;
-    double flops_per_round = 2.0 * 4 * 12 * (double)chunk;
-    double best = 0, t_start = omp_get_wtime();
-    while (omp_get_wtime() - t_start < seconds || rounds < 3) {
-        int team = 1;
-        float acc = 0;
-        double t0 = omp_get_wtime();
-#pragma omp parallel reduction(+ : acc)
-        {
-#pragma omp single
-            team = omp_get_num_threads();
-            acc += fma_chains128(chunk);
-        }
-        double dt = omp_get_wtime() - t0, g = flops_per_round * team / dt / 1e9;
-        bench_sink += acc;
-        best = g > best ? g : best;
-        rounds++;
-    }
-    return best;
+    return fma_probe(seconds, fma_chains128, 2.0 * 4 * 12);
 }
 
 double bench_fma_peak(double seconds, const char **isa)

@@ -2,7 +2,7 @@
  * Benchmarks live here, never in the timed test suite. */
 #include <math.h>
 #include "core/mem.h"
-#include "core/omp_compat.h"
+#include "core/threadpool.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,7 +152,7 @@ int cli_bench(int argc, char **argv)
          * device backend's peak is not measured here) */
         if (i >= 0)
             peak[i] = be->device ? 0 : bench_fma_peak(0.2, &isa);
-        double t0 = omp_get_wtime(), loss;
+        double t0 = nd_wtime(), loss;
         if (train) {
             rc = nd_trainer_step(&tr, tok, mask, (int)B, 1, &loss, NULL);
             if (!rc)
@@ -164,7 +164,7 @@ int cli_bench(int argc, char **argv)
         }
         nd_backend_sync(be);
         if (i >= 0)
-            sec[i] = omp_get_wtime() - t0;
+            sec[i] = nd_wtime() - t0;
     }
     if (!rc) {
         /* Model FLOPs of a LoRA step: the forward plus the input-gradient

@@ -1,7 +1,7 @@
 /* needle bench decode: prefill and decode speed of the engine on a .cact,
  * against upstream's published numbers. */
 #include "core/mem.h"
-#include "core/omp_compat.h"
+#include "core/threadpool.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,7 +57,7 @@ int cli_bench_decode(int argc, char **argv)
     }
     if (!weights)
         return cli_usage_error("bench", "decode needs --weights X.cact");
-    double t0 = omp_get_wtime();
+    double t0 = nd_wtime();
     cact_file f;
     if (cact_read_file(weights, &f))
         return cli_fail(weights);
@@ -67,7 +67,7 @@ int cli_bench_decode(int argc, char **argv)
     cact_free(&f);
     if (rc)
         return cli_fail(weights);
-    double t_load = omp_get_wtime() - t0;
+    double t_load = nd_wtime() - t0;
     if (P + G > m.cfg.max_seq_len) {
         san_model_free(&m);
         return cli_usage_error("bench", "--prompt + --gen = %lld exceeds max_seq_len %d", P + G,
@@ -84,9 +84,9 @@ int cli_bench_decode(int argc, char **argv)
         nd_kv_state s;
         if ((rc = nd_kv_init(&s, &m, be, 256, kvw)))
             break;
-        double a = omp_get_wtime();
+        double a = nd_wtime();
         rc = nd_kv_forward(&s, tok, (int)P, lg, 0);
-        double b = omp_get_wtime();
+        double b = nd_wtime();
         for (long long g = 0; g < G && !rc; g++) {
             int bi = 0;
             for (int k = 1; k < V; k++)
@@ -94,7 +94,7 @@ int cli_bench_decode(int argc, char **argv)
             int32_t t = bi;
             rc = nd_kv_forward(&s, &t, 1, lg, 0);
         }
-        double c = omp_get_wtime();
+        double c = nd_wtime();
         if (b - a < best_p)
             best_p = b - a;
         if (c - b < best_d)
@@ -108,7 +108,7 @@ int cli_bench_decode(int argc, char **argv)
         printf("weights %s: d=%d L=%d H=%d G=%d V=%d, %.1fM params (float32 after dequant), "
                "load %.2f s, %d threads\n",
                weights, m.dims.d, m.dims.L, m.dims.H, m.dims.G, V, (double)m.numel / 1e6, t_load,
-               omp_get_max_threads());
+               nd_get_threads());
         printf("prefill %lld tokens: %.1f tokens/s  (upstream 4300: ratio %.3f)\n", P, pt,
                pt / 4300.0);
         printf("decode  %lld tokens: %.1f tokens/s  (upstream 850: ratio %.3f)\n", G, dt,

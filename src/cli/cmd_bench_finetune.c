@@ -2,7 +2,7 @@
  * what the batching computes against upstream's padded batches. */
 #include <math.h>
 #include "core/mem.h"
-#include "core/omp_compat.h"
+#include "core/threadpool.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,14 +175,14 @@ int cli_bench_finetune(int argc, char **argv)
     for (long s = 0; s < steps; s++) {
         size_t s0 = (size_t)s * (size_t)B;
         int rows = n - s0 < (size_t)B ? (int)(n - s0) : (int)B;
-        double t0 = omp_get_wtime(), loss, masked, gn;
+        double t0 = nd_wtime(), loss, masked, gn;
         if (nd_batcher_step(&bt, order + s0, rows, 1, &loss, &masked) ||
             nd_adamw_step(&opt, lora.mem, bt.tr.lora_g, &gn, NULL)) {
             cli_fail(NULL);
             goto done;
         }
         nd_trainer_merge(&bt.tr);
-        sec[s] = omp_get_wtime() - t0;
+        sec[s] = nd_wtime() - t0;
         rows_of[s] =
             mode == ND_BATCH_PADDED ? (double)B * (double)ts.max_len : (double)bt.tr.plan.rows;
         t_sum += sec[s];

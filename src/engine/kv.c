@@ -2,12 +2,12 @@
  * _forward_cached): new tokens attend to every cached key, the engram
  * n-gram hash reads the token history and the taps read cached v' rows. */
 #include <float.h>
-#include "core/omp_compat.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/status.h"
+#include "core/threadpool.h"
 #include "engine/engine.h"
 #include "model/san.h"
 
@@ -161,17 +161,23 @@ static int kv_reserve(nd_kv_state *s, int need)
     return ND_OK;
 }
 
-/* Causal attention of n new query rows (positions p0..p0+n-1) over the
- * cached keys 0..p (or the last kv_window of them). */
-static void cached_attention(nd_kv_state *s, int l, int p0, int n)
+typedef struct {
+    nd_kv_state *s;
+    int l, p0;
+} cached_attention_args;
+
+/* tasks [lo, hi): (new row, head) pairs */
+static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
 {
+    (void)tid;
+    const cached_attention_args *a = ctx;
+    nd_kv_state *s = a->s;
+    int l = a->l, p0 = a->p0;
     const san_dims *D = &s->m->dims;
     int H = D->H, G = D->G, hd = D->hd, rep = H / G, qd = D->q_dim, kvd = D->kv_dim;
     const float *K = s->k + (size_t)l * s->cap * kvd, *V = s->v + (size_t)l * s->cap * kvd;
     float scale = 1.0f / sqrtf((float)hd);
-    long tasks = (long)n * H;
-#pragma omp parallel for schedule(static) if (tasks * (p0 + n) > 4096)
-    for (long task = 0; task < tasks; task++) {
+    for (long task = lo; task < hi; task++) {
         int i = (int)(task / H), h = (int)(task % H), g = h / rep, p = p0 + i;
         int j0 = s->kv_window && p + 1 > s->kv_window ? p + 1 - s->kv_window : 0;
         const float *q = s->q + (size_t)i * qd + (size_t)h * hd;
@@ -201,6 +207,16 @@ static void cached_attention(nd_kv_state *s, int l, int p0, int n)
                 out[e] += w * vr[e];
         }
     }
+}
+
+/* Causal attention of n new query rows (positions p0..p0+n-1) over the
+ * cached keys 0..p (or the last kv_window of them). */
+static void cached_attention(nd_kv_state *s, int l, int p0, int n)
+{
+    long tasks = (long)n * s->m->dims.H;
+    cached_attention_args a = {s, l, p0};
+    /* shared only above ~4K score entries: less is cheaper than a fork */
+    nd_parallel_for(tasks, tasks * (p0 + n) > 4096 ? 1 : tasks, cached_attention_tasks, &a);
 }
 
 static void engram_chunk(nd_kv_state *s, int p0, int n)
@@ -352,9 +368,9 @@ int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int 
      * fork/join costs more than it saves (and spins when cores are busy) */
     const san_dims *Dm = &s->m->dims;
     double work = (double)n * Dm->d * Dm->d * Dm->L * 8.0; /* ~multiply-adds */
-    int serial = work < 1e8, saved = omp_get_max_threads();
-    if (serial)
-        omp_set_num_threads(1);
+    int serial = work < 1e8, saved = 0;
+    if (serial) /* this thread only: other sessions keep their threads */
+        saved = nd_set_serial(1);
     int rc = ND_OK;
     for (int i = 0; i < n && !rc; i += s->chunk) {
         int k = n - i < s->chunk ? n - i : s->chunk;
@@ -366,6 +382,6 @@ int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int 
         rc = forward_chunk(s, tok + i, k, lg, all_logits);
     }
     if (serial)
-        omp_set_num_threads(saved);
+        nd_set_serial(saved);
     return rc;
 }

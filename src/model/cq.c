@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "core/fp16.h"
 #include "core/np_random.h"
 #include "core/status.h"
+#include "core/threadpool.h"
 
 /* Bit-level agreement with numpy depends on evaluating each product and
  * sum separately, in the order written. */
@@ -341,6 +343,58 @@ static void rotate(const float *x, const float *h, int group, float *y)
         y[j] = (float)acc[j];
 }
 
+/* Rows of one CQ matrix, shared by cq_quantize and cq_dequantize. */
+typedef struct {
+    const float *w_in, *h, *cb;
+    float *w_out;
+    const unsigned char *blob_in, *norms_in;
+    unsigned char *blob_out, *norms_out;
+    int64_t in_dim, in_pad, ng;
+    size_t rb;
+    int bits, group, ncb;
+    atomic_int fail;
+} cq_rows_args;
+
+static void quantize_rows(void *p, long r0, long r1, int tid)
+{
+    (void)tid;
+    cq_rows_args *a = p;
+    int group = a->group, ncb = a->ncb;
+    int64_t in_dim = a->in_dim, ng = a->ng;
+    float *g = malloc((size_t)group * 3 * sizeof *g);
+    uint8_t *idx = malloc((size_t)a->in_pad);
+    if (!g || !idx) {
+        atomic_store(&a->fail, 1);
+        free(g);
+        free(idx);
+        return;
+    }
+    float *rot = g + group, *sq = g + 2 * group;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *wr = a->w_in + (size_t)r * (size_t)in_dim;
+        for (int64_t gi = 0; gi < ng; gi++) {
+            for (int j = 0; j < group; j++) {
+                int64_t c = gi * group + j;
+                g[j] = c < in_dim ? wr[c] : 0.0f;
+            }
+            rotate(g, a->h, group, rot);
+            for (int j = 0; j < group; j++)
+                sq[j] = rot[j] * rot[j];
+            float norm = sqrtf(np_pairwise_f32(sq, (size_t)group));
+            float den = isnan(norm) || norm >= 1e-12f ? norm : 1e-12f;
+            for (int j = 0; j < group; j++)
+                idx[gi * group + j] = (uint8_t)cq_nearest_index(rot[j] / den, a->cb, ncb);
+            uint16_t hn = nd_float_to_half(norm);
+            unsigned char *np = a->norms_out + ((size_t)r * (size_t)ng + (size_t)gi) * 2;
+            np[0] = (unsigned char)(hn & 0xff);
+            np[1] = (unsigned char)(hn >> 8);
+        }
+        cq_pack_indices(idx, (size_t)a->in_pad, a->bits, a->blob_out + (size_t)r * a->rb);
+    }
+    free(g);
+    free(idx);
+}
+
 int cq_quantize(const float *w, int64_t out, int64_t in_dim, int bits, int group,
                 unsigned char *blob)
 {
@@ -356,48 +410,60 @@ int cq_quantize(const float *w, int64_t out, int64_t in_dim, int bits, int group
     float *h = hadamard(group);
     if (!h)
         return nd_error(ND_ENOMEM, "out of memory");
-    int64_t in_pad = cq_in_pad(in_dim, group), ng = in_pad / group;
+    int64_t in_pad = cq_in_pad(in_dim, group);
     size_t rb = cq_row_bytes(in_dim, bits, group);
-    unsigned char *norms = blob + rb * (size_t)out;
-    int fail = 0;
-#pragma omp parallel
-    {
-        float *g = malloc((size_t)group * 3 * sizeof *g);
-        uint8_t *idx = malloc((size_t)in_pad);
-        if (!g || !idx) {
-#pragma omp atomic write
-            fail = 1;
-        }
-        float *rot = g + group, *sq = g + 2 * group;
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < out; r++) {
-            if (!g || !idx)
-                continue;
-            const float *wr = w + (size_t)r * (size_t)in_dim;
-            for (int64_t gi = 0; gi < ng; gi++) {
-                for (int j = 0; j < group; j++) {
-                    int64_t c = gi * group + j;
-                    g[j] = c < in_dim ? wr[c] : 0.0f;
-                }
-                rotate(g, h, group, rot);
-                for (int j = 0; j < group; j++)
-                    sq[j] = rot[j] * rot[j];
-                float norm = sqrtf(np_pairwise_f32(sq, (size_t)group));
-                float den = isnan(norm) || norm >= 1e-12f ? norm : 1e-12f;
-                for (int j = 0; j < group; j++)
-                    idx[gi * group + j] = (uint8_t)cq_nearest_index(rot[j] / den, cb, ncb);
-                uint16_t hn = nd_float_to_half(norm);
-                unsigned char *np = norms + ((size_t)r * (size_t)ng + (size_t)gi) * 2;
-                np[0] = (unsigned char)(hn & 0xff);
-                np[1] = (unsigned char)(hn >> 8);
-            }
-            cq_pack_indices(idx, (size_t)in_pad, bits, blob + (size_t)r * rb);
-        }
+    cq_rows_args a = {.w_in = w,
+                      .h = h,
+                      .cb = cb,
+                      .blob_out = blob,
+                      .norms_out = blob + rb * (size_t)out,
+                      .in_dim = in_dim,
+                      .in_pad = in_pad,
+                      .ng = in_pad / group,
+                      .rb = rb,
+                      .bits = bits,
+                      .group = group,
+                      .ncb = ncb};
+    atomic_init(&a.fail, 0);
+    nd_parallel_for((long)out, 1, quantize_rows, &a);
+    free(h);
+    return atomic_load(&a.fail) ? nd_error(ND_ENOMEM, "out of memory") : ND_OK;
+}
+
+static void dequantize_rows(void *p, long r0, long r1, int tid)
+{
+    (void)tid;
+    cq_rows_args *a = p;
+    int group = a->group, ncb = a->ncb;
+    int64_t in_dim = a->in_dim, ng = a->ng;
+    float *g = malloc((size_t)group * 2 * sizeof *g);
+    uint8_t *idx = malloc((size_t)a->in_pad);
+    if (!g || !idx) {
+        atomic_store(&a->fail, 1);
         free(g);
         free(idx);
+        return;
     }
-    free(h);
-    return fail ? nd_error(ND_ENOMEM, "out of memory") : ND_OK;
+    float *rot = g + group;
+    for (int64_t r = r0; r < r1; r++) {
+        cq_unpack_indices(a->blob_in + (size_t)r * a->rb, (size_t)a->in_pad, a->bits, idx);
+        for (int64_t gi = 0; gi < ng; gi++) {
+            const unsigned char *np = a->norms_in + ((size_t)r * (size_t)ng + (size_t)gi) * 2;
+            float norm = nd_half_to_float((uint16_t)(np[0] | np[1] << 8));
+            for (int j = 0; j < group; j++) {
+                uint8_t k = idx[gi * group + j];
+                g[j] = (k < ncb ? a->cb[k] : 0.0f) * norm;
+            }
+            rotate(g, a->h, group, rot);
+            for (int j = 0; j < group; j++) {
+                int64_t c = gi * group + j;
+                if (c < in_dim)
+                    a->w_out[(size_t)r * (size_t)in_dim + (size_t)c] = rot[j];
+            }
+        }
+    }
+    free(g);
+    free(idx);
 }
 
 int cq_dequantize(const unsigned char *blob, size_t blob_len, int64_t out, int64_t in_dim, int bits,
@@ -416,44 +482,24 @@ int cq_dequantize(const unsigned char *blob, size_t blob_len, int64_t out, int64
     float *h = hadamard(group);
     if (!h)
         return nd_error(ND_ENOMEM, "out of memory");
-    int64_t in_pad = cq_in_pad(in_dim, group), ng = in_pad / group;
+    int64_t in_pad = cq_in_pad(in_dim, group);
     size_t rb = cq_row_bytes(in_dim, bits, group);
-    const unsigned char *norms = blob + rb * (size_t)out;
-    int fail = 0;
-#pragma omp parallel
-    {
-        float *g = malloc((size_t)group * 2 * sizeof *g);
-        uint8_t *idx = malloc((size_t)in_pad);
-        if (!g || !idx) {
-#pragma omp atomic write
-            fail = 1;
-        }
-        float *rot = g + group;
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < out; r++) {
-            if (!g || !idx)
-                continue;
-            cq_unpack_indices(blob + (size_t)r * rb, (size_t)in_pad, bits, idx);
-            for (int64_t gi = 0; gi < ng; gi++) {
-                const unsigned char *np = norms + ((size_t)r * (size_t)ng + (size_t)gi) * 2;
-                float norm = nd_half_to_float((uint16_t)(np[0] | np[1] << 8));
-                for (int j = 0; j < group; j++) {
-                    uint8_t k = idx[gi * group + j];
-                    g[j] = (k < ncb ? cb[k] : 0.0f) * norm;
-                }
-                rotate(g, h, group, rot);
-                for (int j = 0; j < group; j++) {
-                    int64_t c = gi * group + j;
-                    if (c < in_dim)
-                        w[(size_t)r * (size_t)in_dim + (size_t)c] = rot[j];
-                }
-            }
-        }
-        free(g);
-        free(idx);
-    }
+    cq_rows_args a = {.h = h,
+                      .cb = cb,
+                      .w_out = w,
+                      .blob_in = blob,
+                      .norms_in = blob + rb * (size_t)out,
+                      .in_dim = in_dim,
+                      .in_pad = in_pad,
+                      .ng = in_pad / group,
+                      .rb = rb,
+                      .bits = bits,
+                      .group = group,
+                      .ncb = ncb};
+    atomic_init(&a.fail, 0);
+    nd_parallel_for((long)out, 1, dequantize_rows, &a);
     free(h);
-    return fail ? nd_error(ND_ENOMEM, "out of memory") : ND_OK;
+    return atomic_load(&a.fail) ? nd_error(ND_ENOMEM, "out of memory") : ND_OK;
 }
 
 /* ------------------------------------------------------------------ */

@@ -1,6 +1,6 @@
 #include "model/eval.h"
 
-#include "core/omp_compat.h"
+#include "core/threadpool.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,13 +55,13 @@ int san_eval(const san_model *m, const nd_backend *be, const token_seqs *seqs, i
                 tgt[b * T + t] = t + 1 < len ? ids[t + 1] : 0;
             }
         }
-        double t0 = omp_get_wtime();
+        double t0 = nd_wtime();
         rc = san_forward(m, &m->w, &acts, tok);
         if (rc)
             goto done;
         be->cross_entropy(be, loss, acts.logits, tgt, (long)B * T, V);
         nd_backend_sync(be);
-        res->seconds += omp_get_wtime() - t0;
+        res->seconds += nd_wtime() - t0;
         res->tokens += (long)B * T;
         for (int b = 0; b < B; b++) {
             int s = s0 + b, len = (int)(seqs->start[s + 1] - seqs->start[s]);

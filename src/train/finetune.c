@@ -3,7 +3,7 @@
 
 #include <limits.h>
 #include <math.h>
-#include "core/omp_compat.h"
+#include "core/threadpool.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -380,7 +380,7 @@ int nd_finetune(const nd_finetune_opts *o)
           tr->acts.cap_rows);
 
     long every = total / 50 > 1 ? total / 50 : 1, step = 0;
-    double t_start = omp_get_wtime(), tokens_done = 0;
+    double t_start = nd_wtime(), tokens_done = 0;
     long start_step = opt.count;
     for (int epoch = 0; epoch < o->epochs && !rc; epoch++) {
         /* per-epoch order derived from (seed, epoch) so a resume replays it */
@@ -396,11 +396,12 @@ int nd_finetune(const nd_finetune_opts *o)
             }
             int rows = count - s0 < (size_t)B ? (int)(count - s0) : B;
             double loss, masked, gnorm;
+            /* kept before the step: a non-finite loss on the very first
+             * step must restore these, not uninitialised memory */
+            memcpy(last_good, P, sizeof(float) * NP);
             rc = nd_batcher_step(&bt, train + s0, rows, 1, &loss, &masked);
-            if (!rc) {
-                memcpy(last_good, P, sizeof(float) * NP);
+            if (!rc)
                 rc = nd_adamw_step(&opt, P, G, &gnorm, NULL);
-            }
             if (rc == ND_ENUMERIC) {
                 char why[256];
                 snprintf(why, sizeof why, "%s", nd_last_error());
@@ -420,7 +421,7 @@ int nd_finetune(const nd_finetune_opts *o)
             last = loss;
             for (int b = 0; b < rows; b++)
                 tokens_done += ts.len[train[s0 + (size_t)b]];
-            double el = omp_get_wtime() - t_start, done_steps = (double)(step + 1 - start_step);
+            double el = nd_wtime() - t_start, done_steps = (double)(step + 1 - start_step);
             if (o->status)
                 o->status(o->ctx, step + 1, total, loss, tokens_done / (el > 0 ? el : 1e-9),
                           el / done_steps * (double)(total - step - 1));

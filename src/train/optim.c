@@ -6,6 +6,7 @@
 
 #include "core/mem.h"
 #include "core/status.h"
+#include "core/threadpool.h"
 
 long nd_warmup_steps(long S)
 {
@@ -58,13 +59,64 @@ void nd_adamw_free(nd_adamw *o)
     o->mu = o->nu = NULL;
 }
 
+typedef struct {
+    const float *g;
+    double *partial; /* one sum per thread */
+} sumsq_args;
+
+static void sumsq_share(void *p, long i0, long i1, int tid)
+{
+    const sumsq_args *a = p;
+    double s = 0;
+    for (long i = i0; i < i1; i++)
+        s += (double)a->g[i] * a->g[i];
+    a->partial[tid] = s;
+}
+
+/* The per-thread sums are added in thread order: the same bits for a given
+ * thread count. */
 double nd_global_norm(const float *g, size_t n)
 {
+    int nt = nd_get_threads();
+    double stack[64], *partial = nt <= 64 ? stack : calloc((size_t)nt, sizeof *partial);
     double s = 0;
-#pragma omp parallel for reduction(+ : s) schedule(static)
-    for (size_t i = 0; i < n; i++)
-        s += (double)g[i] * g[i];
+    if (!partial) { /* no memory for the partials: one thread */
+        for (size_t i = 0; i < n; i++)
+            s += (double)g[i] * g[i];
+        return sqrt(s);
+    }
+    for (int t = 0; t < nt; t++)
+        partial[t] = 0;
+    sumsq_args a = {g, partial};
+    nd_parallel_for((long)n, 1, sumsq_share, &a);
+    for (int t = 0; t < nt; t++)
+        s += partial[t];
+    if (partial != stack)
+        free(partial);
     return sqrt(s);
+}
+
+typedef struct {
+    float *p, *g, *mu, *nu;
+    float clip, b1, b2, bc1, bc2, eps, wd, lr;
+} adamw_args;
+
+static void adamw_range(void *ctx, long i0, long i1, int tid)
+{
+    (void)tid;
+    const adamw_args *a = ctx;
+    float clip = a->clip, b1 = a->b1, b2 = a->b2, bc1 = a->bc1, bc2 = a->bc2, eps = a->eps;
+    float wd = a->wd, flr = a->lr;
+    float *p = a->p, *g = a->g;
+    for (long i = i0; i < i1; i++) {
+        float gi = g[i] * clip;
+        float m = b1 * a->mu[i] + (1.0f - b1) * gi;
+        float v = b2 * a->nu[i] + (1.0f - b2) * gi * gi;
+        a->mu[i] = m;
+        a->nu[i] = v;
+        float upd = (m / bc1) / (sqrtf(v / bc2) + eps) + wd * p[i];
+        p[i] -= flr * upd;
+    }
 }
 
 int nd_adamw_step(nd_adamw *o, float *p, float *g, double *gnorm, double *lr_used)
@@ -81,17 +133,9 @@ int nd_adamw_step(nd_adamw *o, float *p, float *g, double *gnorm, double *lr_use
         *lr_used = lr;
     long t = o->count + 1;
     float bc1 = (float)(1.0 - pow(o->b1, (double)t)), bc2 = (float)(1.0 - pow(o->b2, (double)t));
-    float b1 = o->b1, b2 = o->b2, eps = o->eps, wd = o->weight_decay, flr = (float)lr;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < o->n; i++) {
-        float gi = g[i] * clip;
-        float m = b1 * o->mu[i] + (1.0f - b1) * gi;
-        float v = b2 * o->nu[i] + (1.0f - b2) * gi * gi;
-        o->mu[i] = m;
-        o->nu[i] = v;
-        float upd = (m / bc1) / (sqrtf(v / bc2) + eps) + wd * p[i];
-        p[i] -= flr * upd;
-    }
+    adamw_args a = {p,   g,   o->mu,  o->nu,           clip,     o->b1, o->b2,
+                    bc1, bc2, o->eps, o->weight_decay, (float)lr};
+    nd_parallel_for((long)o->n, 1, adamw_range, &a);
     o->count++;
     return ND_OK;
 }

@@ -6,7 +6,8 @@
  * is split over (segment, head, block of 64 queries); each block is small
  * GEMMs over the two spans, written side by side into one score matrix.
  * With the OpenMP build of OpenBLAS, a GEMM inside our parallel region runs
- * on the calling thread, so the two levels do not fight. */
+ * on the calling thread, so the two levels do not fight (without OpenMP,
+ * cpu_backend.c gives OpenBLAS one thread: our pool is the only level). */
 #include "backend/cpu/blas.h"
 #include <float.h>
 #include <math.h>
@@ -60,70 +61,247 @@ static attn_block *attn_blocks(const nd_layout *L, long *count, int *maxkeys)
     return b;
 }
 
+typedef struct {
+    float *out, *lse;
+    const float *q, *k, *v;
+    const nd_layout *L;
+    const attn_block *blocks;
+    float **scratch; /* one score matrix per thread, made on first use */
+    int H, rep, hd, qs, ks, maxkeys;
+    float scale;
+} attn_fwd_args;
+
+static void attn_fwd_tasks(void *p, long lo, long hi, int tid)
+{
+    const attn_fwd_args *a = p;
+    const nd_layout *L = a->L;
+    int H = a->H, hd = a->hd, qs = a->qs, ks = a->ks;
+    float scale = a->scale;
+    if (!a->scratch[tid])
+        a->scratch[tid] = cpu_xalloc((size_t)SAN_ATTN_QBLOCK * a->maxkeys * sizeof(float));
+    float *S = a->scratch[tid];
+    for (long task = lo; task < hi; task++) {
+        const attn_block *bk = &a->blocks[task / H];
+        int h = (int)(task % H), g = h / a->rep;
+        const nd_segment *sg = &L->seg[bk->seg];
+        int plen = parent_len(L, sg), p0 = plen ? L->seg[sg->parent].start : 0;
+        int t0 = bk->blk * SAN_ATTN_QBLOCK;
+        int t1 = t0 + SAN_ATTN_QBLOCK < sg->len ? t0 + SAN_ATTN_QBLOCK : sg->len;
+        int rows = t1 - t0, keys = plen + t1;
+        long r0 = (long)sg->start + t0;
+        const float *Q = a->q + (size_t)r0 * qs + (size_t)h * hd;
+        const float *Ks = a->k + (size_t)sg->start * ks + (size_t)g * hd;
+        const float *Vs = a->v + (size_t)sg->start * ks + (size_t)g * hd;
+        const float *Kp = a->k + (size_t)p0 * ks + (size_t)g * hd;
+        const float *Vp = a->v + (size_t)p0 * ks + (size_t)g * hd;
+        if (plen)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, plen, hd, scale, Q, qs, Kp,
+                        ks, 0.0f, S, keys);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, t1, hd, scale, Q, qs, Ks, ks,
+                    0.0f, S + plen, keys);
+        for (int r = 0; r < rows; r++) {
+            float *s = S + (size_t)r * keys;
+            int last = plen + t0 + r; /* keys 0..last are visible */
+            float mx = -FLT_MAX;
+            for (int j = 0; j <= last; j++)
+                mx = s[j] > mx ? s[j] : mx;
+            float sum = 0.0f;
+            for (int j = 0; j <= last; j++) {
+                s[j] = san_expf(s[j] - mx);
+                sum += s[j];
+            }
+            float inv = 1.0f / sum;
+            for (int j = 0; j <= last; j++)
+                s[j] *= inv;
+            for (int j = last + 1; j < keys; j++)
+                s[j] = 0.0f;
+            if (a->lse)
+                a->lse[(size_t)(r0 + r) * H + h] = mx + logf(sum);
+        }
+        float *O = a->out + (size_t)r0 * qs + (size_t)h * hd;
+        if (plen)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, plen, 1.0f, S, keys,
+                        Vp, ks, 0.0f, O, qs);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, t1, 1.0f, S + plen, keys,
+                    Vs, ks, plen ? 1.0f : 0.0f, O, qs);
+    }
+}
+
+/* per-thread scratch, indexed by tid (tid < nd_get_threads()) */
+static float **scratch_new(int *count)
+{
+    *count = nd_get_threads();
+    float **s = calloc((size_t)*count, sizeof *s);
+    if (!s)
+        abort();
+    return s;
+}
+
+static void scratch_free(float **s, int count)
+{
+    for (int i = 0; i < count; i++)
+        free(s[i]);
+    free(s);
+}
+
 void cpu_attention(const nd_backend *be, float *out, float *lse, const float *q, const float *k,
                    const float *v, const nd_layout *L, int H, int G, int hd)
 {
     (void)be;
     long nb;
-    int maxkeys, rep = H / G;
+    int maxkeys, nscratch;
     attn_block *blocks = attn_blocks(L, &nb, &maxkeys);
     if (!blocks)
         abort(); /* a few bytes per block: nothing sensible to do without them */
-    float scale = 1.0f / sqrtf((float)hd);
-    int qs = H * hd, ks = G * hd;
-    long tasks = nb * H;
-#pragma omp parallel
-    {
-        float *S = cpu_xalloc((size_t)SAN_ATTN_QBLOCK * maxkeys * sizeof *S);
-#pragma omp for schedule(dynamic, 1)
-        for (long task = 0; task < tasks; task++) {
-            const attn_block *bk = &blocks[task / H];
-            int h = (int)(task % H), g = h / rep;
-            const nd_segment *sg = &L->seg[bk->seg];
-            int plen = parent_len(L, sg), p0 = plen ? L->seg[sg->parent].start : 0;
-            int t0 = bk->blk * SAN_ATTN_QBLOCK;
-            int t1 = t0 + SAN_ATTN_QBLOCK < sg->len ? t0 + SAN_ATTN_QBLOCK : sg->len;
-            int rows = t1 - t0, keys = plen + t1;
-            long r0 = (long)sg->start + t0;
-            const float *Q = q + (size_t)r0 * qs + (size_t)h * hd;
-            const float *Ks = k + (size_t)sg->start * ks + (size_t)g * hd;
-            const float *Vs = v + (size_t)sg->start * ks + (size_t)g * hd;
-            const float *Kp = k + (size_t)p0 * ks + (size_t)g * hd;
-            const float *Vp = v + (size_t)p0 * ks + (size_t)g * hd;
-            if (plen)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, plen, hd, scale, Q, qs,
-                            Kp, ks, 0.0f, S, keys);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, t1, hd, scale, Q, qs, Ks, ks,
-                        0.0f, S + plen, keys);
-            for (int r = 0; r < rows; r++) {
-                float *s = S + (size_t)r * keys;
-                int last = plen + t0 + r; /* keys 0..last are visible */
-                float mx = -FLT_MAX;
-                for (int j = 0; j <= last; j++)
-                    mx = s[j] > mx ? s[j] : mx;
-                float sum = 0.0f;
-                for (int j = 0; j <= last; j++) {
-                    s[j] = san_expf(s[j] - mx);
-                    sum += s[j];
-                }
-                float inv = 1.0f / sum;
-                for (int j = 0; j <= last; j++)
-                    s[j] *= inv;
-                for (int j = last + 1; j < keys; j++)
-                    s[j] = 0.0f;
-                if (lse)
-                    lse[(size_t)(r0 + r) * H + h] = mx + logf(sum);
-            }
-            float *O = out + (size_t)r0 * qs + (size_t)h * hd;
-            if (plen)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, plen, 1.0f, S,
-                            keys, Vp, ks, 0.0f, O, qs);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, t1, 1.0f, S + plen,
-                        keys, Vs, ks, plen ? 1.0f : 0.0f, O, qs);
-        }
-        free(S);
-    }
+    attn_fwd_args a = {.out = out,
+                       .lse = lse,
+                       .q = q,
+                       .k = k,
+                       .v = v,
+                       .L = L,
+                       .blocks = blocks,
+                       .scratch = scratch_new(&nscratch),
+                       .H = H,
+                       .rep = H / G,
+                       .hd = hd,
+                       .qs = H * hd,
+                       .ks = G * hd,
+                       .maxkeys = maxkeys,
+                       .scale = 1.0f / sqrtf((float)hd)};
+    nd_parallel_for_dynamic(nb * H, 1, attn_fwd_tasks, &a);
+    scratch_free(a.scratch, nscratch);
     free(blocks);
+}
+
+typedef struct {
+    float *dq, *dk, *dv, *pbuf;
+    const float *dout, *q, *k, *v, *out, *lse;
+    const nd_layout *L;
+    const size_t *poff;
+    float **scratch; /* P, dP and D per thread, made on first use */
+    int H, G, rep, hd, qs, ks, maxkeys;
+    float scale;
+} attn_bwd_args;
+
+/* tasks [lo, hi): (segment, kv head) pairs */
+static void attn_bwd_tasks(void *p, long lo, long hi, int tid)
+{
+    const attn_bwd_args *a = p;
+    const nd_layout *L = a->L;
+    int H = a->H, G = a->G, rep = a->rep, hd = a->hd, qs = a->qs, ks = a->ks;
+    float scale = a->scale;
+    const float *q = a->q, *k = a->k, *v = a->v, *lse = a->lse;
+    float *dq = a->dq;
+    size_t bs = (size_t)SAN_ATTN_QBLOCK * a->maxkeys;
+    if (!a->scratch[tid])
+        a->scratch[tid] = cpu_xalloc((2 * bs + SAN_ATTN_QBLOCK) * sizeof(float));
+    float *Pb = a->scratch[tid], *dP = Pb + bs, *Dr = dP + bs;
+    for (long task = lo; task < hi; task++) {
+        int s = (int)(task / G), g = (int)(task % G);
+        const nd_segment *sg = &L->seg[s];
+        int plen = parent_len(L, sg), p0 = plen ? L->seg[sg->parent].start : 0, T = sg->len;
+        size_t kv0 = (size_t)sg->start * ks + (size_t)g * hd;
+        const float *Ks = k + kv0, *Vs = v + kv0;
+        const float *Kp = k + (size_t)p0 * ks + (size_t)g * hd;
+        const float *Vp = v + (size_t)p0 * ks + (size_t)g * hd;
+        float *dKs = a->dk + kv0, *dVs = a->dv + kv0;
+        float *dKp = plen ? a->pbuf + a->poff[s] + (size_t)2 * plen * hd * g : NULL;
+        float *dVp = plen ? dKp + (size_t)plen * hd : NULL;
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < hd; i++) {
+                dKs[(size_t)t * ks + i] = 0.0f;
+                dVs[(size_t)t * ks + i] = 0.0f;
+            }
+        if (plen)
+            memset(dKp, 0, sizeof(float) * 2 * (size_t)plen * hd);
+        for (int h = g * rep; h < (g + 1) * rep; h++)
+            for (int t0 = 0; t0 < T; t0 += SAN_ATTN_QBLOCK) {
+                int t1 = t0 + SAN_ATTN_QBLOCK < T ? t0 + SAN_ATTN_QBLOCK : T;
+                int rows = t1 - t0, keys = plen + t1;
+                long r0 = (long)sg->start + t0;
+                size_t qo = (size_t)r0 * qs + (size_t)h * hd;
+                const float *Q = q + qo, *dO = a->dout + qo, *O = a->out + qo;
+                /* P = exp(scale * Q [Kp|Ks]^T - lse), causal in the own span */
+                if (plen)
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, plen, hd, scale, Q,
+                                qs, Kp, ks, 0.0f, Pb, keys);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, t1, hd, scale, Q, qs, Ks,
+                            ks, 0.0f, Pb + plen, keys);
+                for (int r = 0; r < rows; r++) {
+                    float *pr = Pb + (size_t)r * keys, l = lse[(size_t)(r0 + r) * H + h];
+                    int last = plen + t0 + r;
+                    for (int j = 0; j <= last; j++)
+                        pr[j] = san_expf(pr[j] - l);
+                    for (int j = last + 1; j < keys; j++)
+                        pr[j] = 0.0f;
+                    const float *x = dO + (size_t)r * qs, *y = O + (size_t)r * qs;
+                    float acc = 0.0f;
+                    for (int i = 0; i < hd; i++)
+                        acc += x[i] * y[i];
+                    Dr[r] = acc;
+                }
+                /* dV += P^T dO; dP = dO V^T */
+                if (plen) {
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, plen, hd, rows, 1.0f, Pb,
+                                keys, dO, qs, 1.0f, dVp, hd);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, plen, hd, 1.0f, dO,
+                                qs, Vp, ks, 0.0f, dP, keys);
+                }
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t1, hd, rows, 1.0f, Pb + plen,
+                            keys, dO, qs, 1.0f, dVs, ks);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, t1, hd, 1.0f, dO, qs, Vs,
+                            ks, 0.0f, dP + plen, keys);
+                /* dS = P * (dP - rowsum(dO*O)); masked entries have P = 0 */
+                for (int r = 0; r < rows; r++) {
+                    float *ds = dP + (size_t)r * keys;
+                    const float *pr = Pb + (size_t)r * keys;
+                    float D = Dr[r];
+                    for (int j = 0; j < keys; j++)
+                        ds[j] = pr[j] * (ds[j] - D);
+                }
+                /* dQ = scale * dS K; dK += scale * dS^T Q */
+                if (plen) {
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, plen, scale,
+                                dP, keys, Kp, ks, 0.0f, dq + qo, qs);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, plen, hd, rows, scale, dP,
+                                keys, Q, qs, 1.0f, dKp, hd);
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, t1, scale,
+                            dP + plen, keys, Ks, ks, plen ? 1.0f : 0.0f, dq + qo, qs);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t1, hd, rows, scale, dP + plen,
+                            keys, Q, qs, 1.0f, dKs, ks);
+            }
+    }
+}
+
+/* Parents' rows collect their children's buffers, children in order. Each
+ * thread takes the same static share of every child's plen x G items, and
+ * children of one parent have the same plen: a parent row has one writer,
+ * which adds the children in segment order (no barrier needed). */
+static void attn_bwd_parents(void *p, int tid, int team)
+{
+    const attn_bwd_args *a = p;
+    const nd_layout *L = a->L;
+    int G = a->G, hd = a->hd, ks = a->ks;
+    for (int s = 0; s < L->n_seg; s++) {
+        const nd_segment *sg = &L->seg[s];
+        int plen = parent_len(L, sg);
+        if (!plen)
+            continue;
+        int p0 = L->seg[sg->parent].start;
+        long x0, x1;
+        nd_share((long)plen * G, tid, team, &x0, &x1);
+        for (long x = x0; x < x1; x++) {
+            int t = (int)(x / G), g = (int)(x % G);
+            const float *src = a->pbuf + a->poff[s] + (size_t)2 * plen * hd * g + (size_t)t * hd;
+            float *dK = a->dk + (size_t)(p0 + t) * ks + (size_t)g * hd;
+            float *dV = a->dv + (size_t)(p0 + t) * ks + (size_t)g * hd;
+            for (int i = 0; i < hd; i++) {
+                dK[i] += src[i];
+                dV[i] += src[(size_t)plen * hd + i];
+            }
+        }
+    }
 }
 
 /* Flash-style backward: probabilities are recomputed per 64-query block
@@ -138,9 +316,7 @@ void cpu_attention_backward(const nd_backend *be, float *dq, float *dk, float *d
                             int hd)
 {
     (void)be;
-    int rep = H / G, maxkeys = 1;
-    float scale = 1.0f / sqrtf((float)hd);
-    int qs = H * hd, ks = G * hd;
+    int maxkeys = 1, nscratch;
     /* private parent-gradient buffers: [dK | dV] of plen x hd per (child, g) */
     size_t *poff = malloc(sizeof *poff * (size_t)(L->n_seg + 1));
     if (!poff)
@@ -153,138 +329,82 @@ void cpu_attention_backward(const nd_backend *be, float *dq, float *dk, float *d
         int kk = plen + L->seg[s].len;
         maxkeys = kk > maxkeys ? kk : maxkeys;
     }
-    float *pbuf = ptotal ? cpu_xalloc(ptotal * sizeof *pbuf) : NULL;
-    long tasks = (long)L->n_seg * G;
-#pragma omp parallel
-    {
-        size_t bs = (size_t)SAN_ATTN_QBLOCK * maxkeys;
-        float *Pb = cpu_xalloc((2 * bs + SAN_ATTN_QBLOCK) * sizeof *Pb);
-        float *dP = Pb + bs, *Dr = dP + bs;
-#pragma omp for schedule(dynamic, 1)
-        for (long task = 0; task < tasks; task++) {
-            int s = (int)(task / G), g = (int)(task % G);
-            const nd_segment *sg = &L->seg[s];
-            int plen = parent_len(L, sg), p0 = plen ? L->seg[sg->parent].start : 0, T = sg->len;
-            size_t kv0 = (size_t)sg->start * ks + (size_t)g * hd;
-            const float *Ks = k + kv0, *Vs = v + kv0;
-            const float *Kp = k + (size_t)p0 * ks + (size_t)g * hd;
-            const float *Vp = v + (size_t)p0 * ks + (size_t)g * hd;
-            float *dKs = dk + kv0, *dVs = dv + kv0;
-            float *dKp = plen ? pbuf + poff[s] + (size_t)2 * plen * hd * g : NULL;
-            float *dVp = plen ? dKp + (size_t)plen * hd : NULL;
-            for (int t = 0; t < T; t++)
-                for (int i = 0; i < hd; i++) {
-                    dKs[(size_t)t * ks + i] = 0.0f;
-                    dVs[(size_t)t * ks + i] = 0.0f;
-                }
-            if (plen)
-                memset(dKp, 0, sizeof(float) * 2 * (size_t)plen * hd);
-            for (int h = g * rep; h < (g + 1) * rep; h++)
-                for (int t0 = 0; t0 < T; t0 += SAN_ATTN_QBLOCK) {
-                    int t1 = t0 + SAN_ATTN_QBLOCK < T ? t0 + SAN_ATTN_QBLOCK : T;
-                    int rows = t1 - t0, keys = plen + t1;
-                    long r0 = (long)sg->start + t0;
-                    size_t qo = (size_t)r0 * qs + (size_t)h * hd;
-                    const float *Q = q + qo, *dO = dout + qo, *O = out + qo;
-                    /* P = exp(scale * Q [Kp|Ks]^T - lse), causal in the own span */
-                    if (plen)
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, plen, hd, scale,
-                                    Q, qs, Kp, ks, 0.0f, Pb, keys);
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, t1, hd, scale, Q, qs,
-                                Ks, ks, 0.0f, Pb + plen, keys);
-                    for (int r = 0; r < rows; r++) {
-                        float *p = Pb + (size_t)r * keys, l = lse[(size_t)(r0 + r) * H + h];
-                        int last = plen + t0 + r;
-                        for (int j = 0; j <= last; j++)
-                            p[j] = san_expf(p[j] - l);
-                        for (int j = last + 1; j < keys; j++)
-                            p[j] = 0.0f;
-                        const float *a = dO + (size_t)r * qs, *b = O + (size_t)r * qs;
-                        float acc = 0.0f;
-                        for (int i = 0; i < hd; i++)
-                            acc += a[i] * b[i];
-                        Dr[r] = acc;
-                    }
-                    /* dV += P^T dO; dP = dO V^T */
-                    if (plen) {
-                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, plen, hd, rows, 1.0f,
-                                    Pb, keys, dO, qs, 1.0f, dVp, hd);
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, plen, hd, 1.0f,
-                                    dO, qs, Vp, ks, 0.0f, dP, keys);
-                    }
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t1, hd, rows, 1.0f,
-                                Pb + plen, keys, dO, qs, 1.0f, dVs, ks);
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, t1, hd, 1.0f, dO, qs,
-                                Vs, ks, 0.0f, dP + plen, keys);
-                    /* dS = P * (dP - rowsum(dO*O)); masked entries have P = 0 */
-                    for (int r = 0; r < rows; r++) {
-                        float *ds = dP + (size_t)r * keys;
-                        const float *p = Pb + (size_t)r * keys;
-                        float D = Dr[r];
-                        for (int j = 0; j < keys; j++)
-                            ds[j] = p[j] * (ds[j] - D);
-                    }
-                    /* dQ = scale * dS K; dK += scale * dS^T Q */
-                    if (plen) {
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, plen,
-                                    scale, dP, keys, Kp, ks, 0.0f, dq + qo, qs);
-                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, plen, hd, rows, scale,
-                                    dP, keys, Q, qs, 1.0f, dKp, hd);
-                    }
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, t1, scale,
-                                dP + plen, keys, Ks, ks, plen ? 1.0f : 0.0f, dq + qo, qs);
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t1, hd, rows, scale,
-                                dP + plen, keys, Q, qs, 1.0f, dKs, ks);
-                }
-        }
-        free(Pb);
-        /* parents' rows collect their children's buffers, children in order */
-        for (int s = 0; s < L->n_seg; s++) {
-            const nd_segment *sg = &L->seg[s];
-            int plen = parent_len(L, sg);
-            if (!plen)
-                continue;
-            int p0 = L->seg[sg->parent].start;
-#pragma omp for schedule(static)
-            for (long x = 0; x < (long)plen * G; x++) {
-                int t = (int)(x / G), g = (int)(x % G);
-                const float *src = pbuf + poff[s] + (size_t)2 * plen * hd * g + (size_t)t * hd;
-                float *dK = dk + (size_t)(p0 + t) * ks + (size_t)g * hd;
-                float *dV = dv + (size_t)(p0 + t) * ks + (size_t)g * hd;
-                for (int i = 0; i < hd; i++) {
-                    dK[i] += src[i];
-                    dV[i] += src[(size_t)plen * hd + i];
-                }
-            }
-        }
-    }
-    free(pbuf);
+    attn_bwd_args a = {.dq = dq,
+                       .dk = dk,
+                       .dv = dv,
+                       .pbuf = ptotal ? cpu_xalloc(ptotal * sizeof(float)) : NULL,
+                       .dout = dout,
+                       .q = q,
+                       .k = k,
+                       .v = v,
+                       .out = out,
+                       .lse = lse,
+                       .L = L,
+                       .poff = poff,
+                       .scratch = scratch_new(&nscratch),
+                       .H = H,
+                       .G = G,
+                       .rep = H / G,
+                       .hd = hd,
+                       .qs = H * hd,
+                       .ks = G * hd,
+                       .maxkeys = maxkeys,
+                       .scale = 1.0f / sqrtf((float)hd)};
+    nd_parallel_for_dynamic((long)L->n_seg * G, 1, attn_bwd_tasks, &a);
+    scratch_free(a.scratch, nscratch);
+    if (ptotal)
+        nd_parallel_region(0, attn_bwd_parents, &a);
+    free(a.pbuf);
     free(poff);
+}
+
+typedef struct {
+    float *dst;
+    const float *src;
+    const int32_t *rows;
+    long n;
+    int d;
+} rows_args;
+
+static void gather_range(void *p, long i0, long i1, int tid)
+{
+    (void)tid;
+    const rows_args *a = p;
+    for (long i = i0; i < i1; i++)
+        memcpy(a->dst + (size_t)i * a->d, a->src + (size_t)a->rows[i] * a->d,
+               sizeof(float) * (size_t)a->d);
 }
 
 void cpu_gather_rows(const nd_backend *be, float *dst, const float *src, const int32_t *rows,
                      long n, int d)
 {
     (void)be;
-#pragma omp parallel for schedule(static)
-    for (long i = 0; i < n; i++)
-        memcpy(dst + (size_t)i * d, src + (size_t)rows[i] * d, sizeof(float) * (size_t)d);
+    rows_args a = {dst, src, rows, n, d};
+    nd_parallel_for(n, 1, gather_range, &a);
+}
+
+/* column chunks [c0, c1) of 64 floats: each element sums its rows in order i */
+static void scatter_add_chunks(void *p, long c0, long c1, int tid)
+{
+    (void)tid;
+    const rows_args *a = p;
+    int d = a->d;
+    for (long c = c0; c < c1; c++) {
+        int j0 = (int)c * 64, j1 = j0 + 64 < d ? j0 + 64 : d;
+        for (long i = 0; i < a->n; i++) {
+            float *o = a->dst + (size_t)a->rows[i] * d;
+            const float *x = a->src + (size_t)i * d;
+            for (int j = j0; j < j1; j++)
+                o[j] += x[j];
+        }
+    }
 }
 
 void cpu_scatter_add_rows(const nd_backend *be, float *dst, const float *src, const int32_t *rows,
                           long n, int d)
 {
     (void)be;
-    /* columns split across threads: each element sums its rows in order i */
-    int nch = (d + 63) / 64;
-#pragma omp parallel for schedule(static)
-    for (int c = 0; c < nch; c++) {
-        int c0 = c * 64, c1 = c0 + 64 < d ? c0 + 64 : d;
-        for (long i = 0; i < n; i++) {
-            float *o = dst + (size_t)rows[i] * d;
-            const float *x = src + (size_t)i * d;
-            for (int j = c0; j < c1; j++)
-                o[j] += x[j];
-        }
-    }
+    /* columns split across threads */
+    rows_args a = {dst, src, rows, n, d};
+    nd_parallel_for((d + 63) / 64, 1, scatter_add_chunks, &a);
 }

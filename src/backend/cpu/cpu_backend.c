@@ -1,8 +1,7 @@
 /* CPU backend: GEMMs through cblas (OpenBLAS or Accelerate), everything else as plain
- * loops parallelised with OpenMP over token rows. */
+ * loops parallelised over token rows (core/threadpool.h: OpenMP or our pool). */
 #include "backend/cpu/blas.h"
 #include <math.h>
-#include "core/omp_compat.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +11,7 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "core/mem.h"
 #include "core/status.h"
+#include "core/threadpool.h"
 
 static void *cpu_alloc(const nd_backend *be, size_t bytes)
 {
@@ -31,39 +31,81 @@ static void cpu_free(const nd_backend *be, void *p)
  * per call with sched_yield spins, which on a shared virtual machine cost
  * ~10% of a training step; a block split needs one barrier at the end and
  * only re-packs the shared operand once per thread. */
+typedef struct {
+    enum CBLAS_TRANSPOSE TA, TB;
+    int ta, tb, M, N, K, lda, ldb, ldc, by_rows, along;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+} gemm_args;
+
+static void gemm_block(void *p, int t, int nt)
+{
+    const gemm_args *g = p;
+    /* blocks in multiples of 16 rows/columns (the kernels' tile) */
+    int step = (g->along / nt + 15) & ~15;
+    int lo = t * step, hi = t == nt - 1 ? g->along : (t + 1) * step;
+    if (hi > g->along)
+        hi = g->along;
+    if (lo >= hi)
+        return;
+    if (g->by_rows) {
+        const float *Ab = g->ta ? g->A + lo : g->A + (size_t)lo * g->lda;
+        cblas_sgemm(CblasRowMajor, g->TA, g->TB, hi - lo, g->N, g->K, g->alpha, Ab, g->lda, g->B,
+                    g->ldb, g->beta, g->C + (size_t)lo * g->ldc, g->ldc);
+    } else {
+        const float *Bb = g->tb ? g->B + (size_t)lo * g->ldb : g->B + lo;
+        cblas_sgemm(CblasRowMajor, g->TA, g->TB, g->M, hi - lo, g->K, g->alpha, g->A, g->lda, Bb,
+                    g->ldb, g->beta, g->C + lo, g->ldc);
+    }
+}
+
 static void gemm_split(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                        const float *B, int ldb, float beta, float *C, int ldc)
 {
-    enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
-    int team = omp_in_parallel() ? 1 : omp_get_max_threads();
-    int by_rows = M >= N || N < 128;
-    int along = by_rows ? M : N;
-    if (team > along / 64)
-        team = along / 64;
+    gemm_args g = {.TA = ta ? CblasTrans : CblasNoTrans,
+                   .TB = tb ? CblasTrans : CblasNoTrans,
+                   .ta = ta,
+                   .tb = tb,
+                   .M = M,
+                   .N = N,
+                   .K = K,
+                   .lda = lda,
+                   .ldb = ldb,
+                   .ldc = ldc,
+                   .by_rows = M >= N || N < 128,
+                   .alpha = alpha,
+                   .beta = beta,
+                   .A = A,
+                   .B = B,
+                   .C = C};
+    g.along = g.by_rows ? M : N;
+    int team = nd_in_parallel() ? 1 : nd_get_threads();
+    if (team > g.along / 64)
+        team = g.along / 64;
     if (team <= 1) {
-        cblas_sgemm(CblasRowMajor, TA, TB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        cblas_sgemm(CblasRowMajor, g.TA, g.TB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-#pragma omp parallel num_threads(team)
-    {
-        int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        /* blocks in multiples of 16 rows/columns (the kernels' tile) */
-        int step = (along / nt + 15) & ~15;
-        int lo = t * step, hi = t == nt - 1 ? along : (t + 1) * step;
-        if (hi > along)
-            hi = along;
-        if (lo < hi) {
-            if (by_rows) {
-                const float *Ab = ta ? A + lo : A + (size_t)lo * lda;
-                cblas_sgemm(CblasRowMajor, TA, TB, hi - lo, N, K, alpha, Ab, lda, B, ldb, beta,
-                            C + (size_t)lo * ldc, ldc);
-            } else {
-                const float *Bb = tb ? B + (size_t)lo * ldb : B + lo;
-                cblas_sgemm(CblasRowMajor, TA, TB, M, hi - lo, K, alpha, A, lda, Bb, ldb, beta,
-                            C + lo, ldc);
-            }
-        }
-    }
+    nd_parallel_region(team, gemm_block, &g);
+}
+
+/* Set where BLAS runs on one thread (no OpenMP: our pool's threads call
+ * it one block each). Then a GEMV is split over our threads too. */
+static int blas_single_threaded;
+
+/* C[lo, hi) of a one-row product: the GEMV of that block of B's columns */
+static void gemv_columns(void *p, long lo, long hi, int tid)
+{
+    (void)tid;
+    const gemm_args *g = p;
+    int n = (int)(hi - lo);
+    if (g->tb)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, g->K, g->alpha, g->B + (size_t)lo * g->ldb,
+                    g->ldb, g->A, 1, g->beta, g->C + lo, 1);
+    else
+        cblas_sgemv(CblasRowMajor, CblasTrans, g->K, n, g->alpha, g->B + lo, g->ldb, g->A, 1,
+                    g->beta, g->C + lo, 1);
 }
 
 static void cpu_matmul(const nd_backend *be, int ta, int tb, int M, int N, int K, float alpha,
@@ -85,45 +127,110 @@ static void cpu_matmul(const nd_backend *be, int ta, int tb, int M, int N, int K
         if (beta == 0.0f)
             for (int j = 0; j < N; j++)
                 C[j] = 0.0f;
-        cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, tb ? N : K, tb ? K : N, alpha, B,
-                    ldb, A, 1, beta, C, 1);
+        if (blas_single_threaded) {
+            gemm_args g = {
+                .tb = tb, .K = K, .ldb = ldb, .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C};
+            nd_parallel_for(N, 256, gemv_columns, &g);
+        } else {
+            cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, tb ? N : K, tb ? K : N,
+                        alpha, B, ldb, A, 1, beta, C, 1);
+        }
         return;
     }
     gemm_split(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-static void cpu_rmsnorm(const nd_backend *be, float *y, float *rstd, const float *x,
-                        const float *scale, long rows, int dim)
+/* Each kernel below is a row body (ctx, rows [r0, r1), tid) run by
+ * nd_parallel_for over the rows, and a wrapper that packs its arguments. */
+
+typedef struct {
+    float *y, *rstd;
+    const float *x, *scale;
+    int dim;
+} rmsnorm_args;
+
+static void rmsnorm_rows(void *p, long r0, long r1, int tid)
 {
-    (void)be;
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < rows; r++) {
-        const float *xr = x + r * dim;
-        float *yr = y + r * dim;
+    (void)tid;
+    const rmsnorm_args *a = p;
+    int dim = a->dim;
+    for (long r = r0; r < r1; r++) {
+        const float *xr = a->x + r * dim;
+        float *yr = a->y + r * dim;
         float rs = 1.0f / sqrtf(san_dot(xr, xr, dim) / (float)dim + 1e-6f);
-        if (rstd)
-            rstd[r] = rs;
-        if (scale)
+        if (a->rstd)
+            a->rstd[r] = rs;
+        if (a->scale)
             for (int i = 0; i < dim; i++)
-                yr[i] = (1.0f + scale[i]) * (xr[i] * rs);
+                yr[i] = (1.0f + a->scale[i]) * (xr[i] * rs);
         else
             for (int i = 0; i < dim; i++)
                 yr[i] = xr[i] * rs;
     }
 }
 
+static void cpu_rmsnorm(const nd_backend *be, float *y, float *rstd, const float *x,
+                        const float *scale, long rows, int dim)
+{
+    (void)be;
+    rmsnorm_args a = {y, rstd, x, scale, dim};
+    nd_parallel_for(rows, 1, rmsnorm_rows, &a);
+}
+
+typedef struct {
+    float *x0;
+    const float *emb;
+    const int32_t *tok;
+    int d;
+    float scale;
+} embed_args;
+
+static void embed_rows(void *p, long t0, long t1, int tid)
+{
+    (void)tid;
+    const embed_args *a = p;
+    int d = a->d;
+    for (long t = t0; t < t1; t++)
+        for (int i = 0; i < d; i++)
+            a->x0[t * d + i] = a->emb[(size_t)a->tok[t] * d + i] * a->scale;
+}
+
 static void cpu_embed(const nd_backend *be, float *x0, const float *emb, const int32_t *tok, long N,
                       int d, float scale)
 {
     (void)be;
-#pragma omp parallel for schedule(static)
-    for (long t = 0; t < N; t++)
-        for (int i = 0; i < d; i++)
-            x0[t * d + i] = emb[(size_t)tok[t] * d + i] * scale;
+    embed_args a = {x0, emb, tok, d, scale};
+    nd_parallel_for(N, 1, embed_rows, &a);
 }
 
 /* the n-gram hash reads at most this many tokens */
 #define SAN_MAX_ORDER 8
+
+typedef struct {
+    int32_t *idx;
+    const int32_t *tok;
+    const nd_layout *L;
+    const int *orders;
+    int heads, slots, K, omax;
+} engram_hash_args;
+
+static void engram_hash_rows(void *p, long r0, long r1, int tid)
+{
+    (void)tid;
+    const engram_hash_args *a = p;
+    int K = a->K, omax = a->omax, heads = a->heads;
+    for (long r = r0; r < r1; r++) {
+        uint32_t hist[SAN_MAX_ORDER];
+        for (int j = 0; j < omax; j++) {
+            long b = nd_layout_back(a->L, r, j);
+            hist[j] = b >= 0 ? (uint32_t)a->tok[b] : 0u;
+        }
+        for (int k = 0; k < K; k++) {
+            int o = a->orders[k / heads] < omax ? a->orders[k / heads] : omax;
+            a->idx[r * K + k] = (int32_t)san_engram_index_hist(hist, o, k, a->slots);
+        }
+    }
+}
 
 static void cpu_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *tok,
                             const nd_layout *L, const int *orders, int n_orders, int heads,
@@ -134,16 +241,34 @@ static void cpu_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *t
     for (int o = 0; o < n_orders; o++)
         omax = orders[o] > omax ? orders[o] : omax;
     omax = omax < SAN_MAX_ORDER ? omax : SAN_MAX_ORDER;
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < L->N; r++) {
-        uint32_t hist[SAN_MAX_ORDER];
-        for (int j = 0; j < omax; j++) {
-            long b = nd_layout_back(L, r, j);
-            hist[j] = b >= 0 ? (uint32_t)tok[b] : 0u;
-        }
+    engram_hash_args a = {idx, tok, L, orders, heads, slots, K, omax};
+    nd_parallel_for(L->N, 1, engram_hash_rows, &a);
+}
+
+typedef struct {
+    float *e;
+    const float *tables;
+    const int32_t *idx;
+    const nd_layout *L;
+    const int *orders;
+    int heads, slots, sub, K;
+} engram_gather_args;
+
+static void engram_gather_rows(void *p, long r0, long r1, int tid)
+{
+    (void)tid;
+    const engram_gather_args *a = p;
+    int K = a->K, sub = a->sub;
+    for (long r = r0; r < r1; r++) {
+        int t = a->L->pos[r];
         for (int k = 0; k < K; k++) {
-            int o = orders[k / heads] < omax ? orders[k / heads] : omax;
-            idx[r * K + k] = (int32_t)san_engram_index_hist(hist, o, k, slots);
+            float *dst = a->e + (r * K + k) * sub;
+            if (t < a->orders[k / a->heads] - 1) {
+                memset(dst, 0, (size_t)sub * sizeof *dst);
+                continue;
+            }
+            memcpy(dst, a->tables + ((size_t)k * a->slots + (size_t)a->idx[r * K + k]) * sub,
+                   (size_t)sub * sizeof *dst);
         }
     }
 }
@@ -153,18 +278,34 @@ static void cpu_engram_gather(const nd_backend *be, float *e, const float *table
                               int n_orders, int heads, int slots, int sub)
 {
     (void)be;
-    int K = n_orders * heads;
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < L->N; r++) {
-        int t = L->pos[r];
-        for (int k = 0; k < K; k++) {
-            float *dst = e + (r * K + k) * sub;
-            if (t < orders[k / heads] - 1) {
-                memset(dst, 0, (size_t)sub * sizeof *dst);
-                continue;
-            }
-            memcpy(dst, tables + ((size_t)k * slots + (size_t)idx[r * K + k]) * sub,
-                   (size_t)sub * sizeof *dst);
+    engram_gather_args a = {e, tables, idx, L, orders, heads, slots, sub, n_orders * heads};
+    nd_parallel_for(L->N, 1, engram_gather_rows, &a);
+}
+
+typedef struct {
+    float *v;
+    const float *vp, *taps;
+    const nd_layout *L;
+    int d, dil;
+} engram_taps_args;
+
+static void engram_taps_rows(void *p, long r0, long r1, int tid)
+{
+    (void)tid;
+    const engram_taps_args *a = p;
+    int d = a->d;
+    for (long r = r0; r < r1; r++) {
+        float *vr = a->v + r * d;
+        for (int i = 0; i < d; i++)
+            vr[i] = 0.0f;
+        for (int j = 0; j < 4; j++) {
+            long b = nd_layout_back(a->L, r, j * a->dil);
+            if (b < 0)
+                break;
+            const float *src = a->vp + b * d;
+            const float *tj = a->taps + j * d;
+            for (int i = 0; i < d; i++)
+                vr[i] += tj[i] * src[i];
         }
     }
 }
@@ -173,20 +314,35 @@ static void cpu_engram_taps(const nd_backend *be, float *v, const float *vp, con
                             const nd_layout *L, int d, int dil)
 {
     (void)be;
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < L->N; r++) {
-        float *vr = v + r * d;
-        for (int i = 0; i < d; i++)
-            vr[i] = 0.0f;
-        for (int j = 0; j < 4; j++) {
-            long b = nd_layout_back(L, r, j * dil);
-            if (b < 0)
-                break;
-            const float *src = vp + b * d;
-            const float *tj = taps + j * d;
+    engram_taps_args a = {v, vp, taps, L, d, dil};
+    nd_parallel_for(L->N, 1, engram_taps_rows, &a);
+}
+
+typedef struct {
+    float *bx, *alpha;
+    const float *u, *k, *v;
+    int d, accumulate;
+    float inv_sqrt_d;
+} engram_gate_args;
+
+static void engram_gate_rows(void *p, long r0, long r1, int tid)
+{
+    (void)tid;
+    const engram_gate_args *a = p;
+    int d = a->d;
+    float *bx = a->bx;
+    for (long r = r0; r < r1; r++) {
+        const float *ur = a->u + r * d, *kr = a->k + r * d, *vr = a->v + r * d;
+        float uu = san_dot(ur, ur, d), kk = san_dot(kr, kr, d), uk = san_dot(ur, kr, d);
+        float ru = 1.0f / sqrtf(uu / (float)d + 1e-6f), rk = 1.0f / sqrtf(kk / (float)d + 1e-6f);
+        float al = san_sigmoid(uk * ru * rk * a->inv_sqrt_d);
+        a->alpha[r] = al;
+        if (a->accumulate)
             for (int i = 0; i < d; i++)
-                vr[i] += tj[i] * src[i];
-        }
+                bx[r * d + i] += al * vr[i];
+        else
+            for (int i = 0; i < d; i++)
+                bx[r * d + i] = ur[i] + al * vr[i];
     }
 }
 
@@ -194,21 +350,39 @@ static void cpu_engram_gate(const nd_backend *be, float *bx, float *alpha, const
                             const float *k, const float *v, long N, int d, int accumulate)
 {
     (void)be;
-    float inv_sqrt_d = 1.0f / sqrtf((float)d);
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < N; r++) {
-        const float *ur = u + r * d, *kr = k + r * d, *vr = v + r * d;
-        float uu = san_dot(ur, ur, d), kk = san_dot(kr, kr, d), uk = san_dot(ur, kr, d);
-        float ru = 1.0f / sqrtf(uu / (float)d + 1e-6f), rk = 1.0f / sqrtf(kk / (float)d + 1e-6f);
-        float a = san_sigmoid(uk * ru * rk * inv_sqrt_d);
-        alpha[r] = a;
-        if (accumulate)
-            for (int i = 0; i < d; i++)
-                bx[r * d + i] += a * vr[i];
-        else
-            for (int i = 0; i < d; i++)
-                bx[r * d + i] = ur[i] + a * vr[i];
+    engram_gate_args a = {bx, alpha, u, k, v, d, accumulate, 1.0f / sqrtf((float)d)};
+    nd_parallel_for(N, 1, engram_gate_rows, &a);
+}
+
+typedef struct {
+    float *hpre, *hpost, *M;
+    const float *pre, *post, *res, *b_pre, *b_post, *b_res;
+    float a_pre, a_post, a_res;
+    int lane, n;
+    long N;
+} hyper_args;
+
+/* a contiguous share of rows per thread, so Sinkhorn runs on whole vector
+ * groups of consecutive matrices */
+static void hyper_rows(void *p, long r0, long r1, int tid)
+{
+    (void)tid;
+    const hyper_args *a = p;
+    int n = a->n;
+    long nn = (long)n * n;
+    for (long r = r0; r < r1; r++) {
+        for (int i = 0; i < n; i++) {
+            float on = i == a->lane ? 1.0f : 0.0f;
+            a->hpre[r * n + i] =
+                san_sigmoid(a->a_pre * a->pre[r * n + i] + a->b_pre[i] + 8.0f * on - 4.0f);
+            a->hpost[r * n + i] = 2.0f * san_sigmoid(a->a_post * a->post[r * n + i] + a->b_post[i] -
+                                                     4.0f * (1.0f - on));
+        }
+        float *Mr = a->M + r * nn;
+        for (long i = 0; i < nn; i++)
+            Mr[i] = a->a_res * a->res[r * nn + i] + a->b_res[i];
     }
+    san_sinkhorn_rows(a->M + r0 * nn, r1 - r0, n, SAN_SINKHORN_ROUNDS);
 }
 
 static void cpu_hyper_coeffs(const nd_backend *be, float *hpre, float *hpost, float *M,
@@ -217,26 +391,32 @@ static void cpu_hyper_coeffs(const nd_backend *be, float *hpre, float *hpost, fl
                              const float *b_res, int lane, long N, int n)
 {
     (void)be;
-    long nn = (long)n * n;
-#pragma omp parallel
-    {
-        /* a contiguous share of rows per thread, so Sinkhorn runs on whole
-         * vector groups of consecutive matrices */
-        long r0, r1;
-        cpu_thread_share(N, &r0, &r1);
-        for (long r = r0; r < r1; r++) {
-            for (int i = 0; i < n; i++) {
-                float on = i == lane ? 1.0f : 0.0f;
-                hpre[r * n + i] = san_sigmoid(a_pre * pre[r * n + i] + b_pre[i] + 8.0f * on - 4.0f);
-                hpost[r * n + i] =
-                    2.0f * san_sigmoid(a_post * post[r * n + i] + b_post[i] - 4.0f * (1.0f - on));
-            }
-            float *Mr = M + r * nn;
-            for (long i = 0; i < nn; i++)
-                Mr[i] = a_res * res[r * nn + i] + b_res[i];
+    hyper_args a = {hpre,  hpost, M,      pre,   post, res, b_pre, b_post,
+                    b_res, a_pre, a_post, a_res, lane, n,   N};
+    nd_parallel_for(N, 1, hyper_rows, &a);
+}
+
+typedef struct {
+    float *u, *y, *X;
+    const float *hpre, *hpost, *M, *x0;
+    int n, d;
+} lanes_args;
+
+static void lanes_combine_rows(void *p, long r0, long r1, int tid)
+{
+    (void)tid;
+    const lanes_args *a = p;
+    int n = a->n, d = a->d;
+    for (long r = r0; r < r1; r++) {
+        float *ur = a->u + r * d;
+        const float *Xr = a->X + r * n * d;
+        for (int c = 0; c < d; c++)
+            ur[c] = 0.0f;
+        for (int i = 0; i < n; i++) {
+            float h = a->hpre[r * n + i];
+            for (int c = 0; c < d; c++)
+                ur[c] += h * Xr[i * d + c];
         }
-        if (r1 > r0)
-            san_sinkhorn_rows(M + r0 * nn, r1 - r0, n, SAN_SINKHORN_ROUNDS);
     }
 }
 
@@ -244,31 +424,22 @@ static void cpu_lanes_combine(const nd_backend *be, float *u, const float *hpre,
                               long N, int n, int d)
 {
     (void)be;
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < N; r++) {
-        float *ur = u + r * d;
-        const float *Xr = X + r * n * d;
-        for (int c = 0; c < d; c++)
-            ur[c] = 0.0f;
-        for (int i = 0; i < n; i++) {
-            float h = hpre[r * n + i];
-            for (int c = 0; c < d; c++)
-                ur[c] += h * Xr[i * d + c];
-        }
-    }
+    lanes_args a = {.u = u, .hpre = hpre, .X = (float *)X, .n = n, .d = d};
+    nd_parallel_for(N, 1, lanes_combine_rows, &a);
 }
 
-static void cpu_lanes_update(const nd_backend *be, float *Xo, const float *M, const float *X,
-                             const float *hpost, const float *y, long N, int n, int d)
+/* Xo (in a->u) = hpost y + M X per row */
+static void lanes_update_rows(void *p, long r0, long r1, int tid)
 {
-    (void)be;
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < N; r++) {
-        const float *Xr = X + r * n * d, *Mr = M + r * n * n, *yr = y + r * d;
-        float *Or = Xo + r * n * d;
+    (void)tid;
+    const lanes_args *a = p;
+    int n = a->n, d = a->d;
+    for (long r = r0; r < r1; r++) {
+        const float *Xr = a->X + r * n * d, *Mr = a->M + r * n * n, *yr = a->y + r * d;
+        float *Or = a->u + r * n * d;
         for (int i = 0; i < n; i++) {
             float *o = Or + i * d;
-            float hp = hpost[r * n + i];
+            float hp = a->hpost[r * n + i];
             for (int c = 0; c < d; c++)
                 o[c] = hp * yr[c];
             for (int j = 0; j < n; j++) {
@@ -280,25 +451,44 @@ static void cpu_lanes_update(const nd_backend *be, float *Xo, const float *M, co
     }
 }
 
+static void cpu_lanes_update(const nd_backend *be, float *Xo, const float *M, const float *X,
+                             const float *hpost, const float *y, long N, int n, int d)
+{
+    (void)be;
+    lanes_args a = {
+        .u = Xo, .y = (float *)y, .X = (float *)X, .hpost = hpost, .M = M, .n = n, .d = d};
+    nd_parallel_for(N, 1, lanes_update_rows, &a);
+}
+
+static void lanes_broadcast_rows(void *p, long r0, long r1, int tid)
+{
+    (void)tid;
+    const lanes_args *a = p;
+    int n = a->n, d = a->d;
+    for (long r = r0; r < r1; r++)
+        for (int i = 0; i < n; i++)
+            memcpy(a->X + (r * n + i) * d, a->x0 + r * d, (size_t)d * sizeof *a->X);
+}
+
 static void cpu_lanes_broadcast(const nd_backend *be, float *X, const float *x0, long N, int n,
                                 int d)
 {
     (void)be;
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < N; r++)
-        for (int i = 0; i < n; i++)
-            memcpy(X + (r * n + i) * d, x0 + r * d, (size_t)d * sizeof *X);
+    lanes_args a = {.X = X, .x0 = x0, .n = n, .d = d};
+    nd_parallel_for(N, 1, lanes_broadcast_rows, &a);
 }
 
-static void cpu_lanes_mean(const nd_backend *be, float *xm, const float *X, long N, int n, int d)
+/* mean of the lanes of X into a->u */
+static void lanes_mean_rows(void *p, long r0, long r1, int tid)
 {
-    (void)be;
+    (void)tid;
+    const lanes_args *a = p;
+    int n = a->n, d = a->d;
     float inv = 1.0f / (float)n;
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < N; r++) {
+    for (long r = r0; r < r1; r++) {
         /* lane by lane over whole rows (contiguous, vectorises) */
-        float *o = xm + r * d;
-        const float *Xr = X + r * n * d;
+        float *o = a->u + r * d;
+        const float *Xr = a->X + r * n * d;
         for (int c = 0; c < d; c++)
             o[c] = Xr[c];
         for (int i = 1; i < n; i++)
@@ -309,17 +499,30 @@ static void cpu_lanes_mean(const nd_backend *be, float *xm, const float *X, long
     }
 }
 
-static void cpu_rope(const nd_backend *be, float *x, const float *cos_t, const float *sin_t,
-                     const nd_layout *L, int heads, int hd)
+static void cpu_lanes_mean(const nd_backend *be, float *xm, const float *X, long N, int n, int d)
 {
     (void)be;
-    int half = hd / 2;
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < L->N; r++) {
-        int t = L->pos[r];
-        const float *c = cos_t + (size_t)t * half, *s = sin_t + (size_t)t * half;
-        for (int h = 0; h < heads; h++) {
-            float *v = x + (r * heads + h) * hd;
+    lanes_args a = {.u = xm, .X = (float *)X, .n = n, .d = d};
+    nd_parallel_for(N, 1, lanes_mean_rows, &a);
+}
+
+typedef struct {
+    float *x;
+    const float *cos_t, *sin_t;
+    const nd_layout *L;
+    int heads, hd;
+} rope_args;
+
+static void rope_rows(void *p, long r0, long r1, int tid)
+{
+    (void)tid;
+    const rope_args *a = p;
+    int half = a->hd / 2;
+    for (long r = r0; r < r1; r++) {
+        int t = a->L->pos[r];
+        const float *c = a->cos_t + (size_t)t * half, *s = a->sin_t + (size_t)t * half;
+        for (int h = 0; h < a->heads; h++) {
+            float *v = a->x + (r * a->heads + h) * a->hd;
             for (int i = 0; i < half; i++) {
                 float x1 = v[i], x2 = v[i + half];
                 v[i] = x1 * c[i] - x2 * s[i];
@@ -329,23 +532,98 @@ static void cpu_rope(const nd_backend *be, float *x, const float *cos_t, const f
     }
 }
 
+static void cpu_rope(const nd_backend *be, float *x, const float *cos_t, const float *sin_t,
+                     const nd_layout *L, int heads, int hd)
+{
+    (void)be;
+    rope_args a = {x, cos_t, sin_t, L, heads, hd};
+    nd_parallel_for(L->N, 1, rope_rows, &a);
+}
+
+typedef struct {
+    float *o;
+    const float *x, *r;
+    float s;
+} elementwise_args;
+
+static void gate_sigmoid_range(void *p, long i0, long i1, int tid)
+{
+    (void)tid;
+    const elementwise_args *a = p;
+    for (long i = i0; i < i1; i++)
+        a->o[i] = a->x[i] * san_sigmoid(a->r[i]);
+}
+
 static void cpu_gate_sigmoid(const nd_backend *be, float *o, const float *att, const float *g,
                              long n)
 {
     (void)be;
-#pragma omp parallel for schedule(static)
-    for (long i = 0; i < n; i++)
-        o[i] = att[i] * san_sigmoid(g[i]);
+    elementwise_args a = {o, att, g, 0.0f};
+    nd_parallel_for(n, 1, gate_sigmoid_range, &a);
+}
+
+static void residual_scaled_range(void *p, long i0, long i1, int tid)
+{
+    (void)tid;
+    const elementwise_args *a = p;
+    for (long i = i0; i < i1; i++)
+        a->o[i] = a->x[i] + a->s * a->r[i];
 }
 
 static void cpu_residual_scaled(const nd_backend *be, float *y, const float *x, const float *r,
                                 float gate, long n)
 {
     (void)be;
-    float s = san_sigmoid(gate);
-#pragma omp parallel for schedule(static)
-    for (long i = 0; i < n; i++)
-        y[i] = x[i] + s * r[i];
+    elementwise_args a = {y, x, r, san_sigmoid(gate)};
+    nd_parallel_for(n, 1, residual_scaled_range, &a);
+}
+
+typedef struct {
+    float *y, *h1;
+    const float *x, *z, *u, *d1, *d2, *d3;
+    int d, hn;
+    float scale;
+} hadamard_args;
+
+static void hadamard_rows(void *p, long r0, long r1, int tid)
+{
+    (void)tid;
+    const hadamard_args *a = p;
+    int d = a->d, hn = a->hn;
+    /* SK_W consecutive rows at a time in SoA form, so every transform
+     * stage is full-width vector work (see san_fwht_soa) */
+    float *H = cpu_xalloc((size_t)2 * hn * SK_W * sizeof *H), *S = H + (size_t)hn * SK_W;
+    for (long g0 = r0; g0 < r1; g0 += SK_W) {
+        int w = r1 - g0 < SK_W ? (int)(r1 - g0) : SK_W;
+        memset(H, 0, (size_t)hn * SK_W * sizeof *H); /* pad rows d..hn, idle lanes */
+        for (int k = 0; k < w; k++) {
+            const float *zr = a->z + (g0 + k) * d;
+            for (int i = 0; i < d; i++)
+                H[(size_t)i * SK_W + k] = a->d1[i] * zr[i];
+        }
+        san_fwht_soa(H, hn, a->scale);
+        for (int k = 0; k < w; k++) {
+            float *h = a->h1 + (g0 + k) * hn;
+            for (int i = 0; i < hn; i++)
+                h[i] = H[(size_t)i * SK_W + k];
+        }
+        for (int i = 0; i < hn; i++)
+            for (int k = 0; k < SK_W; k++)
+                S[(size_t)i * SK_W + k] = san_silu(a->d2[i] * H[(size_t)i * SK_W + k]);
+        san_fwht_soa(S, hn, a->scale);
+        for (int k = 0; k < w; k++) {
+            long r = g0 + k;
+            const float *xr = a->x + r * d;
+            float *yr = a->y + r * d;
+            if (a->u)
+                for (int i = 0; i < d; i++)
+                    yr[i] = (xr[i] + a->d3[i] * S[(size_t)i * SK_W + k]) - a->u[r * d + i];
+            else
+                for (int i = 0; i < d; i++)
+                    yr[i] = xr[i] + a->d3[i] * S[(size_t)i * SK_W + k];
+        }
+    }
+    free(H);
 }
 
 static void cpu_hadamard_mlp(const nd_backend *be, float *y, float *h1, const float *x,
@@ -353,45 +631,31 @@ static void cpu_hadamard_mlp(const nd_backend *be, float *y, float *h1, const fl
                              const float *d3, long N, int d, int hn)
 {
     (void)be;
-    float scale = san_walsh_scale(hn);
-#pragma omp parallel
-    {
-        /* SK_W consecutive rows at a time in SoA form, so every transform
-         * stage is full-width vector work (see san_fwht_soa) */
-        long r0, r1;
-        cpu_thread_share(N, &r0, &r1);
-        float *H = cpu_xalloc((size_t)2 * hn * SK_W * sizeof *H), *S = H + (size_t)hn * SK_W;
-        for (long g0 = r0; g0 < r1; g0 += SK_W) {
-            int w = r1 - g0 < SK_W ? (int)(r1 - g0) : SK_W;
-            memset(H, 0, (size_t)hn * SK_W * sizeof *H); /* pad rows d..hn, idle lanes */
-            for (int k = 0; k < w; k++) {
-                const float *zr = z + (g0 + k) * d;
-                for (int i = 0; i < d; i++)
-                    H[(size_t)i * SK_W + k] = d1[i] * zr[i];
-            }
-            san_fwht_soa(H, hn, scale);
-            for (int k = 0; k < w; k++) {
-                float *h = h1 + (g0 + k) * hn;
-                for (int i = 0; i < hn; i++)
-                    h[i] = H[(size_t)i * SK_W + k];
-            }
-            for (int i = 0; i < hn; i++)
-                for (int k = 0; k < SK_W; k++)
-                    S[(size_t)i * SK_W + k] = san_silu(d2[i] * H[(size_t)i * SK_W + k]);
-            san_fwht_soa(S, hn, scale);
-            for (int k = 0; k < w; k++) {
-                long r = g0 + k;
-                const float *xr = x + r * d;
-                float *yr = y + r * d;
-                if (u)
-                    for (int i = 0; i < d; i++)
-                        yr[i] = (xr[i] + d3[i] * S[(size_t)i * SK_W + k]) - u[r * d + i];
-                else
-                    for (int i = 0; i < d; i++)
-                        yr[i] = xr[i] + d3[i] * S[(size_t)i * SK_W + k];
-            }
-        }
-        free(H);
+    hadamard_args a = {y, h1, x, z, u, d1, d2, d3, d, hn, san_walsh_scale(hn)};
+    nd_parallel_for(N, 1, hadamard_rows, &a);
+}
+
+typedef struct {
+    float *loss;
+    const float *logits;
+    const int32_t *target;
+    int V;
+} cross_entropy_args;
+
+static void cross_entropy_rows(void *p, long r0, long r1, int tid)
+{
+    (void)tid;
+    const cross_entropy_args *a = p;
+    int V = a->V;
+    for (long r = r0; r < r1; r++) {
+        const float *l = a->logits + r * (long)V;
+        float mx = l[0];
+        for (int i = 1; i < V; i++)
+            mx = l[i] > mx ? l[i] : mx;
+        double s = 0;
+        for (int i = 0; i < V; i++)
+            s += exp((double)(l[i] - mx));
+        a->loss[r] = (float)((double)mx + log(s) - (double)l[a->target[r]]);
     }
 }
 
@@ -399,17 +663,22 @@ static void cpu_cross_entropy(const nd_backend *be, float *loss, const float *lo
                               const int32_t *target, long N, int V)
 {
     (void)be;
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < N; r++) {
-        const float *l = logits + r * (long)V;
-        float mx = l[0];
-        for (int i = 1; i < V; i++)
-            mx = l[i] > mx ? l[i] : mx;
-        double s = 0;
-        for (int i = 0; i < V; i++)
-            s += exp((double)(l[i] - mx));
-        loss[r] = (float)((double)mx + log(s) - (double)l[target[r]]);
-    }
+    cross_entropy_args a = {loss, logits, target, V};
+    nd_parallel_for(N, 1, cross_entropy_rows, &a);
+}
+
+typedef struct {
+    float *dst;
+    const float *src;
+    int dst_ld, src_ld, cols;
+} copy2d_args;
+
+static void copy2d_rows(void *p, long r0, long r1, int tid)
+{
+    (void)tid;
+    const copy2d_args *a = p;
+    for (long r = r0; r < r1; r++)
+        memcpy(a->dst + r * a->dst_ld, a->src + r * a->src_ld, sizeof(float) * (size_t)a->cols);
 }
 
 static void cpu_copy2d(const nd_backend *be, float *dst, int dst_ld, const float *src, int src_ld,
@@ -420,9 +689,9 @@ static void cpu_copy2d(const nd_backend *be, float *dst, int dst_ld, const float
         memcpy(dst, src, sizeof(float) * (size_t)rows * cols);
         return;
     }
-#pragma omp parallel for schedule(static) if (rows * cols > 65536)
-    for (long r = 0; r < rows; r++)
-        memcpy(dst + r * dst_ld, src + r * src_ld, sizeof(float) * (size_t)cols);
+    copy2d_args a = {dst, src, dst_ld, src_ld, cols};
+    /* shared only above 64K floats: a smaller copy is cheaper than a fork */
+    nd_parallel_for(rows, rows * cols > 65536 ? 1 : rows, copy2d_rows, &a);
 }
 
 static nd_backend cpu_backend = {
@@ -472,9 +741,26 @@ static nd_backend cpu_backend = {
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 static char cpu_detail[64];
 
+#ifndef _OPENMP
+/* The OpenMP build of OpenBLAS sizes its threading by the calling thread's
+ * OpenMP setting, which each new thread (our pool's workers) starts at all
+ * cores: every thread that runs our kernels sets it to one. */
+static void blas_one_thread(void)
+{
+    nd_blas_set_threads(1);
+}
+#endif
+
 static void cpu_backend_init(void)
 {
-    cpu_backend.threads = omp_get_max_threads();
+    cpu_backend.threads = nd_get_threads();
+#ifndef _OPENMP
+    /* our pool's threads call BLAS one block each (gemm_split, attention):
+     * a BLAS with threads of its own would fork again inside every one */
+    nd_blas_set_threads(1);
+    nd_parallel_setup(blas_one_thread);
+    blas_single_threaded = 1;
+#endif
     nd_blas_describe(cpu_detail, sizeof cpu_detail);
     cpu_backend.detail = cpu_detail;
 }
@@ -486,8 +772,10 @@ const nd_backend *nd_backend_cpu(int threads)
      * process-wide settings (the CLI's --threads), before any worker. */
     pthread_once(&cpu_once, cpu_backend_init);
     if (threads > 0) {
-        omp_set_num_threads(threads);
+        nd_set_threads(threads);
+#ifdef _OPENMP
         nd_blas_set_threads(threads);
+#endif
         cpu_backend.threads = threads;
     }
     return &cpu_backend;

@@ -8,7 +8,6 @@
 #include "backend/cpu/blas.h"
 #include <float.h>
 #include <math.h>
-#include "core/omp_compat.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,18 +34,17 @@ typedef struct {
 static partials partials_new(int len)
 {
     partials p;
-    p.nt = omp_get_max_threads();
+    p.nt = nd_get_threads();
     p.len = len;
     p.buf = cpu_xalloc((size_t)p.nt * (size_t)len * sizeof(double));
     return p;
 }
 
-/* This thread's slice and its contiguous share of `rows` (static split, so
+/* Thread t's slice and its contiguous share of `rows` (static split, so
  * the row -> slice mapping depends only on the team size). */
-static double *partials_mine(const partials *p, long rows, long *r0, long *r1)
+static double *partials_mine(const partials *p, long rows, int t, int team, long *r0, long *r1)
 {
-    int t = omp_get_thread_num(), team = omp_get_num_threads();
-    if (team > p->nt) /* cannot happen with num_threads(p->nt); be safe */
+    if (team > p->nt) /* cannot happen with a team of p->nt; be safe */
         team = p->nt;
     *r0 = t < team ? rows * t / team : rows;
     *r1 = t < team ? rows * (t + 1) / team : rows;
@@ -75,57 +73,24 @@ static void partials_free(partials *p)
  * line): each chunk is owned by one thread and walks the rows in order. */
 #define COLCHUNK 16
 
-/* Dot products keep DOT_LANES independent partial sums. Without
- * -ffast-math the compiler may not reorder a float accumulator, and a single
- * 8-wide chain is bound by the add latency (one vector per ~3 cycles); 32
- * lanes are two zmm (four ymm) chains kept in registers, which is as fast as
- * the loads allow here (64 measured no faster). The lanes are then added
- * pairwise in a fixed order, so the result depends only on the inputs, not
- * on the thread count or alignment. */
-#define DOT_LANES 32
-
-/* Sum of w (a power of two) partial sums, pairwise by halving, in place */
-static inline float lanes_sum(float *a, int w)
-{
-    for (w /= 2; w > 0; w /= 2)
-        for (int j = 0; j < w; j++)
-            a[j] += a[j + w];
-    return a[0];
-}
-
-static inline float fdot(const float *a, const float *b, int n)
-{
-    float acc[DOT_LANES] = {0};
-    int i = 0;
-    for (; i + DOT_LANES <= n; i += DOT_LANES)
-        for (int j = 0; j < DOT_LANES; j++)
-            acc[j] += a[i + j] * b[i + j];
-    for (int j = 0; i < n; i++, j++)
-        acc[j] += a[i] * b[i];
-    return lanes_sum(acc, DOT_LANES);
-}
-
-/* sum_i a_i * (1 + w_i) * b_i, same scheme */
-static inline float fdotw(const float *a, const float *w, const float *b, int n)
-{
-    float acc[DOT_LANES] = {0};
-    int i = 0;
-    for (; i + DOT_LANES <= n; i += DOT_LANES)
-        for (int j = 0; j < DOT_LANES; j++)
-            acc[j] += a[i + j] * (1.0f + w[i + j]) * b[i + j];
-    for (int j = 0; i < n; i++, j++)
-        acc[j] += a[i] * (1.0f + w[i]) * b[i];
-    return lanes_sum(acc, DOT_LANES);
-}
-
 /* ---- loss, norms, embeddings ---- */
 
-void cpu_cross_entropy_backward(const nd_backend *be, float *logits, const int32_t *target,
-                                const float *weight, long N, int V)
+typedef struct {
+    float *logits;
+    const int32_t *target;
+    const float *weight;
+    int V;
+} ce_bwd_args;
+
+static void ce_bwd_rows(void *p, long r0, long r1, int tid)
 {
-    (void)be;
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < N; r++) {
+    (void)tid;
+    const ce_bwd_args *a = p;
+    float *logits = a->logits;
+    const int32_t *target = a->target;
+    const float *weight = a->weight;
+    int V = a->V;
+    for (long r = r0; r < r1; r++) {
         float *l = logits + r * (long)V;
         float w = weight ? weight[r] : 1.0f;
         if (w == 0.0f) { /* masked rows (prompt, padding) cost nothing */
@@ -147,28 +112,37 @@ void cpu_cross_entropy_backward(const nd_backend *be, float *logits, const int32
     }
 }
 
-void cpu_rmsnorm_backward(const nd_backend *be, float *dx, float *dscale, const float *dy,
-                          const float *x, const float *rstd, const float *scale, long rows, int dim,
-                          int accumulate)
+void cpu_cross_entropy_backward(const nd_backend *be, float *logits, const int32_t *target,
+                                const float *weight, long N, int V)
 {
     (void)be;
-    if (rows <= 0)
-        return;
-    partials P = {0};
-    if (dscale)
-        P = partials_new(dim);
-    int nt = dscale ? P.nt : omp_get_max_threads();
-    (void)nt; /* read only by the pragma: unused without OpenMP */
+    ce_bwd_args a = {logits, target, weight, V};
+    nd_parallel_for(N, 1, ce_bwd_rows, &a);
+}
+
+typedef struct {
+    float *dx, *dscale;
+    const float *dy, *x, *rstd, *scale;
+    long rows;
+    int dim, accumulate;
+    partials *P;
+} rmsnorm_bwd_args;
+
+static void rmsnorm_bwd_share(void *p, int tid, int team)
+{
+    const rmsnorm_bwd_args *a = p;
+    float *dx = a->dx;
+    const float *dy = a->dy, *x = a->x, *rstd = a->rstd, *scale = a->scale;
+    long rows = a->rows;
+    int dim = a->dim, accumulate = a->accumulate;
     float inv_dim = 1.0f / (float)dim;
-#pragma omp parallel num_threads(nt)
     {
         long r0, r1;
         double *ps = NULL;
-        if (dscale)
-            ps = partials_mine(&P, rows, &r0, &r1);
-        else {
-            cpu_thread_share(rows, &r0, &r1);
-        }
+        if (a->dscale)
+            ps = partials_mine(a->P, rows, tid, team, &r0, &r1);
+        else
+            nd_share(rows, tid, team, &r0, &r1);
         for (long r = r0; r < r1; r++) {
             const float *xr = x + r * dim, *gr = dy + r * dim;
             float *dr = dx + r * dim;
@@ -201,19 +175,45 @@ void cpu_rmsnorm_backward(const nd_backend *be, float *dx, float *dscale, const 
             }
         }
     }
+}
+
+void cpu_rmsnorm_backward(const nd_backend *be, float *dx, float *dscale, const float *dy,
+                          const float *x, const float *rstd, const float *scale, long rows, int dim,
+                          int accumulate)
+{
+    (void)be;
+    if (rows <= 0)
+        return;
+    partials P = {0};
+    if (dscale)
+        P = partials_new(dim);
+    rmsnorm_bwd_args a = {dx, dscale, dy, x, rstd, scale, rows, dim, accumulate, &P};
+    nd_parallel_region(dscale ? P.nt : 0, rmsnorm_bwd_share, &a);
     if (dscale) {
         partials_reduce(&P, dscale, 0, dim);
         partials_free(&P);
     }
 }
 
-void cpu_embed_backward(const nd_backend *be, float *demb, const float *dx0, const int32_t *tok,
-                        long N, int d, float scale)
+typedef struct {
+    float *demb;
+    const float *dx0;
+    const int32_t *tok;
+    long N;
+    int d;
+    float scale;
+} embed_bwd_args;
+
+static void embed_bwd_chunks(void *p, long ch0, long ch1, int tid)
 {
-    (void)be;
-    int nch = (d + COLCHUNK - 1) / COLCHUNK;
-#pragma omp parallel for schedule(static)
-    for (int ch = 0; ch < nch; ch++) {
+    (void)tid;
+    const embed_bwd_args *a = p;
+    float *demb = a->demb, scale = a->scale;
+    const float *dx0 = a->dx0;
+    const int32_t *tok = a->tok;
+    long N = a->N;
+    int d = a->d;
+    for (int ch = (int)ch0; ch < ch1; ch++) {
         int c0 = ch * COLCHUNK, c1 = c0 + COLCHUNK < d ? c0 + COLCHUNK : d;
         for (long t = 0; t < N; t++) {
             float *dst = demb + (size_t)tok[t] * d;
@@ -224,19 +224,38 @@ void cpu_embed_backward(const nd_backend *be, float *demb, const float *dx0, con
     }
 }
 
-/* ---- engram ---- */
-
-void cpu_engram_gather_backward(const nd_backend *be, float *dtables, const float *de,
-                                const int32_t *idx, const nd_layout *L, const int *orders,
-                                int n_orders, int heads, int slots, int sub)
+void cpu_embed_backward(const nd_backend *be, float *demb, const float *dx0, const int32_t *tok,
+                        long N, int d, float scale)
 {
     (void)be;
-    if (!dtables)
-        return;
-    int K = n_orders * heads, nch = (sub + COLCHUNK - 1) / COLCHUNK;
+    embed_bwd_args a = {demb, dx0, tok, N, d, scale};
+    nd_parallel_for((d + COLCHUNK - 1) / COLCHUNK, 1, embed_bwd_chunks, &a);
+}
+
+/* ---- engram ---- */
+
+typedef struct {
+    float *dtables;
+    const float *de;
+    const int32_t *idx;
+    const nd_layout *L;
+    const int *orders;
+    int heads, slots, sub, K, nch;
+} gather_bwd_args;
+
+/* tasks: (table k, column chunk) pairs */
+static void gather_bwd_tasks(void *p, long t0, long t1, int tid)
+{
+    (void)tid;
+    const gather_bwd_args *a = p;
+    float *dtables = a->dtables;
+    const float *de = a->de;
+    const int32_t *idx = a->idx;
+    const nd_layout *L = a->L;
+    const int *orders = a->orders;
+    int heads = a->heads, slots = a->slots, sub = a->sub, K = a->K, nch = a->nch;
     long N = L->N;
-#pragma omp parallel for schedule(static)
-    for (int task = 0; task < K * nch; task++) {
+    for (int task = (int)t0; task < t1; task++) {
         int k = task / nch, c0 = (task % nch) * COLCHUNK;
         int c1 = c0 + COLCHUNK < sub ? c0 + COLCHUNK : sub;
         int first = orders[k / heads] - 1; /* earlier positions were zero rows */
@@ -252,28 +271,41 @@ void cpu_engram_gather_backward(const nd_backend *be, float *dtables, const floa
     }
 }
 
-void cpu_engram_taps_backward(const nd_backend *be, float *dvp, float *dtaps, const float *dv,
-                              const float *vp, const float *taps, const nd_layout *L, int d,
-                              int dil)
+void cpu_engram_gather_backward(const nd_backend *be, float *dtables, const float *de,
+                                const int32_t *idx, const nd_layout *L, const int *orders,
+                                int n_orders, int heads, int slots, int sub)
 {
     (void)be;
-    long N = L->N;
-    if (N <= 0)
+    if (!dtables)
         return;
-    partials P = {0};
-    if (dtaps)
-        P = partials_new(4 * d);
-    int nt = dtaps ? P.nt : omp_get_max_threads();
-    (void)nt; /* read only by the pragma: unused without OpenMP */
-#pragma omp parallel num_threads(nt)
+    int K = n_orders * heads, nch = (sub + COLCHUNK - 1) / COLCHUNK;
+    gather_bwd_args a = {dtables, de, idx, L, orders, heads, slots, sub, K, nch};
+    nd_parallel_for((long)K * nch, 1, gather_bwd_tasks, &a);
+}
+
+typedef struct {
+    float *dvp;
+    const float *dv, *vp, *taps;
+    const nd_layout *L;
+    int d, dil;
+    partials *P; /* NULL: no dtaps */
+} taps_bwd_args;
+
+static void taps_bwd_share(void *p, int tid, int team)
+{
+    const taps_bwd_args *a = p;
+    float *dvp = a->dvp;
+    const float *dv = a->dv, *vp = a->vp, *taps = a->taps;
+    const nd_layout *L = a->L;
+    int d = a->d, dil = a->dil;
+    long N = L->N;
     {
         long r0, r1;
         double *pt = NULL;
-        if (dtaps)
-            pt = partials_mine(&P, N, &r0, &r1);
-        else {
-            cpu_thread_share(N, &r0, &r1);
-        }
+        if (a->P)
+            pt = partials_mine(a->P, N, tid, team, &r0, &r1);
+        else
+            nd_share(N, tid, team, &r0, &r1);
         for (long r = r0; r < r1; r++) {
             const nd_segment *sg = &L->seg[L->row_seg[r]];
             long end = (long)sg->start + sg->len;
@@ -300,6 +332,21 @@ void cpu_engram_taps_backward(const nd_backend *be, float *dvp, float *dtaps, co
                 }
         }
     }
+}
+
+void cpu_engram_taps_backward(const nd_backend *be, float *dvp, float *dtaps, const float *dv,
+                              const float *vp, const float *taps, const nd_layout *L, int d,
+                              int dil)
+{
+    (void)be;
+    long N = L->N;
+    if (N <= 0)
+        return;
+    partials P = {0};
+    if (dtaps)
+        P = partials_new(4 * d);
+    taps_bwd_args a = {dvp, dv, vp, taps, L, d, dil, dtaps ? &P : NULL};
+    nd_parallel_region(dtaps ? P.nt : 0, taps_bwd_share, &a);
     if (dtaps) {
         partials_reduce(&P, dtaps, 0, 4 * d);
         partials_free(&P);
@@ -324,14 +371,21 @@ void cpu_engram_taps_backward(const nd_backend *be, float *dvp, float *dtaps, co
     }
 }
 
-void cpu_engram_gate_backward(const nd_backend *be, float *du, float *dk, float *dv,
-                              const float *dbx, const float *u, const float *k, const float *v,
-                              const float *alpha, long N, int d)
+typedef struct {
+    float *du, *dk, *dv;
+    const float *dbx, *u, *k, *v, *alpha;
+    int d;
+} gate_bwd_args;
+
+static void gate_bwd_rows(void *p, long r0, long r1, int tid)
 {
-    (void)be;
+    (void)tid;
+    const gate_bwd_args *ga = p;
+    float *du = ga->du, *dk = ga->dk, *dv = ga->dv;
+    const float *dbx = ga->dbx, *u = ga->u, *k = ga->k, *v = ga->v, *alpha = ga->alpha;
+    int d = ga->d;
     float inv_d = 1.0f / (float)d, c = 1.0f / sqrtf((float)d);
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < N; r++) {
+    for (long r = r0; r < r1; r++) {
         const float *ur = u + r * d, *kr = k + r * d, *vr = v + r * d, *g = dbx + r * d;
         float uu = fdot(ur, ur, d), kk = fdot(kr, kr, d), uk = fdot(ur, kr, d);
         float gv = fdot(g, vr, d);
@@ -349,27 +403,40 @@ void cpu_engram_gate_backward(const nd_backend *be, float *du, float *dk, float 
     }
 }
 
-/* ---- hyper-connections ---- */
-
-void cpu_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, float *dres,
-                               float *da_pre, float *da_post, float *da_res, float *db_pre,
-                               float *db_post, float *db_res, const float *dhpre,
-                               const float *dhpost, const float *dM, const float *pre,
-                               const float *post, const float *res, const float *hpre,
-                               const float *hpost, float a_pre, float a_post, float a_res,
-                               const float *b_res, long N, int n)
+void cpu_engram_gate_backward(const nd_backend *be, float *du, float *dk, float *dv,
+                              const float *dbx, const float *u, const float *k, const float *v,
+                              const float *alpha, long N, int d)
 {
     (void)be;
-    if (N <= 0)
-        return;
-    int nn = n * n, rounds = SAN_SINKHORN_ROUNDS;
-    /* partial layout: a_pre, a_post, a_res, b_pre[n], b_post[n], b_res[nn] */
+    gate_bwd_args a = {du, dk, dv, dbx, u, k, v, alpha, d};
+    nd_parallel_for(N, 1, gate_bwd_rows, &a);
+}
+
+/* ---- hyper-connections ---- */
+
+typedef struct {
+    float *dpre, *dpost, *dres;
+    const float *dhpre, *dhpost, *dM, *pre, *post, *res, *hpre, *hpost, *b_res;
+    float a_pre, a_post, a_res;
+    long N;
+    int n;
+    partials *P;
+} hyper_bwd_args;
+
+static void hyper_bwd_share(void *p, int tid, int team)
+{
+    const hyper_bwd_args *ha = p;
+    float *dpre = ha->dpre, *dpost = ha->dpost, *dres = ha->dres;
+    const float *dhpre = ha->dhpre, *dhpost = ha->dhpost, *dM = ha->dM, *pre = ha->pre;
+    const float *post = ha->post, *res = ha->res, *hpre = ha->hpre, *hpost = ha->hpost;
+    const float *b_res = ha->b_res;
+    float a_pre = ha->a_pre, a_post = ha->a_post, a_res = ha->a_res;
+    long N = ha->N;
+    int n = ha->n, nn = n * n, rounds = SAN_SINKHORN_ROUNDS;
     int o_bpre = 3, o_bpost = 3 + n, o_bres = 3 + 2 * n;
-    partials P = partials_new(3 + 2 * n + nn);
-#pragma omp parallel num_threads(P.nt)
     {
         long r0, r1;
-        double *pp = partials_mine(&P, N, &r0, &r1);
+        double *pp = partials_mine(ha->P, N, tid, team, &r0, &r1);
         /* Sinkhorn states for SK_W rows at a time, SoA (cpu_sinkhorn.c) */
         float *sm = cpu_xalloc((size_t)(2 * rounds + 1) * nn * SK_W * sizeof *sm);
         double *g = cpu_xalloc((size_t)nn * SK_W * sizeof *g);
@@ -437,6 +504,25 @@ void cpu_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, 
         free(g);
         free(sm);
     }
+}
+
+void cpu_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, float *dres,
+                               float *da_pre, float *da_post, float *da_res, float *db_pre,
+                               float *db_post, float *db_res, const float *dhpre,
+                               const float *dhpost, const float *dM, const float *pre,
+                               const float *post, const float *res, const float *hpre,
+                               const float *hpost, float a_pre, float a_post, float a_res,
+                               const float *b_res, long N, int n)
+{
+    (void)be;
+    if (N <= 0)
+        return;
+    /* partial layout: a_pre, a_post, a_res, b_pre[n], b_post[n], b_res[nn] */
+    int nn = n * n, o_bpre = 3, o_bpost = 3 + n, o_bres = 3 + 2 * n;
+    partials P = partials_new(3 + 2 * n + nn);
+    hyper_bwd_args a = {dpre, dpost, dres,  dhpre, dhpost, dM,    pre, post, res,
+                        hpre, hpost, b_res, a_pre, a_post, a_res, N,   n,    &P};
+    nd_parallel_region(P.nt, hyper_bwd_share, &a);
     partials_reduce(&P, da_pre, 0, 1);
     partials_reduce(&P, da_post, 1, 1);
     partials_reduce(&P, da_res, 2, 1);
@@ -446,223 +532,24 @@ void cpu_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, 
     partials_free(&P);
 }
 
-/* ---- lanes ---- */
-
-/* Returns <g, x> (DOT_LANES partial sums, as fdot) and does dx += h g in
- * the same pass, sharing the loads of g. dx must not overlap g or x. */
-static inline float dot_axpy(float *restrict dx, const float *restrict g, const float *restrict x,
-                             float h, int n)
-{
-    float acc[DOT_LANES] = {0};
-    int i = 0;
-    for (; i + DOT_LANES <= n; i += DOT_LANES)
-        for (int j = 0; j < DOT_LANES; j++) {
-            acc[j] += g[i + j] * x[i + j];
-            dx[i + j] += h * g[i + j];
-        }
-    for (int j = 0; i < n; i++, j++) {
-        acc[j] += g[i] * x[i];
-        dx[i] += h * g[i];
-    }
-    return lanes_sum(acc, DOT_LANES);
-}
-
-void cpu_lanes_combine_backward(const nd_backend *be, float *dhpre, float *dX, const float *du,
-                                const float *hpre, const float *X, long N, int n, int d)
-{
-    (void)be;
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < N; r++)
-        for (int i = 0; i < n; i++)
-            dhpre[r * n + i] =
-                dot_axpy(dX + (r * n + i) * d, du + r * d, X + (r * n + i) * d, hpre[r * n + i], d);
-}
-
-/* lanes_update_backward walks each row once in chunks of LU_CHUNK columns
- * for up to LU_MAXN lanes; its partial sums, (LU_MAXN^2 + LU_MAXN) x
- * LU_CHUNK floats, stay in L1. */
-#define LU_CHUNK 16
-#define LU_MAXN 8
-#define LU_INLINE static inline __attribute__((always_inline))
-
-/* One chunk of one row: G, X are n rows of LU_CHUNK columns `stride` apart,
- * y one. Adds the lane-wise partial products of <G_i, y> to acc[i] and of
- * <G_i, X_j> to acc[n + i n + j]; sets dy = sum_i hp_i G_i and
- * dX_j = sum_i M_ij G_i for these columns in dyc, dxc. The caller stores
- * dxc only after this: dX may alias G. */
-LU_INLINE void lu_chunk(float (*restrict acc)[LU_CHUNK], float *restrict dyc,
-                        float (*restrict dxc)[LU_CHUNK], const float *restrict G,
-                        const float *restrict X, const float *restrict y, long stride,
-                        const float *restrict hp, const float *restrict M, int n)
-{
-    for (int k = 0; k < LU_CHUNK; k++)
-        dyc[k] = 0.0f;
-    for (int j = 0; j < n; j++)
-        for (int k = 0; k < LU_CHUNK; k++)
-            dxc[j][k] = 0.0f;
-            /* unrolled when n is a constant: straight-line code, dyc and dxc in
-             * registers (about twice as fast as the loop for n = 4) */
-#pragma GCC unroll 8
-    for (int i = 0; i < n; i++) {
-        const float *g = G + i * stride;
-        for (int k = 0; k < LU_CHUNK; k++) {
-            dyc[k] += hp[i] * g[k];
-            acc[i][k] += g[k] * y[k];
-        }
-        for (int j = 0; j < n; j++) {
-            const float *x = X + j * stride;
-            float m = M[i * n + j];
-            for (int k = 0; k < LU_CHUNK; k++) {
-                acc[n + i * n + j][k] += g[k] * x[k];
-                dxc[j][k] += m * g[k];
-            }
-        }
-    }
-}
-
-/* One row (n <= LU_MAXN lanes of width d): all outputs in one pass. Inlined
- * so that a constant n unrolls the lane loops. */
-LU_INLINE void lu_row(float *dXr, float *dMr, float *dhp, float *dyr, const float *G,
-                      const float *Mr, const float *Xr, const float *hp, const float *yr, int n,
-                      int d)
-{
-    float acc[LU_MAXN * LU_MAXN + LU_MAXN][LU_CHUNK], dyc[LU_CHUNK];
-    float dxc[LU_MAXN][LU_CHUNK];
-    memset(acc, 0, (size_t)(n * n + n) * sizeof acc[0]);
-    int c = 0;
-    for (; c + LU_CHUNK <= d; c += LU_CHUNK) {
-        lu_chunk(acc, dyc, dxc, G + c, Xr + c, yr + c, d, hp, Mr, n);
-        memcpy(dyr + c, dyc, sizeof dyc);
-        for (int j = 0; j < n; j++)
-            memcpy(dXr + j * d + c, dxc[j], sizeof dxc[j]);
-    }
-    if (c < d) {
-        /* the last w columns, zero-padded to a full chunk: the padding adds
-         * exact zeros to the partial sums and is not stored */
-        int w = d - c;
-        float tg[LU_MAXN][LU_CHUNK] = {{0}}, tx[LU_MAXN][LU_CHUNK] = {{0}};
-        float ty[LU_CHUNK] = {0};
-        for (int i = 0; i < n; i++) {
-            memcpy(tg[i], G + i * d + c, (size_t)w * sizeof(float));
-            memcpy(tx[i], Xr + i * d + c, (size_t)w * sizeof(float));
-        }
-        memcpy(ty, yr + c, (size_t)w * sizeof(float));
-        lu_chunk(acc, dyc, dxc, tg[0], tx[0], ty, LU_CHUNK, hp, Mr, n);
-        memcpy(dyr + c, dyc, (size_t)w * sizeof(float));
-        for (int j = 0; j < n; j++)
-            memcpy(dXr + j * d + c, dxc[j], (size_t)w * sizeof(float));
-    }
-    for (int i = 0; i < n; i++) {
-        dhp[i] = lanes_sum(acc[i], LU_CHUNK);
-        for (int j = 0; j < n; j++)
-            dMr[i * n + j] = lanes_sum(acc[n + i * n + j], LU_CHUNK);
-    }
-}
-
-/* The original multi-pass form, for rows of more than LU_MAXN lanes. */
-static void lu_row_generic(float *dX, float *dM, float *dhpost, float *dyr, const float *G,
-                           const float *Mr, const float *Xr, const float *hp, const float *yr,
-                           float *tmp, int n, int d)
-{
-    for (int c = 0; c < d; c++)
-        dyr[c] = 0.0f;
-    for (int i = 0; i < n; i++) {
-        const float *gi = G + i * d;
-        for (int c = 0; c < d; c++)
-            dyr[c] += hp[i] * gi[c];
-        dhpost[i] = fdot(gi, yr, d);
-        for (int j = 0; j < n; j++)
-            dM[i * n + j] = fdot(gi, Xr + j * d, d);
-    }
-    /* dX_j = sum_i M_ij dXo_i, built in tmp when dX aliases dXo */
-    float *out = tmp ? tmp : dX;
-    for (int j = 0; j < n; j++) {
-        float *o = out + j * d;
-        for (int c = 0; c < d; c++)
-            o[c] = 0.0f;
-        for (int i = 0; i < n; i++) {
-            float m = Mr[i * n + j];
-            const float *gi = G + i * d;
-            for (int c = 0; c < d; c++)
-                o[c] += m * gi[c];
-        }
-    }
-    if (tmp)
-        memcpy(dX, tmp, (size_t)n * d * sizeof *tmp);
-}
-
-void cpu_lanes_update_backward(const nd_backend *be, float *dX, float *dM, float *dhpost, float *dy,
-                               const float *dXo, const float *M, const float *X, const float *hpost,
-                               const float *y, long N, int n, int d)
-{
-    (void)be;
-    if (n > LU_MAXN) {
-        int alias = dX == dXo;
-#pragma omp parallel
-        {
-            float *tmp = alias ? cpu_xalloc((size_t)n * d * sizeof *tmp) : NULL;
-#pragma omp for schedule(static)
-            for (long r = 0; r < N; r++)
-                lu_row_generic(dX + r * n * d, dM + r * n * n, dhpost + r * n, dy + r * d,
-                               dXo + r * n * d, M + r * n * n, X + r * n * d, hpost + r * n,
-                               y + r * d, tmp, n, d);
-            free(tmp);
-        }
-        return;
-    }
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < N; r++) {
-        float *dXr = dX + r * n * d, *dMr = dM + r * n * n, *dhp = dhpost + r * n,
-              *dyr = dy + r * d;
-        const float *G = dXo + r * n * d, *Mr = M + r * n * n, *Xr = X + r * n * d;
-        const float *hp = hpost + r * n, *yr = y + r * d;
-        if (n == 4) /* the model's lane count, unrolled */
-            lu_row(dXr, dMr, dhp, dyr, G, Mr, Xr, hp, yr, 4, d);
-        else
-            lu_row(dXr, dMr, dhp, dyr, G, Mr, Xr, hp, yr, n, d);
-    }
-}
-
-void cpu_lanes_broadcast_backward(const nd_backend *be, float *dx0, const float *dX, long N, int n,
-                                  int d)
-{
-    (void)be;
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < N; r++) {
-        float *o = dx0 + r * d;
-        const float *g = dX + r * n * d;
-        for (int c = 0; c < d; c++)
-            o[c] = g[c];
-        for (int i = 1; i < n; i++)
-            for (int c = 0; c < d; c++)
-                o[c] += g[i * d + c];
-    }
-}
-
-void cpu_lanes_mean_backward(const nd_backend *be, float *dX, const float *dxm, long N, int n,
-                             int d)
-{
-    (void)be;
-    float inv = 1.0f / (float)n;
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < N; r++)
-        for (int i = 0; i < n; i++) {
-            float *o = dX + (r * n + i) * d;
-            const float *g = dxm + r * d;
-            for (int c = 0; c < d; c++)
-                o[c] = g[c] * inv;
-        }
-}
-
 /* ---- attention block pieces ---- */
 
-void cpu_rope_backward(const nd_backend *be, float *dx, const float *cos_t, const float *sin_t,
-                       const nd_layout *L, int heads, int hd)
+typedef struct {
+    float *dx;
+    const float *cos_t, *sin_t;
+    const nd_layout *L;
+    int heads, hd;
+} rope_bwd_args;
+
+static void rope_bwd_rows(void *p, long r0, long r1, int tid)
 {
-    (void)be;
-    int half = hd / 2;
-#pragma omp parallel for schedule(static)
-    for (long r = 0; r < L->N; r++) {
+    (void)tid;
+    const rope_bwd_args *a = p;
+    float *dx = a->dx;
+    const float *cos_t = a->cos_t, *sin_t = a->sin_t;
+    const nd_layout *L = a->L;
+    int heads = a->heads, hd = a->hd, half = hd / 2;
+    for (long r = r0; r < r1; r++) {
         int t = L->pos[r];
         const float *c = cos_t + (size_t)t * half, *s = sin_t + (size_t)t * half;
         for (int h = 0; h < heads; h++) {
@@ -676,15 +563,68 @@ void cpu_rope_backward(const nd_backend *be, float *dx, const float *cos_t, cons
     }
 }
 
+void cpu_rope_backward(const nd_backend *be, float *dx, const float *cos_t, const float *sin_t,
+                       const nd_layout *L, int heads, int hd)
+{
+    (void)be;
+    rope_bwd_args a = {dx, cos_t, sin_t, L, heads, hd};
+    nd_parallel_for(L->N, 1, rope_bwd_rows, &a);
+}
+
+typedef struct {
+    float *o1, *o2;
+    const float *x1, *x2, *x3;
+    float s;
+} elementwise_bwd_args;
+
+static void gate_sigmoid_bwd_range(void *p, long i0, long i1, int tid)
+{
+    (void)tid;
+    const elementwise_bwd_args *e = p;
+    for (long i = i0; i < i1; i++) {
+        float s = san_sigmoid(e->x3[i]), go = e->x1[i], a = e->x2[i];
+        e->o1[i] = go * s;
+        e->o2[i] = go * a * s * (1.0f - s);
+    }
+}
+
 void cpu_gate_sigmoid_backward(const nd_backend *be, float *datt, float *dg, const float *dout,
                                const float *att, const float *g, long n)
 {
     (void)be;
-#pragma omp parallel for schedule(static)
-    for (long i = 0; i < n; i++) {
-        float s = san_sigmoid(g[i]), go = dout[i], a = att[i];
-        datt[i] = go * s;
-        dg[i] = go * a * s * (1.0f - s);
+    elementwise_bwd_args a = {datt, dg, dout, att, g, 0.0f};
+    nd_parallel_for(n, 1, gate_sigmoid_bwd_range, &a);
+}
+
+typedef struct {
+    float *dr;
+    const float *dy, *r;
+    float s;
+    long n;
+    partials *P; /* NULL: no dgate */
+} residual_bwd_args;
+
+static void residual_bwd_share(void *p, int tid, int team)
+{
+    const residual_bwd_args *a = p;
+    float *dr = a->dr, s = a->s;
+    const float *dy = a->dy, *r = a->r;
+    {
+        long i0, i1;
+        double *pg = NULL;
+        if (a->P)
+            pg = partials_mine(a->P, a->n, tid, team, &i0, &i1);
+        else
+            nd_share(a->n, tid, team, &i0, &i1);
+        /* float blocks keep the inner loop vectorisable; double across blocks */
+        for (long b = i0; b < i1; b += 1024) {
+            long e = b + 1024 < i1 ? b + 1024 : i1;
+            /* the sum is taken before dr is written: dr may alias dy */
+            if (pg)
+                pg[0] += (double)fdot(dy + b, r + b, (int)(e - b));
+            for (long i = b; i < e; i++)
+                dr[i] = s * dy[i];
+        }
     }
 }
 
@@ -698,27 +638,8 @@ void cpu_residual_scaled_backward(const nd_backend *be, float *dr, float *dgate,
     partials P = {0};
     if (dgate)
         P = partials_new(1);
-    int nt = dgate ? P.nt : omp_get_max_threads();
-    (void)nt; /* read only by the pragma: unused without OpenMP */
-#pragma omp parallel num_threads(nt)
-    {
-        long i0, i1;
-        double *pg = NULL;
-        if (dgate)
-            pg = partials_mine(&P, n, &i0, &i1);
-        else {
-            cpu_thread_share(n, &i0, &i1);
-        }
-        /* float blocks keep the inner loop vectorisable; double across blocks */
-        for (long b = i0; b < i1; b += 1024) {
-            long e = b + 1024 < i1 ? b + 1024 : i1;
-            /* the sum is taken before dr is written: dr may alias dy */
-            if (pg)
-                pg[0] += (double)fdot(dy + b, r + b, (int)(e - b));
-            for (long i = b; i < e; i++)
-                dr[i] = s * dy[i];
-        }
-    }
+    residual_bwd_args a = {dr, dy, r, s, n, dgate ? &P : NULL};
+    nd_parallel_region(dgate ? P.nt : 0, residual_bwd_share, &a);
     if (dgate) {
         double sum = 0;
         for (int t = 0; t < P.nt; t++)
@@ -728,29 +649,28 @@ void cpu_residual_scaled_backward(const nd_backend *be, float *dr, float *dgate,
     }
 }
 
-void cpu_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1, float *dd2, float *dd3,
-                               const float *dy, const float *z, const float *h1, const float *d1,
-                               const float *d2, const float *d3, long N, int d, int hn)
+typedef struct {
+    float *dz;
+    const float *dy, *z, *h1, *d1, *d2, *d3;
+    long N;
+    int d, hn;
+    partials *P; /* NULL: no parameter gradients wanted */
+} hadamard_bwd_args;
+
+static void hadamard_bwd_share(void *p, int tid, int team)
 {
-    (void)be;
-    if (N <= 0)
-        return;
+    const hadamard_bwd_args *a = p;
+    float *dz = a->dz;
+    const float *dy = a->dy, *z = a->z, *h1 = a->h1, *d1 = a->d1, *d2 = a->d2, *d3 = a->d3;
+    int d = a->d, hn = a->hn;
     float scale = san_walsh_scale(hn);
-    int want = dd1 || dd2 || dd3;
-    partials P = {0};
-    if (want)
-        P = partials_new(3 * hn);
-    int nt = want ? P.nt : omp_get_max_threads();
-    (void)nt; /* read only by the pragma: unused without OpenMP */
-#pragma omp parallel num_threads(nt)
     {
         long r0, r1;
         double *pp = NULL;
-        if (want)
-            pp = partials_mine(&P, N, &r0, &r1);
-        else {
-            cpu_thread_share(N, &r0, &r1);
-        }
+        if (a->P)
+            pp = partials_mine(a->P, a->N, tid, team, &r0, &r1);
+        else
+            nd_share(a->N, tid, team, &r0, &r1);
         /* SK_W consecutive rows at a time in SoA form (see san_fwht_soa);
          * the partial sums still take rows in order */
         size_t blk = (size_t)hn * SK_W;
@@ -812,6 +732,21 @@ void cpu_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1, floa
         }
         free(H);
     }
+}
+
+void cpu_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1, float *dd2, float *dd3,
+                               const float *dy, const float *z, const float *h1, const float *d1,
+                               const float *d2, const float *d3, long N, int d, int hn)
+{
+    (void)be;
+    if (N <= 0)
+        return;
+    int want = dd1 || dd2 || dd3;
+    partials P = {0};
+    if (want)
+        P = partials_new(3 * hn);
+    hadamard_bwd_args a = {dz, dy, z, h1, d1, d2, d3, N, d, hn, want ? &P : NULL};
+    nd_parallel_region(want ? P.nt : 0, hadamard_bwd_share, &a);
     if (want) {
         partials_reduce(&P, dd1, 0, hn);
         partials_reduce(&P, dd2, hn, hn);
@@ -820,10 +755,17 @@ void cpu_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1, floa
     }
 }
 
+static void add_range(void *p, long i0, long i1, int tid)
+{
+    (void)tid;
+    const elementwise_bwd_args *e = p;
+    for (long i = i0; i < i1; i++)
+        e->o1[i] += e->s * e->x1[i];
+}
+
 void cpu_add(const nd_backend *be, float *y, const float *x, float alpha, long n)
 {
     (void)be;
-#pragma omp parallel for schedule(static)
-    for (long i = 0; i < n; i++)
-        y[i] += alpha * x[i];
+    elementwise_bwd_args a = {.o1 = y, .x1 = x, .s = alpha};
+    nd_parallel_for(n, 1, add_range, &a);
 }

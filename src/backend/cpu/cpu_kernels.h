@@ -4,7 +4,7 @@
 #define ND_CPU_KERNELS_H
 
 #include <math.h>
-#include "core/omp_compat.h"
+#include "core/threadpool.h"
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -192,13 +192,47 @@ void san_sinkhorn_halfstep(float *Z, float *E, int n, int rowstep);
 void cpu_attention(const nd_backend *be, float *out, float *lse, const float *q, const float *k,
                    const float *v, const nd_layout *L, int H, int G, int hd);
 
-/* Inside a parallel region: this thread's contiguous share [lo, hi) of n
- * items (static split; depends only on the team size). */
-static inline void cpu_thread_share(long n, long *lo, long *hi)
+/* Dot products keep DOT_LANES independent partial sums. Without
+ * -ffast-math the compiler may not reorder a float accumulator, and a single
+ * 8-wide chain is bound by the add latency (one vector per ~3 cycles); 32
+ * lanes are two zmm (four ymm) chains kept in registers, which is as fast as
+ * the loads allow here (64 measured no faster). The lanes are then added
+ * pairwise in a fixed order, so the result depends only on the inputs, not
+ * on the thread count or alignment. */
+#define DOT_LANES 32
+
+/* Sum of w (a power of two) partial sums, pairwise by halving, in place */
+static inline float lanes_sum(float *a, int w)
 {
-    int t = omp_get_thread_num(), team = omp_get_num_threads();
-    *lo = n * t / team;
-    *hi = n * (t + 1) / team;
+    for (w /= 2; w > 0; w /= 2)
+        for (int j = 0; j < w; j++)
+            a[j] += a[j + w];
+    return a[0];
+}
+
+static inline float fdot(const float *a, const float *b, int n)
+{
+    float acc[DOT_LANES] = {0};
+    int i = 0;
+    for (; i + DOT_LANES <= n; i += DOT_LANES)
+        for (int j = 0; j < DOT_LANES; j++)
+            acc[j] += a[i + j] * b[i + j];
+    for (int j = 0; i < n; i++, j++)
+        acc[j] += a[i] * b[i];
+    return lanes_sum(acc, DOT_LANES);
+}
+
+/* sum_i a_i * (1 + w_i) * b_i, same scheme */
+static inline float fdotw(const float *a, const float *w, const float *b, int n)
+{
+    float acc[DOT_LANES] = {0};
+    int i = 0;
+    for (; i + DOT_LANES <= n; i += DOT_LANES)
+        for (int j = 0; j < DOT_LANES; j++)
+            acc[j] += a[i + j] * (1.0f + w[i + j]) * b[i + j];
+    for (int j = 0; i < n; i++, j++)
+        acc[j] += a[i] * (1.0f + w[i]) * b[i];
+    return lanes_sum(acc, DOT_LANES);
 }
 
 /* calloc that aborts: the op table has no error path */

@@ -1,0 +1,347 @@
+/* Parallel loops (threadpool.h): OpenMP regions when the compiler has
+ * OpenMP, otherwise a persistent pthread pool of our own. */
+#include "core/threadpool.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#else
+#include <pthread.h>
+#include <stdint.h>
+#include <unistd.h>
+#endif
+
+/* nd_set_serial: this thread's parallel calls run on itself */
+static _Thread_local int tls_serial;
+
+double nd_wtime(void)
+{
+    /* C11 timespec_get: no POSIX feature macro needed */
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#ifdef _OPENMP
+
+/* the thread's OpenMP team size before nd_set_serial(1) */
+static _Thread_local int tls_saved_threads;
+
+/* Also the thread's OpenMP team size: the OpenMP build of OpenBLAS sizes
+ * its own threading by it, so serial work stays serial inside BLAS too. */
+int nd_set_serial(int on)
+{
+    int prev = tls_serial;
+    on = on != 0;
+    if (on && !prev) {
+        tls_saved_threads = omp_get_max_threads();
+        omp_set_num_threads(1);
+    } else if (!on && prev) {
+        omp_set_num_threads(tls_saved_threads);
+    }
+    tls_serial = on;
+    return prev;
+}
+
+int nd_get_threads(void)
+{
+    return omp_get_max_threads();
+}
+
+void nd_set_threads(int threads)
+{
+    if (threads > 0)
+        omp_set_num_threads(threads);
+}
+
+int nd_in_parallel(void)
+{
+    return omp_in_parallel();
+}
+
+void nd_parallel_setup(void (*fn)(void))
+{
+    (void)fn;
+}
+
+static void run_region(int team, nd_region_fn fn, void *ctx)
+{
+    if (team <= 1 || tls_serial || omp_in_parallel()) {
+        fn(ctx, 0, 1);
+        return;
+    }
+#pragma omp parallel num_threads(team)
+    fn(ctx, omp_get_thread_num(), omp_get_num_threads());
+}
+
+#else /* the pool */
+
+/* A worker spins this many pause instructions (a few microseconds) for the
+ * next job before sleeping: kernels come in quick succession, but a shared
+ * machine must not lose cores to idle spinning. */
+#define POOL_SPIN 4000
+#define POOL_MAX 256
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+typedef struct {
+    atomic_uint go; /* the job generation this worker is asked to run */
+    pthread_cond_t wake;
+} pool_worker;
+
+static struct {
+    pthread_mutex_t owner; /* held by the thread whose region the pool runs */
+    pthread_mutex_t lock;  /* sleeping and waking */
+    pthread_cond_t done;
+    pool_worker w[POOL_MAX - 1];
+    int workers;     /* started (owner only) */
+    unsigned gen;    /* last job generation (owner only) */
+    nd_region_fn fn; /* the job: written by the owner before `go` */
+    void *ctx;
+    int team;
+    atomic_int remaining; /* workers still running the job */
+    atomic_int threads;   /* team size; 0 = not chosen yet */
+} pool = {
+    .owner = PTHREAD_MUTEX_INITIALIZER,
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+    .done = PTHREAD_COND_INITIALIZER,
+};
+
+/* inside a parallel body (a worker always is) */
+static _Thread_local int tls_in_region;
+
+/* nd_parallel_setup: the function and how many times it was set; each
+ * thread runs it when its own count is behind */
+static void (*_Atomic setup_fn)(void);
+static atomic_uint setup_count;
+static _Thread_local unsigned tls_setup_seen;
+
+void nd_parallel_setup(void (*fn)(void))
+{
+    atomic_store(&setup_fn, fn);
+    atomic_fetch_add(&setup_count, 1);
+}
+
+static inline void thread_setup(void)
+{
+    unsigned n = atomic_load_explicit(&setup_count, memory_order_acquire);
+    if (n != tls_setup_seen) {
+        tls_setup_seen = n;
+        void (*fn)(void) = atomic_load(&setup_fn);
+        if (fn)
+            fn();
+    }
+}
+
+static int default_threads(void)
+{
+    const char *env = getenv("OMP_NUM_THREADS");
+    long n = env ? strtol(env, NULL, 10) : 0;
+    if (n <= 0)
+        n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > POOL_MAX ? POOL_MAX : (int)n;
+}
+
+int nd_get_threads(void)
+{
+    int n = atomic_load_explicit(&pool.threads, memory_order_relaxed);
+    if (n == 0) {
+        int zero = 0;
+        n = default_threads();
+        if (!atomic_compare_exchange_strong(&pool.threads, &zero, n))
+            n = zero;
+    }
+    return n;
+}
+
+void nd_set_threads(int threads)
+{
+    if (threads > 0)
+        atomic_store(&pool.threads, threads > POOL_MAX ? POOL_MAX : threads);
+}
+
+int nd_in_parallel(void)
+{
+    return tls_in_region;
+}
+
+int nd_set_serial(int on)
+{
+    int prev = tls_serial;
+    tls_serial = on != 0;
+    return prev;
+}
+
+static void *worker_main(void *arg)
+{
+    int id = (int)(intptr_t)arg;
+    pool_worker *w = &pool.w[id];
+    unsigned seen = 0;
+    tls_in_region = 1;
+    for (;;) {
+        unsigned g = atomic_load_explicit(&w->go, memory_order_acquire);
+        for (int s = 0; g == seen && s < POOL_SPIN; s++) {
+            cpu_relax();
+            g = atomic_load_explicit(&w->go, memory_order_acquire);
+        }
+        if (g == seen) {
+            pthread_mutex_lock(&pool.lock);
+            while ((g = atomic_load_explicit(&w->go, memory_order_acquire)) == seen)
+                pthread_cond_wait(&w->wake, &pool.lock);
+            pthread_mutex_unlock(&pool.lock);
+        }
+        seen = g;
+        thread_setup();
+        pool.fn(pool.ctx, id + 1, pool.team);
+        if (atomic_fetch_sub_explicit(&pool.remaining, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&pool.lock);
+            pthread_cond_signal(&pool.done);
+            pthread_mutex_unlock(&pool.lock);
+        }
+    }
+    return NULL;
+}
+
+/* Start workers up to `want` (owner only); returns how many there are. */
+static int grow_workers(int want)
+{
+    while (pool.workers < want) {
+        pool_worker *w = &pool.w[pool.workers];
+        atomic_init(&w->go, 0);
+        if (pthread_cond_init(&w->wake, NULL))
+            break;
+        pthread_attr_t attr;
+        pthread_t th;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&th, &attr, worker_main, (void *)(intptr_t)pool.workers);
+        pthread_attr_destroy(&attr);
+        if (rc) {
+            pthread_cond_destroy(&w->wake);
+            break;
+        }
+        pool.workers++;
+    }
+    return pool.workers;
+}
+
+static void run_region(int team, nd_region_fn fn, void *ctx)
+{
+    thread_setup();
+    if (team <= 1 || tls_serial || tls_in_region || pthread_mutex_trylock(&pool.owner)) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    int have = grow_workers(team - 1);
+    if (team > have + 1)
+        team = have + 1;
+    if (team <= 1) {
+        pthread_mutex_unlock(&pool.owner);
+        fn(ctx, 0, 1);
+        return;
+    }
+    pool.fn = fn;
+    pool.ctx = ctx;
+    pool.team = team;
+    atomic_store_explicit(&pool.remaining, team - 1, memory_order_relaxed);
+    unsigned g = ++pool.gen;
+    pthread_mutex_lock(&pool.lock);
+    for (int i = 0; i < team - 1; i++) {
+        atomic_store_explicit(&pool.w[i].go, g, memory_order_release);
+        pthread_cond_signal(&pool.w[i].wake);
+    }
+    pthread_mutex_unlock(&pool.lock);
+
+    tls_in_region = 1;
+    fn(ctx, 0, team);
+    tls_in_region = 0;
+
+    for (int s = 0; s < POOL_SPIN; s++) {
+        if (!atomic_load_explicit(&pool.remaining, memory_order_acquire))
+            break;
+        cpu_relax();
+    }
+    if (atomic_load_explicit(&pool.remaining, memory_order_acquire)) {
+        pthread_mutex_lock(&pool.lock);
+        while (atomic_load_explicit(&pool.remaining, memory_order_acquire))
+            pthread_cond_wait(&pool.done, &pool.lock);
+        pthread_mutex_unlock(&pool.lock);
+    }
+    pthread_mutex_unlock(&pool.owner);
+}
+
+#endif
+
+void nd_parallel_region(int team, nd_region_fn fn, void *ctx)
+{
+    int max = nd_get_threads();
+    run_region(team <= 0 || team > max ? max : team, fn, ctx);
+}
+
+typedef struct {
+    long n, grain;
+    nd_range_fn fn;
+    void *ctx;
+    atomic_long next; /* dynamic schedule: first unclaimed item */
+} range_job;
+
+static void static_share(void *p, int tid, int team)
+{
+    range_job *j = p;
+    long lo, hi;
+    nd_share(j->n, tid, team, &lo, &hi);
+    if (lo < hi)
+        j->fn(j->ctx, lo, hi, tid);
+}
+
+static void dynamic_chunks(void *p, int tid, int team)
+{
+    (void)team;
+    range_job *j = p;
+    for (;;) {
+        long lo = atomic_fetch_add_explicit(&j->next, j->grain, memory_order_relaxed);
+        if (lo >= j->n)
+            break;
+        j->fn(j->ctx, lo, lo + j->grain < j->n ? lo + j->grain : j->n, tid);
+    }
+}
+
+/* threads worth using for n items of at least `grain` each */
+static int team_for(long n, long grain)
+{
+    long most = (n + grain - 1) / grain;
+    int max = nd_get_threads();
+    return most < max ? (int)most : max;
+}
+
+void nd_parallel_for(long n, long grain, nd_range_fn fn, void *ctx)
+{
+    if (n <= 0)
+        return;
+    if (grain < 1)
+        grain = 1;
+    range_job j = {.n = n, .grain = grain, .fn = fn, .ctx = ctx};
+    atomic_init(&j.next, 0);
+    run_region(team_for(n, grain), static_share, &j);
+}
+
+void nd_parallel_for_dynamic(long n, long chunk, nd_range_fn fn, void *ctx)
+{
+    if (n <= 0)
+        return;
+    if (chunk < 1)
+        chunk = 1;
+    range_job j = {.n = n, .grain = chunk, .fn = fn, .ctx = ctx};
+    atomic_init(&j.next, 0);
+    run_region(team_for(n, chunk), dynamic_chunks, &j);
+}

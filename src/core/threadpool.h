@@ -1,0 +1,70 @@
+/* Parallel loops with one kernel body for both builds.
+ *
+ * With OpenMP (-fopenmp defines _OPENMP) each call is an OpenMP parallel
+ * region. Without it (CMake -DNEEDLE_OPENMP=OFF, e.g. Apple clang with no
+ * libomp) the same calls run on a small persistent pthread pool
+ * (threadpool.c): workers are created on first use, spin briefly after a
+ * job and then sleep on a condition variable, so an idle pool costs nothing.
+ *
+ * Nesting and concurrency: a call made inside a parallel body runs serially
+ * on the calling thread. The pool serves one call at a time: a call from
+ * another thread while it is busy (the engine runs sessions on several
+ * threads) runs serially on that thread instead of waiting. Results never
+ * depend on which thread ran a share, only on the team size; reductions
+ * that keep one partial per tid are deterministic for a given team. The
+ * pool is not fork-safe: a child process must not use its parent's pool
+ * (needle does not fork). */
+#ifndef ND_THREADPOOL_H
+#define ND_THREADPOOL_H
+
+/* Body of a loop over [lo, hi), run by thread `tid` (0 = the caller;
+ * tid < nd_get_threads() as read before the call, so per-thread scratch
+ * sized by it can be indexed by tid). */
+typedef void (*nd_range_fn)(void *ctx, long lo, long hi, int tid);
+
+/* Body of a region: thread `tid` of a team of `team` threads. */
+typedef void (*nd_region_fn)(void *ctx, int tid, int team);
+
+/* fn over [0, n), split statically into one contiguous share per thread:
+ * thread t of a team of T gets [n t / T, n (t + 1) / T). The team is at
+ * most n / grain (rounded up) threads, so grain >= n runs serially. */
+void nd_parallel_for(long n, long grain, nd_range_fn fn, void *ctx);
+
+/* fn over [0, n) in chunks of `chunk` items handed out in order from a
+ * shared counter (unbalanced work; OpenMP's schedule(dynamic, chunk)). */
+void nd_parallel_for_dynamic(long n, long chunk, nd_range_fn fn, void *ctx);
+
+/* fn once on each thread of a team of min(team, nd_get_threads()) threads
+ * (team <= 0: all of them). The team may be smaller (nested, busy pool):
+ * bodies must use the `team` they are given. */
+void nd_parallel_region(int team, nd_region_fn fn, void *ctx);
+
+/* thread t's contiguous share [lo, hi) of n items in a team of `team` */
+static inline void nd_share(long n, int tid, int team, long *lo, long *hi)
+{
+    *lo = n * tid / team;
+    *hi = n * (tid + 1) / team;
+}
+
+/* Team size for parallel calls. Default: OMP_NUM_THREADS when set, else
+ * the online cores. nd_set_threads is process-wide (the CLI's --threads). */
+int nd_get_threads(void);
+void nd_set_threads(int threads);
+
+/* Non-zero inside a parallel body (where calls run serially). */
+int nd_in_parallel(void);
+
+/* Make this thread's parallel calls serial (on != 0) or not; returns the
+ * previous setting. For work too small to be worth a fork/join. */
+int nd_set_serial(int on);
+
+/* Without OpenMP: run fn on each thread that enters a parallel call (the
+ * pool's workers, callers) once before its work, and again after another
+ * nd_parallel_setup. For per-thread library settings, e.g. an OpenBLAS that
+ * must stay single-threaded inside our threads. Ignored with OpenMP. */
+void nd_parallel_setup(void (*fn)(void));
+
+/* Wall-clock seconds since an arbitrary origin. */
+double nd_wtime(void);
+
+#endif

@@ -1,0 +1,327 @@
+/* core/threadpool.h: coverage of every item exactly once (static and
+ * dynamic schedules, n = 0, 1, fewer items than threads), tids, nested
+ * calls, calls from several threads at once, thread count changes, the
+ * serial switch and the sleep/wake path of the pool. The same test runs on
+ * OpenMP builds (`make check`) and on our pool (`make noomp-check`, and
+ * under ThreadSanitizer in `make tsan-check`). */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/threadpool.h"
+#include "testutil.h"
+
+#define MAXN 5000
+#define MAXT 8
+
+typedef struct {
+    atomic_int hits[MAXN]; /* times each item was run */
+    int owner[MAXN];       /* tid that ran it */
+    atomic_int calls;      /* fn invocations */
+    atomic_int tid_used[MAXT];
+    atomic_int bad; /* a check inside a body failed */
+    pthread_t caller;
+    long chunk; /* dynamic: expected chunk size */
+} record;
+
+static void record_reset(record *r)
+{
+    memset(r, 0, sizeof *r);
+    r->caller = pthread_self();
+}
+
+static void record_range(void *p, long lo, long hi, int tid)
+{
+    record *r = p;
+    atomic_fetch_add(&r->calls, 1);
+    if (tid < 0 || tid >= MAXT || lo >= hi ||
+        (tid == 0) != !!pthread_equal(pthread_self(), r->caller))
+        atomic_store(&r->bad, 1);
+    if (tid >= 0 && tid < MAXT)
+        atomic_store(&r->tid_used[tid], 1);
+    if (r->chunk && (lo % r->chunk || (hi - lo > r->chunk)))
+        atomic_store(&r->bad, 1);
+    for (long i = lo; i < hi; i++) {
+        atomic_fetch_add(&r->hits[i], 1);
+        r->owner[i] = tid;
+    }
+}
+
+static int all_once(record *r, long n)
+{
+    for (long i = 0; i < n; i++)
+        if (atomic_load(&r->hits[i]) != 1)
+            return 0;
+    return 1;
+}
+
+static int tids_used(record *r)
+{
+    int k = 0;
+    for (int t = 0; t < MAXT; t++)
+        k += atomic_load(&r->tid_used[t]);
+    return k;
+}
+
+static record R;
+
+static void test_static(void)
+{
+    nd_set_threads(4);
+    CHECK(nd_get_threads() == 4);
+
+    record_reset(&R);
+    nd_parallel_for(0, 1, record_range, &R);
+    CHECK(atomic_load(&R.calls) == 0);
+
+    record_reset(&R);
+    nd_parallel_for(1, 1, record_range, &R);
+    CHECK(atomic_load(&R.calls) == 1 && all_once(&R, 1) && R.owner[0] == 0);
+
+    /* fewer items than threads: one item per thread, nobody idle called */
+    record_reset(&R);
+    nd_parallel_for(3, 1, record_range, &R);
+    CHECK(all_once(&R, 3) && atomic_load(&R.calls) == 3 && !atomic_load(&R.bad));
+
+    /* many items: contiguous shares in tid order (deterministic split) */
+    record_reset(&R);
+    nd_parallel_for(MAXN, 1, record_range, &R);
+    CHECK(all_once(&R, MAXN) && !atomic_load(&R.bad));
+    int ok = 1;
+    for (long i = 1; i < MAXN; i++)
+        ok &= R.owner[i] >= R.owner[i - 1];
+    CHECK_MSG(ok, "static shares are not in tid order");
+    int team = tids_used(&R);
+    CHECK(team >= 1 && team <= 4);
+    for (long i = 0; i < MAXN; i++) {
+        long lo, hi;
+        nd_share(MAXN, R.owner[i], team, &lo, &hi);
+        ok &= i >= lo && i < hi;
+    }
+    CHECK_MSG(ok, "static shares differ from nd_share");
+    printf("  static: team of %d for 4 threads\n", team);
+
+    /* grain: 10 items of grain 4 use at most 3 threads */
+    record_reset(&R);
+    nd_parallel_for(10, 4, record_range, &R);
+    CHECK(all_once(&R, 10) && tids_used(&R) <= 3);
+    /* grain >= n: serial on the caller */
+    record_reset(&R);
+    nd_parallel_for(10, 10, record_range, &R);
+    CHECK(all_once(&R, 10) && atomic_load(&R.calls) == 1 && R.owner[9] == 0);
+}
+
+static void test_dynamic(void)
+{
+    nd_set_threads(4);
+    long sizes[] = {0, 1, 3, 997, MAXN};
+    long chunks[] = {1, 7, 64};
+    for (int s = 0; s < 5; s++)
+        for (int c = 0; c < 3; c++) {
+            record_reset(&R);
+            R.chunk = chunks[c];
+            nd_parallel_for_dynamic(sizes[s], chunks[c], record_range, &R);
+            CHECK_MSG(all_once(&R, sizes[s]) && !atomic_load(&R.bad), "dynamic n=%ld chunk=%ld",
+                      sizes[s], chunks[c]);
+            long want = (sizes[s] + chunks[c] - 1) / chunks[c];
+            CHECK(atomic_load(&R.calls) == want);
+        }
+}
+
+/* ---- nested ---- */
+
+typedef struct {
+    atomic_int bad, inner_calls;
+    record *inner;
+} nest_ctx;
+
+static void inner_range(void *p, long lo, long hi, int tid)
+{
+    nest_ctx *c = p;
+    atomic_fetch_add(&c->inner_calls, 1);
+    /* serial on the calling thread: the whole range, tid 0 */
+    if (tid != 0 || lo != 0 || hi != 100)
+        atomic_store(&c->bad, 1);
+}
+
+static void outer_range(void *p, long lo, long hi, int tid)
+{
+    (void)lo;
+    (void)hi;
+    (void)tid;
+    nest_ctx *c = p;
+    if (!nd_in_parallel() && nd_get_threads() > 1)
+        atomic_store(&c->bad, 1);
+    nd_parallel_for(100, 1, inner_range, c);
+    nd_parallel_for_dynamic(100, 100, inner_range, c);
+}
+
+static void test_nested(void)
+{
+    nd_set_threads(4);
+    nest_ctx c = {0};
+    CHECK(!nd_in_parallel());
+    nd_parallel_for(8, 1, outer_range, &c);
+    CHECK(!atomic_load(&c.bad));
+    /* one inner call of each kind per outer share */
+    CHECK(atomic_load(&c.inner_calls) >= 2 && atomic_load(&c.inner_calls) % 2 == 0);
+    CHECK(!nd_in_parallel());
+}
+
+/* ---- regions ---- */
+
+typedef struct {
+    atomic_int seen[MAXT], bad, team;
+} region_ctx;
+
+static void region_body(void *p, int tid, int team)
+{
+    region_ctx *c = p;
+    if (tid < 0 || tid >= team || team > MAXT)
+        atomic_store(&c->bad, 1);
+    else
+        atomic_fetch_add(&c->seen[tid], 1);
+    atomic_store(&c->team, team);
+}
+
+static void test_region(void)
+{
+    int asks[] = {0, 1, 2, 3, 99};
+    nd_set_threads(3);
+    for (int i = 0; i < 5; i++) {
+        region_ctx c = {0};
+        nd_parallel_region(asks[i], region_body, &c);
+        int team = atomic_load(&c.team), want = asks[i] <= 0 || asks[i] > 3 ? 3 : asks[i];
+        CHECK(!atomic_load(&c.bad) && team >= 1 && team <= want);
+        for (int t = 0; t < team; t++)
+            CHECK(atomic_load(&c.seen[t]) == 1);
+    }
+}
+
+/* ---- thread count changes, serial switch ---- */
+
+static void test_counts(void)
+{
+    int counts[] = {1, 3, 2, 4, 1, 4};
+    for (int i = 0; i < 6; i++) {
+        nd_set_threads(counts[i]);
+        CHECK(nd_get_threads() == counts[i]);
+        record_reset(&R);
+        nd_parallel_for(MAXN, 1, record_range, &R);
+        CHECK(all_once(&R, MAXN) && tids_used(&R) <= counts[i]);
+        if (counts[i] == 1)
+            CHECK(atomic_load(&R.calls) == 1);
+    }
+    nd_set_threads(4);
+    int prev = nd_set_serial(1);
+    CHECK(prev == 0);
+    record_reset(&R);
+    nd_parallel_for(MAXN, 1, record_range, &R);
+    CHECK(all_once(&R, MAXN) && atomic_load(&R.calls) == 1);
+    CHECK(nd_set_serial(prev) == 1);
+}
+
+/* ---- several callers at once ---- */
+
+#define CALLERS 4
+#define ROUNDS 300
+
+typedef struct {
+    long n;
+    double *x;
+    double *sum; /* per tid */
+} sum_ctx;
+
+static void sum_range(void *p, long lo, long hi, int tid)
+{
+    sum_ctx *c = p;
+    double s = 0;
+    for (long i = lo; i < hi; i++)
+        s += c->x[i];
+    c->sum[tid] = s;
+}
+
+static void *caller_main(void *arg)
+{
+    long id = (long)(size_t)arg, n = 1000 + 37 * id;
+    double *x = malloc(sizeof *x * (size_t)n), part[64];
+    long bad = 0;
+    for (long i = 0; i < n; i++)
+        x[i] = (double)(i % 10);
+    double want = 0;
+    for (long i = 0; i < n; i++)
+        want += x[i];
+    for (int r = 0; r < ROUNDS; r++) {
+        for (int t = 0; t < 64; t++)
+            part[t] = 0;
+        sum_ctx c = {n, x, part};
+        if (r & 1)
+            nd_parallel_for_dynamic(n, 50, sum_range, &c);
+        else
+            nd_parallel_for(n, 1, sum_range, &c);
+        double got = 0;
+        for (int t = 0; t < 64; t++)
+            got += part[t];
+        /* dynamic: a tid may run several chunks; only the static sums add up */
+        if (!(r & 1) && got != want)
+            bad++;
+    }
+    free(x);
+    return (void *)(size_t)bad;
+}
+
+static void test_concurrent(void)
+{
+    nd_set_threads(3);
+    pthread_t th[CALLERS];
+    for (long i = 0; i < CALLERS; i++)
+        CHECK(pthread_create(&th[i], NULL, caller_main, (void *)(size_t)i) == 0);
+    long bad = 0;
+    for (int i = 0; i < CALLERS; i++) {
+        void *rv;
+        pthread_join(th[i], &rv);
+        bad += (long)(size_t)rv;
+    }
+    CHECK_MSG(bad == 0, "%ld wrong sums from concurrent callers", bad);
+}
+
+/* ---- sleep and wake: pauses longer than the workers' spin ---- */
+
+static void test_sleep_wake(void)
+{
+    nd_set_threads(3);
+    struct timespec nap = {0, 2000000}; /* 2 ms */
+    int ok = 1;
+    for (int i = 0; i < 30; i++) {
+        nanosleep(&nap, NULL);
+        record_reset(&R);
+        nd_parallel_for(MAXN, 1, record_range, &R);
+        ok &= all_once(&R, MAXN) && !atomic_load(&R.bad);
+    }
+    CHECK(ok);
+    /* and many back-to-back calls (the spinning path) */
+    for (int i = 0; i < 2000 && ok; i++) {
+        record_reset(&R);
+        nd_parallel_for(64, 1, record_range, &R);
+        ok &= all_once(&R, 64);
+    }
+    CHECK(ok);
+}
+
+int main(void)
+{
+    double t0 = nd_wtime();
+    test_static();
+    test_dynamic();
+    test_nested();
+    test_region();
+    test_counts();
+    test_concurrent();
+    test_sleep_wake();
+    CHECK(nd_wtime() >= t0);
+    return tu_finish("test_threadpool");
+}

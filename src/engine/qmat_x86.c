@@ -1,0 +1,313 @@
+/* x86 kernels for quantised products (qmat.h): AVX2, AVX-512 (BW) and
+ * AVX-512 VNNI. Each function carries its own target attribute, so one
+ * binary runs on any x86-64 and qmat.c picks a variant the CPU supports.
+ *
+ * Per group of 128 the packed codes become int8 codebook values through a
+ * 16-entry byte shuffle, and the integer dot with the int8 activations is
+ * exact: AVX2 / AVX-512 multiply |w| by sign(w)*x (pairs stay below 2^15),
+ * VNNI multiplies w + 128 (unsigned) by x and subtracts 128 * sum(x). The
+ * per-group int32 lanes are scaled by norm * activation scale into float
+ * lanes, reduced once per output. Tokens are taken four at a time so the
+ * unpacked codes serve several rows of the batch. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "engine/qmat.h"
+#include "model/cq.h"
+
+#define T_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define T_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define T_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+static inline int stored_bits(int bits)
+{
+    return bits == CQ_TERNARY ? 2 : bits;
+}
+
+T_AVX2 static inline float norm_f16c(const nd_qmat *m, int r, int g)
+{
+    const uint8_t *p = m->norms + ((size_t)r * (size_t)m->ng + (size_t)g) * 2;
+    return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8));
+}
+
+static inline const uint8_t *group_codes(const nd_qmat *m, int r, int g)
+{
+    return m->codes + (size_t)r * m->row_bytes + (size_t)g * ND_QGROUP * stored_bits(m->bits) / 8;
+}
+
+/* ------------------------------------------------------------------ */
+/* AVX2                                                                 */
+
+/* the group's 128 int8 values as four 32-byte vectors in layout order */
+T_AVX2 static inline void unpack_avx2(const nd_qmat *m, int r, int g, __m256i lut,
+                                      const int8_t lut16[16], __m256i v[4])
+{
+    const uint8_t *p = group_codes(m, r, g);
+    const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
+    switch (stored_bits(m->bits)) {
+    case 4: {
+        __m256i b0 = _mm256_loadu_si256((const __m256i *)p);
+        __m256i b1 = _mm256_loadu_si256((const __m256i *)(p + 32));
+        v[0] = _mm256_shuffle_epi8(lut, _mm256_and_si256(b0, low4));
+        v[1] = _mm256_shuffle_epi8(lut, _mm256_and_si256(b1, low4));
+        v[2] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b0, 4), low4));
+        v[3] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b1, 4), low4));
+        break;
+    }
+    case 2: {
+        __m256i b = _mm256_loadu_si256((const __m256i *)p);
+        v[0] = _mm256_shuffle_epi8(lut, _mm256_and_si256(b, low2));
+        v[1] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b, 2), low2));
+        v[2] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b, 4), low2));
+        v[3] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b, 6), low2));
+        break;
+    }
+    default: {
+        int8_t vals[ND_QGROUP];
+        nd_qmat_unpack_values(m, r, g, lut16, vals);
+        for (int i = 0; i < 4; i++)
+            v[i] = _mm256_loadu_si256((const __m256i *)(vals + 32 * i));
+    }
+    }
+}
+
+/* exact int32 lanes of sum w * a over 128 values */
+T_AVX2 static inline __m256i dot_avx2(const __m256i w[4], const __m256i aw[4], const int8_t *a)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(a + 32 * i));
+        __m256i p = _mm256_maddubs_epi16(aw[i], _mm256_sign_epi8(x, w[i]));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
+    }
+    return acc;
+}
+
+T_AVX2 static inline float hsum_avx2(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+T_AVX2 void nd_qgemm_avx2(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy)
+{
+    int8_t lut16[16];
+    float inv;
+    nd_qcodebook(w->bits, lut16, &inv);
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lut16));
+    const int ng = w->ng, n = x->n;
+    const size_t stride = (size_t)ng * ND_QGROUP;
+    for (int r = r0; r < r1; r++) {
+        int t = 0;
+        for (; t + 4 <= n; t += 4) {
+            __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+            for (int g = 0; g < ng; g++) {
+                __m256i v[4], av[4];
+                unpack_avx2(w, r, g, lut, lut16, v);
+                for (int i = 0; i < 4; i++)
+                    av[i] = _mm256_sign_epi8(v[i], v[i]);
+                float nr = norm_f16c(w, r, g);
+                const int8_t *a = x->q + ((size_t)t * ng + (size_t)g) * ND_QGROUP;
+                const float *sc = x->scale + (size_t)t * ng + g;
+                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_avx2(v, av, a)),
+                                       _mm256_set1_ps(nr * sc[0]), acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_avx2(v, av, a + stride)),
+                                       _mm256_set1_ps(nr * sc[ng]), acc1);
+                acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_avx2(v, av, a + 2 * stride)),
+                                       _mm256_set1_ps(nr * sc[2 * ng]), acc2);
+                acc3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_avx2(v, av, a + 3 * stride)),
+                                       _mm256_set1_ps(nr * sc[3 * ng]), acc3);
+            }
+            y[(size_t)t * ldy + (size_t)r] = hsum_avx2(acc0) * inv;
+            y[(size_t)(t + 1) * ldy + (size_t)r] = hsum_avx2(acc1) * inv;
+            y[(size_t)(t + 2) * ldy + (size_t)r] = hsum_avx2(acc2) * inv;
+            y[(size_t)(t + 3) * ldy + (size_t)r] = hsum_avx2(acc3) * inv;
+        }
+        for (; t < n; t++) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int g = 0; g < ng; g++) {
+                __m256i v[4], av[4];
+                unpack_avx2(w, r, g, lut, lut16, v);
+                for (int i = 0; i < 4; i++)
+                    av[i] = _mm256_sign_epi8(v[i], v[i]);
+                const int8_t *a = x->q + ((size_t)t * ng + (size_t)g) * ND_QGROUP;
+                float s = norm_f16c(w, r, g) * x->scale[(size_t)t * ng + g];
+                acc =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_avx2(v, av, a)), _mm256_set1_ps(s), acc);
+            }
+            y[(size_t)t * ldy + (size_t)r] = hsum_avx2(acc) * inv;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* AVX-512                                                              */
+
+/* the group's 128 values as two 64-byte vectors in layout order, each
+ * byte lut[code] (the caller's lut decides signed or +128 offset) */
+T_AVX512 static inline void unpack_avx512(const nd_qmat *m, int r, int g, __m512i lut,
+                                          const int8_t lut16[16], int offset, __m512i v[2])
+{
+    const uint8_t *p = group_codes(m, r, g);
+    const __m512i low4 = _mm512_set1_epi8(0x0f), low2 = _mm512_set1_epi8(0x03);
+    switch (stored_bits(m->bits)) {
+    case 4: {
+        __m512i b = _mm512_loadu_si512(p);
+        v[0] = _mm512_shuffle_epi8(lut, _mm512_and_si512(b, low4));
+        v[1] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(b, 4), low4));
+        break;
+    }
+    case 2: {
+        /* both halves hold the group's 32 bytes; shift the upper half two
+         * bits further so one vector covers two crumb planes */
+        __m512i b = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
+        const __m512i sh01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+        const __m512i sh23 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+        v[0] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srlv_epi16(b, sh01), low2));
+        v[1] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srlv_epi16(b, sh23), low2));
+        break;
+    }
+    default: {
+        int8_t vals[ND_QGROUP];
+        nd_qmat_unpack_values(m, r, g, lut16, vals);
+        const __m512i off = _mm512_set1_epi8((char)(offset ? 0x80 : 0));
+        v[0] = _mm512_xor_si512(_mm512_loadu_si512(vals), off);
+        v[1] = _mm512_xor_si512(_mm512_loadu_si512(vals + 64), off);
+    }
+    }
+}
+
+T_AVX512 static inline __m512i dot_avx512(const __m512i w[2], const __m512i aw[2], const int8_t *a)
+{
+    const __m512i ones = _mm512_set1_epi16(1);
+    __m512i acc = _mm512_setzero_si512();
+    for (int i = 0; i < 2; i++) {
+        __m512i x = _mm512_loadu_si512(a + 64 * i);
+        /* sign(x, w): negate x where w < 0 (AVX-512 has no psignb) */
+        __mmask64 neg = _mm512_movepi8_mask(w[i]);
+        __m512i xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+        __m512i p = _mm512_maddubs_epi16(aw[i], xs);
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(p, ones));
+    }
+    return acc;
+}
+
+T_AVX512 static inline __m512 step_avx512(__m512 acc, const __m512i w[2], const __m512i aw[2],
+                                          const int8_t *a, float s)
+{
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_avx512(w, aw, a)), _mm512_set1_ps(s), acc);
+}
+
+T_AVX512 void nd_qgemm_avx512(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy)
+{
+    int8_t lut16[16];
+    float inv;
+    nd_qcodebook(w->bits, lut16, &inv);
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut16));
+    const int ng = w->ng, n = x->n;
+    const size_t stride = (size_t)ng * ND_QGROUP;
+    for (int r = r0; r < r1; r++) {
+        int t = 0;
+        for (; t + 4 <= n; t += 4) {
+            __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+            for (int g = 0; g < ng; g++) {
+                __m512i v[2], av[2];
+                unpack_avx512(w, r, g, lut, lut16, 0, v);
+                av[0] = _mm512_abs_epi8(v[0]);
+                av[1] = _mm512_abs_epi8(v[1]);
+                float nr = norm_f16c(w, r, g);
+                const int8_t *a = x->q + ((size_t)t * ng + (size_t)g) * ND_QGROUP;
+                const float *sc = x->scale + (size_t)t * ng + g;
+                acc0 = step_avx512(acc0, v, av, a, nr * sc[0]);
+                acc1 = step_avx512(acc1, v, av, a + stride, nr * sc[ng]);
+                acc2 = step_avx512(acc2, v, av, a + 2 * stride, nr * sc[2 * ng]);
+                acc3 = step_avx512(acc3, v, av, a + 3 * stride, nr * sc[3 * ng]);
+            }
+            y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc0) * inv;
+            y[(size_t)(t + 1) * ldy + (size_t)r] = _mm512_reduce_add_ps(acc1) * inv;
+            y[(size_t)(t + 2) * ldy + (size_t)r] = _mm512_reduce_add_ps(acc2) * inv;
+            y[(size_t)(t + 3) * ldy + (size_t)r] = _mm512_reduce_add_ps(acc3) * inv;
+        }
+        for (; t < n; t++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int g = 0; g < ng; g++) {
+                __m512i v[2], av[2];
+                unpack_avx512(w, r, g, lut, lut16, 0, v);
+                av[0] = _mm512_abs_epi8(v[0]);
+                av[1] = _mm512_abs_epi8(v[1]);
+                const int8_t *a = x->q + ((size_t)t * ng + (size_t)g) * ND_QGROUP;
+                acc = step_avx512(acc, v, av, a, norm_f16c(w, r, g) * x->scale[(size_t)t * ng + g]);
+            }
+            y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc) * inv;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* AVX-512 VNNI                                                         */
+
+/* w . a as int32 lanes: dpbusd takes unsigned x signed bytes, so it sums
+ * (w + 128) * a onto a start of -128 * sum(a) (lane 0), exactly */
+T_VNNI static inline __m512 step_vnni(__m512 acc, const __m512i w[2], const int8_t *a, int32_t asum,
+                                      float s)
+{
+    __m512i start = _mm512_zextsi128_si512(_mm_cvtsi32_si128(-128 * asum));
+    __m512i i = _mm512_dpbusd_epi32(start, w[0], _mm512_loadu_si512(a));
+    i = _mm512_dpbusd_epi32(i, w[1], _mm512_loadu_si512(a + 64));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(s), acc);
+}
+
+T_VNNI void nd_qgemm_avx512vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y,
+                                int ldy)
+{
+    int8_t lut16[16], lut_u8[16];
+    float inv;
+    nd_qcodebook(w->bits, lut16, &inv);
+    for (int i = 0; i < 16; i++)
+        lut_u8[i] = (int8_t)(lut16[i] ^ 0x80); /* + 128 as an unsigned byte */
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut_u8));
+    const int ng = w->ng, n = x->n;
+    const size_t stride = (size_t)ng * ND_QGROUP;
+    for (int r = r0; r < r1; r++) {
+        int t = 0;
+        for (; t + 4 <= n; t += 4) {
+            __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+            for (int g = 0; g < ng; g++) {
+                __m512i v[2];
+                unpack_avx512(w, r, g, lut, lut16, 1, v);
+                float nr = norm_f16c(w, r, g);
+                const int8_t *a = x->q + ((size_t)t * ng + (size_t)g) * ND_QGROUP;
+                const float *sc = x->scale + (size_t)t * ng + g;
+                const int32_t *sm = x->sum + (size_t)t * ng + g;
+                float s0 = nr * sc[0], s1 = nr * sc[ng], s2 = nr * sc[2 * ng], s3 = nr * sc[3 * ng];
+                acc0 = step_vnni(acc0, v, a, sm[0], s0);
+                acc1 = step_vnni(acc1, v, a + stride, sm[ng], s1);
+                acc2 = step_vnni(acc2, v, a + 2 * stride, sm[2 * ng], s2);
+                acc3 = step_vnni(acc3, v, a + 3 * stride, sm[3 * ng], s3);
+            }
+            y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc0) * inv;
+            y[(size_t)(t + 1) * ldy + (size_t)r] = _mm512_reduce_add_ps(acc1) * inv;
+            y[(size_t)(t + 2) * ldy + (size_t)r] = _mm512_reduce_add_ps(acc2) * inv;
+            y[(size_t)(t + 3) * ldy + (size_t)r] = _mm512_reduce_add_ps(acc3) * inv;
+        }
+        for (; t < n; t++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int g = 0; g < ng; g++) {
+                __m512i v[2];
+                unpack_avx512(w, r, g, lut, lut16, 1, v);
+                const int8_t *a = x->q + ((size_t)t * ng + (size_t)g) * ND_QGROUP;
+                float s = norm_f16c(w, r, g) * x->scale[(size_t)t * ng + g];
+                acc = step_vnni(acc, v, a, x->sum[(size_t)t * ng + g], s);
+            }
+            y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc) * inv;
+        }
+    }
+}
+
+#else
+typedef int nd_qmat_x86_unused; /* ISO C: no empty translation unit */
+#endif

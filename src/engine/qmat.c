@@ -108,8 +108,12 @@ int nd_qlevels(int bits, const float **levels)
 
 static int8_t layout_pos[3][ND_QGROUP];
 
+static nd_qact_group_fn select_group_fn(void);
+static nd_qact_group_fn group_fn;
+
 static void cb_compute(void)
 {
+    group_fn = select_group_fn();
     for (int l = 0; l < 3; l++)
         for (int j = 0; j < ND_QGROUP; j++)
             layout_pos[l][j] = (int8_t)nd_qlayout_pos(l, j);
@@ -190,6 +194,55 @@ void nd_qmat_row(const nd_qmat *m, int r, float *out)
 
 /* ---- activations ---- */
 
+void nd_qact_group_ref(const float *v, int8_t *q, float *amax, int32_t *sum)
+{
+    float x[ND_QGROUP];
+    memcpy(x, v, sizeof x);
+    fwht128(x);
+    float mx = 0.0f;
+    for (int j = 0; j < ND_QGROUP; j++)
+        mx = fabsf(x[j]) > mx ? fabsf(x[j]) : mx;
+    float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+    int32_t s = 0;
+    for (int j = 0; j < ND_QGROUP; j++) {
+        float r = x[j] * inv;
+        int qi = (int)(r + (r >= 0.0f ? 0.5f : -0.5f)); /* nearest, ties away */
+        q[j] = (int8_t)qi;
+        s += qi;
+    }
+    *amax = mx;
+    *sum = s;
+}
+
+static nd_qact_group_fn select_group_fn(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        return nd_qact_group_avx512;
+#endif
+    return nd_qact_group_ref;
+}
+
+/* group tg (token tg / ng, group tg % ng) of x into a */
+static void prepare_group(nd_qact *a, const float *x, long tg, float rs)
+{
+    long t = tg / a->ng, g = tg % a->ng;
+    float v[ND_QGROUP], mx;
+    int8_t natural[ND_QGROUP];
+    int c0 = (int)g * ND_QGROUP, m = a->in - c0 < ND_QGROUP ? a->in - c0 : ND_QGROUP;
+    memcpy(v, x + t * a->in + c0, (size_t)m * sizeof *v);
+    for (int j = m; j < ND_QGROUP; j++)
+        v[j] = 0.0f;
+    group_fn(v, natural, &mx, &a->sum[tg]);
+    int8_t *q = a->q + tg * ND_QGROUP;
+    const int8_t *pos = layout_pos[a->layout];
+    for (int j = 0; j < ND_QGROUP; j++)
+        q[pos[j]] = natural[j];
+    a->scale[tg] = mx / 127.0f * rs;
+}
+
 int nd_qact_prepare(nd_qact *a, const float *x, int n, int in, int layout)
 {
     int ng = (in + ND_QGROUP - 1) / ND_QGROUP;
@@ -214,31 +267,15 @@ int nd_qact_prepare(nd_qact *a, const float *x, int n, int in, int layout)
     a->layout = layout;
     pthread_once(&cb_once, cb_compute);
     const float rs = (float)(1.0 / sqrt((double)ND_QGROUP));
-#pragma omp parallel for schedule(static) if ((long)n * in > (1L << 16))
-    for (long tg = 0; tg < (long)n * ng; tg++) {
-        long t = tg / ng, g = tg % ng;
-        float v[ND_QGROUP];
-        int c0 = (int)g * ND_QGROUP, m = in - c0 < ND_QGROUP ? in - c0 : ND_QGROUP;
-        memcpy(v, x + t * in + c0, (size_t)m * sizeof *v);
-        for (int j = m; j < ND_QGROUP; j++)
-            v[j] = 0.0f;
-        fwht128(v);
-        float mx = 0.0f;
-        for (int j = 0; j < ND_QGROUP; j++)
-            mx = fabsf(v[j]) > mx ? fabsf(v[j]) : mx;
-        float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
-        int8_t *q = a->q + tg * ND_QGROUP;
-        const int8_t *pos = layout_pos[layout];
-        int32_t sum = 0;
-        for (int j = 0; j < ND_QGROUP; j++) {
-            float r = v[j] * inv;
-            int qi = (int)(r + (r >= 0.0f ? 0.5f : -0.5f)); /* nearest, ties away */
-            q[pos[j]] = (int8_t)qi;
-            sum += qi;
-        }
-        a->scale[tg] = mx / 127.0f * rs;
-        a->sum[tg] = sum;
+    long groups = (long)n * ng;
+    if (groups * ND_QGROUP <= (1L << 18)) { /* a few groups: no thread team */
+        for (long tg = 0; tg < groups; tg++)
+            prepare_group(a, x, tg, rs);
+        return ND_OK;
     }
+#pragma omp parallel for schedule(static)
+    for (long tg = 0; tg < groups; tg++)
+        prepare_group(a, x, tg, rs);
     return ND_OK;
 }
 
@@ -323,20 +360,43 @@ const nd_qkernel *nd_qkernel_best(void)
     return best_kernel;
 }
 
+/* tokens [t0, t0 + n) of x */
+static nd_qact token_view(const nd_qact *x, int t0, int n)
+{
+    nd_qact v = *x;
+    size_t off = (size_t)t0 * (size_t)x->ng;
+    v.n = n;
+    v.q += off * ND_QGROUP;
+    v.scale += off;
+    v.sum += off;
+    return v;
+}
+
 void nd_qgemm(const nd_qmat *w, const nd_qact *x, float *y, int ldy)
 {
     nd_qgemm_fn fn = nd_qkernel_best()->gemm;
+    /* token blocks whose int8 activations stay in L1 (32 KB) while every
+     * row of the block streams past; row blocks of 16 split over threads */
+    int tb = 32768 / (x->ng * ND_QGROUP);
+    tb = tb < 4 ? 4 : tb / 4 * 4;
+    int t_blocks = (x->n + tb - 1) / tb, r_blocks = (w->rows + 15) / 16;
     long work = (long)w->rows * w->in * x->n;
-    int threads = omp_get_max_threads();
-    if (threads < 2 || work < (1L << 21) || w->rows < 64) {
-        fn(w, x, 0, w->rows, y, ldy);
+    if (omp_get_max_threads() < 2 || work < (1L << 21) || w->rows < 64) {
+        for (int b = 0; b < t_blocks; b++) {
+            int t0 = b * tb, n = x->n - t0 < tb ? x->n - t0 : tb;
+            nd_qact v = token_view(x, t0, n);
+            fn(w, &v, 0, w->rows, y + (size_t)t0 * ldy, ldy);
+        }
         return;
     }
-    /* row blocks of 16 (a multiple of every kernel's row tile) */
-    int blocks = (w->rows + 15) / 16;
-#pragma omp parallel for schedule(static)
-    for (int b = 0; b < blocks; b++) {
-        int r0 = b * 16, r1 = r0 + 16 < w->rows ? r0 + 16 : w->rows;
-        fn(w, x, r0, r1, y, ldy);
+    /* dynamic: a thread that the OS has parked (shared cores) must not
+     * hold up its share of the rows */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long task = 0; task < (long)t_blocks * r_blocks; task++) {
+        int b = (int)(task / r_blocks), rb = (int)(task % r_blocks);
+        int t0 = b * tb, n = x->n - t0 < tb ? x->n - t0 : tb;
+        int r0 = rb * 16, r1 = r0 + 16 < w->rows ? r0 + 16 : w->rows;
+        nd_qact v = token_view(x, t0, n);
+        fn(w, &v, r0, r1, y + (size_t)t0 * ldy, ldy);
     }
 }

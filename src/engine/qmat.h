@@ -97,11 +97,17 @@ void nd_qmat_unpack_values(const nd_qmat *m, int r, int g, const int8_t lut[16],
 /* Position of natural index j inside a group stored in `layout`. */
 int nd_qlayout_pos(int layout, int j);
 
+/* One activation group (128 floats, zero-padded): Walsh-Hadamard transform
+ * (unnormalised), max |.|, int8 at 127 / max in the NATURAL order, sum. */
+typedef void (*nd_qact_group_fn)(const float *v, int8_t *q, float *amax, int32_t *sum);
+void nd_qact_group_ref(const float *v, int8_t *q, float *amax, int32_t *sum);
+
 void nd_qgemm_ref(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
 #if defined(__x86_64__) || defined(__i386__)
 void nd_qgemm_avx2(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
 void nd_qgemm_avx512(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
 void nd_qgemm_avx512vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
+void nd_qact_group_avx512(const float *v, int8_t *q, float *amax, int32_t *sum);
 #endif
 #if defined(__aarch64__)
 void nd_qgemm_neon(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);

@@ -261,6 +261,36 @@ T_VNNI static inline __m512 step_vnni(__m512 acc, const __m512i w[2], const int8
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(s), acc);
 }
 
+/* One token, at most 16 groups (inputs up to 2048): the row's norms are
+ * converted and scaled in one vector and each group's offset correction is
+ * precomputed, leaving shuffles, two dpbusd and one fma per group. */
+T_VNNI static void matvec_vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y,
+                               __m512i lut, const int8_t lut16[16], float inv)
+{
+    const int ng = w->ng;
+    const __mmask16 gm = (__mmask16)((1u << ng) - 1);
+    __m512i start[16];
+    for (int g = 0; g < ng; g++)
+        start[g] = _mm512_zextsi128_si512(_mm_cvtsi32_si128(-128 * x->sum[g]));
+    const __m512 xs = _mm512_maskz_loadu_ps(gm, x->scale);
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *np = w->norms + (size_t)r * (size_t)ng * 2;
+        __m512 s = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, np)), xs);
+        float sv[16];
+        _mm512_storeu_ps(sv, s);
+        __m512 acc = _mm512_setzero_ps();
+        for (int g = 0; g < ng; g++) {
+            __m512i v[2];
+            unpack_avx512(w, r, g, lut, lut16, 1, v);
+            const int8_t *a = x->q + (size_t)g * ND_QGROUP;
+            __m512i i = _mm512_dpbusd_epi32(start[g], v[0], _mm512_loadu_si512(a));
+            i = _mm512_dpbusd_epi32(i, v[1], _mm512_loadu_si512(a + 64));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(sv[g]), acc);
+        }
+        y[r] = _mm512_reduce_add_ps(acc) * inv;
+    }
+}
+
 T_VNNI void nd_qgemm_avx512vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y,
                                 int ldy)
 {
@@ -272,6 +302,10 @@ T_VNNI void nd_qgemm_avx512vnni(const nd_qmat *w, const nd_qact *x, int r0, int 
     const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut_u8));
     const int ng = w->ng, n = x->n;
     const size_t stride = (size_t)ng * ND_QGROUP;
+    if (n == 1 && ng <= 16) {
+        matvec_vnni(w, x, r0, r1, y, lut, lut16, inv);
+        return;
+    }
     for (int r = r0; r < r1; r++) {
         int t = 0;
         for (; t + 4 <= n; t += 4) {
@@ -306,6 +340,55 @@ T_VNNI void nd_qgemm_avx512vnni(const nd_qmat *w, const nd_qact *x, int r0, int 
             y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc) * inv;
         }
     }
+}
+
+/* ------------------------------------------------------------------ */
+/* activation groups                                                    */
+
+/* x[j] + x[j ^ h] or x[j ^ h] - x[j] (lanes with bit h): one butterfly
+ * stage of the Walsh-Hadamard transform inside a 16-lane register */
+T_AVX512 static inline __m512 butterfly_in_lane(__m512 x, int h)
+{
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i idx = _mm512_xor_si512(lane, _mm512_set1_epi32(h));
+    __mmask16 high = _mm512_test_epi32_mask(lane, _mm512_set1_epi32(h));
+    __m512 p = _mm512_permutexvar_ps(idx, x);
+    return _mm512_mask_sub_ps(_mm512_add_ps(x, p), high, p, x);
+}
+
+T_AVX512 void nd_qact_group_avx512(const float *v, int8_t *q, float *amax, int32_t *sum)
+{
+    __m512 x[8];
+    for (int k = 0; k < 8; k++)
+        x[k] = _mm512_loadu_ps(v + 16 * k);
+    for (int h = 1; h < 16; h <<= 1)
+        for (int k = 0; k < 8; k++)
+            x[k] = butterfly_in_lane(x[k], h);
+    for (int s = 1; s < 8; s <<= 1) /* stages 16, 32, 64 across registers */
+        for (int k = 0; k < 8; k++)
+            if (!(k & s)) {
+                __m512 a = x[k], b = x[k + s];
+                x[k] = _mm512_add_ps(a, b);
+                x[k + s] = _mm512_sub_ps(a, b);
+            }
+    __m512 mx = _mm512_setzero_ps();
+    for (int k = 0; k < 8; k++)
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(x[k]));
+    float m = _mm512_reduce_max_ps(mx);
+    __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+    const __m512 half = _mm512_set1_ps(0.5f);
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    __m512i total = _mm512_setzero_si512();
+    for (int k = 0; k < 8; k++) { /* nearest, ties away from zero, as the scalar path */
+        __m512 r = _mm512_mul_ps(x[k], inv);
+        __m512 bias = _mm512_castsi512_ps(_mm512_or_si512(
+            _mm512_castps_si512(half), _mm512_and_si512(_mm512_castps_si512(r), sign)));
+        __m512i qi = _mm512_cvttps_epi32(_mm512_add_ps(r, bias));
+        total = _mm512_add_epi32(total, qi);
+        _mm_storeu_si128((__m128i *)(q + 16 * k), _mm512_cvtsepi32_epi8(qi));
+    }
+    *amax = m;
+    *sum = _mm512_reduce_add_epi32(total);
 }
 
 #else

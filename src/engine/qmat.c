@@ -237,9 +237,12 @@ static void prepare_group(nd_qact *a, const float *x, long tg, float rs)
         v[j] = 0.0f;
     group_fn(v, natural, &mx, &a->sum[tg]);
     int8_t *q = a->q + tg * ND_QGROUP;
+    uint8_t *qu = a->qu + tg * ND_QGROUP;
     const int8_t *pos = layout_pos[a->layout];
-    for (int j = 0; j < ND_QGROUP; j++)
+    for (int j = 0; j < ND_QGROUP; j++) {
         q[pos[j]] = natural[j];
+        qu[pos[j]] = (uint8_t)(natural[j] + 128);
+    }
     a->scale[tg] = mx / 127.0f * rs;
 }
 
@@ -251,13 +254,16 @@ int nd_qact_prepare(nd_qact *a, const float *x, int n, int in, int layout)
         void *q = realloc(a->q, (size_t)cap * ND_QGROUP);
         if (q)
             a->q = q;
+        void *qu = realloc(a->qu, (size_t)cap * ND_QGROUP);
+        if (qu)
+            a->qu = qu;
         void *s = realloc(a->scale, (size_t)cap * sizeof *a->scale);
         if (s)
             a->scale = s;
         void *u = realloc(a->sum, (size_t)cap * sizeof *a->sum);
         if (u)
             a->sum = u;
-        if (!q || !s || !u)
+        if (!q || !qu || !s || !u)
             return nd_error(ND_ENOMEM, "out of memory preparing activations");
         a->cap_rows = (int)cap;
     }
@@ -282,6 +288,7 @@ int nd_qact_prepare(nd_qact *a, const float *x, int n, int in, int layout)
 void nd_qact_free(nd_qact *a)
 {
     free(a->q);
+    free(a->qu);
     free(a->scale);
     free(a->sum);
     memset(a, 0, sizeof *a);
@@ -367,6 +374,7 @@ static nd_qact token_view(const nd_qact *x, int t0, int n)
     size_t off = (size_t)t0 * (size_t)x->ng;
     v.n = n;
     v.q += off * ND_QGROUP;
+    v.qu += off * ND_QGROUP;
     v.scale += off;
     v.sum += off;
     return v;

@@ -38,6 +38,7 @@ enum { ND_QLAYOUT_NATURAL, ND_QLAYOUT_NIBBLE, ND_QLAYOUT_CRUMB };
 typedef struct {
     int n, in, ng, layout, cap_rows;
     int8_t *q;    /* [n][ng][128] */
+    uint8_t *qu;  /* q + 128 as unsigned bytes (VNNI's unsigned operand) */
     float *scale; /* [n][ng]: x_rot ~= scale * q */
     int32_t *sum; /* [n][ng]: sum of q (offset correction of u8 x s8 dots) */
 } nd_qact;

@@ -261,6 +261,15 @@ T_VNNI static inline __m512 step_vnni(__m512 acc, const __m512i w[2], const int8
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(s), acc);
 }
 
+/* (a + 128) . w onto start (-128 * sum(w) lanes): the exact w . a */
+T_VNNI static inline __m512 step_vnni_u(__m512 acc, __m512i start, const __m512i w[2],
+                                        const uint8_t *a, float s)
+{
+    __m512i i = _mm512_dpbusd_epi32(start, _mm512_loadu_si512(a), w[0]);
+    i = _mm512_dpbusd_epi32(i, _mm512_loadu_si512(a + 64), w[1]);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(s), acc);
+}
+
 /* One token, at most 16 groups (inputs up to 2048): the row's norms are
  * converted and scaled in one vector and each group's offset correction is
  * precomputed, leaving shuffles, two dpbusd and one fma per group. */
@@ -306,22 +315,27 @@ T_VNNI void nd_qgemm_avx512vnni(const nd_qmat *w, const nd_qact *x, int r0, int 
         matvec_vnni(w, x, r0, r1, y, lut, lut16, inv);
         return;
     }
+    const __m512i lut_s8 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut16));
+    const __m512i u128 = _mm512_set1_epi8((char)0x80);
     for (int r = r0; r < r1; r++) {
         int t = 0;
+        /* four tokens: signed codes times unsigned activations (a + 128),
+         * started at -128 * (codes' lane sums), computed once per group */
         for (; t + 4 <= n; t += 4) {
             __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
             for (int g = 0; g < ng; g++) {
                 __m512i v[2];
-                unpack_avx512(w, r, g, lut, lut16, 1, v);
+                unpack_avx512(w, r, g, lut_s8, lut16, 0, v);
+                __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u128, v[0]);
+                c = _mm512_dpbusd_epi32(c, u128, v[1]);
+                const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(), c);
                 float nr = norm_f16c(w, r, g);
-                const int8_t *a = x->q + ((size_t)t * ng + (size_t)g) * ND_QGROUP;
+                const uint8_t *a = x->qu + ((size_t)t * ng + (size_t)g) * ND_QGROUP;
                 const float *sc = x->scale + (size_t)t * ng + g;
-                const int32_t *sm = x->sum + (size_t)t * ng + g;
-                float s0 = nr * sc[0], s1 = nr * sc[ng], s2 = nr * sc[2 * ng], s3 = nr * sc[3 * ng];
-                acc0 = step_vnni(acc0, v, a, sm[0], s0);
-                acc1 = step_vnni(acc1, v, a + stride, sm[ng], s1);
-                acc2 = step_vnni(acc2, v, a + 2 * stride, sm[2 * ng], s2);
-                acc3 = step_vnni(acc3, v, a + 3 * stride, sm[3 * ng], s3);
+                acc0 = step_vnni_u(acc0, start, v, a, nr * sc[0]);
+                acc1 = step_vnni_u(acc1, start, v, a + stride, nr * sc[ng]);
+                acc2 = step_vnni_u(acc2, start, v, a + 2 * stride, nr * sc[2 * ng]);
+                acc3 = step_vnni_u(acc3, start, v, a + 3 * stride, nr * sc[3 * ng]);
             }
             y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc0) * inv;
             y[(size_t)(t + 1) * ldy + (size_t)r] = _mm512_reduce_add_ps(acc1) * inv;

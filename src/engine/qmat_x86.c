@@ -282,7 +282,13 @@ T_VNNI static void matvec_vnni(const nd_qmat *w, const nd_qact *x, int r0, int r
     for (int g = 0; g < ng; g++)
         start[g] = _mm512_zextsi128_si512(_mm_cvtsi32_si128(-128 * x->sum[g]));
     const __m512 xs = _mm512_maskz_loadu_ps(gm, x->scale);
+    /* one token reads each code byte once: fetch rows ahead, the hardware
+     * prefetcher restarts on every (small) matrix and page */
+    const size_t ahead = 1024 > w->row_bytes ? 1024 : w->row_bytes;
     for (int r = r0; r < r1; r++) {
+        const char *next = (const char *)w->codes + (size_t)r * w->row_bytes + ahead;
+        for (size_t off = 0; off < w->row_bytes; off += 64)
+            _mm_prefetch(next + off, _MM_HINT_T0);
         const uint8_t *np = w->norms + (size_t)r * (size_t)ng * 2;
         __m512 s = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, np)), xs);
         float sv[16];

@@ -287,6 +287,13 @@ def run_all(tmp):
     lib = bind()
     mA, mB, mC = (lib.needle_model_load(arch[t].encode()) for t in "ABC")
     check(mA and mB and mC, "models load: %r" % lib.needle_thread_error())
+    # the engine's float path (dequantised weights, float activations): the
+    # heads' math exactly; the default quantised path (int8 activations)
+    # within its rounding
+    os.environ["NEEDLE_FLOAT"] = "1"
+    mAf = lib.needle_model_load(arch["A"].encode())
+    del os.environ["NEEDLE_FLOAT"]
+    check(mAf, "float-path model loads: %r" % lib.needle_thread_error())
 
     # ---- heads against numpy ----
     c, P, heads = flat_params_from_cact(arch["A"], cfg)
@@ -295,10 +302,14 @@ def run_all(tmp):
     toks = tokenize([QUERY] + texts)
     q_np = np_embed(model, heads["contrastive"], toks[0])
     t_np = np.array([np_embed(model, heads["contrastive"], t) for t in toks[1:]])
-    q_c = c_embed(lib, mA, QUERY)
-    t_c = np.array([c_embed(lib, mA, t) for t in texts])
+    q_c = c_embed(lib, mAf, QUERY)
+    t_c = np.array([c_embed(lib, mAf, t) for t in texts])
     err = max(np.abs(q_c - q_np).max(), np.abs(t_c - t_np).max())
-    check(err < 2e-4, "contrastive embeddings vs numpy: max error %.3g" % err)
+    check(err < 2e-4, "contrastive embeddings (float path) vs numpy: max error %.3g" % err)
+    q_q = c_embed(lib, mA, QUERY)
+    t_q = np.array([c_embed(lib, mA, t) for t in texts])
+    err_q = max(np.abs(q_q - q_np).max(), np.abs(t_q - t_np).max())
+    check(err_q < 1e-2, "contrastive embeddings (quantised path) vs numpy: max error %.3g" % err_q)
     scores = t_np @ q_np
     order = sorted(range(len(TOOLS)), key=lambda i: -scores[i])
     gap = scores[order[4]] - scores[order[5]]
@@ -310,13 +321,19 @@ def run_all(tmp):
     seq = [2] + tokenize(["<|im_start|>user\nturn on the lights<|im_end|>\n"])[0]
     ids = (ctypes.c_int * len(seq))(*seq)
     p = ctypes.c_double()
-    check(lib.needle_model_head_confidence(mA, ids, len(seq), ctypes.byref(p)) == 0,
+    check(lib.needle_model_head_confidence(mAf, ids, len(seq), ctypes.byref(p)) == 0,
           "head confidence: %r" % lib.needle_thread_error())
     logit = head_out(model, heads["confidence"], seq)[0]
     p_np = 1 / (1 + math.exp(-logit))
-    print("confidence head: C %.8g, numpy %.8g" % (p.value, p_np))
+    print("confidence head (float path): C %.8g, numpy %.8g" % (p.value, p_np))
     check(abs(p.value - p_np) < 1e-5 and 0.02 < p_np < 0.98,
-          "confidence head: C %.8g vs numpy %.8g" % (p.value, p_np))
+          "confidence head (float path): C %.8g vs numpy %.8g" % (p.value, p_np))
+    pq = ctypes.c_double()
+    check(lib.needle_model_head_confidence(mA, ids, len(seq), ctypes.byref(pq)) == 0,
+          "head confidence (quantised): %r" % lib.needle_thread_error())
+    print("confidence head (quantised path): C %.8g" % pq.value)
+    check(abs(pq.value - p_np) < 3e-3,
+          "confidence head (quantised path): C %.8g vs numpy %.8g" % (pq.value, p_np))
     check(lib.needle_model_head_confidence(mC, ids, len(seq), ctypes.byref(p)) == -9,
           "no confidence head: NEEDLE_EUNSUPPORTED")
     check(lib.needle_model_embed(mC, b"x", None, 0) == -9, "no contrastive head")
@@ -349,7 +366,7 @@ def run_all(tmp):
     mdig, ents = read_index(idx)
     check(mdig == digA, "index keyed by the archive's SHA-256")
     check(len(ents) == 8 and all(
-        e[0] == hashlib.sha256(t.encode()).digest() and np.array_equal(e[1], t_c[i].astype("<f4"))
+        e[0] == hashlib.sha256(t.encode()).digest() and np.array_equal(e[1], t_q[i].astype("<f4"))
         for i, (e, t) in enumerate(zip(ents, texts))), "index entries: tool digest + embedding")
     before = stat(idx)
     n0 = lib.nd_retrieval_embed_count()
@@ -408,10 +425,10 @@ def run_all(tmp):
     want_sc = [0.1, 0.9, -0.2, 0.8, 0.7, 0.3, 0.95, 0.6]  # top 5: 1, 3, 4, 6, 7
     embs = []
     for i, sc in enumerate(want_sc):
-        u = rng.normal(0, 1, q_c.shape)
-        u -= (u @ q_c) / (q_c @ q_c) * q_c
+        u = rng.normal(0, 1, q_q.shape)
+        u -= (u @ q_q) / (q_q @ q_q) * q_q
         u /= np.linalg.norm(u)
-        embs.append(sc * q_c / np.linalg.norm(q_c) + math.sqrt(1 - sc * sc) * u)
+        embs.append(sc * q_q / np.linalg.norm(q_q) + math.sqrt(1 - sc * sc) * u)
     crafted = os.path.join(tmp, "crafted.idx")
     write_index(crafted, digA, texts, np.array(embs))
     before = stat(crafted)
@@ -470,7 +487,7 @@ def run_all(tmp):
     check(isinstance(conf["A"], float) and 0 < conf["A"] <= conf["C"],
           "A: min(head, decoding) %r <= %r" % (conf["A"], conf["C"]))
 
-    for m in (mA, mB, mC):
+    for m in (mA, mB, mC, mAf):
         lib.needle_model_free(m)
     if FAIL:
         print("%d failure(s)" % len(FAIL))

@@ -1,5 +1,6 @@
-/* The inference engine (issue 6): a .cact archive turned back into float32
- * SAN weights, incremental decoding with a KV cache, and the tool-calling
+/* The inference engine (issue 6): a .cact archive run in place (quantised
+ * matmuls on its CQ blobs) or turned back into float32 SAN weights,
+ * incremental decoding with a KV cache, and the tool-calling
  * session (prompt, grammar-constrained call, envelope) behind include/needle.h.
  *
  * Internal header: the public API is include/needle.h. */
@@ -10,6 +11,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "engine/qmat.h"
 #include "io/cact.h"
 #include "model/params.h"
 #include "text/tokenizer.h"
@@ -25,6 +27,31 @@ int nd_cact_config(const cact_file *f, san_config *c);
  * (L, n*d, k). The archive may be freed afterwards. */
 int nd_cact_to_model(const cact_file *f, san_model *m);
 
+/* The quantised path's matrices: views into the archive's CQ blobs (the
+ * archive must outlive them). */
+typedef struct {
+    nd_qmat wq, wk, wv, wgate, wout; /* [out, in] */
+} nd_qlayer;
+
+typedef struct {
+    nd_qmat emb;                        /* [V, d]: rows for the lookup, tied logits */
+    nd_qlayer *layer;                   /* [L] */
+    nd_qmat phi_pre, phi_post, phi_res; /* [L * k, n * d] */
+    struct {
+        nd_qmat table, wk, wv; /* [K * slots, sub], [d, K * sub] x 2 */
+    } eng[SAN_MAX_SITES];
+} nd_qweights;
+
+/* Quantised path: only the small tensors (norms, gains, diagonals, taps)
+ * are converted into m (its matrices stay NULL); q points into f. */
+int nd_cact_to_qmodel(const cact_file *f, san_model *m, nd_qweights *q);
+void nd_qweights_free(nd_qweights *q);
+/* Bytes of weights one decoded token reads (all matrices once, one row per
+ * engram table, the whole embedding for the logits). */
+size_t nd_qweights_bytes_per_token(const nd_qweights *q, const san_model *m);
+/* 1 when $NEEDLE_FLOAT asks for the dequantise-to-float path. */
+int nd_engine_float_path(void);
+
 /* The archive's RAW tokenizer blob as a tokenizer. */
 int nd_cact_tokenizer(const cact_file *f, nd_tokenizer **tok);
 
@@ -39,6 +66,12 @@ int nd_cact_tokenizer(const cact_file *f, nd_tokenizer **tok);
 typedef struct {
     const san_model *m;
     const nd_backend *be;
+    const nd_qweights *qw; /* non-NULL: quantised matmuls (nd_kv_use_quant) */
+    nd_qact qa;            /* the current input's int8 activations */
+    /* when set, called with the cells probe heads pool: layer -1 the x0
+     * rows, then each layer's lane mean, for the n rows from position p0 */
+    void (*cells_hook)(void *ctx, int layer, int p0, const float *cells, int n);
+    void *cells_ctx;
     int len, cap, max_len;
     int kv_window; /* attend only to the last kv_window keys (0 = all) */
     int32_t *tokens;
@@ -59,6 +92,8 @@ typedef struct {
  * (longer inputs are split). kv_window 0 = full causal attention. */
 int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chunk, int kv_window);
 void nd_kv_free(nd_kv_state *s);
+/* Run the matrices from q (m then only needs its small tensors). */
+void nd_kv_use_quant(nd_kv_state *s, const nd_qweights *q);
 /* Forget everything after the first `len` positions. */
 void nd_kv_rewind(nd_kv_state *s, int len);
 /* Run `n` new tokens at positions len..len+n-1 and append them. Logits of

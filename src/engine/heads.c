@@ -133,9 +133,24 @@ static void pool_cells(pool_state *ps, const float *cells, long N, const uint8_t
     }
 }
 
-/* The head's raw outputs (pooled @ proj^T + bias) for t[0..T). */
-static int head_run(const san_model *m, const nd_backend *be, const nd_probe_head *h,
-                    const int32_t *t, int T, double *out)
+typedef struct {
+    pool_state *ps;
+    const uint8_t *keep;
+} pool_hook_ctx;
+
+static void pool_hook(void *ctx, int layer, int p0, const float *cells, int n)
+{
+    (void)layer;
+    pool_hook_ctx *h = ctx;
+    pool_cells(h->ps, cells, n, h->keep + p0);
+}
+
+/* The head's raw outputs (pooled @ proj^T + bias) for t[0..T): the
+ * engine's own forward (quantised or float, as the model was loaded), one
+ * chunk of T rows with full causal attention, pooling the cells as each
+ * layer finishes. */
+static int head_run(const san_model *m, const nd_backend *be, const nd_heads *hs,
+                    const nd_probe_head *h, const int32_t *t, int T, double *out)
 {
     if (!h->present)
         return nd_error(ND_EARG, "the archive has no such probe head");
@@ -143,18 +158,19 @@ static int head_run(const san_model *m, const nd_backend *be, const nd_probe_hea
         return nd_error(ND_ELIMIT, "probe head over %d tokens (max_seq_len %d)", T,
                         m->cfg.max_seq_len);
     const san_dims *D = &m->dims;
-    int d = D->d, n = D->n, P = h->n_probes;
-    san_acts a;
-    int rc = san_acts_create_rows(&a, be, m, T, 1, T, 1, 0, 0);
+    int d = D->d, P = h->n_probes;
+    nd_kv_state kv;
+    int rc = nd_kv_init(&kv, m, be, T, 0);
     if (rc)
         return rc;
+    if (hs->qw)
+        nd_kv_use_quant(&kv, hs->qw);
     pool_state ps = {P, d, h->probes, NULL, NULL, NULL};
     ps.mx = malloc((size_t)P * sizeof *ps.mx);
     ps.sum = calloc((size_t)P, sizeof *ps.sum);
     ps.acc = calloc((size_t)P * (size_t)d, sizeof *ps.acc);
     uint8_t *keep = malloc((size_t)T);
-    if (!ps.mx || !ps.sum || !ps.acc || !keep || nd_layout_dense(&a.lay, 1, T) ||
-        san_acts_use_layout(&a)) {
+    if (!ps.mx || !ps.sum || !ps.acc || !keep) {
         rc = nd_error(ND_ENOMEM, "out of memory");
         goto done;
     }
@@ -169,22 +185,11 @@ static int head_run(const san_model *m, const nd_backend *be, const nd_probe_hea
     }
     for (int k = 0; k < P; k++)
         ps.mx[k] = -INFINITY;
-    /* the forward of san_forward_hidden, pooling each layer's lane mean */
-    be->embed(be, a.x0, m->w.emb, t, T, d, (float)sqrt((double)d));
-    san_engram_forward(m, &m->w, &a, t);
-    be->lanes_broadcast(be, a.X, a.x0, T, n, d);
-    nd_backend_sync(be);
-    pool_cells(&ps, a.x0, T, keep);
-    for (int l = 0; l < D->L; l++) {
-        a.l = a.l_scratch;
-        san_layer_forward(m, &m->w, &a, l, a.X, a.Xn);
-        float *x = a.X;
-        a.X = a.Xn;
-        a.Xn = x;
-        be->lanes_mean(be, a.xm, a.X, T, n, d);
-        nd_backend_sync(be);
-        pool_cells(&ps, a.xm, T, keep);
-    }
+    pool_hook_ctx hc = {&ps, keep};
+    kv.cells_hook = pool_hook;
+    kv.cells_ctx = &hc;
+    if ((rc = nd_kv_forward(&kv, t, T, NULL, 0)))
+        goto done;
     /* pooled (P*d) @ proj^T + bias */
     size_t Pd = (size_t)P * (size_t)d;
     for (int o = 0; o < h->out_dim; o++) {
@@ -200,7 +205,7 @@ done:
     free(ps.sum);
     free(ps.acc);
     free(keep);
-    san_acts_free(&a);
+    nd_kv_free(&kv);
     return rc;
 }
 
@@ -211,7 +216,7 @@ int nd_head_embed(const san_model *m, const nd_backend *be, const nd_heads *h, c
     double *raw = malloc((size_t)(ph->present ? ph->out_dim : 1) * sizeof *raw);
     if (!raw)
         return nd_error(ND_ENOMEM, "out of memory");
-    int rc = head_run(m, be, ph, t, T, raw);
+    int rc = head_run(m, be, h, ph, t, T, raw);
     if (!rc) {
         double ss = 0;
         for (int o = 0; o < ph->out_dim; o++)
@@ -228,7 +233,7 @@ int nd_head_confidence(const san_model *m, const nd_backend *be, const nd_heads 
                        const int32_t *t, int T, double *p)
 {
     double logit;
-    int rc = head_run(m, be, &h->confidence, t, T, &logit);
+    int rc = head_run(m, be, h, &h->confidence, t, T, &logit);
     if (!rc)
         *p = 1.0 / (1.0 + exp(-logit));
     return rc;

@@ -20,6 +20,7 @@
 
 #include "backend/backend.h"
 #include "io/cact.h"
+#include "engine/engine.h"
 #include "model/params.h"
 
 typedef struct {
@@ -32,6 +33,7 @@ typedef struct {
 
 typedef struct {
     nd_probe_head contrastive, confidence;
+    const nd_qweights *qw; /* the model's quantised matrices, or NULL (float weights) */
 } nd_heads;
 
 /* Read the optional heads of a parsed archive whose model is `m` (its

@@ -99,10 +99,16 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     return ND_OK;
 }
 
+void nd_kv_use_quant(nd_kv_state *s, const nd_qweights *q)
+{
+    s->qw = q;
+}
+
 void nd_kv_free(nd_kv_state *s)
 {
     if (!s)
         return;
+    nd_qact_free(&s->qa);
     free(s->scratch);
     nd_layout_buf_free(&s->lay);
     free(s->tokens);
@@ -161,6 +167,32 @@ static int kv_reserve(nd_kv_state *s, int need)
     return ND_OK;
 }
 
+/* base + off, NULL for a matrix the quantised path leaves in the archive */
+static const float *slice(const float *base, size_t off)
+{
+    return base ? base + off : NULL;
+}
+
+/* y = x @ W for a weight matrix: the archive's CQ matrix w ([out, in]) on
+ * the quantised path, else the float kernel wf ((in, out)). fresh = 0
+ * reuses the int8 activations of the previous call on the same x. */
+static int wmatmul(nd_kv_state *s, const float *x, int n, int in, const float *wf, const nd_qmat *w,
+                   int out, float *y, int ldy, int fresh)
+{
+    if (!s->qw) {
+        s->be->matmul(s->be, 0, 0, n, out, in, 1.0f, x, in, wf, out, 0.0f, y, ldy);
+        return ND_OK;
+    }
+    int layout = nd_qmat_layout(w);
+    if (fresh || s->qa.layout != layout || s->qa.n != n || s->qa.in != in) {
+        int rc = nd_qact_prepare(&s->qa, x, n, in, layout);
+        if (rc)
+            return rc;
+    }
+    nd_qgemm(w, &s->qa, y, ldy);
+    return ND_OK;
+}
+
 typedef struct {
     nd_kv_state *s;
     int l, p0;
@@ -186,6 +218,7 @@ static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
         for (int j = j0; j <= p; j++) {
             const float *kr = K + (size_t)j * kvd + (size_t)g * hd;
             float acc = 0.0f;
+#pragma omp simd reduction(+ : acc) /* lets the compiler vectorise the dot */
             for (int e = 0; e < hd; e++)
                 acc += q[e] * kr[e];
             acc *= scale;
@@ -219,14 +252,31 @@ static void cached_attention(nd_kv_state *s, int l, int p0, int n)
     nd_parallel_for(tasks, tasks * (p0 + n) > 4096 ? 1 : tasks, cached_attention_tasks, &a);
 }
 
-static void engram_chunk(nd_kv_state *s, int p0, int n)
+/* e rows of the n-gram table lookups, read from the archive's CQ tables */
+static void engram_gather_q(nd_kv_state *s, const nd_qmat *tables)
+{
+    const san_config *c = &s->m->cfg;
+    const san_dims *D = &s->m->dims;
+    const nd_layout *L = &s->lay.L;
+    int K = c->n_orders * D->eng_heads, sub = D->eng_sub;
+    for (long r = 0; r < L->N; r++)
+        for (int k = 0; k < K; k++) {
+            float *dst = s->eng_e + (r * K + k) * sub;
+            if (L->pos[r] < c->engram_orders[k / D->eng_heads] - 1)
+                memset(dst, 0, (size_t)sub * sizeof *dst);
+            else
+                nd_qmat_row(tables, (int)((long)k * c->engram_slots + s->eng_idx[r * K + k]), dst);
+        }
+}
+
+static int engram_chunk(nd_kv_state *s, int p0, int n)
 {
     const san_model *m = s->m;
     const san_config *c = &m->cfg;
     const san_dims *D = &m->dims;
     const nd_backend *be = s->be;
     if (!c->n_sites)
-        return;
+        return ND_OK;
     int ws = p0 - (max_order(m) - 1);
     if (ws < 0)
         ws = 0;
@@ -237,15 +287,22 @@ static void engram_chunk(nd_kv_state *s, int p0, int n)
                     D->eng_heads, c->engram_slots);
     for (int site = 0; site < c->n_sites; site++) {
         const san_weights *w = &m->w;
-        be->engram_gather(be, s->eng_e, w->eng[site].table, s->eng_idx, &s->lay.L, c->engram_orders,
-                          c->n_orders, D->eng_heads, c->engram_slots, D->eng_sub);
+        if (s->qw)
+            engram_gather_q(s, &s->qw->eng[site].table);
+        else
+            be->engram_gather(be, s->eng_e, w->eng[site].table, s->eng_idx, &s->lay.L,
+                              c->engram_orders, c->n_orders, D->eng_heads, c->engram_slots,
+                              D->eng_sub);
         const float *e = s->eng_e + (size_t)off * D->eng_dim;
         float *ek = s->eng_k + (size_t)site * n * d, *ev = s->eng_v + (size_t)site * n * d;
-        be->matmul(be, 0, 0, n, d, D->eng_dim, 1.0f, e, D->eng_dim, w->eng[site].wk, d, 0.0f, ek,
-                   d);
         float *vp = s->vp[site];
-        be->matmul(be, 0, 0, n, d, D->eng_dim, 1.0f, e, D->eng_dim, w->eng[site].wv, d, 0.0f,
-                   vp + (size_t)p0 * d, d);
+        const nd_qmat *qk = s->qw ? &s->qw->eng[site].wk : NULL;
+        const nd_qmat *qv = s->qw ? &s->qw->eng[site].wv : NULL;
+        int rc = wmatmul(s, e, n, D->eng_dim, w->eng[site].wk, qk, d, ek, d, 1);
+        if (!rc)
+            rc = wmatmul(s, e, n, D->eng_dim, w->eng[site].wv, qv, d, vp + (size_t)p0 * d, d, 0);
+        if (rc)
+            return rc;
         const float *taps = w->eng[site].taps;
         for (int i = 0; i < n; i++) {
             int t = p0 + i;
@@ -262,9 +319,10 @@ static void engram_chunk(nd_kv_state *s, int p0, int n)
             }
         }
     }
+    return ND_OK;
 }
 
-static void layer_chunk(nd_kv_state *s, int l, int p0, int n)
+static int layer_chunk(nd_kv_state *s, int l, int p0, int n)
 {
     const san_model *m = s->m;
     const san_dims *D = &m->dims;
@@ -275,12 +333,23 @@ static void layer_chunk(nd_kv_state *s, int l, int p0, int n)
     const float *X = s->X;
 
     be->rmsnorm(be, s->nx, NULL, X, NULL, n, nd);
-    be->matmul(be, 0, 0, n, ln, nd, 1.0f, s->nx, nd, w->phi_pre + (size_t)l * nd * ln, ln, 0.0f,
-               s->pre, ln);
-    be->matmul(be, 0, 0, n, ln, nd, 1.0f, s->nx, nd, w->phi_post + (size_t)l * nd * ln, ln, 0.0f,
-               s->post, ln);
-    be->matmul(be, 0, 0, n, ln * ln, nd, 1.0f, s->nx, nd, w->phi_res + (size_t)l * nd * ln * ln,
-               ln * ln, 0.0f, s->res, ln * ln);
+    const nd_qlayer *ql = s->qw ? &s->qw->layer[l] : NULL;
+    nd_qmat qpre = {0}, qpost = {0}, qres = {0};
+    if (s->qw) { /* this layer's rows of the stacked (L * k, n * d) matrices */
+        qpre = nd_qmat_rows(&s->qw->phi_pre, l * ln, ln);
+        qpost = nd_qmat_rows(&s->qw->phi_post, l * ln, ln);
+        qres = nd_qmat_rows(&s->qw->phi_res, l * ln * ln, ln * ln);
+    }
+    int rc =
+        wmatmul(s, s->nx, n, nd, slice(w->phi_pre, (size_t)l * nd * ln), &qpre, ln, s->pre, ln, 1);
+    if (!rc)
+        rc = wmatmul(s, s->nx, n, nd, slice(w->phi_post, (size_t)l * nd * ln), &qpost, ln, s->post,
+                     ln, 0);
+    if (!rc)
+        rc = wmatmul(s, s->nx, n, nd, slice(w->phi_res, (size_t)l * nd * ln * ln), &qres, ln * ln,
+                     s->res, ln * ln, 0);
+    if (rc)
+        return rc;
     be->hyper_coeffs(be, s->hpre, s->hpost, s->M, s->pre, s->post, s->res, w->a_pre[l],
                      w->a_post[l], w->a_res[l], w->b_pre + (size_t)l * ln,
                      w->b_post + (size_t)l * ln, w->b_res + (size_t)l * ln * ln, l % ln, n, ln);
@@ -294,13 +363,19 @@ static void layer_chunk(nd_kv_state *s, int l, int p0, int n)
         }
 
     be->rmsnorm(be, s->a, NULL, bx, w->norm_in + Ld, n, d);
-    be->matmul(be, 0, 0, n, qd, d, 1.0f, s->a, d, w->wq + (size_t)l * d * qd, qd, 0.0f, s->q, qd);
-    be->matmul(be, 0, 0, n, kvd, d, 1.0f, s->a, d, w->wk + (size_t)l * d * kvd, kvd, 0.0f, s->kk,
-               kvd);
-    be->matmul(be, 0, 0, n, kvd, d, 1.0f, s->a, d, w->wv + (size_t)l * d * kvd, kvd, 0.0f, s->vv,
-               kvd);
-    be->matmul(be, 0, 0, n, qd, d, 1.0f, s->a, d, w->wgate + (size_t)l * d * qd, qd, 0.0f, s->g,
-               qd);
+    rc = wmatmul(s, s->a, n, d, slice(w->wq, (size_t)l * d * qd), ql ? &ql->wq : NULL, qd, s->q, qd,
+                 1);
+    if (!rc)
+        rc = wmatmul(s, s->a, n, d, slice(w->wk, (size_t)l * d * kvd), ql ? &ql->wk : NULL, kvd,
+                     s->kk, kvd, 0);
+    if (!rc)
+        rc = wmatmul(s, s->a, n, d, slice(w->wv, (size_t)l * d * kvd), ql ? &ql->wv : NULL, kvd,
+                     s->vv, kvd, 0);
+    if (!rc)
+        rc = wmatmul(s, s->a, n, d, slice(w->wgate, (size_t)l * d * qd), ql ? &ql->wgate : NULL, qd,
+                     s->g, qd, 0);
+    if (rc)
+        return rc;
     be->rmsnorm(be, s->q, NULL, s->q, w->q_norm + (size_t)l * hd, (long)n * D->H, hd);
     be->rmsnorm(be, s->kk, NULL, s->kk, w->k_norm + (size_t)l * hd, (long)n * D->G, hd);
     /* rope rows are positions p0.. : offset the tables, one "sequence" of n */
@@ -314,7 +389,9 @@ static void layer_chunk(nd_kv_state *s, int l, int p0, int n)
     memcpy(s->v + lc + (size_t)p0 * kvd, s->vv, (size_t)n * kvd * sizeof(float));
     cached_attention(s, l, p0, n);
     be->gate_sigmoid(be, s->o, s->att, s->g, (long)n * qd);
-    be->matmul(be, 0, 0, n, d, qd, 1.0f, s->o, qd, w->wout + (size_t)l * qd * d, d, 0.0f, s->o2, d);
+    if ((rc = wmatmul(s, s->o, n, qd, slice(w->wout, (size_t)l * qd * d), ql ? &ql->wout : NULL, d,
+                      s->o2, d, 1)))
+        return rc;
     be->rmsnorm(be, s->pn, NULL, s->o2, w->post_norm + Ld, n, d);
     be->residual_scaled(be, s->x1, bx, s->pn, w->attn_gate[l], (long)n * d);
     be->rmsnorm(be, s->z, NULL, s->x1, w->pre_hada + Ld, n, d);
@@ -325,6 +402,7 @@ static void layer_chunk(nd_kv_state *s, int l, int p0, int n)
     float *t = s->X;
     s->X = s->Xn;
     s->Xn = t;
+    return ND_OK;
 }
 
 static int forward_chunk(nd_kv_state *s, const int32_t *tok, int n, float *logits, int all)
@@ -337,11 +415,34 @@ static int forward_chunk(nd_kv_state *s, const int32_t *tok, int n, float *logit
     if (rc)
         return rc;
     memcpy(s->tokens + p0, tok, (size_t)n * sizeof *tok);
-    be->embed(be, s->x0, m->w.emb, tok, n, d, (float)sqrt((double)d));
-    engram_chunk(s, p0, n);
+    if (s->qw) { /* dequantise just the looked-up rows */
+        float scale = (float)sqrt((double)d);
+        for (int i = 0; i < n; i++) {
+            float *row = s->x0 + (size_t)i * d;
+            nd_qmat_row(&s->qw->emb, tok[i], row);
+            for (int x = 0; x < d; x++)
+                row[x] *= scale;
+        }
+    } else {
+        be->embed(be, s->x0, m->w.emb, tok, n, d, (float)sqrt((double)d));
+    }
+    if ((rc = engram_chunk(s, p0, n)))
+        return rc;
     be->lanes_broadcast(be, s->X, s->x0, n, D->n, d);
-    for (int l = 0; l < D->L; l++)
-        layer_chunk(s, l, p0, n);
+    if (s->cells_hook) {
+        nd_backend_sync(be);
+        s->cells_hook(s->cells_ctx, -1, p0, s->x0, n);
+    }
+    for (int l = 0; l < D->L && !rc; l++) {
+        rc = layer_chunk(s, l, p0, n);
+        if (!rc && s->cells_hook) {
+            be->lanes_mean(be, s->xm, s->X, n, D->n, d);
+            nd_backend_sync(be);
+            s->cells_hook(s->cells_ctx, l, p0, s->xm, n);
+        }
+    }
+    if (rc)
+        return rc;
     s->len = p0 + n;
     if (!logits)
         return ND_OK;
@@ -349,6 +450,8 @@ static int forward_chunk(nd_kv_state *s, const int32_t *tok, int n, float *logit
     const float *X = s->X + (size_t)r0 * D->n * d;
     be->lanes_mean(be, s->xm, X, rows, D->n, d);
     be->rmsnorm(be, s->hf, NULL, s->xm, m->w.final_norm, rows, d);
+    if (s->qw)
+        return wmatmul(s, s->hf, rows, d, NULL, &s->qw->emb, D->V, logits, D->V, 1);
     be->matmul(be, 0, 1, rows, D->V, d, 1.0f, s->hf, d, m->w.emb, d, 0.0f, logits, D->V);
     return ND_OK;
 }
@@ -365,7 +468,7 @@ int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int 
         if (tok[i] < 0 || tok[i] >= D->V)
             return nd_error(ND_EARG, "token id %d is outside the vocabulary [0, %d)", tok[i], D->V);
     /* small work (a decode step, a tiny model) is not worth sharing: OpenMP
-     * fork/join costs more than it saves (and spins when cores are busy) */
+     * a fork/join costs more than it saves (and spins when cores are busy) */
     const san_dims *Dm = &s->m->dims;
     double work = (double)n * Dm->d * Dm->d * Dm->L * 8.0; /* ~multiply-adds */
     int serial = work < 1e8, saved = 0;

@@ -28,6 +28,9 @@ typedef struct {
 
 struct needle_model {
     san_model m;
+    cact_file arch; /* quantised path: the archive the matrices are read from */
+    nd_qweights qw;
+    int quant;
     nd_tokenizer *tok;
     const nd_backend *be;
     int kv_window;
@@ -169,15 +172,24 @@ static int marker(needle_model *M, const char *s, int *id)
     return ND_OK;
 }
 
-static needle_model *load_parsed(cact_file *f)
+/* quant: the model takes f over (its matrices stay in the archive) */
+static needle_model *load_parsed(cact_file *f, int quant)
 {
     needle_model *M = calloc(1, sizeof *M);
     if (!M) {
         nd_error(ND_ENOMEM, "out of memory");
+        cact_free(f);
         return NULL;
     }
-    int rc = nd_cact_to_model(f, &M->m);
+    int rc = quant ? nd_cact_to_qmodel(f, &M->m, &M->qw) : nd_cact_to_model(f, &M->m);
+    if (quant) {
+        M->arch = *f;
+        M->quant = 1;
+        memset(f, 0, sizeof *f);
+        f = &M->arch;
+    }
     if (rc) {
+        cact_free(&M->arch);
         free(M);
         return NULL;
     }
@@ -188,6 +200,7 @@ static needle_model *load_parsed(cact_file *f)
         free(M);
         return NULL;
     }
+    M->heads.qw = quant ? &M->qw : NULL;
     if (M->heads.contrastive.present) /* only retrieval's index needs it (~0.1 s / 25 MB) */
         nd_sha256(f->data, f->len, M->digest);
     int think;
@@ -233,9 +246,10 @@ needle_model *needle_model_load_buffer(const void *data, size_t len)
         return NULL;
     }
     cact_file f;
-    if (cact_parse(data, len, &f))
+    int quant = !nd_engine_float_path();
+    if (quant ? cact_own_copy(data, len, &f) : cact_parse(data, len, &f))
         return NULL;
-    needle_model *M = load_parsed(&f);
+    needle_model *M = load_parsed(&f, quant);
     cact_free(&f);
     return M;
 }
@@ -247,9 +261,10 @@ needle_model *needle_model_load(const char *path)
         return NULL;
     }
     cact_file f;
-    if (cact_read_file(path, &f))
+    int quant = !nd_engine_float_path();
+    if (quant ? cact_map_file(path, &f) : cact_read_file(path, &f))
         return NULL;
-    needle_model *M = load_parsed(&f);
+    needle_model *M = load_parsed(&f, quant);
     cact_free(&f);
     return M;
 }
@@ -259,6 +274,8 @@ void needle_model_free(needle_model *M)
     if (!M)
         return;
     san_model_free(&M->m);
+    nd_qweights_free(&M->qw);
+    cact_free(&M->arch);
     nd_tokenizer_free(M->tok);
     free(M->trie);
     free(M->tok_next);
@@ -375,6 +392,8 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
     }
     if ((rc = nd_kv_init(&S->kv, &M->m, M->be, 256, M->kv_window)))
         goto fail;
+    if (M->quant)
+        nd_kv_use_quant(&S->kv, &M->qw);
     if ((rc = render_prefix(S, &pre, !S->rt.on)) || (rc = nd_idvec_push(&ids, M->id_bos)) ||
         (rc = nd_tokenizer_encode(M->tok, pre.p, pre.n, &ids)))
         goto fail;

@@ -1,6 +1,11 @@
+#define _POSIX_C_SOURCE 200809L
 #include "io/cact.h"
 
+#include <fcntl.h>
 #include <math.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -936,10 +941,51 @@ int cact_read_file(const char *path, cact_file *f)
     return ND_OK;
 }
 
+int cact_map_file(const char *path, cact_file *f)
+{
+    memset(f, 0, sizeof *f);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return cact_read_file(path, f); /* let the reader report it */
+    struct stat st;
+    void *p = MAP_FAILED;
+    if (!fstat(fd, &st) && st.st_size > 0 && (uint64_t)st.st_size <= (uint64_t)SIZE_MAX)
+        p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) /* a pipe, an empty file, no mmap: read it */
+        return cact_read_file(path, f);
+    int rc = cact_parse(p, (size_t)st.st_size, f);
+    if (rc) {
+        munmap(p, (size_t)st.st_size);
+        return nd_error_prefix(rc, "%s", path);
+    }
+    f->map = p;
+    f->map_len = (size_t)st.st_size;
+    return ND_OK;
+}
+
+int cact_own_copy(const void *buf, size_t len, cact_file *f)
+{
+    memset(f, 0, sizeof *f);
+    unsigned char *copy = malloc(len ? len : 1);
+    if (!copy)
+        return nd_error(ND_ENOMEM, "out of memory copying a %zu-byte archive", len);
+    memcpy(copy, buf, len);
+    int rc = cact_parse(copy, len, f);
+    if (rc) {
+        free(copy);
+        return rc;
+    }
+    f->owned = copy;
+    return ND_OK;
+}
+
 void cact_free(cact_file *f)
 {
     if (!f)
         return;
+    if (f->map)
+        munmap(f->map, f->map_len);
     free(f->owned);
     free(f->codebook);
     free(f->t);

@@ -78,6 +78,8 @@ typedef struct {
     const unsigned char *data; /* the whole file (owned when read from disk) */
     size_t len;
     unsigned char *owned;
+    void *map; /* read-only file mapping (cact_map_file) */
+    size_t map_len;
     cact_header hdr;
     float *codebook; /* hdr.codebook_len floats */
     cact_tensor *t;  /* hdr.num_tensors records */
@@ -87,6 +89,11 @@ typedef struct {
  * Every count, offset and size is checked against len first. */
 int cact_parse(const void *buf, size_t len, cact_file *f);
 int cact_read_file(const char *path, cact_file *f);
+/* Map the file read-only and shared (processes loading one archive share
+ * its pages); falls back to reading it when it cannot be mapped. */
+int cact_map_file(const char *path, cact_file *f);
+/* Parse a private copy of buf (for callers whose buffer may go away). */
+int cact_own_copy(const void *buf, size_t len, cact_file *f);
 void cact_free(cact_file *f);
 
 /* Index of a tensor by export name ("layer00.q_proj") or "#N", or -1. */

@@ -1,0 +1,439 @@
+/* Quantised matrix products from CQ blobs: activation preparation, the
+ * reference kernel and run-time kernel selection (see qmat.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "engine/qmat.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/fp16.h"
+#include "core/status.h"
+#include "core/threadpool.h"
+#include "model/cq.h"
+
+static int stored_bits(int bits)
+{
+    return bits == CQ_TERNARY ? 2 : bits;
+}
+
+int nd_qmat_init(nd_qmat *m, const void *blob, size_t blob_len, int rows, int in, int bits)
+{
+    memset(m, 0, sizeof *m);
+    if (!cq_bits_valid(bits))
+        return nd_error(ND_EFORMAT, "CQ tensor has unsupported bits %d", bits);
+    size_t need = cq_blob_bytes(rows, in, bits, ND_QGROUP);
+    if (!need || need != blob_len)
+        return nd_error(ND_EFORMAT, "CQ blob is %zu bytes, [%d, %d] at %d bits needs %zu", blob_len,
+                        rows, in, bits, need);
+    m->rows = rows;
+    m->in = in;
+    m->bits = bits;
+    m->ng = (int)(cq_in_pad(in, ND_QGROUP) / ND_QGROUP);
+    m->row_bytes = cq_row_bytes(in, bits, ND_QGROUP);
+    m->codes = blob;
+    m->norms = m->codes + m->row_bytes * (size_t)rows;
+    return ND_OK;
+}
+
+nd_qmat nd_qmat_rows(const nd_qmat *m, int r0, int n)
+{
+    nd_qmat s = *m;
+    s.rows = n;
+    s.codes = m->codes + (size_t)r0 * m->row_bytes;
+    s.norms = m->norms + (size_t)r0 * (size_t)m->ng * 2;
+    return s;
+}
+
+int nd_qmat_layout(const nd_qmat *m)
+{
+    switch (stored_bits(m->bits)) {
+    case 4: return ND_QLAYOUT_NIBBLE;
+    case 2: return ND_QLAYOUT_CRUMB;
+    default: return ND_QLAYOUT_NATURAL;
+    }
+}
+
+size_t nd_qmat_bytes(const nd_qmat *m)
+{
+    return (size_t)m->rows * (m->row_bytes + (size_t)m->ng * 2);
+}
+
+int nd_qlayout_pos(int layout, int j)
+{
+    switch (layout) {
+    case ND_QLAYOUT_NIBBLE: /* byte b holds j = 2b (low nibble), 2b + 1 */
+        return (j & 1) * 64 + j / 2;
+    case ND_QLAYOUT_CRUMB: /* byte b holds j = 4b + k at bits 2k */ return (j & 3) * 32 + j / 4;
+    default: return j;
+    }
+}
+
+float nd_qmat_norm(const nd_qmat *m, int r, int g)
+{
+    const uint8_t *p = m->norms + ((size_t)r * (size_t)m->ng + (size_t)g) * 2;
+    return nd_half_to_float((uint16_t)(p[0] | p[1] << 8));
+}
+
+/* ---- codebooks ---- */
+
+static pthread_once_t cb_once = PTHREAD_ONCE_INIT;
+static int8_t cb_lut[6][16]; /* by record bits (2, 3, 4, CQ_TERNARY) */
+static float cb_inv[6];
+static float cb_float[6][16]; /* float level per stored code value */
+
+/* cq_codebook(bits, 128) for 2, 3, 4 bits and ternary, as constants: the
+ * codec derives them from 400,000 samples at a cost of 0.3 s per process
+ * (test_qkernels checks they agree) */
+static const float levels2[] = {-0x1.10bc8ep-3f, -0x1.46e0cp-5f, 0x1.47f812p-5f, 0x1.1153b6p-3f};
+static const float levels3[] = {-0x1.839b76p-3f, -0x1.e2db6p-4f, -0x1.0ef2fap-4f, -0x1.5848d8p-6f,
+                                0x1.6a1a72p-6f,  0x1.118d38p-4f, 0x1.e466c6p-4f,  0x1.84c382p-3f};
+static const float levels4[] = {-0x1.ea8f84p-3f, -0x1.721604p-3f, -0x1.20ae8ep-3f, -0x1.be83f2p-4f,
+                                -0x1.4de08ap-4f, -0x1.cf1314p-5f, -0x1.0dd668p-5f, -0x1.4b7c14p-7f,
+                                0x1.a081ecp-7f,  0x1.2484eep-5f,  0x1.e715p-5f,    0x1.5c10dep-4f,
+                                0x1.cdca28p-4f,  0x1.2856dcp-3f,  0x1.79524cp-3f,  0x1.f02d32p-3f};
+static const float levels_ternary[] = {-0x1.bb233ep-4f, 0x0p+0f, 0x1.bb233ep-4f};
+
+int nd_qlevels(int bits, const float **levels)
+{
+    switch (bits) {
+    case 2: *levels = levels2; return 4;
+    case 3: *levels = levels3; return 8;
+    case 4: *levels = levels4; return 16;
+    case CQ_TERNARY: *levels = levels_ternary; return 3;
+    default: return 0;
+    }
+}
+
+static int8_t layout_pos[3][ND_QGROUP];
+
+static nd_qact_group_fn select_group_fn(void);
+static nd_qact_group_fn group_fn;
+
+static void cb_compute(void)
+{
+    group_fn = select_group_fn();
+    for (int l = 0; l < 3; l++)
+        for (int j = 0; j < ND_QGROUP; j++)
+            layout_pos[l][j] = (int8_t)nd_qlayout_pos(l, j);
+    const int widths[] = {2, 3, 4, CQ_TERNARY};
+    for (int w = 0; w < 4; w++) {
+        int bits = widths[w], sb = stored_bits(bits);
+        const float *cb;
+        int n = nd_qlevels(bits, &cb);
+        float mx = 0.0f;
+        for (int k = 0; k < n; k++)
+            mx = fabsf(cb[k]) > mx ? fabsf(cb[k]) : mx;
+        for (int v = 0; v < (1 << sb); v++) {
+            /* stored value -> level index, as cq_unpack_indices */
+            int k = bits == CQ_TERNARY ? (v == 3 ? 0 : v + 1) : v;
+            float level = k < n ? cb[k] : 0.0f;
+            cb_float[bits][v] = level;
+            cb_lut[bits][v] = (int8_t)lrintf(level * 127.0f / mx);
+        }
+        cb_inv[bits] = mx / 127.0f;
+    }
+}
+
+void nd_qcodebook(int bits, int8_t lut[16], float *inv_scale)
+{
+    pthread_once(&cb_once, cb_compute);
+    memcpy(lut, cb_lut[bits], 16);
+    *inv_scale = cb_inv[bits];
+}
+
+/* stored code values of group g of row r, natural order */
+static void unpack_codes(const nd_qmat *m, int r, int g, uint8_t *v)
+{
+    int sb = stored_bits(m->bits);
+    const uint8_t *p = m->codes + (size_t)r * m->row_bytes + (size_t)g * ND_QGROUP * sb / 8;
+    for (int j = 0; j < ND_QGROUP; j++) {
+        unsigned bit = (unsigned)(j * sb), x = p[bit >> 3] | (unsigned)p[(bit >> 3) + 1] << 8;
+        if ((bit >> 3) + 1 >= (unsigned)(ND_QGROUP * sb / 8)) /* last byte: no neighbour */
+            x = p[bit >> 3];
+        v[j] = (uint8_t)(x >> (bit & 7) & ((1u << sb) - 1));
+    }
+}
+
+void nd_qmat_unpack_values(const nd_qmat *m, int r, int g, const int8_t lut[16], int8_t *vals)
+{
+    uint8_t v[ND_QGROUP];
+    unpack_codes(m, r, g, v);
+    for (int j = 0; j < ND_QGROUP; j++)
+        vals[j] = lut[v[j]];
+}
+
+/* in-place unnormalised Walsh-Hadamard transform of 128 (Sylvester order) */
+static void fwht128(float *x)
+{
+    for (int h = 1; h < ND_QGROUP; h <<= 1)
+        for (int i = 0; i < ND_QGROUP; i += h << 1)
+            for (int j = i; j < i + h; j++) {
+                float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+}
+
+void nd_qmat_row(const nd_qmat *m, int r, float *out)
+{
+    pthread_once(&cb_once, cb_compute);
+    const float rs = (float)(1.0 / sqrt((double)ND_QGROUP));
+    for (int g = 0; g < m->ng; g++) {
+        uint8_t v[ND_QGROUP];
+        float x[ND_QGROUP], norm = nd_qmat_norm(m, r, g) * rs;
+        unpack_codes(m, r, g, v);
+        for (int j = 0; j < ND_QGROUP; j++)
+            x[j] = cb_float[m->bits][v[j]] * norm;
+        fwht128(x);
+        int n = m->in - g * ND_QGROUP < ND_QGROUP ? m->in - g * ND_QGROUP : ND_QGROUP;
+        memcpy(out + (size_t)g * ND_QGROUP, x, (size_t)n * sizeof *x);
+    }
+}
+
+/* ---- activations ---- */
+
+void nd_qact_group_ref(const float *v, int8_t *q, float *amax, int32_t *sum)
+{
+    float x[ND_QGROUP];
+    memcpy(x, v, sizeof x);
+    fwht128(x);
+    float mx = 0.0f;
+    for (int j = 0; j < ND_QGROUP; j++)
+        mx = fabsf(x[j]) > mx ? fabsf(x[j]) : mx;
+    float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+    int32_t s = 0;
+    for (int j = 0; j < ND_QGROUP; j++) {
+        float r = x[j] * inv;
+        int qi = (int)(r + (r >= 0.0f ? 0.5f : -0.5f)); /* nearest, ties away */
+        q[j] = (int8_t)qi;
+        s += qi;
+    }
+    *amax = mx;
+    *sum = s;
+}
+
+static nd_qact_group_fn select_group_fn(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        return nd_qact_group_avx512;
+#endif
+    return nd_qact_group_ref;
+}
+
+/* group tg (token tg / ng, group tg % ng) of x into a */
+static void prepare_group(nd_qact *a, const float *x, long tg, float rs)
+{
+    long t = tg / a->ng, g = tg % a->ng;
+    float v[ND_QGROUP], mx;
+    int8_t natural[ND_QGROUP];
+    int c0 = (int)g * ND_QGROUP, m = a->in - c0 < ND_QGROUP ? a->in - c0 : ND_QGROUP;
+    memcpy(v, x + t * a->in + c0, (size_t)m * sizeof *v);
+    for (int j = m; j < ND_QGROUP; j++)
+        v[j] = 0.0f;
+    group_fn(v, natural, &mx, &a->sum[tg]);
+    int8_t *q = a->q + tg * ND_QGROUP;
+    uint8_t *qu = a->qu + tg * ND_QGROUP;
+    const int8_t *pos = layout_pos[a->layout];
+    for (int j = 0; j < ND_QGROUP; j++) {
+        q[pos[j]] = natural[j];
+        qu[pos[j]] = (uint8_t)(natural[j] + 128);
+    }
+    a->scale[tg] = mx / 127.0f * rs;
+}
+
+typedef struct {
+    nd_qact *a;
+    const float *x;
+    float rs;
+} prepare_args;
+
+static void prepare_groups(void *ctx, long lo, long hi, int tid)
+{
+    (void)tid;
+    const prepare_args *p = ctx;
+    for (long tg = lo; tg < hi; tg++)
+        prepare_group(p->a, p->x, tg, p->rs);
+}
+
+int nd_qact_prepare(nd_qact *a, const float *x, int n, int in, int layout)
+{
+    int ng = (in + ND_QGROUP - 1) / ND_QGROUP;
+    if ((long)n * ng > a->cap_rows) {
+        long cap = (long)n * ng;
+        void *q = realloc(a->q, (size_t)cap * ND_QGROUP);
+        if (q)
+            a->q = q;
+        void *qu = realloc(a->qu, (size_t)cap * ND_QGROUP);
+        if (qu)
+            a->qu = qu;
+        void *s = realloc(a->scale, (size_t)cap * sizeof *a->scale);
+        if (s)
+            a->scale = s;
+        void *u = realloc(a->sum, (size_t)cap * sizeof *a->sum);
+        if (u)
+            a->sum = u;
+        if (!q || !qu || !s || !u)
+            return nd_error(ND_ENOMEM, "out of memory preparing activations");
+        a->cap_rows = (int)cap;
+    }
+    a->n = n;
+    a->in = in;
+    a->ng = ng;
+    a->layout = layout;
+    pthread_once(&cb_once, cb_compute);
+    const float rs = (float)(1.0 / sqrt((double)ND_QGROUP));
+    long groups = (long)n * ng;
+    if (groups * ND_QGROUP <= (1L << 18)) { /* a few groups: no thread team */
+        for (long tg = 0; tg < groups; tg++)
+            prepare_group(a, x, tg, rs);
+        return ND_OK;
+    }
+    prepare_args pa = {a, x, rs};
+    nd_parallel_for(groups, 1, prepare_groups, &pa);
+    return ND_OK;
+}
+
+void nd_qact_free(nd_qact *a)
+{
+    free(a->q);
+    free(a->qu);
+    free(a->scale);
+    free(a->sum);
+    memset(a, 0, sizeof *a);
+}
+
+/* ---- reference kernel ---- */
+
+void nd_qgemm_ref(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy)
+{
+    int8_t lut[16], vals[ND_QGROUP];
+    float inv;
+    nd_qcodebook(w->bits, lut, &inv);
+    for (int r = r0; r < r1; r++)
+        for (int t = 0; t < x->n; t++) {
+            float acc = 0.0f;
+            for (int g = 0; g < w->ng; g++) {
+                nd_qmat_unpack_values(w, r, g, lut, vals);
+                const int8_t *q = x->q + ((size_t)t * x->ng + (size_t)g) * ND_QGROUP;
+                int32_t isum = 0;
+                for (int j = 0; j < ND_QGROUP; j++)
+                    isum += vals[j] * q[nd_qlayout_pos(x->layout, j)];
+                acc +=
+                    nd_qmat_norm(w, r, g) * x->scale[(size_t)t * x->ng + (size_t)g] * (float)isum;
+            }
+            y[(size_t)t * ldy + (size_t)r] = acc * inv;
+        }
+}
+
+/* ---- selection ---- */
+
+static nd_qkernel kernels[5];
+static int n_kernels;
+static const nd_qkernel *best_kernel;
+static pthread_once_t sel_once = PTHREAD_ONCE_INIT;
+
+static void select_kernels(void)
+{
+    pthread_once(&cb_once, cb_compute);
+    kernels[n_kernels++] = (nd_qkernel){"ref", nd_qgemm_ref};
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        kernels[n_kernels++] = (nd_qkernel){"avx2", nd_qgemm_avx2};
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl")) {
+        kernels[n_kernels++] = (nd_qkernel){"avx512", nd_qgemm_avx512};
+        if (__builtin_cpu_supports("avx512vnni"))
+            kernels[n_kernels++] = (nd_qkernel){"avx512vnni", nd_qgemm_avx512vnni};
+    }
+#endif
+#if defined(__aarch64__)
+    kernels[n_kernels++] = (nd_qkernel){"neon", nd_qgemm_neon};
+#endif
+    best_kernel = &kernels[n_kernels - 1];
+    const char *want = getenv("NEEDLE_QKERNEL");
+    for (int i = 0; want && i < n_kernels; i++)
+        if (!strcmp(kernels[i].name, want))
+            best_kernel = &kernels[i];
+}
+
+int nd_qkernel_count(void)
+{
+    pthread_once(&sel_once, select_kernels);
+    return n_kernels;
+}
+
+const nd_qkernel *nd_qkernel_get(int i)
+{
+    pthread_once(&sel_once, select_kernels);
+    return i >= 0 && i < n_kernels ? &kernels[i] : NULL;
+}
+
+const nd_qkernel *nd_qkernel_best(void)
+{
+    pthread_once(&sel_once, select_kernels);
+    return best_kernel;
+}
+
+/* tokens [t0, t0 + n) of x */
+static nd_qact token_view(const nd_qact *x, int t0, int n)
+{
+    nd_qact v = *x;
+    size_t off = (size_t)t0 * (size_t)x->ng;
+    v.n = n;
+    v.q += off * ND_QGROUP;
+    v.qu += off * ND_QGROUP;
+    v.scale += off;
+    v.sum += off;
+    return v;
+}
+
+typedef struct {
+    nd_qgemm_fn fn;
+    const nd_qmat *w;
+    const nd_qact *x;
+    float *y;
+    int ldy, tb, r_blocks;
+} qgemm_args;
+
+/* tasks: (token block, block of 16 rows) */
+static void qgemm_tasks(void *ctx, long lo, long hi, int tid)
+{
+    (void)tid;
+    const qgemm_args *g = ctx;
+    for (long task = lo; task < hi; task++) {
+        int b = (int)(task / g->r_blocks), rb = (int)(task % g->r_blocks);
+        int t0 = b * g->tb, n = g->x->n - t0 < g->tb ? g->x->n - t0 : g->tb;
+        int r0 = rb * 16, r1 = r0 + 16 < g->w->rows ? r0 + 16 : g->w->rows;
+        nd_qact v = token_view(g->x, t0, n);
+        g->fn(g->w, &v, r0, r1, g->y + (size_t)t0 * g->ldy, g->ldy);
+    }
+}
+
+void nd_qgemm(const nd_qmat *w, const nd_qact *x, float *y, int ldy)
+{
+    nd_qgemm_fn fn = nd_qkernel_best()->gemm;
+    /* token blocks whose int8 activations stay in L1 (32 KB) while every
+     * row of the block streams past; row blocks of 16 split over threads */
+    int tb = 32768 / (x->ng * ND_QGROUP);
+    tb = tb < 4 ? 4 : tb / 4 * 4;
+    int t_blocks = (x->n + tb - 1) / tb, r_blocks = (w->rows + 15) / 16;
+    long work = (long)w->rows * w->in * x->n;
+    if (nd_get_threads() < 2 || work < (1L << 21) || w->rows < 64) {
+        for (int b = 0; b < t_blocks; b++) {
+            int t0 = b * tb, n = x->n - t0 < tb ? x->n - t0 : tb;
+            nd_qact v = token_view(x, t0, n);
+            fn(w, &v, 0, w->rows, y + (size_t)t0 * ldy, ldy);
+        }
+        return;
+    }
+    /* dynamic: a thread that the OS has parked (shared cores) must not
+     * hold up its share of the rows */
+    qgemm_args ga = {fn, w, x, y, ldy, tb, r_blocks};
+    nd_parallel_for_dynamic((long)t_blocks * r_blocks, 1, qgemm_tasks, &ga);
+}

@@ -1,0 +1,416 @@
+/* x86 kernels for quantised products (qmat.h): AVX2, AVX-512 (BW) and
+ * AVX-512 VNNI. Each function carries its own target attribute, so one
+ * binary runs on any x86-64 and qmat.c picks a variant the CPU supports.
+ *
+ * Per group of 128 the packed codes become int8 codebook values through a
+ * 16-entry byte shuffle, and the integer dot with the int8 activations is
+ * exact: AVX2 / AVX-512 multiply |w| by sign(w)*x (pairs stay below 2^15),
+ * VNNI multiplies w + 128 (unsigned) by x and subtracts 128 * sum(x). The
+ * per-group int32 lanes are scaled by norm * activation scale into float
+ * lanes, reduced once per output. Tokens are taken four at a time so the
+ * unpacked codes serve several rows of the batch. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "engine/qmat.h"
+#include "model/cq.h"
+
+#define T_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define T_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define T_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+static inline int stored_bits(int bits)
+{
+    return bits == CQ_TERNARY ? 2 : bits;
+}
+
+T_AVX2 static inline float norm_f16c(const nd_qmat *m, int r, int g)
+{
+    const uint8_t *p = m->norms + ((size_t)r * (size_t)m->ng + (size_t)g) * 2;
+    return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8));
+}
+
+static inline const uint8_t *group_codes(const nd_qmat *m, int r, int g)
+{
+    return m->codes + (size_t)r * m->row_bytes + (size_t)g * ND_QGROUP * stored_bits(m->bits) / 8;
+}
+
+/* ------------------------------------------------------------------ */
+/* AVX2                                                                 */
+
+/* the group's 128 int8 values as four 32-byte vectors in layout order */
+T_AVX2 static inline void unpack_avx2(const nd_qmat *m, int r, int g, __m256i lut,
+                                      const int8_t lut16[16], __m256i v[4])
+{
+    const uint8_t *p = group_codes(m, r, g);
+    const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
+    switch (stored_bits(m->bits)) {
+    case 4: {
+        __m256i b0 = _mm256_loadu_si256((const __m256i *)p);
+        __m256i b1 = _mm256_loadu_si256((const __m256i *)(p + 32));
+        v[0] = _mm256_shuffle_epi8(lut, _mm256_and_si256(b0, low4));
+        v[1] = _mm256_shuffle_epi8(lut, _mm256_and_si256(b1, low4));
+        v[2] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b0, 4), low4));
+        v[3] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b1, 4), low4));
+        break;
+    }
+    case 2: {
+        __m256i b = _mm256_loadu_si256((const __m256i *)p);
+        v[0] = _mm256_shuffle_epi8(lut, _mm256_and_si256(b, low2));
+        v[1] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b, 2), low2));
+        v[2] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b, 4), low2));
+        v[3] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b, 6), low2));
+        break;
+    }
+    default: {
+        int8_t vals[ND_QGROUP];
+        nd_qmat_unpack_values(m, r, g, lut16, vals);
+        for (int i = 0; i < 4; i++)
+            v[i] = _mm256_loadu_si256((const __m256i *)(vals + 32 * i));
+    }
+    }
+}
+
+/* exact int32 lanes of sum w * a over 128 values */
+T_AVX2 static inline __m256i dot_avx2(const __m256i w[4], const __m256i aw[4], const int8_t *a)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc = _mm256_setzero_si256();
+    for (int i = 0; i < 4; i++) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(a + 32 * i));
+        __m256i p = _mm256_maddubs_epi16(aw[i], _mm256_sign_epi8(x, w[i]));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
+    }
+    return acc;
+}
+
+T_AVX2 static inline float hsum_avx2(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+T_AVX2 void nd_qgemm_avx2(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy)
+{
+    int8_t lut16[16];
+    float inv;
+    nd_qcodebook(w->bits, lut16, &inv);
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lut16));
+    const int ng = w->ng, n = x->n;
+    const size_t stride = (size_t)ng * ND_QGROUP;
+    for (int r = r0; r < r1; r++) {
+        int t = 0;
+        for (; t + 4 <= n; t += 4) {
+            __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+            for (int g = 0; g < ng; g++) {
+                __m256i v[4], av[4];
+                unpack_avx2(w, r, g, lut, lut16, v);
+                for (int i = 0; i < 4; i++)
+                    av[i] = _mm256_sign_epi8(v[i], v[i]);
+                float nr = norm_f16c(w, r, g);
+                const int8_t *a = x->q + ((size_t)t * ng + (size_t)g) * ND_QGROUP;
+                const float *sc = x->scale + (size_t)t * ng + g;
+                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_avx2(v, av, a)),
+                                       _mm256_set1_ps(nr * sc[0]), acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_avx2(v, av, a + stride)),
+                                       _mm256_set1_ps(nr * sc[ng]), acc1);
+                acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_avx2(v, av, a + 2 * stride)),
+                                       _mm256_set1_ps(nr * sc[2 * ng]), acc2);
+                acc3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_avx2(v, av, a + 3 * stride)),
+                                       _mm256_set1_ps(nr * sc[3 * ng]), acc3);
+            }
+            y[(size_t)t * ldy + (size_t)r] = hsum_avx2(acc0) * inv;
+            y[(size_t)(t + 1) * ldy + (size_t)r] = hsum_avx2(acc1) * inv;
+            y[(size_t)(t + 2) * ldy + (size_t)r] = hsum_avx2(acc2) * inv;
+            y[(size_t)(t + 3) * ldy + (size_t)r] = hsum_avx2(acc3) * inv;
+        }
+        for (; t < n; t++) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int g = 0; g < ng; g++) {
+                __m256i v[4], av[4];
+                unpack_avx2(w, r, g, lut, lut16, v);
+                for (int i = 0; i < 4; i++)
+                    av[i] = _mm256_sign_epi8(v[i], v[i]);
+                const int8_t *a = x->q + ((size_t)t * ng + (size_t)g) * ND_QGROUP;
+                float s = norm_f16c(w, r, g) * x->scale[(size_t)t * ng + g];
+                acc =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_avx2(v, av, a)), _mm256_set1_ps(s), acc);
+            }
+            y[(size_t)t * ldy + (size_t)r] = hsum_avx2(acc) * inv;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* AVX-512                                                              */
+
+/* the group's 128 values as two 64-byte vectors in layout order, each
+ * byte lut[code] (the caller's lut decides signed or +128 offset) */
+T_AVX512 static inline void unpack_avx512(const nd_qmat *m, int r, int g, __m512i lut,
+                                          const int8_t lut16[16], int offset, __m512i v[2])
+{
+    const uint8_t *p = group_codes(m, r, g);
+    const __m512i low4 = _mm512_set1_epi8(0x0f), low2 = _mm512_set1_epi8(0x03);
+    switch (stored_bits(m->bits)) {
+    case 4: {
+        __m512i b = _mm512_loadu_si512(p);
+        v[0] = _mm512_shuffle_epi8(lut, _mm512_and_si512(b, low4));
+        v[1] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(b, 4), low4));
+        break;
+    }
+    case 2: {
+        /* both halves hold the group's 32 bytes; shift the upper half two
+         * bits further so one vector covers two crumb planes */
+        __m512i b = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
+        const __m512i sh01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+        const __m512i sh23 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+        v[0] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srlv_epi16(b, sh01), low2));
+        v[1] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srlv_epi16(b, sh23), low2));
+        break;
+    }
+    default: {
+        int8_t vals[ND_QGROUP];
+        nd_qmat_unpack_values(m, r, g, lut16, vals);
+        const __m512i off = _mm512_set1_epi8((char)(offset ? 0x80 : 0));
+        v[0] = _mm512_xor_si512(_mm512_loadu_si512(vals), off);
+        v[1] = _mm512_xor_si512(_mm512_loadu_si512(vals + 64), off);
+    }
+    }
+}
+
+T_AVX512 static inline __m512i dot_avx512(const __m512i w[2], const __m512i aw[2], const int8_t *a)
+{
+    const __m512i ones = _mm512_set1_epi16(1);
+    __m512i acc = _mm512_setzero_si512();
+    for (int i = 0; i < 2; i++) {
+        __m512i x = _mm512_loadu_si512(a + 64 * i);
+        /* sign(x, w): negate x where w < 0 (AVX-512 has no psignb) */
+        __mmask64 neg = _mm512_movepi8_mask(w[i]);
+        __m512i xs = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+        __m512i p = _mm512_maddubs_epi16(aw[i], xs);
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(p, ones));
+    }
+    return acc;
+}
+
+T_AVX512 static inline __m512 step_avx512(__m512 acc, const __m512i w[2], const __m512i aw[2],
+                                          const int8_t *a, float s)
+{
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_avx512(w, aw, a)), _mm512_set1_ps(s), acc);
+}
+
+T_AVX512 void nd_qgemm_avx512(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy)
+{
+    int8_t lut16[16];
+    float inv;
+    nd_qcodebook(w->bits, lut16, &inv);
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut16));
+    const int ng = w->ng, n = x->n;
+    const size_t stride = (size_t)ng * ND_QGROUP;
+    for (int r = r0; r < r1; r++) {
+        int t = 0;
+        for (; t + 4 <= n; t += 4) {
+            __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+            for (int g = 0; g < ng; g++) {
+                __m512i v[2], av[2];
+                unpack_avx512(w, r, g, lut, lut16, 0, v);
+                av[0] = _mm512_abs_epi8(v[0]);
+                av[1] = _mm512_abs_epi8(v[1]);
+                float nr = norm_f16c(w, r, g);
+                const int8_t *a = x->q + ((size_t)t * ng + (size_t)g) * ND_QGROUP;
+                const float *sc = x->scale + (size_t)t * ng + g;
+                acc0 = step_avx512(acc0, v, av, a, nr * sc[0]);
+                acc1 = step_avx512(acc1, v, av, a + stride, nr * sc[ng]);
+                acc2 = step_avx512(acc2, v, av, a + 2 * stride, nr * sc[2 * ng]);
+                acc3 = step_avx512(acc3, v, av, a + 3 * stride, nr * sc[3 * ng]);
+            }
+            y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc0) * inv;
+            y[(size_t)(t + 1) * ldy + (size_t)r] = _mm512_reduce_add_ps(acc1) * inv;
+            y[(size_t)(t + 2) * ldy + (size_t)r] = _mm512_reduce_add_ps(acc2) * inv;
+            y[(size_t)(t + 3) * ldy + (size_t)r] = _mm512_reduce_add_ps(acc3) * inv;
+        }
+        for (; t < n; t++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int g = 0; g < ng; g++) {
+                __m512i v[2], av[2];
+                unpack_avx512(w, r, g, lut, lut16, 0, v);
+                av[0] = _mm512_abs_epi8(v[0]);
+                av[1] = _mm512_abs_epi8(v[1]);
+                const int8_t *a = x->q + ((size_t)t * ng + (size_t)g) * ND_QGROUP;
+                acc = step_avx512(acc, v, av, a, norm_f16c(w, r, g) * x->scale[(size_t)t * ng + g]);
+            }
+            y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc) * inv;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* AVX-512 VNNI                                                         */
+
+/* w . a as int32 lanes: dpbusd takes unsigned x signed bytes, so it sums
+ * (w + 128) * a onto a start of -128 * sum(a) (lane 0), exactly */
+T_VNNI static inline __m512 step_vnni(__m512 acc, const __m512i w[2], const int8_t *a, int32_t asum,
+                                      float s)
+{
+    __m512i start = _mm512_zextsi128_si512(_mm_cvtsi32_si128(-128 * asum));
+    __m512i i = _mm512_dpbusd_epi32(start, w[0], _mm512_loadu_si512(a));
+    i = _mm512_dpbusd_epi32(i, w[1], _mm512_loadu_si512(a + 64));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(s), acc);
+}
+
+/* (a + 128) . w onto start (-128 * sum(w) lanes): the exact w . a */
+T_VNNI static inline __m512 step_vnni_u(__m512 acc, __m512i start, const __m512i w[2],
+                                        const uint8_t *a, float s)
+{
+    __m512i i = _mm512_dpbusd_epi32(start, _mm512_loadu_si512(a), w[0]);
+    i = _mm512_dpbusd_epi32(i, _mm512_loadu_si512(a + 64), w[1]);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(s), acc);
+}
+
+/* One token, at most 16 groups (inputs up to 2048): the row's norms are
+ * converted and scaled in one vector and each group's offset correction is
+ * precomputed, leaving shuffles, two dpbusd and one fma per group. */
+T_VNNI static void matvec_vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y,
+                               __m512i lut, const int8_t lut16[16], float inv)
+{
+    const int ng = w->ng;
+    const __mmask16 gm = (__mmask16)((1u << ng) - 1);
+    __m512i start[16];
+    for (int g = 0; g < ng; g++)
+        start[g] = _mm512_zextsi128_si512(_mm_cvtsi32_si128(-128 * x->sum[g]));
+    const __m512 xs = _mm512_maskz_loadu_ps(gm, x->scale);
+    /* one token reads each code byte once: fetch rows ahead, the hardware
+     * prefetcher restarts on every (small) matrix and page */
+    const size_t ahead = 1024 > w->row_bytes ? 1024 : w->row_bytes;
+    for (int r = r0; r < r1; r++) {
+        const char *next = (const char *)w->codes + (size_t)r * w->row_bytes + ahead;
+        for (size_t off = 0; off < w->row_bytes; off += 64)
+            _mm_prefetch(next + off, _MM_HINT_T0);
+        const uint8_t *np = w->norms + (size_t)r * (size_t)ng * 2;
+        __m512 s = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, np)), xs);
+        float sv[16];
+        _mm512_storeu_ps(sv, s);
+        __m512 acc = _mm512_setzero_ps();
+        for (int g = 0; g < ng; g++) {
+            __m512i v[2];
+            unpack_avx512(w, r, g, lut, lut16, 1, v);
+            const int8_t *a = x->q + (size_t)g * ND_QGROUP;
+            __m512i i = _mm512_dpbusd_epi32(start[g], v[0], _mm512_loadu_si512(a));
+            i = _mm512_dpbusd_epi32(i, v[1], _mm512_loadu_si512(a + 64));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(sv[g]), acc);
+        }
+        y[r] = _mm512_reduce_add_ps(acc) * inv;
+    }
+}
+
+T_VNNI void nd_qgemm_avx512vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y,
+                                int ldy)
+{
+    int8_t lut16[16], lut_u8[16];
+    float inv;
+    nd_qcodebook(w->bits, lut16, &inv);
+    for (int i = 0; i < 16; i++)
+        lut_u8[i] = (int8_t)(lut16[i] ^ 0x80); /* + 128 as an unsigned byte */
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut_u8));
+    const int ng = w->ng, n = x->n;
+    const size_t stride = (size_t)ng * ND_QGROUP;
+    if (n == 1 && ng <= 16) {
+        matvec_vnni(w, x, r0, r1, y, lut, lut16, inv);
+        return;
+    }
+    const __m512i lut_s8 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut16));
+    const __m512i u128 = _mm512_set1_epi8((char)0x80);
+    for (int r = r0; r < r1; r++) {
+        int t = 0;
+        /* four tokens: signed codes times unsigned activations (a + 128),
+         * started at -128 * (codes' lane sums), computed once per group */
+        for (; t + 4 <= n; t += 4) {
+            __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+            for (int g = 0; g < ng; g++) {
+                __m512i v[2];
+                unpack_avx512(w, r, g, lut_s8, lut16, 0, v);
+                __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u128, v[0]);
+                c = _mm512_dpbusd_epi32(c, u128, v[1]);
+                const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(), c);
+                float nr = norm_f16c(w, r, g);
+                const uint8_t *a = x->qu + ((size_t)t * ng + (size_t)g) * ND_QGROUP;
+                const float *sc = x->scale + (size_t)t * ng + g;
+                acc0 = step_vnni_u(acc0, start, v, a, nr * sc[0]);
+                acc1 = step_vnni_u(acc1, start, v, a + stride, nr * sc[ng]);
+                acc2 = step_vnni_u(acc2, start, v, a + 2 * stride, nr * sc[2 * ng]);
+                acc3 = step_vnni_u(acc3, start, v, a + 3 * stride, nr * sc[3 * ng]);
+            }
+            y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc0) * inv;
+            y[(size_t)(t + 1) * ldy + (size_t)r] = _mm512_reduce_add_ps(acc1) * inv;
+            y[(size_t)(t + 2) * ldy + (size_t)r] = _mm512_reduce_add_ps(acc2) * inv;
+            y[(size_t)(t + 3) * ldy + (size_t)r] = _mm512_reduce_add_ps(acc3) * inv;
+        }
+        for (; t < n; t++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int g = 0; g < ng; g++) {
+                __m512i v[2];
+                unpack_avx512(w, r, g, lut, lut16, 1, v);
+                const int8_t *a = x->q + ((size_t)t * ng + (size_t)g) * ND_QGROUP;
+                float s = norm_f16c(w, r, g) * x->scale[(size_t)t * ng + g];
+                acc = step_vnni(acc, v, a, x->sum[(size_t)t * ng + g], s);
+            }
+            y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc) * inv;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* activation groups                                                    */
+
+/* x[j] + x[j ^ h] or x[j ^ h] - x[j] (lanes with bit h): one butterfly
+ * stage of the Walsh-Hadamard transform inside a 16-lane register */
+T_AVX512 static inline __m512 butterfly_in_lane(__m512 x, int h)
+{
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i idx = _mm512_xor_si512(lane, _mm512_set1_epi32(h));
+    __mmask16 high = _mm512_test_epi32_mask(lane, _mm512_set1_epi32(h));
+    __m512 p = _mm512_permutexvar_ps(idx, x);
+    return _mm512_mask_sub_ps(_mm512_add_ps(x, p), high, p, x);
+}
+
+T_AVX512 void nd_qact_group_avx512(const float *v, int8_t *q, float *amax, int32_t *sum)
+{
+    __m512 x[8];
+    for (int k = 0; k < 8; k++)
+        x[k] = _mm512_loadu_ps(v + 16 * k);
+    for (int h = 1; h < 16; h <<= 1)
+        for (int k = 0; k < 8; k++)
+            x[k] = butterfly_in_lane(x[k], h);
+    for (int s = 1; s < 8; s <<= 1) /* stages 16, 32, 64 across registers */
+        for (int k = 0; k < 8; k++)
+            if (!(k & s)) {
+                __m512 a = x[k], b = x[k + s];
+                x[k] = _mm512_add_ps(a, b);
+                x[k + s] = _mm512_sub_ps(a, b);
+            }
+    __m512 mx = _mm512_setzero_ps();
+    for (int k = 0; k < 8; k++)
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(x[k]));
+    float m = _mm512_reduce_max_ps(mx);
+    __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+    const __m512 half = _mm512_set1_ps(0.5f);
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    __m512i total = _mm512_setzero_si512();
+    for (int k = 0; k < 8; k++) { /* nearest, ties away from zero, as the scalar path */
+        __m512 r = _mm512_mul_ps(x[k], inv);
+        __m512 bias = _mm512_castsi512_ps(_mm512_or_si512(
+            _mm512_castps_si512(half), _mm512_and_si512(_mm512_castps_si512(r), sign)));
+        __m512i qi = _mm512_cvttps_epi32(_mm512_add_ps(r, bias));
+        total = _mm512_add_epi32(total, qi);
+        _mm_storeu_si128((__m128i *)(q + 16 * k), _mm512_cvtsepi32_epi8(qi));
+    }
+    *amax = m;
+    *sum = _mm512_reduce_add_epi32(total);
+}
+
+#else
+typedef int nd_qmat_x86_unused; /* ISO C: no empty translation unit */
+#endif

@@ -30,7 +30,7 @@ typedef struct {
     size_t numel;
     float *mem;
     const struct nd_backend *mem_be; /* mem from this backend's alloc (NULL: host) */
-    char base[512]; /* checkpoint path recorded in the adapter file */
+    char base[512];                  /* checkpoint path recorded in the adapter file */
 } san_lora;
 
 /* Flax path of a target's base kernel. */

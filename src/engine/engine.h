@@ -84,9 +84,9 @@ typedef struct {
     /* kv_bits 8: K/V rows as int8 with one scale per (row, kv head);
      * otherwise float32 */
     int kv_int8;
-    float *k, *v;               /* [L][cap][kv_dim] (float cache) */
-    int8_t *k8, *v8;            /* [L][cap][kv_dim] (int8 cache) */
-    float *ks, *vs;             /* [L][cap][G] scales of the int8 rows */
+    float *k, *v;                       /* [L][cap][kv_dim] (float cache) */
+    int8_t *k8, *v8;                    /* [L][cap][kv_dim] (int8 cache) */
+    float *ks, *vs;                     /* [L][cap][G] scales of the int8 rows */
     float *rope_far_cos, *rope_far_sin; /* [chunk][hd/2]: positions past the tables */
     size_t scratch_bytes;
     float *vp[SAN_MAX_SITES];   /* [cap][d] */
@@ -123,6 +123,10 @@ void nd_kv_rewind(nd_kv_state *s, int len);
  * every new row go to `logits` ([n, V]) when all_logits, else only the last
  * row's ([V]); logits may be NULL. */
 int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int all_logits);
+
+/* Test hook: a session's decoder state (its retained tokens, sinks). */
+struct needle_session;
+const nd_kv_state *nd_session_kv(const struct needle_session *S);
 
 /* Write an error envelope ({"success": false, "error": msg, "error_code":
  * code, ...}) into buf when it fits (else buf[0] = 0 when buf_len > 0).

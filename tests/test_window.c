@@ -83,7 +83,7 @@ static void long_conversation(const unsigned char *arch, size_t len, const char 
     int32_t *sinks = malloc((size_t)P * sizeof *sinks);
     memcpy(sinks, kv->tokens, (size_t)P * sizeof *sinks);
     long long bound = needle_session_memory_bound(S), flat = -1;
-    int turns = 100, bad = 0, sink_bad = 0, mem_moved = 0, over = 0;
+    int turns = 150, bad = 0, sink_bad = 0, mem_moved = 0, over = 0;
     long total = 0, prev_evicted = 0;
     char buf[8192];
     const char *texts[] = {"set a timer for ten minutes", "turn the lights on",
@@ -112,11 +112,12 @@ static void long_conversation(const unsigned char *arch, size_t len, const char 
     }
     long seen = kv->evicted + kv->len;
     printf("%s: %d turns, %ld positions seen (max_seq_len %d, kv_window %d, %d sinks), %ld "
-           "evicted, memory %lld bytes flat (bound %lld)\n",
-           what, turns, seen, max_len, kv->kv_window, P, kv->evicted, flat, bound);
+           "evicted, memory %lld bytes flat (bound %lld; cache %d rows = %zu bytes, int8 %d)\n",
+           what, turns, seen, max_len, kv->kv_window, P, kv->evicted, flat, bound, kv->cap,
+           nd_kv_bytes(kv) - kv->scratch_bytes, kv->kv_int8);
     CHECK_MSG(bad == 0, "%s: %d turns without a valid envelope", what, bad);
     CHECK_MSG(sink_bad == 0, "%s: sinks changed on %d turns", what, sink_bad);
-    CHECK_MSG(seen > 10L * max_len, "%s: only %ld positions seen", what, seen);
+    CHECK_MSG(seen > 5L * max_len, "%s: only %ld positions seen", what, seen);
     CHECK_MSG(flat > 0 && mem_moved == 0, "%s: memory moved on %d turns after the window filled",
               what, mem_moved);
     CHECK_MSG(over == 0, "%s: memory over its stated bound on %d turns", what, over);
@@ -187,6 +188,7 @@ int main(void)
     san_config c;
     san_config_preset(&c, "tiny");
     c.engram_slots = 256;
+    c.max_seq_len = 512; /* room for a window smaller than the context */
     san_model src;
     CHECK(san_model_create(&src, &c) == 0);
     san_model_init_random(&src, 7);

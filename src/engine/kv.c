@@ -138,20 +138,32 @@ static int slide_slack(const nd_kv_state *s)
     return slack < 1 ? 1 : slack > 64 ? 64 : slack;
 }
 
+/* most tokens one forward_chunk adds: with the window on, at most half of
+ * the room after the sinks so that a slide always frees enough */
+static int chunk_step(const nd_kv_state *s)
+{
+    int room = (s->max_len - (s->n_sink > 0 ? s->n_sink : 0)) / 2;
+    if (s->n_sink < 0 || s->chunk <= room)
+        return s->chunk;
+    return room > 0 ? room : 1;
+}
+
 static int slide_high(const nd_kv_state *s)
 {
     if (!s->kv_window)
         return s->max_len;
-    long hi = (long)s->n_sink + s->kv_window + s->chunk + slide_slack(s);
+    long hi = (long)s->n_sink + s->kv_window + chunk_step(s) + slide_slack(s);
     return hi < s->max_len ? (int)hi : s->max_len;
 }
 
+/* capacity for `need` rows: doubling, but never past the rows the cache
+ * can hold (the window's high mark when it slides) */
 static int grown_cap(const nd_kv_state *s, int need)
 {
-    int cap = s->cap ? s->cap : 64;
+    int cap = s->cap ? s->cap : 64, top = s->n_sink >= 0 ? slide_high(s) : s->max_len;
     while (cap < need)
         cap *= 2;
-    return cap > s->max_len ? s->max_len : cap;
+    return cap > top ? (top > need ? top : need) : cap;
 }
 
 size_t nd_kv_bytes(const nd_kv_state *s)
@@ -162,12 +174,7 @@ size_t nd_kv_bytes(const nd_kv_state *s)
 size_t nd_kv_bytes_bound(const nd_kv_state *s)
 {
     int rows = s->n_sink >= 0 ? slide_high(s) : s->max_len;
-    int cap = 64;
-    while (cap < rows)
-        cap *= 2;
-    if (cap > s->max_len)
-        cap = s->max_len;
-    return s->scratch_bytes + (size_t)cap * row_bytes(s);
+    return s->scratch_bytes + (size_t)(rows > s->cap ? rows : s->cap) * row_bytes(s);
 }
 
 void nd_kv_free(nd_kv_state *s)
@@ -678,9 +685,7 @@ int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int 
     int serial = work < 1e8, saved = 0;
     if (serial) /* this thread only: other sessions keep their threads */
         saved = nd_set_serial(1);
-    int rc = ND_OK, step = s->chunk;
-    if (s->n_sink >= 0 && step > (s->max_len - s->n_sink) / 2) /* room to slide */
-        step = (s->max_len - s->n_sink) / 2 > 0 ? (s->max_len - s->n_sink) / 2 : 1;
+    int rc = ND_OK, step = chunk_step(s);
     for (int i = 0; i < n && !rc; i += step) {
         int k = n - i < step ? n - i : step;
         float *lg = NULL;

@@ -448,6 +448,7 @@ int needle_session_reset(needle_session *S)
     if (!S)
         return NEEDLE_EARG;
     nd_kv_rewind(&S->kv, S->prefix_len);
+    nd_kv_slide(&S->kv, S->prefix_len);
     S->turn = 0;
     return NEEDLE_OK;
 }
@@ -744,18 +745,34 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
             (rc = nd_idvec_push(&ids, M->id_bos)) ||
             (rc = nd_tokenizer_encode(tk, seg.p, seg.n, &ids)))
             goto fail;
+        int sinks = S->prefix_len;
+        if (S->rt.on) { /* the retrieved tools join the sinks for this conversation */
+            nd_buf with = {0};
+            nd_idvec wid = {0};
+            if (!(rc = render_prefix(S, &with, 1)) && !(rc = nd_idvec_push(&wid, M->id_bos)))
+                rc = nd_tokenizer_encode(tk, with.p, with.n, &wid);
+            for (sinks = 0; sinks < (int)wid.n && sinks < (int)ids.n; sinks++)
+                if (wid.v[sinks] != ids.v[sinks])
+                    break;
+            nd_buf_free(&with);
+            nd_idvec_free(&wid);
+            if (rc)
+                goto fail;
+        }
         int lcp = 0;
         while (lcp < S->kv.len && lcp < (int)ids.n && S->kv.tokens[lcp] == ids.v[lcp])
             lcp++;
         if (lcp >= (int)ids.n)
             lcp = (int)ids.n - 1;
-        if (S->prefix_len + 16 > max_len) {
+        if (sinks + 16 > max_len) {
             rc = nd_error(ND_ELIMIT,
-                          "the prompt is %zu tokens; max_seq_len %d leaves no room for an answer",
-                          ids.n, max_len);
+                          "the system prompt and tools are %d tokens; max_seq_len %d leaves no "
+                          "room for an answer",
+                          sinks, max_len);
             goto fail;
         }
         nd_kv_rewind(&S->kv, lcp);
+        nd_kv_slide(&S->kv, sinks);
         prefilled = (int)ids.n - lcp;
         if ((rc = run(S, ids.v + lcp, prefilled, S->logits)))
             goto fail;
@@ -778,7 +795,7 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
 
     /* 2. generate */
     /* the window slides: only max_seq_len past the sinks bounds a turn */
-    int budget = max_len - S->prefix_len - 16;
+    int budget = max_len - S->kv.n_sink - 16;
     if (budget > max_new_tokens)
         budget = max_new_tokens;
     int gen = 0;
@@ -937,7 +954,7 @@ fail:
     S->turn = start_turn;
     if (start_turn) { /* rows dropped by this turn's slides moved the rest */
         long back = start_len - (S->kv.evicted - start_evicted);
-        nd_kv_rewind(&S->kv, back > S->prefix_len ? (int)back : S->prefix_len);
+        nd_kv_rewind(&S->kv, back > S->kv.n_sink ? (int)back : S->kv.n_sink);
     }
     free(rtext);
     nd_buf_free(&seg);

@@ -84,7 +84,6 @@ static void long_conversation(const unsigned char *arch, size_t len, const char 
     memcpy(sinks, kv->tokens, (size_t)P * sizeof *sinks);
     long long bound = needle_session_memory_bound(S), flat = -1;
     int turns = 150, bad = 0, sink_bad = 0, mem_moved = 0, over = 0;
-    long total = 0, prev_evicted = 0;
     char buf[8192];
     const char *texts[] = {"set a timer for ten minutes", "turn the lights on",
                            "what time is it in the kitchen and the hall right now", "thanks"};
@@ -95,8 +94,6 @@ static void long_conversation(const unsigned char *arch, size_t len, const char 
                 fprintf(stderr, "%s turn %d: rc %d %s (%s)\n", what, t, rc, buf,
                         needle_session_error(S));
         }
-        total += kv->len - (t ? 0 : P) + (kv->evicted - prev_evicted);
-        prev_evicted = kv->evicted;
         if (memcmp(kv->tokens, sinks, (size_t)P * sizeof *sinks) || kv->n_sink != P)
             sink_bad++;
         long long mem = needle_session_memory_bytes(S);
@@ -135,8 +132,7 @@ static void int8_accuracy(const san_model *m, const nd_tokenizer *tok, const nd_
 {
     const char *prompts[] = {
         "<|im_start|>user\nset a timer for ten minutes please<|im_end|>\n<|im_start|>assistant\n",
-        "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nturn on the lights in "
-        "the kitchen<|im_end|>\n",
+        "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nlights on<|im_end|>\n",
         "what is the weather like in Paris tomorrow morning, and should I take an umbrella?"};
     int V = m->dims.V;
     double worst = 0;

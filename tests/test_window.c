@@ -127,6 +127,44 @@ static void long_conversation(const unsigned char *arch, size_t len, const char 
     needle_model_free(M);
 }
 
+/* Eviction changes nothing a query sees: a state that slides (one token
+ * per step, so its high mark is low and rows are dropped often) gives the
+ * same logits as one that keeps every row (chunk = max_seq_len: it never
+ * needs to drop) under the same sink + window mask. */
+static void eviction_exact(const san_model *m, const nd_backend *be)
+{
+    int V = m->dims.V, T = m->cfg.max_seq_len - 8, P = 20, W = 300;
+    int32_t *tok = malloc((size_t)T * sizeof *tok);
+    nd_rng r;
+    nd_rng_seed(&r, 5);
+    for (int t = 0; t < T; t++)
+        tok[t] = 3 + (int)(nd_rng_next(&r) % (uint64_t)(V - 3));
+    nd_kv_state keep, slide;
+    CHECK(nd_kv_init(&keep, m, be, m->cfg.max_seq_len, W) == 0);
+    CHECK(nd_kv_init(&slide, m, be, 1, W) == 0);
+    nd_kv_slide(&keep, P);
+    nd_kv_slide(&slide, P);
+    float *lk = malloc((size_t)T * V * sizeof *lk), *ls = malloc((size_t)V * sizeof *ls);
+    CHECK(nd_kv_forward(&keep, tok, T, lk, 1) == 0);
+    CHECK(keep.evicted == 0);
+    double worst = 0;
+    for (int t = 0; t < T; t++) {
+        CHECK(nd_kv_forward(&slide, tok + t, 1, ls, 0) == 0);
+        double e = tu_rel_err(ls, lk + (size_t)t * V, V, 1e-3);
+        worst = e > worst ? e : worst;
+    }
+    printf("eviction: %ld rows dropped, %d kept; logits vs the full cache rel err %.3g\n",
+           slide.evicted, slide.len, worst);
+    CHECK(slide.evicted > 100);
+    CHECK(!memcmp(slide.tokens, tok, (size_t)P * sizeof *tok));
+    CHECK_MSG(worst < 1e-4, "sliding cache vs full cache rel err %g", worst);
+    nd_kv_free(&keep);
+    nd_kv_free(&slide);
+    free(lk);
+    free(ls);
+    free(tok);
+}
+
 /* int8 vs float KV cache on the same weights: logits and greedy tokens */
 static void int8_accuracy(const san_model *m, const nd_tokenizer *tok, const nd_backend *be)
 {
@@ -207,6 +245,7 @@ int main(void)
     san_model m;
     CHECK(nd_cact_to_model(&f, &m) == 0);
     int8_accuracy(&m, tok, be);
+    eviction_exact(&m, be);
     san_model_free(&m);
     free(arch);
     san_model_free(&src);

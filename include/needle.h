@@ -130,6 +130,12 @@ int needle_session_complete(needle_session *s, const char *text, int max_new_tok
 int needle_session_reset(needle_session *s);
 /* Tokens of the cached system + tools prefix. */
 int needle_session_context_tokens(const needle_session *s);
+/* Bytes the session holds (KV cache at its current size, decoder scratch,
+ * per-turn buffers), and the most it can ever hold: the cache is a window
+ * of kv_window positions (plus the pinned system + tools prefix) that
+ * slides, so a conversation never runs out of context. */
+long long needle_session_memory_bytes(const needle_session *s);
+long long needle_session_memory_bound(const needle_session *s);
 /* Newline-separated warnings from compiling the tools' schemas (ignored
  * keywords, unsupported patterns), or "". */
 const char *needle_session_warnings(const needle_session *s);

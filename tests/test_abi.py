@@ -187,10 +187,11 @@ def main():
     check(lib.needle_init(b"", json.dumps(TOOLS).encode(), None) > 0, "model kept")
     long_q = ("turn on the lights in the kitchen and the hall please " * 60).encode()
     rc = lib.needle_complete(long_q, 32, buf, len(buf))
-    check(rc < 0 and b"max_seq_len" in lib.needle_last_error(), "long prompt: %d %r"
-          % (rc, lib.needle_last_error()))
+    # longer than max_seq_len: the window slides past it (issue 14 part C)
+    check(rc > 0, "long prompt: %d %r" % (rc, lib.needle_last_error()))
     env = json.loads(buf.value.decode())
-    check(env["success"] is False and env["error_code"] == "limit", "error envelope %r" % env)
+    check(env["success"] is True or env["error_code"] == "max_new_tokens",
+          "long prompt envelope %r" % env)
     check(lib.needle_complete(b"turn on the lights", 64, buf, len(buf)) > 0,
           "session usable after an error")
 

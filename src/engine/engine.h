@@ -74,8 +74,21 @@ typedef struct {
     void *cells_ctx;
     int len, cap, max_len;
     int kv_window; /* attend only to the last kv_window keys (0 = all) */
+    /* sliding window (nd_kv_slide): the first n_sink rows are pinned and
+     * always attended (upstream's doc-prefix sinks); older rows after them
+     * are dropped so the context never runs out. Row r >= n_sink holds
+     * absolute position r + evicted (RoPE and the window use it). -1 = off. */
+    int n_sink;
+    long evicted;
     int32_t *tokens;
-    float *k, *v;               /* [L][cap][kv_dim] */
+    /* kv_bits 8: K/V rows as int8 with one scale per (row, kv head);
+     * otherwise float32 */
+    int kv_int8;
+    float *k, *v;                       /* [L][cap][kv_dim] (float cache) */
+    int8_t *k8, *v8;                    /* [L][cap][kv_dim] (int8 cache) */
+    float *ks, *vs;                     /* [L][cap][G] scales of the int8 rows */
+    float *rope_far_cos, *rope_far_sin; /* [chunk][hd/2]: positions past the tables */
+    size_t scratch_bytes;
     float *vp[SAN_MAX_SITES];   /* [cap][d] */
     float *rope_cos, *rope_sin; /* [max_len][hd/2] */
     /* scratch for one chunk of up to `chunk` new tokens */
@@ -94,12 +107,26 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
 void nd_kv_free(nd_kv_state *s);
 /* Run the matrices from q (m then only needs its small tensors). */
 void nd_kv_use_quant(nd_kv_state *s, const nd_qweights *q);
+/* Store K/V as int8 rows with per-head scales when bits == 8 (the
+ * header's kv_bits), float32 otherwise. Call before the first forward. */
+void nd_kv_set_bits(nd_kv_state *s, int bits);
+/* Turn the sliding window on with the first n_sink rows pinned: forwards
+ * never fail for length, the oldest unpinned rows are dropped instead. */
+void nd_kv_slide(nd_kv_state *s, int n_sink);
+/* Bytes this state holds (cache at its current capacity + scratch); with
+ * the window on it never exceeds nd_kv_bytes_bound. */
+size_t nd_kv_bytes(const nd_kv_state *s);
+size_t nd_kv_bytes_bound(const nd_kv_state *s);
 /* Forget everything after the first `len` positions. */
 void nd_kv_rewind(nd_kv_state *s, int len);
 /* Run `n` new tokens at positions len..len+n-1 and append them. Logits of
  * every new row go to `logits` ([n, V]) when all_logits, else only the last
  * row's ([V]); logits may be NULL. */
 int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int all_logits);
+
+/* Test hook: a session's decoder state (its retained tokens, sinks). */
+struct needle_session;
+const nd_kv_state *nd_session_kv(const struct needle_session *S);
 
 /* Write an error envelope ({"success": false, "error": msg, "error_code":
  * code, ...}) into buf when it fits (else buf[0] = 0 when buf_len > 0).

@@ -30,6 +30,7 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     s->be = be;
     s->max_len = m->cfg.max_seq_len;
     s->kv_window = kv_window > 0 ? kv_window : 0;
+    s->n_sink = -1;
     s->chunk = chunk;
     size_t N = (size_t)chunk, W = N + (size_t)max_order(m), d = (size_t)D->d, n = (size_t)D->n;
     size_t half = (size_t)D->hd / 2;
@@ -41,6 +42,8 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
 #define P(ptr, cnt) plan[np++] = (struct plan_e){(void **)&(ptr), (size_t)(cnt) * sizeof(*(ptr))}
     P(s->rope_cos, (size_t)s->max_len * half);
     P(s->rope_sin, (size_t)s->max_len * half);
+    P(s->rope_far_cos, N * half);
+    P(s->rope_far_sin, N * half);
     P(s->x0, N * d);
     P(s->X, N * n * d);
     P(s->Xn, N * n * d);
@@ -91,6 +94,7 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
         off += (plan[i].bytes + 63) & ~(size_t)63;
     }
     s->scratch = blk;
+    s->scratch_bytes = total;
     if (nd_layout_buf_init(&s->lay, (long)W, 1)) {
         nd_kv_free(s);
         return nd_error(ND_ENOMEM, "out of memory");
@@ -104,6 +108,75 @@ void nd_kv_use_quant(nd_kv_state *s, const nd_qweights *q)
     s->qw = q;
 }
 
+void nd_kv_set_bits(nd_kv_state *s, int bits)
+{
+    if (!s->cap) /* the rows' format is fixed once any are stored */
+        s->kv_int8 = bits == 8;
+}
+
+void nd_kv_slide(nd_kv_state *s, int n_sink)
+{
+    s->n_sink = n_sink < 0 ? -1 : n_sink;
+}
+
+/* bytes of one cached position: token, K and V of every layer, v' rows */
+static size_t row_bytes(const nd_kv_state *s)
+{
+    const san_dims *D = &s->m->dims;
+    size_t kvd = (size_t)D->kv_dim, G = (size_t)D->G;
+    size_t kv = s->kv_int8 ? kvd + G * sizeof(float) : kvd * sizeof(float);
+    return sizeof(int32_t) + 2 * (size_t)D->L * kv +
+           (size_t)s->m->cfg.n_sites * (size_t)D->d * sizeof(float);
+}
+
+/* rows the window keeps at most (before a chunk of up to `chunk` lands):
+ * the sinks, the attention window, one chunk and some slack so that rows
+ * are dropped in batches rather than on every decoded token */
+static int slide_slack(const nd_kv_state *s)
+{
+    int slack = (s->max_len - s->n_sink) / 8;
+    return slack < 1 ? 1 : slack > 64 ? 64 : slack;
+}
+
+/* most tokens one forward_chunk adds: with the window on, at most half of
+ * the room after the sinks so that a slide always frees enough */
+static int chunk_step(const nd_kv_state *s)
+{
+    int room = (s->max_len - (s->n_sink > 0 ? s->n_sink : 0)) / 2;
+    if (s->n_sink < 0 || s->chunk <= room)
+        return s->chunk;
+    return room > 0 ? room : 1;
+}
+
+static int slide_high(const nd_kv_state *s)
+{
+    if (!s->kv_window)
+        return s->max_len;
+    long hi = (long)s->n_sink + s->kv_window + chunk_step(s) + slide_slack(s);
+    return hi < s->max_len ? (int)hi : s->max_len;
+}
+
+/* capacity for `need` rows: doubling, but never past the rows the cache
+ * can hold (the window's high mark when it slides) */
+static int grown_cap(const nd_kv_state *s, int need)
+{
+    int cap = s->cap ? s->cap : 64, top = s->n_sink >= 0 ? slide_high(s) : s->max_len;
+    while (cap < need)
+        cap *= 2;
+    return cap > top ? (top > need ? top : need) : cap;
+}
+
+size_t nd_kv_bytes(const nd_kv_state *s)
+{
+    return s->scratch_bytes + (size_t)s->cap * row_bytes(s);
+}
+
+size_t nd_kv_bytes_bound(const nd_kv_state *s)
+{
+    int rows = s->n_sink >= 0 ? slide_high(s) : s->max_len;
+    return s->scratch_bytes + (size_t)(rows > s->cap ? rows : s->cap) * row_bytes(s);
+}
+
 void nd_kv_free(nd_kv_state *s)
 {
     if (!s)
@@ -114,6 +187,10 @@ void nd_kv_free(nd_kv_state *s)
     free(s->tokens);
     free(s->k);
     free(s->v);
+    free(s->k8);
+    free(s->v8);
+    free(s->ks);
+    free(s->vs);
     for (int i = 0; i < SAN_MAX_SITES; i++)
         free(s->vp[i]);
     memset(s, 0, sizeof *s);
@@ -123,6 +200,22 @@ void nd_kv_rewind(nd_kv_state *s, int len)
 {
     if (len < s->len)
         s->len = len < 0 ? 0 : len;
+    if (s->len <= (s->n_sink > 0 ? s->n_sink : 0))
+        s->evicted = 0; /* back inside the sinks: positions restart */
+}
+
+/* Re-allocate a [layers][cap][row] array for a larger cap, keeping the
+ * first len rows of every layer. */
+static int grow_rows(void **arr, size_t layers, int old_cap, int cap, int len, size_t row)
+{
+    char *n = malloc(layers * (size_t)cap * row + 1), *o = *arr;
+    if (!n)
+        return ND_ENOMEM;
+    for (size_t l = 0; l < layers && len; l++)
+        memcpy(n + l * (size_t)cap * row, o + l * (size_t)old_cap * row, (size_t)len * row);
+    free(*arr);
+    *arr = n;
+    return ND_OK;
 }
 
 /* Grow the per-position storage to hold `need` positions. */
@@ -131,39 +224,77 @@ static int kv_reserve(nd_kv_state *s, int need)
     if (need <= s->cap)
         return ND_OK;
     const san_dims *D = &s->m->dims;
-    int cap = s->cap ? s->cap : 64;
-    while (cap < need)
-        cap *= 2;
-    if (cap > s->max_len)
-        cap = s->max_len;
-    size_t L = (size_t)D->L, kvd = (size_t)D->kv_dim, d = (size_t)D->d;
-    int32_t *tok = realloc(s->tokens, (size_t)cap * sizeof *tok);
-    if (tok)
-        s->tokens = tok;
-    float *k = malloc(L * (size_t)cap * kvd * sizeof *k + 1);
-    float *v = malloc(L * (size_t)cap * kvd * sizeof *v + 1);
-    if (!tok || !k || !v) {
-        free(k);
-        free(v);
+    int cap = grown_cap(s, need);
+    size_t L = (size_t)D->L, kvd = (size_t)D->kv_dim, d = (size_t)D->d, G = (size_t)D->G;
+    int rc = grow_rows((void **)&s->tokens, 1, s->cap, cap, s->len, sizeof(int32_t));
+    if (!rc && s->kv_int8) {
+        rc = grow_rows((void **)&s->k8, L, s->cap, cap, s->len, kvd);
+        if (!rc)
+            rc = grow_rows((void **)&s->v8, L, s->cap, cap, s->len, kvd);
+        if (!rc)
+            rc = grow_rows((void **)&s->ks, L, s->cap, cap, s->len, G * sizeof(float));
+        if (!rc)
+            rc = grow_rows((void **)&s->vs, L, s->cap, cap, s->len, G * sizeof(float));
+    } else if (!rc) {
+        rc = grow_rows((void **)&s->k, L, s->cap, cap, s->len, kvd * sizeof(float));
+        if (!rc)
+            rc = grow_rows((void **)&s->v, L, s->cap, cap, s->len, kvd * sizeof(float));
+    }
+    for (int i = 0; i < s->m->cfg.n_sites && !rc; i++)
+        rc = grow_rows((void **)&s->vp[i], 1, s->cap, cap, s->len, d * sizeof(float));
+    if (rc) /* arrays grown so far hold more rows; s->cap stays the safe bound */
         return nd_error(ND_ENOMEM, "out of memory growing the KV cache to %d positions", cap);
-    }
-    for (size_t l = 0; l < L && s->len; l++) {
-        memcpy(k + l * (size_t)cap * kvd, s->k + l * (size_t)s->cap * kvd,
-               (size_t)s->len * kvd * sizeof *k);
-        memcpy(v + l * (size_t)cap * kvd, s->v + l * (size_t)s->cap * kvd,
-               (size_t)s->len * kvd * sizeof *v);
-    }
-    free(s->k);
-    free(s->v);
-    s->k = k;
-    s->v = v;
-    for (int i = 0; i < s->m->cfg.n_sites; i++) {
-        float *p = realloc(s->vp[i], (size_t)cap * d * sizeof *p);
-        if (!p)
-            return nd_error(ND_ENOMEM, "out of memory growing the engram cache");
-        s->vp[i] = p;
-    }
     s->cap = cap;
+    return ND_OK;
+}
+
+/* Drop rows [pin, pin + drop) of every layer of a [layers][cap][row] array. */
+static void drop_rows(void *arr, size_t layers, int cap, int pin, int drop, int len, size_t row)
+{
+    char *base = arr;
+    for (size_t l = 0; l < layers; l++) {
+        char *lb = base + l * (size_t)cap * row;
+        memmove(lb + (size_t)pin * row, lb + (size_t)(pin + drop) * row,
+                (size_t)(len - pin - drop) * row);
+    }
+}
+
+/* Sliding window: before n new rows land, drop the oldest unpinned rows
+ * once the cache would pass its high mark (upstream keeps the sinks and
+ * the last kv_window keys visible; nothing else is ever read again). */
+static int make_room(nd_kv_state *s, int n)
+{
+    int pin = s->n_sink, hi = slide_high(s);
+    if (s->len + n <= hi)
+        return ND_OK;
+    int keep_window = s->kv_window ? s->kv_window : s->max_len;
+    long keep = (long)pin + keep_window;
+    if (keep > (long)hi - n - slide_slack(s))
+        keep = (long)hi - n - slide_slack(s);
+    if (keep < pin)
+        keep = pin;
+    if (keep + n > s->max_len)
+        return nd_error(ND_ELIMIT, "%d new tokens after %d pinned ones exceed max_seq_len %d", n,
+                        pin, s->max_len);
+    int drop = s->len - (int)keep;
+    if (drop <= 0)
+        return ND_OK;
+    const san_dims *D = &s->m->dims;
+    size_t L = (size_t)D->L, kvd = (size_t)D->kv_dim, G = (size_t)D->G, d = (size_t)D->d;
+    drop_rows(s->tokens, 1, s->cap, pin, drop, s->len, sizeof(int32_t));
+    if (s->kv_int8) {
+        drop_rows(s->k8, L, s->cap, pin, drop, s->len, kvd);
+        drop_rows(s->v8, L, s->cap, pin, drop, s->len, kvd);
+        drop_rows(s->ks, L, s->cap, pin, drop, s->len, G * sizeof(float));
+        drop_rows(s->vs, L, s->cap, pin, drop, s->len, G * sizeof(float));
+    } else {
+        drop_rows(s->k, L, s->cap, pin, drop, s->len, kvd * sizeof(float));
+        drop_rows(s->v, L, s->cap, pin, drop, s->len, kvd * sizeof(float));
+    }
+    for (int i = 0; i < s->m->cfg.n_sites; i++)
+        drop_rows(s->vp[i], 1, s->cap, pin, drop, s->len, d * sizeof(float));
+    s->len -= drop;
+    s->evicted += drop;
     return ND_OK;
 }
 
@@ -207,37 +338,65 @@ static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
     int l = a->l, p0 = a->p0;
     const san_dims *D = &s->m->dims;
     int H = D->H, G = D->G, hd = D->hd, rep = H / G, qd = D->q_dim, kvd = D->kv_dim;
-    const float *K = s->k + (size_t)l * s->cap * kvd, *V = s->v + (size_t)l * s->cap * kvd;
+    size_t lc = (size_t)l * s->cap;
+    const float *K = s->k ? s->k + lc * kvd : NULL, *V = s->v ? s->v + lc * kvd : NULL;
+    const int8_t *K8 = s->k8 ? s->k8 + lc * kvd : NULL, *V8 = s->v8 ? s->v8 + lc * kvd : NULL;
+    const float *KS = s->ks ? s->ks + lc * G : NULL, *VS = s->vs ? s->vs + lc * G : NULL;
+    int pin = s->n_sink > 0 ? s->n_sink : 0;
     float scale = 1.0f / sqrtf((float)hd);
     for (long task = lo; task < hi; task++) {
         int i = (int)(task / H), h = (int)(task % H), g = h / rep, p = p0 + i;
+        /* unpinned rows are consecutive positions, so the window is a row
+         * range; the sinks before it stay visible (upstream's sink mask) */
         int j0 = s->kv_window && p + 1 > s->kv_window ? p + 1 - s->kv_window : 0;
+        int sink_end = pin < j0 ? pin : j0;
         const float *q = s->q + (size_t)i * qd + (size_t)h * hd;
         float *sc = s->att_s + (size_t)task * s->max_len;
         float mx = -FLT_MAX;
-        for (int j = j0; j <= p; j++) {
-            const float *kr = K + (size_t)j * kvd + (size_t)g * hd;
+        for (int j = 0; j <= p; j++) {
+            if (j == sink_end && j < j0)
+                j = j0;
             float acc = 0.0f;
+            if (s->kv_int8) {
+                const int8_t *kr = K8 + (size_t)j * kvd + (size_t)g * hd;
+#pragma omp simd reduction(+ : acc)
+                for (int e = 0; e < hd; e++)
+                    acc += q[e] * (float)kr[e];
+                acc *= KS[(size_t)j * G + g];
+            } else {
+                const float *kr = K + (size_t)j * kvd + (size_t)g * hd;
 #pragma omp simd reduction(+ : acc) /* lets the compiler vectorise the dot */
-            for (int e = 0; e < hd; e++)
-                acc += q[e] * kr[e];
+                for (int e = 0; e < hd; e++)
+                    acc += q[e] * kr[e];
+            }
             acc *= scale;
             sc[j] = acc;
             mx = acc > mx ? acc : mx;
         }
         float sum = 0.0f;
-        for (int j = j0; j <= p; j++) {
+        for (int j = 0; j <= p; j++) {
+            if (j == sink_end && j < j0)
+                j = j0;
             sc[j] = expf(sc[j] - mx);
             sum += sc[j];
         }
         float inv = 1.0f / sum, *out = s->att + (size_t)i * qd + (size_t)h * hd;
         for (int e = 0; e < hd; e++)
             out[e] = 0.0f;
-        for (int j = j0; j <= p; j++) {
-            const float *vr = V + (size_t)j * kvd + (size_t)g * hd;
+        for (int j = 0; j <= p; j++) {
+            if (j == sink_end && j < j0)
+                j = j0;
             float w = sc[j] * inv;
-            for (int e = 0; e < hd; e++)
-                out[e] += w * vr[e];
+            if (s->kv_int8) {
+                const int8_t *vr = V8 + (size_t)j * kvd + (size_t)g * hd;
+                w *= VS[(size_t)j * G + g];
+                for (int e = 0; e < hd; e++)
+                    out[e] += w * (float)vr[e];
+            } else {
+                const float *vr = V + (size_t)j * kvd + (size_t)g * hd;
+                for (int e = 0; e < hd; e++)
+                    out[e] += w * vr[e];
+            }
         }
     }
 }
@@ -322,6 +481,60 @@ static int engram_chunk(nd_kv_state *s, int p0, int n)
     return ND_OK;
 }
 
+/* cos/sin rows of the n positions from row p0: absolute positions (row +
+ * evicted) as upstream's decode.py numbers them; past max_seq_len (only with
+ * the window on) computed here the way san_rope_tables does */
+static void rope_rows(nd_kv_state *s, int p0, int n, const float **cs, const float **sn)
+{
+    int hd = s->m->dims.hd;
+    size_t half = (size_t)hd / 2;
+    long ap0 = p0 + s->evicted;
+    if (ap0 + n <= s->max_len) {
+        *cs = s->rope_cos + (size_t)ap0 * half;
+        *sn = s->rope_sin + (size_t)ap0 * half;
+        return;
+    }
+    for (size_t i = 0; i < half; i++) {
+        float freq = 1.0f / powf((float)s->m->cfg.rope_theta, (float)(2 * i) / (float)hd);
+        for (int t = 0; t < n; t++) {
+            double ang = (double)(ap0 + t) * freq;
+            s->rope_far_cos[(size_t)t * half + i] = (float)cos(ang);
+            s->rope_far_sin[(size_t)t * half + i] = (float)sin(ang);
+        }
+    }
+    *cs = s->rope_far_cos;
+    *sn = s->rope_far_sin;
+}
+
+/* Append the chunk's K (after RoPE) and V rows to layer l's cache: float32,
+ * or int8 with one absmax scale per (row, kv head) */
+static void store_rows(nd_kv_state *s, int l, int p0, int n)
+{
+    const san_dims *D = &s->m->dims;
+    size_t kvd = (size_t)D->kv_dim, G = (size_t)D->G, hd = (size_t)D->hd;
+    size_t lc = (size_t)l * s->cap;
+    if (!s->kv_int8) {
+        memcpy(s->k + (lc + (size_t)p0) * kvd, s->kk, (size_t)n * kvd * sizeof(float));
+        memcpy(s->v + (lc + (size_t)p0) * kvd, s->vv, (size_t)n * kvd * sizeof(float));
+        return;
+    }
+    for (int side = 0; side < 2; side++) {
+        const float *src = side ? s->vv : s->kk;
+        int8_t *dst = (side ? s->v8 : s->k8) + (lc + (size_t)p0) * kvd;
+        float *sc = (side ? s->vs : s->ks) + (lc + (size_t)p0) * G;
+        for (size_t r = 0; r < (size_t)n * G; r++) {
+            const float *x = src + r * hd;
+            float mx = 0.0f;
+            for (size_t e = 0; e < hd; e++)
+                mx = fabsf(x[e]) > mx ? fabsf(x[e]) : mx;
+            float scale = mx > 0.0f ? mx / 127.0f : 1.0f, inv = 1.0f / scale;
+            for (size_t e = 0; e < hd; e++)
+                dst[r * hd + e] = (int8_t)lrintf(x[e] * inv);
+            sc[r] = scale;
+        }
+    }
+}
+
 static int layer_chunk(nd_kv_state *s, int l, int p0, int n)
 {
     const san_model *m = s->m;
@@ -329,7 +542,7 @@ static int layer_chunk(nd_kv_state *s, int l, int p0, int n)
     const san_weights *w = &m->w;
     const nd_backend *be = s->be;
     int d = D->d, ln = D->n, nd = ln * d, hd = D->hd, qd = D->q_dim, kvd = D->kv_dim;
-    size_t Ld = (size_t)l * d, half = (size_t)hd / 2;
+    size_t Ld = (size_t)l * d;
     const float *X = s->X;
 
     be->rmsnorm(be, s->nx, NULL, X, NULL, n, nd);
@@ -380,13 +593,11 @@ static int layer_chunk(nd_kv_state *s, int l, int p0, int n)
     be->rmsnorm(be, s->kk, NULL, s->kk, w->k_norm + (size_t)l * hd, (long)n * D->G, hd);
     /* rope rows are positions p0.. : offset the tables, one "sequence" of n */
     nd_layout_dense(&s->lay, 1, n);
-    be->rope(be, s->q, s->rope_cos + (size_t)p0 * half, s->rope_sin + (size_t)p0 * half, &s->lay.L,
-             D->H, hd);
-    be->rope(be, s->kk, s->rope_cos + (size_t)p0 * half, s->rope_sin + (size_t)p0 * half, &s->lay.L,
-             D->G, hd);
-    size_t lc = (size_t)l * s->cap * kvd;
-    memcpy(s->k + lc + (size_t)p0 * kvd, s->kk, (size_t)n * kvd * sizeof(float));
-    memcpy(s->v + lc + (size_t)p0 * kvd, s->vv, (size_t)n * kvd * sizeof(float));
+    const float *cs, *sn;
+    rope_rows(s, p0, n, &cs, &sn);
+    be->rope(be, s->q, cs, sn, &s->lay.L, D->H, hd);
+    be->rope(be, s->kk, cs, sn, &s->lay.L, D->G, hd);
+    store_rows(s, l, p0, n);
     cached_attention(s, l, p0, n);
     be->gate_sigmoid(be, s->o, s->att, s->g, (long)n * qd);
     if ((rc = wmatmul(s, s->o, n, qd, slice(w->wout, (size_t)l * qd * d), ql ? &ql->wout : NULL, d,
@@ -410,9 +621,9 @@ static int forward_chunk(nd_kv_state *s, const int32_t *tok, int n, float *logit
     const san_model *m = s->m;
     const san_dims *D = &m->dims;
     const nd_backend *be = s->be;
+    int rc = s->n_sink >= 0 ? make_room(s, n) : ND_OK;
     int p0 = s->len, d = D->d;
-    int rc = kv_reserve(s, p0 + n);
-    if (rc)
+    if (rc || (rc = kv_reserve(s, p0 + n)))
         return rc;
     memcpy(s->tokens + p0, tok, (size_t)n * sizeof *tok);
     if (s->qw) { /* dequantise just the looked-up rows */
@@ -461,7 +672,7 @@ int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int 
     const san_dims *D = &s->m->dims;
     if (n < 1)
         return nd_error(ND_EARG, "no tokens to run");
-    if ((long)s->len + n > s->max_len)
+    if (s->n_sink < 0 && (long)s->len + n > s->max_len)
         return nd_error(ND_ELIMIT, "%d tokens after %d already in context exceed max_seq_len %d", n,
                         s->len, s->max_len);
     for (int i = 0; i < n; i++)
@@ -474,9 +685,9 @@ int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int 
     int serial = work < 1e8, saved = 0;
     if (serial) /* this thread only: other sessions keep their threads */
         saved = nd_set_serial(1);
-    int rc = ND_OK;
-    for (int i = 0; i < n && !rc; i += s->chunk) {
-        int k = n - i < s->chunk ? n - i : s->chunk;
+    int rc = ND_OK, step = chunk_step(s);
+    for (int i = 0; i < n && !rc; i += step) {
+        int k = n - i < step ? n - i : step;
         float *lg = NULL;
         if (logits && all_logits)
             lg = logits + (size_t)i * D->V;

@@ -394,6 +394,7 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
         goto fail;
     if (M->quant)
         nd_kv_use_quant(&S->kv, &M->qw);
+    nd_kv_set_bits(&S->kv, M->m.cfg.kv_bits);
     if ((rc = render_prefix(S, &pre, !S->rt.on)) || (rc = nd_idvec_push(&ids, M->id_bos)) ||
         (rc = nd_tokenizer_encode(M->tok, pre.p, pre.n, &ids)))
         goto fail;
@@ -407,6 +408,9 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
     if ((rc = nd_kv_forward(&S->kv, ids.v, (int)ids.n, NULL, 0)))
         goto fail;
     S->prefix_len = (int)ids.n;
+    /* the system + tools prefix are the window's sinks (upstream pins the
+     * doc prefix): later turns slide past max_seq_len instead of failing */
+    nd_kv_slide(&S->kv, S->prefix_len);
     nd_pj_free(doc);
     nd_buf_free(&pre);
     nd_idvec_free(&ids);
@@ -444,6 +448,7 @@ int needle_session_reset(needle_session *S)
     if (!S)
         return NEEDLE_EARG;
     nd_kv_rewind(&S->kv, S->prefix_len);
+    nd_kv_slide(&S->kv, S->prefix_len);
     S->turn = 0;
     return NEEDLE_OK;
 }
@@ -451,6 +456,29 @@ int needle_session_reset(needle_session *S)
 int needle_session_context_tokens(const needle_session *S)
 {
     return S ? S->prefix_len : NEEDLE_EARG;
+}
+
+long long needle_session_memory_bytes(const needle_session *S)
+{
+    if (!S)
+        return NEEDLE_EARG;
+    int V = S->model->m.dims.V;
+    size_t own = sizeof *S + (size_t)V * (sizeof *S->logits + 1 + sizeof *S->tokdist);
+    return (long long)(own + nd_kv_bytes(&S->kv));
+}
+
+long long needle_session_memory_bound(const needle_session *S)
+{
+    if (!S)
+        return NEEDLE_EARG;
+    int V = S->model->m.dims.V;
+    size_t own = sizeof *S + (size_t)V * (sizeof *S->logits + 1 + sizeof *S->tokdist);
+    return (long long)(own + nd_kv_bytes_bound(&S->kv));
+}
+
+const nd_kv_state *nd_session_kv(const needle_session *S)
+{
+    return &S->kv;
 }
 
 const char *needle_session_warnings(const needle_session *S)
@@ -702,6 +730,7 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
     char *rtext = NULL;
     size_t rlen = 0;
     int start_turn = S->turn, start_len = S->kv.len;
+    long start_evicted = S->kv.evicted;
     double t0 = now_s();
     int prefilled;
 
@@ -716,18 +745,34 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
             (rc = nd_idvec_push(&ids, M->id_bos)) ||
             (rc = nd_tokenizer_encode(tk, seg.p, seg.n, &ids)))
             goto fail;
+        int sinks = S->prefix_len;
+        if (S->rt.on) { /* the retrieved tools join the sinks for this conversation */
+            nd_buf with = {0};
+            nd_idvec wid = {0};
+            if (!(rc = render_prefix(S, &with, 1)) && !(rc = nd_idvec_push(&wid, M->id_bos)))
+                rc = nd_tokenizer_encode(tk, with.p, with.n, &wid);
+            for (sinks = 0; sinks < (int)wid.n && sinks < (int)ids.n; sinks++)
+                if (wid.v[sinks] != ids.v[sinks])
+                    break;
+            nd_buf_free(&with);
+            nd_idvec_free(&wid);
+            if (rc)
+                goto fail;
+        }
         int lcp = 0;
         while (lcp < S->kv.len && lcp < (int)ids.n && S->kv.tokens[lcp] == ids.v[lcp])
             lcp++;
         if (lcp >= (int)ids.n)
             lcp = (int)ids.n - 1;
-        if ((int)ids.n + 16 > max_len) {
+        if (sinks + 16 > max_len) {
             rc = nd_error(ND_ELIMIT,
-                          "the prompt is %zu tokens; max_seq_len %d leaves no room for an answer",
-                          ids.n, max_len);
+                          "the system prompt and tools are %d tokens; max_seq_len %d leaves no "
+                          "room for an answer",
+                          sinks, max_len);
             goto fail;
         }
         nd_kv_rewind(&S->kv, lcp);
+        nd_kv_slide(&S->kv, sinks);
         prefilled = (int)ids.n - lcp;
         if ((rc = run(S, ids.v + lcp, prefilled, S->logits)))
             goto fail;
@@ -742,13 +787,6 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
             (rc = nd_tokenizer_encode(tk, seg.p, seg.n, &ids)))
             goto fail;
         int skip = ids.n && ids.v[0] == M->id_space ? 1 : 0;
-        if (S->kv.len + (int)ids.n - skip + 16 > max_len) {
-            rc = nd_error(ND_ELIMIT,
-                          "the conversation is %d tokens and this turn adds %zu; max_seq_len %d "
-                          "leaves no room for an answer (reset the session)",
-                          S->kv.len, ids.n - (size_t)skip, max_len);
-            goto fail;
-        }
         prefilled = (int)ids.n - skip;
         if ((rc = run(S, ids.v + skip, prefilled, S->logits)))
             goto fail;
@@ -756,7 +794,8 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
     double t1 = now_s();
 
     /* 2. generate */
-    int budget = max_len - S->kv.len;
+    /* the window slides: only max_seq_len past the sinks bounds a turn */
+    int budget = max_len - S->kv.n_sink - 16;
     if (budget > max_new_tokens)
         budget = max_new_tokens;
     int gen = 0;
@@ -913,8 +952,10 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
     return rc;
 fail:
     S->turn = start_turn;
-    if (start_turn)
-        nd_kv_rewind(&S->kv, start_len);
+    if (start_turn) { /* rows dropped by this turn's slides moved the rest */
+        long back = start_len - (S->kv.evicted - start_evicted);
+        nd_kv_rewind(&S->kv, back > S->kv.n_sink ? (int)back : S->kv.n_sink);
+    }
     free(rtext);
     nd_buf_free(&seg);
     nd_buf_free(&reasoning);

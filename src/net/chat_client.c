@@ -302,7 +302,7 @@ static int finish(nd_chat *c, request *r, CURLcode code, nd_chat_result *res)
                  r->resp ? r->resp : "");
     else
         res->ok = extract_content(c, r, res);
-    if (retryable && code == CURLE_OK) {
+    if (retryable) {
         size_t n = strlen(res->err);
         snprintf(res->err + n, sizeof res->err - n, " (after %d attempts)", r->attempts);
     }
@@ -346,8 +346,9 @@ int nd_chat_wait(nd_chat *c, nd_chat_result *res)
         while ((m = curl_multi_info_read(c->multi, &left)) != NULL) {
             if (m->msg != CURLMSG_DONE)
                 continue;
-            request *r = NULL;
-            curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&r);
+            char *priv = NULL;
+            curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, &priv);
+            request *r = (request *)(void *)priv;
             if (finish(c, r, m->data.result, res))
                 return 1;
         }

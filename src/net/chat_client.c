@@ -326,18 +326,13 @@ int nd_chat_wait(nd_chat *c, nd_chat_result *res)
     for (;;) {
         if (!c->pending)
             return 0;
-        double t = now_s(), next_due = -1;
-        for (request *r = c->queue; r; r = r->next) {
-            if (r->easy)
-                continue;
-            if (r->due <= t && c->active < c->o.max_active) {
+        double t = now_s();
+        for (request *r = c->queue; r; r = r->next)
+            if (!r->easy && r->due <= t && c->active < c->o.max_active) {
                 int rc = start(c, r);
                 if (rc)
                     return rc;
-            } else if (next_due < 0 || r->due < next_due) {
-                next_due = r->due;
             }
-        }
         int running = 0;
         if (curl_multi_perform(c->multi, &running) != CURLM_OK)
             return nd_error(ND_EIO, "libcurl multi interface failed");
@@ -352,7 +347,12 @@ int nd_chat_wait(nd_chat *c, nd_chat_result *res)
             if (finish(c, r, m->data.result, res))
                 return 1;
         }
-        /* sleep until a socket is ready or the next retry is due */
+        /* sleep until a socket is ready or the next waiting request is due
+         * (a retry queued just now included) */
+        double next_due = -1;
+        for (request *r = c->queue; r; r = r->next)
+            if (!r->easy && (next_due < 0 || r->due < next_due))
+                next_due = r->due;
         int wait_ms = 1000;
         if (next_due >= 0 && c->active < c->o.max_active) {
             double d = (next_due - now_s()) * 1000;

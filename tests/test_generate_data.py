@@ -238,6 +238,38 @@ def main():
         check(os.path.getsize(adapter) > 0, "adapter written")
         check(KEY not in open(adapter, "rb").read().decode("latin-1"), "key not in the adapter")
 
+        # 7. bad inputs: exit 1 and a message naming the file (and line)
+        bad_line = os.path.join(tmp, "bad.jsonl")
+        with open(bad_line, "w") as f:
+            f.write(json.dumps(old[0]) + "\n" + '{"query": oops}\n')
+        no_tools = os.path.join(tmp, "notools.jsonl")
+        with open(no_tools, "w") as f:
+            f.write('{"query": "q", "answers": []}\n')
+        not_array = os.path.join(tmp, "obj.json")
+        with open(not_array, "w") as f:
+            f.write("{}")
+        not_json = os.path.join(tmp, "broken.json")
+        with open(not_json, "w") as f:
+            f.write('[{"name": ')
+        tools = os.path.join(tmp, "tools.json")
+        cases = [
+            (["--augment", bad_line], bad_line + ":2: column"),
+            (["--augment", no_tools], "no tool schemas found"),
+            (["--tools", not_array], not_array + ": expected a JSON array"),
+            (["--tools", not_json], not_json + ": not JSON"),
+            (["--tools", tools, "--output", tools], "refusing to overwrite an input"),
+        ]
+        with ChatServer(KEY, MODEL, []) as srv:
+            for args, msg in cases:
+                p = run(["generate-data"] + args, srv, check_rc=1)
+                check(msg in p.stderr, "%s: %r not in %r" % (args, msg, p.stderr))
+                check(not srv.requests, "%s: no request sent" % args)
+            p = run(["generate-data", "--tools", tools], srv, key="", check_rc=1)
+            check("set OPENROUTER_API_KEY" in p.stderr, "a missing key is named")
+            p = run(["generate-data", "--tools", tools, "--num-samples", "0"], srv, check_rc=2)
+        with open(tools) as f:
+            check(json.load(f) == TOOLS, "the tools file is untouched")
+
     if failures:
         print("%d failure(s)" % len(failures))
         sys.exit(1)

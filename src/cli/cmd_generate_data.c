@@ -243,6 +243,8 @@ static int generate_and_write(const gen_params *p, const nd_pj *tools, const aug
     nd_gen_set *set;
     if (nd_gen_set_new(tools, &set))
         return cli_fail(NULL);
+    if (nd_gen_warnings(set)[0])
+        fprintf(stderr, "  %-9s tools: %s\n", "warning", nd_gen_warnings(set));
     for (size_t i = 0; old && i < old->n_docs; i++)
         nd_gen_seen(set, nd_pj_root(old->docs[i]));
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {

@@ -250,6 +250,11 @@ const nd_gen_counts *nd_gen_get_counts(const nd_gen_set *s)
     return &s->counts;
 }
 
+const char *nd_gen_warnings(const nd_gen_set *s)
+{
+    return nd_gram_warnings(s->gram);
+}
+
 const char *nd_gen_first_invalid(const nd_gen_set *s)
 {
     return s->first_invalid;

@@ -52,6 +52,8 @@ size_t nd_gen_size(const nd_gen_set *s);
  * separators, no newline): {"query", "reasoning"?, "answers", "tools"}. */
 const char *nd_gen_line(const nd_gen_set *s, size_t i, size_t *len);
 const nd_gen_counts *nd_gen_get_counts(const nd_gen_set *s);
+/* Warnings of the schema compiler (keywords it does not enforce), "" if none. */
+const char *nd_gen_warnings(const nd_gen_set *s);
 /* Why the first dropped-invalid example was dropped ("" if none). */
 const char *nd_gen_first_invalid(const nd_gen_set *s);
 

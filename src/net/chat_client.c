@@ -295,14 +295,14 @@ static int finish(nd_chat *c, request *r, CURLcode code, nd_chat_result *res)
     res->http_status = status;
     res->attempts = r->attempts;
     if (code != CURLE_OK)
-        snprintf(res->err, sizeof res->err, "%s", curl_easy_strerror(code));
+        snprintf(res->err, sizeof res->err, "%.200s: %s", c->o.url, curl_easy_strerror(code));
     else if (status < 200 || status >= 300)
         snprintf(res->err, sizeof res->err, "HTTP %ld%s: %.160s", status,
                  status == 401 || status == 403 ? " (check OPENROUTER_API_KEY)" : "",
                  r->resp ? r->resp : "");
     else
         res->ok = extract_content(c, r, res);
-    if (retryable) {
+    if (retryable && r->attempts > 1) {
         size_t n = strlen(res->err);
         snprintf(res->err + n, sizeof res->err - n, " (after %d attempts)", r->attempts);
     }

@@ -198,6 +198,27 @@ def main():
             check(KEY + "-wrong" not in p.stderr + p.stdout, "wrong key not printed")
             check(not os.path.exists(os.path.join(tmp, "none.jsonl")), "nothing written")
 
+        # 4b. a server slower than --timeout: retried, then counted failed
+        with ChatServer(KEY, MODEL, [], delay=1.5) as srv:
+            p = run(["generate-data", "--tools", os.path.join(tmp, "tools.json"),
+                     "--num-samples", "1", "--batch-size", "1", "--workers", "1",
+                     "--model", MODEL, "--timeout", "0.3", "--max-retries", "1",
+                     "--retry-base", "0.01", "--output", os.path.join(tmp, "slow.jsonl")], srv,
+                    check_rc=1)
+            # 1 sample, batch 1: int(1.3) // 1 * 3 = 3 requests, each tried twice
+            check(len(srv.requests) == 6, "timed-out requests tried twice (%d)" % len(srv.requests))
+            check(summary(p.stdout).get("failed requests") == 3, "3 failed requests")
+            check("timeout" in p.stderr.lower() and "after 2 attempts" in p.stderr,
+                  "the timeout is reported: %r" % p.stderr[-300:])
+        # a file:// URL is refused, nothing is read
+        env = dict(os.environ, OPENROUTER_API_KEY=KEY, OPENROUTER_URL="file:///etc/hostname")
+        p = subprocess.run([NEEDLE, "generate-data", "--tools", os.path.join(tmp, "tools.json"),
+                            "--max-retries", "0", "--num-samples", "1", "--output",
+                            os.path.join(tmp, "file.jsonl")], env=env, capture_output=True,
+                           text=True)
+        check(p.returncode == 1 and "unsupported protocol" in p.stderr.lower(),
+              "file:// refused: %r" % p.stderr[-300:])
+
         # 5. --augment: old lines first, then new ones for the tools they use
         data = os.path.join(tmp, "data.jsonl")
         old = [dict(A, tools=[TOOLS[0]]), dict(ex("Timer 3 min", [timer(3)]), tools=[TOOLS[1]])]

@@ -221,6 +221,12 @@ static int start(nd_chat *c, request *r)
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, 30000L);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_PRIVATE, r);
+    /* only HTTP(S): OPENROUTER_URL=file:///... must not read local files */
+#if LIBCURL_VERSION_NUM >= 0x075500
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+#else
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+#endif
     /* the key must not follow a redirect to another host */
     curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
     if (curl_multi_add_handle(c->multi, e) != CURLM_OK) {

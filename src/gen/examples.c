@@ -114,14 +114,11 @@ static void key_set_free(key_set *ks)
 
 /* JSON with object keys sorted (json.dumps(sort_keys=True) up to spacing):
  * the same answers in another key order are the same answers. */
-static const nd_pj *sort_members_base;
-static int cmp_member(const void *a, const void *b)
+static int key_less(const nd_pj_member *x, const nd_pj_member *y)
 {
-    const nd_pj_member *x = &sort_members_base->obj[*(const size_t *)a];
-    const nd_pj_member *y = &sort_members_base->obj[*(const size_t *)b];
     size_t n = x->key_len < y->key_len ? x->key_len : y->key_len;
     int c = memcmp(x->key, y->key, n);
-    return c ? c : (x->key_len > y->key_len) - (x->key_len < y->key_len);
+    return c ? c < 0 : x->key_len < y->key_len;
 }
 
 static int dump_sorted(const nd_pj *v, nd_buf *out)
@@ -142,10 +139,14 @@ static int dump_sorted(const nd_pj *v, nd_buf *out)
     size_t *order = malloc((v->len + 1) * sizeof *order);
     if (!order)
         return ND_ENOMEM;
-    for (size_t i = 0; i < v->len; i++)
-        order[i] = i;
-    sort_members_base = v; /* qsort has no context argument in C11 */
-    qsort(order, v->len, sizeof *order, cmp_member);
+    /* insertion sort: argument objects are small, and C11's qsort takes
+     * no context pointer */
+    for (size_t i = 0; i < v->len; i++) {
+        size_t j = i;
+        for (; j > 0 && key_less(&v->obj[i], &v->obj[order[j - 1]]); j--)
+            order[j] = order[j - 1];
+        order[j] = i;
+    }
     rc = nd_buf_put(out, "{", 1);
     for (size_t i = 0; !rc && i < v->len; i++) {
         const nd_pj_member *m = &v->obj[order[i]];

@@ -10,7 +10,7 @@
 #                                                           # a short trial
 #
 # Environment (defaults in brackets):
-#   NANO_EXAMPLES  pretrain corpus size [12000]     NANO_EPOCHS   passes [2]
+#   NANO_EXAMPLES  pretrain corpus size [16000]     NANO_EPOCHS   passes [2]
 #   NANO_THREADS   worker threads [2]               NANO_LR       peak lr [1e-3]
 #   NANO_BATCH     examples per step [16]           NANO_HELDOUT  held-out eval set [400]
 #   NANO_OUT       output folder [models]           NANO_WORK     scratch [build/nano]
@@ -34,7 +34,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 NEEDLE=${NEEDLE:-$ROOT/build/needle}
 PYTHON=${PYTHON:-/usr/bin/python3}
 TOKENIZER=$ROOT/models/tokenizer.model
-EXAMPLES=${NANO_EXAMPLES:-12000}
+EXAMPLES=${NANO_EXAMPLES:-16000}
 EPOCHS=${NANO_EPOCHS:-2}
 THREADS=${NANO_THREADS:-2}
 LR=${NANO_LR:-1e-3}

@@ -159,6 +159,11 @@ def check_file(path, split_tools, other_tools, feats, stats):
         tools = {t["name"]: t for t in ex["tools"]}
         if not ex["answers"]:
             stats["nocall"] += 1
+            # an out-of-scope request must not be served by a listed tool
+            m = re.match(r"The user wants: (.*)\. No listed tool", ex["reasoning"])
+            descs = [t["description"].lower() for t in ex["tools"]]
+            if m and m.group(1) in descs:
+                fail(f"{where}: no-call answer, yet a listed tool does {m.group(1)!r}")
         if len(ex["answers"]) > 1:
             stats["multi"] += 1
         if not ex["reasoning"]:

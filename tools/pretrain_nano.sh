@@ -17,8 +17,10 @@
 #   NEEDLE         the needle binary [build/needle] PYTHON        [/usr/bin/python3]
 # Outputs: $NANO_OUT/needle-nano.pkl (float32 checkpoint), $NANO_OUT/needle-nano.cact,
 # $NANO_WORK/{corpus,heldout}.jsonl, $NANO_WORK/train.log.
-# Interrupted (Ctrl-C): finetune writes the checkpoint so far and prints the
-# command that resumes it.
+# Interrupted (Ctrl-C) or killed: the checkpoint so far is in
+# $NANO_OUT/needle-nano.pkl (written on SIGINT and every 200 steps); `finetune
+# --resume` does not cover --full, so rerun, or continue from it as a new run
+# (its own schedule, so no longer this exact recipe).
 set -euo pipefail
 
 if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then

@@ -2,8 +2,8 @@
 T(name, description, verb phrases, parameters...), a parameter r(name, P)
 (required) or o(name, P) (optional), P from tools/corpus_params.py."""
 from corpus_params import (A, AO, B, E, I, N, O, S, AIRPORTS, ARTISTS, BOOKS, CARS, CHANNELS,
-                           CHARITIES, CITIES, COLORS, COURSES, CUISINES, DATES, DEVICES, DISHES,
-                           DOCS, DRUGS, EMAILS, EXERCISES, GAMES, GENRES, HHMM, HOTELS, ISO_DATES,
+                           CHARITIES, CITIES, COLORS, COURSES, CUISINES, DATES, DISHES,
+                           DOCS, DRUGS, EMAILS, EXERCISES, GAMES, GENRES, HHMM, ISO_DATES,
                            ITEMS, LANGS, MESSAGES, MOVIES, NOTES, PEOPLE, PETS, PHRASES_TR, PLACES,
                            PLANTS, PODCASTS, PROJECTS, RESTAURANTS, ROOMS, SONGS, STOCKS, STREETS,
                            SUBJECTS, TASKS, TEAMS, TIMES, TOPICS, ZIPS)

@@ -89,23 +89,14 @@ COURSES = ["calculus", "organic chemistry", "world history", "Spanish 101", "pia
 PROJECTS = ["website redesign", "mobile app", "Q3 launch", "data migration", "onboarding"]
 TASKS = ["fix the login bug", "write release notes", "review the budget", "update the roadmap",
          "clean the garage", "pay the electricity bill", "email the landlord"]
-HOTELS = ["Hilton", "Ritz", "Ibis", "Marriott", "Ace Hotel", "the Grand Budapest"]
 RESTAURANTS = ["Nobu", "Chez Panisse", "the sushi place", "Luigi's", "Dishoom", "Zuma"]
 CUISINES = ["Italian", "Thai", "Mexican", "Ethiopian", "Japanese", "Indian", "Lebanese"]
 PODCASTS = ["Radiolab", "The Daily", "Serial", "Hardcore History", "Planet Money"]
-DEVICES = ["thermostat", "lights", "fan", "speaker", "TV", "heater", "air purifier"]
 COLORS = ["red", "warm white", "blue", "green", "purple", "orange"]
 CHANNELS = ["general", "random", "design", "engineering", "announcements"]
 GAMES = ["chess", "Minecraft", "Fortnite", "Zelda", "FIFA", "Tetris"]
 CHARITIES = ["Red Cross", "UNICEF", "Doctors Without Borders", "the food bank"]
 DOCS = ["passport", "lease agreement", "tax return", "resume", "insurance card"]
-
-
-def pool(*names):
-    out = []
-    for n in names:
-        out += n
-    return out
 
 
 def S(desc, values, phrases, **extra):
@@ -179,7 +170,3 @@ def O(desc, props, lead, required=()):
 def AO(desc, obj, lo=1, hi=3):
     """An array of nested objects, said as "X, Y and Z"."""
     return {"schema": None, "array_of": (desc, obj, lo, hi)}
-
-
-def W(t):
-    return [t]

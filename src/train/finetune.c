@@ -19,6 +19,7 @@
 #include "text/tokenizer.h"
 #include "train/optim.h"
 #include "train/batch.h"
+#include "train/loss_log.h"
 #include "train/trainer.h"
 
 void nd_finetune_defaults(nd_finetune_opts *o)
@@ -83,6 +84,8 @@ static pv *optimizer_state(const nd_finetune_opts *o, const nd_adamw *opt)
     pv_dict_set(st, "lora_rank", pv_int(o->rank));
     pv_dict_set(st, "lora_alpha", pv_float(o->alpha));
     pv_dict_set(st, "group_by_tools", pv_int(o->group_by_tools));
+    pv_dict_set(st, "full", pv_int(o->full));
+    pv_dict_set(st, "lr", pv_float(o->lr));
     return st;
 }
 
@@ -119,7 +122,7 @@ static int check_resume(const nd_finetune_opts *o, const pv *root)
     base_id(o->checkpoint, base, sizeof base);
     const pv *v = pv_dict_get(st, "base_checkpoint");
     if (!v || v->kind != PV_STR || strcmp(v->u.str.s, base)) {
-        appendf(diff, sizeof diff, "%sbase checkpoint %s (adapter) vs %s (this run)",
+        appendf(diff, sizeof diff, "%sbase checkpoint %s (recorded) vs %s (this run)",
                 nd++ ? "; " : "", v && v->kind == PV_STR ? v->u.str.s : "?", base);
     }
     static const struct {
@@ -137,21 +140,23 @@ static int check_resume(const nd_finetune_opts *o, const pv *root)
                 snprintf(was, sizeof was, "%lld", (long long)v->u.i);
             else
                 snprintf(was, sizeof was, "?");
-            appendf(diff, sizeof diff, "%s%s %s (adapter) vs %lld (this run)", nd++ ? "; " : "",
+            appendf(diff, sizeof diff, "%s%s %s (recorded) vs %lld (this run)", nd++ ? "; " : "",
                     ints[i].what, was, now[i]);
         }
     }
     static const struct {
         const char *key, *what;
-    } dbls[] = {{"val_split", "--val-split"}, {"lora_alpha", "--lora-alpha"}};
-    double nowd[] = {o->val_split, o->alpha};
+    } dbls[] = {{"val_split", "--val-split"}, {"lora_alpha", "--lora-alpha"}, {"lr", "--lr"}};
+    double nowd[] = {o->val_split, o->alpha, o->lr};
     for (size_t i = 0; i < sizeof dbls / sizeof dbls[0]; i++) {
         v = pv_dict_get(st, dbls[i].key);
+        if (!v && !strcmp(dbls[i].key, "lr"))
+            continue; /* adapters written before the lr was recorded */
         double was = v && v->kind == PV_FLOAT ? v->u.f
                      : v && v->kind == PV_INT ? (double)v->u.i
                                               : NAN;
         if (!(was == nowd[i]))
-            appendf(diff, sizeof diff, "%s%s %g (adapter) vs %g (this run)", nd++ ? "; " : "",
+            appendf(diff, sizeof diff, "%s%s %g (recorded) vs %g (this run)", nd++ ? "; " : "",
                     dbls[i].what, was, nowd[i]);
     }
     if (!nd)
@@ -167,13 +172,51 @@ static int check_resume(const nd_finetune_opts *o, const pv *root)
 }
 
 /* The run's output: the adapter (with optimiser state, for --resume) or,
- * with --full, the whole checkpoint (extra tensors of the base kept). */
+ * with --full, the whole checkpoint (extra tensors of the base kept).
+ * A --full checkpoint saved before the end (periodic, Ctrl-C, a numeric
+ * stop) carries the optimiser state and settings as an extra top-level key
+ * "needle_c_state", which upstream's load_checkpoint ignores (it reads only
+ * format_version, params and config); the final one is float32 or, with
+ * save_f16, float16 as upstream's own, and has no such key. */
 static int save_output(const nd_finetune_opts *o, const san_model *m, const pv *base_tree,
-                       const san_lora *lora, const nd_adamw *opt)
+                       const san_lora *lora, const nd_adamw *opt, int final)
 {
-    if (o->full)
-        return ckpt_save(o->out, m, base_tree);
-    return san_lora_save(lora, o->out, optimizer_state(o, opt));
+    if (!o->full)
+        return san_lora_save(lora, o->out, optimizer_state(o, opt));
+    pv *root = ckpt_to_tree(m, base_tree);
+    if (!root)
+        return ND_ENOMEM;
+    int rc = ND_OK;
+    if (!final) {
+        pv *st = optimizer_state(o, opt);
+        rc = st ? pv_dict_set(root, "needle_c_state", st) : nd_error(ND_ENOMEM, "out of memory");
+    } else if (o->save_f16) {
+        rc = ckpt_tree_params_to_dtype(root, ND_F16);
+    }
+    if (!rc)
+        rc = pickle_dump_file(root, o->out);
+    pv_decref(root);
+    return rc;
+}
+
+/* The tree without its "needle_c_state" (a resumed checkpoint's): the
+ * outputs carry the base's other top-level keys, never a stale state. */
+static pv *without_state(pv *tree)
+{
+    if (!tree || tree->kind != PV_DICT || !pv_dict_get(tree, "needle_c_state"))
+        return tree;
+    pv *copy = pv_dict();
+    for (size_t i = 0; copy && i < tree->u.dict.n; i++) {
+        const pv *k = tree->u.dict.keys[i];
+        if (k->kind == PV_STR && !strcmp(k->u.str.s, "needle_c_state"))
+            continue;
+        if (pv_dict_set_key(copy, k, pv_incref(tree->u.dict.vals[i]))) {
+            pv_decref(copy);
+            copy = NULL;
+        }
+    }
+    pv_decref(tree);
+    return copy;
 }
 
 int nd_finetune(const nd_finetune_opts *o)
@@ -195,6 +238,7 @@ int nd_finetune(const nd_finetune_opts *o)
     int32_t *set_of = NULL;
     float *last_good = NULL;
     pv *resume_root = NULL, *base_tree = NULL;
+    nd_loss_log llog = {0};
 
     /* the output must be writable before any long work starts */
     if ((rc = nd_check_writable(o->out)))
@@ -209,9 +253,28 @@ int nd_finetune(const nd_finetune_opts *o)
     fclose(probe);
     char bl[512];
     emitf(o, "  %-9s %s", "backend", nd_backend_line(be, bl, sizeof bl));
-    if ((rc = ckpt_load(o->checkpoint, &m, o->full ? &base_tree : NULL)) ||
+    /* --full --resume: the weights are the resumed checkpoint's, the base
+     * (--checkpoint) only identifies the run in the settings check */
+    const char *weights = o->full && o->resume ? o->resume : o->checkpoint;
+    if ((rc = ckpt_load(weights, &m, o->full ? &base_tree : NULL)) ||
         (rc = san_model_to_backend(&m, be)))
         goto done;
+    if (o->full && o->resume) {
+        const pv *st = pv_dict_get(base_tree, "needle_c_state");
+        if (!st || st->kind != PV_DICT) {
+            rc = nd_error(ND_EARG,
+                          "%s has no needle_c_state (optimiser state and run settings): it is a "
+                          "plain checkpoint (a finished run's, or upstream's), not a stopped "
+                          "--full run; start a new run from it with --checkpoint %s",
+                          o->resume, o->resume);
+            goto done;
+        }
+        resume_root = pv_incref(base_tree);
+        if (!(base_tree = without_state(base_tree))) {
+            rc = nd_error(ND_ENOMEM, "out of memory");
+            goto done;
+        }
+    }
     if ((rc = nd_tokenizer_load(o->tokenizer, &tok)))
         goto done;
     if (nd_tokenizer_vocab_size(tok) != m.dims.V) {
@@ -280,12 +343,10 @@ int nd_finetune(const nd_finetune_opts *o)
     int B = o->batch_size, T = (int)ts.max_len;
     long spe = (long)((count + (size_t)B - 1) / (size_t)B), total = (long)o->epochs * spe;
 
-    if (o->full && o->resume) {
-        rc = nd_error(ND_EARG, "--resume works with LoRA training, not --full");
-        goto done;
-    }
     if (o->full) {
         /* every base parameter trains; the output is a checkpoint */
+        if (resume_root && (rc = check_resume(o, resume_root)))
+            goto done;
     } else if (o->resume) {
         if ((rc = san_lora_load(&lora, &m, o->resume, &resume_root)))
             goto done;
@@ -317,13 +378,19 @@ int nd_finetune(const nd_finetune_opts *o)
         const pv *cnt = st ? pv_dict_get(st, "count") : NULL;
         if (mu && nu && cnt && mu->kind == PV_NDARRAY && nu->kind == PV_NDARRAY &&
             mu->u.nd.dtype == ND_F32 && nu->u.nd.dtype == ND_F32 &&
-            pv_nd_numel(mu) == (int64_t)lora.numel && pv_nd_numel(nu) == (int64_t)lora.numel &&
+            pv_nd_numel(mu) == (int64_t)NP && pv_nd_numel(nu) == (int64_t)NP &&
             cnt->kind == PV_INT && cnt->u.i >= 0 && cnt->u.i <= total) {
-            memcpy(opt.mu, mu->u.nd.data, sizeof(float) * lora.numel);
-            memcpy(opt.nu, nu->u.nd.data, sizeof(float) * lora.numel);
+            memcpy(opt.mu, mu->u.nd.data, sizeof(float) * NP);
+            memcpy(opt.nu, nu->u.nd.data, sizeof(float) * NP);
             opt.count = (long)cnt->u.i;
             emitf(o, "  %-9s %s at step %ld/%ld (optimiser moments restored)", "resume", o->resume,
                   opt.count, total);
+        } else if (o->full) {
+            rc = nd_error(ND_EFORMAT,
+                          "%s: needle_c_state does not match this model (moments of %zu "
+                          "parameters and a step within %ld expected)",
+                          o->resume, NP, total);
+            goto done;
         } else {
             emitf(o, "  %-9s %s (no optimiser state: moments start at zero, step 0)", "resume",
                   o->resume);
@@ -382,6 +449,8 @@ int nd_finetune(const nd_finetune_opts *o)
     long every = total / 50 > 1 ? total / 50 : 1, step = 0;
     double t_start = nd_wtime(), tokens_done = 0;
     long start_step = opt.count;
+    if (o->loss_log && (rc = nd_loss_log_open(&llog, o->loss_log, start_step)))
+        goto done;
     for (int epoch = 0; epoch < o->epochs && !rc; epoch++) {
         /* per-epoch order derived from (seed, epoch) so a resume replays it */
         nd_epoch_order(train, count, B, o->seed, epoch, set_of, tmp);
@@ -390,18 +459,20 @@ int nd_finetune(const nd_finetune_opts *o)
         for (size_t s0 = 0; s0 < count && !rc; s0 += (size_t)B, step++) {
             if (step < start_step)
                 continue; /* resumed: these updates are already in the adapter */
+            if (o->stop && !*o->stop && o->stop_after && step >= o->stop_after)
+                *o->stop = -1; /* --stop-after: a deterministic Ctrl-C */
             if (o->stop && *o->stop) {
                 rc = nd_error(ND_EIO, "interrupted at step %ld/%ld", step, total);
                 break;
             }
             int rows = count - s0 < (size_t)B ? (int)(count - s0) : B;
-            double loss, masked, gnorm;
+            double loss, masked, gnorm, lr_used = 0;
             /* kept before the step: a non-finite loss on the very first
              * step must restore these, not uninitialised memory */
             memcpy(last_good, P, sizeof(float) * NP);
             rc = nd_batcher_step(&bt, train + s0, rows, 1, &loss, &masked);
             if (!rc)
-                rc = nd_adamw_step(&opt, P, G, &gnorm, NULL);
+                rc = nd_adamw_step(&opt, P, G, &gnorm, &lr_used);
             if (rc == ND_ENUMERIC) {
                 char why[256];
                 snprintf(why, sizeof why, "%s", nd_last_error());
@@ -410,7 +481,7 @@ int nd_finetune(const nd_finetune_opts *o)
                               "(before this step) is written to %s",
                               step + 1, total, why, o->out);
                 memcpy(P, last_good, sizeof(float) * NP);
-                if (save_output(o, &m, base_tree, &lora, &opt) == ND_OK)
+                if (save_output(o, &m, base_tree, &lora, &opt, 0) == ND_OK)
                     rc = ND_ENUMERIC;
                 break;
             }
@@ -419,6 +490,11 @@ int nd_finetune(const nd_finetune_opts *o)
             if (!o->full)
                 nd_trainer_merge(tr);
             last = loss;
+            if (llog.f && nd_loss_log_step(&llog, step + 1, epoch + 1, lr_used, loss)) {
+                /* the curve is a by-product: losing it must not stop a long run */
+                emitf(o, "  %-9s %s; the loss log stops here", "warning", nd_last_error());
+                nd_loss_log_close(&llog);
+            }
             for (int b = 0; b < rows; b++)
                 tokens_done += ts.len[train[s0 + (size_t)b]];
             double el = nd_wtime() - t_start, done_steps = (double)(step + 1 - start_step);
@@ -429,7 +505,7 @@ int nd_finetune(const nd_finetune_opts *o)
                 emitf(o, "  %-9s %ld/%ld  loss %.4f", "step", step + 1, total, loss);
             if (o->save_every && (step + 1) % o->save_every == 0 && step + 1 < total) {
                 /* a failed periodic save costs only its crash safety: go on */
-                if (save_output(o, &m, base_tree, &lora, &opt))
+                if (save_output(o, &m, base_tree, &lora, &opt, 0))
                     emitf(o, "  %-9s periodic save at step %ld failed (%s); training continues",
                           "warning", step + 1, nd_last_error());
             }
@@ -453,6 +529,10 @@ int nd_finetune(const nd_finetune_opts *o)
             if (!rc)
                 emitf(o, "  %-9s %d/%d  loss %.4f  val %.4f", "epoch", epoch + 1, o->epochs, last,
                       vsum / nb);
+            if (!rc && llog.f && nd_loss_log_val(&llog, step, epoch + 1, vsum / nb)) {
+                emitf(o, "  %-9s %s; the loss log stops here", "warning", nd_last_error());
+                nd_loss_log_close(&llog);
+            }
         } else {
             emitf(o, "  %-9s %d/%d  loss %.4f", "epoch", epoch + 1, o->epochs, last);
         }
@@ -461,14 +541,12 @@ int nd_finetune(const nd_finetune_opts *o)
         /* Ctrl-C: keep what we have */
         char msg[512];
         snprintf(msg, sizeof msg, "%s", nd_last_error());
-        if (save_output(o, &m, base_tree, &lora, &opt) == ND_OK)
-            rc = nd_error(ND_EIO, "%s; %s so far written to %s%s%s%s", msg,
-                          o->full ? "checkpoint" : "adapter", o->out,
-                          o->full ? "" : " (continue with --resume ", o->full ? "" : o->out,
-                          o->full ? "" : ")");
+        if (save_output(o, &m, base_tree, &lora, &opt, 0) == ND_OK)
+            rc = nd_error(ND_EIO, "%s; %s so far written to %s (continue with --resume %s)", msg,
+                          o->full ? "checkpoint" : "adapter", o->out, o->out);
     }
     if (!rc) {
-        rc = save_output(o, &m, base_tree, &lora, &opt);
+        rc = save_output(o, &m, base_tree, &lora, &opt, 1);
         if (!rc && o->full) {
             emitf(o, "  %-9s %s", "checkpoint", o->out);
             emitf(o, "  %-9s needle finetune DATA.jsonl --checkpoint %s", "next", o->out);
@@ -478,6 +556,7 @@ int nd_finetune(const nd_finetune_opts *o)
         }
     }
 done:
+    nd_loss_log_close(&llog);
     free(order);
     free(tmp);
     free(tmp2);

@@ -12,7 +12,7 @@ typedef struct {
     const char *checkpoint; /* base checkpoint */
     const char *tokenizer;  /* .model path (required) */
     const char *out;        /* adapter path */
-    const char *resume;     /* adapter to continue from, or NULL */
+    const char *resume;     /* adapter (or, with full, checkpoint) to continue from */
     int epochs, batch_size, rank, max_len;
     double lr, alpha, val_split;
     uint64_t seed;
@@ -23,6 +23,8 @@ typedef struct {
     int group_by_tools;   /* reorder so batches hold one tool set (changes batches) */
     double act_budget_mb; /* memory for kept activations (ND_ACT_BUDGET_MB) */
     int resume_override;  /* resume even when the adapter's recorded settings differ */
+    int save_f16;         /* --full: write the final checkpoint's params as float16 */
+    const char *loss_log; /* JSONL per step (and per validation), or NULL */
     const nd_backend *be;
     /* progress: complete lines ("  step      3/30  loss 2.1234") and a live
      * status (called often; may be NULL) */
@@ -31,6 +33,8 @@ typedef struct {
                    double eta_s);
     void *ctx;
     volatile int *stop; /* set non-zero (e.g. on SIGINT) to stop and save */
+    long stop_after;    /* stop (as *stop would) once this many steps are done, 0 = never;
+                         * sets *stop to -1 when it does (stop must then be non-NULL) */
 } nd_finetune_opts;
 
 void nd_finetune_defaults(nd_finetune_opts *o);

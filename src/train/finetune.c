@@ -118,12 +118,13 @@ static int check_resume(const nd_finetune_opts *o, const pv *root)
     }
     char diff[2048] = "";
     int nd = 0;
+    const char *rec = o->full ? "checkpoint" : "adapter";
     char base[PATH_MAX + 1];
     base_id(o->checkpoint, base, sizeof base);
     const pv *v = pv_dict_get(st, "base_checkpoint");
     if (!v || v->kind != PV_STR || strcmp(v->u.str.s, base)) {
-        appendf(diff, sizeof diff, "%sbase checkpoint %s (recorded) vs %s (this run)",
-                nd++ ? "; " : "", v && v->kind == PV_STR ? v->u.str.s : "?", base);
+        appendf(diff, sizeof diff, "%sbase checkpoint %s (%s) vs %s (this run)", nd++ ? "; " : "",
+                v && v->kind == PV_STR ? v->u.str.s : "?", rec, base);
     }
     static const struct {
         const char *key, *what;
@@ -133,6 +134,8 @@ static int check_resume(const nd_finetune_opts *o, const pv *root)
     long long now[] = {(long long)o->seed, o->batch_size, o->epochs,
                        o->max_len,         o->rank,       o->group_by_tools};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        if (o->full && !strncmp(ints[i].key, "lora_", 5))
+            continue; /* no adapter in a --full run */
         v = pv_dict_get(st, ints[i].key);
         if (!v || v->kind != PV_INT || v->u.i != now[i]) {
             char was[32];
@@ -140,8 +143,8 @@ static int check_resume(const nd_finetune_opts *o, const pv *root)
                 snprintf(was, sizeof was, "%lld", (long long)v->u.i);
             else
                 snprintf(was, sizeof was, "?");
-            appendf(diff, sizeof diff, "%s%s %s (recorded) vs %lld (this run)", nd++ ? "; " : "",
-                    ints[i].what, was, now[i]);
+            appendf(diff, sizeof diff, "%s%s %s (%s) vs %lld (this run)", nd++ ? "; " : "",
+                    ints[i].what, was, rec, now[i]);
         }
     }
     static const struct {
@@ -152,12 +155,14 @@ static int check_resume(const nd_finetune_opts *o, const pv *root)
         v = pv_dict_get(st, dbls[i].key);
         if (!v && !strcmp(dbls[i].key, "lr"))
             continue; /* adapters written before the lr was recorded */
+        if (o->full && !strncmp(dbls[i].key, "lora_", 5))
+            continue;
         double was = v && v->kind == PV_FLOAT ? v->u.f
                      : v && v->kind == PV_INT ? (double)v->u.i
                                               : NAN;
         if (!(was == nowd[i]))
-            appendf(diff, sizeof diff, "%s%s %g (recorded) vs %g (this run)", nd++ ? "; " : "",
-                    dbls[i].what, was, nowd[i]);
+            appendf(diff, sizeof diff, "%s%s %g (%s) vs %g (this run)", nd++ ? "; " : "",
+                    dbls[i].what, was, rec, nowd[i]);
     }
     if (!nd)
         return ND_OK;

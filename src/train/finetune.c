@@ -401,6 +401,9 @@ int nd_finetune(const nd_finetune_opts *o)
                   o->resume);
         }
     }
+    /* the moments are copied: drop the tree's (twice the parameters) */
+    pv_decref(resume_root);
+    resume_root = NULL;
     emitf(o, "  %-9s %ld steps  warmup %ld  cosine decay  clip 1.0", "schedule", total,
           opt.warmup_steps);
 

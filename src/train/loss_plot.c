@@ -258,13 +258,15 @@ int nd_loss_plot_svg(const nd_loss_curve *c, const char *title, double smooth, c
     /* legend */
     double lx = L + pw - 190, ly = T + 12;
     put(&b,
-        "<g id=\"legend\"><line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+        "<g id=\"legend\"><rect x=\"%.1f\" y=\"%.1f\" width=\"180\" height=\"%d\" "
+        "fill=\"white\" fill-opacity=\"0.85\" stroke=\"#999\"/>\n<line x1=\"%.1f\" y1=\"%.1f\" "
+        "x2=\"%.1f\" y2=\"%.1f\" "
         "stroke=\"#9ecae1\"/>"
         "<text x=\"%.1f\" y=\"%.1f\">train loss</text>\n"
         "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#08519c\" "
         "stroke-width=\"2\"/><text x=\"%.1f\" y=\"%.1f\">smoothed (EMA %g)</text>\n",
-        lx, ly, lx + 24, ly, lx + 30, ly + 4, lx, ly + 16, lx + 24, ly + 16, lx + 30, ly + 20,
-        smooth);
+        lx - 8, ly - 10, c->n_val ? 52 : 36, lx, ly, lx + 24, ly, lx + 30, ly + 4, lx, ly + 16,
+        lx + 24, ly + 16, lx + 30, ly + 20, smooth);
     if (c->n_val)
         put(&b,
             "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#e6550d\"/><text x=\"%.1f\" "

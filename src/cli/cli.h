@@ -21,6 +21,8 @@ const char *cli_tokenizer_path(const char *flag_value, const char *checkpoint, c
 int cli_build(int argc, char **argv);
 int cli_inspect(int argc, char **argv);
 int cli_run(int argc, char **argv);
+/* `run --checkpoint X.pkl --query TEXT`: upstream's plain continuation */
+int cli_run_checkpoint(int argc, char **argv);
 
 /* Print "needle: <message>" for the library's last error and return 1. */
 int cli_fail(const char *context);

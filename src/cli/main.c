@@ -31,9 +31,10 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    /* as upstream: a bare `needle` is a request for help, not an error */
     if (argc < 2) {
-        usage(stderr);
-        return 2;
+        usage(stdout);
+        return 0;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);

@@ -1,7 +1,10 @@
 #define _XOPEN_SOURCE 700
 #include "train/finetune.h"
 
+#include <errno.h>
 #include <limits.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <math.h>
 #include "core/threadpool.h"
 #include <stdarg.h>
@@ -171,6 +174,10 @@ static int check_resume(const nd_finetune_opts *o, const pv *root)
 static int save_output(const nd_finetune_opts *o, const san_model *m, const pv *base_tree,
                        const san_lora *lora, const nd_adamw *opt)
 {
+    /* the directory appears only when something is written into it */
+    if (o->out_dir && mkdir(o->out_dir, 0777) != 0 && errno != EEXIST)
+        return nd_error(ND_EIO, "%s: cannot create the checkpoint directory: %s", o->out_dir,
+                        strerror(errno));
     if (o->full)
         return ckpt_save(o->out, m, base_tree);
     return san_lora_save(lora, o->out, optimizer_state(o, opt));
@@ -197,7 +204,22 @@ int nd_finetune(const nd_finetune_opts *o)
     pv *resume_root = NULL, *base_tree = NULL;
 
     /* the output must be writable before any long work starts */
-    if ((rc = nd_check_writable(o->out)))
+    struct stat dir_st;
+    if (o->out_dir && stat(o->out_dir, &dir_st) != 0) {
+        /* not there yet: its parent must take it (created at the first save) */
+        char parent[4096];
+        snprintf(parent, sizeof parent, "%s", o->out_dir);
+        char *slash = strrchr(parent, '/');
+        if (slash && slash != parent)
+            *slash = 0;
+        else if (slash)
+            parent[1] = 0;
+        else
+            snprintf(parent, sizeof parent, ".");
+        if (access(parent, W_OK | X_OK) != 0)
+            return nd_error(ND_EIO, "%s: cannot create the checkpoint directory here (%s: %s)",
+                            o->out_dir, parent, strerror(errno));
+    } else if ((rc = nd_check_writable(o->out)))
         return rc;
     FILE *probe = fopen(o->checkpoint, "rb");
     if (!probe)

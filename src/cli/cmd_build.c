@@ -140,6 +140,10 @@ int cli_build(int argc, char **argv)
     if (nd_check_writable(out))
         return cli_fail(NULL);
 
+    char ckbuf[4096];
+    if (cli_fetch_checkpoint(ckpt, ckbuf, sizeof ckbuf))
+        return 1;
+    ckpt = ckbuf;
     double t0 = now();
     san_model m;
     pv *root = NULL;
@@ -180,6 +184,8 @@ int cli_build(int argc, char **argv)
             if (f) {
                 fclose(f);
                 tok_model = beside;
+            } else if (cli_fetch_tokenizer(beside) == 0) {
+                tok_model = beside; /* upstream's, fetched as upstream's build does */
             }
         }
         if (tok_model && nd_same_file(out, tok_model)) {

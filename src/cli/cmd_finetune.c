@@ -304,6 +304,10 @@ int cli_finetune(int argc, char **argv)
         return 1;
     }
     fclose(df);
+    char ckbuf[4096];
+    if (cli_fetch_checkpoint(o.checkpoint, ckbuf, sizeof ckbuf))
+        return 1;
+    o.checkpoint = ckbuf;
     o.tokenizer = cli_tokenizer_path(tok_flag, o.checkpoint, tokbuf, sizeof tokbuf);
     if (!o.tokenizer)
         return 1;

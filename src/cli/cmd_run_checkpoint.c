@@ -124,7 +124,10 @@ int cli_run_checkpoint(int argc, char **argv)
         return cli_usage_error("run", "--checkpoint X.pkl is required");
     const char *prompt = query ? query : "The most surprising thing about";
 
-    char tokbuf[4096];
+    char ckbuf[4096], tokbuf[4096];
+    if (cli_fetch_checkpoint(ckpt, ckbuf, sizeof ckbuf))
+        return 1;
+    ckpt = ckbuf;
     const char *tok_path = cli_tokenizer_path(tok_flag, ckpt, tokbuf, sizeof tokbuf);
     if (!tok_path)
         return 1;

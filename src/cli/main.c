@@ -15,6 +15,7 @@ static const struct {
     {"finetune", cli_finetune, "LoRA fine-tune a base checkpoint on JSONL examples"},
     {"build", cli_build, "merge a LoRA adapter and export a .cact archive (CQ quantised)"},
     {"run", cli_run, "answer a query with a schema-constrained tool call from a .cact"},
+    {"download", cli_download, "download a file of a Hugging Face model repository (resumable)"},
     {"inspect", cli_inspect, "validate a .cact archive; print header, codebooks, tensors"},
     {"bench", cli_bench, "benchmarks (forward pass timing, tokens/s, GFLOP/s, peak RSS)"},
     {"tokenize", cli_tokenize, "text lines -> token ids (or ids -> text with --decode)"},

@@ -33,6 +33,7 @@ def check(cond, msg):
 def run(*args, cwd=None, env=None):
     e = dict(os.environ)
     e.pop("NEEDLE_TOKENIZER", None)
+    e["HF_HUB_OFFLINE"] = "1"  # the automatic fetches must not reach the network here
     e.update(env or {})
     return subprocess.run([NEEDLE] + [str(a) for a in args], cwd=cwd, env=e,
                           capture_output=True, text=True)

@@ -60,6 +60,30 @@ void nd_hf_url(const char *repo, const char *file, const char *revision, char *b
     snprintf(buf, n, "%.*s/%s/resolve/%s/%s", (int)el, ep, repo, rev, f);
 }
 
+static int offline_error(const char *repo, const char *file, const char *dest, const char *rev,
+                         const char *why)
+{
+    char url[4096];
+    nd_hf_url(repo, file, rev, url, sizeof url);
+    return nd_error(ND_EIO,
+                    "%s: missing and %s. Download it on a connected machine (Hugging Face %s, "
+                    "file %s: %s, or `needle download %s/%s`) and put it at %s",
+                    dest, why, repo, file, url, repo, file, dest);
+}
+
+#ifndef NEEDLE_HAVE_CURL
+
+int nd_hf_download(const char *repo, const char *file, const char *dest, const nd_hf_opts *o,
+                   int *not_found)
+{
+    if (not_found)
+        *not_found = 0;
+    return offline_error(repo, file, dest, o ? o->revision : NULL,
+                         "this needle was built without libcurl (no downloads)");
+}
+
+#else
+
 /* mkdir -p of dest's parent; the directories made are listed (top first)
  * so that a failed download can take them back */
 typedef struct {
@@ -146,30 +170,6 @@ static int is_sha256_hex(const char *s)
             return 0;
     return 1;
 }
-
-static int offline_error(const char *repo, const char *file, const char *dest, const char *rev,
-                         const char *why)
-{
-    char url[4096];
-    nd_hf_url(repo, file, rev, url, sizeof url);
-    return nd_error(ND_EIO,
-                    "%s: missing and %s. Download it on a connected machine (Hugging Face %s, "
-                    "file %s: %s, or `needle download %s/%s`) and put it at %s",
-                    dest, why, repo, file, url, repo, file, dest);
-}
-
-#ifndef NEEDLE_HAVE_CURL
-
-int nd_hf_download(const char *repo, const char *file, const char *dest, const nd_hf_opts *o,
-                   int *not_found)
-{
-    if (not_found)
-        *not_found = 0;
-    return offline_error(repo, file, dest, o ? o->revision : NULL,
-                         "this needle was built without libcurl (no downloads)");
-}
-
-#else
 
 typedef struct {
     FILE *out;
@@ -345,9 +345,13 @@ int nd_hf_download(const char *repo, const char *file, const char *dest, const n
     fseek(st.out, 0, SEEK_END);
     st.offset = ftell(st.out);
 
+    /* init/cleanup per download (reference counted by libcurl): nothing of
+     * libcurl's or its TLS library's stays allocated afterwards */
+    curl_global_init(CURL_GLOBAL_DEFAULT);
     CURL *c = curl_easy_init();
     if (!c) {
         fclose(st.out);
+        curl_global_cleanup();
         return nd_error(ND_ENOMEM, "libcurl: cannot start a transfer");
     }
     char errbuf[CURL_ERROR_SIZE] = "", range[64], auth[4200];
@@ -390,6 +394,7 @@ int nd_hf_download(const char *repo, const char *file, const char *dest, const n
     ok_close &= fclose(st.out) == 0;
     curl_slist_free_all(hdrs);
     curl_easy_cleanup(c);
+    curl_global_cleanup();
 
     struct stat sb;
     long long have = stat(part, &sb) == 0 ? (long long)sb.st_size : -1;

@@ -7,6 +7,7 @@
       LFS files: 302 to /cdn/{sha256} with X-Linked-Size and X-Linked-Etag
       (the sha256), as the Hub redirects to its CDN;
       unknown: 404 with X-Error-Code: EntryNotFound.
+  GET /api/models/{org}/{repo}/revision/{rev}: {"siblings": [{"rfilename"}]}.
   GET /cdn/{key}: the LFS bytes; Range "bytes=N-" answered with 206 (416
       past the end).
 
@@ -17,6 +18,7 @@ Range and Authorization header is logged.
 """
 import hashlib
 import http.server
+import json
 import threading
 
 
@@ -43,6 +45,16 @@ class Hub:
                                     self.headers.get("Authorization")))
                 if self.path.startswith("/cdn/"):
                     return self.cdn(self.path[5:].split("?")[0])
+                if self.path.startswith("/api/models/"):
+                    # /api/models/{org}/{repo}/revision/{rev}: the file list
+                    p = self.path.split("/")
+                    repo = p[3] + "/" + p[4]
+                    names = [path for (r, path) in hub.files if r == repo]
+                    if not names:
+                        return self.plain(404, b'{"error": "Repository not found"}', {})
+                    body = json.dumps({"id": repo, "siblings": [{"rfilename": n}
+                                                                for n in names]}).encode()
+                    return self.plain(200, body, {"Content-Type": "application/json"})
                 parts = self.path.split("/", 5)
                 # ['', org, repo, 'resolve', rev, path]
                 if len(parts) < 6 or parts[3] != "resolve":

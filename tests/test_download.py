@@ -151,6 +151,16 @@ def run_cases(hub, ep, tmp, small, big):
     check(p.returncode == 0 and hub.log[n0][1] == "/org/repo/resolve/refs%2Fpr%2F1/config.json",
           "revision quoted: %s" % hub.log[n0][1])
 
+    # ORG/REPO alone: its one .cact (listed through the API), else name one
+    hub.add("org/one", "model.cact", big[:1000], lfs=True)
+    hub.add("org/one", "README.md", b"# one\n")
+    p = needle(ep, "download", "org/one", "--dir", os.path.join(tmp, "one"))
+    check(p.returncode == 0 and read(os.path.join(tmp, "one", "model.cact")) == big[:1000],
+          "ORG/REPO: its one .cact (%s)" % p.stderr.strip()[-200:])
+    p = needle(ep, "download", "org/repo", "--dir", os.path.join(tmp, "one"))
+    check(p.returncode == 1 and "holds 0 .cact files" in p.stderr,
+          "ORG/REPO without a .cact: " + p.stderr.strip())
+
     # upstream's engine folders: say what to use instead
     p = needle(ep, "download", "linux-x86_64")
     check(p.returncode == 2 and "make install" in p.stderr, "platform folder: points to make install")

@@ -2,6 +2,7 @@
  * as huggingface_hub fetches it (resolve URL, token, offline mode, resume,
  * checksums). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -10,8 +11,9 @@
 #include "net/hf_download.h"
 
 static const char *download_help =
-    "usage: needle download ORG/REPO/FILE [--revision R] [--dir D]\n"
+    "usage: needle download ORG/REPO[/FILE] [--revision R] [--dir D]\n"
     "\n"
+    "Without FILE: the repository's one .cact archive (as upstream).\n"
     "Download FILE of the Hugging Face model repository ORG/REPO to D/FILE (the\n"
     "repository's path kept, as `huggingface-cli download --local-dir D`), e.g.\n"
     "  needle download Cactus-Compute/needle2/checkpoints/needle2.pkl\n"
@@ -32,6 +34,36 @@ static const char *download_help =
     "Upstream's `needle download <platform>` and `needle fetch` (prebuilt engine\n"
     "libraries) have no counterpart: build the engine here (`make`, or\n"
     "`make install PREFIX=...` for bin/needle, lib/libneedle.so and needle.pc).\n";
+
+/* ORG/REPO alone: its one .cact archive, as upstream's download */
+static int pick_cact(const char *repo, const char *revision, char *file, size_t n)
+{
+    char **files;
+    int count;
+    if (nd_hf_list(repo, revision, &files, &count))
+        return cli_fail(NULL);
+    int cacts = 0;
+    for (int i = 0; i < count; i++) {
+        size_t l = strlen(files[i]);
+        if (l > 5 && !strcmp(files[i] + l - 5, ".cact") && cacts++ == 0)
+            snprintf(file, n, "%s", files[i]);
+    }
+    if (cacts != 1) {
+        fprintf(stderr, "needle download: %s holds %d .cact files, name one (ORG/REPO/FILE)%s",
+                repo, cacts, cacts ? ":" : "\n");
+        for (int i = 0, shown = 0; i < count && cacts; i++) {
+            size_t l = strlen(files[i]);
+            if (l > 5 && !strcmp(files[i] + l - 5, ".cact") && shown++ < 5)
+                fprintf(stderr, " %s", files[i]);
+        }
+        if (cacts)
+            fputc('\n', stderr);
+    }
+    for (int i = 0; i < count; i++)
+        free(files[i]);
+    free(files);
+    return cacts == 1 ? 0 : 1;
+}
 
 int cli_download(int argc, char **argv)
 {
@@ -79,11 +111,11 @@ int cli_download(int argc, char **argv)
     const char *f = s2 ? s2 + 1 : "";
     while (*f == '/')
         f++;
-    if (!s2 || !*f)
-        return cli_usage_error("download", "name the file: ORG/REPO/FILE (e.g. "
-                                           "Cactus-Compute/needle2/checkpoints/needle2.pkl)");
-    snprintf(repo, sizeof repo, "%.*s", (int)(s2 - p), p);
-    snprintf(file, sizeof file, "%s", f);
+    snprintf(repo, sizeof repo, "%.*s", s2 ? (int)(s2 - p) : (int)strlen(p), p);
+    if (*f)
+        snprintf(file, sizeof file, "%s", f);
+    else if (pick_cact(repo, revision, file, sizeof file))
+        return 1;
     if (strstr(file, "..") || strstr(repo, ".."))
         return cli_usage_error("download", "'..' is not allowed in ORG/REPO/FILE");
     char dest[8192];

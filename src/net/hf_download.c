@@ -18,6 +18,7 @@
 
 #ifdef NEEDLE_HAVE_CURL
 #include <curl/curl.h>
+#include <jansson.h>
 #endif
 
 static const char *endpoint(void)
@@ -80,6 +81,15 @@ int nd_hf_download(const char *repo, const char *file, const char *dest, const n
         *not_found = 0;
     return offline_error(repo, file, dest, o ? o->revision : NULL,
                          "this needle was built without libcurl (no downloads)");
+}
+
+int nd_hf_list(const char *repo, const char *revision, char ***files, int *count)
+{
+    (void)revision;
+    *files = NULL;
+    *count = 0;
+    return nd_error(ND_EUNSUPPORTED,
+                    "cannot list %s: this needle was built without libcurl (no downloads)", repo);
 }
 
 #else
@@ -471,6 +481,105 @@ int nd_hf_download(const char *repo, const char *file, const char *dest, const n
         fprintf(st.progress, "  %-9s %s  %.2f MB%s\n", "fetched", dest, (double)have / 1e6,
                 sum ? "  sha256 ok" : "");
     return ND_OK;
+}
+
+typedef struct {
+    char *data;
+    size_t len;
+} mem_buf;
+
+static size_t to_mem(char *data, size_t size, size_t nmemb, void *ctx)
+{
+    mem_buf *b = ctx;
+    size_t n = size * nmemb;
+    if (b->len + n > (64u << 20))
+        return 0; /* a repository listing is never this big */
+    char *p = realloc(b->data, b->len + n + 1);
+    if (!p)
+        return 0;
+    memcpy(p + b->len, data, n);
+    b->data = p;
+    b->len += n;
+    b->data[b->len] = 0;
+    return n;
+}
+
+int nd_hf_list(const char *repo, const char *revision, char ***files, int *count)
+{
+    *files = NULL;
+    *count = 0;
+    if (nd_hf_offline())
+        return nd_error(ND_EIO, "cannot list %s: HF_HUB_OFFLINE is set (no network); name the file",
+                        repo);
+    char url[4096], rev[512];
+    url_quote(revision ? revision : "main", 0, rev, sizeof rev);
+    const char *ep = endpoint();
+    size_t el = strlen(ep);
+    while (el && ep[el - 1] == '/')
+        el--;
+    snprintf(url, sizeof url, "%.*s/api/models/%s/revision/%s", (int)el, ep, repo, rev);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    CURL *c = curl_easy_init();
+    if (!c) {
+        curl_global_cleanup();
+        return nd_error(ND_ENOMEM, "libcurl: cannot start a transfer");
+    }
+    mem_buf b = {0};
+    char errbuf[CURL_ERROR_SIZE] = "", auth[4200];
+    struct curl_slist *hdrs = NULL;
+    const char *token = getenv("HF_TOKEN");
+    if (token && *token) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", token);
+        hdrs = curl_slist_append(hdrs, auth);
+    }
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(c, CURLOPT_USERAGENT, "needle-c/0.1.0");
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, to_mem);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 30L);
+    CURLcode cr = curl_easy_perform(c);
+    long status = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_slist_free_all(hdrs);
+    curl_easy_cleanup(c);
+    curl_global_cleanup();
+    int rc = ND_OK;
+    if (cr != CURLE_OK)
+        rc = nd_error(ND_EIO, "%s: %s", url, errbuf[0] ? errbuf : curl_easy_strerror(cr));
+    else if (status != 200)
+        rc = nd_error(ND_EIO, "%s: HTTP %ld", url, status);
+    json_t *root = NULL, *sib;
+    if (!rc) {
+        json_error_t je;
+        root = json_loadb(b.data ? b.data : "", b.len, 0, &je);
+        sib = root ? json_object_get(root, "siblings") : NULL;
+        if (!json_is_array(sib))
+            rc = nd_error(ND_EFORMAT, "%s: not a repository listing (no siblings array)", url);
+    }
+    if (!rc) {
+        size_t n = json_array_size(sib);
+        char **out = calloc(n + 1, sizeof *out);
+        int k = 0;
+        for (size_t i = 0; out && i < n; i++) {
+            const char *name =
+                json_string_value(json_object_get(json_array_get(sib, i), "rfilename"));
+            if (name && !(out[k] = strdup(name)))
+                break;
+            k += name ? 1 : 0;
+        }
+        if (!out) {
+            rc = nd_error(ND_ENOMEM, "out of memory");
+        } else {
+            *files = out;
+            *count = k;
+        }
+    }
+    json_decref(root);
+    free(b.data);
+    return rc;
 }
 
 #endif

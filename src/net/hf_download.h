@@ -29,6 +29,11 @@ typedef struct {
 int nd_hf_download(const char *repo, const char *file, const char *dest, const nd_hf_opts *o,
                    int *not_found);
 
+/* The repository's file names at a revision ({endpoint}/api/models/{repo}/
+ * revision/{rev}, "siblings"): a NULL-terminated malloc'd array (free each
+ * and the array) and its length. */
+int nd_hf_list(const char *repo, const char *revision, char ***files, int *count);
+
 /* The URL nd_hf_download would fetch (for messages). */
 void nd_hf_url(const char *repo, const char *file, const char *revision, char *buf, size_t n);
 

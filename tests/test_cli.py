@@ -83,10 +83,16 @@ def rough_edges(tmp):
     check(p.returncode == 0 and os.path.exists(os.path.join(tmp, "a.pkl"))
           and not os.path.exists(os.path.join(tmp, "cd2")), "--out elsewhere: no --checkpoint-dir")
     # ... and the default output creates it when the adapter is written
+    with open(os.path.join(tmp, "afile"), "w") as f:
+        f.write("x")
+    p = run("finetune", head, "--checkpoint", ck, "--tokenizer", TOK, "--epochs", "1",
+            "--batch-size", "4", "--checkpoint-dir", "afile/sub", cwd=tmp)
+    check(p.returncode == 1 and "Not a directory" in p.stderr and "step" not in p.stdout,
+          "a --checkpoint-dir below a file is refused before training")
     p = run("finetune", head, "--checkpoint", ck, "--tokenizer", TOK, "--epochs", "1",
             "--batch-size", "4", "--checkpoint-dir", "cd3/sub", cwd=tmp)
-    check(p.returncode != 0 and not os.path.exists(os.path.join(tmp, "cd3")),
-          "a --checkpoint-dir whose parent is missing is refused before training")
+    check(p.returncode == 0 and os.path.exists(os.path.join(tmp, "cd3", "sub", "needle_lora.pkl")),
+          "parents made too, as os.makedirs (rc %d)" % p.returncode)
     p = run("finetune", head, "--checkpoint", ck, "--tokenizer", TOK, "--epochs", "1",
             "--batch-size", "4", "--checkpoint-dir", "cd4", cwd=tmp)
     check(p.returncode == 0 and os.path.exists(os.path.join(tmp, "cd4", "needle_lora.pkl")),

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "core/fileio.h"
 #include "core/status.h"
 #include "train/batch.h"
 #include "train/finetune.h"
@@ -156,32 +157,6 @@ static void status_bar(void *ctx, long step, long total, double loss, double tps
     fflush(stderr);
 }
 
-/* The directory need not exist yet, but it must be creatable: said now,
- * before any work, with the reason. */
-static int ckdir_check(const char *dir)
-{
-    struct stat st;
-    if (stat(dir, &st) == 0)
-        return 0;
-    int err = errno;
-    if (err == ENOENT) {
-        char parent[4096];
-        snprintf(parent, sizeof parent, "%s", dir);
-        char *slash = strrchr(parent, '/');
-        if (slash == parent)
-            parent[1] = 0;
-        else if (slash)
-            *slash = 0;
-        else
-            snprintf(parent, sizeof parent, ".");
-        if (access(parent, W_OK | X_OK) == 0)
-            return 0;
-        err = errno;
-    }
-    fprintf(stderr, "needle: %s: cannot create the checkpoint directory: %s\n", dir, strerror(err));
-    return 1;
-}
-
 int cli_finetune(int argc, char **argv)
 {
     nd_finetune_opts o;
@@ -288,8 +263,9 @@ int cli_finetune(int argc, char **argv)
          * is written: a run that fails early leaves no empty directory */
         o.out_dir = ckdir;
         out = outbuf;
-        if (ckdir_check(ckdir))
-            return 1;
+        /* as os.makedirs: parents too; said now if it cannot be made */
+        if (nd_dir_creatable(ckdir, "checkpoint directory"))
+            return cli_fail(NULL);
     }
     o.out = out;
     /* --resume X --out X is the usual way to continue: the adapter is read

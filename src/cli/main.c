@@ -14,7 +14,7 @@ static const struct {
     {"eval", cli_eval, "next-token loss (and logits) of a checkpoint on token sequences"},
     {"finetune", cli_finetune, "LoRA fine-tune a base checkpoint on JSONL examples"},
     {"build", cli_build, "merge a LoRA adapter and export a .cact archive (CQ quantised)"},
-    {"run", cli_run, "answer a query with a schema-constrained tool call from a .cact"},
+    {"run", cli_run, "a schema-constrained tool call from a .cact (--checkpoint: plain text)"},
     {"download", cli_download, "download a file of a Hugging Face model repository (resumable)"},
     {"inspect", cli_inspect, "validate a .cact archive; print header, codebooks, tensors"},
     {"bench", cli_bench, "benchmarks (forward pass timing, tokens/s, GFLOP/s, peak RSS)"},

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/fileio.h"
 #include "core/sha256.h"
 #include "core/status.h"
 
@@ -331,8 +332,12 @@ int nd_hf_download(const char *repo, const char *file, const char *dest, const n
         *not_found = 0;
     if (nd_hf_offline())
         return offline_error(repo, file, dest, rev, "HF_HUB_OFFLINE is set (no network)");
+    /* a regular file or nothing: never through a link, a device or a dir */
+    int rc = nd_output_check(dest, NULL, NULL);
+    if (rc)
+        return rc;
     static made_dirs made; /* large; downloads run one at a time */
-    int rc = make_parents(dest, &made);
+    rc = make_parents(dest, &made);
     if (rc)
         return rc;
     char url[4096], part[4096];

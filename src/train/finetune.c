@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <math.h>
 #include "core/threadpool.h"
 #include <stdarg.h>
@@ -175,9 +174,9 @@ static int save_output(const nd_finetune_opts *o, const san_model *m, const pv *
                        const san_lora *lora, const nd_adamw *opt)
 {
     /* the directory appears only when something is written into it */
-    if (o->out_dir && mkdir(o->out_dir, 0777) != 0 && errno != EEXIST)
-        return nd_error(ND_EIO, "%s: cannot create the checkpoint directory: %s", o->out_dir,
-                        strerror(errno));
+    int rc;
+    if (o->out_dir && (rc = nd_mkdirs(o->out_dir, "checkpoint directory")))
+        return rc;
     if (o->full)
         return ckpt_save(o->out, m, base_tree);
     return san_lora_save(lora, o->out, optimizer_state(o, opt));
@@ -206,19 +205,9 @@ int nd_finetune(const nd_finetune_opts *o)
     /* the output must be writable before any long work starts */
     struct stat dir_st;
     if (o->out_dir && stat(o->out_dir, &dir_st) != 0) {
-        /* not there yet: its parent must take it (created at the first save) */
-        char parent[4096];
-        snprintf(parent, sizeof parent, "%s", o->out_dir);
-        char *slash = strrchr(parent, '/');
-        if (slash && slash != parent)
-            *slash = 0;
-        else if (slash)
-            parent[1] = 0;
-        else
-            snprintf(parent, sizeof parent, ".");
-        if (access(parent, W_OK | X_OK) != 0)
-            return nd_error(ND_EIO, "%s: cannot create the checkpoint directory here (%s: %s)",
-                            o->out_dir, parent, strerror(errno));
+        /* not there yet: created at the first save, if it can be */
+        if ((rc = nd_dir_creatable(o->out_dir, "checkpoint directory")))
+            return rc;
     } else if ((rc = nd_check_writable(o->out)))
         return rc;
     FILE *probe = fopen(o->checkpoint, "rb");

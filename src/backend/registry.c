@@ -10,25 +10,12 @@
 
 #include "backend/backend.h"
 #include "backend/plugin.h"
+#include "core/selfpath.h"
 #include "core/status.h"
 
 #ifndef NEEDLE_INSTALL_LIBDIR
 #define NEEDLE_INSTALL_LIBDIR "lib"
 #endif
-
-/* Directory of this code's image (the program, or libneedle.so). */
-static void self_dir(char *dir, size_t n)
-{
-    Dl_info info;
-    dir[0] = 0;
-    if (dladdr((void *)self_dir, &info) && info.dli_fname) {
-        const char *slash = strrchr(info.dli_fname, '/');
-        if (slash && (size_t)(slash - info.dli_fname) < n) {
-            memcpy(dir, info.dli_fname, (size_t)(slash - info.dli_fname));
-            dir[slash - info.dli_fname] = 0;
-        }
-    }
-}
 
 /* dlopen libneedle_<kind>.so; NULL + message when absent. */
 static void *plugin_load(const char *kind, char *why, size_t n)
@@ -41,7 +28,7 @@ static void *plugin_load(const char *kind, char *why, size_t n)
      * from PREFIX/lib/libneedle.so */
     char installed[2][3200];
     const char *dirs[4] = {env && *env ? env : NULL, NULL, NULL, NULL};
-    self_dir(dir, sizeof dir);
+    nd_image_dir(dir, sizeof dir);
     if (dir[0]) {
         dirs[1] = dir;
         snprintf(installed[0], sizeof installed[0], "%s/../%s/needle", dir, NEEDLE_INSTALL_LIBDIR);

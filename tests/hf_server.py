@@ -12,7 +12,7 @@
       past the end).
 
 Files are registered with their behaviour: lfs, bad_sha (advertise a wrong
-sha256), drop_once (the first CDN transfer closes the connection halfway),
+sha256, or a wrong git blob id outside LFS), drop_once (the first CDN transfer closes the connection halfway),
 no_range (answer Range requests with a plain 200). Every request's path,
 Range and Authorization header is logged.
 """
@@ -78,6 +78,8 @@ class Hub:
                     return
                 blob = b"blob %d\0" % len(data) + data
                 etag = hashlib.sha1(blob).hexdigest()
+                if f.get("bad_sha"):
+                    etag = "1" * 40
                 return self.body(f, data, {"ETag": '"%s"' % etag})
 
             def cdn(self, key):

@@ -79,8 +79,9 @@ def run_cases(hub, ep, tmp, small, big):
 
     # small file, straight 200
     p = needle(ep, "download", "org/repo/config.json", "--dir", d)
-    check(p.returncode == 0 and read(os.path.join(d, "config.json")) == small,
-          "small file downloaded (%s)" % p.stderr.strip()[-200:])
+    check(p.returncode == 0 and read(os.path.join(d, "config.json")) == small
+          and "git blob id ok" in p.stderr, "small file downloaded, git blob ETag checked (%s)"
+          % p.stderr.strip()[-200:])
 
     # LFS file: 302 to the CDN, size + sha256 checked, token as Bearer
     n0 = len(hub.log)
@@ -104,6 +105,13 @@ def run_cases(hub, ep, tmp, small, big):
           "wrong sha256 refused: " + p.stderr.strip()[-200:])
     check(not os.path.exists(os.path.join(d, "bad.bin")) and
           not os.path.exists(os.path.join(d, "bad.bin.part")), "bad file neither renamed nor kept")
+
+    # outside LFS the ETag is the git blob id: checked too
+    hub.add("org/repo", "badetag.json", small, bad_sha=True)
+    p = needle(ep, "download", "org/repo/badetag.json", "--dir", d)
+    check(p.returncode == 1 and "git blob id" in p.stderr
+          and not os.path.exists(os.path.join(d, "badetag.json")),
+          "wrong git blob ETag refused: " + p.stderr.strip()[-160:])
 
     # 404
     p = needle(ep, "download", "org/repo/nope.bin", "--dir", d)

@@ -6,8 +6,8 @@
  *
  * A download goes to DEST.part, resumes an existing DEST.part with an HTTP
  * Range request, checks the size and the sha256 the server states
- * (X-Linked-Size / X-Linked-Etag of LFS files; Content-Length and a sha256
- * ETag otherwise) and is renamed to DEST only when they match. */
+ * (X-Linked-Size / X-Linked-Etag of LFS files; Content-Length and the ETag,
+ * git's blob id, otherwise) and is renamed to DEST only when they match. */
 #ifndef ND_HF_DOWNLOAD_H
 #define ND_HF_DOWNLOAD_H
 

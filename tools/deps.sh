@@ -5,7 +5,8 @@
 set -euo pipefail
 # libvulkan-dev + glslc build the Vulkan backend plugin; mesa-vulkan-drivers
 # (lavapipe) and the validation layers let the suite run it on the CPU.
-# libcurl4-openssl-dev: needle generate-data's HTTPS requests.
+# libcurl4-openssl-dev: needle generate-data's HTTPS requests and Hugging Face
+# downloads (needle download, automatic checkpoint/tokenizer fetches).
 BUILD_PKGS="build-essential cmake pkg-config libopenblas-openmp-dev libjansson-dev libcurl4-openssl-dev libvulkan-dev glslc"
 TEST_PKGS="python3 clang-format python3-numpy sentencepiece python3-sentencepiece clang libomp-dev mesa-vulkan-drivers vulkan-validationlayers"
 # --arm64: the aarch64 cross toolchain, qemu, and the arm64 multiarch

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "core/fileio.h"
 #include "core/status.h"
 #include "train/batch.h"
 #include "train/finetune.h"
@@ -279,13 +280,13 @@ int cli_finetune(int argc, char **argv)
     }
     if (!out) {
         snprintf(outbuf, sizeof outbuf, "%s/needle_lora.pkl", ckdir);
-        /* as upstream's os.makedirs(exist_ok=True) */
-        if (mkdir(ckdir, 0777) != 0 && errno != EEXIST) {
-            fprintf(stderr, "needle: %s: cannot create the checkpoint directory: %s\n", ckdir,
-                    strerror(errno));
-            return 1;
-        }
+        /* upstream's os.makedirs(exist_ok=True), but only once the adapter
+         * is written: a run that fails early leaves no empty directory */
+        o.out_dir = ckdir;
         out = outbuf;
+        /* as os.makedirs: parents too; said now if it cannot be made */
+        if (nd_dir_creatable(ckdir, "checkpoint directory"))
+            return cli_fail(NULL);
     }
     o.out = out;
     /* --resume X --out X is the usual way to continue: the adapter is read
@@ -300,6 +301,10 @@ int cli_finetune(int argc, char **argv)
         return 1;
     }
     fclose(df);
+    char ckbuf[4096];
+    if (cli_fetch_checkpoint(o.checkpoint, ckbuf, sizeof ckbuf))
+        return 1;
+    o.checkpoint = ckbuf;
     o.tokenizer = cli_tokenizer_path(tok_flag, o.checkpoint, tokbuf, sizeof tokbuf);
     if (!o.tokenizer)
         return 1;

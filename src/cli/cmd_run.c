@@ -12,6 +12,9 @@
 static const char *run_help =
     "usage: needle run --weights X.cact --tools tools.json [--system S]\n"
     "                  [--tool-index PATH] [--max-new-tokens N] [--interactive] [QUERY]\n"
+    "       needle run --checkpoint X.pkl [--query TEXT] [--max-len N] ...\n"
+    "                  (upstream's plain greedy continuation; see\n"
+    "                  `needle run --checkpoint X --help`)\n"
     "\n"
     "Prints one JSON envelope per turn: type (call|respond), success, error,\n"
     "error_code, function_calls, reasoning, confidence (the archive's confidence\n"
@@ -51,6 +54,10 @@ int cli_run(int argc, char **argv)
     const char *weights = NULL, *tools = NULL, *system = NULL, *query = NULL, *index = NULL;
     long long max_new = 256;
     int interactive = 0;
+    /* upstream's invocation: a checkpoint instead of an archive */
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--checkpoint"))
+            return cli_run_checkpoint(argc, argv);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {

@@ -16,8 +16,9 @@ static const struct {
     {"generate-data", cli_generate_data,
      "synthesise tool-calling examples with a chat-completions service (OpenRouter)"},
     {"build", cli_build, "merge a LoRA adapter and export a .cact archive (CQ quantised)"},
-    {"run", cli_run, "answer a query with a schema-constrained tool call from a .cact"},
+    {"run", cli_run, "a schema-constrained tool call from a .cact (--checkpoint: plain text)"},
     {"eval-calls", cli_eval_calls, "score a .cact's tool calls on held-out JSONL examples"},
+    {"download", cli_download, "download a file of a Hugging Face model repository (resumable)"},
     {"inspect", cli_inspect, "validate a .cact archive; print header, codebooks, tensors"},
     {"bench", cli_bench, "benchmarks (forward pass timing, tokens/s, GFLOP/s, peak RSS)"},
     {"tokenize", cli_tokenize, "text lines -> token ids (or ids -> text with --decode)"},
@@ -34,9 +35,10 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    /* as upstream: a bare `needle` is a request for help, not an error */
     if (argc < 2) {
-        usage(stderr);
-        return 2;
+        usage(stdout);
+        return 0;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);

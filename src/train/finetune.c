@@ -1,7 +1,9 @@
 #define _XOPEN_SOURCE 700
 #include "train/finetune.h"
 
+#include <errno.h>
 #include <limits.h>
+#include <sys/stat.h>
 #include <math.h>
 #include "core/threadpool.h"
 #include <stdarg.h>
@@ -171,6 +173,10 @@ static int check_resume(const nd_finetune_opts *o, const pv *root)
 static int save_output(const nd_finetune_opts *o, const san_model *m, const pv *base_tree,
                        const san_lora *lora, const nd_adamw *opt)
 {
+    /* the directory appears only when something is written into it */
+    int rc;
+    if (o->out_dir && (rc = nd_mkdirs(o->out_dir, "checkpoint directory")))
+        return rc;
     if (o->full)
         return ckpt_save(o->out, m, base_tree);
     return san_lora_save(lora, o->out, optimizer_state(o, opt));
@@ -197,7 +203,12 @@ int nd_finetune(const nd_finetune_opts *o)
     pv *resume_root = NULL, *base_tree = NULL;
 
     /* the output must be writable before any long work starts */
-    if ((rc = nd_check_writable(o->out)))
+    struct stat dir_st;
+    if (o->out_dir && stat(o->out_dir, &dir_st) != 0) {
+        /* not there yet: created at the first save, if it can be */
+        if ((rc = nd_dir_creatable(o->out_dir, "checkpoint directory")))
+            return rc;
+    } else if ((rc = nd_check_writable(o->out)))
         return rc;
     FILE *probe = fopen(o->checkpoint, "rb");
     if (!probe)

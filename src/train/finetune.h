@@ -12,6 +12,7 @@ typedef struct {
     const char *checkpoint; /* base checkpoint */
     const char *tokenizer;  /* .model path (required) */
     const char *out;        /* adapter path */
+    const char *out_dir;    /* created (one level) before the first save, or NULL */
     const char *resume;     /* adapter to continue from, or NULL */
     int epochs, batch_size, rank, max_len;
     double lr, alpha, val_split;

@@ -21,6 +21,7 @@ const char *cli_tokenizer_path(const char *flag_value, const char *checkpoint, c
 int cli_build(int argc, char **argv);
 int cli_inspect(int argc, char **argv);
 int cli_run(int argc, char **argv);
+int cli_playground(int argc, char **argv);
 
 /* Print "needle: <message>" for the library's last error and return 1. */
 int cli_fail(const char *context);

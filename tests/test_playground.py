@@ -85,6 +85,11 @@ def run(pg, tools, names, examples, cact):
               "calls name declared tools")
     status, env = pg.json("POST", "/complete", {"tools": json.dumps(tools[:1]), "query": "hi"})
     check(status == 200 and env.get("success") is True, "tools given as a JSON text (upstream form)")
+    status, env = pg.json("POST", "/complete", {"tools": tools, "query": "hi", "tool_choice": "required"})
+    check(status == 200 and env.get("type") == "call" and env.get("function_calls"),
+          "tool_choice required -> a call (%s)" % env.get("function_calls"))
+    status, env = pg.json("POST", "/complete", {"tools": tools, "query": "hi", "tool_choice": "any"})
+    check(status == 400 and "tool_choice" in env.get("error", ""), "bad tool_choice -> 400")
     status, env = pg.json("POST", "/complete", {"tools": "[{", "query": "hi"})
     check(status == 400 and env.get("error"), "malformed tools JSON -> 400 (%d %s)" % (status, env.get("error")))
     status, _, body = pg.request("POST", "/complete", b"{not json", {"Content-Type": "application/json"})

@@ -186,6 +186,7 @@ def main():
             # ask, and wait for the envelope to render
             dt.js("""(() => {
                 document.getElementById('query').value = %s;
+                document.getElementById('require-call').checked = true;
                 document.getElementById('send').click();
             })()""" % json.dumps(QUERY))
             text = wait_until(lambda: dt.js(
@@ -194,15 +195,19 @@ def main():
             if text:
                 env = json.loads(text)
                 print("rendered envelope:", json.dumps(env)[:300])
-                check(env.get("success") is True and env.get("type") in ("call", "respond"),
-                      "rendered envelope: success, type %s" % env.get("type"))
+                check(env.get("success") is True and env.get("type") == "call",
+                      "rendered envelope: success, a call (tool_choice required): %s" % env.get("type"))
+                check(env.get("function_calls")
+                      and all(c["name"] == TOOL["name"] for c in env["function_calls"]),
+                      "the call names the declared tool")
                 calls = dt.js("[...document.querySelectorAll('#chat .assistant .call')].length")
-                check(calls == len(env.get("function_calls", [])),
+                check(calls == len(env.get("function_calls", [])) and calls > 0,
                       "one rendered call line per function call (%s)" % calls)
                 user = dt.js("document.querySelector('#chat .user').textContent")
                 check(user == QUERY, "the query shows in the chat")
                 # the same question over HTTP: the page showed the server's answer
-                _, direct = pg.json("POST", "/complete", {"tools": [TOOL], "query": QUERY})
+                _, direct = pg.json("POST", "/complete", {"tools": [TOOL], "query": QUERY,
+                                                           "tool_choice": "required"})
                 for key in ("type", "function_calls", "reasoning", "success"):
                     check(env.get(key) == direct.get(key), "rendered %s matches the server's" % key)
             check(not dt.exceptions, "no uncaught page exceptions (%d)" % len(dt.exceptions))

@@ -102,7 +102,8 @@ static char *error_json(const char *msg)
     return s;
 }
 
-char *pg_slot_complete(const char *tools_json, const char *query, int *http_status)
+char *pg_slot_complete(const char *tools_json, const char *query, int require_call,
+                       int *http_status)
 {
     *http_status = 200;
     pthread_mutex_lock(&slot_lock);
@@ -124,6 +125,7 @@ char *pg_slot_complete(const char *tools_json, const char *query, int *http_stat
         }
         slot_tools = strdup(tools_json);
     }
+    needle_session_require_call(slot_session, require_call);
     /* the envelope grows with the reasoning and calls: retry larger */
     for (int cap = 1 << 16; cap <= 1 << 24; cap *= 4) {
         char *buf = malloc((size_t)cap);

@@ -21,9 +21,11 @@ void pg_slot_free(void);
 /* {"name": ..., "loaded": bool, "max_seq_len": N}; caller frees. */
 char *pg_slot_info_json(void);
 /* One fresh turn with these tools (a new session when the tools differ
- * from the last call's, else a reset one). Returns a malloc'd envelope
- * JSON; *http_status is 200, or 400 (bad tools / no model). */
-char *pg_slot_complete(const char *tools_json, const char *query, int *http_status);
+ * from the last call's, else a reset one); require_call: at least one call
+ * (tool_choice "required"). Returns a malloc'd envelope JSON;
+ * *http_status is 200, or 400 (bad tools / no model). */
+char *pg_slot_complete(const char *tools_json, const char *query, int require_call,
+                       int *http_status);
 void pg_slot_reset(void);
 /* Replace the model by one parsed from memory / a file. On failure the
  * loaded model stays and `why` holds the reason; returns 0 or -1. */

@@ -145,9 +145,20 @@ static enum MHD_Result route_complete(struct MHD_Connection *c, struct request *
         json_decref(body);
         return send_error(c, 400, "request body: field \"query\" must be a string");
     }
+    /* ours: "tool_choice": "required" forbids the [] answer */
+    json_t *choice = json_object_get(body, "tool_choice");
+    if (choice && !(json_is_string(choice) && (!strcmp(json_string_value(choice), "auto") ||
+                                               !strcmp(json_string_value(choice), "required")))) {
+        json_decref(body);
+        return send_error(c, 400,
+                          "request body: field \"tool_choice\" must be \"auto\" or "
+                          "\"required\"");
+    }
+    int required = choice && !strcmp(json_string_value(choice), "required");
     char *tools = tools_text(body);
     int code = 200;
-    char *out = tools ? pg_slot_complete(tools, q ? json_string_value(q) : "", &code) : NULL;
+    char *out =
+        tools ? pg_slot_complete(tools, q ? json_string_value(q) : "", required, &code) : NULL;
     free(tools);
     json_decref(body);
     return send_json_owned(c, (unsigned)code, out);

@@ -80,6 +80,8 @@ int cli_playground(int argc, char **argv)
                     "libmicrohttpd installed: Debian libmicrohttpd-dev)\n");
     return 1;
 #else
+    sigset_t stop;
+    pg_block_stop_signals(&stop); /* before the model load starts any thread */
     /* tokenizer: the flag, else $NEEDLE_TOKENIZER, else beside the base */
     static char tok_buf[PATH_MAX];
     struct stat st;
@@ -114,13 +116,18 @@ int cli_playground(int argc, char **argv)
         return 1;
     }
     self[n] = 0;
-    if (pg_slot_init(weights, (int)max_new))
+    if (pg_slot_init(weights, (int)max_new)) {
+        if (workdir == work_buf)
+            rmdir(work_buf);
         return 1;
+    }
     struct pg_job_config cfg = {self, base, tokenizer, workdir};
     pg_job_configure(&cfg);
     fprintf(stderr, "needle playground: fine-tune files go to %s\n", workdir);
     int rc = pg_serve(host, (int)port, workdir);
     pg_slot_free();
+    if (workdir == work_buf)
+        rmdir(work_buf); /* ours and still empty: leave no trace; produced files stay */
     return rc;
 #endif
 }

@@ -297,6 +297,11 @@ int pg_job_start(const char *jsonl, int epochs, int batch_size, double lr, int m
     }
     int code = 400;
     struct stat st;
+    if (job_stopping) {
+        snprintf(why, why_len, "the playground is shutting down");
+        code = 503;
+        goto out;
+    }
     if (!job_cfg.base || stat(job_cfg.base, &st) || !S_ISREG(st.st_mode)) {
         snprintf(why, why_len, "base checkpoint %s not found (start with --base CKPT.pkl)",
                  job_cfg.base ? job_cfg.base : "(none)");
@@ -345,7 +350,7 @@ char *pg_job_status_json(void)
     json_t *o = json_pack("{s:b, s:s, s:o, s:o, s:o, s:{s:i, s:i}}", "running", job_running, "step",
                           job_step, "log", log, "checkpoint",
                           job_checkpoint[0] ? json_string(job_checkpoint) : json_null(), "error",
-                          job_error[0] && !job_running ? json_string(job_error) : json_null(),
+                          !job_running && job_error[0] ? json_string(job_error) : json_null(),
                           "progress", "done", job_done_steps, "total", job_total_steps);
     pthread_mutex_unlock(&job_lock);
     json_t *dl = json_array();

@@ -6,6 +6,7 @@
 #ifndef ND_PLAYGROUND_H
 #define ND_PLAYGROUND_H
 
+#include <signal.h>
 #include <stddef.h>
 
 /* Body limits: a .cact upload, any JSON request. */
@@ -54,6 +55,10 @@ void pg_job_shutdown(void);
 
 /* ---- HTTP server (server.c) ---- */
 
+/* Block SIGINT/SIGTERM in this thread (and every thread it starts later:
+ * OpenMP workers, the server's) so that pg_serve's sigwait receives them;
+ * call before anything starts threads. Ignores SIGPIPE. */
+void pg_block_stop_signals(sigset_t *set);
 /* Serve until SIGINT/SIGTERM. Returns the exit code. */
 int pg_serve(const char *host, int port, const char *workdir);
 

@@ -8,6 +8,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -350,6 +351,15 @@ static void on_done(void *cls, struct MHD_Connection *c, void **con_cls,
     }
 }
 
+void pg_block_stop_signals(sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
 static int is_loopback(const struct sockaddr *sa)
 {
     if (sa->sa_family == AF_INET)
@@ -382,14 +392,8 @@ int pg_serve(const char *host, int port, const char *workdir)
                 "this address can run the model, upload archives and start fine-tunes\n",
                 host);
 
-    /* SIGINT/SIGTERM are taken by sigwait below; the server's threads
-     * (created after this) inherit the blocked mask */
     sigset_t stop;
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGINT);
-    sigaddset(&stop, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    pg_block_stop_signals(&stop);
 
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
                      MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);

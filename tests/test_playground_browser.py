@@ -4,8 +4,10 @@
 websocket client. Loads the page, declares a tool through the form, sends
 a query, waits for the call envelope to render and checks it against the
 same query asked over HTTP; the screenshot is kept in the build directory
-(test_output/playground_browser.png). Fails when the envelope does not
-render. Exit 77 (skip) only when chromium is not installed."""
+(test_output/playground_browser.png). Then uploads a bad and a good .cact
+through the file input, and runs fine-tune -> build -> hot-load from the
+page (test_output/playground_browser_finetune.png). Fails when the envelope
+does not render. Exit 77 (skip) only when chromium is not installed."""
 import base64
 import json
 import os
@@ -19,7 +21,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from playground_util import BUILD, SKIP, Playground, tiny_model, wait_until  # noqa: E402
+from playground_util import BUILD, SKIP, SRC, Playground, tiny_model, wait_until  # noqa: E402
 
 TOOL = {
     "name": "get_weather",
@@ -119,6 +121,15 @@ class DevTools:
         return r["result"].get("value")
 
 
+def save_screenshot(dt, path, check):
+    png = base64.b64decode(dt.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"])
+    with open(path + ".tmp", "wb") as f:
+        f.write(png)
+    os.replace(path + ".tmp", path)
+    check(png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10000,
+          "screenshot kept: %s (%d bytes)" % (path, len(png)))
+
+
 def start_chromium(exe, tmp):
     profile = os.path.join(tmp, "chrome-profile")
     args = [exe, "--headless=new", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
@@ -146,8 +157,9 @@ def main():
     out_dir = os.path.join(BUILD, "test_output")
     os.makedirs(out_dir, exist_ok=True)
     shot = os.path.join(out_dir, "playground_browser.png")
-    if os.path.exists(shot):
-        os.unlink(shot)  # never pass on a stale screenshot
+    for old in (shot, os.path.join(out_dir, "playground_browser_finetune.png")):
+        if os.path.exists(old):
+            os.unlink(old)  # never pass on a stale screenshot
     fails = []
 
     def check(cond, msg):
@@ -210,13 +222,43 @@ def main():
                                                            "tool_choice": "required"})
                 for key in ("type", "function_calls", "reasoning", "success"):
                     check(env.get(key) == direct.get(key), "rendered %s matches the server's" % key)
+            save_screenshot(dt, shot, check)
+
+            # upload through the file input: a bad file is refused on the page
+            bad = os.path.join(tmp, "bad.cact")
+            with open(bad, "wb") as f:
+                f.write(b"not an archive")
+            for path, want in ((bad, "not loaded"), (cact, "loaded tiny.cact")):
+                root = dt.call("DOM.getDocument")["root"]["nodeId"]
+                node = dt.call("DOM.querySelector", nodeId=root, selector="#cact-file")["nodeId"]
+                dt.call("DOM.setFileInputFiles", files=[path], nodeId=node)
+                dt.js("document.getElementById('upload-status').textContent = ''")
+                dt.js("document.getElementById('upload').click()")
+                status = wait_until(lambda: dt.js("document.getElementById('upload-status').textContent"
+                                                  ".replace(/^loading.*/, '')"), 30)
+                check(status and want in status, "upload %s on the page: %r" % (os.path.basename(path), status))
+
+            # fine-tune -> build -> hot-load from the page, with progress
+            examples = open(os.path.join(SRC, "examples", "data.jsonl")).read().splitlines()[:6]
+            dt.js("""(() => {
+                document.getElementById('ft-examples').value = %s;
+                document.getElementById('ft-epochs').value = '2';
+                document.getElementById('ft-batch').value = '2';
+                document.getElementById('ft-lr').value = '0.01';
+                document.getElementById('ft-start').click();
+            })()""" % json.dumps("\n".join(examples)))
+            done = wait_until(lambda: (lambda t: t if "done" in t or "failed" in t else None)(
+                dt.js("document.getElementById('ft-step').textContent") or ""), 300, 0.5)
+            check(done == "step: done", "the page shows the fine-tune finishing: %r" % done)
+            prog = dt.js("[document.getElementById('ft-progress').value, document.getElementById('ft-progress').max]")
+            check(prog and prog[0] == prog[1] and prog[1] > 1, "progress bar full: %s" % prog)
+            name = wait_until(lambda: (lambda t: t if t == "needle_tuned.cact" else None)(
+                dt.js("document.getElementById('model-name').textContent")), 10)
+            check(name == "needle_tuned.cact", "header names the hot-loaded archive: %r" % name)
+            links = dt.js("[...document.querySelectorAll('#ft-downloads a')].map(a => a.textContent)")
+            check(links and "needle_tuned.cact" in links, "download links: %s" % links)
             check(not dt.exceptions, "no uncaught page exceptions (%d)" % len(dt.exceptions))
-            png = base64.b64decode(dt.call("Page.captureScreenshot", format="png")["data"])
-            with open(shot + ".tmp", "wb") as f:
-                f.write(png)
-            os.replace(shot + ".tmp", shot)
-            check(png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10000,
-                  "screenshot kept: %s (%d bytes)" % (shot, len(png)))
+            save_screenshot(dt, os.path.join(out_dir, "playground_browser_finetune.png"), check)
         finally:
             if browser:
                 browser.terminate()

@@ -35,14 +35,14 @@ class Playground:
     """`needle playground` on port 0 (the kernel picks a free one); the
     port is read from its "ready" line."""
 
-    def __init__(self, tmp, base, cact, *extra):
+    def __init__(self, tmp, base, cact, *extra, env=None):
         self.workdir = os.path.join(tmp, "work")
         os.makedirs(self.workdir, exist_ok=True)
         self.err = open(os.path.join(tmp, "playground.err"), "w+")
         self.proc = subprocess.Popen(
             [NEEDLE, "playground", "--weights", cact, "--port", "0", "--base", base,
              "--tokenizer", TOKENIZER, "--workdir", self.workdir, "--max-new-tokens", "24"]
-            + list(extra), stdout=subprocess.PIPE, stderr=self.err, text=True)
+            + list(extra), stdout=subprocess.PIPE, stderr=self.err, text=True, env=env)
         line = self.proc.stdout.readline()
         if "ready: http://" not in line:
             self.proc.wait(timeout=10)

@@ -15,6 +15,25 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from playground_util import SRC, Playground, tiny_model, wait_until  # noqa: E402
+from chat_server import ChatServer  # noqa: E402
+
+KEY = "sk-playground-test-4b1d"
+GEN_MODEL = "deepseek/deepseek-v4-flash"  # generate-data's default
+GEN_TOOLS = [
+    {"name": "get_weather", "description": "Current weather for a city",
+     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                    "required": ["city"]}},
+    {"name": "set_timer", "description": "Start a countdown timer",
+     "parameters": {"type": "object", "properties": {
+         "minutes": {"type": "integer", "minimum": 1, "maximum": 180}}, "required": ["minutes"]}},
+]
+GENERATED = [
+    {"query": "Weather in Cork", "reasoning": "r",
+     "answers": [{"name": "get_weather", "arguments": {"city": "Cork"}}]},
+    {"query": "Timer for 9 minutes", "reasoning": "r",
+     "answers": [{"name": "set_timer", "arguments": {"minutes": 9}}]},
+    {"query": "Hi there", "reasoning": "r", "answers": []},
+]
 
 FAIL = []
 
@@ -50,12 +69,19 @@ def main():
     examples = open(os.path.join(SRC, "examples", "data.jsonl")).read().splitlines()[:8]
     with tempfile.TemporaryDirectory() as tmp:
         base, cact = tiny_model(tmp)
-        pg = Playground(tmp, base, cact)
-        try:
-            run(pg, tools, names, examples, cact)
-        finally:
-            rc = pg.stop()
-        check(rc == 0, "SIGINT: clean exit 0 (got %r)" % rc)
+        with ChatServer(KEY, GEN_MODEL, [("reply", json.dumps(GENERATED))]) as srv:
+            # the chat service generate-data talks to; the key comes per request
+            env = dict(os.environ, OPENROUTER_URL=srv.url)
+            env.pop("OPENROUTER_API_KEY", None)
+            pg = Playground(tmp, base, cact, env=env)
+            try:
+                run(pg, tools, names, examples, cact)
+                run_generate(pg, srv)
+            finally:
+                rc = pg.stop()
+            check(rc == 0, "SIGINT: clean exit 0 (got %r)" % rc)
+            err = open(os.path.join(tmp, "playground.err")).read()
+            check(KEY not in err, "the API key is not in the server's output")
     if FAIL:
         print("%d check(s) failed" % len(FAIL))
         return 1
@@ -192,6 +218,42 @@ def run(pg, tools, names, examples, cact):
     check(final and final["step"] == "failed" and final["error"], "it fails with an error: %s" % (final and final["error"]))
     status, model = pg.json("GET", "/model")
     check(model.get("name") == "needle_tuned.cact", "the model stays after a failed fine-tune")
+
+
+def run_generate(pg, srv):
+    """upstream's flow: tools + api_key + samples -> generate-data -> train -> build -> load"""
+    status, body = pg.json("POST", "/finetune", {"tools": GEN_TOOLS, "api_key": KEY, "samples": 0})
+    check(status == 400 and "samples" in body.get("error", ""), "samples 0 -> 400: %s" % body.get("error"))
+    status, body = pg.json("POST", "/finetune", {"tools": [], "api_key": KEY})
+    check(status == 400 and "tools" in body.get("error", ""), "no tools to generate for -> 400: %s" % body.get("error"))
+    req = {"tools": GEN_TOOLS, "api_key": KEY, "samples": 3, "epochs": 1, "batch_size": 2, "max_len": 256}
+    status, body = pg.json("POST", "/finetune", req)
+    check(status == 200 and body == {"ok": True}, "POST /finetune with api_key + tools starts (%d %s)" % (status, body))
+    seen = []
+
+    def finished():
+        _, s = pg.json("GET", "/finetune/status")
+        seen.append(s)
+        return s if not s["running"] else None
+
+    final = wait_until(finished, 600, 0.1)
+    check(final is not None and final["step"] == "done",
+          "generate -> fine-tune -> build -> load: %s %s" % (final and final["step"], final and final["error"]))
+    if not final:
+        return
+    print("steps seen: %s" % sorted({s["step"] for s in seen}))
+    check(not srv.errors, "the chat service saw well-formed requests with the key: %s" % srv.errors[:3])
+    check(any("kept" in line for line in final["log"]), "the log holds generate-data's summary")
+    status, _, data = pg.request("GET", "/download/needle_playground_data.jsonl")
+    rows = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+    check(status == 200 and sorted(r["query"] for r in rows) == sorted(g["query"] for g in GENERATED),
+          "the generated examples were trained on: %s" % [r.get("query") for r in rows])
+    status, model = pg.json("GET", "/model")
+    check(model.get("name") == "needle_tuned.cact", "hot-loaded after generation")
+    leaked = [s for s in seen if KEY in json.dumps(s)]
+    check(not leaked, "the API key never shows in the status")
+    for name in final["downloads"]:
+        check(KEY.encode() not in pg.request("GET", "/download/" + name)[2], "key not in %s" % name)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ static int job_done_steps, job_total_steps;
 static int job_epochs;
 static int job_batch, job_max_len;
 static double job_lr;
+static int job_samples; /* > 0: generate the examples first */
+static char *job_api_key;
 
 static void log_line_locked(const char *s)
 {
@@ -105,10 +107,45 @@ static void take_line(char *line)
     pthread_mutex_unlock(&job_lock);
 }
 
-/* Run `self_exe argv...` with stdout+stderr piped into the log. 0 when
- * it exits 0, else fills job_error. */
-static int run_child(char *const argv[])
+/* Our environment with OPENROUTER_API_KEY replaced by `key` (NULL: as
+ * is). The key goes to the child only: never logged or written. */
+static char **child_env(const char *key, char **owned)
 {
+    *owned = NULL;
+    if (!key)
+        return environ;
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **env = calloc(n + 2, sizeof *env);
+    size_t len = strlen("OPENROUTER_API_KEY=") + strlen(key) + 1;
+    char *entry = malloc(len);
+    if (!env || !entry) {
+        free(env);
+        free(entry);
+        return NULL;
+    }
+    snprintf(entry, len, "OPENROUTER_API_KEY=%s", key);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "OPENROUTER_API_KEY=", 19))
+            env[k++] = environ[i];
+    env[k++] = entry;
+    *owned = entry;
+    return env;
+}
+
+/* Run `self_exe argv...` with stdout+stderr piped into the log (and the
+ * API key in its environment when key is set). 0 when it exits 0, else
+ * fills job_error. */
+static int run_child(char *const argv[], const char *key)
+{
+    char *key_entry;
+    char **envp = child_env(key, &key_entry);
+    if (!envp) {
+        snprintf(job_error, sizeof job_error, "out of memory");
+        return -1;
+    }
     int fds[2];
     if (pipe(fds)) {
         snprintf(job_error, sizeof job_error, "pipe: %s", strerror(errno));
@@ -135,13 +172,17 @@ static int run_child(char *const argv[])
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
     pid_t pid;
     pthread_mutex_lock(&job_lock);
-    int rc =
-        job_stopping ? ECANCELED : posix_spawn(&pid, job_cfg.self_exe, &fa, &attr, argv, environ);
+    int rc = job_stopping ? ECANCELED : posix_spawn(&pid, job_cfg.self_exe, &fa, &attr, argv, envp);
     if (!rc)
         job_child = pid;
     pthread_mutex_unlock(&job_lock);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&attr);
+    if (key_entry) {
+        memset(key_entry, 0, strlen(key_entry));
+        free(key_entry);
+        free(envp);
+    }
     close(fds[1]);
     if (rc) {
         close(fds[0]);
@@ -187,33 +228,45 @@ static void *job_main(void *arg)
     snprintf(lr, sizeof lr, "%.17g", job_lr);
     snprintf(max_len, sizeof max_len, "%d", job_max_len);
 
-    set_step("training");
-    char *ft[] = {"needle",
-                  "finetune",
-                  data,
-                  "--checkpoint",
-                  (char *)job_cfg.base,
-                  "--tokenizer",
-                  (char *)job_cfg.tokenizer,
-                  "--epochs",
-                  epochs,
-                  "--batch-size",
-                  batch,
-                  "--lr",
-                  lr,
-                  "--max-len",
-                  max_len,
-                  "--out",
-                  adapter,
-                  NULL};
-    int rc = run_child(ft);
+    int rc = 0;
+    if (job_samples > 0) {
+        char tools[4096], samples[32];
+        path_in_workdir(tools, sizeof tools, "needle_playground_tools.json");
+        snprintf(samples, sizeof samples, "%d", job_samples);
+        set_step("generating data");
+        char *gen[] = {"needle", "generate-data", "--tools", tools, "--num-samples",
+                       samples,  "--output",      data,      NULL};
+        rc = run_child(gen, job_api_key);
+    }
+    if (!rc) {
+        set_step("training");
+        char *ft[] = {"needle",
+                      "finetune",
+                      data,
+                      "--checkpoint",
+                      (char *)job_cfg.base,
+                      "--tokenizer",
+                      (char *)job_cfg.tokenizer,
+                      "--epochs",
+                      epochs,
+                      "--batch-size",
+                      batch,
+                      "--lr",
+                      lr,
+                      "--max-len",
+                      max_len,
+                      "--out",
+                      adapter,
+                      NULL};
+        rc = run_child(ft, NULL);
+    }
     if (!rc) {
         set_step("building");
         char *build[] = {"needle", "build",       "--lora",
                          adapter,  "--tokenizer", (char *)job_cfg.tokenizer,
                          "--out",  out,           (char *)job_cfg.base,
                          NULL};
-        rc = run_child(build);
+        rc = run_child(build, NULL);
     }
     if (!rc) {
         set_step("loading");
@@ -225,6 +278,11 @@ static void *job_main(void *arg)
     }
     pthread_mutex_lock(&job_lock);
     job_running = 0;
+    if (job_api_key) {
+        memset(job_api_key, 0, strlen(job_api_key));
+        free(job_api_key);
+        job_api_key = NULL;
+    }
     if (!rc) {
         snprintf(job_step, sizeof job_step, "done");
         snprintf(job_checkpoint, sizeof job_checkpoint, "%s", produced_names[2]);
@@ -286,8 +344,27 @@ static int write_examples(const char *jsonl, char *why, size_t why_len)
     return 0;
 }
 
-int pg_job_start(const char *jsonl, int epochs, int batch_size, double lr, int max_len, char *why,
-                 size_t why_len)
+/* The tools the generator writes examples for, atomically. */
+static int write_tools(const char *tools_json, char *why, size_t why_len)
+{
+    char path[4096], tmp[4200];
+    path_in_workdir(path, sizeof path, "needle_playground_tools.json");
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        snprintf(why, why_len, "%s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    int bad = fputs(tools_json, f) < 0;
+    if (fclose(f) || bad || rename(tmp, path)) {
+        snprintf(why, why_len, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+int pg_job_start(const char *jsonl, const char *tools_json, const char *api_key, int samples,
+                 int epochs, int batch_size, double lr, int max_len, char *why, size_t why_len)
 {
     pthread_mutex_lock(&job_lock);
     if (job_running) {
@@ -311,7 +388,7 @@ int pg_job_start(const char *jsonl, int epochs, int batch_size, double lr, int m
         snprintf(why, why_len, "no tokenizer (start with --tokenizer FILE)");
         goto out;
     }
-    if (write_examples(jsonl, why, why_len))
+    if (jsonl ? write_examples(jsonl, why, why_len) : write_tools(tools_json, why, why_len))
         goto out;
     if (job_thread_live) {
         pthread_join(job_thread, NULL); /* the finished previous job */
@@ -326,6 +403,8 @@ int pg_job_start(const char *jsonl, int epochs, int batch_size, double lr, int m
     job_batch = batch_size;
     job_lr = lr;
     job_max_len = max_len;
+    job_samples = jsonl ? 0 : samples;
+    job_api_key = jsonl ? NULL : strdup(api_key);
     snprintf(job_step, sizeof job_step, "starting");
     job_running = 1;
     if (pthread_create(&job_thread, NULL, job_main, NULL)) {

@@ -43,9 +43,12 @@ struct pg_job_config {
 };
 void pg_job_configure(const struct pg_job_config *cfg);
 /* Start a fine-tune of `jsonl` (examples, one per line) with these
- * settings. 0: started; 409: one is running; 400: bad request (why). */
-int pg_job_start(const char *jsonl, int epochs, int batch_size, double lr, int max_len, char *why,
-                 size_t why_len);
+ * settings; with jsonl NULL, first `needle generate-data` `samples`
+ * examples for tools_json with OPENROUTER_API_KEY = api_key (upstream's
+ * flow; OPENROUTER_URL comes from our environment). 0: started; 409: one
+ * is running; 400: bad request (why). */
+int pg_job_start(const char *jsonl, const char *tools_json, const char *api_key, int samples,
+                 int epochs, int batch_size, double lr, int max_len, char *why, size_t why_len);
 /* upstream's status object plus progress; caller frees. */
 char *pg_job_status_json(void);
 /* Whether NAME is a file this playground wrote (and may be served). */

@@ -248,12 +248,32 @@ static enum MHD_Result route_finetune(struct MHD_Connection *c, struct request *
             cap += ln + 1;
             free(line);
         }
+    } else if (json_is_string(json_object_get(body, "api_key")) &&
+               json_string_length(json_object_get(body, "api_key"))) {
+        /* upstream's flow: generate the examples with the chat API first */
+        int samples;
+        if (int_field(body, "samples", 200, 1, 100000, &samples, why, sizeof why))
+            goto out;
+        json_error_t err;
+        char *tools = tools_text(body);
+        json_t *parsed = tools ? json_loads(tools, 0, &err) : NULL;
+        int ok = json_is_array(parsed) && json_array_size(parsed) > 0;
+        json_decref(parsed);
+        if (!ok) {
+            free(tools);
+            snprintf(why, sizeof why,
+                     "request body: \"tools\" must be a non-empty array of "
+                     "tools to generate examples for");
+            goto out;
+        }
+        code = pg_job_start(NULL, tools, json_string_value(json_object_get(body, "api_key")),
+                            samples, epochs, batch, lr, max_len, why, sizeof why);
+        free(tools);
+        goto out;
     } else {
-        /* upstream generates examples with an LLM API first; this build
-         * has no generator, so the page sends examples */
         snprintf(why, sizeof why,
-                 "request body: field \"examples\" (JSONL text or an array of examples) is "
-                 "required");
+                 "request body: give \"examples\" (JSONL text or an array of examples), or "
+                 "\"api_key\" + \"tools\" (+ \"samples\") to generate them first");
         goto out;
     }
     if (!jsonl) {
@@ -261,7 +281,7 @@ static enum MHD_Result route_finetune(struct MHD_Connection *c, struct request *
         code = 500;
         goto out;
     }
-    code = pg_job_start(jsonl, epochs, batch, lr, max_len, why, sizeof why);
+    code = pg_job_start(jsonl, NULL, NULL, 0, epochs, batch, lr, max_len, why, sizeof why);
 out:
     free(jsonl);
     json_decref(body);

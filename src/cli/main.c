@@ -23,6 +23,7 @@ static const struct {
     {"bench", cli_bench, "benchmarks (forward pass timing, tokens/s, GFLOP/s, peak RSS)"},
     {"tokenize", cli_tokenize, "text lines -> token ids (or ids -> text with --decode)"},
     {"render", cli_render, "show a JSONL example's rendered prompt/target, ids and loss mask"},
+    {"playground", cli_playground, "local web UI: tools, chat, envelopes, upload, fine-tune"},
 };
 
 static void usage(FILE *f)

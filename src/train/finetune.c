@@ -500,7 +500,10 @@ int nd_finetune(const nd_finetune_opts *o)
             emitf(o, "  %-9s needle finetune DATA.jsonl --checkpoint %s", "next", o->out);
         } else if (!rc) {
             emitf(o, "  %-9s %s", "adapter", o->out);
-            emitf(o, "  %-9s needle build %s --lora %s", "next", o->checkpoint, o->out);
+            char bits[32] = "";
+            if (o->qat && o->bits) /* build at the width training saw */
+                snprintf(bits, sizeof bits, " --bits %d", o->bits);
+            emitf(o, "  %-9s needle build %s --lora %s%s", "next", o->checkpoint, o->out, bits);
         }
     }
 done:

@@ -493,6 +493,13 @@ int nd_finetune(const nd_finetune_opts *o)
                           o->full ? "" : " (continue with --resume ", o->full ? "" : o->out,
                           o->full ? "" : ")");
     }
+    if (!rc && tr && tr->qat && tr->qat->calls > 1) {
+        double per = tr->qat->seconds / (double)tr->qat->calls, el = nd_wtime() - t_start;
+        long steps = step - start_step;
+        emitf(o, "  %-9s %.1f ms a step requantising (%.1f%% of the %.0f ms steps)", "qat",
+              per * 1e3, el > 0 && steps > 0 ? 100.0 * per * (double)steps / el : 0.0,
+              steps > 0 ? el / (double)steps * 1e3 : 0.0);
+    }
     if (!rc) {
         rc = save_output(o, &m, base_tree, &lora, &opt, qat_scheme);
         if (!rc && o->full) {

@@ -18,7 +18,9 @@ typedef struct {
     int bits;         /* --bits; 0 = the config's weight_bits map, else 4 */
     char scheme[300]; /* as build prints it: "W2" or "mixed[map]" */
     unsigned char *blob;
-    float *tmp; /* one [out, in] matrix */
+    float *tmp;     /* one [out, in] matrix */
+    double seconds; /* spent in nd_qat_apply* (the per-step overhead) */
+    long calls;
 } nd_qat;
 
 /* The scheme `needle build --bits bits` (0 = no --bits) writes for this

@@ -6,6 +6,7 @@
 
 #include "core/mem.h"
 #include "core/status.h"
+#include "core/threadpool.h"
 
 static float *merged_slot(const nd_trainer *tr, int t);
 
@@ -204,8 +205,15 @@ static int qat_requantise(nd_trainer *tr)
 int nd_trainer_merge(nd_trainer *tr)
 {
     san_lora *lo = tr->lora;
+    if (!lo && tr->qat) {
+        double t0 = nd_wtime();
+        int rc = qat_requantise(tr);
+        tr->qat->seconds += nd_wtime() - t0;
+        tr->qat->calls++;
+        return rc;
+    }
     if (!lo)
-        return tr->qat ? qat_requantise(tr) : ND_OK;
+        return ND_OK;
     san_weights base = tr->m->w;
     nd_backend_sync(tr->be); /* the host rewrites what earlier ops read */
     for (int t = 0; t < LORA_NTARGETS; t++) {
@@ -224,7 +232,11 @@ int nd_trainer_merge(nd_trainer *tr)
     if (!tr->qat)
         return ND_OK;
     nd_backend_sync(tr->be); /* the host reads the merged weights */
-    return qat_requantise(tr);
+    double t0 = nd_wtime();
+    int rc = qat_requantise(tr);
+    tr->qat->seconds += nd_wtime() - t0;
+    tr->qat->calls++;
+    return rc;
 }
 
 int nd_trainer_set_qat(nd_trainer *tr, int bits)

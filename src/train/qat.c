@@ -1,5 +1,6 @@
 #include "train/qat.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,113 +25,154 @@ int nd_qat_init(nd_qat *q, const san_model *m, int bits)
         return nd_error(ND_EARG, "CQ width must be 2, 3, 4 or ternary (%d), not %d", CQ_TERNARY,
                         bits);
     /* build's rule (cmd_build.c): --bits, else the config's map, else 4 */
-    const char *map = (!bits && m->cfg.weight_bits[0]) ? m->cfg.weight_bits : NULL;
     cact_write_opts o = {0};
     o.bits = bits ? bits : 4;
-    o.bits_map = map;
+    o.bits_map = (!bits && m->cfg.weight_bits[0]) ? m->cfg.weight_bits : NULL;
     o.group = CQ_GROUP;
     q->bits = bits;
     nd_qat_scheme(m, bits, q->scheme, sizeof q->scheme);
-    int rc = cact_model_tensors(m, &o, &q->t, &q->n);
-    if (rc)
-        return rc;
-    size_t blob = 1, mat = 1;
-    for (int i = 0; i < q->n; i++) {
-        const cact_model_tensor *t = &q->t[i];
-        if (t->src == CACT_SRC_FP16)
-            continue;
-        size_t nb = cq_blob_bytes(t->out, t->in, t->bits, t->group);
-        size_t nm = (size_t)t->out * (size_t)t->in;
-        blob = nb > blob ? nb : blob;
-        mat = nm > mat ? nm : mat;
-    }
-    q->blob = malloc(blob);
-    q->tmp = malloc(mat * sizeof *q->tmp);
-    if (!q->blob || !q->tmp) {
-        nd_qat_free(q);
-        return nd_error(ND_ENOMEM, "out of memory for --qat buffers");
-    }
-    return ND_OK;
+    return cact_model_tensors(m, &o, &q->t, &q->n);
 }
 
 void nd_qat_free(nd_qat *q)
 {
     free(q->t);
-    free(q->blob);
-    free(q->tmp);
     memset(q, 0, sizeof *q);
 }
 
-typedef struct {
-    const cact_model_tensor *t;
-    const float *src;
-    float *dst, *mat;
-    int to_mat; /* gather src -> mat, else scatter mat -> dst */
-} layout_args;
+/* about this many floats per work block */
+#define QAT_BLOCK 32768
 
-/* rows [r0, r1) of the [out, in] matrix between the model layout and mat,
+typedef struct {
+    int k;          /* index into sel / src / dst */
+    int64_t r0, r1; /* rows of the [out, in] matrix (FP16: element range) */
+} qat_block;
+
+typedef struct {
+    const nd_qat *q;
+    const int *sel;
+    const float *const *src;
+    float *const *dst;
+    qat_block *b;
+    atomic_int fail;
+} run_args;
+
+/* element (row o, column i) of the [out, in] matrix in the model layout,
  * as the exporter transposes (cact.c emit_entry) */
-static void move_rows(void *p, long r0, long r1, int tid)
+static size_t model_index(const cact_model_tensor *t, int64_t o, int64_t i)
 {
-    (void)tid;
-    const layout_args *a = p;
-    const cact_model_tensor *t = a->t;
-    int64_t in = t->in;
-    for (int64_t o = r0; o < r1; o++) {
-        float *row = a->mat + o * in;
-        for (int64_t i = 0; i < in; i++) {
-            size_t k;
-            if (t->src == CACT_SRC_KERNEL) { /* kernel [in, out] */
-                k = (size_t)(i * t->out + o);
-            } else { /* phi (L, nC, lanes): row l*lanes + j, column c */
-                int64_t lanes = t->c, l = o / lanes, j = o % lanes;
-                k = (size_t)((l * t->b + i) * lanes + j);
-            }
-            if (a->to_mat)
-                row[i] = a->src[k];
-            else
-                a->dst[k] = row[i];
-        }
-    }
+    if (t->src == CACT_SRC_DIRECT)
+        return (size_t)(o * t->in + i);
+    if (t->src == CACT_SRC_KERNEL) /* kernel [in, out] */
+        return (size_t)(i * t->out + o);
+    int64_t lanes = t->c, l = o / lanes, j = o % lanes; /* phi (L, nC, lanes) */
+    return (size_t)((l * t->b + i) * lanes + j);
 }
 
-int nd_qat_apply_one(nd_qat *q, int i, const float *src, float *dst)
+static int run_block(const run_args *a, const qat_block *b)
 {
-    const cact_model_tensor *t = &q->t[i];
+    const cact_model_tensor *t = &a->q->t[a->sel[b->k]];
+    const float *src = a->src[b->k];
+    float *dst = a->dst[b->k];
     if (t->src == CACT_SRC_FP16) {
-        for (size_t k = 0; k < t->numel; k++)
-            dst[k] = nd_half_to_float(nd_float_to_half(src[k]));
+        for (int64_t e = b->r0; e < b->r1; e++)
+            dst[e] = nd_half_to_float(nd_float_to_half(src[e]));
         return ND_OK;
     }
-    size_t nb = cq_blob_bytes(t->out, t->in, t->bits, t->group);
-    int direct = t->src == CACT_SRC_DIRECT;
-    layout_args a = {t, src, dst, q->tmp, 1};
-    const float *w = src;
-    if (!direct) {
-        nd_parallel_for((long)t->out, 16, move_rows, &a);
-        w = q->tmp;
+    /* rows are quantised independently (own groups, own norms): a block of
+     * rows is a matrix of its own with the same codes and values */
+    int64_t rows = b->r1 - b->r0, in = t->in;
+    size_t nb = cq_blob_bytes(rows, in, t->bits, t->group);
+    float *w = malloc((size_t)(rows * in) * sizeof *w + 1);
+    unsigned char *blob = malloc(nb + 1);
+    int rc = !w || !blob ? ND_ENOMEM : ND_OK;
+    if (!rc) {
+        for (int64_t o = 0; o < rows; o++)
+            for (int64_t i = 0; i < in; i++)
+                w[o * in + i] = src[model_index(t, b->r0 + o, i)];
+        rc = cq_quantize(w, rows, in, t->bits, t->group, blob);
     }
-    int rc = cq_quantize(w, t->out, t->in, t->bits, t->group, q->blob);
     if (!rc)
-        rc = cq_dequantize(q->blob, nb, t->out, t->in, t->bits, t->group, direct ? dst : q->tmp);
-    if (rc)
-        return nd_error_prefix(rc, "--qat: %s", t->name);
-    if (!direct) {
-        a.to_mat = 0;
-        nd_parallel_for((long)t->out, 16, move_rows, &a);
+        rc = cq_dequantize(blob, nb, rows, in, t->bits, t->group, w);
+    if (!rc)
+        for (int64_t o = 0; o < rows; o++)
+            for (int64_t i = 0; i < in; i++)
+                dst[model_index(t, b->r0 + o, i)] = w[o * in + i];
+    free(w);
+    free(blob);
+    return rc;
+}
+
+static void run_blocks(void *p, long lo, long hi, int tid)
+{
+    (void)tid;
+    run_args *a = p;
+    for (long i = lo; i < hi; i++)
+        if (run_block(a, &a->b[i]))
+            atomic_store(&a->fail, 1);
+}
+
+int nd_qat_run(const nd_qat *q, const int *sel, int count, const float *const *src,
+               float *const *dst)
+{
+    long nb = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        run_args a = {.q = q, .sel = sel, .src = src, .dst = dst};
+        if (pass) {
+            a.b = malloc(sizeof *a.b * (size_t)(nb ? nb : 1));
+            if (!a.b)
+                return nd_error(ND_ENOMEM, "out of memory for --qat");
+        }
+        long n = 0;
+        for (int k = 0; k < count; k++) {
+            const cact_model_tensor *t = &q->t[sel[k]];
+            int fp16 = t->src == CACT_SRC_FP16;
+            int64_t rows = fp16 ? (int64_t)t->numel : t->out;
+            int64_t per = fp16 ? QAT_BLOCK : (t->in > 0 ? QAT_BLOCK / t->in : 1);
+            per = per < 1 ? 1 : per;
+            for (int64_t r = 0; r < rows; r += per, n++)
+                if (pass)
+                    a.b[n] = (qat_block){k, r, r + per < rows ? r + per : rows};
+        }
+        if (!pass) {
+            nb = n;
+            continue;
+        }
+        atomic_init(&a.fail, 0);
+        /* one parallel loop; the CQ calls inside its bodies run serially */
+        nd_parallel_for_dynamic(nb, 1, run_blocks, &a);
+        free(a.b);
+        if (atomic_load(&a.fail))
+            return nd_error(ND_ENOMEM, "out of memory requantising for --qat");
     }
     return ND_OK;
 }
 
-int nd_qat_apply(nd_qat *q, const float *src_mem, float *dst_mem, size_t lo, size_t hi)
+int nd_qat_apply_one(const nd_qat *q, int i, const float *src, float *dst)
 {
-    for (int i = 0; i < q->n; i++) {
+    return nd_qat_run(q, &i, 1, &src, &dst);
+}
+
+int nd_qat_apply(const nd_qat *q, const float *src_mem, float *dst_mem, size_t lo, size_t hi)
+{
+    int *sel = malloc(sizeof *sel * (size_t)(q->n ? q->n : 1));
+    const float **src = malloc(sizeof *src * (size_t)(q->n ? q->n : 1));
+    float **dst = malloc(sizeof *dst * (size_t)(q->n ? q->n : 1));
+    int count = 0, rc = ND_OK;
+    if (!sel || !src || !dst)
+        rc = nd_error(ND_ENOMEM, "out of memory");
+    for (int i = 0; !rc && i < q->n; i++) {
         const cact_model_tensor *t = &q->t[i];
         if (t->offset < lo || t->offset + t->numel > hi)
             continue;
-        int rc = nd_qat_apply_one(q, i, src_mem + t->offset, dst_mem + t->offset);
-        if (rc)
-            return rc;
+        sel[count] = i;
+        src[count] = src_mem + t->offset;
+        dst[count++] = dst_mem + t->offset;
     }
-    return ND_OK;
+    if (!rc)
+        rc = nd_qat_run(q, sel, count, (const float *const *)src, (float *const *)dst);
+    free(sel);
+    free(src);
+    free(dst);
+    return rc;
 }

@@ -17,9 +17,7 @@ typedef struct {
     int n;
     int bits;         /* --bits; 0 = the config's weight_bits map, else 4 */
     char scheme[300]; /* as build prints it: "W2" or "mixed[map]" */
-    unsigned char *blob;
-    float *tmp;     /* one [out, in] matrix */
-    double seconds; /* spent in nd_qat_apply* (the per-step overhead) */
+    double seconds;   /* spent requantising in training (nd_trainer_merge) */
     long calls;
 } nd_qat;
 
@@ -32,12 +30,18 @@ void nd_qat_scheme(const san_model *m, int bits, char *buf, size_t cap);
 int nd_qat_init(nd_qat *q, const san_model *m, int bits);
 void nd_qat_free(nd_qat *q);
 
-/* dst = Q(src) for listed tensor i; src and dst point at the tensor's
- * first float (its model layout) and may be the same. */
-int nd_qat_apply_one(nd_qat *q, int i, const float *src, float *dst);
+/* dst[k] = Q(src[k]) for the listed tensors sel[0..count); src[k] and
+ * dst[k] point at tensor sel[k]'s first float (its model layout) and may
+ * be the same. One parallel loop over row blocks of all of them (a CQ row
+ * is quantised on its own, so blocks give build's values bit for bit). */
+int nd_qat_run(const nd_qat *q, const int *sel, int count, const float *const *src,
+               float *const *dst);
+
+/* The same for one listed tensor. */
+int nd_qat_apply_one(const nd_qat *q, int i, const float *src, float *dst);
 
 /* dst_mem = Q(src_mem) over a whole model's mem (model layout), for the
  * listed tensors lying in floats [lo, hi); others are left alone. */
-int nd_qat_apply(nd_qat *q, const float *src_mem, float *dst_mem, size_t lo, size_t hi);
+int nd_qat_apply(const nd_qat *q, const float *src_mem, float *dst_mem, size_t lo, size_t hi);
 
 #endif

@@ -182,24 +182,33 @@ static int qat_requantise(nd_trainer *tr)
         memcpy(tr->qmem, m->mem, m->numel * sizeof(float));
         return nd_qat_apply(tr->qat, m->mem, tr->qmem, 0, m->numel);
     }
+    /* every adapted projection's listed tensors in one parallel loop */
     san_weights base = m->w;
-    for (int t = 0; t < LORA_NTARGETS; t++) {
+    int n = 0, *sel = malloc(sizeof *sel * (size_t)(tr->qat->n ? tr->qat->n : 1));
+    const float **src = malloc(sizeof *src * (size_t)(tr->qat->n ? tr->qat->n : 1));
+    float **dst = malloc(sizeof *dst * (size_t)(tr->qat->n ? tr->qat->n : 1));
+    int rc = !sel || !src || !dst ? nd_error(ND_ENOMEM, "out of memory") : ND_OK;
+    for (int t = 0; !rc && t < LORA_NTARGETS; t++) {
         if (!tr->lora->t[t].present)
             continue;
         size_t lo = (size_t)(san_lora_weight_slot(&base, t) - m->mem);
-        size_t n = (size_t)tr->lora->L * tr->lora->t[t].in * tr->lora->t[t].out;
-        /* merged_slot(t) - lo: the merged target as if at its model offset */
-        const float *src = merged_slot(tr, t);
+        size_t len = (size_t)tr->lora->L * tr->lora->t[t].in * tr->lora->t[t].out;
         for (int i = 0; i < tr->qat->n; i++) {
             const cact_model_tensor *q = &tr->qat->t[i];
-            if (q->offset < lo || q->offset + q->numel > lo + n)
+            if (q->offset < lo || q->offset + q->numel > lo + len)
                 continue;
-            int rc = nd_qat_apply_one(tr->qat, i, src + (q->offset - lo), tr->qmem + q->offset);
-            if (rc)
-                return rc;
+            /* the merged target sits at merged_slot(t) instead of lo */
+            sel[n] = i;
+            src[n] = merged_slot(tr, t) + (q->offset - lo);
+            dst[n++] = tr->qmem + q->offset;
         }
     }
-    return ND_OK;
+    if (!rc)
+        rc = nd_qat_run(tr->qat, sel, n, (const float *const *)src, (float *const *)dst);
+    free(sel);
+    free(src);
+    free(dst);
+    return rc;
 }
 
 int nd_trainer_merge(nd_trainer *tr)

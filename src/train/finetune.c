@@ -395,8 +395,8 @@ int nd_finetune(const nd_finetune_opts *o)
             goto done;
         snprintf(qat_scheme, sizeof qat_scheme, "%s", tr->qat->scheme);
         emitf(o,
-              "  %-9s training through build's %s quantise-dequantise (%d tensors, %.0f ms "
-              "each time the weights are requantised)",
+              "  %-9s training through build's %s quantise-dequantise (%d tensors quantised "
+              "in %.0f ms)",
               "qat", qat_scheme, tr->qat->n, (nd_wtime() - tq) * 1e3);
     }
     emitf(o,

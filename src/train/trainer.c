@@ -266,11 +266,13 @@ int nd_trainer_set_qat(nd_trainer *tr, int bits)
     tr->qmem = tr->be->alloc(tr->be, (m->numel ? m->numel : 1) * sizeof(float));
     if (!tr->qmem)
         return nd_error(ND_ENOMEM, "out of memory for the --qat weights");
+    san_weights_bind(m, tr->qmem, &tr->w);
+    if (!tr->lora) /* everything is requantised on each merge */
+        return nd_trainer_merge(tr);
     /* the base once (in LoRA training only the targets change) */
     memcpy(tr->qmem, m->mem, m->numel * sizeof(float));
     if ((rc = nd_qat_apply(tr->qat, m->mem, tr->qmem, 0, m->numel)))
         return rc;
-    san_weights_bind(m, tr->qmem, &tr->w);
     return nd_trainer_merge(tr);
 }
 

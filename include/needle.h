@@ -109,6 +109,13 @@ typedef struct needle_session needle_session;
 needle_model *needle_model_load(const char *path);
 needle_model *needle_model_load_buffer(const void *data, size_t len);
 void needle_model_free(needle_model *m);
+/* The built-in base model (upstream's engine answers with its base when no
+ * weights are loaded): $NEEDLE_BASE_WEIGHTS if set, else needle-nano.cact
+ * beside libneedle (or the program linking it statically), then in
+ * ../share/needle from there, then in the installed data directory.
+ * needle_default_weights_path writes the path it would load into buf. */
+needle_model *needle_model_load_default(void);
+int needle_default_weights_path(char *buf, size_t n);
 /* Model geometry: max_seq_len and vocabulary size. */
 int needle_model_max_seq_len(const needle_model *m);
 const char *needle_model_error(const needle_model *m);

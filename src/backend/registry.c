@@ -9,21 +9,8 @@
 
 #include "backend/backend.h"
 #include "backend/plugin.h"
+#include "core/selfpath.h"
 #include "core/status.h"
-
-/* Directory of this code's image (the program, or libneedle.so). */
-static void self_dir(char *dir, size_t n)
-{
-    Dl_info info;
-    dir[0] = 0;
-    if (dladdr((void *)self_dir, &info) && info.dli_fname) {
-        const char *slash = strrchr(info.dli_fname, '/');
-        if (slash && (size_t)(slash - info.dli_fname) < n) {
-            memcpy(dir, info.dli_fname, (size_t)(slash - info.dli_fname));
-            dir[slash - info.dli_fname] = 0;
-        }
-    }
-}
 
 /* dlopen libneedle_<kind>.so; NULL + message when absent. */
 static void *plugin_load(const char *kind, char *why, size_t n)
@@ -32,7 +19,7 @@ static void *plugin_load(const char *kind, char *why, size_t n)
     snprintf(file, sizeof file, "libneedle_%s.so", kind);
     const char *env = getenv("NEEDLE_PLUGIN_DIR");
     const char *dirs[2] = {env && *env ? env : NULL, NULL};
-    self_dir(dir, sizeof dir);
+    nd_image_dir(dir, sizeof dir);
     if (dir[0])
         dirs[1] = dir;
     why[0] = 0;

@@ -13,6 +13,12 @@ int cli_bench_finetune(int argc, char **argv);
 int cli_finetune(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_render(int argc, char **argv);
+int cli_generate_data(int argc, char **argv);
+/* finetune --generate: n more examples for the tools of `data` (upstream's
+ * augment_jsonl), written with the old ones to DATA.augmented.jsonl, whose
+ * name is left in out. Returns 0, or 1 after printing the error. */
+int cli_generate_augment(const char *data, long n, const char *model, int workers, char *out,
+                         size_t out_n);
 
 /* Tokenizer path: the flag, else $NEEDLE_TOKENIZER, else tokenizer.model
  * beside `checkpoint` (may be NULL; buf holds that path). Prints where to
@@ -21,6 +27,7 @@ const char *cli_tokenizer_path(const char *flag_value, const char *checkpoint, c
 int cli_build(int argc, char **argv);
 int cli_inspect(int argc, char **argv);
 int cli_run(int argc, char **argv);
+int cli_eval_calls(int argc, char **argv);
 
 /* Print "needle: <message>" for the library's last error and return 1. */
 int cli_fail(const char *context);

@@ -30,6 +30,12 @@ static const char *finetune_help =
     "  --max-len N          cap on the sequence length (default 1024)\n"
     "  --val-split X        held-out fraction (default 0.1)\n"
     "  --checkpoint-dir D   where the default output goes (default checkpoints)\n"
+    "  --generate N         first generate N more examples for the data's tools with a\n"
+    "                       chat service (as `needle generate-data --augment DATA`,\n"
+    "                       OPENROUTER_API_KEY / OPENROUTER_URL) and train on\n"
+    "                       DATA.augmented.jsonl (default 0 = off)\n"
+    "  --model NAME         chat model for --generate (default deepseek/deepseek-v4-flash)\n"
+    "  --workers N          concurrent requests for --generate (default 8)\n"
     "  --out PATH           adapter path (default D/needle_lora.pkl)\n"
     "  --save-every N       also write the adapter every N steps (crash safety)\n"
     "  --resume ADAPTER     continue from an adapter (and its optimiser state); the run\n"
@@ -169,7 +175,8 @@ int cli_finetune(int argc, char **argv)
     nd_finetune_defaults(&o);
     const char *tok_flag = NULL, *device = "auto", *precision = NULL, *ckdir = "checkpoints",
                *out = NULL;
-    long long threads = 0, v;
+    long long threads = 0, v, generate = 0, workers = 8;
+    const char *gen_model = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -219,7 +226,15 @@ int cli_finetune(int argc, char **argv)
             device = val;
         else if (!strcmp(a, "--precision"))
             precision = val;
-        else if (!strcmp(a, "--epochs")) {
+        else if (!strcmp(a, "--model"))
+            gen_model = val;
+        else if (!strcmp(a, "--generate")) {
+            if (cli_parse_int(a, val, 0, 100000000, &generate))
+                return 2;
+        } else if (!strcmp(a, "--workers")) {
+            if (cli_parse_int(a, val, 1, 1024, &workers))
+                return 2;
+        } else if (!strcmp(a, "--epochs")) {
             if (cli_parse_int(a, val, 1, 1000000, &v))
                 return 2;
             o.epochs = (int)v;
@@ -272,7 +287,13 @@ int cli_finetune(int argc, char **argv)
         return cli_usage_error("finetune", "missing DATA.jsonl");
     if (o.bits && !o.qat)
         return cli_usage_error("finetune", "--bits is the --qat width: give --qat too");
-    char outbuf[4096], tokbuf[4096];
+    char outbuf[4096], tokbuf[4096], genbuf[4096];
+    if (generate > 0) {
+        if (cli_generate_augment(o.data, (long)generate, gen_model, (int)workers, genbuf,
+                                 sizeof genbuf))
+            return 1;
+        o.data = genbuf;
+    }
     if (!out) {
         snprintf(outbuf, sizeof outbuf, "%s/needle_lora.pkl", ckdir);
         /* as upstream's os.makedirs(exist_ok=True) */

@@ -13,8 +13,11 @@ static const struct {
     {"init", cli_init, "write a fresh random base checkpoint (upstream pickle format)"},
     {"eval", cli_eval, "next-token loss (and logits) of a checkpoint on token sequences"},
     {"finetune", cli_finetune, "LoRA fine-tune a base checkpoint on JSONL examples"},
+    {"generate-data", cli_generate_data,
+     "synthesise tool-calling examples with a chat-completions service (OpenRouter)"},
     {"build", cli_build, "merge a LoRA adapter and export a .cact archive (CQ quantised)"},
     {"run", cli_run, "answer a query with a schema-constrained tool call from a .cact"},
+    {"eval-calls", cli_eval_calls, "score a .cact's tool calls on held-out JSONL examples"},
     {"inspect", cli_inspect, "validate a .cact archive; print header, codebooks, tensors"},
     {"bench", cli_bench, "benchmarks (forward pass timing, tokens/s, GFLOP/s, peak RSS)"},
     {"tokenize", cli_tokenize, "text lines -> token ids (or ids -> text with --decode)"},
@@ -25,7 +28,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: needle <command> [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+        fprintf(f, "  %-13s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "\n`needle <command> --help` describes each command.\n");
 }
 

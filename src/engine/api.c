@@ -13,10 +13,21 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static needle_model *g_model;
 static needle_session *g_session;
 static char g_err[1024];
+static int g_load_called; /* then a missing model is an error, never the base */
 
 static void remember(void)
 {
     snprintf(g_err, sizeof g_err, "%s", nd_last_error());
+}
+
+/* g_err holds why the last needle_load failed (once wrapped, kept) */
+static void load_failed_error(void)
+{
+    if (!strncmp(g_err, "no model loaded", 15))
+        return;
+    char prev[sizeof g_err];
+    snprintf(prev, sizeof prev, "%s", g_err);
+    snprintf(g_err, sizeof g_err, "no model loaded: the last needle_load failed (%.900s)", prev);
 }
 
 int needle_load(const unsigned char *cact, unsigned long long n)
@@ -24,6 +35,7 @@ int needle_load(const unsigned char *cact, unsigned long long n)
     pthread_mutex_lock(&g_lock);
     int rc = NEEDLE_OK;
     needle_model *m = NULL;
+    g_load_called = 1;
     if (n > (unsigned long long)SIZE_MAX) {
         nd_error(ND_ELIMIT, "archive of %llu bytes is too large", n);
     } else {
@@ -47,8 +59,17 @@ int needle_init(const char *system, const char *tools_json, const char *tool_ind
 {
     pthread_mutex_lock(&g_lock);
     int rc;
+    if (!g_model && !g_load_called) {
+        /* as upstream: without needle_load, the built-in base answers */
+        g_model = needle_model_load_default();
+        if (!g_model)
+            snprintf(g_err, sizeof g_err,
+                     "no model loaded: call needle_load with a .cact first (%.900s)",
+                     nd_last_error());
+    } else if (!g_model) {
+        load_failed_error();
+    }
     if (!g_model) {
-        snprintf(g_err, sizeof g_err, "no model loaded: call needle_load with a .cact first");
         rc = NEEDLE_ESTATE;
     } else {
         needle_session *s =
@@ -74,14 +95,10 @@ int needle_complete(const char *text, int max_new_tokens, char *buf, int buf_len
     if (!g_session) {
         if (g_model)
             snprintf(g_err, sizeof g_err, "no session: call needle_init first");
-        else if (g_err[0] && strncmp(g_err, "no model loaded", 15)) {
-            char prev[sizeof g_err];
-            snprintf(prev, sizeof prev, "%s", g_err);
-            snprintf(g_err, sizeof g_err, "no model loaded: the last needle_load failed (%.900s)",
-                     prev);
-        } else if (!g_err[0]) {
+        else if (g_load_called)
+            load_failed_error();
+        else if (!g_err[0])
             snprintf(g_err, sizeof g_err, "no model loaded: call needle_load, then needle_init");
-        }
         /* the envelope needle.h promises, when it fits */
         rc = nd_error_envelope(g_err, g_model ? "no_session" : "no_model", buf, buf_len) < 0
                  ? NEEDLE_EBUFFER

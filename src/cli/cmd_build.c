@@ -13,6 +13,7 @@
 #include "model/config.h"
 #include "model/cq.h"
 #include "model/lora_merge.h"
+#include "io/pickle.h"
 
 static const char *build_help =
     "usage: needle build CKPT.pkl [--lora ADAPTER.pkl] [--out X.cact] [--bits 2|3|4]\n"
@@ -74,6 +75,22 @@ static double now(void)
     struct timespec ts;
     timespec_get(&ts, TIME_UTC);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The scheme an adapter was trained at with `finetune --qat` ("W2"), or
+ * "" (no --qat, or an adapter that does not say). */
+static void adapter_qat_scheme(const char *path, char *buf, size_t cap)
+{
+    buf[0] = 0;
+    pv *ad = NULL;
+    if (pickle_load_file(path, &ad))
+        return;
+    const pv *st = ad->kind == PV_DICT ? pv_dict_get(ad, "needle_c_state") : NULL;
+    const pv *qat = st && st->kind == PV_DICT ? pv_dict_get(st, "qat") : NULL;
+    const pv *sch = st && st->kind == PV_DICT ? pv_dict_get(st, "qat_scheme") : NULL;
+    if (qat && qat->kind == PV_INT && qat->u.i && sch && sch->kind == PV_STR)
+        snprintf(buf, cap, "%s", sch->u.str.s);
+    pv_decref(ad);
 }
 
 int cli_build(int argc, char **argv)
@@ -229,6 +246,16 @@ int cli_build(int argc, char **argv)
         snprintf(scheme, sizeof scheme, "W%d", o.bits);
     printf("  %-9s %s  %.2f MB  %d tensors  %sA8\n", "wrote", out, (double)info.bytes / 1e6,
            info.num_tensors, scheme);
+    char trained[300];
+    if (lora) {
+        adapter_qat_scheme(lora, trained, sizeof trained);
+        if (trained[0] && strcmp(trained, scheme))
+            fprintf(stderr,
+                    "needle build: note: %s was fine-tuned with --qat at %s but this archive is "
+                    "%s: its weights are not the ones training saw (build with the --bits the "
+                    "fine-tune used)\n",
+                    lora, trained, scheme);
+    }
     fprintf(stderr, "  %-9s %.2f s\n", "time", now() - t0);
     free(blob);
     pv_decref(root);

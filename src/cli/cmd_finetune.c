@@ -49,6 +49,13 @@ static const char *finetune_help =
     "  --skip-bad           skip (and count) invalid JSONL lines instead of failing\n"
     "  --full               train every base parameter instead of an adapter; --out is\n"
     "                       then a checkpoint (for pre-training small bases)\n"
+    "  --qat                quantisation-aware: every step trains through the CQ\n"
+    "                       quantise-dequantise (and FP16 rounding) `needle build`\n"
+    "                       applies, gradients straight through, so the archive\n"
+    "                       keeps what the fine-tune learned\n"
+    "  --bits N             --qat width 2, 3 or 4 (build's --bits; default: the\n"
+    "                       config's weight_bits map, else 4); build the archive\n"
+    "                       at the same width\n"
     "  --batching M         shared (default): each example at its own length, the\n"
     "                       prefix examples of a batch share (system + tools) run\n"
     "                       once, logits only at target positions; packed: own\n"
@@ -189,6 +196,10 @@ int cli_finetune(int argc, char **argv)
             o.group_by_tools = 1;
             continue;
         }
+        if (!strcmp(a, "--qat")) {
+            o.qat = 1;
+            continue;
+        }
         if (!strcmp(a, "--resume-override")) {
             o.resume_override = 1;
             continue;
@@ -234,6 +245,10 @@ int cli_finetune(int argc, char **argv)
         } else if (!strcmp(a, "--batching")) {
             if ((o.batching = nd_batching_parse(val)) < 0)
                 return cli_usage_error("finetune", "--batching must be shared, packed or padded");
+        } else if (!strcmp(a, "--bits")) {
+            if (cli_parse_int(a, val, 2, 4, &v))
+                return 2;
+            o.bits = (int)v;
         } else if (!strcmp(a, "--batch-size")) {
             if (cli_parse_int(a, val, 1, 65536, &v))
                 return 2;
@@ -271,6 +286,8 @@ int cli_finetune(int argc, char **argv)
     }
     if (!o.data)
         return cli_usage_error("finetune", "missing DATA.jsonl");
+    if (o.bits && !o.qat)
+        return cli_usage_error("finetune", "--bits is the --qat width: give --qat too");
     char outbuf[4096], tokbuf[4096], genbuf[4096];
     if (generate > 0) {
         if (cli_generate_augment(o.data, (long)generate, gen_model, (int)workers, genbuf,

@@ -63,7 +63,7 @@ static void base_id(const char *path, char *buf, size_t cap)
 
 /* The optimiser state plus the run's settings (SPEC: needle_c_state). A
  * resume compares the settings with the new run's (see check_resume). */
-static pv *optimizer_state(const nd_finetune_opts *o, const nd_adamw *opt)
+static pv *optimizer_state(const nd_finetune_opts *o, const nd_adamw *opt, const char *qat)
 {
     pv *st = pv_dict();
     int64_t n = (int64_t)opt->n;
@@ -85,6 +85,10 @@ static pv *optimizer_state(const nd_finetune_opts *o, const nd_adamw *opt)
     pv_dict_set(st, "lora_rank", pv_int(o->rank));
     pv_dict_set(st, "lora_alpha", pv_float(o->alpha));
     pv_dict_set(st, "group_by_tools", pv_int(o->group_by_tools));
+    /* --qat: the scheme build must use to get what training saw ("W2") */
+    pv_dict_set(st, "qat", pv_int(o->qat));
+    if (o->qat && qat)
+        pv_dict_set(st, "qat_scheme", pv_str(qat));
     return st;
 }
 
@@ -103,7 +107,7 @@ static void appendf(char *buf, size_t cap, const char *fmt, ...)
 
 /* Compare the settings recorded in a resumed adapter with this run's:
  * differences refuse the resume unless o->resume_override. */
-static int check_resume(const nd_finetune_opts *o, const pv *root)
+static int check_resume(const nd_finetune_opts *o, const san_model *m, const pv *root)
 {
     const pv *st = pv_dict_get(root, "needle_c_state");
     const pv *bs = st && st->kind == PV_DICT ? pv_dict_get(st, "batch_size") : NULL;
@@ -128,11 +132,14 @@ static int check_resume(const nd_finetune_opts *o, const pv *root)
         const char *key, *what;
     } ints[] = {{"seed", "--seed"},           {"batch_size", "--batch-size"},
                 {"epochs", "--epochs"},       {"max_len", "--max-len"},
-                {"lora_rank", "--lora-rank"}, {"group_by_tools", "--group-by-tools (1 = on)"}};
-    long long now[] = {(long long)o->seed, o->batch_size, o->epochs,
-                       o->max_len,         o->rank,       o->group_by_tools};
+                {"lora_rank", "--lora-rank"}, {"group_by_tools", "--group-by-tools (1 = on)"},
+                {"qat", "--qat (1 = on)"}};
+    long long now[] = {(long long)o->seed, o->batch_size, o->epochs, o->max_len, o->rank,
+                       o->group_by_tools,  o->qat};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         v = pv_dict_get(st, ints[i].key);
+        if (!v && !strcmp(ints[i].key, "qat") && !o->qat)
+            continue; /* adapters from before --qat: trained without it */
         if (!v || v->kind != PV_INT || v->u.i != now[i]) {
             char was[32];
             if (v && v->kind == PV_INT)
@@ -156,6 +163,14 @@ static int check_resume(const nd_finetune_opts *o, const pv *root)
             appendf(diff, sizeof diff, "%s%s %g (adapter) vs %g (this run)", nd++ ? "; " : "",
                     dbls[i].what, was, nowd[i]);
     }
+    if (o->qat) {
+        char scheme[300];
+        nd_qat_scheme(m, o->bits, scheme, sizeof scheme);
+        v = pv_dict_get(st, "qat_scheme");
+        if (!v || v->kind != PV_STR || strcmp(v->u.str.s, scheme))
+            appendf(diff, sizeof diff, "%s--qat scheme %s (adapter) vs %s (this run)",
+                    nd++ ? "; " : "", v && v->kind == PV_STR ? v->u.str.s : "none", scheme);
+    }
     if (!nd)
         return ND_OK;
     if (!o->resume_override)
@@ -171,7 +186,7 @@ static int check_resume(const nd_finetune_opts *o, const pv *root)
 /* The run's output: the adapter (with optimiser state, for --resume) or,
  * with --full, the whole checkpoint (extra tensors of the base kept). */
 static int save_output(const nd_finetune_opts *o, const san_model *m, const pv *base_tree,
-                       const san_lora *lora, const nd_adamw *opt)
+                       const san_lora *lora, const nd_adamw *opt, const char *qat)
 {
     /* the directory appears only when something is written into it */
     int rc;
@@ -179,7 +194,7 @@ static int save_output(const nd_finetune_opts *o, const san_model *m, const pv *
         return rc;
     if (o->full)
         return ckpt_save(o->out, m, base_tree);
-    return san_lora_save(lora, o->out, optimizer_state(o, opt));
+    return san_lora_save(lora, o->out, optimizer_state(o, opt, qat));
 }
 
 int nd_finetune(const nd_finetune_opts *o)
@@ -201,6 +216,7 @@ int nd_finetune(const nd_finetune_opts *o)
     int32_t *set_of = NULL;
     float *last_good = NULL;
     pv *resume_root = NULL, *base_tree = NULL;
+    char qat_scheme[300] = "";
 
     /* the output must be writable before any long work starts */
     struct stat dir_st;
@@ -300,7 +316,7 @@ int nd_finetune(const nd_finetune_opts *o)
     } else if (o->resume) {
         if ((rc = san_lora_load(&lora, &m, o->resume, &resume_root)))
             goto done;
-        if ((rc = check_resume(o, resume_root)))
+        if ((rc = check_resume(o, &m, resume_root)))
             goto done;
     } else {
         if ((rc = san_lora_create(&lora, &m, o->rank, (float)o->alpha)))
@@ -384,6 +400,16 @@ int nd_finetune(const nd_finetune_opts *o)
         goto done;
     nd_trainer *tr = &bt.tr;
     float *G = o->full ? tr->full_g : tr->lora_g;
+    if (o->qat) {
+        double tq = nd_wtime();
+        if ((rc = nd_trainer_set_qat(tr, o->bits)))
+            goto done;
+        snprintf(qat_scheme, sizeof qat_scheme, "%s", tr->qat->scheme);
+        emitf(o,
+              "  %-9s training through build's %s quantise-dequantise (%d tensors quantised "
+              "in %.0f ms)",
+              "qat", qat_scheme, tr->qat->n, (nd_wtime() - tq) * 1e3);
+    }
     emitf(o,
           "  %-9s %d of %d layers' activations kept, the rest recomputed in the backward (%.0f "
           "MB of activations for up to %ld rows at a time; --act-memory)",
@@ -421,14 +447,14 @@ int nd_finetune(const nd_finetune_opts *o)
                               "(before this step) is written to %s",
                               step + 1, total, why, o->out);
                 memcpy(P, last_good, sizeof(float) * NP);
-                if (save_output(o, &m, base_tree, &lora, &opt) == ND_OK)
+                if (save_output(o, &m, base_tree, &lora, &opt, qat_scheme) == ND_OK)
                     rc = ND_ENUMERIC;
                 break;
             }
             if (rc)
                 break;
-            if (!o->full)
-                nd_trainer_merge(tr);
+            if ((!o->full || o->qat) && (rc = nd_trainer_merge(tr)))
+                break;
             last = loss;
             for (int b = 0; b < rows; b++)
                 tokens_done += ts.len[train[s0 + (size_t)b]];
@@ -440,7 +466,7 @@ int nd_finetune(const nd_finetune_opts *o)
                 emitf(o, "  %-9s %ld/%ld  loss %.4f", "step", step + 1, total, loss);
             if (o->save_every && (step + 1) % o->save_every == 0 && step + 1 < total) {
                 /* a failed periodic save costs only its crash safety: go on */
-                if (save_output(o, &m, base_tree, &lora, &opt))
+                if (save_output(o, &m, base_tree, &lora, &opt, qat_scheme))
                     emitf(o, "  %-9s periodic save at step %ld failed (%s); training continues",
                           "warning", step + 1, nd_last_error());
             }
@@ -472,20 +498,30 @@ int nd_finetune(const nd_finetune_opts *o)
         /* Ctrl-C: keep what we have */
         char msg[512];
         snprintf(msg, sizeof msg, "%s", nd_last_error());
-        if (save_output(o, &m, base_tree, &lora, &opt) == ND_OK)
+        if (save_output(o, &m, base_tree, &lora, &opt, qat_scheme) == ND_OK)
             rc = nd_error(ND_EIO, "%s; %s so far written to %s%s%s%s", msg,
                           o->full ? "checkpoint" : "adapter", o->out,
                           o->full ? "" : " (continue with --resume ", o->full ? "" : o->out,
                           o->full ? "" : ")");
     }
+    if (!rc && tr && tr->qat && tr->qat->calls > 1) {
+        double per = tr->qat->seconds / (double)tr->qat->calls, el = nd_wtime() - t_start;
+        long steps = step - start_step;
+        emitf(o, "  %-9s %.1f ms a step requantising (%.1f%% of the %.0f ms steps)", "qat",
+              per * 1e3, el > 0 && steps > 0 ? 100.0 * per * (double)steps / el : 0.0,
+              steps > 0 ? el / (double)steps * 1e3 : 0.0);
+    }
     if (!rc) {
-        rc = save_output(o, &m, base_tree, &lora, &opt);
+        rc = save_output(o, &m, base_tree, &lora, &opt, qat_scheme);
         if (!rc && o->full) {
             emitf(o, "  %-9s %s", "checkpoint", o->out);
             emitf(o, "  %-9s needle finetune DATA.jsonl --checkpoint %s", "next", o->out);
         } else if (!rc) {
             emitf(o, "  %-9s %s", "adapter", o->out);
-            emitf(o, "  %-9s needle build %s --lora %s", "next", o->checkpoint, o->out);
+            char bits[32] = "";
+            if (o->qat && o->bits) /* build at the width training saw */
+                snprintf(bits, sizeof bits, " --bits %d", o->bits);
+            emitf(o, "  %-9s needle build %s --lora %s%s", "next", o->checkpoint, o->out, bits);
         }
     }
 done:

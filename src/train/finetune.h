@@ -24,6 +24,8 @@ typedef struct {
     int group_by_tools;   /* reorder so batches hold one tool set (changes batches) */
     double act_budget_mb; /* memory for kept activations (ND_ACT_BUDGET_MB) */
     int resume_override;  /* resume even when the adapter's recorded settings differ */
+    int qat;              /* train through build's quantise-dequantise (train/qat.h) */
+    int bits;             /* --qat width as build's --bits; 0 = config map, else 4 */
     const nd_backend *be;
     /* progress: complete lines ("  step      3/30  loss 2.1234") and a live
      * status (called often; may be NULL) */

@@ -57,6 +57,8 @@ int nd_cact_tokenizer(const cact_file *f, nd_tokenizer **tok);
 
 /* ---- incremental decoding ---- */
 
+#define ND_ATT_MAX_HD 512 /* largest head dim the cached attention takes */
+
 /* Everything that depends on the tokens seen so far: per layer K (after
  * k_norm and RoPE) and V rows, per engram site the v' = e @ Wv rows (the
  * taps read v' at t - j*D), and the token history (the n-gram hash reads the
@@ -94,7 +96,8 @@ typedef struct {
     /* scratch for one chunk of up to `chunk` new tokens */
     int chunk;
     void *scratch;
-    float *x0, *X, *Xn, *eng_e, *eng_k, *eng_v, *eng_vp, *xm, *hf, *att_s, *logits;
+    float *x0, *X, *Xn, *eng_e, *eng_k, *eng_v, *eng_vp, *xm, *hf, *att_s;
+    int att_threads; /* att_s holds score rows for this many threads */
     int32_t *eng_idx, *win_tok;
     nd_layout_buf lay; /* one sequence of the chunk's rows */
     float *nx, *pre, *post, *res, *hpre, *hpost, *M, *u, *alpha, *bx, *a, *q, *kk, *vv, *g;

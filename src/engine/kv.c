@@ -8,6 +8,7 @@
 
 #include "core/status.h"
 #include "core/threadpool.h"
+#include "backend/cpu/cpu_kernels.h"
 #include "engine/engine.h"
 #include "model/san.h"
 
@@ -26,6 +27,8 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     const san_dims *D = &m->dims;
     if (chunk < 1)
         chunk = 1;
+    if (D->hd > ND_ATT_MAX_HD)
+        return nd_error(ND_ELIMIT, "head dim %d is over the engine's %d", D->hd, ND_ATT_MAX_HD);
     s->m = m;
     s->be = be;
     s->max_len = m->cfg.max_seq_len;
@@ -78,8 +81,8 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     P(s->y, N * d);
     P(s->xm, N * d);
     P(s->hf, N * d);
-    P(s->att_s, (size_t)D->H * N * (size_t)s->max_len);
-    P(s->logits, N * (size_t)D->V);
+    s->att_threads = nd_get_threads();
+    P(s->att_s, (size_t)s->att_threads * (size_t)(D->H / D->G) * (size_t)s->max_len);
 #undef P
     size_t total = 0;
     for (int i = 0; i < np; i++)
@@ -329,10 +332,23 @@ typedef struct {
     int l, p0;
 } cached_attention_args;
 
-/* tasks [lo, hi): (new row, head) pairs */
+/* row j of a cache layer's kv head g as floats (int8 rows times their
+ * scale folded in later by the caller) */
+static inline const float *kv_row(const float *F, const int8_t *Q, size_t kvd, int j, int g, int hd,
+                                  float *buf)
+{
+    if (!Q)
+        return F + (size_t)j * kvd + (size_t)g * hd;
+    const int8_t *r = Q + (size_t)j * kvd + (size_t)g * hd;
+    for (int e = 0; e < hd; e++)
+        buf[e] = (float)r[e];
+    return buf;
+}
+
+/* tasks [lo, hi): (new row, kv head) pairs; the heads sharing a kv head
+ * (GQA) read each cached row once, converted from int8 once */
 static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
 {
-    (void)tid;
     const cached_attention_args *a = ctx;
     nd_kv_state *s = a->s;
     int l = a->l, p0 = a->p0;
@@ -340,64 +356,63 @@ static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
     int H = D->H, G = D->G, hd = D->hd, rep = H / G, qd = D->q_dim, kvd = D->kv_dim;
     size_t lc = (size_t)l * s->cap;
     const float *K = s->k ? s->k + lc * kvd : NULL, *V = s->v ? s->v + lc * kvd : NULL;
-    const int8_t *K8 = s->k8 ? s->k8 + lc * kvd : NULL, *V8 = s->v8 ? s->v8 + lc * kvd : NULL;
-    const float *KS = s->ks ? s->ks + lc * G : NULL, *VS = s->vs ? s->vs + lc * G : NULL;
+    const int8_t *K8 = s->kv_int8 ? s->k8 + lc * kvd : NULL;
+    const int8_t *V8 = s->kv_int8 ? s->v8 + lc * kvd : NULL;
+    const float *KS = s->kv_int8 ? s->ks + lc * G : NULL, *VS = s->kv_int8 ? s->vs + lc * G : NULL;
     int pin = s->n_sink > 0 ? s->n_sink : 0;
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = 1.0f / sqrtf((float)hd), buf[ND_ATT_MAX_HD];
+    /* this thread's scores: rep rows of max_len */
+    float *sc0 = s->att_s + (size_t)tid * rep * s->max_len;
     for (long task = lo; task < hi; task++) {
-        int i = (int)(task / H), h = (int)(task % H), g = h / rep, p = p0 + i;
+        int i = (int)(task / G), g = (int)(task % G), p = p0 + i;
         /* unpinned rows are consecutive positions, so the window is a row
          * range; the sinks before it stay visible (upstream's sink mask) */
         int j0 = s->kv_window && p + 1 > s->kv_window ? p + 1 - s->kv_window : 0;
         int sink_end = pin < j0 ? pin : j0;
-        const float *q = s->q + (size_t)i * qd + (size_t)h * hd;
-        float *sc = s->att_s + (size_t)task * s->max_len;
-        float mx = -FLT_MAX;
-        for (int j = 0; j <= p; j++) {
-            if (j == sink_end && j < j0)
-                j = j0;
-            float acc = 0.0f;
-            if (s->kv_int8) {
-                const int8_t *kr = K8 + (size_t)j * kvd + (size_t)g * hd;
-#pragma omp simd reduction(+ : acc)
-                for (int e = 0; e < hd; e++)
-                    acc += q[e] * (float)kr[e];
-                acc *= KS[(size_t)j * G + g];
-            } else {
-                const float *kr = K + (size_t)j * kvd + (size_t)g * hd;
+        /* visible rows: [0, sink_end) and [j0, p] */
+        int ranges[2][2] = {{0, sink_end}, {j0, p + 1}};
+        for (int rr = 0; rr < 2; rr++)
+            for (int j = ranges[rr][0]; j < ranges[rr][1]; j++) {
+                const float *kr = kv_row(K, K8, kvd, j, g, hd, buf);
+                float ks = (KS ? KS[(size_t)j * G + g] : 1.0f) * scale;
+                for (int r = 0; r < rep; r++) {
+                    const float *q = s->q + (size_t)i * qd + (size_t)(g * rep + r) * hd;
+                    float acc = 0.0f;
 #pragma omp simd reduction(+ : acc) /* lets the compiler vectorise the dot */
-                for (int e = 0; e < hd; e++)
-                    acc += q[e] * kr[e];
+                    for (int e = 0; e < hd; e++)
+                        acc += q[e] * kr[e];
+                    sc0[(size_t)r * s->max_len + j] = acc * ks;
+                }
             }
-            acc *= scale;
-            sc[j] = acc;
-            mx = acc > mx ? acc : mx;
-        }
-        float sum = 0.0f;
-        for (int j = 0; j <= p; j++) {
-            if (j == sink_end && j < j0)
-                j = j0;
-            sc[j] = expf(sc[j] - mx);
-            sum += sc[j];
-        }
-        float inv = 1.0f / sum, *out = s->att + (size_t)i * qd + (size_t)h * hd;
-        for (int e = 0; e < hd; e++)
-            out[e] = 0.0f;
-        for (int j = 0; j <= p; j++) {
-            if (j == sink_end && j < j0)
-                j = j0;
-            float w = sc[j] * inv;
-            if (s->kv_int8) {
-                const int8_t *vr = V8 + (size_t)j * kvd + (size_t)g * hd;
-                w *= VS[(size_t)j * G + g];
-                for (int e = 0; e < hd; e++)
-                    out[e] += w * (float)vr[e];
-            } else {
-                const float *vr = V + (size_t)j * kvd + (size_t)g * hd;
-                for (int e = 0; e < hd; e++)
-                    out[e] += w * vr[e];
+        for (int r = 0; r < rep; r++) {
+            float *sc = sc0 + (size_t)r * s->max_len, mx = -FLT_MAX, sum = 0.0f;
+            for (int rr = 0; rr < 2; rr++)
+                for (int j = ranges[rr][0]; j < ranges[rr][1]; j++)
+                    mx = sc[j] > mx ? sc[j] : mx;
+            for (int rr = 0; rr < 2; rr++) {
+                for (int j = ranges[rr][0]; j < ranges[rr][1]; j++)
+                    sc[j] = san_expf(sc[j] - mx);
+                for (int j = ranges[rr][0]; j < ranges[rr][1]; j++)
+                    sum += sc[j];
             }
+            float inv = 1.0f / sum, *out = s->att + (size_t)i * qd + (size_t)(g * rep + r) * hd;
+            for (int e = 0; e < hd; e++)
+                out[e] = 0.0f;
+            /* fold the normaliser (and the int8 rows' scale) into the weights */
+            for (int rr = 0; rr < 2; rr++)
+                for (int j = ranges[rr][0]; j < ranges[rr][1]; j++)
+                    sc[j] *= inv * (VS ? VS[(size_t)j * G + g] : 1.0f);
         }
+        for (int rr = 0; rr < 2; rr++)
+            for (int j = ranges[rr][0]; j < ranges[rr][1]; j++) {
+                const float *vr = kv_row(V, V8, kvd, j, g, hd, buf);
+                for (int r = 0; r < rep; r++) {
+                    float w = sc0[(size_t)r * s->max_len + j];
+                    float *out = s->att + (size_t)i * qd + (size_t)(g * rep + r) * hd;
+                    for (int e = 0; e < hd; e++)
+                        out[e] += w * vr[e];
+                }
+            }
     }
 }
 
@@ -405,10 +420,12 @@ static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
  * cached keys 0..p (or the last kv_window of them). */
 static void cached_attention(nd_kv_state *s, int l, int p0, int n)
 {
-    long tasks = (long)n * s->m->dims.H;
+    long tasks = (long)n * s->m->dims.G;
     cached_attention_args a = {s, l, p0};
-    /* shared only above ~4K score entries: less is cheaper than a fork */
-    nd_parallel_for(tasks, tasks * (p0 + n) > 4096 ? 1 : tasks, cached_attention_tasks, &a);
+    /* shared only above ~4K score entries: less is cheaper than a fork;
+     * never by more threads than the score rows were sized for */
+    long grain = tasks * (p0 + n) > 4096 && nd_get_threads() <= s->att_threads ? 1 : tasks;
+    nd_parallel_for(tasks, grain, cached_attention_tasks, &a);
 }
 
 /* e rows of the n-gram table lookups, read from the archive's CQ tables */

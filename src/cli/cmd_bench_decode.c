@@ -123,6 +123,7 @@ int cli_bench_decode(int argc, char **argv)
             break;
         if (quant)
             nd_kv_use_quant(&s, &qw);
+        nd_kv_set_bits(&s, m.cfg.kv_bits); /* as a session does: int8 rows by default */
         double a = nd_wtime();
         rc = nd_kv_forward(&s, tok, (int)P, lg, 0);
         double b = nd_wtime();

@@ -332,8 +332,8 @@ typedef struct {
     int l, p0;
 } cached_attention_args;
 
-/* row j of a cache layer's kv head g as floats (int8 rows times their
- * scale folded in later by the caller) */
+/* row j of a cache layer's kv head g as floats (an int8 row is converted
+ * into buf; its scale is applied by the caller) */
 static inline const float *kv_row(const float *F, const int8_t *Q, size_t kvd, int j, int g, int hd,
                                   float *buf)
 {
@@ -343,6 +343,43 @@ static inline const float *kv_row(const float *F, const int8_t *Q, size_t kvd, i
     for (int e = 0; e < hd; e++)
         buf[e] = (float)r[e];
     return buf;
+}
+
+/* a * b + c, fused where the target has FMA (C11 mode does not contract
+ * a * b + c by itself; a libm fmaf without hardware FMA would be slow) */
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA) || defined(__aarch64__)
+#define KV_MADD(a, b, c) fmaf(a, b, c)
+#else
+#define KV_MADD(a, b, c) ((a) * (b) + (c))
+#endif
+
+/* q . k for four rows at once: four independent sums keep the vector unit
+ * busy where one sum would wait on its own additions */
+static inline void dot4(const float *q, const float *const k[4], int hd, float out[4])
+{
+    const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3];
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+    for (int e = 0; e < hd; e++) {
+        a0 = KV_MADD(q[e], k0[e], a0);
+        a1 = KV_MADD(q[e], k1[e], a1);
+        a2 = KV_MADD(q[e], k2[e], a2);
+        a3 = KV_MADD(q[e], k3[e], a3);
+    }
+    out[0] = a0;
+    out[1] = a1;
+    out[2] = a2;
+    out[3] = a3;
+}
+
+/* out += sum of w[c] v[c] over four rows (one pass over out) */
+static inline void axpy4(float *out, const float *const v[4], const float w[4], int hd)
+{
+    const float *v0 = v[0], *v1 = v[1], *v2 = v[2], *v3 = v[3];
+    float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
+    for (int e = 0; e < hd; e++)
+        out[e] =
+            KV_MADD(w3, v3[e], KV_MADD(w2, v2[e], KV_MADD(w1, v1[e], KV_MADD(w0, v0[e], out[e]))));
 }
 
 /* tasks [lo, hi): (new row, kv head) pairs; the heads sharing a kv head
@@ -360,7 +397,7 @@ static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
     const int8_t *V8 = s->kv_int8 ? s->v8 + lc * kvd : NULL;
     const float *KS = s->kv_int8 ? s->ks + lc * G : NULL, *VS = s->kv_int8 ? s->vs + lc * G : NULL;
     int pin = s->n_sink > 0 ? s->n_sink : 0;
-    float scale = 1.0f / sqrtf((float)hd), buf[ND_ATT_MAX_HD];
+    float scale = 1.0f / sqrtf((float)hd), buf[4][ND_ATT_MAX_HD];
     /* this thread's scores: rep rows of max_len */
     float *sc0 = s->att_s + (size_t)tid * rep * s->max_len;
     for (long task = lo; task < hi; task++) {
@@ -372,16 +409,18 @@ static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
         /* visible rows: [0, sink_end) and [j0, p] */
         int ranges[2][2] = {{0, sink_end}, {j0, p + 1}};
         for (int rr = 0; rr < 2; rr++)
-            for (int j = ranges[rr][0]; j < ranges[rr][1]; j++) {
-                const float *kr = kv_row(K, K8, kvd, j, g, hd, buf);
-                float ks = (KS ? KS[(size_t)j * G + g] : 1.0f) * scale;
+            for (int j = ranges[rr][0]; j < ranges[rr][1]; j += 4) {
+                int nb = ranges[rr][1] - j < 4 ? ranges[rr][1] - j : 4;
+                const float *kr[4];
+                for (int c = 0; c < 4; c++) /* a short block repeats its last row */
+                    kr[c] = kv_row(K, K8, kvd, j + (c < nb ? c : nb - 1), g, hd, buf[c]);
                 for (int r = 0; r < rep; r++) {
                     const float *q = s->q + (size_t)i * qd + (size_t)(g * rep + r) * hd;
-                    float acc = 0.0f;
-#pragma omp simd reduction(+ : acc) /* lets the compiler vectorise the dot */
-                    for (int e = 0; e < hd; e++)
-                        acc += q[e] * kr[e];
-                    sc0[(size_t)r * s->max_len + j] = acc * ks;
+                    float dots[4];
+                    dot4(q, kr, hd, dots);
+                    for (int c = 0; c < nb; c++)
+                        sc0[(size_t)r * s->max_len + j + c] =
+                            dots[c] * ((KS ? KS[(size_t)(j + c) * G + g] : 1.0f) * scale);
                 }
             }
         for (int r = 0; r < rep; r++) {
@@ -404,13 +443,17 @@ static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
                     sc[j] *= inv * (VS ? VS[(size_t)j * G + g] : 1.0f);
         }
         for (int rr = 0; rr < 2; rr++)
-            for (int j = ranges[rr][0]; j < ranges[rr][1]; j++) {
-                const float *vr = kv_row(V, V8, kvd, j, g, hd, buf);
+            for (int j = ranges[rr][0]; j < ranges[rr][1]; j += 4) {
+                int nb = ranges[rr][1] - j < 4 ? ranges[rr][1] - j : 4;
+                const float *vr[4];
+                for (int c = 0; c < 4; c++)
+                    vr[c] = kv_row(V, V8, kvd, j + (c < nb ? c : nb - 1), g, hd, buf[c]);
                 for (int r = 0; r < rep; r++) {
-                    float w = sc0[(size_t)r * s->max_len + j];
-                    float *out = s->att + (size_t)i * qd + (size_t)(g * rep + r) * hd;
-                    for (int e = 0; e < hd; e++)
-                        out[e] += w * vr[e];
+                    const float *sc = sc0 + (size_t)r * s->max_len + j;
+                    float w[4];
+                    for (int c = 0; c < 4; c++) /* padding rows weigh nothing */
+                        w[c] = c < nb ? sc[c] : 0.0f;
+                    axpy4(s->att + (size_t)i * qd + (size_t)(g * rep + r) * hd, vr, w, hd);
                 }
             }
     }

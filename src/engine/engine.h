@@ -127,6 +127,36 @@ void nd_kv_rewind(nd_kv_state *s, int len);
  * row's ([V]); logits may be NULL. */
 int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int all_logits);
 
+/* The first `len` rows of a state (tokens, K/V of every layer, engram v'
+ * rows): everything a later forward reads of them, so restoring a snapshot
+ * of a prefix equals running that prefix again. */
+typedef struct {
+    int len, kv_int8;
+    size_t bytes;
+    void *data;
+} nd_kv_snap;
+/* rows must start at position 0 (nothing evicted before them) */
+int nd_kv_snapshot(const nd_kv_state *s, int len, nd_kv_snap *out);
+/* Replace everything in s by the snapshot's rows (s's window settings
+ * stay; the caller sets the sinks). */
+int nd_kv_restore(nd_kv_state *s, const nd_kv_snap *snap);
+void nd_kv_snap_free(nd_kv_snap *snap);
+
+/* ---- prefix KV cache (per model) ----
+ * The system + tools prefix's rows, keyed by SHA-256 of its token ids, kept
+ * for the next session (or retrieved tool set) with the same prefix: an LRU
+ * of a few entries shared by the model's sessions under a lock. */
+struct needle_model;
+/* entries 0 turns the cache off (and empties it); the default is 4, or
+ * $NEEDLE_PREFIX_CACHE */
+void nd_prefix_cache_limit(struct needle_model *M, int entries);
+typedef struct {
+    int entries;
+    long hits, misses;
+    size_t bytes;
+} nd_prefix_cache_stats;
+nd_prefix_cache_stats nd_prefix_cache_get_stats(struct needle_model *M);
+
 /* Test hook: a session's decoder state (its retained tokens, sinks). */
 struct needle_session;
 const nd_kv_state *nd_session_kv(const struct needle_session *S);

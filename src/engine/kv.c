@@ -301,6 +301,86 @@ static int make_room(nd_kv_state *s, int n)
     return ND_OK;
 }
 
+/* The per-position arrays of a state: [layers][cap][row] each. */
+typedef struct {
+    void *base;
+    size_t layers, row;
+} kv_array;
+
+static int kv_arrays(const nd_kv_state *s, kv_array *a)
+{
+    const san_dims *D = &s->m->dims;
+    size_t L = (size_t)D->L, kvd = (size_t)D->kv_dim, G = (size_t)D->G, d = (size_t)D->d;
+    int n = 0;
+    a[n++] = (kv_array){s->tokens, 1, sizeof(int32_t)};
+    if (s->kv_int8) {
+        a[n++] = (kv_array){s->k8, L, kvd};
+        a[n++] = (kv_array){s->v8, L, kvd};
+        a[n++] = (kv_array){s->ks, L, G * sizeof(float)};
+        a[n++] = (kv_array){s->vs, L, G * sizeof(float)};
+    } else {
+        a[n++] = (kv_array){s->k, L, kvd * sizeof(float)};
+        a[n++] = (kv_array){s->v, L, kvd * sizeof(float)};
+    }
+    for (int i = 0; i < s->m->cfg.n_sites; i++)
+        a[n++] = (kv_array){s->vp[i], 1, d * sizeof(float)};
+    return n;
+}
+
+int nd_kv_snapshot(const nd_kv_state *s, int len, nd_kv_snap *out)
+{
+    memset(out, 0, sizeof *out);
+    if (len < 0 || len > s->len || (s->evicted && len > s->n_sink))
+        return nd_error(ND_EARG, "snapshot of %d rows: the state holds %d from position 0", len,
+                        s->evicted ? s->n_sink : s->len);
+    kv_array a[8 + SAN_MAX_SITES];
+    int na = kv_arrays(s, a);
+    size_t bytes = 0;
+    for (int i = 0; i < na; i++)
+        bytes += a[i].layers * (size_t)len * a[i].row;
+    if (!(out->data = malloc(bytes + 1)))
+        return nd_error(ND_ENOMEM, "out of memory snapshotting %d KV rows", len);
+    char *p = out->data;
+    for (int i = 0; i < na; i++)
+        for (size_t l = 0; l < a[i].layers; l++) {
+            size_t n = (size_t)len * a[i].row;
+            memcpy(p, (char *)a[i].base + l * (size_t)s->cap * a[i].row, n);
+            p += n;
+        }
+    out->len = len;
+    out->kv_int8 = s->kv_int8;
+    out->bytes = bytes;
+    return ND_OK;
+}
+
+int nd_kv_restore(nd_kv_state *s, const nd_kv_snap *snap)
+{
+    if (snap->kv_int8 != s->kv_int8 || snap->len > s->max_len)
+        return nd_error(ND_EARG, "KV snapshot does not fit this state");
+    s->len = 0;
+    s->evicted = 0;
+    int rc = kv_reserve(s, snap->len > 0 ? snap->len : 1);
+    if (rc)
+        return rc;
+    kv_array a[8 + SAN_MAX_SITES];
+    int na = kv_arrays(s, a);
+    const char *p = snap->data;
+    for (int i = 0; i < na; i++)
+        for (size_t l = 0; l < a[i].layers; l++) {
+            size_t n = (size_t)snap->len * a[i].row;
+            memcpy((char *)a[i].base + l * (size_t)s->cap * a[i].row, p, n);
+            p += n;
+        }
+    s->len = snap->len;
+    return ND_OK;
+}
+
+void nd_kv_snap_free(nd_kv_snap *snap)
+{
+    free(snap->data);
+    memset(snap, 0, sizeof *snap);
+}
+
 /* base + off, NULL for a matrix the quantised path leaves in the archive */
 static const float *slice(const float *base, size_t off)
 {

@@ -57,6 +57,9 @@ int nd_cact_tokenizer(const cact_file *f, nd_tokenizer **tok);
 
 /* ---- incremental decoding ---- */
 
+/* prompt tokens a session runs per forward: scratch scales with it (RSS),
+ * and past ~64 rows a quantised matmul gains little from more */
+#define ND_SESSION_CHUNK 64
 #define ND_ATT_MAX_HD 512 /* largest head dim the cached attention takes */
 
 /* Everything that depends on the tokens seen so far: per layer K (after

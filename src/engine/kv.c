@@ -12,6 +12,10 @@
 #include "engine/engine.h"
 #include "model/san.h"
 
+/* query rows per attention task: one int8 -> float conversion of a cached
+ * key serves them all */
+#define ATT_ROWS 4
+
 static int max_order(const san_model *m)
 {
     int mo = 1;
@@ -82,7 +86,7 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     P(s->xm, N * d);
     P(s->hf, N * d);
     s->att_threads = nd_get_threads();
-    P(s->att_s, (size_t)s->att_threads * (size_t)(D->H / D->G) * (size_t)s->max_len);
+    P(s->att_s, (size_t)s->att_threads * ATT_ROWS * (size_t)(D->H / D->G) * (size_t)s->max_len);
 #undef P
     size_t total = 0;
     for (int i = 0; i < np; i++)
@@ -409,7 +413,7 @@ static int wmatmul(nd_kv_state *s, const float *x, int n, int in, const float *w
 
 typedef struct {
     nd_kv_state *s;
-    int l, p0;
+    int l, p0, n;
 } cached_attention_args;
 
 /* row j of a cache layer's kv head g as floats (an int8 row is converted
@@ -462,65 +466,85 @@ static inline void axpy4(float *out, const float *const v[4], const float w[4], 
             KV_MADD(w3, v3[e], KV_MADD(w2, v2[e], KV_MADD(w1, v1[e], KV_MADD(w0, v0[e], out[e]))));
 }
 
-/* tasks [lo, hi): (new row, kv head) pairs; the heads sharing a kv head
- * (GQA) read each cached row once, converted from int8 once */
+/* the keys query row p sees: [0, sink_end) and [j0, p] (unpinned rows are
+ * consecutive positions, so the window is a row range; the sinks before it
+ * stay visible, upstream's sink mask) */
+static void visible_keys(const nd_kv_state *s, int p, int *sink_end, int *j0)
+{
+    int pin = s->n_sink > 0 ? s->n_sink : 0;
+    *j0 = s->kv_window && p + 1 > s->kv_window ? p + 1 - s->kv_window : 0;
+    *sink_end = pin < *j0 ? pin : *j0;
+}
+
+/* tasks [lo, hi): (block of ATT_ROWS new rows, kv head) pairs. The heads
+ * sharing a kv head (GQA) and the block's rows read each cached row once,
+ * converted from int8 once; keys a row does not see get no weight. */
 static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
 {
     const cached_attention_args *a = ctx;
     nd_kv_state *s = a->s;
-    int l = a->l, p0 = a->p0;
+    int l = a->l, p0 = a->p0, n = a->n;
     const san_dims *D = &s->m->dims;
     int H = D->H, G = D->G, hd = D->hd, rep = H / G, qd = D->q_dim, kvd = D->kv_dim;
-    size_t lc = (size_t)l * s->cap;
+    size_t lc = (size_t)l * s->cap, ml = (size_t)s->max_len;
     const float *K = s->k ? s->k + lc * kvd : NULL, *V = s->v ? s->v + lc * kvd : NULL;
     const int8_t *K8 = s->kv_int8 ? s->k8 + lc * kvd : NULL;
     const int8_t *V8 = s->kv_int8 ? s->v8 + lc * kvd : NULL;
     const float *KS = s->kv_int8 ? s->ks + lc * G : NULL, *VS = s->kv_int8 ? s->vs + lc * G : NULL;
-    int pin = s->n_sink > 0 ? s->n_sink : 0;
     float scale = 1.0f / sqrtf((float)hd), buf[4][ND_ATT_MAX_HD];
-    /* this thread's scores: rep rows of max_len */
-    float *sc0 = s->att_s + (size_t)tid * rep * s->max_len;
+    /* this thread's scores: ATT_ROWS * rep rows of max_len */
+    float *sc0 = s->att_s + (size_t)tid * ATT_ROWS * rep * ml;
     for (long task = lo; task < hi; task++) {
-        int i = (int)(task / G), g = (int)(task % G), p = p0 + i;
-        /* unpinned rows are consecutive positions, so the window is a row
-         * range; the sinks before it stay visible (upstream's sink mask) */
-        int j0 = s->kv_window && p + 1 > s->kv_window ? p + 1 - s->kv_window : 0;
-        int sink_end = pin < j0 ? pin : j0;
-        /* visible rows: [0, sink_end) and [j0, p] */
-        int ranges[2][2] = {{0, sink_end}, {j0, p + 1}};
+        int i0 = (int)(task / G) * ATT_ROWS, g = (int)(task % G);
+        int nr = n - i0 < ATT_ROWS ? n - i0 : ATT_ROWS;
+        int se[ATT_ROWS], j0[ATT_ROWS];
+        for (int i = 0; i < nr; i++)
+            visible_keys(s, p0 + i0 + i, &se[i], &j0[i]);
+        /* the keys any row of the block sees: [0, se_max) and [lo2, p_max] */
+        int se_max = se[nr - 1], lo2 = j0[0] > se_max ? j0[0] : se_max;
+        int ranges[2][2] = {{0, se_max}, {lo2, p0 + i0 + nr}};
         for (int rr = 0; rr < 2; rr++)
             for (int j = ranges[rr][0]; j < ranges[rr][1]; j += 4) {
                 int nb = ranges[rr][1] - j < 4 ? ranges[rr][1] - j : 4;
                 const float *kr[4];
                 for (int c = 0; c < 4; c++) /* a short block repeats its last row */
                     kr[c] = kv_row(K, K8, kvd, j + (c < nb ? c : nb - 1), g, hd, buf[c]);
-                for (int r = 0; r < rep; r++) {
-                    const float *q = s->q + (size_t)i * qd + (size_t)(g * rep + r) * hd;
-                    float dots[4];
-                    dot4(q, kr, hd, dots);
-                    for (int c = 0; c < nb; c++)
-                        sc0[(size_t)r * s->max_len + j + c] =
-                            dots[c] * ((KS ? KS[(size_t)(j + c) * G + g] : 1.0f) * scale);
+                float ks[4];
+                for (int c = 0; c < nb; c++)
+                    ks[c] = (KS ? KS[(size_t)(j + c) * G + g] : 1.0f) * scale;
+                for (int i = 0; i < nr; i++)
+                    for (int r = 0; r < rep; r++) {
+                        const float *q = s->q + (size_t)(i0 + i) * qd + (size_t)(g * rep + r) * hd;
+                        float dots[4], *sc = sc0 + ((size_t)i * rep + r) * ml + j;
+                        dot4(q, kr, hd, dots);
+                        for (int c = 0; c < nb; c++)
+                            sc[c] = dots[c] * ks[c];
+                    }
+            }
+        for (int i = 0; i < nr; i++) {
+            int own[2][2] = {{0, se[i]}, {j0[i], p0 + i0 + i + 1}};
+            for (int r = 0; r < rep; r++) {
+                float *sc = sc0 + ((size_t)i * rep + r) * ml, mx = -FLT_MAX, sum = 0.0f;
+                for (int rr = 0; rr < 2; rr++)
+                    for (int j = own[rr][0]; j < own[rr][1]; j++)
+                        mx = sc[j] > mx ? sc[j] : mx;
+                for (int rr = 0; rr < 2; rr++) {
+                    for (int j = own[rr][0]; j < own[rr][1]; j++)
+                        sc[j] = san_expf(sc[j] - mx);
+                    for (int j = own[rr][0]; j < own[rr][1]; j++)
+                        sum += sc[j];
+                }
+                float inv = 1.0f / sum;
+                float *out = s->att + (size_t)(i0 + i) * qd + (size_t)(g * rep + r) * hd;
+                for (int e = 0; e < hd; e++)
+                    out[e] = 0.0f;
+                /* fold the normaliser (and the int8 rows' scale) into the
+                 * weights; keys this row does not see weigh nothing */
+                for (int j = 0; j < ranges[1][1]; j++) {
+                    int seen = (j < se[i] || j >= j0[i]) && j <= p0 + i0 + i;
+                    sc[j] = seen ? sc[j] * (inv * (VS ? VS[(size_t)j * G + g] : 1.0f)) : 0.0f;
                 }
             }
-        for (int r = 0; r < rep; r++) {
-            float *sc = sc0 + (size_t)r * s->max_len, mx = -FLT_MAX, sum = 0.0f;
-            for (int rr = 0; rr < 2; rr++)
-                for (int j = ranges[rr][0]; j < ranges[rr][1]; j++)
-                    mx = sc[j] > mx ? sc[j] : mx;
-            for (int rr = 0; rr < 2; rr++) {
-                for (int j = ranges[rr][0]; j < ranges[rr][1]; j++)
-                    sc[j] = san_expf(sc[j] - mx);
-                for (int j = ranges[rr][0]; j < ranges[rr][1]; j++)
-                    sum += sc[j];
-            }
-            float inv = 1.0f / sum, *out = s->att + (size_t)i * qd + (size_t)(g * rep + r) * hd;
-            for (int e = 0; e < hd; e++)
-                out[e] = 0.0f;
-            /* fold the normaliser (and the int8 rows' scale) into the weights */
-            for (int rr = 0; rr < 2; rr++)
-                for (int j = ranges[rr][0]; j < ranges[rr][1]; j++)
-                    sc[j] *= inv * (VS ? VS[(size_t)j * G + g] : 1.0f);
         }
         for (int rr = 0; rr < 2; rr++)
             for (int j = ranges[rr][0]; j < ranges[rr][1]; j += 4) {
@@ -528,13 +552,15 @@ static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
                 const float *vr[4];
                 for (int c = 0; c < 4; c++)
                     vr[c] = kv_row(V, V8, kvd, j + (c < nb ? c : nb - 1), g, hd, buf[c]);
-                for (int r = 0; r < rep; r++) {
-                    const float *sc = sc0 + (size_t)r * s->max_len + j;
-                    float w[4];
-                    for (int c = 0; c < 4; c++) /* padding rows weigh nothing */
-                        w[c] = c < nb ? sc[c] : 0.0f;
-                    axpy4(s->att + (size_t)i * qd + (size_t)(g * rep + r) * hd, vr, w, hd);
-                }
+                for (int i = 0; i < nr; i++)
+                    for (int r = 0; r < rep; r++) {
+                        const float *sc = sc0 + ((size_t)i * rep + r) * ml + j;
+                        float w[4];
+                        for (int c = 0; c < 4; c++) /* padding rows weigh nothing */
+                            w[c] = c < nb ? sc[c] : 0.0f;
+                        axpy4(s->att + (size_t)(i0 + i) * qd + (size_t)(g * rep + r) * hd, vr, w,
+                              hd);
+                    }
             }
     }
 }
@@ -543,11 +569,11 @@ static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
  * cached keys 0..p (or the last kv_window of them). */
 static void cached_attention(nd_kv_state *s, int l, int p0, int n)
 {
-    long tasks = (long)n * s->m->dims.G;
-    cached_attention_args a = {s, l, p0};
+    long tasks = (long)((n + ATT_ROWS - 1) / ATT_ROWS) * s->m->dims.G;
+    cached_attention_args a = {s, l, p0, n};
     /* shared only above ~4K score entries: less is cheaper than a fork;
      * never by more threads than the score rows were sized for */
-    long grain = tasks * (p0 + n) > 4096 && nd_get_threads() <= s->att_threads ? 1 : tasks;
+    long grain = (long)n * (p0 + n) > 4096 && nd_get_threads() <= s->att_threads ? 1 : tasks;
     nd_parallel_for(tasks, grain, cached_attention_tasks, &a);
 }
 

@@ -399,7 +399,7 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
         rc = nd_error(ND_ENOMEM, "out of memory");
         goto fail;
     }
-    if ((rc = nd_kv_init(&S->kv, &M->m, M->be, 256, M->kv_window)))
+    if ((rc = nd_kv_init(&S->kv, &M->m, M->be, ND_SESSION_CHUNK, M->kv_window)))
         goto fail;
     if (M->quant)
         nd_kv_use_quant(&S->kv, &M->qw);

@@ -6,7 +6,7 @@ set -euo pipefail
 # libvulkan-dev + glslc build the Vulkan backend plugin; mesa-vulkan-drivers
 # (lavapipe) and the validation layers let the suite run it on the CPU.
 BUILD_PKGS="build-essential cmake pkg-config libopenblas-openmp-dev libjansson-dev libvulkan-dev glslc"
-TEST_PKGS="python3 python3-numpy sentencepiece python3-sentencepiece clang libomp-dev mesa-vulkan-drivers vulkan-validationlayers"
+TEST_PKGS="python3 clang-format python3-numpy sentencepiece python3-sentencepiece clang libomp-dev mesa-vulkan-drivers vulkan-validationlayers"
 # --arm64: the aarch64 cross toolchain, qemu, and the arm64 multiarch
 # libraries the cross build links (make arm64-build / arm64-check).
 ARM64_PKGS="gcc-aarch64-linux-gnu qemu-user libc6:arm64 libopenblas-openmp-dev:arm64 libjansson-dev:arm64"

@@ -94,8 +94,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
             int kk = k0 + lane;
             float s = kk <= last ? scale * dot_shared(Qs + qi * hd, Ks + lane * kst, hd) : NEG_INF;
             float mt = warp_max(s), mnew = fmaxf(m[rr], mt);
-            float corr = dev_expf(m[rr] - mnew); /* 0 on the first tile (m = -inf) */
-            float p = kk <= last ? dev_expf(s - mnew) : 0.0f;
+            float corr = san_expf(m[rr] - mnew); /* 0 on the first tile (m = -inf) */
+            float p = kk <= last ? san_expf(s - mnew) : 0.0f;
             l[rr] = l[rr] * corr + warp_sum(p);
             m[rr] = mnew;
 #pragma unroll
@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
             float ds = 0.0f;
             if (kk <= last) {
                 float s = scale * dot_shared(Qs + qi * hd, Ks + lane * kst, hd);
-                float p = dev_expf(s - rl[rr]);
+                float p = san_expf(s - rl[rr]);
                 float dp = dot_shared(dOs + qi * hd, Vs + lane * kst, hd);
                 ds = p * (dp - rD[rr]);
             }
@@ -333,7 +333,7 @@ dkdv_tile(float (&adk)[ATT_ROWS][CH], float (&adv)[ATT_ROWS][CH], float *Qt, flo
         float p = 0.0f, ds = 0.0f;
         if (sees) {
             float s = scale * dot_shared(Qt + lane * kst, Kb + ki * hd, hd);
-            p = dev_expf(s - lt[lane]);
+            p = san_expf(s - lt[lane]);
             float dp = dot_shared(dOt + lane * kst, Vb + ki * hd, hd);
             ds = p * (dp - Dt[lane]);
         }

@@ -43,7 +43,7 @@ __global__ void k_cross_entropy_backward(float *logits, const int32_t *target, c
     mx = block_max(mx, sh);
     double s = 0;
     for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        float e = dev_expf(l[i] - mx);
+        float e = san_expf(l[i] - mx);
         l[i] = e;
         s += e;
     }

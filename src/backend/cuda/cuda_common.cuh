@@ -19,6 +19,10 @@
 
 extern "C" {
 #include "backend/backend.h"
+/* san_expf / san_logf: the CPU's polynomials, so device and CPU agree to
+ * an ulp or two rather than to expf's error */
+#define ND_FASTMATH_FN static __host__ __device__ __forceinline__
+#include "core/fastmath.h"
 }
 
 #define CUDA_MAX_LAYOUTS 4 /* layouts cached per sync interval */
@@ -131,83 +135,9 @@ void cuda_scatter_rows(cuda_ctx *C, float *dst, const float *src, const int32_t 
 
 /* ---- device helpers ---- */
 
-/* float <-> bits on either side (intrinsics on the device) */
-__host__ __device__ __forceinline__ uint32_t f2u(float x)
-{
-#ifdef __CUDA_ARCH__
-    return __float_as_uint(x);
-#else
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    return u;
-#endif
-}
-__host__ __device__ __forceinline__ float u2f(uint32_t u)
-{
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-#endif
-}
-
-/* san_expf (cpu_kernels.h): the same polynomial, so device and CPU agree
- * to an ulp or two rather than to expf's error */
-__host__ __device__ __forceinline__ float dev_expf(float x)
-{
-    const float hi = 88.0f, lo = -87.3f;
-    float xc = x > hi ? hi : x;
-    xc = xc < lo ? lo : xc;
-    float kf = xc * 1.44269504088896341f + 12582912.0f;
-    uint32_t kb = f2u(kf);
-    kf -= 12582912.0f;
-    float r = xc - kf * 0.693359375f;
-    r = r - kf * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    uint32_t e = ((kb - 0x4B400000u) + 127u) << 23;
-    float y = p * u2f(e);
-    y = x > hi ? u2f(0x7f800000u) : y;
-    y = x < lo ? 0.0f : y;
-    return x != x ? x : y;
-}
-
-/* san_logf (cpu_kernels.h), for positive normal finite x */
-__host__ __device__ __forceinline__ float dev_logf(float x)
-{
-    uint32_t u = f2u(x);
-    int e = (int)((u >> 23) & 0xffu) - 126;
-    u = (u & 0x007fffffu) | 0x3f000000u;
-    float m = u2f(u);
-    int lo = m < 0.707106781186547524f;
-    float fe = (float)(e - lo);
-    m = lo ? m + m - 1.0f : m - 1.0f;
-    float z = m * m;
-    float y = 7.0376836292e-2f;
-    y = y * m - 1.1514610310e-1f;
-    y = y * m + 1.1676998740e-1f;
-    y = y * m - 1.2420140846e-1f;
-    y = y * m + 1.4249322787e-1f;
-    y = y * m - 1.6668057665e-1f;
-    y = y * m + 2.0000714765e-1f;
-    y = y * m - 2.4999993993e-1f;
-    y = y * m + 3.3333331174e-1f;
-    y = y * m * z;
-    y += -2.12194440e-4f * fe;
-    y += -0.5f * z;
-    return (m + y) + 0.693359375f * fe;
-}
-
 __host__ __device__ __forceinline__ float dev_sigmoid(float x)
 {
-    return 1.0f / (1.0f + dev_expf(-x));
+    return 1.0f / (1.0f + san_expf(-x));
 }
 
 /* nd_layout_back on the device copy */

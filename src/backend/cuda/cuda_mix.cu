@@ -28,12 +28,12 @@ __device__ __forceinline__ void sinkhorn_halfstep(float *Z, float *E, int n, int
         }
         float s = 0.0f;
         for (int b = 0; b < n; b++) {
-            float e = dev_expf(Z[base + b * stp] - mx);
+            float e = san_expf(Z[base + b * stp] - mx);
             if (E)
                 E[base + b * stp] = e;
             s += e;
         }
-        float lse = mx + dev_logf(s), inv = 1.0f / s;
+        float lse = mx + san_logf(s), inv = 1.0f / s;
         for (int b = 0; b < n; b++) {
             Z[base + b * stp] -= lse;
             if (E)
@@ -66,7 +66,7 @@ __global__ void k_hyper_coeffs(float *hpre, float *hpost, float *M, const float 
         sinkhorn_halfstep(Z, NULL, n, 0);
     }
     for (int i = 0; i < nn; i++)
-        M[r * nn + i] = dev_expf(Z[i]);
+        M[r * nn + i] = san_expf(Z[i]);
 }
 
 static void check_lanes(int n)
@@ -139,7 +139,7 @@ k_hyper_coeffs_backward(float *dpre, float *dpost, float *dres, double *rowc, co
     for (int st = 0; st < 2 * SINKHORN_ROUNDS; st++)
         sinkhorn_halfstep(Z, E[st], n, !(st & 1));
     for (int i = 0; i < nn; i++) /* M = exp(Z) */
-        g[i] = (double)dM[r * nn + i] * (double)dev_expf(Z[i]);
+        g[i] = (double)dM[r * nn + i] * (double)san_expf(Z[i]);
     for (int st = 2 * SINKHORN_ROUNDS - 1; st >= 0; st--) {
         const float *e = E[st];
         int rowstep = !(st & 1), stp = rowstep ? 1 : n;

@@ -60,7 +60,9 @@ int nd_cact_tokenizer(const cact_file *f, nd_tokenizer **tok);
 /* prompt tokens a session runs per forward: scratch scales with it (RSS),
  * and past ~64 rows a quantised matmul gains little from more */
 #define ND_SESSION_CHUNK 64
-#define ND_ATT_MAX_HD 512 /* largest head dim the cached attention takes */
+#define ND_ATT_MAX_HD 512
+#define ND_VP_GROUP                                                                                \
+    32 /* v' values per int8 scale */ /* largest head dim the cached attention takes */
 
 /* Everything that depends on the tokens seen so far: per layer K (after
  * k_norm and RoPE) and V rows, per engram site the v' = e @ Wv rows (the
@@ -94,7 +96,12 @@ typedef struct {
     float *ks, *vs;                     /* [L][cap][G] scales of the int8 rows */
     float *rope_far_cos, *rope_far_sin; /* [chunk][hd/2]: positions past the tables */
     size_t scratch_bytes;
-    float *vp[SAN_MAX_SITES];   /* [cap][d] */
+    float *vp[SAN_MAX_SITES]; /* [cap][d] (float cache) */
+    /* with the int8 cache, v' rows are int8 too, one scale per 32 values
+     * (upstream's budget counts them so) */
+    int vp_int8;
+    int8_t *vp8[SAN_MAX_SITES]; /* [cap][d] */
+    float *vps[SAN_MAX_SITES];  /* [cap][d / ND_VP_GROUP] */
     float *rope_cos, *rope_sin; /* [max_len][hd/2] */
     /* scratch for one chunk of up to `chunk` new tokens */
     int chunk;

@@ -117,8 +117,10 @@ void nd_kv_use_quant(nd_kv_state *s, const nd_qweights *q)
 
 void nd_kv_set_bits(nd_kv_state *s, int bits)
 {
-    if (!s->cap) /* the rows' format is fixed once any are stored */
+    if (!s->cap) { /* the rows' format is fixed once any are stored */
         s->kv_int8 = bits == 8;
+        s->vp_int8 = s->kv_int8 && s->m->dims.d % ND_VP_GROUP == 0;
+    }
 }
 
 void nd_kv_slide(nd_kv_state *s, int n_sink)
@@ -132,8 +134,9 @@ static size_t row_bytes(const nd_kv_state *s)
     const san_dims *D = &s->m->dims;
     size_t kvd = (size_t)D->kv_dim, G = (size_t)D->G;
     size_t kv = s->kv_int8 ? kvd + G * sizeof(float) : kvd * sizeof(float);
-    return sizeof(int32_t) + 2 * (size_t)D->L * kv +
-           (size_t)s->m->cfg.n_sites * (size_t)D->d * sizeof(float);
+    size_t vp = s->vp_int8 ? (size_t)D->d + (size_t)D->d / ND_VP_GROUP * sizeof(float)
+                           : (size_t)D->d * sizeof(float);
+    return sizeof(int32_t) + 2 * (size_t)D->L * kv + (size_t)s->m->cfg.n_sites * vp;
 }
 
 /* rows the window keeps at most (before a chunk of up to `chunk` lands):
@@ -198,8 +201,11 @@ void nd_kv_free(nd_kv_state *s)
     free(s->v8);
     free(s->ks);
     free(s->vs);
-    for (int i = 0; i < SAN_MAX_SITES; i++)
+    for (int i = 0; i < SAN_MAX_SITES; i++) {
         free(s->vp[i]);
+        free(s->vp8[i]);
+        free(s->vps[i]);
+    }
     memset(s, 0, sizeof *s);
 }
 
@@ -247,8 +253,16 @@ static int kv_reserve(nd_kv_state *s, int need)
         if (!rc)
             rc = grow_rows((void **)&s->v, L, s->cap, cap, s->len, kvd * sizeof(float));
     }
-    for (int i = 0; i < s->m->cfg.n_sites && !rc; i++)
-        rc = grow_rows((void **)&s->vp[i], 1, s->cap, cap, s->len, d * sizeof(float));
+    size_t vg = d / ND_VP_GROUP * sizeof(float);
+    for (int i = 0; i < s->m->cfg.n_sites && !rc; i++) {
+        if (!s->vp_int8) {
+            rc = grow_rows((void **)&s->vp[i], 1, s->cap, cap, s->len, d * sizeof(float));
+            continue;
+        }
+        rc = grow_rows((void **)&s->vp8[i], 1, s->cap, cap, s->len, d);
+        if (!rc)
+            rc = grow_rows((void **)&s->vps[i], 1, s->cap, cap, s->len, vg);
+    }
     if (rc) /* arrays grown so far hold more rows; s->cap stays the safe bound */
         return nd_error(ND_ENOMEM, "out of memory growing the KV cache to %d positions", cap);
     s->cap = cap;
@@ -298,8 +312,14 @@ static int make_room(nd_kv_state *s, int n)
         drop_rows(s->k, L, s->cap, pin, drop, s->len, kvd * sizeof(float));
         drop_rows(s->v, L, s->cap, pin, drop, s->len, kvd * sizeof(float));
     }
-    for (int i = 0; i < s->m->cfg.n_sites; i++)
-        drop_rows(s->vp[i], 1, s->cap, pin, drop, s->len, d * sizeof(float));
+    for (int i = 0; i < s->m->cfg.n_sites; i++) {
+        if (!s->vp_int8) {
+            drop_rows(s->vp[i], 1, s->cap, pin, drop, s->len, d * sizeof(float));
+            continue;
+        }
+        drop_rows(s->vp8[i], 1, s->cap, pin, drop, s->len, d);
+        drop_rows(s->vps[i], 1, s->cap, pin, drop, s->len, d / ND_VP_GROUP * sizeof(float));
+    }
     s->len -= drop;
     s->evicted += drop;
     return ND_OK;
@@ -326,8 +346,14 @@ static int kv_arrays(const nd_kv_state *s, kv_array *a)
         a[n++] = (kv_array){s->k, L, kvd * sizeof(float)};
         a[n++] = (kv_array){s->v, L, kvd * sizeof(float)};
     }
-    for (int i = 0; i < s->m->cfg.n_sites; i++)
-        a[n++] = (kv_array){s->vp[i], 1, d * sizeof(float)};
+    for (int i = 0; i < s->m->cfg.n_sites; i++) {
+        if (!s->vp_int8) {
+            a[n++] = (kv_array){s->vp[i], 1, d * sizeof(float)};
+            continue;
+        }
+        a[n++] = (kv_array){s->vp8[i], 1, d};
+        a[n++] = (kv_array){s->vps[i], 1, d / ND_VP_GROUP * sizeof(float)};
+    }
     return n;
 }
 
@@ -337,7 +363,7 @@ int nd_kv_snapshot(const nd_kv_state *s, int len, nd_kv_snap *out)
     if (len < 0 || len > s->len || (s->evicted && len > s->n_sink))
         return nd_error(ND_EARG, "snapshot of %d rows: the state holds %d from position 0", len,
                         s->evicted ? s->n_sink : s->len);
-    kv_array a[8 + SAN_MAX_SITES];
+    kv_array a[8 + 2 * SAN_MAX_SITES];
     int na = kv_arrays(s, a);
     size_t bytes = 0;
     for (int i = 0; i < na; i++)
@@ -366,7 +392,7 @@ int nd_kv_restore(nd_kv_state *s, const nd_kv_snap *snap)
     int rc = kv_reserve(s, snap->len > 0 ? snap->len : 1);
     if (rc)
         return rc;
-    kv_array a[8 + SAN_MAX_SITES];
+    kv_array a[8 + 2 * SAN_MAX_SITES];
     int na = kv_arrays(s, a);
     const char *p = snap->data;
     for (int i = 0; i < na; i++)
@@ -577,6 +603,36 @@ static void cached_attention(nd_kv_state *s, int l, int p0, int n)
     nd_parallel_for(tasks, grain, cached_attention_tasks, &a);
 }
 
+/* v' rows p0..p0+n-1 from s->eng_vp into site's int8 rows */
+static void store_vp_rows(nd_kv_state *s, int site, int p0, int n)
+{
+    int d = s->m->dims.d, ng = d / ND_VP_GROUP;
+    for (int i = 0; i < n; i++)
+        for (int g = 0; g < ng; g++) {
+            const float *x = s->eng_vp + (size_t)i * d + (size_t)g * ND_VP_GROUP;
+            int8_t *q = s->vp8[site] + (size_t)(p0 + i) * d + (size_t)g * ND_VP_GROUP;
+            float mx = 0.0f;
+            for (int e = 0; e < ND_VP_GROUP; e++)
+                mx = fabsf(x[e]) > mx ? fabsf(x[e]) : mx;
+            float scale = mx > 0.0f ? mx / 127.0f : 1.0f, inv = 1.0f / scale;
+            for (int e = 0; e < ND_VP_GROUP; e++)
+                q[e] = (int8_t)lrintf(x[e] * inv);
+            s->vps[site][(size_t)(p0 + i) * ng + (size_t)g] = scale;
+        }
+}
+
+/* int8 v' row r of a site as floats, in the first row of s->eng_vp (free
+ * once the new rows are stored) */
+static const float *vp_row(nd_kv_state *s, int site, int r)
+{
+    int d = s->m->dims.d, ng = d / ND_VP_GROUP;
+    const int8_t *q = s->vp8[site] + (size_t)r * d;
+    const float *sc = s->vps[site] + (size_t)r * ng;
+    for (int x = 0; x < d; x++)
+        s->eng_vp[x] = (float)q[x] * sc[x / ND_VP_GROUP];
+    return s->eng_vp;
+}
+
 /* e rows of the n-gram table lookups, read from the archive's CQ tables */
 static void engram_gather_q(nd_kv_state *s, const nd_qmat *tables)
 {
@@ -620,14 +676,19 @@ static int engram_chunk(nd_kv_state *s, int p0, int n)
                               D->eng_sub);
         const float *e = s->eng_e + (size_t)off * D->eng_dim;
         float *ek = s->eng_k + (size_t)site * n * d, *ev = s->eng_v + (size_t)site * n * d;
-        float *vp = s->vp[site];
+        /* new v' rows: straight into the float cache, or through scratch
+         * into int8 rows (then every tap reads the int8 rows, so results
+         * do not depend on how the prompt was split into chunks) */
+        float *vp = s->vp[site], *vnew = s->vp_int8 ? s->eng_vp : vp + (size_t)p0 * d;
         const nd_qmat *qk = s->qw ? &s->qw->eng[site].wk : NULL;
         const nd_qmat *qv = s->qw ? &s->qw->eng[site].wv : NULL;
         int rc = wmatmul(s, e, n, D->eng_dim, w->eng[site].wk, qk, d, ek, d, 1);
         if (!rc)
-            rc = wmatmul(s, e, n, D->eng_dim, w->eng[site].wv, qv, d, vp + (size_t)p0 * d, d, 0);
+            rc = wmatmul(s, e, n, D->eng_dim, w->eng[site].wv, qv, d, vnew, d, 0);
         if (rc)
             return rc;
+        if (s->vp_int8)
+            store_vp_rows(s, site, p0, n);
         const float *taps = w->eng[site].taps;
         for (int i = 0; i < n; i++) {
             int t = p0 + i;
@@ -638,7 +699,8 @@ static int engram_chunk(nd_kv_state *s, int p0, int n)
                 int src = t - j * D->eng_dilation;
                 if (src < 0)
                     break;
-                const float *pr = vp + (size_t)src * d, *tp = taps + (size_t)j * d;
+                const float *pr = s->vp_int8 ? vp_row(s, site, src) : vp + (size_t)src * d;
+                const float *tp = taps + (size_t)j * d;
                 for (int x = 0; x < d; x++)
                     vr[x] += tp[x] * pr[x];
             }

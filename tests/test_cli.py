@@ -42,6 +42,9 @@ def run(*args, cwd=None, env=None):
 def rough_edges(tmp):
     p = run()
     check(p.returncode == 0 and "usage: needle" in p.stdout, "bare needle: help on stdout, exit 0")
+    p = run("fetch")
+    check(p.returncode == 2 and "make install" in p.stderr and "NEEDLE_LIB_PATH" in p.stderr,
+          "fetch (upstream's prebuilt engine): says what to use instead, exit 2")
 
     ck = os.path.join(tmp, "t.pkl")
     p = run("init", ck, "--preset", "tiny")

@@ -25,7 +25,7 @@ static const char *download_help =
     "X-Linked-Etag for LFS files) and a mismatch is discarded.\n"
     "\n"
     "  --revision R   branch, tag or commit (default main)\n"
-    "  --dir D        destination directory (default .)\n"
+    "  --dir D        destination directory (default .); --out D is upstream's name\n"
     "\n"
     "Environment (as huggingface_hub): HF_ENDPOINT (default https://huggingface.co),\n"
     "HF_TOKEN (sent as a Bearer token for gated/private repositories, never\n"

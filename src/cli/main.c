@@ -52,6 +52,14 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name))
             return commands[i].fn(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "fetch")) {
+        /* upstream's `fetch` downloads its prebuilt engine library */
+        fprintf(stderr, "needle: fetch: this needle is the engine: no prebuilt library to fetch; "
+                        "build it here (`make`, or `make install PREFIX=...` for bin/needle, "
+                        "lib/libneedle.so and needle.pc) and point NEEDLE_LIB_PATH at "
+                        "libneedle.so for upstream's Python client\n");
+        return 2;
+    }
     fprintf(stderr, "needle: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

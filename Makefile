@@ -4,7 +4,7 @@
 JOBS ?= $(shell nproc)
 BUILD ?= build
 
-.PHONY: all build deps test-deps check demo asan-check tsan-check clang-build fuzz format clean \
+.PHONY: install all build deps test-deps check demo asan-check tsan-check clang-build fuzz format clean \
 	arm64-deps arm64-build arm64-check noomp-check vulkan-check cuda-build cuda-emu-check
 
 all: build
@@ -18,6 +18,15 @@ test-deps:
 build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
+
+# Installs like a C library: PREFIX/bin/needle, PREFIX/lib/libneedle.{so,a},
+# PREFIX/include/needle.h, PREFIX/lib/pkgconfig/needle.pc and the GPU plugins
+# (when built) in PREFIX/lib/needle/. DESTDIR stages it elsewhere.
+PREFIX ?= /usr/local
+install: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+	DESTDIR=$(DESTDIR) cmake --install $(BUILD)
 
 check: test-deps build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

@@ -470,8 +470,10 @@ def periodic_save_failure(tmp):
             break
         lines.append(line)
         if not swapped and line.strip().startswith("step") and os.path.exists(out):
-            os.unlink(out)
-            os.symlink(T["other"], out)
+            # swap atomically: a save may rename a new file into place meanwhile
+            link = out + ".link"
+            os.symlink(T["other"], link)
+            os.replace(link, out)
             swapped = True
         if swapped and not warned and "periodic save" in line:
             warned = True

@@ -104,6 +104,29 @@ def main():
     r = client(lib)
     check(r["path"] == beside, "found beside the library: %r" % r["path"])
     answered(r, "beside the library")
+    # `needle run` without --weights: the program finds it beside itself
+    prog = os.path.join(libdir, "needle")
+    shutil.copy(NEEDLE, prog)
+    tools = os.path.join(tmp, "tools.json")
+    with open(tools, "w") as f:
+        json.dump(TOOLS, f)
+    env = dict(os.environ)
+    env.pop("NEEDLE_BASE_WEIGHTS", None)
+    p = subprocess.run([prog, "run", "--tools", tools, "--max-new-tokens", "24",
+                        "start a timer for 5 minutes"], capture_output=True, env=env)
+    err = p.stderr.decode()
+    check(p.returncode == 0 and beside in err and "built-in base" in err,
+          "run without --weights uses the base: rc %d, %s" % (p.returncode, err))
+    try:
+        check(json.loads(p.stdout.decode().splitlines()[0])["success"] is True, "run: envelope")
+    except (ValueError, IndexError, KeyError):
+        check(False, "run: no envelope in %r" % p.stdout[:200])
+    os.remove(beside)
+    p = subprocess.run([prog, "run", "--tools", tools, "hi"], capture_output=True, env=env)
+    check(p.returncode == 1 and b"no built-in base model" in p.stderr,
+          "run without --weights and no base: %r" % p.stderr)
+    shutil.copy(cact, beside)
+
     # a failed needle_load is an error, never the base in disguise
     r = client(lib, "garbage")
     check(r["init"] == -11 and "needle_load" in r["error"], "failed load, no fallback: %r" % r)

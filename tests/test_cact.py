@@ -209,7 +209,7 @@ def main():
               "RAW dequant refused")
 
         # ---- bits selection ----
-        run("build", "b.pkl", "--out", "b.cact")
+        run("build", "--no-tokenizer", "b.pkl", "--out", "b.cact")
         b = open("b.cact", "rb").read()
         ckb = load("b.pkl")
         R.EXACT_ROTATION = True
@@ -227,18 +227,18 @@ def main():
               and got_bits["mhc_phi_res"] == 5 and got_bits["engram0.tables"] == 2
               and got_bits["engram1.tables"] == 4 and got_bits["embedding"] == 4,
               "mixed widths %s" % got_bits)
-        p = run("build", "b.pkl", "--out", "b2.cact", "--bits", "2")
+        p = run("build", "--no-tokenizer", "b.pkl", "--out", "b2.cact", "--bits", "2")
         check("W2A8" in p.stdout.decode(), "--bits 2 scheme")
         _, rb2 = R.parse(open("b2.cact", "rb").read())
         check(all(r["bits"] == 2 for r in rb2 if r["dtype"] == R.CQ), "--bits overrides map")
-        p = run("build", "b.pkl", "--out", "b3.cact")
+        p = run("build", "--no-tokenizer", "b.pkl", "--out", "b3.cact")
         check("mixed[%s]A8" % kwb["weight_bits"] in p.stdout.decode(), "mixed scheme line")
         check(run("build", "b.pkl", "--bits", "5", ok=False).returncode == 2, "--bits 5 refused")
 
         # ---- default output name, atomic write leaves no temp files ----
         os.mkdir("sub")
         shutil.copy("a.pkl", "sub/my.model.pkl")
-        run("build", os.path.join(tmp, "sub", "my.model.pkl"), cwd=os.path.join(tmp, "sub"))
+        run("build", "--no-tokenizer", os.path.join(tmp, "sub", "my.model.pkl"), cwd=os.path.join(tmp, "sub"))
         check(os.path.exists("sub/my.model.cact"), "default output name")
         check(sorted(os.listdir("sub")) == ["my.model.cact", "my.model.pkl"], "no temp files")
         check(run("build", "missing.pkl", ok=False).returncode == 1, "missing checkpoint")
@@ -265,7 +265,7 @@ def main():
         Av = rng.normal(0, 0.3, (L, d, Lr)).astype(np.float32)
         Bv = rng.normal(0, 0.3, (L, Lr, d // 2)).astype(np.float32)
         adapter("known.pkl", A, B, extra={vk: {"A": Av, "B": Bv}})
-        p = run("build", "a.pkl", "--out", "k.cact", "--lora", "known.pkl")
+        p = run("build", "--no-tokenizer", "a.pkl", "--out", "k.cact", "--lora", "known.pkl")
         check("merged    2 weight groups  known.pkl" in p.stdout.decode(), "merged line")
         kbuf = open("k.cact", "rb").read()
         merged = R.merge_lora(ck["params"], load("known.pkl"))
@@ -285,7 +285,7 @@ def main():
         A16 = rng.normal(0, 0.3, (2, dB, 3)).astype(np.float32)
         B16 = rng.normal(0, 0.3, (2, 3, dB)).astype(np.float32)
         adapter("k16.pkl", A16, B16, scale=0.5, rank=3)
-        run("build", "b.pkl", "--out", "k16.cact", "--lora", "k16.pkl")
+        run("build", "--no-tokenizer", "b.pkl", "--out", "k16.cact", "--lora", "k16.pkl")
         merged16 = R.merge_lora(ckb["params"], load("k16.pkl"))
         check(merged16["stack"]["layers"]["block"]["self_attn"]["q_proj"]["kernel"].dtype
               == np.float16, "reference merge keeps float16")

@@ -247,6 +247,7 @@ int main(void)
     int8_accuracy(&m, tok, be);
     eviction_exact(&m, be);
     san_model_free(&m);
+    cact_free(&f);
     free(arch);
     san_model_free(&src);
     nd_tokenizer_free(tok);

@@ -1,5 +1,6 @@
 /* Backend selection: the CPU backend is built in; GPU backends are
- * plugins found next to the program (or NEEDLE_PLUGIN_DIR) and loaded on
+ * plugins found next to the program (or NEEDLE_PLUGIN_DIR, or lib/needle/
+ * of an installed tree) and loaded on
  * first use, so one binary runs with or without a GPU runtime. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -12,18 +13,31 @@
 #include "core/selfpath.h"
 #include "core/status.h"
 
+#ifndef NEEDLE_INSTALL_LIBDIR
+#define NEEDLE_INSTALL_LIBDIR "lib"
+#endif
+
 /* dlopen libneedle_<kind>.so; NULL + message when absent. */
 static void *plugin_load(const char *kind, char *why, size_t n)
 {
     char file[64], path[4096], dir[3072];
     snprintf(file, sizeof file, "libneedle_%s.so", kind);
     const char *env = getenv("NEEDLE_PLUGIN_DIR");
-    const char *dirs[2] = {env && *env ? env : NULL, NULL};
+    /* NEEDLE_PLUGIN_DIR, beside this image (a build tree), then the
+     * installed layout: PREFIX/lib/needle/ seen from PREFIX/bin/needle and
+     * from PREFIX/lib/libneedle.so */
+    char installed[2][3200];
+    const char *dirs[4] = {env && *env ? env : NULL, NULL, NULL, NULL};
     nd_image_dir(dir, sizeof dir);
-    if (dir[0])
+    if (dir[0]) {
         dirs[1] = dir;
+        snprintf(installed[0], sizeof installed[0], "%s/../%s/needle", dir, NEEDLE_INSTALL_LIBDIR);
+        snprintf(installed[1], sizeof installed[1], "%s/needle", dir);
+        dirs[2] = installed[0];
+        dirs[3] = installed[1];
+    }
     why[0] = 0;
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 4; i++) {
         if (!dirs[i])
             continue;
         snprintf(path, sizeof path, "%s/%s", dirs[i], file);
@@ -33,7 +47,7 @@ static void *plugin_load(const char *kind, char *why, size_t n)
         const char *e = dlerror();
         /* a plugin that exists but cannot load (missing libcuda/libvulkan)
          * is worth naming; a missing file only when nothing else was found */
-        if (e && (!why[0] || !strstr(e, "No such file")))
+        if (e && (!why[0] || (!strstr(e, "No such file") && !strstr(e, "Not a directory"))))
             snprintf(why, n, "%s", e);
     }
     void *h = dlopen(file, RTLD_NOW | RTLD_LOCAL); /* LD_LIBRARY_PATH, rpath */

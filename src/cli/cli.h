@@ -26,10 +26,22 @@ int cli_generate_augment(const char *data, long n, const char *model, int worker
  * beside `checkpoint` (may be NULL; buf holds that path). Prints where to
  * get one and returns NULL when none is found. */
 const char *cli_tokenizer_path(const char *flag_value, const char *checkpoint, char *buf, size_t n);
+/* A missing checkpoint PATH is fetched from upstream's Hugging Face repo
+ * (checkpoints/PATH, then checkpoints/basename, into ./checkpoints/) as
+ * upstream's load_checkpoint does; `resolved` gets the local path. Prints
+ * the error and returns 1 when neither is there nor downloadable. */
+int cli_fetch_checkpoint(const char *path, char *resolved, size_t n);
+/* Upstream's tokenizer (tokenizer/tokenizer.model) to `dest`; 1 on error
+ * (printed). */
+int cli_fetch_tokenizer(const char *dest);
+int cli_download(int argc, char **argv);
 int cli_build(int argc, char **argv);
 int cli_inspect(int argc, char **argv);
 int cli_run(int argc, char **argv);
+/* `run --checkpoint X.pkl --query TEXT`: upstream's plain continuation */
+int cli_run_checkpoint(int argc, char **argv);
 int cli_eval_calls(int argc, char **argv);
+int cli_playground(int argc, char **argv);
 
 /* Print "needle: <message>" for the library's last error and return 1. */
 int cli_fail(const char *context);

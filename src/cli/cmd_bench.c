@@ -20,7 +20,7 @@ static const char *bench_help =
     "usage: needle bench forward|train|decode|finetune [--preset tiny|needle2] [--batch B]\n"
     "                            [--seq T]\n"
     "                            [--iters|--steps N] [--threads N] [--device D]\n"
-    "                            [--precision fp32|tf32|bf16]\n"
+    "                            [--precision fp32|tf32|bf16] [--qat-bits N]\n"
     "\n"
     "forward: times the float32 forward pass (logits included) on random weights.\n"
     "decode:  engine prefill/decode tokens/s on a .cact (needle bench decode --help).\n"
@@ -51,7 +51,7 @@ static double forward_flops(const san_model *m, int B, int T)
 int cli_bench(int argc, char **argv)
 {
     const char *what = NULL, *preset = "needle2", *device = "auto", *precision = NULL;
-    long long B = 16, T = 128, iters = 5, threads = 0;
+    long long B = 16, T = 128, iters = 5, threads = 0, qat_bits = 0;
     if (argc > 1 && !strcmp(argv[1], "decode"))
         return cli_bench_decode(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "finetune"))
@@ -89,6 +89,9 @@ int cli_bench(int argc, char **argv)
         } else if (!strcmp(a, "--threads")) {
             if (cli_parse_int(a, v, 1, 1024, &threads))
                 return 2;
+        } else if (!strcmp(a, "--qat-bits")) { /* train as finetune --qat --bits N */
+            if (cli_parse_int(a, v, 2, 4, &qat_bits))
+                return 2;
         } else
             return cli_usage_error("bench", "unknown option '%s'", a);
     }
@@ -117,6 +120,7 @@ int cli_bench(int argc, char **argv)
     if (train) {
         if (san_lora_create(&lora, &m, 16, 32.0f) || san_lora_to_backend(&lora, be) ||
             nd_trainer_create(&tr, &m, be, &lora, (int)B, (int)T, 0, -1) ||
+            (qat_bits && nd_trainer_set_qat(&tr, (int)qat_bits)) ||
             nd_adamw_init(&opt, lora.numel, 1e-4f, 1000)) {
             san_model_free(&m);
             return cli_fail(NULL);
@@ -147,6 +151,7 @@ int cli_bench(int argc, char **argv)
     fprintf(stderr, "  %-9s %s %s  batch %lld x seq %lld  %.2fM params  %lld iters (+1 warmup)\n",
             "bench", what, preset, B, T, (double)m.numel / 1e6, iters);
     int rc = !sec ? nd_error(ND_ENOMEM, "out of memory") : 0;
+    double first_qat = tr.qat ? tr.qat->seconds : 0;
     for (long long i = -1; i < iters && !rc; i++) { /* i = -1: warm-up (page faults, BLAS) */
         /* the CPU's peak right now, so drift on a shared host cancels (a
          * device backend's peak is not measured here) */
@@ -197,6 +202,9 @@ int cli_bench(int argc, char **argv)
                "peak RSS %.1f MB\n",
                what, preset, B, T, where, sec[0], med, (double)(B * T) / med, flops / med / 1e9,
                hw / med / 1e9, train ? keep : "", nd_maxrss_mb(ru.ru_maxrss));
+        if (tr.qat && tr.qat->calls > 1) /* the first call quantised the whole base */
+            printf("  qat W%lld: %.1f ms a step requantising the adapted projections\n", qat_bits,
+                   (tr.qat->seconds - first_qat) / (double)(tr.qat->calls - 1) * 1e3);
         if (ratio[iters / 2] > 0)
             printf("  fp32 FMA peak probed before each iteration (%s, %d threads): %.1f GFLOP/s "
                    "median; model FLOPs reach %.1f%% of it (median of per-iteration ratios; "

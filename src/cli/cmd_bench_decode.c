@@ -13,7 +13,7 @@
 
 static const char *help =
     "usage: needle bench decode --weights X.cact [--prompt N] [--gen N] [--iters N]\n"
-    "                           [--threads N] [--float]\n"
+    "                           [--threads N] [--chunk N] [--float]\n"
     "\n"
     "Loads the archive as the engine does (mapped, quantised matmuls on its CQ\n"
     "blobs; --float or NEEDLE_FLOAT=1: dequantised to float32), then times\n"
@@ -21,7 +21,8 @@ static const char *help =
     "and greedy decoding of --gen tokens (default 128) one at a time with the KV\n"
     "cache. Prints tokens/s (best and median of --iters, default 3), peak RSS,\n"
     "weight bytes read per decoded token, and the ratio to upstream's published\n"
-    "4300 prefill / 850 decode tokens/s and ~28 MB RAM.\n"
+    "4300 prefill / 850 decode tokens/s and ~28 MB RAM. --chunk: most prompt\n"
+    "tokens one forward runs at once (default: a session's chunk).\n"
     "For the needle2 shape at 4 bits on random weights:\n"
     "  needle init /tmp/n2.pkl --preset needle2\n"
     "  needle build /tmp/n2.pkl --bits 4 --out /tmp/n2.cact\n"
@@ -54,7 +55,7 @@ static size_t float_bytes_per_token(const san_model *m)
 int cli_bench_decode(int argc, char **argv)
 {
     const char *weights = NULL;
-    long long P = 256, G = 128, iters = 3, threads = 0;
+    long long P = 256, G = 128, iters = 3, threads = 0, chunk = ND_SESSION_CHUNK;
     int quant = !nd_engine_float_path();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -79,6 +80,9 @@ int cli_bench_decode(int argc, char **argv)
                 return 2;
         } else if (!strcmp(a, "--iters")) {
             if (cli_parse_int(a, v, 1, 1000, &iters))
+                return 2;
+        } else if (!strcmp(a, "--chunk")) {
+            if (cli_parse_int(a, v, 1, 4096, &chunk))
                 return 2;
         } else if (!strcmp(a, "--threads")) {
             if (cli_parse_int(a, v, 1, 1024, &threads))
@@ -119,10 +123,11 @@ int cli_bench_decode(int argc, char **argv)
     double *tp = calloc((size_t)iters, sizeof *tp), *td = calloc((size_t)iters, sizeof *td);
     for (long long it = 0; it < iters && !rc; it++) {
         nd_kv_state s;
-        if ((rc = nd_kv_init(&s, &m, be, 256, kvw)))
+        if ((rc = nd_kv_init(&s, &m, be, (int)chunk, kvw)))
             break;
         if (quant)
             nd_kv_use_quant(&s, &qw);
+        nd_kv_set_bits(&s, m.cfg.kv_bits); /* as a session does: int8 rows by default */
         double a = nd_wtime();
         rc = nd_kv_forward(&s, tok, (int)P, lg, 0);
         double b = nd_wtime();
@@ -155,7 +160,8 @@ int cli_bench_decode(int argc, char **argv)
                pt, pt / 4300.0, (double)P / median(tp, (int)iters));
         printf("decode  %lld tokens: %.1f tokens/s  (upstream 850: ratio %.3f; median %.1f)\n", G,
                dt, dt / 850.0, (double)G / median(td, (int)iters));
-        printf("peak RSS %.1f MB  (upstream ~28 MB: ratio %.2f)\n", mb, mb / 28.0);
+        printf("peak RSS %.1f MB  (upstream ~28 MB: ratio %.2f); chunk %lld\n", mb, mb / 28.0,
+               chunk);
         printf("weights read per decoded token %.2f MB\n", (double)per_token / 1e6);
     }
     free(tp);

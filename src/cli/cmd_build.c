@@ -13,10 +13,11 @@
 #include "model/config.h"
 #include "model/cq.h"
 #include "model/lora_merge.h"
+#include "io/pickle.h"
 
 static const char *build_help =
     "usage: needle build CKPT.pkl [--lora ADAPTER.pkl] [--out X.cact] [--bits 2|3|4]\n"
-    "                    [--tokenizer-blob FILE]\n"
+    "                    [--tokenizer M | --tokenizer-blob FILE | --no-tokenizer]\n"
     "\n"
     "Export a checkpoint to the .cact archive the Needle engine loads (upstream's\n"
     "format, byte for byte): CQ-quantised matrices, FP16 norms and gates, the\n"
@@ -26,13 +27,20 @@ static const char *build_help =
     "                       checkpoint's stored dtype)\n"
     "  --out FILE           output (default: checkpoint basename + .cact, in the\n"
     "                       current directory); written atomically\n"
-    "  --bits N             CQ width for every matrix; default: the config's\n"
-    "                       weight_bits map (\"name=bits,...,default=b\"), else 4\n"
+    "  --bits N             CQ width for every matrix: 2 or 4 as upstream, or 3\n"
+    "                       (ours: upstream's build offers 2|4 only); default: the\n"
+    "                       config's weight_bits map (\"name=bits,...,default=b\"), else 4\n"
     "  --tokenizer-blob FILE\n"
     "                       RAW tokenizer blob (export.py layout) stored as the last\n"
     "                       tensor; its piece count must equal the config vocab\n"
     "  --tokenizer FILE     SentencePiece .model (or blob) to embed (default\n"
-    "                       $NEEDLE_TOKENIZER, else tokenizer.model beside the checkpoint)\n";
+    "                       $NEEDLE_TOKENIZER, else tokenizer.model beside the checkpoint);\n"
+    "                       without one the build fails: the engine cannot run an\n"
+    "                       archive without its tokenizer\n"
+    "  --no-tokenizer       write the archive without a tokenizer anyway (for\n"
+    "                       inspection; `needle run` refuses it)\n"
+    "  --upload             not supported: upload the .cact with huggingface-cli or\n"
+    "                       the Hugging Face web UI\n";
 
 /* A tokenizer file (.model or blob) -> the archive's RAW blob (export.py layout). */
 static int tokenizer_blob(const char *model_path, unsigned char **blob, size_t *len)
@@ -69,15 +77,43 @@ static double now(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* The scheme an adapter was trained at with `finetune --qat` ("W2"), or
+ * "" (no --qat, or an adapter that does not say). */
+static void adapter_qat_scheme(const char *path, char *buf, size_t cap)
+{
+    buf[0] = 0;
+    pv *ad = NULL;
+    if (pickle_load_file(path, &ad))
+        return;
+    const pv *st = ad->kind == PV_DICT ? pv_dict_get(ad, "needle_c_state") : NULL;
+    const pv *qat = st && st->kind == PV_DICT ? pv_dict_get(st, "qat") : NULL;
+    const pv *sch = st && st->kind == PV_DICT ? pv_dict_get(st, "qat_scheme") : NULL;
+    if (qat && qat->kind == PV_INT && qat->u.i && sch && sch->kind == PV_STR)
+        snprintf(buf, cap, "%s", sch->u.str.s);
+    pv_decref(ad);
+}
+
 int cli_build(int argc, char **argv)
 {
     const char *ckpt = NULL, *lora = NULL, *out = NULL, *tok_blob = NULL, *tok_model = NULL;
     long long bits = 0;
+    int no_tokenizer = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             fputs(build_help, stdout);
             return 0;
+        }
+        if (!strcmp(a, "--upload")) {
+            fprintf(stderr,
+                    "needle build: --upload is not supported: build the archive, then upload "
+                    "it with huggingface-cli (`huggingface-cli upload <you>/<model> X.cact`) or "
+                    "the Hugging Face web UI\n");
+            return 2;
+        }
+        if (!strcmp(a, "--no-tokenizer")) {
+            no_tokenizer = 1;
+            continue;
         }
         if (a[0] != '-' || a[1] != '-') {
             if (ckpt)
@@ -106,6 +142,8 @@ int cli_build(int argc, char **argv)
         return cli_usage_error("build", "missing checkpoint path");
     if (tok_blob && tok_model)
         return cli_usage_error("build", "give --tokenizer or --tokenizer-blob, not both");
+    if (no_tokenizer && (tok_blob || tok_model))
+        return cli_usage_error("build", "--no-tokenizer contradicts --tokenizer/--tokenizer-blob");
     char outbuf[4096];
     if (!out) {
         default_out(ckpt, outbuf, sizeof outbuf);
@@ -119,6 +157,10 @@ int cli_build(int argc, char **argv)
     if (nd_check_writable(out))
         return cli_fail(NULL);
 
+    char ckbuf[4096];
+    if (cli_fetch_checkpoint(ckpt, ckbuf, sizeof ckbuf))
+        return 1;
+    ckpt = ckbuf;
     double t0 = now();
     san_model m;
     pv *root = NULL;
@@ -145,7 +187,7 @@ int cli_build(int argc, char **argv)
         rc = nd_read_file(tok_blob, (size_t)1 << 30, &blob, &blob_len);
         if (rc)
             goto fail;
-    } else {
+    } else if (!no_tokenizer) {
         /* --tokenizer, else $NEEDLE_TOKENIZER, else tokenizer.model beside the checkpoint */
         const char *env = getenv("NEEDLE_TOKENIZER");
         char beside[4096];
@@ -159,6 +201,8 @@ int cli_build(int argc, char **argv)
             if (f) {
                 fclose(f);
                 tok_model = beside;
+            } else if (cli_fetch_tokenizer(beside) == 0) {
+                tok_model = beside; /* upstream's, fetched as upstream's build does */
             }
         }
         if (tok_model && nd_same_file(out, tok_model)) {
@@ -173,11 +217,13 @@ int cli_build(int argc, char **argv)
             if (rc)
                 goto fail;
         } else {
-            fprintf(stderr,
-                    "needle build: note: no tokenizer found (--tokenizer, $NEEDLE_TOKENIZER or "
-                    "tokenizer.model beside the checkpoint); the archive has no tokenizer "
-                    "tensor and the engine cannot run it. Upstream's tokenizer: Hugging Face "
-                    "Cactus-Compute/needle2, tokenizer/tokenizer.model\n");
+            rc = nd_error(ND_EARG,
+                          "no tokenizer found (--tokenizer, $NEEDLE_TOKENIZER or tokenizer.model "
+                          "beside %s): the engine cannot run an archive without one. Upstream's "
+                          "tokenizer: Hugging Face Cactus-Compute/needle2, "
+                          "tokenizer/tokenizer.model; or pass --no-tokenizer to build one anyway",
+                          ckpt);
+            goto fail;
         }
     }
 
@@ -200,6 +246,16 @@ int cli_build(int argc, char **argv)
         snprintf(scheme, sizeof scheme, "W%d", o.bits);
     printf("  %-9s %s  %.2f MB  %d tensors  %sA8\n", "wrote", out, (double)info.bytes / 1e6,
            info.num_tensors, scheme);
+    char trained[300];
+    if (lora) {
+        adapter_qat_scheme(lora, trained, sizeof trained);
+        if (trained[0] && strcmp(trained, scheme))
+            fprintf(stderr,
+                    "needle build: note: %s was fine-tuned with --qat at %s but this archive is "
+                    "%s: its weights are not the ones training saw (build with the --bits the "
+                    "fine-tune used)\n",
+                    lora, trained, scheme);
+    }
     fprintf(stderr, "  %-9s %.2f s\n", "time", now() - t0);
     free(blob);
     pv_decref(root);

@@ -23,6 +23,7 @@
 static const char *eval_help =
     "usage: needle eval --checkpoint CKPT.pkl DATA.jsonl [--tokenizer M] [--max-len N]\n"
     "                   [--lora ADAPTER] [--grad-norms [--lora-rank R --seed S]] [--json]\n"
+    "                   [--qat [--bits N]]\n"
     "       needle eval --checkpoint CKPT.pkl --tokens FILE [--json] [--logits OUT.bin]\n"
     "                   [--batching shared|packed|padded]\n"
     "       common: [--batch-size B] [--threads N] [--device D] [--precision P]\n"
@@ -33,6 +34,11 @@ static const char *eval_help =
     "(one per line, all positions count) and the overall mean.\n"
     "\n"
     "  --lora ADAPTER   apply an adapter (ours or upstream's) to the base\n"
+    "  --qat            evaluate the weights the archive holds: the (merged) weights\n"
+    "                   through `needle build`'s CQ quantise-dequantise and FP16\n"
+    "                   rounding, as `needle finetune --qat` trains them (JSONL)\n"
+    "  --bits N         --qat width 2, 3 or 4 (build's --bits; default: the config's\n"
+    "                   weight_bits map, else 4)\n"
     "  --grad-norms     also report the L2 norm of the gradient of the overall loss\n"
     "                   w.r.t. each LoRA A and B (of --lora, or of a fresh adapter\n"
     "                   from --lora-rank (16) / --lora-alpha (32) / --seed (0)) and\n"
@@ -92,6 +98,7 @@ static double l2(const float *x, size_t n)
 typedef struct {
     const char *ckpt, *data, *tok_flag, *lora_path;
     int json, grad_norms, batch, max_len, rank, batching;
+    int qat, bits; /* --qat: the archive's weights at build's --bits */
     double alpha;
     long long seed;
 } jsonl_args;
@@ -148,6 +155,7 @@ static int eval_jsonl(const jsonl_args *a, san_model *m, const nd_backend *be)
     }
     if (nd_batcher_create(&bt, m, be, have_lora ? &lora : NULL, &ts, B, a->batching, 0, 0, 0, 0,
                           ND_ACT_BUDGET_MB) ||
+        (a->qat && nd_trainer_set_qat(&bt.tr, a->bits)) ||
         nd_eval_masked(&bt, a->grad_norms, &ev)) {
         cli_fail(a->data);
         goto done;
@@ -222,6 +230,10 @@ int cli_eval(int argc, char **argv)
             ja.grad_norms = 1;
             continue;
         }
+        if (!strcmp(a, "--qat")) {
+            ja.qat = 1;
+            continue;
+        }
         if (a[0] != '-') {
             if (ja.data)
                 return cli_usage_error("eval", "unexpected argument '%s'", a);
@@ -248,6 +260,10 @@ int cli_eval(int argc, char **argv)
         else if (!strcmp(a, "--batching")) {
             if ((ja.batching = nd_batching_parse(val)) < 0)
                 return cli_usage_error("eval", "--batching must be shared, packed or padded");
+        } else if (!strcmp(a, "--bits")) {
+            if (cli_parse_int(a, val, 2, 4, &v))
+                return 2;
+            ja.bits = (int)v;
         } else if (!strcmp(a, "--batch-size")) {
             if (cli_parse_int(a, val, 1, 1 << 16, &batch))
                 return 2;
@@ -279,6 +295,10 @@ int cli_eval(int argc, char **argv)
         return cli_usage_error("eval", "--logits works with --tokens input");
     if (tokens && ja.grad_norms)
         return cli_usage_error("eval", "--grad-norms works with JSONL input");
+    if (tokens && ja.qat)
+        return cli_usage_error("eval", "--qat works with JSONL input");
+    if (ja.bits && !ja.qat)
+        return cli_usage_error("eval", "--bits is the --qat width: give --qat too");
 
     if (cli_check_output(logits_path, "checkpoint", ckpt, "token file", tokens, "adapter",
                          ja.lora_path, (const char *)NULL))

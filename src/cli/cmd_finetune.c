@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "core/fileio.h"
 #include "core/status.h"
 #include "train/batch.h"
 #include "train/finetune.h"
@@ -61,6 +62,13 @@ static const char *finetune_help =
     "                       validation {step, epoch, val_loss}, flushed as written; a\n"
     "                       --resume keeps the lines up to the resumed step and appends\n"
     "                       (plot it with `needle plot-loss FILE --out curve.svg`)\n"
+    "  --qat                quantisation-aware: every step trains through the CQ\n"
+    "                       quantise-dequantise (and FP16 rounding) `needle build`\n"
+    "                       applies, gradients straight through, so the archive\n"
+    "                       keeps what the fine-tune learned\n"
+    "  --bits N             --qat width 2, 3 or 4 (build's --bits; default: the\n"
+    "                       config's weight_bits map, else 4); build the archive\n"
+    "                       at the same width\n"
     "  --batching M         shared (default): each example at its own length, the\n"
     "                       prefix examples of a batch share (system + tools) run\n"
     "                       once, logits only at target positions; packed: own\n"
@@ -204,6 +212,10 @@ int cli_finetune(int argc, char **argv)
             o.group_by_tools = 1;
             continue;
         }
+        if (!strcmp(a, "--qat")) {
+            o.qat = 1;
+            continue;
+        }
         if (!strcmp(a, "--resume-override")) {
             o.resume_override = 1;
             continue;
@@ -253,6 +265,10 @@ int cli_finetune(int argc, char **argv)
         } else if (!strcmp(a, "--batching")) {
             if ((o.batching = nd_batching_parse(val)) < 0)
                 return cli_usage_error("finetune", "--batching must be shared, packed or padded");
+        } else if (!strcmp(a, "--bits")) {
+            if (cli_parse_int(a, val, 2, 4, &v))
+                return 2;
+            o.bits = (int)v;
         } else if (!strcmp(a, "--batch-size")) {
             if (cli_parse_int(a, val, 1, 65536, &v))
                 return 2;
@@ -304,6 +320,8 @@ int cli_finetune(int argc, char **argv)
                                    "float32, as upstream's)");
         o.save_f16 = !strcmp(save_dtype, "float16");
     }
+    if (o.bits && !o.qat)
+        return cli_usage_error("finetune", "--bits is the --qat width: give --qat too");
     char outbuf[4096], tokbuf[4096], genbuf[4096];
     if (generate > 0) {
         if (cli_generate_augment(o.data, (long)generate, gen_model, (int)workers, genbuf,
@@ -313,13 +331,13 @@ int cli_finetune(int argc, char **argv)
     }
     if (!out) {
         snprintf(outbuf, sizeof outbuf, "%s/needle_lora.pkl", ckdir);
-        /* as upstream's os.makedirs(exist_ok=True) */
-        if (mkdir(ckdir, 0777) != 0 && errno != EEXIST) {
-            fprintf(stderr, "needle: %s: cannot create the checkpoint directory: %s\n", ckdir,
-                    strerror(errno));
-            return 1;
-        }
+        /* upstream's os.makedirs(exist_ok=True), but only once the adapter
+         * is written: a run that fails early leaves no empty directory */
+        o.out_dir = ckdir;
         out = outbuf;
+        /* as os.makedirs: parents too; said now if it cannot be made */
+        if (nd_dir_creatable(ckdir, "checkpoint directory"))
+            return cli_fail(NULL);
     }
     o.out = out;
     /* --resume X --out X is the usual way to continue: the adapter is read
@@ -338,6 +356,10 @@ int cli_finetune(int argc, char **argv)
         return 1;
     }
     fclose(df);
+    char ckbuf[4096];
+    if (cli_fetch_checkpoint(o.checkpoint, ckbuf, sizeof ckbuf))
+        return 1;
+    o.checkpoint = ckbuf;
     o.tokenizer = cli_tokenizer_path(tok_flag, o.checkpoint, tokbuf, sizeof tokbuf);
     if (!o.tokenizer)
         return 1;

@@ -10,15 +10,20 @@
 #include "needle.h"
 
 static const char *run_help =
-    "usage: needle run --weights X.cact --tools tools.json [--system S]\n"
+    "usage: needle run [--weights X.cact] --tools tools.json [--system S]\n"
     "                  [--tool-index PATH] [--max-new-tokens N] [--interactive] [QUERY]\n"
+    "       needle run --checkpoint X.pkl [--query TEXT] [--max-len N] ...\n"
+    "                  (upstream's plain greedy continuation; see\n"
+    "                  `needle run --checkpoint X --help`)\n"
     "\n"
     "Prints one JSON envelope per turn: type (call|respond), success, error,\n"
     "error_code, function_calls, reasoning, confidence (the archive's confidence\n"
     "head and the call's minimum token probability, whichever is lower),\n"
     "prefill_tps, decode_tps, peak_ram_mb.\n"
     "\n"
-    "  --weights PATH      .cact archive (needle build)\n"
+    "  --weights PATH      .cact archive (needle build); default: the built-in\n"
+    "                      base (needle-nano.cact beside the program or library,\n"
+    "                      ../share/needle, or $NEEDLE_BASE_WEIGHTS)\n"
     "  --tools PATH        JSON array of tools {name, description, parameters}\n"
     "  --system TEXT       system facts (optional)\n"
     "  --tool-index PATH   with more than 5 tools, keep the tool embeddings of\n"
@@ -51,6 +56,10 @@ int cli_run(int argc, char **argv)
     const char *weights = NULL, *tools = NULL, *system = NULL, *query = NULL, *index = NULL;
     long long max_new = 256;
     int interactive = 0;
+    /* upstream's invocation: a checkpoint instead of an archive */
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--checkpoint"))
+            return cli_run_checkpoint(argc, argv);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -84,8 +93,16 @@ int cli_run(int argc, char **argv)
         } else
             return cli_usage_error("run", "unknown option '%s'", a);
     }
-    if (!weights)
-        return cli_usage_error("run", "--weights X.cact is required");
+    char base[4096];
+    if (!weights) {
+        if (needle_default_weights_path(base, sizeof base)) {
+            fprintf(stderr, "needle: run: no --weights given and %s\n", needle_thread_error());
+            return 1;
+        }
+        weights = base;
+        fprintf(stderr, "weights   %s (the built-in base; --weights X.cact for another)\n",
+                weights);
+    }
     if (!tools)
         return cli_usage_error("run", "--tools tools.json is required");
     if (!query && !interactive)

@@ -44,6 +44,10 @@ const char *cli_tokenizer_path(const char *flag_value, const char *checkpoint, c
                 fclose(f);
                 return buf;
             }
+            /* upstream fetches its tokenizer when it has none: beside the
+             * checkpoint, where the next run finds it */
+            if (cli_fetch_tokenizer(buf) == 0)
+                return buf;
         }
     }
     fprintf(stderr,

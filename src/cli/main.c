@@ -18,12 +18,14 @@ static const struct {
     {"generate-data", cli_generate_data,
      "synthesise tool-calling examples with a chat-completions service (OpenRouter)"},
     {"build", cli_build, "merge a LoRA adapter and export a .cact archive (CQ quantised)"},
-    {"run", cli_run, "answer a query with a schema-constrained tool call from a .cact"},
+    {"run", cli_run, "a schema-constrained tool call from a .cact (--checkpoint: plain text)"},
     {"eval-calls", cli_eval_calls, "score a .cact's tool calls on held-out JSONL examples"},
+    {"download", cli_download, "download a file of a Hugging Face model repository (resumable)"},
     {"inspect", cli_inspect, "validate a .cact archive; print header, codebooks, tensors"},
     {"bench", cli_bench, "benchmarks (forward pass timing, tokens/s, GFLOP/s, peak RSS)"},
     {"tokenize", cli_tokenize, "text lines -> token ids (or ids -> text with --decode)"},
     {"render", cli_render, "show a JSONL example's rendered prompt/target, ids and loss mask"},
+    {"playground", cli_playground, "local web UI: tools, chat, envelopes, upload, fine-tune"},
 };
 
 static void usage(FILE *f)
@@ -36,9 +38,10 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    /* as upstream: a bare `needle` is a request for help, not an error */
     if (argc < 2) {
-        usage(stderr);
-        return 2;
+        usage(stdout);
+        return 0;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
@@ -51,6 +54,14 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name))
             return commands[i].fn(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "fetch")) {
+        /* upstream's `fetch` downloads its prebuilt engine library */
+        fprintf(stderr, "needle: fetch: this needle is the engine: no prebuilt library to fetch; "
+                        "build it here (`make`, or `make install PREFIX=...` for bin/needle, "
+                        "lib/libneedle.so and needle.pc) and point NEEDLE_LIB_PATH at "
+                        "libneedle.so for upstream's Python client\n");
+        return 2;
+    }
     fprintf(stderr, "needle: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

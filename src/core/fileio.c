@@ -343,3 +343,50 @@ int nd_write_file_atomic(const char *path, const void *data, size_t len)
     }
     return nd_atomic_commit(&af);
 }
+
+int nd_dir_creatable(const char *dir, const char *what)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s", dir);
+    for (;;) {
+        struct stat st;
+        if (stat(p, &st) == 0) {
+            if (!S_ISDIR(st.st_mode))
+                return nd_error(ND_EIO, "%s: cannot create the %s: %s", dir, what,
+                                strerror(ENOTDIR));
+            if (strcmp(p, dir) && access(p, W_OK | X_OK) != 0)
+                return nd_error(ND_EIO, "%s: cannot create the %s: %s", dir, what, strerror(errno));
+            return ND_OK;
+        }
+        if (errno != ENOENT)
+            return nd_error(ND_EIO, "%s: cannot create the %s: %s", dir, what, strerror(errno));
+        /* up one level: "a/b" -> "a", "/a" -> "/", "a" -> "." */
+        size_t n = strlen(p);
+        while (n > 1 && p[n - 1] == '/')
+            p[--n] = 0;
+        char *slash = strrchr(p, '/');
+        if (!slash)
+            snprintf(p, sizeof p, ".");
+        else if (slash == p)
+            p[1] = 0;
+        else
+            *slash = 0;
+    }
+}
+
+int nd_mkdirs(const char *dir, const char *what)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s", dir);
+    size_t n = strlen(p);
+    for (size_t i = 1; i <= n; i++) {
+        if (p[i] != '/' && p[i] != 0)
+            continue;
+        char c = p[i];
+        p[i] = 0;
+        if (mkdir(p, 0777) != 0 && errno != EEXIST)
+            return nd_error(ND_EIO, "%s: cannot create the %s: %s", dir, what, strerror(errno));
+        p[i] = c;
+    }
+    return ND_OK;
+}

@@ -39,6 +39,13 @@ int nd_atomic_write(nd_atomic_file *af, const void *data, size_t len);
 int nd_atomic_commit(nd_atomic_file *af);
 void nd_atomic_abort(nd_atomic_file *af);
 
+/* Whether directory `dir` exists or `mkdir -p` could make it: the nearest
+ * existing ancestor is a directory we may write into. ND_EIO naming `what`
+ * ("checkpoint directory") and the reason otherwise. */
+int nd_dir_creatable(const char *dir, const char *what);
+/* mkdir -p `dir`; ND_EIO naming `what` on failure. */
+int nd_mkdirs(const char *dir, const char *what);
+
 /* May `path` be written as an output? ND_OK when it does not exist or is
  * a regular file (then *exists = 1, *mode its st_mode); an error naming
  * what it is otherwise (symlink, device, FIFO, directory). */

@@ -57,6 +57,13 @@ int nd_cact_tokenizer(const cact_file *f, nd_tokenizer **tok);
 
 /* ---- incremental decoding ---- */
 
+/* prompt tokens a session runs per forward: scratch scales with it (RSS),
+ * and past ~64 rows a quantised matmul gains little from more */
+#define ND_SESSION_CHUNK 64
+#define ND_ATT_MAX_HD 512
+#define ND_VP_GROUP                                                                                \
+    32 /* v' values per int8 scale */ /* largest head dim the cached attention takes */
+
 /* Everything that depends on the tokens seen so far: per layer K (after
  * k_norm and RoPE) and V rows, per engram site the v' = e @ Wv rows (the
  * taps read v' at t - j*D), and the token history (the n-gram hash reads the
@@ -89,12 +96,18 @@ typedef struct {
     float *ks, *vs;                     /* [L][cap][G] scales of the int8 rows */
     float *rope_far_cos, *rope_far_sin; /* [chunk][hd/2]: positions past the tables */
     size_t scratch_bytes;
-    float *vp[SAN_MAX_SITES];   /* [cap][d] */
+    float *vp[SAN_MAX_SITES]; /* [cap][d] (float cache) */
+    /* with the int8 cache, v' rows are int8 too, one scale per 32 values
+     * (upstream's budget counts them so) */
+    int vp_int8;
+    int8_t *vp8[SAN_MAX_SITES]; /* [cap][d] */
+    float *vps[SAN_MAX_SITES];  /* [cap][d / ND_VP_GROUP] */
     float *rope_cos, *rope_sin; /* [max_len][hd/2] */
     /* scratch for one chunk of up to `chunk` new tokens */
     int chunk;
     void *scratch;
-    float *x0, *X, *Xn, *eng_e, *eng_k, *eng_v, *eng_vp, *xm, *hf, *att_s, *logits;
+    float *x0, *X, *Xn, *eng_e, *eng_k, *eng_v, *eng_vp, *xm, *hf, *att_s;
+    int att_threads; /* att_s holds score rows for this many threads */
     int32_t *eng_idx, *win_tok;
     nd_layout_buf lay; /* one sequence of the chunk's rows */
     float *nx, *pre, *post, *res, *hpre, *hpost, *M, *u, *alpha, *bx, *a, *q, *kk, *vv, *g;
@@ -123,6 +136,36 @@ void nd_kv_rewind(nd_kv_state *s, int len);
  * every new row go to `logits` ([n, V]) when all_logits, else only the last
  * row's ([V]); logits may be NULL. */
 int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int all_logits);
+
+/* The first `len` rows of a state (tokens, K/V of every layer, engram v'
+ * rows): everything a later forward reads of them, so restoring a snapshot
+ * of a prefix equals running that prefix again. */
+typedef struct {
+    int len, kv_int8;
+    size_t bytes;
+    void *data;
+} nd_kv_snap;
+/* rows must start at position 0 (nothing evicted before them) */
+int nd_kv_snapshot(const nd_kv_state *s, int len, nd_kv_snap *out);
+/* Replace everything in s by the snapshot's rows (s's window settings
+ * stay; the caller sets the sinks). */
+int nd_kv_restore(nd_kv_state *s, const nd_kv_snap *snap);
+void nd_kv_snap_free(nd_kv_snap *snap);
+
+/* ---- prefix KV cache (per model) ----
+ * The system + tools prefix's rows, keyed by SHA-256 of its token ids, kept
+ * for the next session (or retrieved tool set) with the same prefix: an LRU
+ * of a few entries shared by the model's sessions under a lock. */
+struct needle_model;
+/* entries 0 turns the cache off (and empties it); the default is 4, or
+ * $NEEDLE_PREFIX_CACHE */
+void nd_prefix_cache_limit(struct needle_model *M, int entries);
+typedef struct {
+    int entries;
+    long hits, misses;
+    size_t bytes;
+} nd_prefix_cache_stats;
+nd_prefix_cache_stats nd_prefix_cache_get_stats(struct needle_model *M);
 
 /* Test hook: a session's decoder state (its retained tokens, sinks). */
 struct needle_session;

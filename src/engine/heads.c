@@ -146,9 +146,9 @@ static void pool_hook(void *ctx, int layer, int p0, const float *cells, int n)
 }
 
 /* The head's raw outputs (pooled @ proj^T + bias) for t[0..T): the
- * engine's own forward (quantised or float, as the model was loaded), one
- * chunk of T rows with full causal attention, pooling the cells as each
- * layer finishes. */
+ * engine's own forward (quantised or float, as the model was loaded), T
+ * rows with full causal attention, pooling the cells as each layer of each
+ * chunk finishes. */
 static int head_run(const san_model *m, const nd_backend *be, const nd_heads *hs,
                     const nd_probe_head *h, const int32_t *t, int T, double *out)
 {
@@ -160,7 +160,10 @@ static int head_run(const san_model *m, const nd_backend *be, const nd_heads *hs
     const san_dims *D = &m->dims;
     int d = D->d, P = h->n_probes;
     nd_kv_state kv;
-    int rc = nd_kv_init(&kv, m, be, T, 0);
+    /* chunks of at most 256 rows: the scratch grows with the chunk (~80 KB
+     * a row for needle2), and pooling is an online softmax over the cells
+     * in any order */
+    int rc = nd_kv_init(&kv, m, be, T < 256 ? T : 256, 0);
     if (rc)
         return rc;
     if (hs->qw)

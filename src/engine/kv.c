@@ -8,8 +8,13 @@
 
 #include "core/status.h"
 #include "core/threadpool.h"
+#include "backend/cpu/cpu_kernels.h"
 #include "engine/engine.h"
 #include "model/san.h"
+
+/* query rows per attention task: one int8 -> float conversion of a cached
+ * key serves them all */
+#define ATT_ROWS 4
 
 static int max_order(const san_model *m)
 {
@@ -26,6 +31,8 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     const san_dims *D = &m->dims;
     if (chunk < 1)
         chunk = 1;
+    if (D->hd > ND_ATT_MAX_HD)
+        return nd_error(ND_ELIMIT, "head dim %d is over the engine's %d", D->hd, ND_ATT_MAX_HD);
     s->m = m;
     s->be = be;
     s->max_len = m->cfg.max_seq_len;
@@ -78,8 +85,8 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     P(s->y, N * d);
     P(s->xm, N * d);
     P(s->hf, N * d);
-    P(s->att_s, (size_t)D->H * N * (size_t)s->max_len);
-    P(s->logits, N * (size_t)D->V);
+    s->att_threads = nd_get_threads();
+    P(s->att_s, (size_t)s->att_threads * ATT_ROWS * (size_t)(D->H / D->G) * (size_t)s->max_len);
 #undef P
     size_t total = 0;
     for (int i = 0; i < np; i++)
@@ -110,8 +117,10 @@ void nd_kv_use_quant(nd_kv_state *s, const nd_qweights *q)
 
 void nd_kv_set_bits(nd_kv_state *s, int bits)
 {
-    if (!s->cap) /* the rows' format is fixed once any are stored */
+    if (!s->cap) { /* the rows' format is fixed once any are stored */
         s->kv_int8 = bits == 8;
+        s->vp_int8 = s->kv_int8 && s->m->dims.d % ND_VP_GROUP == 0;
+    }
 }
 
 void nd_kv_slide(nd_kv_state *s, int n_sink)
@@ -125,8 +134,9 @@ static size_t row_bytes(const nd_kv_state *s)
     const san_dims *D = &s->m->dims;
     size_t kvd = (size_t)D->kv_dim, G = (size_t)D->G;
     size_t kv = s->kv_int8 ? kvd + G * sizeof(float) : kvd * sizeof(float);
-    return sizeof(int32_t) + 2 * (size_t)D->L * kv +
-           (size_t)s->m->cfg.n_sites * (size_t)D->d * sizeof(float);
+    size_t vp = s->vp_int8 ? (size_t)D->d + (size_t)D->d / ND_VP_GROUP * sizeof(float)
+                           : (size_t)D->d * sizeof(float);
+    return sizeof(int32_t) + 2 * (size_t)D->L * kv + (size_t)s->m->cfg.n_sites * vp;
 }
 
 /* rows the window keeps at most (before a chunk of up to `chunk` lands):
@@ -191,8 +201,11 @@ void nd_kv_free(nd_kv_state *s)
     free(s->v8);
     free(s->ks);
     free(s->vs);
-    for (int i = 0; i < SAN_MAX_SITES; i++)
+    for (int i = 0; i < SAN_MAX_SITES; i++) {
         free(s->vp[i]);
+        free(s->vp8[i]);
+        free(s->vps[i]);
+    }
     memset(s, 0, sizeof *s);
 }
 
@@ -240,8 +253,16 @@ static int kv_reserve(nd_kv_state *s, int need)
         if (!rc)
             rc = grow_rows((void **)&s->v, L, s->cap, cap, s->len, kvd * sizeof(float));
     }
-    for (int i = 0; i < s->m->cfg.n_sites && !rc; i++)
-        rc = grow_rows((void **)&s->vp[i], 1, s->cap, cap, s->len, d * sizeof(float));
+    size_t vg = d / ND_VP_GROUP * sizeof(float);
+    for (int i = 0; i < s->m->cfg.n_sites && !rc; i++) {
+        if (!s->vp_int8) {
+            rc = grow_rows((void **)&s->vp[i], 1, s->cap, cap, s->len, d * sizeof(float));
+            continue;
+        }
+        rc = grow_rows((void **)&s->vp8[i], 1, s->cap, cap, s->len, d);
+        if (!rc)
+            rc = grow_rows((void **)&s->vps[i], 1, s->cap, cap, s->len, vg);
+    }
     if (rc) /* arrays grown so far hold more rows; s->cap stays the safe bound */
         return nd_error(ND_ENOMEM, "out of memory growing the KV cache to %d positions", cap);
     s->cap = cap;
@@ -291,11 +312,103 @@ static int make_room(nd_kv_state *s, int n)
         drop_rows(s->k, L, s->cap, pin, drop, s->len, kvd * sizeof(float));
         drop_rows(s->v, L, s->cap, pin, drop, s->len, kvd * sizeof(float));
     }
-    for (int i = 0; i < s->m->cfg.n_sites; i++)
-        drop_rows(s->vp[i], 1, s->cap, pin, drop, s->len, d * sizeof(float));
+    for (int i = 0; i < s->m->cfg.n_sites; i++) {
+        if (!s->vp_int8) {
+            drop_rows(s->vp[i], 1, s->cap, pin, drop, s->len, d * sizeof(float));
+            continue;
+        }
+        drop_rows(s->vp8[i], 1, s->cap, pin, drop, s->len, d);
+        drop_rows(s->vps[i], 1, s->cap, pin, drop, s->len, d / ND_VP_GROUP * sizeof(float));
+    }
     s->len -= drop;
     s->evicted += drop;
     return ND_OK;
+}
+
+/* The per-position arrays of a state: [layers][cap][row] each. */
+typedef struct {
+    void *base;
+    size_t layers, row;
+} kv_array;
+
+static int kv_arrays(const nd_kv_state *s, kv_array *a)
+{
+    const san_dims *D = &s->m->dims;
+    size_t L = (size_t)D->L, kvd = (size_t)D->kv_dim, G = (size_t)D->G, d = (size_t)D->d;
+    int n = 0;
+    a[n++] = (kv_array){s->tokens, 1, sizeof(int32_t)};
+    if (s->kv_int8) {
+        a[n++] = (kv_array){s->k8, L, kvd};
+        a[n++] = (kv_array){s->v8, L, kvd};
+        a[n++] = (kv_array){s->ks, L, G * sizeof(float)};
+        a[n++] = (kv_array){s->vs, L, G * sizeof(float)};
+    } else {
+        a[n++] = (kv_array){s->k, L, kvd * sizeof(float)};
+        a[n++] = (kv_array){s->v, L, kvd * sizeof(float)};
+    }
+    for (int i = 0; i < s->m->cfg.n_sites; i++) {
+        if (!s->vp_int8) {
+            a[n++] = (kv_array){s->vp[i], 1, d * sizeof(float)};
+            continue;
+        }
+        a[n++] = (kv_array){s->vp8[i], 1, d};
+        a[n++] = (kv_array){s->vps[i], 1, d / ND_VP_GROUP * sizeof(float)};
+    }
+    return n;
+}
+
+int nd_kv_snapshot(const nd_kv_state *s, int len, nd_kv_snap *out)
+{
+    memset(out, 0, sizeof *out);
+    if (len < 0 || len > s->len || (s->evicted && len > s->n_sink))
+        return nd_error(ND_EARG, "snapshot of %d rows: the state holds %d from position 0", len,
+                        s->evicted ? s->n_sink : s->len);
+    kv_array a[8 + 2 * SAN_MAX_SITES];
+    int na = kv_arrays(s, a);
+    size_t bytes = 0;
+    for (int i = 0; i < na; i++)
+        bytes += a[i].layers * (size_t)len * a[i].row;
+    if (!(out->data = malloc(bytes + 1)))
+        return nd_error(ND_ENOMEM, "out of memory snapshotting %d KV rows", len);
+    char *p = out->data;
+    for (int i = 0; i < na; i++)
+        for (size_t l = 0; l < a[i].layers; l++) {
+            size_t n = (size_t)len * a[i].row;
+            memcpy(p, (char *)a[i].base + l * (size_t)s->cap * a[i].row, n);
+            p += n;
+        }
+    out->len = len;
+    out->kv_int8 = s->kv_int8;
+    out->bytes = bytes;
+    return ND_OK;
+}
+
+int nd_kv_restore(nd_kv_state *s, const nd_kv_snap *snap)
+{
+    if (snap->kv_int8 != s->kv_int8 || snap->len > s->max_len)
+        return nd_error(ND_EARG, "KV snapshot does not fit this state");
+    s->len = 0;
+    s->evicted = 0;
+    int rc = kv_reserve(s, snap->len > 0 ? snap->len : 1);
+    if (rc)
+        return rc;
+    kv_array a[8 + 2 * SAN_MAX_SITES];
+    int na = kv_arrays(s, a);
+    const char *p = snap->data;
+    for (int i = 0; i < na; i++)
+        for (size_t l = 0; l < a[i].layers; l++) {
+            size_t n = (size_t)snap->len * a[i].row;
+            memcpy((char *)a[i].base + l * (size_t)s->cap * a[i].row, p, n);
+            p += n;
+        }
+    s->len = snap->len;
+    return ND_OK;
+}
+
+void nd_kv_snap_free(nd_kv_snap *snap)
+{
+    free(snap->data);
+    memset(snap, 0, sizeof *snap);
 }
 
 /* base + off, NULL for a matrix the quantised path leaves in the archive */
@@ -326,78 +439,155 @@ static int wmatmul(nd_kv_state *s, const float *x, int n, int in, const float *w
 
 typedef struct {
     nd_kv_state *s;
-    int l, p0;
+    int l, p0, n;
 } cached_attention_args;
 
-/* tasks [lo, hi): (new row, head) pairs */
+/* row j of a cache layer's kv head g as floats (an int8 row is converted
+ * into buf; its scale is applied by the caller) */
+static inline const float *kv_row(const float *F, const int8_t *Q, size_t kvd, int j, int g, int hd,
+                                  float *buf)
+{
+    if (!Q)
+        return F + (size_t)j * kvd + (size_t)g * hd;
+    const int8_t *r = Q + (size_t)j * kvd + (size_t)g * hd;
+    for (int e = 0; e < hd; e++)
+        buf[e] = (float)r[e];
+    return buf;
+}
+
+/* a * b + c, fused where the target has FMA (C11 mode does not contract
+ * a * b + c by itself; a libm fmaf without hardware FMA would be slow) */
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA) || defined(__aarch64__)
+#define KV_MADD(a, b, c) fmaf(a, b, c)
+#else
+#define KV_MADD(a, b, c) ((a) * (b) + (c))
+#endif
+
+/* q . k for four rows at once: four independent sums keep the vector unit
+ * busy where one sum would wait on its own additions */
+static inline void dot4(const float *q, const float *const k[4], int hd, float out[4])
+{
+    const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3];
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+    for (int e = 0; e < hd; e++) {
+        a0 = KV_MADD(q[e], k0[e], a0);
+        a1 = KV_MADD(q[e], k1[e], a1);
+        a2 = KV_MADD(q[e], k2[e], a2);
+        a3 = KV_MADD(q[e], k3[e], a3);
+    }
+    out[0] = a0;
+    out[1] = a1;
+    out[2] = a2;
+    out[3] = a3;
+}
+
+/* out += sum of w[c] v[c] over four rows (one pass over out) */
+static inline void axpy4(float *out, const float *const v[4], const float w[4], int hd)
+{
+    const float *v0 = v[0], *v1 = v[1], *v2 = v[2], *v3 = v[3];
+    float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
+    for (int e = 0; e < hd; e++)
+        out[e] =
+            KV_MADD(w3, v3[e], KV_MADD(w2, v2[e], KV_MADD(w1, v1[e], KV_MADD(w0, v0[e], out[e]))));
+}
+
+/* the keys query row p sees: [0, sink_end) and [j0, p] (unpinned rows are
+ * consecutive positions, so the window is a row range; the sinks before it
+ * stay visible, upstream's sink mask) */
+static void visible_keys(const nd_kv_state *s, int p, int *sink_end, int *j0)
+{
+    int pin = s->n_sink > 0 ? s->n_sink : 0;
+    *j0 = s->kv_window && p + 1 > s->kv_window ? p + 1 - s->kv_window : 0;
+    *sink_end = pin < *j0 ? pin : *j0;
+}
+
+/* tasks [lo, hi): (block of ATT_ROWS new rows, kv head) pairs. The heads
+ * sharing a kv head (GQA) and the block's rows read each cached row once,
+ * converted from int8 once; keys a row does not see get no weight. */
 static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
 {
-    (void)tid;
     const cached_attention_args *a = ctx;
     nd_kv_state *s = a->s;
-    int l = a->l, p0 = a->p0;
+    int l = a->l, p0 = a->p0, n = a->n;
     const san_dims *D = &s->m->dims;
     int H = D->H, G = D->G, hd = D->hd, rep = H / G, qd = D->q_dim, kvd = D->kv_dim;
-    size_t lc = (size_t)l * s->cap;
+    size_t lc = (size_t)l * s->cap, ml = (size_t)s->max_len;
     const float *K = s->k ? s->k + lc * kvd : NULL, *V = s->v ? s->v + lc * kvd : NULL;
-    const int8_t *K8 = s->k8 ? s->k8 + lc * kvd : NULL, *V8 = s->v8 ? s->v8 + lc * kvd : NULL;
-    const float *KS = s->ks ? s->ks + lc * G : NULL, *VS = s->vs ? s->vs + lc * G : NULL;
-    int pin = s->n_sink > 0 ? s->n_sink : 0;
-    float scale = 1.0f / sqrtf((float)hd);
+    const int8_t *K8 = s->kv_int8 ? s->k8 + lc * kvd : NULL;
+    const int8_t *V8 = s->kv_int8 ? s->v8 + lc * kvd : NULL;
+    const float *KS = s->kv_int8 ? s->ks + lc * G : NULL, *VS = s->kv_int8 ? s->vs + lc * G : NULL;
+    float scale = 1.0f / sqrtf((float)hd), buf[4][ND_ATT_MAX_HD];
+    /* this thread's scores: ATT_ROWS * rep rows of max_len */
+    float *sc0 = s->att_s + (size_t)tid * ATT_ROWS * rep * ml;
     for (long task = lo; task < hi; task++) {
-        int i = (int)(task / H), h = (int)(task % H), g = h / rep, p = p0 + i;
-        /* unpinned rows are consecutive positions, so the window is a row
-         * range; the sinks before it stay visible (upstream's sink mask) */
-        int j0 = s->kv_window && p + 1 > s->kv_window ? p + 1 - s->kv_window : 0;
-        int sink_end = pin < j0 ? pin : j0;
-        const float *q = s->q + (size_t)i * qd + (size_t)h * hd;
-        float *sc = s->att_s + (size_t)task * s->max_len;
-        float mx = -FLT_MAX;
-        for (int j = 0; j <= p; j++) {
-            if (j == sink_end && j < j0)
-                j = j0;
-            float acc = 0.0f;
-            if (s->kv_int8) {
-                const int8_t *kr = K8 + (size_t)j * kvd + (size_t)g * hd;
-#pragma omp simd reduction(+ : acc)
-                for (int e = 0; e < hd; e++)
-                    acc += q[e] * (float)kr[e];
-                acc *= KS[(size_t)j * G + g];
-            } else {
-                const float *kr = K + (size_t)j * kvd + (size_t)g * hd;
-#pragma omp simd reduction(+ : acc) /* lets the compiler vectorise the dot */
-                for (int e = 0; e < hd; e++)
-                    acc += q[e] * kr[e];
+        int i0 = (int)(task / G) * ATT_ROWS, g = (int)(task % G);
+        int nr = n - i0 < ATT_ROWS ? n - i0 : ATT_ROWS;
+        int se[ATT_ROWS], j0[ATT_ROWS];
+        for (int i = 0; i < nr; i++)
+            visible_keys(s, p0 + i0 + i, &se[i], &j0[i]);
+        /* the keys any row of the block sees: [0, se_max) and [lo2, p_max] */
+        int se_max = se[nr - 1], lo2 = j0[0] > se_max ? j0[0] : se_max;
+        int ranges[2][2] = {{0, se_max}, {lo2, p0 + i0 + nr}};
+        for (int rr = 0; rr < 2; rr++)
+            for (int j = ranges[rr][0]; j < ranges[rr][1]; j += 4) {
+                int nb = ranges[rr][1] - j < 4 ? ranges[rr][1] - j : 4;
+                const float *kr[4];
+                for (int c = 0; c < 4; c++) /* a short block repeats its last row */
+                    kr[c] = kv_row(K, K8, kvd, j + (c < nb ? c : nb - 1), g, hd, buf[c]);
+                float ks[4];
+                for (int c = 0; c < nb; c++)
+                    ks[c] = (KS ? KS[(size_t)(j + c) * G + g] : 1.0f) * scale;
+                for (int i = 0; i < nr; i++)
+                    for (int r = 0; r < rep; r++) {
+                        const float *q = s->q + (size_t)(i0 + i) * qd + (size_t)(g * rep + r) * hd;
+                        float dots[4], *sc = sc0 + ((size_t)i * rep + r) * ml + j;
+                        dot4(q, kr, hd, dots);
+                        for (int c = 0; c < nb; c++)
+                            sc[c] = dots[c] * ks[c];
+                    }
             }
-            acc *= scale;
-            sc[j] = acc;
-            mx = acc > mx ? acc : mx;
-        }
-        float sum = 0.0f;
-        for (int j = 0; j <= p; j++) {
-            if (j == sink_end && j < j0)
-                j = j0;
-            sc[j] = expf(sc[j] - mx);
-            sum += sc[j];
-        }
-        float inv = 1.0f / sum, *out = s->att + (size_t)i * qd + (size_t)h * hd;
-        for (int e = 0; e < hd; e++)
-            out[e] = 0.0f;
-        for (int j = 0; j <= p; j++) {
-            if (j == sink_end && j < j0)
-                j = j0;
-            float w = sc[j] * inv;
-            if (s->kv_int8) {
-                const int8_t *vr = V8 + (size_t)j * kvd + (size_t)g * hd;
-                w *= VS[(size_t)j * G + g];
+        for (int i = 0; i < nr; i++) {
+            int own[2][2] = {{0, se[i]}, {j0[i], p0 + i0 + i + 1}};
+            for (int r = 0; r < rep; r++) {
+                float *sc = sc0 + ((size_t)i * rep + r) * ml, mx = -FLT_MAX, sum = 0.0f;
+                for (int rr = 0; rr < 2; rr++)
+                    for (int j = own[rr][0]; j < own[rr][1]; j++)
+                        mx = sc[j] > mx ? sc[j] : mx;
+                for (int rr = 0; rr < 2; rr++) {
+                    for (int j = own[rr][0]; j < own[rr][1]; j++)
+                        sc[j] = san_expf(sc[j] - mx);
+                    for (int j = own[rr][0]; j < own[rr][1]; j++)
+                        sum += sc[j];
+                }
+                float inv = 1.0f / sum;
+                float *out = s->att + (size_t)(i0 + i) * qd + (size_t)(g * rep + r) * hd;
                 for (int e = 0; e < hd; e++)
-                    out[e] += w * (float)vr[e];
-            } else {
-                const float *vr = V + (size_t)j * kvd + (size_t)g * hd;
-                for (int e = 0; e < hd; e++)
-                    out[e] += w * vr[e];
+                    out[e] = 0.0f;
+                /* fold the normaliser (and the int8 rows' scale) into the
+                 * weights; keys this row does not see weigh nothing */
+                for (int j = 0; j < ranges[1][1]; j++) {
+                    int seen = (j < se[i] || j >= j0[i]) && j <= p0 + i0 + i;
+                    sc[j] = seen ? sc[j] * (inv * (VS ? VS[(size_t)j * G + g] : 1.0f)) : 0.0f;
+                }
             }
         }
+        for (int rr = 0; rr < 2; rr++)
+            for (int j = ranges[rr][0]; j < ranges[rr][1]; j += 4) {
+                int nb = ranges[rr][1] - j < 4 ? ranges[rr][1] - j : 4;
+                const float *vr[4];
+                for (int c = 0; c < 4; c++)
+                    vr[c] = kv_row(V, V8, kvd, j + (c < nb ? c : nb - 1), g, hd, buf[c]);
+                for (int i = 0; i < nr; i++)
+                    for (int r = 0; r < rep; r++) {
+                        const float *sc = sc0 + ((size_t)i * rep + r) * ml + j;
+                        float w[4];
+                        for (int c = 0; c < 4; c++) /* padding rows weigh nothing */
+                            w[c] = c < nb ? sc[c] : 0.0f;
+                        axpy4(s->att + (size_t)(i0 + i) * qd + (size_t)(g * rep + r) * hd, vr, w,
+                              hd);
+                    }
+            }
     }
 }
 
@@ -405,10 +595,42 @@ static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
  * cached keys 0..p (or the last kv_window of them). */
 static void cached_attention(nd_kv_state *s, int l, int p0, int n)
 {
-    long tasks = (long)n * s->m->dims.H;
-    cached_attention_args a = {s, l, p0};
-    /* shared only above ~4K score entries: less is cheaper than a fork */
-    nd_parallel_for(tasks, tasks * (p0 + n) > 4096 ? 1 : tasks, cached_attention_tasks, &a);
+    long tasks = (long)((n + ATT_ROWS - 1) / ATT_ROWS) * s->m->dims.G;
+    cached_attention_args a = {s, l, p0, n};
+    /* shared only above ~4K score entries: less is cheaper than a fork;
+     * never by more threads than the score rows were sized for */
+    long grain = (long)n * (p0 + n) > 4096 && nd_get_threads() <= s->att_threads ? 1 : tasks;
+    nd_parallel_for(tasks, grain, cached_attention_tasks, &a);
+}
+
+/* v' rows p0..p0+n-1 from s->eng_vp into site's int8 rows */
+static void store_vp_rows(nd_kv_state *s, int site, int p0, int n)
+{
+    int d = s->m->dims.d, ng = d / ND_VP_GROUP;
+    for (int i = 0; i < n; i++)
+        for (int g = 0; g < ng; g++) {
+            const float *x = s->eng_vp + (size_t)i * d + (size_t)g * ND_VP_GROUP;
+            int8_t *q = s->vp8[site] + (size_t)(p0 + i) * d + (size_t)g * ND_VP_GROUP;
+            float mx = 0.0f;
+            for (int e = 0; e < ND_VP_GROUP; e++)
+                mx = fabsf(x[e]) > mx ? fabsf(x[e]) : mx;
+            float scale = mx > 0.0f ? mx / 127.0f : 1.0f, inv = 1.0f / scale;
+            for (int e = 0; e < ND_VP_GROUP; e++)
+                q[e] = (int8_t)lrintf(x[e] * inv);
+            s->vps[site][(size_t)(p0 + i) * ng + (size_t)g] = scale;
+        }
+}
+
+/* int8 v' row r of a site as floats, in the first row of s->eng_vp (free
+ * once the new rows are stored) */
+static const float *vp_row(nd_kv_state *s, int site, int r)
+{
+    int d = s->m->dims.d, ng = d / ND_VP_GROUP;
+    const int8_t *q = s->vp8[site] + (size_t)r * d;
+    const float *sc = s->vps[site] + (size_t)r * ng;
+    for (int x = 0; x < d; x++)
+        s->eng_vp[x] = (float)q[x] * sc[x / ND_VP_GROUP];
+    return s->eng_vp;
 }
 
 /* e rows of the n-gram table lookups, read from the archive's CQ tables */
@@ -454,14 +676,19 @@ static int engram_chunk(nd_kv_state *s, int p0, int n)
                               D->eng_sub);
         const float *e = s->eng_e + (size_t)off * D->eng_dim;
         float *ek = s->eng_k + (size_t)site * n * d, *ev = s->eng_v + (size_t)site * n * d;
-        float *vp = s->vp[site];
+        /* new v' rows: straight into the float cache, or through scratch
+         * into int8 rows (then every tap reads the int8 rows, so results
+         * do not depend on how the prompt was split into chunks) */
+        float *vp = s->vp[site], *vnew = s->vp_int8 ? s->eng_vp : vp + (size_t)p0 * d;
         const nd_qmat *qk = s->qw ? &s->qw->eng[site].wk : NULL;
         const nd_qmat *qv = s->qw ? &s->qw->eng[site].wv : NULL;
         int rc = wmatmul(s, e, n, D->eng_dim, w->eng[site].wk, qk, d, ek, d, 1);
         if (!rc)
-            rc = wmatmul(s, e, n, D->eng_dim, w->eng[site].wv, qv, d, vp + (size_t)p0 * d, d, 0);
+            rc = wmatmul(s, e, n, D->eng_dim, w->eng[site].wv, qv, d, vnew, d, 0);
         if (rc)
             return rc;
+        if (s->vp_int8)
+            store_vp_rows(s, site, p0, n);
         const float *taps = w->eng[site].taps;
         for (int i = 0; i < n; i++) {
             int t = p0 + i;
@@ -472,7 +699,8 @@ static int engram_chunk(nd_kv_state *s, int p0, int n)
                 int src = t - j * D->eng_dilation;
                 if (src < 0)
                     break;
-                const float *pr = vp + (size_t)src * d, *tp = taps + (size_t)j * d;
+                const float *pr = s->vp_int8 ? vp_row(s, site, src) : vp + (size_t)src * d;
+                const float *tp = taps + (size_t)j * d;
                 for (int x = 0; x < d; x++)
                     vr[x] += tp[x] * pr[x];
             }

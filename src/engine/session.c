@@ -14,6 +14,7 @@
 #include "engine/engine.h"
 #include "engine/grammar.h"
 #include "engine/heads.h"
+#include "engine/prefix_cache.h"
 #include "engine/retrieval.h"
 #include "needle.h"
 #include "text/pyjson.h"
@@ -43,6 +44,7 @@ struct needle_model {
     nd_idvec think_close;     /* "\n<tool_call>" after </think> */
     nd_heads heads;           /* probe heads (retrieval, confidence), when exported */
     unsigned char digest[32]; /* SHA-256 of the archive: keys the tool index */
+    nd_prefix_cache pc;       /* system + tools prefixes' KV rows, shared by sessions */
     char err[1024];
 };
 
@@ -181,6 +183,7 @@ static needle_model *load_parsed(cact_file *f, int quant)
         cact_free(f);
         return NULL;
     }
+    nd_prefix_cache_init(&M->pc);
     int rc = quant ? nd_cact_to_qmodel(f, &M->m, &M->qw) : nd_cact_to_model(f, &M->m);
     if (quant) {
         M->arch = *f;
@@ -283,7 +286,13 @@ void needle_model_free(needle_model *M)
     nd_idvec_free(&M->think_open);
     nd_idvec_free(&M->think_close);
     nd_heads_free(&M->heads);
+    nd_prefix_cache_free(&M->pc);
     free(M);
+}
+
+nd_prefix_cache *nd_model_prefix_cache(needle_model *M)
+{
+    return &M->pc;
 }
 
 int needle_model_max_seq_len(const needle_model *M)
@@ -390,7 +399,7 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
         rc = nd_error(ND_ENOMEM, "out of memory");
         goto fail;
     }
-    if ((rc = nd_kv_init(&S->kv, &M->m, M->be, 256, M->kv_window)))
+    if ((rc = nd_kv_init(&S->kv, &M->m, M->be, ND_SESSION_CHUNK, M->kv_window)))
         goto fail;
     if (M->quant)
         nd_kv_use_quant(&S->kv, &M->qw);
@@ -405,8 +414,12 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
                       ids.n, M->m.cfg.max_seq_len);
         goto fail;
     }
-    if ((rc = nd_kv_forward(&S->kv, ids.v, (int)ids.n, NULL, 0)))
-        goto fail;
+    /* a prefix seen before (same system + tools) skips its prefill */
+    if (!nd_prefix_cache_lookup(&M->pc, ids.v, (int)ids.n, &S->kv)) {
+        if ((rc = nd_kv_forward(&S->kv, ids.v, (int)ids.n, NULL, 0)))
+            goto fail;
+        nd_prefix_cache_store(&M->pc, ids.v, (int)ids.n, &S->kv);
+    }
     S->prefix_len = (int)ids.n;
     /* the system + tools prefix are the window's sinks (upstream pins the
      * doc prefix): later turns slide past max_seq_len instead of failing */
@@ -771,11 +784,18 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
                           sinks, max_len);
             goto fail;
         }
+        /* a retrieved tool set seen before: its prefix's rows from the cache */
+        int cached = S->rt.on && lcp < sinks && sinks < (int)ids.n &&
+                     nd_prefix_cache_lookup(&M->pc, ids.v, sinks, &S->kv);
+        if (cached)
+            lcp = sinks;
         nd_kv_rewind(&S->kv, lcp);
         nd_kv_slide(&S->kv, sinks);
         prefilled = (int)ids.n - lcp;
         if ((rc = run(S, ids.v + lcp, prefilled, S->logits)))
             goto fail;
+        if (S->rt.on && !cached && lcp < sinks) /* its rows are pinned: keep them */
+            nd_prefix_cache_store(&M->pc, ids.v, sinks, &S->kv);
     } else {
         const char *open =
             S->turn == 1 ? "\n<|im_start|>user\n<tool_result>" : "\n<|im_start|>user\n";

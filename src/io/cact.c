@@ -644,6 +644,48 @@ static int emit(const plan *p, sink *s)
     return rc;
 }
 
+int cact_model_tensors(const san_model *m, const cact_write_opts *o, cact_model_tensor **list,
+                       int *n)
+{
+    *list = NULL;
+    *n = 0;
+    plan p;
+    int rc = make_plan(m, NULL, o, &p);
+    if (rc)
+        return rc;
+    cact_model_tensor *l = calloc((size_t)p.n + 1, sizeof *l);
+    if (!l) {
+        plan_free(&p);
+        return nd_error(ND_ENOMEM, "out of memory");
+    }
+    int k = 0;
+    for (int i = 0; i < p.n; i++) {
+        const entry *e = &p.e[i];
+        if (e->src != SRC_MODEL_FP16 && e->src != SRC_CQ_DIRECT && e->src != SRC_CQ_KERNEL &&
+            e->src != SRC_CQ_PHI)
+            continue;
+        cact_model_tensor *t = &l[k++];
+        snprintf(t->name, sizeof t->name, "%s", e->rec.name);
+        t->src = e->src == SRC_MODEL_FP16  ? CACT_SRC_FP16
+                 : e->src == SRC_CQ_DIRECT ? CACT_SRC_DIRECT
+                 : e->src == SRC_CQ_KERNEL ? CACT_SRC_KERNEL
+                                           : CACT_SRC_PHI;
+        t->offset = (size_t)(e->f - m->mem);
+        t->numel = (size_t)cact_numel(&e->rec);
+        t->a = e->a;
+        t->b = e->b;
+        t->c = e->c;
+        t->out = e->rec.shape[0];
+        t->in = e->rec.shape[1];
+        t->bits = (int)e->rec.bits;
+        t->group = (int)e->rec.group;
+    }
+    plan_free(&p);
+    *list = l;
+    *n = k;
+    return ND_OK;
+}
+
 int cact_write_mem(const san_model *m, const pv *params, const cact_write_opts *o,
                    unsigned char **buf, size_t *len, cact_write_info *info)
 {

@@ -72,6 +72,22 @@ int cact_write_file(const char *path, const san_model *m, const pv *params,
 int cact_write_mem(const san_model *m, const pv *params, const cact_write_opts *o,
                    unsigned char **buf, size_t *len, cact_write_info *info);
 
+/* The model tensors `needle build` exports with options `o` (bits,
+ * bits_map, group), in archive order, without the probe heads and the
+ * tokenizer: what quantisation-aware training must round (train/qat.h).
+ * *list is malloc'd. */
+enum { CACT_SRC_FP16, CACT_SRC_DIRECT, CACT_SRC_KERNEL, CACT_SRC_PHI };
+typedef struct {
+    char name[64];
+    int src;              /* CACT_SRC_*: how the [out, in] matrix is read */
+    size_t offset, numel; /* floats into the model's mem */
+    int64_t a, b, c;      /* source geometry (KERNEL: in, out; PHI: L, nC, lanes) */
+    int64_t out, in;      /* the CQ matrix */
+    int bits, group;
+} cact_model_tensor;
+int cact_model_tensors(const san_model *m, const cact_write_opts *o, cact_model_tensor **list,
+                       int *n);
+
 /* ---- reading ---- */
 
 typedef struct {

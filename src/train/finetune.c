@@ -1,7 +1,9 @@
 #define _XOPEN_SOURCE 700
 #include "train/finetune.h"
 
+#include <errno.h>
 #include <limits.h>
+#include <sys/stat.h>
 #include <math.h>
 #include "core/threadpool.h"
 #include <stdarg.h>
@@ -62,7 +64,7 @@ static void base_id(const char *path, char *buf, size_t cap)
 
 /* The optimiser state plus the run's settings (SPEC: needle_c_state). A
  * resume compares the settings with the new run's (see check_resume). */
-static pv *optimizer_state(const nd_finetune_opts *o, const nd_adamw *opt)
+static pv *optimizer_state(const nd_finetune_opts *o, const nd_adamw *opt, const char *qat)
 {
     pv *st = pv_dict();
     int64_t n = (int64_t)opt->n;
@@ -86,6 +88,10 @@ static pv *optimizer_state(const nd_finetune_opts *o, const nd_adamw *opt)
     pv_dict_set(st, "group_by_tools", pv_int(o->group_by_tools));
     pv_dict_set(st, "full", pv_int(o->full));
     pv_dict_set(st, "lr", pv_float(o->lr));
+    /* --qat: the scheme build must use to get what training saw ("W2") */
+    pv_dict_set(st, "qat", pv_int(o->qat));
+    if (o->qat && qat)
+        pv_dict_set(st, "qat_scheme", pv_str(qat));
     return st;
 }
 
@@ -104,7 +110,7 @@ static void appendf(char *buf, size_t cap, const char *fmt, ...)
 
 /* Compare the settings recorded in a resumed adapter with this run's:
  * differences refuse the resume unless o->resume_override. */
-static int check_resume(const nd_finetune_opts *o, const pv *root)
+static int check_resume(const nd_finetune_opts *o, const san_model *m, const pv *root)
 {
     const pv *st = pv_dict_get(root, "needle_c_state");
     const pv *bs = st && st->kind == PV_DICT ? pv_dict_get(st, "batch_size") : NULL;
@@ -130,13 +136,16 @@ static int check_resume(const nd_finetune_opts *o, const pv *root)
         const char *key, *what;
     } ints[] = {{"seed", "--seed"},           {"batch_size", "--batch-size"},
                 {"epochs", "--epochs"},       {"max_len", "--max-len"},
-                {"lora_rank", "--lora-rank"}, {"group_by_tools", "--group-by-tools (1 = on)"}};
-    long long now[] = {(long long)o->seed, o->batch_size, o->epochs,
-                       o->max_len,         o->rank,       o->group_by_tools};
+                {"lora_rank", "--lora-rank"}, {"group_by_tools", "--group-by-tools (1 = on)"},
+                {"qat", "--qat (1 = on)"}};
+    long long now[] = {(long long)o->seed, o->batch_size, o->epochs, o->max_len, o->rank,
+                       o->group_by_tools,  o->qat};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         if (o->full && !strncmp(ints[i].key, "lora_", 5))
             continue; /* no adapter in a --full run */
         v = pv_dict_get(st, ints[i].key);
+        if (!v && !strcmp(ints[i].key, "qat") && !o->qat)
+            continue; /* adapters from before --qat: trained without it */
         if (!v || v->kind != PV_INT || v->u.i != now[i]) {
             char was[32];
             if (v && v->kind == PV_INT)
@@ -164,6 +173,14 @@ static int check_resume(const nd_finetune_opts *o, const pv *root)
             appendf(diff, sizeof diff, "%s%s %g (%s) vs %g (this run)", nd++ ? "; " : "",
                     dbls[i].what, was, rec, nowd[i]);
     }
+    if (o->qat) {
+        char scheme[300];
+        nd_qat_scheme(m, o->bits, scheme, sizeof scheme);
+        v = pv_dict_get(st, "qat_scheme");
+        if (!v || v->kind != PV_STR || strcmp(v->u.str.s, scheme))
+            appendf(diff, sizeof diff, "%s--qat scheme %s (adapter) vs %s (this run)",
+                    nd++ ? "; " : "", v && v->kind == PV_STR ? v->u.str.s : "none", scheme);
+    }
     if (!nd)
         return ND_OK;
     if (!o->resume_override)
@@ -184,16 +201,19 @@ static int check_resume(const nd_finetune_opts *o, const pv *root)
  * format_version, params and config); the final one is float32 or, with
  * save_f16, float16 as upstream's own, and has no such key. */
 static int save_output(const nd_finetune_opts *o, const san_model *m, const pv *base_tree,
-                       const san_lora *lora, const nd_adamw *opt, int final)
+                       const san_lora *lora, const nd_adamw *opt, const char *qat, int final)
 {
+    /* the directory appears only when something is written into it */
+    int rc = ND_OK;
+    if (o->out_dir && (rc = nd_mkdirs(o->out_dir, "checkpoint directory")))
+        return rc;
     if (!o->full)
-        return san_lora_save(lora, o->out, optimizer_state(o, opt));
+        return san_lora_save(lora, o->out, optimizer_state(o, opt, qat));
     pv *root = ckpt_to_tree(m, base_tree);
     if (!root)
         return ND_ENOMEM;
-    int rc = ND_OK;
     if (!final) {
-        pv *st = optimizer_state(o, opt);
+        pv *st = optimizer_state(o, opt, qat);
         rc = st ? pv_dict_set(root, "needle_c_state", st) : nd_error(ND_ENOMEM, "out of memory");
     } else if (o->save_f16) {
         rc = ckpt_tree_params_to_dtype(root, ND_F16);
@@ -244,9 +264,15 @@ int nd_finetune(const nd_finetune_opts *o)
     float *last_good = NULL;
     pv *resume_root = NULL, *base_tree = NULL;
     nd_loss_log llog = {0};
+    char qat_scheme[300] = "";
 
     /* the output must be writable before any long work starts */
-    if ((rc = nd_check_writable(o->out)))
+    struct stat dir_st;
+    if (o->out_dir && stat(o->out_dir, &dir_st) != 0) {
+        /* not there yet: created at the first save, if it can be */
+        if ((rc = nd_dir_creatable(o->out_dir, "checkpoint directory")))
+            return rc;
+    } else if ((rc = nd_check_writable(o->out)))
         return rc;
     FILE *probe = fopen(o->checkpoint, "rb");
     if (!probe)
@@ -350,12 +376,12 @@ int nd_finetune(const nd_finetune_opts *o)
 
     if (o->full) {
         /* every base parameter trains; the output is a checkpoint */
-        if (resume_root && (rc = check_resume(o, resume_root)))
+        if (resume_root && (rc = check_resume(o, &m, resume_root)))
             goto done;
     } else if (o->resume) {
         if ((rc = san_lora_load(&lora, &m, o->resume, &resume_root)))
             goto done;
-        if ((rc = check_resume(o, resume_root)))
+        if ((rc = check_resume(o, &m, resume_root)))
             goto done;
     } else {
         if ((rc = san_lora_create(&lora, &m, o->rank, (float)o->alpha)))
@@ -448,6 +474,16 @@ int nd_finetune(const nd_finetune_opts *o)
         goto done;
     nd_trainer *tr = &bt.tr;
     float *G = o->full ? tr->full_g : tr->lora_g;
+    if (o->qat) {
+        double tq = nd_wtime();
+        if ((rc = nd_trainer_set_qat(tr, o->bits)))
+            goto done;
+        snprintf(qat_scheme, sizeof qat_scheme, "%s", tr->qat->scheme);
+        emitf(o,
+              "  %-9s training through build's %s quantise-dequantise (%d tensors quantised "
+              "in %.0f ms)",
+              "qat", qat_scheme, tr->qat->n, (nd_wtime() - tq) * 1e3);
+    }
     emitf(o,
           "  %-9s %d of %d layers' activations kept, the rest recomputed in the backward (%.0f "
           "MB of activations for up to %ld rows at a time; --act-memory)",
@@ -489,14 +525,14 @@ int nd_finetune(const nd_finetune_opts *o)
                               "(before this step) is written to %s",
                               step + 1, total, why, o->out);
                 memcpy(P, last_good, sizeof(float) * NP);
-                if (save_output(o, &m, base_tree, &lora, &opt, 0) == ND_OK)
+                if (save_output(o, &m, base_tree, &lora, &opt, qat_scheme, 0) == ND_OK)
                     rc = ND_ENUMERIC;
                 break;
             }
             if (rc)
                 break;
-            if (!o->full)
-                nd_trainer_merge(tr);
+            if ((!o->full || o->qat) && (rc = nd_trainer_merge(tr)))
+                break;
             last = loss;
             if (llog.f && nd_loss_log_step(&llog, step + 1, epoch + 1, lr_used, loss)) {
                 /* the curve is a by-product: losing it must not stop a long run */
@@ -513,7 +549,7 @@ int nd_finetune(const nd_finetune_opts *o)
                 emitf(o, "  %-9s %ld/%ld  loss %.4f", "step", step + 1, total, loss);
             if (o->save_every && (step + 1) % o->save_every == 0 && step + 1 < total) {
                 /* a failed periodic save costs only its crash safety: go on */
-                if (save_output(o, &m, base_tree, &lora, &opt, 0))
+                if (save_output(o, &m, base_tree, &lora, &opt, qat_scheme, 0))
                     emitf(o, "  %-9s periodic save at step %ld failed (%s); training continues",
                           "warning", step + 1, nd_last_error());
             }
@@ -549,18 +585,28 @@ int nd_finetune(const nd_finetune_opts *o)
         /* Ctrl-C: keep what we have */
         char msg[512];
         snprintf(msg, sizeof msg, "%s", nd_last_error());
-        if (save_output(o, &m, base_tree, &lora, &opt, 0) == ND_OK)
+        if (save_output(o, &m, base_tree, &lora, &opt, qat_scheme, 0) == ND_OK)
             rc = nd_error(ND_EIO, "%s; %s so far written to %s (continue with --resume %s)", msg,
                           o->full ? "checkpoint" : "adapter", o->out, o->out);
     }
+    if (!rc && tr && tr->qat && tr->qat->calls > 1) {
+        double per = tr->qat->seconds / (double)tr->qat->calls, el = nd_wtime() - t_start;
+        long steps = step - start_step;
+        emitf(o, "  %-9s %.1f ms a step requantising (%.1f%% of the %.0f ms steps)", "qat",
+              per * 1e3, el > 0 && steps > 0 ? 100.0 * per * (double)steps / el : 0.0,
+              steps > 0 ? el / (double)steps * 1e3 : 0.0);
+    }
     if (!rc) {
-        rc = save_output(o, &m, base_tree, &lora, &opt, 1);
+        rc = save_output(o, &m, base_tree, &lora, &opt, qat_scheme, 1);
         if (!rc && o->full) {
             emitf(o, "  %-9s %s", "checkpoint", o->out);
             emitf(o, "  %-9s needle finetune DATA.jsonl --checkpoint %s", "next", o->out);
         } else if (!rc) {
             emitf(o, "  %-9s %s", "adapter", o->out);
-            emitf(o, "  %-9s needle build %s --lora %s", "next", o->checkpoint, o->out);
+            char bits[32] = "";
+            if (o->qat && o->bits) /* build at the width training saw */
+                snprintf(bits, sizeof bits, " --bits %d", o->bits);
+            emitf(o, "  %-9s needle build %s --lora %s%s", "next", o->checkpoint, o->out, bits);
         }
     }
 done:

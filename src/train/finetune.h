@@ -12,6 +12,7 @@ typedef struct {
     const char *checkpoint; /* base checkpoint */
     const char *tokenizer;  /* .model path (required) */
     const char *out;        /* adapter path */
+    const char *out_dir;    /* created (one level) before the first save, or NULL */
     const char *resume;     /* adapter (or, with full, checkpoint) to continue from */
     int epochs, batch_size, rank, max_len;
     double lr, alpha, val_split;
@@ -25,6 +26,8 @@ typedef struct {
     int resume_override;  /* resume even when the adapter's recorded settings differ */
     int save_f16;         /* --full: write the final checkpoint's params as float16 */
     const char *loss_log; /* JSONL per step (and per validation), or NULL */
+    int qat;              /* train through build's quantise-dequantise (train/qat.h) */
+    int bits;             /* --qat width as build's --bits; 0 = config map, else 4 */
     const nd_backend *be;
     /* progress: complete lines ("  step      3/30  loss 2.1234") and a live
      * status (called often; may be NULL) */

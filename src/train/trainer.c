@@ -6,6 +6,9 @@
 
 #include "core/mem.h"
 #include "core/status.h"
+#include "core/threadpool.h"
+
+static float *merged_slot(const nd_trainer *tr, int t);
 
 /* Buffers common to both modes; the activations hold cap_rows rows. */
 static int trainer_init(nd_trainer *tr, const san_model *m, const nd_backend *be, san_lora *lora,
@@ -15,6 +18,7 @@ static int trainer_init(nd_trainer *tr, const san_model *m, const nd_backend *be
     tr->m = m;
     tr->be = be;
     tr->lora = lora;
+    tr->full = full_grads;
     tr->share = 1;
     /* keep every layer's activations (no recompute in the backward, about
      * a third less work) when they fit the budget; otherwise recompute
@@ -54,18 +58,13 @@ static int trainer_init(nd_trainer *tr, const san_model *m, const nd_backend *be
         (full_grads && !tr->full_g))
         return nd_error(ND_ENOMEM, "out of memory for training buffers");
     if (lora) {
-        size_t off = 0;
-        for (int t = 0; t < LORA_NTARGETS; t++) {
-            if (!lora->t[t].present)
-                continue;
-            float **slot = t == LORA_Q      ? &tr->w.wq
-                           : t == LORA_K    ? &tr->w.wk
-                           : t == LORA_V    ? &tr->w.wv
-                           : t == LORA_GATE ? &tr->w.wgate
-                                            : &tr->w.wout;
-            *slot = tr->merged + off;
-            off += (size_t)lora->L * lora->t[t].in * lora->t[t].out;
-        }
+        for (int t = 0; t < LORA_NTARGETS; t++)
+            if (lora->t[t].present)
+                *(t == LORA_Q      ? &tr->w.wq
+                  : t == LORA_K    ? &tr->w.wk
+                  : t == LORA_V    ? &tr->w.wv
+                  : t == LORA_GATE ? &tr->w.wgate
+                                   : &tr->w.wout) = merged_slot(tr, t);
         nd_trainer_merge(tr);
     }
     return ND_OK;
@@ -138,10 +137,15 @@ void nd_trainer_free(nd_trainer *tr)
     san_grad_acts_free(&tr->gacts);
     if (be) {
         be->free(be, tr->merged);
+        be->free(be, tr->qmem);
         be->free(be, tr->lora_g);
         be->free(be, tr->full_g);
         be->free(be, tr->row_loss);
         be->free(be, tr->item_loss);
+    }
+    if (tr->qat) {
+        nd_qat_free(tr->qat);
+        free(tr->qat);
     }
     free(tr->row_w);
     free(tr->tgt);
@@ -159,11 +163,66 @@ void nd_trainer_free(nd_trainer *tr)
     memset(tr, 0, sizeof *tr);
 }
 
-void nd_trainer_merge(nd_trainer *tr)
+/* where target t's merged weights live in tr->merged */
+static float *merged_slot(const nd_trainer *tr, int t)
+{
+    const san_lora *lo = tr->lora;
+    size_t off = 0;
+    for (int u = 0; u < t; u++)
+        if (lo->t[u].present)
+            off += (size_t)lo->L * lo->t[u].in * lo->t[u].out;
+    return tr->merged + off;
+}
+
+/* --qat: Q of the merged targets (LoRA) or of every weight (full) */
+static int qat_requantise(nd_trainer *tr)
+{
+    const san_model *m = tr->m;
+    if (!tr->lora) {
+        memcpy(tr->qmem, m->mem, m->numel * sizeof(float));
+        return nd_qat_apply(tr->qat, m->mem, tr->qmem, 0, m->numel);
+    }
+    /* every adapted projection's listed tensors in one parallel loop */
+    san_weights base = m->w;
+    int n = 0, *sel = malloc(sizeof *sel * (size_t)(tr->qat->n ? tr->qat->n : 1));
+    const float **src = malloc(sizeof *src * (size_t)(tr->qat->n ? tr->qat->n : 1));
+    float **dst = malloc(sizeof *dst * (size_t)(tr->qat->n ? tr->qat->n : 1));
+    int rc = !sel || !src || !dst ? nd_error(ND_ENOMEM, "out of memory") : ND_OK;
+    for (int t = 0; !rc && t < LORA_NTARGETS; t++) {
+        if (!tr->lora->t[t].present)
+            continue;
+        size_t lo = (size_t)(san_lora_weight_slot(&base, t) - m->mem);
+        size_t len = (size_t)tr->lora->L * tr->lora->t[t].in * tr->lora->t[t].out;
+        for (int i = 0; i < tr->qat->n; i++) {
+            const cact_model_tensor *q = &tr->qat->t[i];
+            if (q->offset < lo || q->offset + q->numel > lo + len)
+                continue;
+            /* the merged target sits at merged_slot(t) instead of lo */
+            sel[n] = i;
+            src[n] = merged_slot(tr, t) + (q->offset - lo);
+            dst[n++] = tr->qmem + q->offset;
+        }
+    }
+    if (!rc)
+        rc = nd_qat_run(tr->qat, sel, n, (const float *const *)src, (float *const *)dst);
+    free(sel);
+    free(src);
+    free(dst);
+    return rc;
+}
+
+int nd_trainer_merge(nd_trainer *tr)
 {
     san_lora *lo = tr->lora;
+    if (!lo && tr->qat) {
+        double t0 = nd_wtime();
+        int rc = qat_requantise(tr);
+        tr->qat->seconds += nd_wtime() - t0;
+        tr->qat->calls++;
+        return rc;
+    }
     if (!lo)
-        return;
+        return ND_OK;
     san_weights base = tr->m->w;
     nd_backend_sync(tr->be); /* the host rewrites what earlier ops read */
     for (int t = 0; t < LORA_NTARGETS; t++) {
@@ -171,7 +230,7 @@ void nd_trainer_merge(nd_trainer *tr)
             continue;
         int in = lo->t[t].in, out = lo->t[t].out, r = lo->rank;
         const float *W = san_lora_weight_slot(&base, t);
-        float *E = san_lora_weight_slot(&tr->w, t);
+        float *E = merged_slot(tr, t);
         memcpy(E, W, sizeof(float) * (size_t)lo->L * in * out);
         for (int l = 0; l < lo->L; l++)
             tr->be->matmul(tr->be, 0, 0, in, out, r, lo->scale,
@@ -179,6 +238,42 @@ void nd_trainer_merge(nd_trainer *tr)
                            san_lora_B(lo, lo->mem, t) + (size_t)l * r * out, out, 1.0f,
                            E + (size_t)l * in * out, out);
     }
+    if (!tr->qat)
+        return ND_OK;
+    nd_backend_sync(tr->be); /* the host reads the merged weights */
+    double t0 = nd_wtime();
+    int rc = qat_requantise(tr);
+    tr->qat->seconds += nd_wtime() - t0;
+    tr->qat->calls++;
+    return rc;
+}
+
+int nd_trainer_set_qat(nd_trainer *tr, int bits)
+{
+    const san_model *m = tr->m;
+    if (tr->qat)
+        return nd_error(ND_EARG, "--qat is already on");
+    tr->qat = malloc(sizeof *tr->qat);
+    if (!tr->qat)
+        return nd_error(ND_ENOMEM, "out of memory");
+    int rc = nd_qat_init(tr->qat, m, bits);
+    if (rc) {
+        free(tr->qat);
+        tr->qat = NULL;
+        return rc;
+    }
+    nd_backend_sync(tr->be);
+    tr->qmem = tr->be->alloc(tr->be, (m->numel ? m->numel : 1) * sizeof(float));
+    if (!tr->qmem)
+        return nd_error(ND_ENOMEM, "out of memory for the --qat weights");
+    san_weights_bind(m, tr->qmem, &tr->w);
+    if (!tr->lora) /* everything is requantised on each merge */
+        return nd_trainer_merge(tr);
+    /* the base once (in LoRA training only the targets change) */
+    memcpy(tr->qmem, m->mem, m->numel * sizeof(float));
+    if ((rc = nd_qat_apply(tr->qat, m->mem, tr->qmem, 0, m->numel)))
+        return rc;
+    return nd_trainer_merge(tr);
 }
 
 int nd_trainer_step(nd_trainer *tr, const int32_t *ids, const float *mask, int rows, int grad,

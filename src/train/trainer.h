@@ -7,6 +7,7 @@
 #include "model/lora.h"
 #include "model/san_backward.h"
 #include "train/pack.h"
+#include "train/qat.h"
 
 typedef struct {
     const san_model *m;
@@ -18,6 +19,9 @@ typedef struct {
     san_lora *lora; /* may be NULL */
     float *lora_g;  /* lora->numel */
     float *merged;  /* merged projection weights */
+    nd_qat *qat;    /* --qat: the forward sees Q(weights) (train/qat.h) */
+    float *qmem;    /* --qat: the quantised model, m->numel floats */
+    int full;       /* gradients for every base tensor */
     san_weights w;  /* effective weights for the forward */
     float *full_g;  /* m->numel when full gradients are on */
     san_weights gw;
@@ -54,8 +58,14 @@ int nd_trainer_create_packed(nd_trainer *tr, const san_model *m, const nd_backen
                              san_lora *lora, int max_examples, long cap_rows, int max_pos,
                              long cap_items, long cap_batch_items, int full_grads,
                              double act_budget_mb);
-/* Recompute the effective weights after the adapter changed. */
-void nd_trainer_merge(nd_trainer *tr);
+/* Recompute the effective weights after the adapter (or, with --qat and
+ * full gradients, the base weights) changed. */
+int nd_trainer_merge(nd_trainer *tr);
+/* Quantisation-aware training: from now on the forward (and so the
+ * backward) uses Q(weights) at `bits` (0: the config's weight_bits map,
+ * else 4), exactly what `needle build` writes; gradients pass straight
+ * through Q to the adapter or the base weights. */
+int nd_trainer_set_qat(nd_trainer *tr, int bits);
 /* Loss of B rows of T ids with loss mask (row-major [B, T]); rows beyond
  * `rows` are ignored (treated as fully masked). With `grad`, gradients are
  * SET into tr->lora_g / tr->full_g. *masked returns the number of

@@ -585,11 +585,45 @@ typedef struct {
     float scale;
 } hadamard_args;
 
+/* hadamard_rows one row at a time with san_fwht: the same float operations
+ * per element as the SoA form, for the few rows of a decode step */
+static void hadamard_rows_one(const hadamard_args *a, long r0, long r1)
+{
+    int d = a->d, hn = a->hn;
+    float stack[2 * 1024]; /* no allocation per decoded token at usual widths */
+    float *H = hn <= 1024 ? stack : cpu_xalloc((size_t)2 * hn * sizeof *H), *S = H + hn;
+    for (long r = r0; r < r1; r++) {
+        const float *zr = a->z + r * d, *xr = a->x + r * d;
+        float *yr = a->y + r * d, *h = a->h1 + r * hn;
+        for (int i = 0; i < d; i++)
+            H[i] = a->d1[i] * zr[i];
+        for (int i = d; i < hn; i++)
+            H[i] = 0.0f;
+        san_fwht(H, hn, a->scale);
+        memcpy(h, H, (size_t)hn * sizeof *H);
+        for (int i = 0; i < hn; i++)
+            S[i] = san_silu(a->d2[i] * H[i]);
+        san_fwht(S, hn, a->scale);
+        if (a->u)
+            for (int i = 0; i < d; i++)
+                yr[i] = (xr[i] + a->d3[i] * S[i]) - a->u[r * d + i];
+        else
+            for (int i = 0; i < d; i++)
+                yr[i] = xr[i] + a->d3[i] * S[i];
+    }
+    if (H != stack)
+        free(H);
+}
+
 static void hadamard_rows(void *p, long r0, long r1, int tid)
 {
     (void)tid;
     const hadamard_args *a = p;
     int d = a->d, hn = a->hn;
+    if (r1 - r0 < 4) { /* a decode step: contiguous rows, no idle SoA lanes */
+        hadamard_rows_one(a, r0, r1);
+        return;
+    }
     /* SK_W consecutive rows at a time in SoA form, so every transform
      * stage is full-width vector work (see san_fwht_soa) */
     float *H = cpu_xalloc((size_t)2 * hn * SK_W * sizeof *H), *S = H + (size_t)hn * SK_W;

@@ -59,9 +59,51 @@ void san_sinkhorn_halfstep(float *Z, float *E, int n, int rowstep)
     }
 }
 
+/* One matrix on its own (a decode step has one row): the SoA form would
+ * spend a full vector on it per element, this one runs the nn elements of
+ * each half-step through one loop instead. The same float operations per
+ * element, in the same order (max, exp, sum over b = 0..n-1, log), so it
+ * gives the SoA path's results. n <= 8. */
+static void sinkhorn_one(float *M, int n, int rounds)
+{
+    float Z[64], E[64], mx[8], lse[8];
+    int nn = n * n;
+    memcpy(Z, M, (size_t)nn * sizeof *Z);
+    for (int it = 0; it < 2 * rounds; it++) {
+        int rowstep = !(it & 1), sa = rowstep ? n : 1, sb = rowstep ? 1 : n;
+        for (int a = 0; a < n; a++) {
+            float m = Z[a * sa];
+            for (int b = 1; b < n; b++)
+                m = Z[a * sa + b * sb] > m ? Z[a * sa + b * sb] : m;
+            mx[a] = m;
+        }
+        for (int a = 0; a < n; a++)
+            for (int b = 0; b < n; b++)
+                E[a * n + b] = Z[a * sa + b * sb] - mx[a];
+        for (int i = 0; i < nn; i++)
+            E[i] = san_expf(E[i]);
+        for (int a = 0; a < n; a++) {
+            float s = 0.0f;
+            for (int b = 0; b < n; b++)
+                s += E[a * n + b];
+            lse[a] = mx[a] + san_logf(s);
+        }
+        for (int a = 0; a < n; a++)
+            for (int b = 0; b < n; b++)
+                Z[a * sa + b * sb] -= lse[a];
+    }
+    for (int i = 0; i < nn; i++)
+        M[i] = san_expf(Z[i]);
+}
+
 void san_sinkhorn_rows(float *M, long rows, int n, int rounds)
 {
     int nn = n * n;
+    if (n <= 8 && rows < 4) {
+        for (long r = 0; r < rows; r++)
+            sinkhorn_one(M + r * nn, n, rounds);
+        return;
+    }
     float *Z = cpu_xalloc((size_t)nn * SK_W * sizeof *Z);
     for (long r0 = 0; r0 < rows; r0 += SK_W) {
         int w = rows - r0 < SK_W ? (int)(rows - r0) : SK_W;

@@ -1,0 +1,133 @@
+/* needle playground: a local web UI (upstream needle/playground) served by
+ * this program; the server lives in src/cli/playground/. */
+#define _POSIX_C_SOURCE 200809L
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#ifdef NEEDLE_HAVE_PLAYGROUND
+#include "cli/playground/playground.h"
+#endif
+
+static const char *playground_help =
+    "usage: needle playground [--weights X.cact] [--port 7860] [--host 127.0.0.1]\n"
+    "                         [--base CKPT.pkl] [--tokenizer FILE] [--workdir DIR]\n"
+    "                         [--max-new-tokens N]\n"
+    "\n"
+    "Serve a local web page to declare tools, chat with the model and see each\n"
+    "call envelope, upload a .cact, and fine-tune -> build -> hot-load with live\n"
+    "progress. Routes (upstream's): GET / /model /finetune/status /download/NAME,\n"
+    "POST /complete /reset /load-model /finetune.\n"
+    "\n"
+    "  --weights PATH      .cact archive to start with (else upload one)\n"
+    "  --port N            TCP port (default 7860; 0 picks a free one)\n"
+    "  --host ADDR         numeric address to bind (default 127.0.0.1); anything but\n"
+    "                      loopback is warned about: the page has no authentication\n"
+    "  --base PATH         base checkpoint the fine-tune trains on (default\n"
+    "                      checkpoints/needle2.pkl)\n"
+    "  --tokenizer PATH    SentencePiece model for fine-tune and build (default\n"
+    "                      $NEEDLE_TOKENIZER, else tokenizer.model beside --base)\n"
+    "  --workdir DIR       where fine-tune files are written and served from (default\n"
+    "                      a new directory under $TMPDIR or /tmp)\n"
+    "  --max-new-tokens N  generation budget per query (default 256)\n"
+    "\n"
+    "Limits: 64 MB for a .cact upload, 1 MB for JSON bodies (413 beyond). One\n"
+    "fine-tune at a time (409 while one runs); it runs this binary as `needle\n"
+    "finetune` then `needle build` child processes. A .cact that does not load\n"
+    "answers 400 and the loaded model stays. SIGINT/SIGTERM stop the server (and a\n"
+    "running fine-tune) cleanly.\n";
+
+int cli_playground(int argc, char **argv)
+{
+    const char *weights = NULL, *host = "127.0.0.1", *base = "checkpoints/needle2.pkl";
+    const char *tokenizer = NULL, *workdir = NULL;
+    long long port = 7860, max_new = 256;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(playground_help, stdout);
+            return 0;
+        }
+        if (i + 1 >= argc)
+            return cli_usage_error("playground", "unknown option or missing value: %s", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "--weights"))
+            weights = v;
+        else if (!strcmp(a, "--host"))
+            host = v;
+        else if (!strcmp(a, "--base"))
+            base = v;
+        else if (!strcmp(a, "--tokenizer"))
+            tokenizer = v;
+        else if (!strcmp(a, "--workdir"))
+            workdir = v;
+        else if (!strcmp(a, "--port")) {
+            if (cli_parse_int("--port", v, 0, 65535, &port))
+                return 2;
+        } else if (!strcmp(a, "--max-new-tokens")) {
+            if (cli_parse_int("--max-new-tokens", v, 1, 1 << 20, &max_new))
+                return 2;
+        } else
+            return cli_usage_error("playground", "unknown option %s", a);
+    }
+#ifndef NEEDLE_HAVE_PLAYGROUND
+    (void)weights, (void)host, (void)base, (void)tokenizer, (void)workdir;
+    fprintf(stderr, "needle playground: this build has no playground (configure with "
+                    "libmicrohttpd installed: Debian libmicrohttpd-dev)\n");
+    return 1;
+#else
+    sigset_t stop;
+    pg_block_stop_signals(&stop); /* before the model load starts any thread */
+    /* tokenizer: the flag, else $NEEDLE_TOKENIZER, else beside the base */
+    static char tok_buf[PATH_MAX];
+    struct stat st;
+    if (!tokenizer)
+        tokenizer = getenv("NEEDLE_TOKENIZER");
+    if (!tokenizer) {
+        const char *slash = strrchr(base, '/');
+        snprintf(tok_buf, sizeof tok_buf, "%.*stokenizer.model",
+                 slash ? (int)(slash - base + 1) : 0, base);
+        if (!stat(tok_buf, &st))
+            tokenizer = tok_buf;
+    }
+    static char work_buf[PATH_MAX];
+    if (!workdir) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(work_buf, sizeof work_buf, "%s/needle-playground-XXXXXX",
+                 tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(work_buf)) {
+            perror("needle playground: mkdtemp");
+            return 1;
+        }
+        workdir = work_buf;
+    } else if (stat(workdir, &st) || !S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "needle playground: --workdir %s: not a directory\n", workdir);
+        return 1;
+    }
+    /* the children are this very binary */
+    static char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        perror("needle playground: readlink /proc/self/exe");
+        return 1;
+    }
+    self[n] = 0;
+    if (pg_slot_init(weights, (int)max_new)) {
+        if (workdir == work_buf)
+            rmdir(work_buf);
+        return 1;
+    }
+    struct pg_job_config cfg = {self, base, tokenizer, workdir};
+    pg_job_configure(&cfg);
+    fprintf(stderr, "needle playground: fine-tune files go to %s\n", workdir);
+    int rc = pg_serve(host, (int)port, workdir);
+    pg_slot_free();
+    if (workdir == work_buf)
+        rmdir(work_buf); /* ours and still empty: leave no trace; produced files stay */
+    return rc;
+#endif
+}

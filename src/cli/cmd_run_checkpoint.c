@@ -1,0 +1,226 @@
+/* needle run --checkpoint X.pkl --query TEXT: upstream's plain greedy
+ * continuation from a checkpoint's float weights (needle/model/run.py):
+ * print "prompt: <repr>", then stream the decoded continuation. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "core/status.h"
+#include "io/checkpoint.h"
+#include "io/token_file.h"
+#include "model/eval.h"
+#include "model/params.h"
+#include "text/tokenizer.h"
+
+static const char *run_checkpoint_help =
+    "usage: needle run --checkpoint X.pkl [--query TEXT] [--max-len N] [--seed N]\n"
+    "                  [--tools JSON] [--no-constrained] [--tokenizer M]\n"
+    "                  [--device D] [--threads N]\n"
+    "\n"
+    "Upstream's `needle run`: greedy plain-text continuation of TEXT (default \"The\n"
+    "most surprising thing about\") from the checkpoint's float weights. Prints\n"
+    "`prompt: '<TEXT>'`, then the continuation as it is decoded, then a newline;\n"
+    "stops at EOS, after --max-len new tokens (default 512) or at the model's\n"
+    "max_seq_len. Each step runs the float forward over the whole prefix (as\n"
+    "upstream does), so long continuations of big models are slow.\n"
+    "\n"
+    "  --seed, --tools, --no-constrained  accepted for upstream's command lines;\n"
+    "                       upstream's plain mode ignores them (greedy decoding\n"
+    "                       draws nothing; tool calls: use --weights X.cact)\n"
+    "  --tokenizer M        default $NEEDLE_TOKENIZER, else tokenizer.model beside\n"
+    "                       the checkpoint\n"
+    "  --device D           auto|cpu|cuda[:N]|vulkan[:N] (default cpu)\n";
+
+/* Python's repr() of a str, for the "prompt: ..." line: single quotes
+ * unless the text holds ' and no ", escapes for controls. */
+static void print_py_repr(const char *s)
+{
+    char q = (strchr(s, '\'') && !strchr(s, '"')) ? '"' : '\'';
+    putchar(q);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '\\' || *p == (unsigned char)q)
+            printf("\\%c", *p);
+        else if (*p == '\n')
+            fputs("\\n", stdout);
+        else if (*p == '\r')
+            fputs("\\r", stdout);
+        else if (*p == '\t')
+            fputs("\\t", stdout);
+        else if (*p < 0x20 || *p == 0x7f)
+            printf("\\x%02x", *p);
+        else
+            putchar(*p);
+    }
+    putchar(q);
+}
+
+typedef struct {
+    float *last; /* logits of the last position [V] */
+} last_row;
+
+static int keep_last_row(void *ctx, int seq, const float *logits, int len, int V)
+{
+    (void)seq;
+    last_row *lr = ctx;
+    memcpy(lr->last, logits + (size_t)(len - 1) * V, sizeof(float) * (size_t)V);
+    return 0;
+}
+
+/* jnp.argmax: the first index of the maximum */
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+int cli_run_checkpoint(int argc, char **argv)
+{
+    const char *ckpt = NULL, *query = NULL, *tok_flag = NULL, *device = "cpu";
+    long long max_len = 512, seed = 0, threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(run_checkpoint_help, stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--no-constrained"))
+            continue;
+        if (a[0] != '-' || a[1] != '-')
+            return cli_usage_error("run",
+                                   "unexpected argument '%s' (with --checkpoint the "
+                                   "text goes in --query)",
+                                   a);
+        if (i + 1 >= argc)
+            return cli_usage_error("run", "%s needs a value", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "--checkpoint"))
+            ckpt = v;
+        else if (!strcmp(a, "--query"))
+            query = v;
+        else if (!strcmp(a, "--tools"))
+            continue; /* upstream's plain mode ignores it */
+        else if (!strcmp(a, "--tokenizer"))
+            tok_flag = v;
+        else if (!strcmp(a, "--device"))
+            device = v;
+        else if (!strcmp(a, "--max-len")) {
+            if (cli_parse_int(a, v, 1, 1 << 20, &max_len))
+                return 2;
+        } else if (!strcmp(a, "--seed")) {
+            if (cli_parse_int(a, v, 0, INT64_MAX, &seed))
+                return 2;
+        } else if (!strcmp(a, "--threads")) {
+            if (cli_parse_int(a, v, 1, 1024, &threads))
+                return 2;
+        } else
+            return cli_usage_error("run", "unknown option '%s' with --checkpoint", a);
+    }
+    if (!ckpt)
+        return cli_usage_error("run", "--checkpoint X.pkl is required");
+    const char *prompt = query ? query : "The most surprising thing about";
+
+    char ckbuf[4096], tokbuf[4096];
+    if (cli_fetch_checkpoint(ckpt, ckbuf, sizeof ckbuf))
+        return 1;
+    ckpt = ckbuf;
+    const char *tok_path = cli_tokenizer_path(tok_flag, ckpt, tokbuf, sizeof tokbuf);
+    if (!tok_path)
+        return 1;
+    const nd_backend *be = cli_backend("run", device, NULL, (int)threads);
+    if (!be)
+        return 1;
+    san_model m;
+    if (ckpt_load(ckpt, &m, NULL))
+        return cli_fail(NULL);
+    nd_tokenizer *tok = NULL;
+    nd_idvec enc = {0};
+    int32_t *ids = NULL;
+    float *row = NULL;
+    char *text = NULL;
+    int status = 1;
+    if (san_model_to_backend(&m, be) || nd_tokenizer_load(tok_path, &tok)) {
+        cli_fail(NULL);
+        goto done;
+    }
+    int V = m.dims.V;
+    if (nd_tokenizer_vocab_size(tok) != V) {
+        fprintf(stderr, "needle: tokenizer %s has %d pieces but %s has vocab_size %d\n", tok_path,
+                nd_tokenizer_vocab_size(tok), ckpt, V);
+        goto done;
+    }
+    if (nd_tokenizer_encode(tok, prompt, strlen(prompt), &enc)) {
+        cli_fail(NULL);
+        goto done;
+    }
+    /* [BOS] + encode(prompt); buffer = min(max_seq_len, prompt + max_len) */
+    size_t n_prompt = enc.n + 1;
+    size_t buf_len = n_prompt + (size_t)max_len;
+    if (m.cfg.max_seq_len > 0 && buf_len > (size_t)m.cfg.max_seq_len)
+        buf_len = (size_t)m.cfg.max_seq_len;
+    if (n_prompt >= buf_len) {
+        fprintf(stderr, "needle: prompt (%zu tokens) does not fit in max_seq_len=%d\n", n_prompt,
+                m.cfg.max_seq_len);
+        goto done;
+    }
+    ids = malloc(sizeof *ids * buf_len);
+    row = malloc(sizeof *row * (size_t)V);
+    if (!ids || !row) {
+        fprintf(stderr, "needle: out of memory\n");
+        goto done;
+    }
+    ids[0] = nd_tokenizer_bos_id(tok);
+    memcpy(ids + 1, enc.v, sizeof *ids * enc.n);
+    int eos = nd_tokenizer_eos_id(tok);
+
+    printf("prompt: ");
+    print_py_repr(prompt);
+    putchar('\n');
+    fflush(stdout);
+
+    size_t n = n_prompt, printed = 0;
+    last_row lr = {row};
+    while (n < buf_len) {
+        size_t start[2] = {0, n};
+        int line = 1;
+        token_seqs one = {ids, start, &line, 1};
+        san_eval_result r;
+        if (san_eval(&m, be, &one, 1, keep_last_row, &lr, &r)) {
+            cli_fail(NULL);
+            goto done;
+        }
+        san_eval_result_free(&r);
+        int next = argmax(row, V);
+        if (next == eos)
+            break;
+        ids[n++] = next;
+        /* stream: decode everything so far, print what is new */
+        free(text);
+        text = NULL;
+        size_t len;
+        if (nd_tokenizer_decode(tok, ids + n_prompt, n - n_prompt, &text, &len)) {
+            cli_fail(NULL);
+            goto done;
+        }
+        if (len > printed) {
+            fwrite(text + printed, 1, len - printed, stdout);
+            fflush(stdout);
+            printed = len;
+        }
+    }
+    putchar('\n');
+    fflush(stdout);
+    status = 0;
+done:
+    free(text);
+    free(row);
+    free(ids);
+    nd_idvec_free(&enc);
+    nd_tokenizer_free(tok);
+    san_model_free(&m);
+    return status;
+}

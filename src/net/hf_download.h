@@ -1,0 +1,43 @@
+/* Files from a Hugging Face model repository over HTTPS (libcurl), with
+ * huggingface_hub's conventions: HF_ENDPOINT (default
+ * https://huggingface.co), HF_TOKEN (sent as "Authorization: Bearer", never
+ * printed), HF_HUB_OFFLINE=1 (no network), the resolve URL layout
+ * {endpoint}/{repo}/resolve/{revision}/{file} (redirects followed).
+ *
+ * A download goes to DEST.part, resumes an existing DEST.part with an HTTP
+ * Range request, checks the size and the sha256 the server states
+ * (X-Linked-Size / X-Linked-Etag of LFS files; Content-Length and the ETag,
+ * git's blob id, otherwise) and is renamed to DEST only when they match. */
+#ifndef ND_HF_DOWNLOAD_H
+#define ND_HF_DOWNLOAD_H
+
+#include <stdio.h>
+
+#define ND_HF_DEFAULT_ENDPOINT "https://huggingface.co"
+/* upstream's model repository (needle/model/tokenizer.py HF_REPO) */
+#define ND_HF_NEEDLE_REPO "Cactus-Compute/needle2"
+
+typedef struct {
+    const char *revision; /* NULL: "main" */
+    FILE *progress;       /* NULL: silent; a bar when a tty, else periodic lines */
+} nd_hf_opts;
+
+/* Download repo's `file` to `dest` (parent directories created). Returns
+ * ND_OK, or an ND_E* code with nd_last_error() saying what failed, from
+ * where, and what to do (offline: what to fetch, from where, where to put
+ * it). A 404 gives ND_EIO and sets *not_found (may be NULL). */
+int nd_hf_download(const char *repo, const char *file, const char *dest, const nd_hf_opts *o,
+                   int *not_found);
+
+/* The repository's file names at a revision ({endpoint}/api/models/{repo}/
+ * revision/{rev}, "siblings"): a NULL-terminated malloc'd array (free each
+ * and the array) and its length. */
+int nd_hf_list(const char *repo, const char *revision, char ***files, int *count);
+
+/* The URL nd_hf_download would fetch (for messages). */
+void nd_hf_url(const char *repo, const char *file, const char *revision, char *buf, size_t n);
+
+/* Whether HF_HUB_OFFLINE asks for no network (1/true/yes/on). */
+int nd_hf_offline(void);
+
+#endif

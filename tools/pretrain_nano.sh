@@ -15,12 +15,18 @@
 #   NANO_BATCH     examples per step [16]           NANO_HELDOUT  held-out eval set [400]
 #   NANO_OUT       output folder [models]           NANO_WORK     scratch [build/nano]
 #   NEEDLE         the needle binary [build/needle] PYTHON        [/usr/bin/python3]
-# Outputs: $NANO_OUT/needle-nano.pkl (float32 checkpoint), $NANO_OUT/needle-nano.cact,
-# $NANO_WORK/{corpus,heldout}.jsonl, $NANO_WORK/train.log.
-# Interrupted (Ctrl-C) or killed: the checkpoint so far is in
-# $NANO_OUT/needle-nano.pkl (written on SIGINT and every 200 steps); `finetune
-# --resume` does not cover --full, so rerun, or continue from it as a new run
-# (its own schedule, so no longer this exact recipe).
+#   NANO_RESUME    1: continue a stopped run [0]    NANO_STOP_AFTER  stop after N steps []
+# Outputs: $NANO_OUT/needle-nano.pkl (float16 checkpoint, upstream's format),
+# $NANO_OUT/needle-nano.cact, $NANO_OUT/needle-nano-loss.jsonl (loss log: a
+# line per step, val loss per epoch), $NANO_OUT/needle-nano-loss.svg (the
+# curve), $NANO_WORK/{corpus,heldout}.jsonl, $NANO_WORK/train.log.
+# Interrupted (Ctrl-C, SIGTERM, SIGHUP): the run so far is saved to
+# $NANO_WORK/nano_run.pkl (float32, with the optimiser state; also written every
+# 200 steps, so even after kill -9 at most 200 steps are lost). Rerun with
+#   NANO_RESUME=1 tools/pretrain_nano.sh          (same NANO_* settings)
+# to continue exactly where it stopped (same result as an uninterrupted run
+# with the same threads); it skips the corpus and init steps when their
+# files are there. NANO_STOP_AFTER=N stops after N steps (time-boxed runs).
 set -euo pipefail
 
 if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then
@@ -44,6 +50,8 @@ BATCH=${NANO_BATCH:-16}
 HELDOUT=${NANO_HELDOUT:-400}
 OUT=${NANO_OUT:-$ROOT/models}
 WORK=${NANO_WORK:-$ROOT/build/nano}
+RESUME=${NANO_RESUME:-0}
+STOP_AFTER=${NANO_STOP_AFTER:-}
 
 # The chosen shape (calibrated in README "needle-nano"): d 256 x 6 layers,
 # head dim 64 as needle2 (4 query heads, 2 kv heads), two engram sites like
@@ -59,33 +67,62 @@ TRAIN_SEED=0
 mkdir -p "$OUT" "$WORK"
 step() { echo "== $(date -u +%H:%M:%S) $*"; }
 
-step "corpus: $EXAMPLES pretrain examples (seed $CORPUS_SEED), $HELDOUT held-out (seed $HELDOUT_SEED)"
-"$PYTHON" "$ROOT/tools/gen_toolcall_corpus.py" --split pretrain --num "$EXAMPLES" \
-    --seed "$CORPUS_SEED" --output "$WORK/corpus.jsonl"
-"$PYTHON" "$ROOT/tools/gen_toolcall_corpus.py" --split heldout --num "$HELDOUT" \
-    --seed "$HELDOUT_SEED" --output "$WORK/heldout.jsonl"
+RUN=$WORK/nano_run.pkl
+LOSS=$OUT/needle-nano-loss.jsonl
+if [[ "$RESUME" == 1 ]]; then
+    for f in "$WORK/corpus.jsonl" "$WORK/heldout.jsonl" "$WORK/nano_init.pkl" "$RUN"; do
+        [[ -f "$f" ]] || { echo "pretrain_nano.sh: NANO_RESUME=1 but $f is missing: nothing to resume; run without NANO_RESUME" >&2; exit 1; }
+    done
+    step "resume: $RUN (corpus and init kept)"
+else
+    step "corpus: $EXAMPLES pretrain examples (seed $CORPUS_SEED), $HELDOUT held-out (seed $HELDOUT_SEED)"
+    "$PYTHON" "$ROOT/tools/gen_toolcall_corpus.py" --split pretrain --num "$EXAMPLES" \
+        --seed "$CORPUS_SEED" --output "$WORK/corpus.jsonl"
+    "$PYTHON" "$ROOT/tools/gen_toolcall_corpus.py" --split heldout --num "$HELDOUT" \
+        --seed "$HELDOUT_SEED" --output "$WORK/heldout.jsonl"
 
-step "init: ${SHAPE[*]} --seed $INIT_SEED"
-"$NEEDLE" init "$WORK/nano_init.pkl" "${SHAPE[@]}" --seed "$INIT_SEED"
+    step "init: ${SHAPE[*]} --seed $INIT_SEED"
+    "$NEEDLE" init "$WORK/nano_init.pkl" "${SHAPE[@]}" --seed "$INIT_SEED"
 
-step "zero-shot held-out loss of the random init"
-"$NEEDLE" eval --checkpoint "$WORK/nano_init.pkl" "$WORK/heldout.jsonl" \
-    --tokenizer "$TOKENIZER" --threads "$THREADS" | tail -n 1
+    step "zero-shot held-out loss of the random init"
+    "$NEEDLE" eval --checkpoint "$WORK/nano_init.pkl" "$WORK/heldout.jsonl" \
+        --tokenizer "$TOKENIZER" --threads "$THREADS" | tail -n 1
+fi
 
 step "finetune --full: epochs $EPOCHS, batch $BATCH, lr $LR, threads $THREADS"
 # --group-by-tools: examples of one tool list share their prefix in a batch
 # (shared batching runs it once), the main speed-up on this corpus.
+# The run writes float32 $RUN (with the optimiser state when stopped or every
+# 200 steps, for NANO_RESUME=1); the float16 release copy is made after.
+EXTRA=()
+[[ "$RESUME" == 1 ]] && EXTRA+=(--resume "$RUN")
+[[ -n "$STOP_AFTER" ]] && EXTRA+=(--stop-after "$STOP_AFTER")
+[[ "$RESUME" == 1 ]] || : > "$WORK/train.log"
+# SIGPIPE ignored (inherited by needle) and tee -i: a Ctrl-C or hangup that
+# kills the log pipe must not kill the run before it saves.
+set +e
+trap '' PIPE
 "$NEEDLE" finetune "$WORK/corpus.jsonl" --checkpoint "$WORK/nano_init.pkl" \
     --tokenizer "$TOKENIZER" --full --epochs "$EPOCHS" --batch-size "$BATCH" --lr "$LR" \
     --val-split 0.02 --seed "$TRAIN_SEED" --threads "$THREADS" --group-by-tools \
-    --save-every 200 --out "$OUT/needle-nano.pkl" 2>&1 | tee "$WORK/train.log"
+    --save-every 200 --loss-log "$LOSS" --out "$RUN" "${EXTRA[@]}" 2>&1 | tee -i -a "$WORK/train.log"
+rc=${PIPESTATUS[0]}
+trap - PIPE
+set -e
+"$NEEDLE" plot-loss "$LOSS" --out "$OUT/needle-nano-loss.svg" --title "needle-nano pre-training loss" || true
+if [[ $rc -ne 0 ]]; then
+    echo "pretrain_nano.sh: training stopped (exit $rc); the run so far is in $RUN." >&2
+    echo "pretrain_nano.sh: to continue exactly: NANO_RESUME=1 $0  (with the same NANO_* settings)" >&2
+    exit "$rc"
+fi
+
+step "float16 release checkpoint: $OUT/needle-nano.pkl"
+"$NEEDLE" convert "$RUN" "$OUT/needle-nano.pkl" --dtype float16
 
 step "zero-shot held-out loss of needle-nano (domains never seen in training)"
 "$NEEDLE" eval --checkpoint "$OUT/needle-nano.pkl" "$WORK/heldout.jsonl" \
     --tokenizer "$TOKENIZER" --threads "$THREADS" | tail -n 1
 
-# No float16 conversion: our tools write float32 checkpoints only (the .cact
-# is quantised either way; `needle finetune` and `needle build` read both).
 step "build: $OUT/needle-nano.cact"
 "$NEEDLE" build "$OUT/needle-nano.pkl" --tokenizer "$TOKENIZER" --out "$OUT/needle-nano.cact"
-step "done: $OUT/needle-nano.pkl, $OUT/needle-nano.cact"
+step "done: $OUT/needle-nano.pkl, $OUT/needle-nano.cact, $LOSS, $OUT/needle-nano-loss.svg"

@@ -11,6 +11,8 @@ int cli_bench(int argc, char **argv);
 int cli_bench_decode(int argc, char **argv);
 int cli_bench_finetune(int argc, char **argv);
 int cli_finetune(int argc, char **argv);
+int cli_plot_loss(int argc, char **argv);
+int cli_convert(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_render(int argc, char **argv);
 int cli_generate_data(int argc, char **argv);

@@ -42,13 +42,26 @@ static const char *finetune_help =
     "  --resume ADAPTER     continue from an adapter (and its optimiser state); the run\n"
     "                       must use the settings recorded in it (base checkpoint,\n"
     "                       --seed, --batch-size, --epochs, --val-split, --max-len,\n"
-    "                       --lora-rank, --lora-alpha): differences are listed and refused\n"
+    "                       --lora-rank, --lora-alpha, --lr): differences are listed and\n"
+    "                       refused. With --full: a checkpoint written by a stopped --full\n"
+    "                       run (Ctrl-C or --save-every; it holds the optimiser state as\n"
+    "                       the extra key needle_c_state), --checkpoint still the base;\n"
+    "                       the resumed run matches an uninterrupted one bit for bit\n"
     "  --resume-override    resume even when those settings differ (the schedule and the\n"
     "                       train/validation split then change; the adapter's rank and\n"
     "                       scale are kept)\n"
+    "  --stop-after N       stop as Ctrl-C does once N steps are done (save, print the\n"
+    "                       resume command, exit 1): time-boxed runs, resume tests\n"
     "  --skip-bad           skip (and count) invalid JSONL lines instead of failing\n"
     "  --full               train every base parameter instead of an adapter; --out is\n"
     "                       then a checkpoint (for pre-training small bases)\n"
+    "  --save-dtype T       --full: float32 (default) or float16 params in the final\n"
+    "                       checkpoint (upstream's float16 format; saves before the end\n"
+    "                       stay float32 with the optimiser state so a resume is exact)\n"
+    "  --loss-log FILE      one JSON line per step {step, epoch, lr, loss} and per\n"
+    "                       validation {step, epoch, val_loss}, flushed as written; a\n"
+    "                       --resume keeps the lines up to the resumed step and appends\n"
+    "                       (plot it with `needle plot-loss FILE --out curve.svg`)\n"
     "  --qat                quantisation-aware: every step trains through the CQ\n"
     "                       quantise-dequantise (and FP16 rounding) `needle build`\n"
     "                       applies, gradients straight through, so the archive\n"
@@ -77,7 +90,8 @@ static const char *finetune_help =
     "\n"
     "Outputs are checked before training starts (writable, a regular file, not one of\n"
     "the inputs). SIGINT (Ctrl-C), SIGTERM and SIGHUP stop the run after the current\n"
-    "step, write the adapter so far and print the command that resumes it (exit 1).\n";
+    "step, write the adapter (or --full checkpoint) so far and print the command that\n"
+    "resumes it (exit 1).\n";
 
 static volatile int stop_flag;
 static void on_stop_signal(int sig)
@@ -104,6 +118,7 @@ static const char *signal_name(int sig)
     case SIGINT: return "SIGINT";
     case SIGTERM: return "SIGTERM";
     case SIGHUP: return "SIGHUP";
+    case -1: return "--stop-after";
     default: return "a signal";
     }
 }
@@ -134,7 +149,8 @@ static void print_resume_command(int argc, char **argv, const char *out)
 {
     fprintf(stderr, "needle: to continue: needle");
     for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--resume") && i + 1 < argc) {
+        /* --stop-after would stop the resumed run at once */
+        if ((!strcmp(argv[i], "--resume") || !strcmp(argv[i], "--stop-after")) && i + 1 < argc) {
             i++;
             continue;
         }
@@ -177,7 +193,7 @@ int cli_finetune(int argc, char **argv)
     const char *tok_flag = NULL, *device = "auto", *precision = NULL, *ckdir = "checkpoints",
                *out = NULL;
     long long threads = 0, v, generate = 0, workers = 8;
-    const char *gen_model = NULL;
+    const char *gen_model = NULL, *save_dtype = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -223,6 +239,10 @@ int cli_finetune(int argc, char **argv)
             ckdir = val;
         else if (!strcmp(a, "--resume"))
             o.resume = val;
+        else if (!strcmp(a, "--loss-log"))
+            o.loss_log = val;
+        else if (!strcmp(a, "--save-dtype"))
+            save_dtype = val;
         else if (!strcmp(a, "--device"))
             device = val;
         else if (!strcmp(a, "--precision"))
@@ -265,6 +285,10 @@ int cli_finetune(int argc, char **argv)
             if (cli_parse_int(a, val, 1, 1LL << 40, &v))
                 return 2;
             o.save_every = (long)v;
+        } else if (!strcmp(a, "--stop-after")) {
+            if (cli_parse_int(a, val, 1, 1LL << 40, &v))
+                return 2;
+            o.stop_after = (long)v;
         } else if (!strcmp(a, "--seed")) {
             if (cli_parse_int(a, val, 0, 1LL << 62, &v))
                 return 2;
@@ -286,6 +310,16 @@ int cli_finetune(int argc, char **argv)
     }
     if (!o.data)
         return cli_usage_error("finetune", "missing DATA.jsonl");
+    if (save_dtype) {
+        if (strcmp(save_dtype, "float16") && strcmp(save_dtype, "float32"))
+            return cli_usage_error("finetune", "--save-dtype must be float16 or float32, not '%s'",
+                                   save_dtype);
+        if (!o.full)
+            return cli_usage_error("finetune",
+                                   "--save-dtype applies to --full checkpoints (adapters are "
+                                   "float32, as upstream's)");
+        o.save_f16 = !strcmp(save_dtype, "float16");
+    }
     if (o.bits && !o.qat)
         return cli_usage_error("finetune", "--bits is the --qat width: give --qat too");
     char outbuf[4096], tokbuf[4096], genbuf[4096];
@@ -311,6 +345,10 @@ int cli_finetune(int argc, char **argv)
     if (cli_check_output(out, "training data", o.data, "base checkpoint", o.checkpoint, "tokenizer",
                          tok_flag, "tokenizer ($NEEDLE_TOKENIZER)",
                          tok_flag ? NULL : getenv("NEEDLE_TOKENIZER"), (const char *)NULL))
+        return 1;
+    if (o.loss_log && cli_check_output(o.loss_log, "training data", o.data, "base checkpoint",
+                                       o.checkpoint, "output", out, "resumed run", o.resume,
+                                       "tokenizer", tok_flag, (const char *)NULL))
         return 1;
     FILE *df = fopen(o.data, "rb");
     if (!df) {
@@ -342,8 +380,7 @@ int cli_finetune(int argc, char **argv)
         return 0;
     if (stop_flag) {
         fprintf(stderr, "needle: %s: %s\n", signal_name(stop_flag), nd_last_error());
-        if (!o.full)
-            print_resume_command(argc, argv, out);
+        print_resume_command(argc, argv, out);
         return 1;
     }
     return cli_fail(NULL);

@@ -13,6 +13,8 @@ static const struct {
     {"init", cli_init, "write a fresh random base checkpoint (upstream pickle format)"},
     {"eval", cli_eval, "next-token loss (and logits) of a checkpoint on token sequences"},
     {"finetune", cli_finetune, "LoRA fine-tune a base checkpoint on JSONL examples"},
+    {"plot-loss", cli_plot_loss, "draw a finetune --loss-log file as an SVG loss curve"},
+    {"convert", cli_convert, "rewrite a checkpoint's params as float16 or float32"},
     {"generate-data", cli_generate_data,
      "synthesise tool-calling examples with a chat-completions service (OpenRouter)"},
     {"build", cli_build, "merge a LoRA adapter and export a .cact archive (CQ quantised)"},

@@ -277,6 +277,70 @@ int ckpt_save(const char *path, const san_model *m, const pv *base)
     return rc;
 }
 
+/* float64 -> float16 rounded once: round to odd into float32 (24 bits >=
+ * 2 x 11 + 2, so the second rounding is exact), then to nearest even. */
+static uint16_t double_to_half(double x)
+{
+    float f = (float)x;
+    if (isfinite(f) && (double)f != x) {
+        if (fabs((double)f) > fabs(x))
+            f = nextafterf(f, 0.0f);
+        uint32_t bits;
+        memcpy(&bits, &f, 4);
+        bits |= 1;
+        memcpy(&f, &bits, 4);
+    }
+    return nd_float_to_half(f);
+}
+
+static int params_to_dtype(pv *node, nd_dtype dtype)
+{
+    for (size_t i = 0; i < node->u.dict.n; i++) {
+        pv *v = node->u.dict.vals[i];
+        if (v->kind == PV_DICT) {
+            int rc = params_to_dtype(v, dtype);
+            if (rc)
+                return rc;
+            continue;
+        }
+        if (v->kind != PV_NDARRAY || v->u.nd.dtype == dtype ||
+            (v->u.nd.dtype != ND_F16 && v->u.nd.dtype != ND_F32 && v->u.nd.dtype != ND_F64))
+            continue; /* integer arrays and non-arrays stay as they are */
+        pv *a = pv_ndarray(dtype, v->u.nd.ndim, v->u.nd.shape, NULL);
+        if (!a)
+            return nd_error(ND_ENOMEM, "out of memory converting the checkpoint");
+        int64_t n = pv_nd_numel(v);
+        for (int64_t k = 0; k < n; k++) {
+            /* float64 goes straight to the target, as numpy's astype does
+             * (no double rounding through float32) */
+            double x = v->u.nd.dtype == ND_F64 ? ((const double *)v->u.nd.data)[k]
+                       : v->u.nd.dtype == ND_F32
+                           ? ((const float *)v->u.nd.data)[k]
+                           : nd_half_to_float(((const uint16_t *)v->u.nd.data)[k]);
+            if (dtype == ND_F32)
+                ((float *)a->u.nd.data)[k] = (float)x;
+            else if (v->u.nd.dtype == ND_F64)
+                ((uint16_t *)a->u.nd.data)[k] = double_to_half(x);
+            else
+                ((uint16_t *)a->u.nd.data)[k] = nd_float_to_half((float)x);
+        }
+        pv_decref(v);
+        node->u.dict.vals[i] = a;
+    }
+    return ND_OK;
+}
+
+int ckpt_tree_params_to_dtype(pv *root, nd_dtype dtype)
+{
+    if (dtype != ND_F16 && dtype != ND_F32)
+        return nd_error(ND_EARG, "checkpoints are written as float16 or float32, not %s",
+                        nd_dtype_name(dtype));
+    pv *params = root && root->kind == PV_DICT ? pv_dict_get(root, "params") : NULL;
+    if (!params || params->kind != PV_DICT)
+        return nd_error(ND_EFORMAT, "checkpoint tree has no params dict");
+    return params_to_dtype(params, dtype);
+}
+
 pv *ckpt_fresh_tree(const san_model *m, uint64_t seed)
 {
     pv *root = ckpt_to_tree(m, NULL);

@@ -29,6 +29,11 @@ pv *ckpt_to_tree(const san_model *m, const pv *base);
 /* ckpt_to_tree + atomic write. */
 int ckpt_save(const char *path, const san_model *m, const pv *base);
 
+/* Convert every float32/float64 array under root["params"] to `dtype`
+ * (ND_F16 or ND_F32), round to nearest even as numpy's astype: upstream's
+ * float16 checkpoints (average_checkpoints) store params this way. */
+int ckpt_tree_params_to_dtype(pv *root, nd_dtype dtype);
+
 /* A fresh checkpoint tree as upstream's model.init makes it: the model's
  * tensors plus the mtp_* tensors, all from upstream's initialisers. */
 pv *ckpt_fresh_tree(const san_model *m, uint64_t seed);

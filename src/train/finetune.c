@@ -21,6 +21,7 @@
 #include "text/tokenizer.h"
 #include "train/optim.h"
 #include "train/batch.h"
+#include "train/loss_log.h"
 #include "train/trainer.h"
 
 void nd_finetune_defaults(nd_finetune_opts *o)
@@ -85,6 +86,8 @@ static pv *optimizer_state(const nd_finetune_opts *o, const nd_adamw *opt, const
     pv_dict_set(st, "lora_rank", pv_int(o->rank));
     pv_dict_set(st, "lora_alpha", pv_float(o->alpha));
     pv_dict_set(st, "group_by_tools", pv_int(o->group_by_tools));
+    pv_dict_set(st, "full", pv_int(o->full));
+    pv_dict_set(st, "lr", pv_float(o->lr));
     /* --qat: the scheme build must use to get what training saw ("W2") */
     pv_dict_set(st, "qat", pv_int(o->qat));
     if (o->qat && qat)
@@ -121,12 +124,13 @@ static int check_resume(const nd_finetune_opts *o, const san_model *m, const pv 
     }
     char diff[2048] = "";
     int nd = 0;
+    const char *rec = o->full ? "checkpoint" : "adapter";
     char base[PATH_MAX + 1];
     base_id(o->checkpoint, base, sizeof base);
     const pv *v = pv_dict_get(st, "base_checkpoint");
     if (!v || v->kind != PV_STR || strcmp(v->u.str.s, base)) {
-        appendf(diff, sizeof diff, "%sbase checkpoint %s (adapter) vs %s (this run)",
-                nd++ ? "; " : "", v && v->kind == PV_STR ? v->u.str.s : "?", base);
+        appendf(diff, sizeof diff, "%sbase checkpoint %s (%s) vs %s (this run)", nd++ ? "; " : "",
+                v && v->kind == PV_STR ? v->u.str.s : "?", rec, base);
     }
     static const struct {
         const char *key, *what;
@@ -137,6 +141,8 @@ static int check_resume(const nd_finetune_opts *o, const san_model *m, const pv 
     long long now[] = {(long long)o->seed, o->batch_size, o->epochs, o->max_len, o->rank,
                        o->group_by_tools,  o->qat};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        if (o->full && !strncmp(ints[i].key, "lora_", 5))
+            continue; /* no adapter in a --full run */
         v = pv_dict_get(st, ints[i].key);
         if (!v && !strcmp(ints[i].key, "qat") && !o->qat)
             continue; /* adapters from before --qat: trained without it */
@@ -146,22 +152,26 @@ static int check_resume(const nd_finetune_opts *o, const san_model *m, const pv 
                 snprintf(was, sizeof was, "%lld", (long long)v->u.i);
             else
                 snprintf(was, sizeof was, "?");
-            appendf(diff, sizeof diff, "%s%s %s (adapter) vs %lld (this run)", nd++ ? "; " : "",
-                    ints[i].what, was, now[i]);
+            appendf(diff, sizeof diff, "%s%s %s (%s) vs %lld (this run)", nd++ ? "; " : "",
+                    ints[i].what, was, rec, now[i]);
         }
     }
     static const struct {
         const char *key, *what;
-    } dbls[] = {{"val_split", "--val-split"}, {"lora_alpha", "--lora-alpha"}};
-    double nowd[] = {o->val_split, o->alpha};
+    } dbls[] = {{"val_split", "--val-split"}, {"lora_alpha", "--lora-alpha"}, {"lr", "--lr"}};
+    double nowd[] = {o->val_split, o->alpha, o->lr};
     for (size_t i = 0; i < sizeof dbls / sizeof dbls[0]; i++) {
         v = pv_dict_get(st, dbls[i].key);
+        if (!v && !strcmp(dbls[i].key, "lr"))
+            continue; /* adapters written before the lr was recorded */
+        if (o->full && !strncmp(dbls[i].key, "lora_", 5))
+            continue;
         double was = v && v->kind == PV_FLOAT ? v->u.f
                      : v && v->kind == PV_INT ? (double)v->u.i
                                               : NAN;
         if (!(was == nowd[i]))
-            appendf(diff, sizeof diff, "%s%s %g (adapter) vs %g (this run)", nd++ ? "; " : "",
-                    dbls[i].what, was, nowd[i]);
+            appendf(diff, sizeof diff, "%s%s %g (%s) vs %g (this run)", nd++ ? "; " : "",
+                    dbls[i].what, was, rec, nowd[i]);
     }
     if (o->qat) {
         char scheme[300];
@@ -184,17 +194,54 @@ static int check_resume(const nd_finetune_opts *o, const san_model *m, const pv 
 }
 
 /* The run's output: the adapter (with optimiser state, for --resume) or,
- * with --full, the whole checkpoint (extra tensors of the base kept). */
+ * with --full, the whole checkpoint (extra tensors of the base kept).
+ * A --full checkpoint saved before the end (periodic, Ctrl-C, a numeric
+ * stop) carries the optimiser state and settings as an extra top-level key
+ * "needle_c_state", which upstream's load_checkpoint ignores (it reads only
+ * format_version, params and config); the final one is float32 or, with
+ * save_f16, float16 as upstream's own, and has no such key. */
 static int save_output(const nd_finetune_opts *o, const san_model *m, const pv *base_tree,
-                       const san_lora *lora, const nd_adamw *opt, const char *qat)
+                       const san_lora *lora, const nd_adamw *opt, const char *qat, int final)
 {
     /* the directory appears only when something is written into it */
-    int rc;
+    int rc = ND_OK;
     if (o->out_dir && (rc = nd_mkdirs(o->out_dir, "checkpoint directory")))
         return rc;
-    if (o->full)
-        return ckpt_save(o->out, m, base_tree);
-    return san_lora_save(lora, o->out, optimizer_state(o, opt, qat));
+    if (!o->full)
+        return san_lora_save(lora, o->out, optimizer_state(o, opt, qat));
+    pv *root = ckpt_to_tree(m, base_tree);
+    if (!root)
+        return ND_ENOMEM;
+    if (!final) {
+        pv *st = optimizer_state(o, opt, qat);
+        rc = st ? pv_dict_set(root, "needle_c_state", st) : nd_error(ND_ENOMEM, "out of memory");
+    } else if (o->save_f16) {
+        rc = ckpt_tree_params_to_dtype(root, ND_F16);
+    }
+    if (!rc)
+        rc = pickle_dump_file(root, o->out);
+    pv_decref(root);
+    return rc;
+}
+
+/* The tree without its "needle_c_state" (a resumed checkpoint's): the
+ * outputs carry the base's other top-level keys, never a stale state. */
+static pv *without_state(pv *tree)
+{
+    if (!tree || tree->kind != PV_DICT || !pv_dict_get(tree, "needle_c_state"))
+        return tree;
+    pv *copy = pv_dict();
+    for (size_t i = 0; copy && i < tree->u.dict.n; i++) {
+        const pv *k = tree->u.dict.keys[i];
+        if (k->kind == PV_STR && !strcmp(k->u.str.s, "needle_c_state"))
+            continue;
+        if (pv_dict_set_key(copy, k, pv_incref(tree->u.dict.vals[i]))) {
+            pv_decref(copy);
+            copy = NULL;
+        }
+    }
+    pv_decref(tree);
+    return copy;
 }
 
 int nd_finetune(const nd_finetune_opts *o)
@@ -216,6 +263,7 @@ int nd_finetune(const nd_finetune_opts *o)
     int32_t *set_of = NULL;
     float *last_good = NULL;
     pv *resume_root = NULL, *base_tree = NULL;
+    nd_loss_log llog = {0};
     char qat_scheme[300] = "";
 
     /* the output must be writable before any long work starts */
@@ -236,9 +284,28 @@ int nd_finetune(const nd_finetune_opts *o)
     fclose(probe);
     char bl[512];
     emitf(o, "  %-9s %s", "backend", nd_backend_line(be, bl, sizeof bl));
-    if ((rc = ckpt_load(o->checkpoint, &m, o->full ? &base_tree : NULL)) ||
+    /* --full --resume: the weights are the resumed checkpoint's, the base
+     * (--checkpoint) only identifies the run in the settings check */
+    const char *weights = o->full && o->resume ? o->resume : o->checkpoint;
+    if ((rc = ckpt_load(weights, &m, o->full ? &base_tree : NULL)) ||
         (rc = san_model_to_backend(&m, be)))
         goto done;
+    if (o->full && o->resume) {
+        const pv *st = pv_dict_get(base_tree, "needle_c_state");
+        if (!st || st->kind != PV_DICT) {
+            rc = nd_error(ND_EARG,
+                          "%s has no needle_c_state (optimiser state and run settings): it is a "
+                          "plain checkpoint (a finished run's, or upstream's), not a stopped "
+                          "--full run; start a new run from it with --checkpoint %s",
+                          o->resume, o->resume);
+            goto done;
+        }
+        resume_root = pv_incref(base_tree);
+        if (!(base_tree = without_state(base_tree))) {
+            rc = nd_error(ND_ENOMEM, "out of memory");
+            goto done;
+        }
+    }
     if ((rc = nd_tokenizer_load(o->tokenizer, &tok)))
         goto done;
     if (nd_tokenizer_vocab_size(tok) != m.dims.V) {
@@ -307,12 +374,10 @@ int nd_finetune(const nd_finetune_opts *o)
     int B = o->batch_size, T = (int)ts.max_len;
     long spe = (long)((count + (size_t)B - 1) / (size_t)B), total = (long)o->epochs * spe;
 
-    if (o->full && o->resume) {
-        rc = nd_error(ND_EARG, "--resume works with LoRA training, not --full");
-        goto done;
-    }
     if (o->full) {
         /* every base parameter trains; the output is a checkpoint */
+        if (resume_root && (rc = check_resume(o, &m, resume_root)))
+            goto done;
     } else if (o->resume) {
         if ((rc = san_lora_load(&lora, &m, o->resume, &resume_root)))
             goto done;
@@ -344,18 +409,27 @@ int nd_finetune(const nd_finetune_opts *o)
         const pv *cnt = st ? pv_dict_get(st, "count") : NULL;
         if (mu && nu && cnt && mu->kind == PV_NDARRAY && nu->kind == PV_NDARRAY &&
             mu->u.nd.dtype == ND_F32 && nu->u.nd.dtype == ND_F32 &&
-            pv_nd_numel(mu) == (int64_t)lora.numel && pv_nd_numel(nu) == (int64_t)lora.numel &&
+            pv_nd_numel(mu) == (int64_t)NP && pv_nd_numel(nu) == (int64_t)NP &&
             cnt->kind == PV_INT && cnt->u.i >= 0 && cnt->u.i <= total) {
-            memcpy(opt.mu, mu->u.nd.data, sizeof(float) * lora.numel);
-            memcpy(opt.nu, nu->u.nd.data, sizeof(float) * lora.numel);
+            memcpy(opt.mu, mu->u.nd.data, sizeof(float) * NP);
+            memcpy(opt.nu, nu->u.nd.data, sizeof(float) * NP);
             opt.count = (long)cnt->u.i;
             emitf(o, "  %-9s %s at step %ld/%ld (optimiser moments restored)", "resume", o->resume,
                   opt.count, total);
+        } else if (o->full) {
+            rc = nd_error(ND_EFORMAT,
+                          "%s: needle_c_state does not match this model (moments of %zu "
+                          "parameters and a step within %ld expected)",
+                          o->resume, NP, total);
+            goto done;
         } else {
             emitf(o, "  %-9s %s (no optimiser state: moments start at zero, step 0)", "resume",
                   o->resume);
         }
     }
+    /* the moments are copied: drop the tree's (twice the parameters) */
+    pv_decref(resume_root);
+    resume_root = NULL;
     emitf(o, "  %-9s %ld steps  warmup %ld  cosine decay  clip 1.0", "schedule", total,
           opt.warmup_steps);
 
@@ -419,6 +493,8 @@ int nd_finetune(const nd_finetune_opts *o)
     long every = total / 50 > 1 ? total / 50 : 1, step = 0;
     double t_start = nd_wtime(), tokens_done = 0;
     long start_step = opt.count;
+    if (o->loss_log && (rc = nd_loss_log_open(&llog, o->loss_log, start_step)))
+        goto done;
     for (int epoch = 0; epoch < o->epochs && !rc; epoch++) {
         /* per-epoch order derived from (seed, epoch) so a resume replays it */
         nd_epoch_order(train, count, B, o->seed, epoch, set_of, tmp);
@@ -427,18 +503,20 @@ int nd_finetune(const nd_finetune_opts *o)
         for (size_t s0 = 0; s0 < count && !rc; s0 += (size_t)B, step++) {
             if (step < start_step)
                 continue; /* resumed: these updates are already in the adapter */
+            if (o->stop && !*o->stop && o->stop_after && step >= o->stop_after)
+                *o->stop = -1; /* --stop-after: a deterministic Ctrl-C */
             if (o->stop && *o->stop) {
                 rc = nd_error(ND_EIO, "interrupted at step %ld/%ld", step, total);
                 break;
             }
             int rows = count - s0 < (size_t)B ? (int)(count - s0) : B;
-            double loss, masked, gnorm;
+            double loss, masked, gnorm, lr_used = 0;
             /* kept before the step: a non-finite loss on the very first
              * step must restore these, not uninitialised memory */
             memcpy(last_good, P, sizeof(float) * NP);
             rc = nd_batcher_step(&bt, train + s0, rows, 1, &loss, &masked);
             if (!rc)
-                rc = nd_adamw_step(&opt, P, G, &gnorm, NULL);
+                rc = nd_adamw_step(&opt, P, G, &gnorm, &lr_used);
             if (rc == ND_ENUMERIC) {
                 char why[256];
                 snprintf(why, sizeof why, "%s", nd_last_error());
@@ -447,7 +525,7 @@ int nd_finetune(const nd_finetune_opts *o)
                               "(before this step) is written to %s",
                               step + 1, total, why, o->out);
                 memcpy(P, last_good, sizeof(float) * NP);
-                if (save_output(o, &m, base_tree, &lora, &opt, qat_scheme) == ND_OK)
+                if (save_output(o, &m, base_tree, &lora, &opt, qat_scheme, 0) == ND_OK)
                     rc = ND_ENUMERIC;
                 break;
             }
@@ -456,6 +534,11 @@ int nd_finetune(const nd_finetune_opts *o)
             if ((!o->full || o->qat) && (rc = nd_trainer_merge(tr)))
                 break;
             last = loss;
+            if (llog.f && nd_loss_log_step(&llog, step + 1, epoch + 1, lr_used, loss)) {
+                /* the curve is a by-product: losing it must not stop a long run */
+                emitf(o, "  %-9s %s; the loss log stops here", "warning", nd_last_error());
+                nd_loss_log_close(&llog);
+            }
             for (int b = 0; b < rows; b++)
                 tokens_done += ts.len[train[s0 + (size_t)b]];
             double el = nd_wtime() - t_start, done_steps = (double)(step + 1 - start_step);
@@ -466,7 +549,7 @@ int nd_finetune(const nd_finetune_opts *o)
                 emitf(o, "  %-9s %ld/%ld  loss %.4f", "step", step + 1, total, loss);
             if (o->save_every && (step + 1) % o->save_every == 0 && step + 1 < total) {
                 /* a failed periodic save costs only its crash safety: go on */
-                if (save_output(o, &m, base_tree, &lora, &opt, qat_scheme))
+                if (save_output(o, &m, base_tree, &lora, &opt, qat_scheme, 0))
                     emitf(o, "  %-9s periodic save at step %ld failed (%s); training continues",
                           "warning", step + 1, nd_last_error());
             }
@@ -490,6 +573,10 @@ int nd_finetune(const nd_finetune_opts *o)
             if (!rc)
                 emitf(o, "  %-9s %d/%d  loss %.4f  val %.4f", "epoch", epoch + 1, o->epochs, last,
                       vsum / nb);
+            if (!rc && llog.f && nd_loss_log_val(&llog, step, epoch + 1, vsum / nb)) {
+                emitf(o, "  %-9s %s; the loss log stops here", "warning", nd_last_error());
+                nd_loss_log_close(&llog);
+            }
         } else {
             emitf(o, "  %-9s %d/%d  loss %.4f", "epoch", epoch + 1, o->epochs, last);
         }
@@ -498,11 +585,9 @@ int nd_finetune(const nd_finetune_opts *o)
         /* Ctrl-C: keep what we have */
         char msg[512];
         snprintf(msg, sizeof msg, "%s", nd_last_error());
-        if (save_output(o, &m, base_tree, &lora, &opt, qat_scheme) == ND_OK)
-            rc = nd_error(ND_EIO, "%s; %s so far written to %s%s%s%s", msg,
-                          o->full ? "checkpoint" : "adapter", o->out,
-                          o->full ? "" : " (continue with --resume ", o->full ? "" : o->out,
-                          o->full ? "" : ")");
+        if (save_output(o, &m, base_tree, &lora, &opt, qat_scheme, 0) == ND_OK)
+            rc = nd_error(ND_EIO, "%s; %s so far written to %s (continue with --resume %s)", msg,
+                          o->full ? "checkpoint" : "adapter", o->out, o->out);
     }
     if (!rc && tr && tr->qat && tr->qat->calls > 1) {
         double per = tr->qat->seconds / (double)tr->qat->calls, el = nd_wtime() - t_start;
@@ -512,7 +597,7 @@ int nd_finetune(const nd_finetune_opts *o)
               steps > 0 ? el / (double)steps * 1e3 : 0.0);
     }
     if (!rc) {
-        rc = save_output(o, &m, base_tree, &lora, &opt, qat_scheme);
+        rc = save_output(o, &m, base_tree, &lora, &opt, qat_scheme, 1);
         if (!rc && o->full) {
             emitf(o, "  %-9s %s", "checkpoint", o->out);
             emitf(o, "  %-9s needle finetune DATA.jsonl --checkpoint %s", "next", o->out);
@@ -525,6 +610,7 @@ int nd_finetune(const nd_finetune_opts *o)
         }
     }
 done:
+    nd_loss_log_close(&llog);
     free(order);
     free(tmp);
     free(tmp2);

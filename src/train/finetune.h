@@ -13,7 +13,7 @@ typedef struct {
     const char *tokenizer;  /* .model path (required) */
     const char *out;        /* adapter path */
     const char *out_dir;    /* created (one level) before the first save, or NULL */
-    const char *resume;     /* adapter to continue from, or NULL */
+    const char *resume;     /* adapter (or, with full, checkpoint) to continue from */
     int epochs, batch_size, rank, max_len;
     double lr, alpha, val_split;
     uint64_t seed;
@@ -24,6 +24,8 @@ typedef struct {
     int group_by_tools;   /* reorder so batches hold one tool set (changes batches) */
     double act_budget_mb; /* memory for kept activations (ND_ACT_BUDGET_MB) */
     int resume_override;  /* resume even when the adapter's recorded settings differ */
+    int save_f16;         /* --full: write the final checkpoint's params as float16 */
+    const char *loss_log; /* JSONL per step (and per validation), or NULL */
     int qat;              /* train through build's quantise-dequantise (train/qat.h) */
     int bits;             /* --qat width as build's --bits; 0 = config map, else 4 */
     const nd_backend *be;
@@ -34,6 +36,8 @@ typedef struct {
                    double eta_s);
     void *ctx;
     volatile int *stop; /* set non-zero (e.g. on SIGINT) to stop and save */
+    long stop_after;    /* stop (as *stop would) once this many steps are done, 0 = never;
+                         * sets *stop to -1 when it does (stop must then be non-NULL) */
 } nd_finetune_opts;
 
 void nd_finetune_defaults(nd_finetune_opts *o);

@@ -153,8 +153,27 @@ static int eval_jsonl(const jsonl_args *a, san_model *m, const nd_backend *be)
         cli_fail(NULL);
         goto done;
     }
-    if (nd_batcher_create(&bt, m, be, have_lora ? &lora : NULL, &ts, B, a->batching, 0, 0, 0, 0,
-                          ND_ACT_BUDGET_MB) ||
+    /* size the activations for the batches eval will run (consecutive runs
+     * of B examples): one prefix group may hold many examples */
+    long max_rows = 0, max_items = 0, max_group = 0;
+    size_t *order = malloc(sizeof *order * (ts.n ? ts.n : 1));
+    if (!order) {
+        nd_error(ND_ENOMEM, "out of memory");
+        cli_fail(NULL);
+        goto done;
+    }
+    for (size_t i = 0; i < ts.n; i++)
+        order[i] = i;
+    int caps_rc =
+        nd_batch_caps(&ts, a->batching, order, ts.n, B, &max_rows, &max_items, &max_group, NULL);
+    free(order);
+    if (caps_rc) {
+        nd_error(ND_ENOMEM, "out of memory");
+        cli_fail(NULL);
+        goto done;
+    }
+    if (nd_batcher_create(&bt, m, be, have_lora ? &lora : NULL, &ts, B, a->batching, 0, max_rows,
+                          max_items, max_group, ND_ACT_BUDGET_MB) ||
         (a->qat && nd_trainer_set_qat(&bt.tr, a->bits)) ||
         nd_eval_masked(&bt, a->grad_norms, &ev)) {
         cli_fail(a->data);

@@ -464,17 +464,18 @@ static inline const float *kv_row(const float *F, const int8_t *Q, size_t kvd, i
 #endif
 
 /* q . k for four rows at once: four independent sums keep the vector unit
- * busy where one sum would wait on its own additions */
+ * busy where one sum would wait on its own additions (plain multiply-adds:
+ * clang cannot vectorise an fmaf reduction and fails -Wpass-failed) */
 static inline void dot4(const float *q, const float *const k[4], int hd, float out[4])
 {
     const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3];
     float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
 #pragma omp simd reduction(+ : a0, a1, a2, a3)
     for (int e = 0; e < hd; e++) {
-        a0 = KV_MADD(q[e], k0[e], a0);
-        a1 = KV_MADD(q[e], k1[e], a1);
-        a2 = KV_MADD(q[e], k2[e], a2);
-        a3 = KV_MADD(q[e], k3[e], a3);
+        a0 += q[e] * k0[e];
+        a1 += q[e] * k1[e];
+        a2 += q[e] * k2[e];
+        a3 += q[e] * k3[e];
     }
     out[0] = a0;
     out[1] = a1;

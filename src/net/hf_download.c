@@ -439,6 +439,27 @@ static int on_progress(void *ctx, curl_off_t dltotal, curl_off_t dlnow, curl_off
     return 0;
 }
 
+/* A GET of url with HF's conventions: redirects followed, HF_TOKEN as a
+ * Bearer header (curl drops custom Authorization headers on redirects to
+ * other hosts, as the CDN wants). The caller frees the returned list. */
+static struct curl_slist *hf_request_setup(CURL *c, const char *url, char *errbuf)
+{
+    struct curl_slist *hdrs = NULL;
+    const char *token = getenv("HF_TOKEN");
+    if (token && *token) {
+        char auth[4200];
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", token);
+        hdrs = curl_slist_append(hdrs, auth);
+    }
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(c, CURLOPT_MAXREDIRS, 10L);
+    curl_easy_setopt(c, CURLOPT_USERAGENT, "needle-c/0.1.0");
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
+    return hdrs;
+}
+
 int nd_hf_download(const char *repo, const char *file, const char *dest, const nd_hf_opts *o,
                    int *not_found)
 {
@@ -484,20 +505,9 @@ int nd_hf_download(const char *repo, const char *file, const char *dest, const n
         curl_global_cleanup();
         return nd_error(ND_ENOMEM, "libcurl: cannot start a transfer");
     }
-    char errbuf[CURL_ERROR_SIZE] = "", range[64], auth[4200];
-    struct curl_slist *hdrs = NULL;
+    char errbuf[CURL_ERROR_SIZE] = "", range[64];
+    struct curl_slist *hdrs = hf_request_setup(c, url, errbuf);
     const char *token = getenv("HF_TOKEN");
-    if (token && *token) {
-        /* curl drops custom Authorization headers on redirects to other hosts */
-        snprintf(auth, sizeof auth, "Authorization: Bearer %s", token);
-        hdrs = curl_slist_append(hdrs, auth);
-    }
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
-    curl_easy_setopt(c, CURLOPT_MAXREDIRS, 10L);
-    curl_easy_setopt(c, CURLOPT_USERAGENT, "needle-c/0.1.0");
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
     curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(c, CURLOPT_HEADERDATA, &st);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
@@ -662,18 +672,8 @@ int nd_hf_list(const char *repo, const char *revision, char ***files, int *count
         return nd_error(ND_ENOMEM, "libcurl: cannot start a transfer");
     }
     mem_buf b = {0};
-    char errbuf[CURL_ERROR_SIZE] = "", auth[4200];
-    struct curl_slist *hdrs = NULL;
-    const char *token = getenv("HF_TOKEN");
-    if (token && *token) {
-        snprintf(auth, sizeof auth, "Authorization: Bearer %s", token);
-        hdrs = curl_slist_append(hdrs, auth);
-    }
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
-    curl_easy_setopt(c, CURLOPT_USERAGENT, "needle-c/0.1.0");
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
+    char errbuf[CURL_ERROR_SIZE] = "";
+    struct curl_slist *hdrs = hf_request_setup(c, url, errbuf);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, to_mem);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 30L);

@@ -1,5 +1,6 @@
-/* needle eval-calls: run a .cact on held-out tool-calling examples and
- * score the calls (src/eval/callscore.h has the rules). */
+/* needle eval-calls: run a .cact (or a checkpoint's float weights) on
+ * held-out tool-calling examples and score the calls (src/eval/callscore.h
+ * has the rules). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,12 +12,15 @@
 #include "cli/cli.h"
 #include "core/fileio.h"
 #include "core/status.h"
+#include "engine/from_checkpoint.h"
 #include "eval/calldata.h"
 #include "eval/callscore.h"
 #include "needle.h"
 
 static const char *eval_calls_help =
     "usage: needle eval-calls --weights X.cact DATA.jsonl [--json] [--limit N]\n"
+    "       needle eval-calls --checkpoint X.pkl [--lora A.pkl] [--tokenizer M]\n"
+    "                         DATA.jsonl [same options]\n"
     "                         [--predictions OUT.jsonl] [--skip-bad] [--threads N]\n"
     "                         [--max-new-tokens N] [--require-call]\n"
     "\n"
@@ -38,6 +42,14 @@ static const char *eval_calls_help =
     "all examples, those expecting calls and those expecting none.\n"
     "\n"
     "  --weights PATH       .cact archive (needle build)\n"
+    "  --checkpoint PATH    instead of --weights: the checkpoint's float weights,\n"
+    "                       no quantisation, through the same engine, decoder and\n"
+    "                       grammar (scores a fine-tune before `needle build`)\n"
+    "  --lora PATH          with --checkpoint: merge this adapter first, exactly\n"
+    "                       as `needle build --lora` does\n"
+    "  --tokenizer PATH     with --checkpoint: SentencePiece .model or blob\n"
+    "                       (default $NEEDLE_TOKENIZER, else tokenizer.model beside\n"
+    "                       the checkpoint)\n"
     "  --json               print the report as one JSON object instead of a table\n"
     "  --limit N            score only the first N examples\n"
     "  --predictions PATH   write one JSON line per example: line, query, expected,\n"
@@ -327,9 +339,23 @@ static int run_all(needle_model *m, nd_call_set *set, const char *data, int skip
     return status;
 }
 
+/* $NEEDLE_TOKENIZER, else tokenizer.model beside the checkpoint (as build;
+ * a missing file is reported by the loader, naming the path). */
+static const char *default_tokenizer(const char *ckpt, char *buf, size_t cap)
+{
+    const char *env = getenv("NEEDLE_TOKENIZER");
+    if (env && *env)
+        return env;
+    const char *slash = strrchr(ckpt, '/');
+    int dir = slash ? (int)(slash - ckpt) + 1 : 0;
+    snprintf(buf, cap, "%.*stokenizer.model", dir, ckpt);
+    return buf;
+}
+
 int cli_eval_calls(int argc, char **argv)
 {
-    const char *weights = NULL, *data = NULL, *pred_path = NULL;
+    const char *weights = NULL, *data = NULL, *pred_path = NULL, *ckpt = NULL, *lora = NULL,
+               *tok = NULL;
     long long limit = 0, threads = 0, max_new = 256;
     int json = 0, skip_bad = 0, require_call = 0;
     for (int i = 1; i < argc; i++) {
@@ -361,6 +387,12 @@ int cli_eval_calls(int argc, char **argv)
         const char *v = argv[++i];
         if (!strcmp(a, "--weights"))
             weights = v;
+        else if (!strcmp(a, "--checkpoint"))
+            ckpt = v;
+        else if (!strcmp(a, "--lora"))
+            lora = v;
+        else if (!strcmp(a, "--tokenizer"))
+            tok = v;
         else if (!strcmp(a, "--predictions"))
             pred_path = v;
         else if (!strcmp(a, "--limit")) {
@@ -375,12 +407,24 @@ int cli_eval_calls(int argc, char **argv)
         } else
             return cli_usage_error("eval-calls", "unknown option '%s'", a);
     }
-    if (!weights)
-        return cli_usage_error("eval-calls", "--weights X.cact is required");
+    if (weights && ckpt)
+        return cli_usage_error("eval-calls",
+                               "give --weights X.cact or --checkpoint X.pkl, not both");
+    if (!weights && !ckpt)
+        return cli_usage_error("eval-calls",
+                               "--weights X.cact (or --checkpoint X.pkl) is required");
+    if ((lora || tok) && !ckpt)
+        return cli_usage_error("eval-calls",
+                               "%s goes with --checkpoint (a .cact has both merged in)",
+                               lora ? "--lora" : "--tokenizer");
+    char tokbuf[4096];
+    if (ckpt && !tok)
+        tok = default_tokenizer(ckpt, tokbuf, sizeof tokbuf);
     if (!data)
         return cli_usage_error("eval-calls", "a DATA.jsonl file is required");
     if (pred_path &&
-        (cli_check_output(pred_path, "data", data, "weights", weights, (const char *)NULL) ||
+        (cli_check_output(pred_path, "data", data, "weights", weights, "checkpoint", ckpt,
+                          "adapter", lora, "tokenizer", tok, (const char *)NULL) ||
          (nd_check_writable(pred_path) && cli_fail(NULL))))
         return 1;
 
@@ -395,7 +439,8 @@ int cli_eval_calls(int argc, char **argv)
     }
     if (threads > 0)
         nd_backend_cpu((int)threads);
-    needle_model *m = needle_model_load(weights);
+    needle_model *m =
+        weights ? needle_model_load(weights) : nd_model_from_checkpoint(ckpt, lora, tok);
     if (!m) {
         fprintf(stderr, "needle: %s\n", needle_thread_error());
         nd_call_set_free(&set);

@@ -52,6 +52,15 @@ size_t nd_qweights_bytes_per_token(const nd_qweights *q, const san_model *m);
 /* 1 when $NEEDLE_FLOAT asks for the dequantise-to-float path. */
 int nd_engine_float_path(void);
 
+struct needle_model;
+/* The float path over `weights` instead of the archive's own matrices: the
+ * archive (data, len; borrowed) gives the tokenizer, probe heads and
+ * header, `weights` (same geometry; copied) every weight. */
+struct needle_model *nd_model_load_float_weights(const void *data, size_t len,
+                                                 const san_model *weights);
+/* The float weights a model runs with (NULL on the quantised path). */
+const san_model *nd_model_weights(const struct needle_model *M);
+
 /* The archive's RAW tokenizer blob as a tokenizer. */
 int nd_cact_tokenizer(const cact_file *f, nd_tokenizer **tok);
 

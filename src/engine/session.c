@@ -257,6 +257,34 @@ needle_model *needle_model_load_buffer(const void *data, size_t len)
     return M;
 }
 
+needle_model *nd_model_load_float_weights(const void *data, size_t len, const san_model *weights)
+{
+    cact_file f;
+    if (cact_parse(data, len, &f))
+        return NULL;
+    needle_model *M = load_parsed(&f, 0);
+    cact_free(&f);
+    if (!M)
+        return NULL;
+    /* same geometry, tensor by tensor, so one copy puts every weight in place */
+    int same = M->m.numel == weights->numel && M->m.n_tensors == weights->n_tensors;
+    for (int i = 0; same && i < weights->n_tensors; i++)
+        same = M->m.tensors[i].offset == weights->tensors[i].offset &&
+               M->m.tensors[i].numel == weights->tensors[i].numel;
+    if (!same) {
+        nd_error(ND_ESHAPE, "the float weights' layout differs from the archive's model");
+        needle_model_free(M);
+        return NULL;
+    }
+    memcpy(M->m.mem, weights->mem, weights->numel * sizeof *weights->mem);
+    return M;
+}
+
+const san_model *nd_model_weights(const needle_model *M)
+{
+    return M->quant ? NULL : &M->m;
+}
+
 needle_model *needle_model_load(const char *path)
 {
     if (!path) {

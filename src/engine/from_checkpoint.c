@@ -21,7 +21,7 @@ static int tokenizer_blob(const char *path, unsigned char **blob, size_t *len)
     nd_tokenizer *t;
     int rc = nd_tokenizer_load(path, &t);
     if (rc)
-        return nd_error_prefix(rc, "tokenizer %s", path);
+        return nd_error_prefix(rc, "tokenizer");
     rc = nd_tokenizer_write_blob(t, blob, len);
     nd_tokenizer_free(t);
     return rc;

@@ -37,8 +37,10 @@ step() { # close the previous step (its time), open the next
   echo
   echo "== $1"
 }
-show() { # print a command, then run it
-  echo "\$ $*"
+show() { # print a command (quoted as a shell would need it), then run it
+  printf '$'
+  printf ' %q' "$@"
+  echo
   "$@"
 }
 
@@ -48,7 +50,9 @@ score() { # score LABEL MODEL-ARGS...
   local label=$1
   shift
   local json
-  echo "\$ $NEEDLE eval-calls $* --json $TEST"
+  printf '$ %q eval-calls' "$NEEDLE"
+  printf ' %q' "$@" --json "$TEST"
+  echo
   json=$("$NEEDLE" eval-calls "$@" --json "$TEST")
   local n tool args valid refused no_call
   n=$(metric "$json" all examples)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make demo` end to end, shortened (1 epoch of batch 8, 16 train and 16 test
+# `make demo` end to end, shortened (1 epoch of batch 4, 8 train and 8 test
 # examples) so the script cannot silently rot: every step runs, the summary
 # has all its rows with numbers, both loss curves are SVG pictures.
 set -euo pipefail
@@ -8,7 +8,7 @@ NEEDLE=${NEEDLE:-build/needle}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
-OUT=$tmp/demo DEMO_LIMIT=16 FT_SETTINGS="--epochs 1 --lr 1e-3 --batch-size 8" bash examples/demo.sh "$NEEDLE" > "$tmp/log" 2>&1 ||
+OUT=$tmp/demo DEMO_LIMIT=8 FT_SETTINGS="--epochs 1 --lr 1e-3 --batch-size 4" bash examples/demo.sh "$NEEDLE" > "$tmp/log" 2>&1 ||
   { tail -n 40 "$tmp/log"; fail "examples/demo.sh exited non-zero"; }
 S=$tmp/demo/summary.md
 [ -s "$S" ] || fail "no summary.md"
@@ -20,7 +20,7 @@ for row in "base zero-shot (4-bit)" "fine-tuned, float" "fine-tuned, 4-bit" "fin
     { cat "$S"; fail "summary.md lacks the row '$row'"; }
 done
 grep -q "^| model | tool name | exact args | refusals | valid JSON |$" "$S" || fail "table header"
-grep -q "16 test" "$S" || fail "summary does not say the test size"
+grep -q ", 8 test$" "$S" || fail "summary does not say the test size"
 for svg in lora-loss.svg qat-loss.svg; do
   head -c 400 "$tmp/demo/$svg" | grep -q "<svg" || fail "$svg is not an SVG"
 done

@@ -18,11 +18,11 @@
 #include "needle.h"
 
 static const char *eval_calls_help =
-    "usage: needle eval-calls --weights X.cact DATA.jsonl [--json] [--limit N]\n"
+    "usage: needle eval-calls --weights X.cact DATA.jsonl [options]\n"
     "       needle eval-calls --checkpoint X.pkl [--lora A.pkl] [--tokenizer M]\n"
-    "                         DATA.jsonl [same options]\n"
-    "                         [--predictions OUT.jsonl] [--skip-bad] [--threads N]\n"
-    "                         [--max-new-tokens N] [--require-call]\n"
+    "                         DATA.jsonl [options]\n"
+    "options: [--json] [--limit N] [--predictions OUT.jsonl] [--skip-bad]\n"
+    "         [--threads N] [--max-new-tokens N] [--require-call]\n"
     "\n"
     "Answers every example's query with the engine (as `needle run`: the example's\n"
     "system and tools, a fresh conversation) and scores the calls against its\n"

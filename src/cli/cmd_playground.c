@@ -28,7 +28,8 @@ static const char *playground_help =
     "  --host ADDR         numeric address to bind (default 127.0.0.1); anything but\n"
     "                      loopback is warned about: the page has no authentication\n"
     "  --base PATH         base checkpoint the fine-tune trains on (default\n"
-    "                      checkpoints/needle2.pkl)\n"
+    "                      checkpoints/needle2.pkl when it is there, else the nano\n"
+    "                      base installed with needle)\n"
     "  --tokenizer PATH    SentencePiece model for fine-tune and build (default\n"
     "                      $NEEDLE_TOKENIZER, else tokenizer.model beside --base)\n"
     "  --workdir DIR       where fine-tune files are written and served from (default\n"
@@ -43,7 +44,7 @@ static const char *playground_help =
 
 int cli_playground(int argc, char **argv)
 {
-    const char *weights = NULL, *host = "127.0.0.1", *base = "checkpoints/needle2.pkl";
+    const char *weights = NULL, *host = "127.0.0.1", *base = NULL;
     const char *tokenizer = NULL, *workdir = NULL;
     long long port = 7860, max_new = 256;
     for (int i = 1; i < argc; i++) {
@@ -83,8 +84,10 @@ int cli_playground(int argc, char **argv)
     sigset_t stop;
     pg_block_stop_signals(&stop); /* before the model load starts any thread */
     /* tokenizer: the flag, else $NEEDLE_TOKENIZER, else beside the base */
-    static char tok_buf[PATH_MAX];
+    static char tok_buf[PATH_MAX], base_buf[PATH_MAX];
     struct stat st;
+    if (!base)
+        base = cli_default_base(stderr, "--base PATH", base_buf, sizeof base_buf);
     if (!tokenizer)
         tokenizer = getenv("NEEDLE_TOKENIZER");
     if (!tokenizer) {

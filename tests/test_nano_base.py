@@ -5,8 +5,9 @@ on it.
 Checks: the build made needle-nano.cact (plus the checkpoint and tokenizer)
 beside the program; `needle run` without --weights and upstream's ctypes
 client (needle_init without needle_load) answer with it, no env var set;
-`needle finetune` and `needle build` without a checkpoint use the nano base
-when checkpoints/needle2.pkl is absent and say so in their first lines,
+`needle finetune`, `needle build` and `needle playground` without a
+checkpoint use the nano base when checkpoints/needle2.pkl is absent and say
+so in their first lines (the playground also starts with the archive),
 use checkpoints/needle2.pkl when it is there, and fail naming both when
 neither is; `build --lora A` takes the base A records; recommended settings
 (`needle convert --recommend`) are printed and used, explicit flags win,
@@ -112,6 +113,26 @@ def packaged(tmp):
     check(r["init"] is not None and r["init"] > 0 and r.get("complete", -1) >= 0 and
           r["envelope"].get("success") is True,
           "upstream's client, no needle_load, no env: the nano base answers (%r)" % r)
+
+
+def playground(tmp):
+    """Started bare: the built-in archive is loaded, the nano base is its
+    fine-tune base, both said on stderr (skipped without libmicrohttpd)."""
+    p = subprocess.Popen([NEEDLE, "playground", "--port", "0", "--workdir", tmp],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=clean_env(), cwd=tmp)
+    try:
+        ready = p.stdout.readline()
+    finally:
+        p.terminate()
+        out, err = p.communicate(timeout=60)
+    if "has no playground" in err:
+        print("skip playground: built without libmicrohttpd")
+        return
+    check(ready.startswith("needle playground ready") and '"name":"needle-nano.cact"' in ready and
+          '"loaded":true' in ready, "playground starts with the built-in base: %r" % ready)
+    check(NANO_CACT in err and "built-in base" in err and NANO_PKL in err and "--base PATH" in err,
+          "playground says which model and which fine-tune base: %s" % err)
 
 
 def fallback(tmp, data):
@@ -262,6 +283,7 @@ def main():
     with open(data, "w") as f:
         f.writelines(lines)
     packaged(tmp)
+    playground(tmp)
     fallback(tmp, data)
     recommended(tmp, data)
     shutil.rmtree(tmp)

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "needle.h"
 #ifdef NEEDLE_HAVE_PLAYGROUND
 #include "cli/playground/playground.h"
 #endif
@@ -23,7 +24,8 @@ static const char *playground_help =
     "progress. Routes (upstream's): GET / /model /finetune/status /download/NAME,\n"
     "POST /complete /reset /load-model /finetune.\n"
     "\n"
-    "  --weights PATH      .cact archive to start with (else upload one)\n"
+    "  --weights PATH      .cact archive to start with (default: the built-in base,\n"
+    "                      needle-nano.cact, when installed; else upload one)\n"
     "  --port N            TCP port (default 7860; 0 picks a free one)\n"
     "  --host ADDR         numeric address to bind (default 127.0.0.1); anything but\n"
     "                      loopback is warned about: the page has no authentication\n"
@@ -84,7 +86,15 @@ int cli_playground(int argc, char **argv)
     sigset_t stop;
     pg_block_stop_signals(&stop); /* before the model load starts any thread */
     /* tokenizer: the flag, else $NEEDLE_TOKENIZER, else beside the base */
-    static char tok_buf[PATH_MAX], base_buf[PATH_MAX];
+    static char tok_buf[PATH_MAX], base_buf[PATH_MAX], weights_buf[PATH_MAX];
+    /* as upstream's playground: the built-in base answers until another is loaded */
+    if (!weights && needle_default_weights_path(weights_buf, sizeof weights_buf) == NEEDLE_OK) {
+        weights = weights_buf;
+        fprintf(stderr,
+                "needle playground: model %s (the built-in base; --weights X.cact for "
+                "another)\n",
+                weights);
+    }
     struct stat st;
     if (!base)
         base = cli_default_base(stderr, "--base PATH", base_buf, sizeof base_buf);

@@ -65,6 +65,7 @@ def clean_env(**extra):
     env = dict(os.environ)
     for k in ("NEEDLE_BASE_WEIGHTS", "NEEDLE_BASE_CHECKPOINT", "NEEDLE_TOKENIZER"):
         env.pop(k, None)
+    env["HF_HUB_OFFLINE"] = "1"  # the needle2 fallback must never reach the network
     env.update(extra)
     return env
 

@@ -41,6 +41,8 @@ int main(int argc, char **argv)
 {
     if (argc != 3)
         return 2;
+    if (argv[1][0] == 0) /* "": no needle_load, the built-in base */
+        goto init;
     FILE *f = fopen(argv[1], "rb");
     if (!f)
         return 3;
@@ -55,6 +57,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "needle_load: %s\n", needle_last_error());
         return 1;
     }
+    free(cact);
+init:
     if (needle_init("", argv[2], NULL) < 0) {
         fprintf(stderr, "needle_init: %s\n", needle_last_error());
         return 1;
@@ -65,7 +69,6 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("%s\n", buf);
-    free(cact);
     return 0;
 }
 C
@@ -84,6 +87,33 @@ echo "ok   program output: $OUT"
 LDD=$(ldd "$W/use_needle")
 [[ $LDD == *"$ROOT/$LIBDIR/libneedle.so"* ]] || fail "not linked to the installed lib"
 echo "ok   linked to $PREFIX/$LIBDIR/libneedle.so"
+
+# the nano base in share/needle: the archive (when the build made it: not in
+# a cross build), the checkpoint and tokenizer finetune/build fall back on
+if [ -f "$SRC/models/needle-nano.pkl" ]; then
+    for f in needle-nano.pkl tokenizer.model; do
+        [ -f "$ROOT/share/needle/$f" ] || fail "not installed: $PREFIX/share/needle/$f"
+        echo "ok   installed $PREFIX/share/needle/$f"
+    done
+    (cd "$W" && env -u NEEDLE_BASE_CHECKPOINT -u NEEDLE_TOKENIZER "$ROOT/bin/needle" build \
+        --out nano.cact >nano-build.log) || fail "installed build without CKPT: $(cat "$W/nano-build.log")"
+    grep -q "share/needle/needle-nano.pkl  the built-in nano base" "$W/nano-build.log" ||
+        fail "installed build did not fall back on share/needle: $(cat "$W/nano-build.log")"
+    echo "ok   installed build without CKPT: $(head -1 "$W/nano-build.log")"
+fi
+if [ -f "$BUILD/needle-nano.cact" ]; then
+    [ -f "$ROOT/share/needle/needle-nano.cact" ] || fail "not installed: share/needle/needle-nano.cact"
+    echo "ok   installed $PREFIX/share/needle/needle-nano.cact"
+    OUT=$(env -u NEEDLE_BASE_WEIGHTS "$W/use_needle" "" "$TOOLS") ||
+        fail "installed library without needle_load"
+    [[ $OUT == *'"success": true'* ]] || fail "built-in base envelope: $OUT"
+    echo "ok   installed library, no needle_load: $OUT"
+    echo "$TOOLS" >"$W/tools.json"
+    ERR=$(env -u NEEDLE_BASE_WEIGHTS "$ROOT/bin/needle" run --tools "$W/tools.json" \
+          "what is the weather in Paris" 2>&1 >/dev/null) || fail "installed run without --weights: $ERR"
+    [[ $ERR == *"share/needle/needle-nano.cact"* ]] || fail "run did not use share/needle: $ERR"
+    echo "ok   installed run without --weights: $ERR"
+fi
 
 # the installed program looks for GPU plugins in PREFIX/LIBDIR/needle/: a
 # junk plugin there must be the one it tried (and names)

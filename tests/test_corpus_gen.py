@@ -262,6 +262,53 @@ def main():
     if not any(len(o) > 1 for o in orders.values()):
         fail("every domain's tools come in one order")
 
+    # --alias-rate: the same examples with tools and parameters renamed consistently
+    al = os.path.join(tmp, "alias.jsonl")
+    pa = gen("--num", "1500", "--seed", "7", "--alias-rate", "0.5", "--output", al)
+    if not re.search(r", (4[0-9]|5[0-9])\.\d% renamed", pa.stderr.decode()):
+        fail(f"--alias-rate 0.5: stats line {pa.stderr.decode()!r}")
+    r = subprocess.run([NEEDLE, "render", al, "--tokenizer", model], capture_output=True)
+    if r.returncode != 0 or "1500 examples from 1500 lines" not in r.stderr.decode():
+        fail(f"needle render {al}: rc {r.returncode}: {r.stderr.decode()[-400:]}")
+    with open(al, encoding="utf-8") as f:
+        renamed_lines = f.read().splitlines()
+    renamed = 0
+    for no, (plain, line) in enumerate(zip(da.decode().splitlines(), renamed_lines), 1):
+        p0, p1 = json.loads(plain), json.loads(line)
+        where = f"alias.jsonl:{no}"
+        if p0 == p1:
+            continue
+        renamed += 1
+        if p0["query"] != p1["query"] or len(p0["tools"]) != len(p1["tools"]):
+            fail(f"{where}: renaming changed the query or the tool count")
+            continue
+        tmap, pmaps = {}, {}
+        for t0, t1 in zip(p0["tools"], p1["tools"]):
+            q0, q1 = t0["parameters"]["properties"], t1["parameters"]["properties"]
+            if t0["description"] != t1["description"] or list(q0.values()) != list(q1.values()):
+                fail(f"{where}: tool {t0['name']} -> {t1['name']} changed more than names")
+            tmap[t0["name"]] = t1["name"]
+            pmaps[t0["name"]] = dict(zip(q0, q1))
+            req = [pmaps[t0["name"]][k] for k in t0["parameters"]["required"]]
+            if req != t1["parameters"]["required"]:
+                fail(f"{where}: required list of {t1['name']} not renamed with its properties")
+        if len(set(tmap.values())) != len(tmap):
+            fail(f"{where}: two tools renamed alike")
+        want = [{"name": tmap[c["name"]],
+                 "arguments": {pmaps[c["name"]][k]: v for k, v in c["arguments"].items()}}
+                for c in p0["answers"]]
+        if want != p1["answers"]:
+            fail(f"{where}: answers {p1['answers']} != renamed {want}")
+        for c0, c1 in zip(p0["answers"], p1["answers"]):
+            if not re.search(rf"(^|; then ){re.escape(c1['name'])}(:|;|$)", p1["reasoning"]):
+                fail(f"{where}: reasoning {p1['reasoning']!r} does not name {c1['name']}")
+            for k0, k1 in pmaps[c0["name"]].items():
+                if k0 != k1 and k0 in c0["arguments"] and \
+                        not re.search(rf"(: |, |{{){re.escape(k1)} ", p1["reasoning"]):
+                    fail(f"{where}: reasoning does not use parameter name {k1}")
+    if not 600 <= renamed <= 900:
+        fail(f"--alias-rate 0.5 renamed {renamed} of 1500 examples")
+
     # --domains restricts; bad options are refused with a clear message
     one = gen("--num", "50", "--domains", "weather,music").stdout.decode().splitlines()
     for line in one:
@@ -270,7 +317,8 @@ def main():
                 fail(f"--domains weather,music gave tool {t['name']}")
     for args, text in ((["--domains", "nope"], "unknown domain 'nope'"),
                        (["--domains", sorted(held)[0]], "not in the pretrain split"),
-                       (["--num", "-1"], "--num must be >= 0")):
+                       (["--num", "-1"], "--num must be >= 0"),
+                       (["--alias-rate", "1.5"], "--alias-rate must be in [0, 1]")):
         r = gen(*args, check=False)
         if r.returncode == 0 or text not in r.stderr.decode():
             fail(f"{args}: rc {r.returncode}, stderr {r.stderr.decode()!r}")

@@ -12,22 +12,6 @@
 #include "model/san.h"
 #include "testutil.h"
 
-static unsigned char *make_archive(const san_model *m, const nd_tokenizer *tok, size_t *len)
-{
-    unsigned char *blob = NULL, *buf = NULL;
-    size_t blen = 0;
-    CHECK(nd_tokenizer_write_blob(tok, &blob, &blen) == 0);
-    cact_write_opts o = {0};
-    o.bits = 4;
-    o.kv_window = san_effective_kv_window(&m->cfg);
-    o.tokenizer = blob;
-    o.tokenizer_len = blen;
-    int rc = cact_write_mem(m, NULL, &o, &buf, len, NULL);
-    CHECK_MSG(rc == 0, "%s", nd_last_error());
-    free(blob);
-    return buf;
-}
-
 /* max relative error of row r of a vs b */
 static double row_err(const float *a, const float *b, int V)
 {
@@ -55,7 +39,7 @@ int main(void)
         src.mem[i] += (float)(0.05 * nd_rng_normal(&r));
 
     size_t len;
-    unsigned char *arch = make_archive(&src, tok, &len);
+    unsigned char *arch = tu_archive(&src, tok, 4, san_effective_kv_window(&src.cfg), &len);
     cact_file f;
     CHECK(cact_parse(arch, len, &f) == 0);
     san_model m;

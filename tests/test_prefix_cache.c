@@ -87,14 +87,8 @@ int main(void)
     nd_rng_seed(&r, 5);
     for (size_t i = 0; i < src.numel; i++)
         src.mem[i] += (float)(0.05 * nd_rng_normal(&r));
-    unsigned char *blob = NULL, *arch = NULL;
-    size_t blen = 0, len = 0;
-    CHECK(nd_tokenizer_write_blob(tok, &blob, &blen) == 0);
-    cact_write_opts o = {0};
-    o.bits = 4;
-    o.tokenizer = blob;
-    o.tokenizer_len = blen;
-    CHECK_MSG(cact_write_mem(&src, NULL, &o, &arch, &len, NULL) == 0, "%s", nd_last_error());
+    size_t len = 0;
+    unsigned char *arch = tu_archive(&src, tok, 4, 0, &len);
     needle_model *M = needle_model_load_buffer(arch, len);
     CHECK_MSG(M, "%s", needle_thread_error());
     if (!M)
@@ -156,7 +150,6 @@ int main(void)
     nd_kv_snap_free(&ref.rows);
     needle_model_free(M);
     free(arch);
-    free(blob);
     san_model_free(&src);
     nd_tokenizer_free(tok);
     return tu_finish("test_prefix_cache");

@@ -109,15 +109,8 @@ static double matmul_err(const nd_qmat *q, const float *kernel_io, const float *
 static void run_bits(const san_model *src, const nd_tokenizer *tok, const char *tools,
                      const nd_idvec *stream, int bits)
 {
-    unsigned char *blob = NULL, *arch = NULL;
-    size_t blen = 0, len = 0;
-    CHECK(nd_tokenizer_write_blob(tok, &blob, &blen) == 0);
-    cact_write_opts o = {0};
-    o.bits = bits;
-    o.kv_window = san_effective_kv_window(&src->cfg);
-    o.tokenizer = blob;
-    o.tokenizer_len = blen;
-    CHECK_MSG(cact_write_mem(src, NULL, &o, &arch, &len, NULL) == 0, "%s", nd_last_error());
+    size_t len = 0;
+    unsigned char *arch = tu_archive(src, tok, bits, san_effective_kv_window(&src->cfg), &len);
     cact_file f;
     CHECK(cact_parse(arch, len, &f) == 0);
     san_model mf, mq;
@@ -259,7 +252,6 @@ static void run_bits(const san_model *src, const nd_tokenizer *tok, const char *
     nd_qweights_free(&qw);
     cact_free(&f);
     free(arch);
-    free(blob);
 }
 
 int main(void)

@@ -51,16 +51,7 @@ static unsigned char *make_archive(uint64_t seed, size_t *len)
     san_model m;
     CHECK(san_model_create(&m, &c) == 0);
     san_model_init_random(&m, seed);
-    unsigned char *blob = NULL, *buf = NULL;
-    size_t blen = 0;
-    CHECK(nd_tokenizer_write_blob(tok, &blob, &blen) == 0);
-    cact_write_opts o = {0};
-    o.bits = 4;
-    o.kv_window = san_effective_kv_window(&m.cfg);
-    o.tokenizer = blob;
-    o.tokenizer_len = blen;
-    CHECK_MSG(cact_write_mem(&m, NULL, &o, &buf, len, NULL) == 0, "%s", nd_last_error());
-    free(blob);
+    unsigned char *buf = tu_archive(&m, tok, 4, san_effective_kv_window(&m.cfg), len);
     san_model_free(&m);
     nd_tokenizer_free(tok);
     return buf;

@@ -15,23 +15,6 @@
 #include "testutil.h"
 #include "text/pyjson.h"
 
-static unsigned char *make_archive(const san_model *m, const nd_tokenizer *tok, int kv_window,
-                                   size_t *len)
-{
-    unsigned char *blob = NULL, *buf = NULL;
-    size_t blen = 0;
-    CHECK(nd_tokenizer_write_blob(tok, &blob, &blen) == 0);
-    cact_write_opts o = {0};
-    o.bits = 4;
-    o.kv_window = kv_window;
-    o.tokenizer = blob;
-    o.tokenizer_len = blen;
-    int rc = cact_write_mem(m, NULL, &o, &buf, len, NULL);
-    CHECK_MSG(rc == 0, "%s", nd_last_error());
-    free(blob);
-    return buf;
-}
-
 static const char *TOOLS = "[{\"name\": \"set_timer\", \"description\": \"start a timer\", "
                            "\"parameters\": {\"type\": \"object\", \"properties\": {\"minutes\": "
                            "{\"type\": \"integer\"}}, \"required\": [\"minutes\"]}}, "
@@ -234,10 +217,10 @@ int main(void)
     /* kv_bits 8 (the default header) with a 64-key window, and the same
      * with no window (slides at max_seq_len) */
     size_t len;
-    unsigned char *arch = make_archive(&src, tok, 64, &len);
+    unsigned char *arch = tu_archive(&src, tok, 4, 64, &len);
     long_conversation(arch, len, "kv_window 64");
     free(arch);
-    arch = make_archive(&src, tok, 0, &len);
+    arch = tu_archive(&src, tok, 4, 0, &len);
     long_conversation(arch, len, "kv_window 0");
 
     cact_file f;

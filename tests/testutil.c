@@ -1,6 +1,10 @@
 #include "testutil.h"
 
 #include <math.h>
+#include <stdlib.h>
+
+#include "core/status.h"
+#include "io/cact.h"
 
 int tu_failures, tu_checks;
 
@@ -41,4 +45,21 @@ void tu_small_config(san_config *cfg)
     cfg->engram_orders[0] = 2;
     cfg->engram_orders[1] = 3;
     cfg->engram_slots = 13;
+}
+
+unsigned char *tu_archive(const san_model *m, const nd_tokenizer *tok, int bits, int kv_window,
+                          size_t *len)
+{
+    unsigned char *blob = NULL, *buf = NULL;
+    size_t blen = 0;
+    CHECK(nd_tokenizer_write_blob(tok, &blob, &blen) == 0);
+    cact_write_opts o = {0};
+    o.bits = bits;
+    o.kv_window = kv_window;
+    o.tokenizer = blob;
+    o.tokenizer_len = blen;
+    int rc = cact_write_mem(m, NULL, &o, &buf, len, NULL);
+    CHECK_MSG(rc == 0, "%s", nd_last_error());
+    free(blob);
+    return rc ? NULL : buf;
 }

@@ -5,7 +5,11 @@
 
 #include <stdio.h>
 
+#include <stddef.h>
+
 #include "model/config.h"
+#include "model/san.h"
+#include "text/tokenizer.h"
 
 extern int tu_failures, tu_checks;
 
@@ -36,5 +40,11 @@ int tu_finish(const char *name);
 /* A small model that exercises every part: d 24 (not a power of two, so the
  * Hadamard MLP pads), 3 layers, 3 lanes, GQA 4/2, two engram sites. */
 void tu_small_config(san_config *cfg);
+
+/* m as an in-memory .cact (W`bits`, the given kv_window, 0 = the writer's
+ * default) with tok's blob embedded; a failed write is a CHECK failure and
+ * returns NULL. Free with free(). */
+unsigned char *tu_archive(const san_model *m, const nd_tokenizer *tok, int bits, int kv_window,
+                          size_t *len);
 
 #endif

@@ -22,6 +22,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from corpus_alias import alias_example  # noqa: E402
 from corpus_domains import DOMAINS, HELDOUT  # noqa: E402
 
 PREFIXES = ["", "", "", "", "please ", "can you ", "could you ", "hey, ", "I'd like to ",
@@ -244,6 +245,9 @@ def main():
     ap.add_argument("--multi-rate", type=float, default=0.2, help="share of multi-call examples")
     ap.add_argument("--nocall-rate", type=float, default=0.12, help="share of no-call examples")
     ap.add_argument("--system-rate", type=float, default=0.08, help="share with a system turn")
+    ap.add_argument("--alias-rate", type=float, default=0.0,
+                    help="share of examples whose tools and parameters are renamed (synonyms, "
+                         "casings, opaque names; default 0)")
     a = ap.parse_args()
 
     if a.list_domains:
@@ -253,7 +257,7 @@ def main():
         return 0
     if a.num < 0:
         ap.error("--num must be >= 0")
-    for flag in ("multi_rate", "nocall_rate", "system_rate"):
+    for flag in ("multi_rate", "nocall_rate", "system_rate", "alias_rate"):
         if not 0 <= getattr(a, flag) <= 1:
             ap.error(f"--{flag.replace('_', '-')} must be in [0, 1]")
     if a.multi_rate + a.nocall_rate > 1:
@@ -270,9 +274,17 @@ def main():
         names = [n for n in names if n in wanted]
 
     corpus = Corpus(names, a.seed)
-    lines, n_multi, n_none, used = [], 0, 0, set()
+    # its own stream: --alias-rate 0 leaves the corpus of a seed unchanged
+    alias_rng = random.Random(f"alias:{a.seed}")
+    lines, n_multi, n_none, n_alias, used = [], 0, 0, 0, set()
     for _ in range(a.num):
         ex = corpus.example(a)
+        if a.alias_rate and alias_rng.random() < a.alias_rate:
+            # one of 8 renamings per tool list, so renamed examples still
+            # share their tools prefix (--group-by-tools batches them)
+            key = f"{a.seed}:{alias_rng.randrange(8)}:" + ",".join(t["name"] for t in ex["tools"])
+            ex = alias_example(random.Random(key), ex)
+            n_alias += 1
         n_multi += len(ex["answers"]) > 1
         n_none += not ex["answers"]
         used.update(t["name"] for t in ex["tools"])
@@ -300,7 +312,8 @@ def main():
     n = max(a.num, 1)
     print(f"corpus: {a.num} examples, split {a.split}, {len(names)} domains, "
           f"{len(used)} tools, {100 * n_multi / n:.1f}% multi-call, "
-          f"{100 * n_none / n:.1f}% no-call", file=sys.stderr)
+          f"{100 * n_none / n:.1f}% no-call"
+          + (f", {100 * n_alias / n:.1f}% renamed" if a.alias_rate else ""), file=sys.stderr)
     return 0
 
 

@@ -45,6 +45,10 @@ def example(r):
 
 
 def main():
+    if len(sys.argv) > 3 or any(a.startswith("-") for a in sys.argv[1:]):
+        print("usage: tools/make_example_data.py [OUT.jsonl [N]]  (default examples/data.jsonl 96)",
+              file=sys.stderr)
+        return 0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2
     out = sys.argv[1] if len(sys.argv) > 1 else "examples/data.jsonl"
     r = random.Random(0)
     with open(out, "w") as f:
@@ -54,4 +58,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

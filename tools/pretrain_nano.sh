@@ -1,9 +1,12 @@
 #!/bin/bash
 # needle-nano: pre-train a small tool-calling base from scratch, reproducibly,
 # on the synthetic corpus (tools/gen_toolcall_corpus.py, pretrain split):
-# corpus -> `needle init` -> `needle finetune --full` -> zero-shot loss on the
-# held-out domains -> `needle build` (.cact). Sized for about two hours on the
-# 2-core reference machine (see README "needle-nano").
+# corpus -> `needle init` -> stage 1: `needle finetune --full` on the corpus
+# -> stage 2: `finetune --full` on a fresh corpus where half the examples have
+# their tools and parameters renamed (--alias-rate 0.5: the base must read the
+# tools block, not recall its domains) -> zero-shot loss on the held-out
+# domains -> `needle build` (.cact). Sized for about two hours on the 2-core
+# reference machine (see README "needle-nano").
 #
 #   tools/pretrain_nano.sh                                  # the real run
 #   NANO_EXAMPLES=800 NANO_EPOCHS=1 NANO_THREADS=1 NANO_OUT=/tmp/nano tools/pretrain_nano.sh
@@ -16,13 +19,16 @@
 #   NANO_OUT       output folder [models]           NANO_WORK     scratch [build/nano]
 #   NEEDLE         the needle binary [build/needle] PYTHON        [/usr/bin/python3]
 #   NANO_RESUME    1: continue a stopped run [0]    NANO_STOP_AFTER  stop after N steps []
+#   NANO_STAGE2_EXAMPLES  stage-2 corpus size [16000] (0: no stage 2)
+#   NANO_STAGE2_LR        stage-2 peak lr [5e-4]    NANO_ALIAS_RATE  renamed share [0.5]
 # Outputs: $NANO_OUT/needle-nano.pkl (float16 checkpoint, upstream's format),
 # $NANO_OUT/needle-nano.cact, $NANO_OUT/needle-nano-loss.jsonl (loss log: a
 # line per step, val loss per epoch), $NANO_OUT/needle-nano-loss.svg (the
 # curve), $NANO_WORK/{corpus,heldout}.jsonl, $NANO_WORK/train.log.
 # Interrupted (Ctrl-C, SIGTERM, SIGHUP): the run so far is saved to
-# $NANO_WORK/nano_run.pkl (float32, with the optimiser state; also written every
-# 200 steps, so even after kill -9 at most 200 steps are lost). Rerun with
+# $NANO_WORK/nano_run.pkl (stage 2: nano_run2.pkl; float32, with the optimiser
+# state; also written every 200 steps, so even after kill -9 at most 200 steps
+# are lost). Rerun with
 #   NANO_RESUME=1 tools/pretrain_nano.sh          (same NANO_* settings)
 # to continue exactly where it stopped (same result as an uninterrupted run
 # with the same threads); it skips the corpus and init steps when their
@@ -52,6 +58,9 @@ OUT=${NANO_OUT:-$ROOT/models}
 WORK=${NANO_WORK:-$ROOT/build/nano}
 RESUME=${NANO_RESUME:-0}
 STOP_AFTER=${NANO_STOP_AFTER:-}
+STAGE2_EXAMPLES=${NANO_STAGE2_EXAMPLES:-16000}
+STAGE2_LR=${NANO_STAGE2_LR:-5e-4}
+ALIAS_RATE=${NANO_ALIAS_RATE:-0.5}
 
 # The chosen shape (calibrated in README "needle-nano"): d 256 x 6 layers,
 # head dim 64 as needle2 (4 query heads, 2 kv heads), two engram sites like
@@ -60,6 +69,7 @@ SHAPE=(--preset needle2 --d-model 256 --layers 6 --heads 4 --kv-heads 2
        --engram-layers 1,4 --engram-slots 4096 --max-seq-len 1024)
 CORPUS_SEED=1
 HELDOUT_SEED=2
+STAGE2_SEED=3
 INIT_SEED=0
 TRAIN_SEED=0
 
@@ -68,13 +78,16 @@ mkdir -p "$OUT" "$WORK"
 step() { echo "== $(date -u +%H:%M:%S) $*"; }
 
 RUN=$WORK/nano_run.pkl
+RUN2=$WORK/nano_run2.pkl
 LOSS=$OUT/needle-nano-loss.jsonl
+LOSS2=$OUT/needle-nano-loss-stage2.jsonl
 if [[ "$RESUME" == 1 ]]; then
     for f in "$WORK/corpus.jsonl" "$WORK/heldout.jsonl" "$WORK/nano_init.pkl" "$RUN"; do
         [[ -f "$f" ]] || { echo "pretrain_nano.sh: NANO_RESUME=1 but $f is missing: nothing to resume; run without NANO_RESUME" >&2; exit 1; }
     done
     step "resume: $RUN (corpus and init kept)"
 else
+    rm -f "$WORK/stage1.done" "$WORK/stage2.started"
     step "corpus: $EXAMPLES pretrain examples (seed $CORPUS_SEED), $HELDOUT held-out (seed $HELDOUT_SEED)"
     "$PYTHON" "$ROOT/tools/gen_toolcall_corpus.py" --split pretrain --num "$EXAMPLES" \
         --seed "$CORPUS_SEED" --output "$WORK/corpus.jsonl"
@@ -89,35 +102,60 @@ else
         --tokenizer "$TOKENIZER" --threads "$THREADS" | tail -n 1
 fi
 
-step "finetune --full: epochs $EPOCHS, batch $BATCH, lr $LR, threads $THREADS"
+# train_stage NAME CORPUS INIT RUN EPOCHS LR LOSSLOG RESUMING
 # --group-by-tools: examples of one tool list share their prefix in a batch
 # (shared batching runs it once), the main speed-up on this corpus.
-# The run writes float32 $RUN (with the optimiser state when stopped or every
+# The run writes float32 RUN (with the optimiser state when stopped or every
 # 200 steps, for NANO_RESUME=1); the float16 release copy is made after.
-EXTRA=()
-[[ "$RESUME" == 1 ]] && EXTRA+=(--resume "$RUN")
-[[ -n "$STOP_AFTER" ]] && EXTRA+=(--stop-after "$STOP_AFTER")
-[[ "$RESUME" == 1 ]] || : > "$WORK/train.log"
-# SIGPIPE ignored (inherited by needle) and tee -i: a Ctrl-C or hangup that
-# kills the log pipe must not kill the run before it saves.
-set +e
-trap '' PIPE
-"$NEEDLE" finetune "$WORK/corpus.jsonl" --checkpoint "$WORK/nano_init.pkl" \
-    --tokenizer "$TOKENIZER" --full --epochs "$EPOCHS" --batch-size "$BATCH" --lr "$LR" \
-    --val-split 0.02 --seed "$TRAIN_SEED" --threads "$THREADS" --group-by-tools \
-    --save-every 200 --loss-log "$LOSS" --out "$RUN" "${EXTRA[@]}" 2>&1 | tee -i -a "$WORK/train.log"
-rc=${PIPESTATUS[0]}
-trap - PIPE
-set -e
-"$NEEDLE" plot-loss "$LOSS" --out "$OUT/needle-nano-loss.svg" --title "needle-nano pre-training loss" || true
-if [[ $rc -ne 0 ]]; then
-    echo "pretrain_nano.sh: training stopped (exit $rc); the run so far is in $RUN." >&2
-    echo "pretrain_nano.sh: to continue exactly: NANO_RESUME=1 $0  (with the same NANO_* settings)" >&2
-    exit "$rc"
+train_stage() {
+    local name=$1 corpus=$2 init=$3 run=$4 epochs=$5 lr=$6 log=$7 resuming=$8
+    step "$name: finetune --full: epochs $epochs, batch $BATCH, lr $lr, threads $THREADS"
+    local extra=()
+    [[ "$resuming" == 1 ]] && extra+=(--resume "$run")
+    [[ -n "$STOP_AFTER" ]] && extra+=(--stop-after "$STOP_AFTER")
+    [[ "$resuming" == 1 ]] || : > "$WORK/train-$name.log"
+    # SIGPIPE ignored (inherited by needle) and tee -i: a Ctrl-C or hangup that
+    # kills the log pipe must not kill the run before it saves.
+    set +e
+    trap '' PIPE
+    "$NEEDLE" finetune "$corpus" --checkpoint "$init" \
+        --tokenizer "$TOKENIZER" --full --epochs "$epochs" --batch-size "$BATCH" --lr "$lr" \
+        --val-split 0.02 --seed "$TRAIN_SEED" --threads "$THREADS" --group-by-tools \
+        --save-every 200 --loss-log "$log" --out "$run" "${extra[@]}" 2>&1 | tee -i -a "$WORK/train-$name.log"
+    local rc=${PIPESTATUS[0]}
+    trap - PIPE
+    set -e
+    "$NEEDLE" plot-loss "$log" --out "${log%.jsonl}.svg" --title "needle-nano pre-training loss ($name)" || true
+    if [[ $rc -ne 0 ]]; then
+        echo "pretrain_nano.sh: training stopped (exit $rc); the run so far is in $run." >&2
+        echo "pretrain_nano.sh: to continue exactly: NANO_RESUME=1 $0  (with the same NANO_* settings)" >&2
+        exit "$rc"
+    fi
+}
+
+if [[ ! -f "$WORK/stage1.done" ]]; then
+    train_stage stage1 "$WORK/corpus.jsonl" "$WORK/nano_init.pkl" "$RUN" "$EPOCHS" "$LR" "$LOSS" "$RESUME"
+    touch "$WORK/stage1.done"
+fi
+FINAL=$RUN
+if [[ "$STAGE2_EXAMPLES" -gt 0 ]]; then
+    # stage 2 starts from stage 1's weights (a fresh optimiser and schedule);
+    # its corpus is new (another seed) and renames half the tool lists
+    resuming=0
+    if [[ "$RESUME" == 1 && -f "$WORK/stage2.started" && -f "$RUN2" ]]; then
+        resuming=1
+    else
+        step "stage-2 corpus: $STAGE2_EXAMPLES examples (seed $STAGE2_SEED), --alias-rate $ALIAS_RATE"
+        "$PYTHON" "$ROOT/tools/gen_toolcall_corpus.py" --split pretrain --num "$STAGE2_EXAMPLES" \
+            --seed "$STAGE2_SEED" --alias-rate "$ALIAS_RATE" --output "$WORK/corpus2.jsonl"
+        touch "$WORK/stage2.started"
+    fi
+    train_stage stage2 "$WORK/corpus2.jsonl" "$RUN" "$RUN2" 1 "$STAGE2_LR" "$LOSS2" "$resuming"
+    FINAL=$RUN2
 fi
 
 step "float16 release checkpoint: $OUT/needle-nano.pkl"
-"$NEEDLE" convert "$RUN" "$OUT/needle-nano.pkl" --dtype float16
+"$NEEDLE" convert "$FINAL" "$OUT/needle-nano.pkl" --dtype float16
 
 step "zero-shot held-out loss of needle-nano (domains never seen in training)"
 "$NEEDLE" eval --checkpoint "$OUT/needle-nano.pkl" "$WORK/heldout.jsonl" \
@@ -125,4 +163,4 @@ step "zero-shot held-out loss of needle-nano (domains never seen in training)"
 
 step "build: $OUT/needle-nano.cact"
 "$NEEDLE" build "$OUT/needle-nano.pkl" --tokenizer "$TOKENIZER" --out "$OUT/needle-nano.cact"
-step "done: $OUT/needle-nano.pkl, $OUT/needle-nano.cact, $LOSS, $OUT/needle-nano-loss.svg"
+step "done: $OUT/needle-nano.pkl, $OUT/needle-nano.cact, loss logs and curves $OUT/needle-nano-loss*.{jsonl,svg}"

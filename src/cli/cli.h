@@ -2,6 +2,7 @@
 #define ND_CLI_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #define NEEDLE_VERSION_STRING "0.1.0"
 
@@ -34,6 +35,19 @@ int cli_fetch_checkpoint(const char *path, char *resolved, size_t n);
 /* Upstream's tokenizer (tokenizer/tokenizer.model) to `dest`; 1 on error
  * (printed). */
 int cli_fetch_tokenizer(const char *dest);
+/* The base checkpoint a command uses when given none (`flag` says how to
+ * give one: "--checkpoint PATH"): CLI_NEEDLE2_CHECKPOINT when present, else
+ * the nano base (the lines saying so printed to `say`), else
+ * CLI_NEEDLE2_CHECKPOINT, to be fetched; buf holds the path. */
+#define CLI_NEEDLE2_CHECKPOINT "checkpoints/needle2.pkl"
+const char *cli_default_base(FILE *say, const char *flag, char *buf, size_t n);
+/* After cli_default_base fell back to needle2 and its fetch failed: say
+ * where the nano base was looked for (stderr; nothing otherwise). */
+void cli_default_base_hint(void);
+/* The base checkpoint an adapter records it was trained on (our adapters'
+ * needle_c_state.base_checkpoint), "" when it records none; 1 after
+ * printing the error when the adapter cannot be read. */
+int cli_adapter_base(const char *adapter, char *buf, size_t n);
 int cli_download(int argc, char **argv);
 int cli_build(int argc, char **argv);
 int cli_inspect(int argc, char **argv);

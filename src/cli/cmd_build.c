@@ -16,8 +16,13 @@
 #include "io/pickle.h"
 
 static const char *build_help =
-    "usage: needle build CKPT.pkl [--lora ADAPTER.pkl] [--out X.cact] [--bits 2|3|4]\n"
+    "usage: needle build [CKPT.pkl] [--lora ADAPTER.pkl] [--out X.cact] [--bits 2|3|4]\n"
     "                    [--tokenizer M | --tokenizer-blob FILE | --no-tokenizer]\n"
+    "\n"
+    "Without CKPT: the base the adapter records it was trained on (--lora, adapters\n"
+    "of our finetune), else checkpoints/needle2.pkl when it is there, else the nano\n"
+    "base installed with needle (said in the first lines). A CKPT that is missing is\n"
+    "downloaded from Hugging Face (Cactus-Compute/needle2) as upstream does.\n"
     "\n"
     "Export a checkpoint to the .cact archive the Needle engine loads (upstream's\n"
     "format, byte for byte): CQ-quantised matrices, FP16 norms and gates, the\n"
@@ -138,12 +143,32 @@ int cli_build(int argc, char **argv)
         } else
             return cli_usage_error("build", "unknown option '%s'", a);
     }
-    if (!ckpt)
-        return cli_usage_error("build", "missing checkpoint path");
     if (tok_blob && tok_model)
         return cli_usage_error("build", "give --tokenizer or --tokenizer-blob, not both");
     if (no_tokenizer && (tok_blob || tok_model))
         return cli_usage_error("build", "--no-tokenizer contradicts --tokenizer/--tokenizer-blob");
+    char basebuf[4096];
+    int ckpt_given = ckpt != NULL;
+    if (!ckpt && lora) {
+        if (cli_adapter_base(lora, basebuf, sizeof basebuf))
+            return 1;
+        if (basebuf[0]) {
+            FILE *f = fopen(basebuf, "rb");
+            if (!f) {
+                fprintf(stderr,
+                        "needle build: %s was trained on %s, which cannot be read now: give "
+                        "the base checkpoint (needle build CKPT.pkl --lora %s)\n",
+                        lora, basebuf, lora);
+                return 1;
+            }
+            fclose(f);
+            printf("  %-9s %s  (the base %s was trained on)\n", "base", basebuf, lora);
+            ckpt = basebuf;
+            ckpt_given = 1; /* found, not a fallback */
+        }
+    }
+    if (!ckpt)
+        ckpt = cli_default_base(stdout, "needle build CKPT.pkl", basebuf, sizeof basebuf);
     char outbuf[4096];
     if (!out) {
         default_out(ckpt, outbuf, sizeof outbuf);
@@ -158,8 +183,11 @@ int cli_build(int argc, char **argv)
         return cli_fail(NULL);
 
     char ckbuf[4096];
-    if (cli_fetch_checkpoint(ckpt, ckbuf, sizeof ckbuf))
+    if (cli_fetch_checkpoint(ckpt, ckbuf, sizeof ckbuf)) {
+        if (!ckpt_given)
+            cli_default_base_hint();
         return 1;
+    }
     ckpt = ckbuf;
     double t0 = now();
     san_model m;

@@ -1,13 +1,16 @@
-/* needle convert: a checkpoint's params to float16 or float32. */
+/* needle convert: a checkpoint's params to float16 or float32, and its
+ * recommended fine-tune settings (train/recommend.h). */
 #include <stdio.h>
 #include <string.h>
 
 #include "cli/cli.h"
 #include "core/status.h"
 #include "io/checkpoint.h"
+#include "train/recommend.h"
 
 static const char *convert_help =
-    "usage: needle convert IN.pkl OUT.pkl --dtype float16|float32\n"
+    "usage: needle convert IN.pkl OUT.pkl [--dtype float16|float32]\n"
+    "                      [--recommend KEY=VALUE,...|none]\n"
     "\n"
     "Rewrite a checkpoint with every floating-point tensor under params in the\n"
     "given dtype (round to nearest even, as numpy's astype), keeping config, step,\n"
@@ -16,11 +19,20 @@ static const char *convert_help =
     "The optimiser state of a stopped --full run (needle_c_state) is dropped: the\n"
     "output is a plain checkpoint.\n"
     "\n"
-    "  --dtype T    float16 or float32 (required)\n";
+    "  --dtype T          float16 or float32 (default: the params stay as they are)\n"
+    "  --recommend SPEC   the fine-tune settings this checkpoint recommends, which\n"
+    "                     `needle finetune` uses when their flags are not given:\n"
+    "                     comma-separated KEY=VALUE with keys lr (in (0, 1]),\n"
+    "                     lora_rank, lora_alpha, epochs, batch_size, e.g.\n"
+    "                     lr=1e-3,lora_rank=16,lora_alpha=32. Replaces the\n"
+    "                     checkpoint's record; `none` removes it. Stored as the\n"
+    "                     top-level key needle_c_recommended (upstream's loader\n"
+    "                     reads only format_version, params and config)\n"
+    "At least one of --dtype and --recommend is needed.\n";
 
 int cli_convert(int argc, char **argv)
 {
-    const char *in = NULL, *out = NULL, *dtype = NULL;
+    const char *in = NULL, *out = NULL, *dtype = NULL, *recommend = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -40,13 +52,21 @@ int cli_convert(int argc, char **argv)
             return cli_usage_error("convert", "%s needs a value", a);
         if (!strcmp(a, "--dtype"))
             dtype = argv[++i];
+        else if (!strcmp(a, "--recommend"))
+            recommend = argv[++i];
         else
             return cli_usage_error("convert", "unknown option '%s'", a);
     }
     if (!in || !out)
         return cli_usage_error("convert", "expected IN.pkl OUT.pkl");
-    if (!dtype || (strcmp(dtype, "float16") && strcmp(dtype, "float32")))
+    if (!dtype && !recommend)
+        return cli_usage_error("convert", "nothing to do: give --dtype and/or --recommend");
+    if (dtype && strcmp(dtype, "float16") && strcmp(dtype, "float32"))
         return cli_usage_error("convert", "--dtype must be float16 or float32");
+    nd_recommend rec = {0};
+    int drop_rec = recommend && !strcmp(recommend, "none");
+    if (recommend && !drop_rec && nd_recommend_parse(recommend, &rec))
+        return cli_usage_error("convert", "%s", nd_last_error());
     if (cli_check_output(out, "input checkpoint", in, (const char *)NULL))
         return 1;
     san_model m = {0};
@@ -59,7 +79,8 @@ int cli_convert(int argc, char **argv)
     pv *plain = pv_dict();
     for (size_t i = 0; plain && i < tree->u.dict.n; i++) {
         const pv *k = tree->u.dict.keys[i];
-        if (k->kind == PV_STR && !strcmp(k->u.str.s, "needle_c_state"))
+        if (k->kind == PV_STR && (!strcmp(k->u.str.s, "needle_c_state") ||
+                                  (recommend && !strcmp(k->u.str.s, ND_RECOMMEND_KEY))))
             continue;
         if (pv_dict_set_key(plain, k, pv_incref(tree->u.dict.vals[i])))
             rc = nd_error(ND_ENOMEM, "out of memory");
@@ -67,13 +88,22 @@ int cli_convert(int argc, char **argv)
     pv_decref(tree);
     if (!plain)
         return cli_fail(NULL);
-    if (!rc)
+    if (!rc && dtype)
         rc = ckpt_tree_params_to_dtype(plain, strcmp(dtype, "float16") ? ND_F32 : ND_F16);
+    if (!rc && recommend && !drop_rec) {
+        pv *r = nd_recommend_to_pv(&rec);
+        rc = r ? pv_dict_set(plain, ND_RECOMMEND_KEY, r) : nd_error(ND_ENOMEM, "out of memory");
+    }
     if (!rc)
         rc = pickle_dump_file(plain, out);
     pv_decref(plain);
     if (rc)
         return cli_fail(NULL);
-    printf("%s: %s params\n", out, dtype);
+    if (dtype)
+        printf("%s: %s params\n", out, dtype);
+    if (drop_rec)
+        printf("%s: no recommended fine-tune settings\n", out);
+    else if (recommend)
+        printf("%s: recommends %s\n", out, recommend);
     return 0;
 }

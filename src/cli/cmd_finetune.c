@@ -13,6 +13,7 @@
 #include "core/status.h"
 #include "train/batch.h"
 #include "train/finetune.h"
+#include "train/recommend.h"
 
 static const char *finetune_help =
     "usage: needle finetune DATA.jsonl [options]\n"
@@ -20,7 +21,10 @@ static const char *finetune_help =
     "LoRA fine-tune the frozen base checkpoint on JSONL tool-calling examples and\n"
     "write an adapter pickle that upstream's `needle build` (and ours) accepts.\n"
     "\n"
-    "  --checkpoint PATH    base checkpoint (default checkpoints/needle2.pkl)\n"
+    "  --checkpoint PATH    base checkpoint (default checkpoints/needle2.pkl when it is\n"
+    "                       there, else the nano base installed with needle, said in\n"
+    "                       the first lines; an explicit path that is missing is\n"
+    "                       downloaded from Hugging Face as upstream does)\n"
     "  --tokenizer PATH     SentencePiece model (default $NEEDLE_TOKENIZER, else\n"
     "                       tokenizer.model beside the checkpoint)\n"
     "  --epochs N           passes over the data (default 3)\n"
@@ -28,6 +32,10 @@ static const char *finetune_help =
     "  --lr X               peak learning rate (default 1e-4; warmup then cosine)\n"
     "  --lora-rank N        adapter rank (default 16)\n"
     "  --lora-alpha X       adapter alpha; scale = alpha/rank (default 32)\n"
+    "                       A checkpoint may recommend its own --lr, --lora-rank,\n"
+    "                       --lora-alpha, --epochs and --batch-size (`needle convert\n"
+    "                       --recommend`): used when the flag is not given, printed;\n"
+    "                       a flag always wins\n"
     "  --max-len N          cap on the sequence length (default 1024)\n"
     "  --val-split X        held-out fraction (default 0.1)\n"
     "  --checkpoint-dir D   where the default output goes (default checkpoints)\n"
@@ -186,6 +194,46 @@ static void status_bar(void *ctx, long step, long total, double loss, double tps
     fflush(stderr);
 }
 
+/* The checkpoint's recommended settings for those the user did not give
+ * (LoRA runs only), a line each saying what was chosen and why. */
+static int apply_recommended(nd_finetune_opts *o, const int given[ND_REC_N])
+{
+    nd_recommend rec;
+    if (nd_recommend_read(o->checkpoint, &rec))
+        return cli_fail(NULL);
+    if (!nd_recommend_count(&rec))
+        return 0;
+    if (o->full) {
+        printf("  %-9s --full: the checkpoint's recommended fine-tune settings are for LoRA "
+               "runs, not applied\n",
+               "settings");
+        return 0;
+    }
+    for (int i = 0; i < ND_REC_N; i++) {
+        if (!rec.has[i])
+            continue;
+        double *d = i == ND_REC_LR ? &o->lr : i == ND_REC_LORA_ALPHA ? &o->alpha : NULL;
+        int *n = i == ND_REC_LORA_RANK    ? &o->rank
+                 : i == ND_REC_EPOCHS     ? &o->epochs
+                 : i == ND_REC_BATCH_SIZE ? &o->batch_size
+                                          : NULL;
+        double now = d ? *d : (double)*n;
+        if (given[i]) {
+            printf("  %-9s %s %g (%s given; the checkpoint recommends %g)\n", "settings",
+                   nd_recommend_key(i), now, nd_recommend_flag(i), rec.value[i]);
+            continue;
+        }
+        if (d)
+            *d = rec.value[i];
+        else
+            *n = (int)rec.value[i];
+        printf("  %-9s %s %g (recommended by the checkpoint; %s to override)\n", "settings",
+               nd_recommend_key(i), rec.value[i], nd_recommend_flag(i));
+    }
+    fflush(stdout);
+    return 0;
+}
+
 int cli_finetune(int argc, char **argv)
 {
     nd_finetune_opts o;
@@ -194,6 +242,7 @@ int cli_finetune(int argc, char **argv)
                *out = NULL;
     long long threads = 0, v, generate = 0, workers = 8;
     const char *gen_model = NULL, *save_dtype = NULL;
+    int ckpt_given = 0, given[ND_REC_N] = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -229,9 +278,12 @@ int cli_finetune(int argc, char **argv)
         if (i + 1 >= argc)
             return cli_usage_error("finetune", "%s needs a value", a);
         const char *val = argv[++i];
-        if (!strcmp(a, "--checkpoint"))
+        for (int k = 0; k < ND_REC_N; k++)
+            given[k] |= !strcmp(a, nd_recommend_flag(k));
+        if (!strcmp(a, "--checkpoint")) {
             o.checkpoint = val;
-        else if (!strcmp(a, "--tokenizer"))
+            ckpt_given = 1;
+        } else if (!strcmp(a, "--tokenizer"))
             tok_flag = val;
         else if (!strcmp(a, "--out"))
             out = val;
@@ -310,6 +362,9 @@ int cli_finetune(int argc, char **argv)
     }
     if (!o.data)
         return cli_usage_error("finetune", "missing DATA.jsonl");
+    char basebuf[4096];
+    if (!ckpt_given)
+        o.checkpoint = cli_default_base(stdout, "--checkpoint PATH", basebuf, sizeof basebuf);
     if (save_dtype) {
         if (strcmp(save_dtype, "float16") && strcmp(save_dtype, "float32"))
             return cli_usage_error("finetune", "--save-dtype must be float16 or float32, not '%s'",
@@ -357,9 +412,14 @@ int cli_finetune(int argc, char **argv)
     }
     fclose(df);
     char ckbuf[4096];
-    if (cli_fetch_checkpoint(o.checkpoint, ckbuf, sizeof ckbuf))
+    if (cli_fetch_checkpoint(o.checkpoint, ckbuf, sizeof ckbuf)) {
+        if (!ckpt_given)
+            cli_default_base_hint();
         return 1;
+    }
     o.checkpoint = ckbuf;
+    if (apply_recommended(&o, given))
+        return 1;
     o.tokenizer = cli_tokenizer_path(tok_flag, o.checkpoint, tokbuf, sizeof tokbuf);
     if (!o.tokenizer)
         return 1;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "needle.h"
 #ifdef NEEDLE_HAVE_PLAYGROUND
 #include "cli/playground/playground.h"
 #endif
@@ -23,12 +24,14 @@ static const char *playground_help =
     "progress. Routes (upstream's): GET / /model /finetune/status /download/NAME,\n"
     "POST /complete /reset /load-model /finetune.\n"
     "\n"
-    "  --weights PATH      .cact archive to start with (else upload one)\n"
+    "  --weights PATH      .cact archive to start with (default: the built-in base,\n"
+    "                      needle-nano.cact, when installed; else upload one)\n"
     "  --port N            TCP port (default 7860; 0 picks a free one)\n"
     "  --host ADDR         numeric address to bind (default 127.0.0.1); anything but\n"
     "                      loopback is warned about: the page has no authentication\n"
     "  --base PATH         base checkpoint the fine-tune trains on (default\n"
-    "                      checkpoints/needle2.pkl)\n"
+    "                      checkpoints/needle2.pkl when it is there, else the nano\n"
+    "                      base installed with needle)\n"
     "  --tokenizer PATH    SentencePiece model for fine-tune and build (default\n"
     "                      $NEEDLE_TOKENIZER, else tokenizer.model beside --base)\n"
     "  --workdir DIR       where fine-tune files are written and served from (default\n"
@@ -43,7 +46,7 @@ static const char *playground_help =
 
 int cli_playground(int argc, char **argv)
 {
-    const char *weights = NULL, *host = "127.0.0.1", *base = "checkpoints/needle2.pkl";
+    const char *weights = NULL, *host = "127.0.0.1", *base = NULL;
     const char *tokenizer = NULL, *workdir = NULL;
     long long port = 7860, max_new = 256;
     for (int i = 1; i < argc; i++) {
@@ -83,8 +86,18 @@ int cli_playground(int argc, char **argv)
     sigset_t stop;
     pg_block_stop_signals(&stop); /* before the model load starts any thread */
     /* tokenizer: the flag, else $NEEDLE_TOKENIZER, else beside the base */
-    static char tok_buf[PATH_MAX];
+    static char tok_buf[PATH_MAX], base_buf[PATH_MAX], weights_buf[PATH_MAX];
+    /* as upstream's playground: the built-in base answers until another is loaded */
+    if (!weights && needle_default_weights_path(weights_buf, sizeof weights_buf) == NEEDLE_OK) {
+        weights = weights_buf;
+        fprintf(stderr,
+                "needle playground: model %s (the built-in base; --weights X.cact for "
+                "another)\n",
+                weights);
+    }
     struct stat st;
+    if (!base)
+        base = cli_default_base(stderr, "--base PATH", base_buf, sizeof base_buf);
     if (!tokenizer)
         tokenizer = getenv("NEEDLE_TOKENIZER");
     if (!tokenizer) {

@@ -150,17 +150,12 @@ int main(void)
     san_model_free(&ref);
 
     /* 2. not the archive's weights: a 4-bit archive of the same model differs */
-    unsigned char *blob = NULL, *arch = NULL;
-    size_t blen = 0, alen = 0;
+    size_t alen = 0;
     nd_tokenizer *tok = NULL;
     CHECK(nd_tokenizer_load(TOK, &tok) == 0);
-    CHECK(nd_tokenizer_write_blob(tok, &blob, &blen) == 0);
-    cact_write_opts o = {0};
-    o.bits = 4;
-    o.kv_window = san_effective_kv_window(&src.cfg);
-    o.tokenizer = blob;
-    o.tokenizer_len = blen;
-    CHECK(cact_write_mem(&src, NULL, &o, &arch, &alen, NULL) == 0);
+    unsigned char *arch = tu_archive(&src, tok, 4, 0, &alen);
+    if (!arch)
+        return tu_finish("test_engine_checkpoint");
     cact_file f;
     san_model dq;
     CHECK(cact_parse(arch, alen, &f) == 0);
@@ -212,7 +207,6 @@ int main(void)
     san_model_free(&dq);
     san_model_free(&src);
     nd_tokenizer_free(tok);
-    free(blob);
     free(arch);
     unlink(ck);
     unlink(ad);

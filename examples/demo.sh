@@ -10,11 +10,13 @@
 #   5. one summary table ($OUT/summary.md), and one `needle run`.
 # Knobs (tests/test_demo.sh runs a short version): OUT, DEMO_EPOCHS,
 # DEMO_LIMIT (use only the first N train and N test examples),
-# FT_SETTINGS (the fine-tune's settings, both runs).
+# FT_SETTINGS (the fine-tune's settings, both runs; by default only the user's
+# --epochs 10: lr, rank, alpha and batch come from the checkpoint's
+# recommended settings, which finetune prints).
 set -euo pipefail
 NEEDLE=${1:-build/needle}
 OUT=${OUT:-out/demo}
-FT_SETTINGS=${FT_SETTINGS:-"--epochs ${DEMO_EPOCHS:-10} --lr 1e-3"}
+FT_SETTINGS=${FT_SETTINGS:-"--epochs ${DEMO_EPOCHS:-10}"}
 BASE=models/needle-nano.pkl
 TOK=models/tokenizer.model
 TRAIN=examples/heldout/pets_train.jsonl

@@ -70,6 +70,10 @@ SHAPE=(--preset needle2 --d-model 256 --layers 6 --heads 4 --kv-heads 2
 CORPUS_SEED=1
 HELDOUT_SEED=2
 STAGE2_SEED=3
+# LoRA settings `needle finetune` uses on this base when the user gives none
+# (stored in the checkpoint, needle_c_recommended): chosen on the held-out
+# pets tool set, 200 examples x 10 epochs (README "needle-nano")
+RECOMMEND=lr=3e-3,lora_rank=64,lora_alpha=128,batch_size=8
 INIT_SEED=0
 TRAIN_SEED=0
 
@@ -155,7 +159,7 @@ if [[ "$STAGE2_EXAMPLES" -gt 0 ]]; then
 fi
 
 step "float16 release checkpoint: $OUT/needle-nano.pkl"
-"$NEEDLE" convert "$FINAL" "$OUT/needle-nano.pkl" --dtype float16
+"$NEEDLE" convert "$FINAL" "$OUT/needle-nano.pkl" --dtype float16 --recommend "$RECOMMEND"
 
 step "zero-shot held-out loss of needle-nano (domains never seen in training)"
 "$NEEDLE" eval --checkpoint "$OUT/needle-nano.pkl" "$WORK/heldout.jsonl" \

@@ -168,6 +168,9 @@ int main(void)
         one_case(widths[i], 37, 200, 1); /* odd rows, a padded group */
         one_case(widths[i], 5, 384, 7);  /* batch: a tile of 4 plus 3 */
         one_case(widths[i], 130, 512, 4);
+        one_case(widths[i], 13, 384, 16); /* token tiles: one */
+        one_case(widths[i], 50, 256, 37); /* three tiles, a partial one */
+        one_case(widths[i], 7, 2048, 64);
     }
     return tu_finish("test_qkernels");
 }

@@ -107,6 +107,8 @@ int nd_qlevels(int bits, const float **levels)
 }
 
 static int8_t layout_pos[3][ND_QGROUP];
+static uint8_t layout_inv[3][ND_QGROUP]; /* natural index at each position */
+static int place_vbmi;
 
 static nd_qact_group_fn select_group_fn(void);
 static nd_qact_group_fn group_fn;
@@ -117,6 +119,13 @@ static void cb_compute(void)
     for (int l = 0; l < 3; l++)
         for (int j = 0; j < ND_QGROUP; j++)
             layout_pos[l][j] = (int8_t)nd_qlayout_pos(l, j);
+    for (int l = 0; l < 3; l++)
+        for (int j = 0; j < ND_QGROUP; j++)
+            layout_inv[l][layout_pos[l][j]] = (uint8_t)j;
+#if defined(__x86_64__) || defined(__i386__)
+    place_vbmi = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vbmi") && !getenv("NEEDLE_NO_VBMI");
+#endif
     const int widths[] = {2, 3, 4, CQ_TERNARY};
     for (int w = 0; w < 4; w++) {
         int bits = widths[w], sb = stored_bits(bits);
@@ -238,12 +247,18 @@ static void prepare_group(nd_qact *a, const float *x, long tg, float rs)
     group_fn(v, natural, &mx, &a->sum[tg]);
     int8_t *q = a->q + tg * ND_QGROUP;
     uint8_t *qu = a->qu + tg * ND_QGROUP;
+    a->scale[tg] = mx / 127.0f * rs;
+#if defined(__x86_64__) || defined(__i386__)
+    if (place_vbmi) {
+        nd_qact_place_vbmi(natural, layout_inv[a->layout], q, qu);
+        return;
+    }
+#endif
     const int8_t *pos = layout_pos[a->layout];
     for (int j = 0; j < ND_QGROUP; j++) {
         q[pos[j]] = natural[j];
         qu[pos[j]] = (uint8_t)(natural[j] + 128);
     }
-    a->scale[tg] = mx / 127.0f * rs;
 }
 
 typedef struct {
@@ -258,6 +273,48 @@ static void prepare_groups(void *ctx, long lo, long hi, int tid)
     const prepare_args *p = ctx;
     for (long tg = lo; tg < hi; tg++)
         prepare_group(p->a, p->x, tg, p->rs);
+}
+
+/* the token tiles of a prepared batch (see nd_qact.qt) */
+static int prepare_tiles(nd_qact *a)
+{
+    int ng = a->ng, tiles = (a->n + ND_QTILE - 1) / ND_QTILE;
+    if ((long)tiles * ng > a->cap_tiles) {
+        size_t groups = (size_t)tiles * (size_t)ng;
+        void *qt = realloc(a->qt, groups * ND_QTILE * ND_QGROUP);
+        if (qt)
+            a->qt = qt;
+        void *st = realloc(a->st, groups * ND_QTILE * sizeof *a->st);
+        if (st)
+            a->st = st;
+        if (!qt || !st)
+            return nd_error(ND_ENOMEM, "out of memory preparing activation tiles");
+        a->cap_tiles = (int)groups;
+    }
+    a->tiles = tiles;
+    for (int tile = 0; tile < tiles; tile++)
+        for (int g = 0; g < ng; g++) {
+            uint32_t *dst =
+                (uint32_t *)(void *)(a->qt + ((size_t)tile * ng + g) * ND_QTILE * ND_QGROUP);
+            float *st = a->st + ((size_t)tile * ng + g) * ND_QTILE;
+            for (int lane = 0; lane < ND_QTILE; lane++) {
+                int t = tile * ND_QTILE + lane;
+                if (t < a->n) {
+                    const uint8_t *src = a->qu + ((size_t)t * ng + g) * ND_QGROUP;
+                    for (int k4 = 0; k4 < ND_QGROUP / 4; k4++) {
+                        uint32_t v;
+                        memcpy(&v, src + 4 * k4, 4);
+                        dst[k4 * ND_QTILE + lane] = v;
+                    }
+                    st[lane] = a->scale[(size_t)t * ng + g];
+                } else {
+                    for (int k4 = 0; k4 < ND_QGROUP / 4; k4++)
+                        dst[k4 * ND_QTILE + lane] = 0x80808080u;
+                    st[lane] = 0.0f;
+                }
+            }
+        }
+    return ND_OK;
 }
 
 int nd_qact_prepare(nd_qact *a, const float *x, int n, int in, int layout)
@@ -288,14 +345,15 @@ int nd_qact_prepare(nd_qact *a, const float *x, int n, int in, int layout)
     pthread_once(&cb_once, cb_compute);
     const float rs = (float)(1.0 / sqrt((double)ND_QGROUP));
     long groups = (long)n * ng;
+    a->tiles = 0;
     if (groups * ND_QGROUP <= (1L << 18)) { /* a few groups: no thread team */
         for (long tg = 0; tg < groups; tg++)
             prepare_group(a, x, tg, rs);
-        return ND_OK;
+    } else {
+        prepare_args pa = {a, x, rs};
+        nd_parallel_for(groups, 1, prepare_groups, &pa);
     }
-    prepare_args pa = {a, x, rs};
-    nd_parallel_for(groups, 1, prepare_groups, &pa);
-    return ND_OK;
+    return n >= ND_QTILE_MIN ? prepare_tiles(a) : ND_OK;
 }
 
 void nd_qact_free(nd_qact *a)
@@ -304,6 +362,8 @@ void nd_qact_free(nd_qact *a)
     free(a->qu);
     free(a->scale);
     free(a->sum);
+    free(a->qt);
+    free(a->st);
     memset(a, 0, sizeof *a);
 }
 
@@ -340,20 +400,20 @@ static pthread_once_t sel_once = PTHREAD_ONCE_INIT;
 static void select_kernels(void)
 {
     pthread_once(&cb_once, cb_compute);
-    kernels[n_kernels++] = (nd_qkernel){"ref", nd_qgemm_ref};
+    kernels[n_kernels++] = (nd_qkernel){"ref", nd_qgemm_ref, 0};
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        kernels[n_kernels++] = (nd_qkernel){"avx2", nd_qgemm_avx2};
+        kernels[n_kernels++] = (nd_qkernel){"avx2", nd_qgemm_avx2, 0};
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl")) {
-        kernels[n_kernels++] = (nd_qkernel){"avx512", nd_qgemm_avx512};
+        kernels[n_kernels++] = (nd_qkernel){"avx512", nd_qgemm_avx512, 0};
         if (__builtin_cpu_supports("avx512vnni"))
-            kernels[n_kernels++] = (nd_qkernel){"avx512vnni", nd_qgemm_avx512vnni};
+            kernels[n_kernels++] = (nd_qkernel){"avx512vnni", nd_qgemm_avx512vnni, 1};
     }
 #endif
 #if defined(__aarch64__)
-    kernels[n_kernels++] = (nd_qkernel){"neon", nd_qgemm_neon};
+    kernels[n_kernels++] = (nd_qkernel){"neon", nd_qgemm_neon, 0};
 #endif
     best_kernel = &kernels[n_kernels - 1];
     const char *want = getenv("NEEDLE_QKERNEL");
@@ -390,6 +450,7 @@ static nd_qact token_view(const nd_qact *x, int t0, int n)
     v.qu += off * ND_QGROUP;
     v.scale += off;
     v.sum += off;
+    v.tiles = 0; /* tiles start at token 0 of x */
     return v;
 }
 
@@ -415,16 +476,38 @@ static void qgemm_tasks(void *ctx, long lo, long hi, int tid)
     }
 }
 
+/* tasks: blocks of 48 rows, every token (kernels on token tiles) */
+static void qgemm_row_tasks(void *ctx, long lo, long hi, int tid)
+{
+    (void)tid;
+    const qgemm_args *g = ctx;
+    for (long task = lo; task < hi; task++) {
+        int r0 = (int)task * 48, r1 = r0 + 48 < g->w->rows ? r0 + 48 : g->w->rows;
+        g->fn(g->w, g->x, r0, r1, g->y, g->ldy);
+    }
+}
+
 void nd_qgemm(const nd_qmat *w, const nd_qact *x, float *y, int ldy)
 {
-    nd_qgemm_fn fn = nd_qkernel_best()->gemm;
+    const nd_qkernel *k = nd_qkernel_best();
+    nd_qgemm_fn fn = k->gemm;
+    long work = (long)w->rows * w->in * x->n;
+    int serial = nd_get_threads() < 2 || work < (1L << 21) || w->rows < 64;
+    if (k->tiles && x->tiles > 0) {
+        if (serial) {
+            fn(w, x, 0, w->rows, y, ldy);
+            return;
+        }
+        qgemm_args ga = {fn, w, x, y, ldy, 0, 0};
+        nd_parallel_for_dynamic((w->rows + 47) / 48, 1, qgemm_row_tasks, &ga);
+        return;
+    }
     /* token blocks whose int8 activations stay in L1 (32 KB) while every
      * row of the block streams past; row blocks of 16 split over threads */
     int tb = 32768 / (x->ng * ND_QGROUP);
     tb = tb < 4 ? 4 : tb / 4 * 4;
     int t_blocks = (x->n + tb - 1) / tb, r_blocks = (w->rows + 15) / 16;
-    long work = (long)w->rows * w->in * x->n;
-    if (nd_get_threads() < 2 || work < (1L << 21) || w->rows < 64) {
+    if (serial) {
         for (int b = 0; b < t_blocks; b++) {
             int t0 = b * tb, n = x->n - t0 < tb ? x->n - t0 : tb;
             nd_qact v = token_view(x, t0, n);

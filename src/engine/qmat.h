@@ -41,7 +41,18 @@ typedef struct {
     uint8_t *qu;  /* q + 128 as unsigned bytes (VNNI's unsigned operand) */
     float *scale; /* [n][ng]: x_rot ~= scale * q */
     int32_t *sum; /* [n][ng]: sum of q (offset correction of u8 x s8 dots) */
+    /* Batches of at least ND_QTILE_MIN tokens also get the unsigned bytes
+     * in tiles of 16 tokens, for kernels that put tokens in vector lanes:
+     * qt[tile][g][k4][16 tokens][4 bytes] = qu[tile * 16 + lane][g][4 k4 ..]
+     * and st[tile][g][16] = scale; tokens past n read as zero (qt 128,
+     * st 0). NULL for smaller batches. */
+    uint8_t *qt;
+    float *st;
+    int tiles, cap_tiles; /* cap_tiles: tile groups (tiles x ng) allocated */
 } nd_qact;
+
+#define ND_QTILE 16
+#define ND_QTILE_MIN 16
 
 /* A kernel variant: y[t * ldy + r] for rows [r0, r1) and every token t of
  * x. x must be prepared in nd_qmat_layout(w). */
@@ -50,6 +61,7 @@ typedef void (*nd_qgemm_fn)(const nd_qmat *w, const nd_qact *x, int r0, int r1, 
 typedef struct {
     const char *name;
     nd_qgemm_fn gemm;
+    int tiles; /* uses x->qt when present: give it every token at once */
 } nd_qkernel;
 
 /* Describe a CQ blob of `rows` x `in` at `bits` (group 128). Returns ND_OK
@@ -109,6 +121,8 @@ void nd_qgemm_avx2(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y,
 void nd_qgemm_avx512(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
 void nd_qgemm_avx512vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
 void nd_qact_group_avx512(const float *v, int8_t *q, float *amax, int32_t *sum);
+void nd_qact_place_vbmi(const int8_t *natural, const uint8_t inv[ND_QGROUP], int8_t *q,
+                        uint8_t *qu);
 #endif
 #if defined(__aarch64__)
 void nd_qgemm_neon(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);

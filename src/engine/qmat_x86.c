@@ -12,6 +12,7 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "engine/qmat.h"
 #include "model/cq.h"
@@ -270,9 +271,43 @@ T_VNNI static inline __m512 step_vnni_u(__m512 acc, __m512i start, const __m512i
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(s), acc);
 }
 
+/* sums of four vectors' lanes as one 4-lane vector: a transposing add
+ * tree costs 11 operations where four horizontal sums cost ~32 */
+T_VNNI static inline __m128 hsum4_avx512(__m512 a, __m512 b, __m512 c, __m512 d)
+{
+    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    /* per 128-bit lane: ab = a0+a2 b0+b2 a1+a3 b1+b3, cd alike; then
+     * (ab0, ab1, cd0, cd1) + (ab2, ab3, cd2, cd3) = a, b, c, d partials */
+    __m512 s = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xee));
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1));
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), hi);
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    return q; /* (a, b, c, d) */
+}
+
+/* one row's accumulator over ng groups (matvec_vnni's inner loop) */
+#define MATVEC_ROW(acc, r)                                                                         \
+    do {                                                                                           \
+        const uint8_t *np_ = w->norms + (size_t)(r) * (size_t)ng * 2;                              \
+        __m512 s_ = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, np_)), xs);         \
+        float sv_[16];                                                                             \
+        _mm512_storeu_ps(sv_, s_);                                                                 \
+        acc = _mm512_setzero_ps();                                                                 \
+        for (int g = 0; g < ng; g++) {                                                             \
+            __m512i v_[2];                                                                         \
+            unpack_avx512(w, (r), g, lut, lut16, 1, v_);                                           \
+            const int8_t *a_ = x->q + (size_t)g * ND_QGROUP;                                       \
+            __m512i i_ = _mm512_dpbusd_epi32(start[g], v_[0], _mm512_loadu_si512(a_));             \
+            i_ = _mm512_dpbusd_epi32(i_, v_[1], _mm512_loadu_si512(a_ + 64));                      \
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i_), _mm512_set1_ps(sv_[g]), acc);            \
+        }                                                                                          \
+    } while (0)
+
 /* One token, at most 16 groups (inputs up to 2048): the row's norms are
  * converted and scaled in one vector and each group's offset correction is
- * precomputed, leaving shuffles, two dpbusd and one fma per group. */
+ * precomputed, leaving shuffles, two dpbusd and one fma per group; four
+ * rows share one reduction. */
 T_VNNI static void matvec_vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y,
                                __m512i lut, const int8_t lut16[16], float inv)
 {
@@ -284,25 +319,120 @@ T_VNNI static void matvec_vnni(const nd_qmat *w, const nd_qact *x, int r0, int r
     const __m512 xs = _mm512_maskz_loadu_ps(gm, x->scale);
     /* one token reads each code byte once: fetch rows ahead, the hardware
      * prefetcher restarts on every (small) matrix and page */
-    const size_t ahead = 1024 > w->row_bytes ? 1024 : w->row_bytes;
-    for (int r = r0; r < r1; r++) {
+    const size_t ahead = 1024 > 4 * w->row_bytes ? 1024 : 4 * w->row_bytes;
+    const __m128 vinv = _mm_set1_ps(inv);
+    int r = r0;
+    for (; r + 4 <= r1; r += 4) {
         const char *next = (const char *)w->codes + (size_t)r * w->row_bytes + ahead;
-        for (size_t off = 0; off < w->row_bytes; off += 64)
+        for (size_t off = 0; off < 4 * w->row_bytes; off += 64)
             _mm_prefetch(next + off, _MM_HINT_T0);
-        const uint8_t *np = w->norms + (size_t)r * (size_t)ng * 2;
-        __m512 s = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, np)), xs);
-        float sv[16];
-        _mm512_storeu_ps(sv, s);
-        __m512 acc = _mm512_setzero_ps();
-        for (int g = 0; g < ng; g++) {
-            __m512i v[2];
-            unpack_avx512(w, r, g, lut, lut16, 1, v);
-            const int8_t *a = x->q + (size_t)g * ND_QGROUP;
-            __m512i i = _mm512_dpbusd_epi32(start[g], v[0], _mm512_loadu_si512(a));
-            i = _mm512_dpbusd_epi32(i, v[1], _mm512_loadu_si512(a + 64));
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(sv[g]), acc);
-        }
+        __m512 a0, a1, a2, a3;
+        MATVEC_ROW(a0, r);
+        MATVEC_ROW(a1, r + 1);
+        MATVEC_ROW(a2, r + 2);
+        MATVEC_ROW(a3, r + 3);
+        _mm_storeu_ps(y + r, _mm_mul_ps(hsum4_avx512(a0, a1, a2, a3), vinv));
+    }
+    for (; r < r1; r++) {
+        __m512 acc;
+        MATVEC_ROW(acc, r);
         y[r] = _mm512_reduce_add_ps(acc) * inv;
+    }
+}
+#undef MATVEC_ROW
+
+/* Token tiles (x->tiles, qmat.h): tokens in the 16 lanes, so a group's
+ * product is 32 dpbusd per (row, tile) with the row's four code bytes
+ * broadcast, no horizontal sums. TL_R rows are unpacked to int8 once and
+ * serve every tile; TL_R x 2 int32 accumulators (two tiles) plus as many
+ * float ones fit the 32 registers. Each group's int32 sums start at -128 x
+ * (the row group's code sum), the correction for the unsigned activations,
+ * and are scaled by norm x activation scale into the float sums. */
+#define TL_R 6
+
+T_VNNI static void tiles_vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy,
+                              __m512i lut_s8, const int8_t lut16[16], float inv)
+{
+    const int ng = w->ng, n = x->n, tiles = x->tiles;
+    const size_t tstride = (size_t)ng * ND_QTILE * ND_QGROUP;
+    _Alignas(64) int8_t ws[TL_R][16][ND_QGROUP];
+    int32_t wstart[TL_R][16];
+    float wn[TL_R][16];
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int rb = r0; rb < r1; rb += TL_R) {
+        int nr = r1 - rb < TL_R ? r1 - rb : TL_R;
+        for (int i = 0; i < TL_R; i++)
+            for (int g = 0; g < ng; g++) {
+                __m512i v[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+                if (i < nr)
+                    unpack_avx512(w, rb + i, g, lut_s8, lut16, 0, v);
+                _mm512_store_si512(ws[i][g], v[0]);
+                _mm512_store_si512(ws[i][g] + 64, v[1]);
+                __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, v[0]);
+                c = _mm512_dpbusd_epi32(c, ones, v[1]);
+                wstart[i][g] = -128 * _mm512_reduce_add_epi32(c);
+                wn[i][g] = i < nr ? norm_f16c(w, rb + i, g) * inv : 0.0f;
+            }
+        for (int tp = 0; tp < tiles; tp += 2) {
+            /* an odd last tile runs twice rather than in a second kernel */
+            int t1 = tp + 1 < tiles ? tp + 1 : tp;
+            __m512 f[TL_R][2];
+            for (int i = 0; i < TL_R; i++)
+                f[i][0] = f[i][1] = _mm512_setzero_ps();
+            for (int g = 0; g < ng; g++) {
+                const uint8_t *a0 = x->qt + (size_t)tp * tstride + (size_t)g * ND_QTILE * ND_QGROUP;
+                const uint8_t *a1 = x->qt + (size_t)t1 * tstride + (size_t)g * ND_QTILE * ND_QGROUP;
+                const int8_t *w0 = ws[0][g], *w1 = ws[1][g], *w2 = ws[2][g];
+                const int8_t *w3 = ws[3][g], *w4 = ws[4][g], *w5 = ws[5][g];
+                /* named accumulators: arrays of vectors make gcc shuffle
+                 * registers on every iteration */
+                __m512i c00 = _mm512_set1_epi32(wstart[0][g]), c01 = c00;
+                __m512i c10 = _mm512_set1_epi32(wstart[1][g]), c11 = c10;
+                __m512i c20 = _mm512_set1_epi32(wstart[2][g]), c21 = c20;
+                __m512i c30 = _mm512_set1_epi32(wstart[3][g]), c31 = c30;
+                __m512i c40 = _mm512_set1_epi32(wstart[4][g]), c41 = c40;
+                __m512i c50 = _mm512_set1_epi32(wstart[5][g]), c51 = c50;
+                for (int k4 = 0; k4 < ND_QGROUP / 4; k4++) {
+                    __m512i A0 = _mm512_loadu_si512(a0 + k4 * 64);
+                    __m512i A1 = _mm512_loadu_si512(a1 + k4 * 64);
+#define TL_STEP(wr, ca, cb)                                                                        \
+    do {                                                                                           \
+        int32_t bw_;                                                                               \
+        memcpy(&bw_, (wr) + 4 * k4, 4);                                                            \
+        __m512i b_ = _mm512_set1_epi32(bw_);                                                       \
+        ca = _mm512_dpbusd_epi32(ca, A0, b_);                                                      \
+        cb = _mm512_dpbusd_epi32(cb, A1, b_);                                                      \
+    } while (0)
+                    TL_STEP(w0, c00, c01);
+                    TL_STEP(w1, c10, c11);
+                    TL_STEP(w2, c20, c21);
+                    TL_STEP(w3, c30, c31);
+                    TL_STEP(w4, c40, c41);
+                    TL_STEP(w5, c50, c51);
+#undef TL_STEP
+                }
+                __m512i acc[TL_R][2] = {{c00, c01}, {c10, c11}, {c20, c21},
+                                        {c30, c31}, {c40, c41}, {c50, c51}};
+                __m512 s0 = _mm512_loadu_ps(x->st + ((size_t)tp * ng + g) * ND_QTILE);
+                __m512 s1 = _mm512_loadu_ps(x->st + ((size_t)t1 * ng + g) * ND_QTILE);
+                for (int i = 0; i < TL_R; i++) {
+                    __m512 nv = _mm512_set1_ps(wn[i][g]);
+                    f[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][0]), _mm512_mul_ps(s0, nv),
+                                              f[i][0]);
+                    f[i][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][1]), _mm512_mul_ps(s1, nv),
+                                              f[i][1]);
+                }
+            }
+            for (int k = 0; k < (t1 > tp ? 2 : 1); k++) {
+                int t0 = (tp + k) * ND_QTILE, nt = n - t0 < ND_QTILE ? n - t0 : ND_QTILE;
+                for (int i = 0; i < nr; i++) {
+                    float out[ND_QTILE];
+                    _mm512_storeu_ps(out, f[i][k]);
+                    for (int lane = 0; lane < nt; lane++)
+                        y[(size_t)(t0 + lane) * ldy + (size_t)(rb + i)] = out[lane];
+                }
+            }
+        }
     }
 }
 
@@ -322,6 +452,10 @@ T_VNNI void nd_qgemm_avx512vnni(const nd_qmat *w, const nd_qact *x, int r0, int 
         return;
     }
     const __m512i lut_s8 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut16));
+    if (x->tiles > 0 && ng <= 16) {
+        tiles_vnni(w, x, r0, r1, y, ldy, lut_s8, lut16, inv);
+        return;
+    }
     const __m512i u128 = _mm512_set1_epi8((char)0x80);
     for (int r = r0; r < r1; r++) {
         int t = 0;
@@ -360,6 +494,21 @@ T_VNNI void nd_qgemm_avx512vnni(const nd_qmat *w, const nd_qact *x, int r0, int 
             y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc) * inv;
         }
     }
+}
+
+/* q[pos[j]] = natural[j] as one two-register byte permutation (inv is
+ * pos's inverse), qu = q + 128 */
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) void
+nd_qact_place_vbmi(const int8_t *natural, const uint8_t inv[ND_QGROUP], int8_t *q, uint8_t *qu)
+{
+    __m512i a = _mm512_loadu_si512(natural), b = _mm512_loadu_si512(natural + 64);
+    __m512i o0 = _mm512_permutex2var_epi8(a, _mm512_loadu_si512(inv), b);
+    __m512i o1 = _mm512_permutex2var_epi8(a, _mm512_loadu_si512(inv + 64), b);
+    const __m512i off = _mm512_set1_epi8((char)0x80);
+    _mm512_storeu_si512(q, o0);
+    _mm512_storeu_si512(q + 64, o1);
+    _mm512_storeu_si512(qu, _mm512_xor_si512(o0, off));
+    _mm512_storeu_si512(qu + 64, _mm512_xor_si512(o1, off));
 }
 
 /* ------------------------------------------------------------------ */

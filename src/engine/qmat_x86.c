@@ -286,30 +286,45 @@ T_VNNI static inline __m128 hsum4_avx512(__m512 a, __m512 b, __m512 c, __m512 d)
     return q; /* (a, b, c, d) */
 }
 
-/* one row's accumulator over ng groups (matvec_vnni's inner loop) */
-#define MATVEC_ROW(acc, r)                                                                         \
-    do {                                                                                           \
-        const uint8_t *np_ = w->norms + (size_t)(r) * (size_t)ng * 2;                              \
-        __m512 s_ = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, np_)), xs);         \
-        float sv_[16];                                                                             \
-        _mm512_storeu_ps(sv_, s_);                                                                 \
-        acc = _mm512_setzero_ps();                                                                 \
-        for (int g = 0; g < ng; g++) {                                                             \
-            __m512i v_[2];                                                                         \
-            unpack_avx512(w, (r), g, lut, lut16, 1, v_);                                           \
-            const int8_t *a_ = x->q + (size_t)g * ND_QGROUP;                                       \
-            __m512i i_ = _mm512_dpbusd_epi32(start[g], v_[0], _mm512_loadu_si512(a_));             \
-            i_ = _mm512_dpbusd_epi32(i_, v_[1], _mm512_loadu_si512(a_ + 64));                      \
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i_), _mm512_set1_ps(sv_[g]), acc);            \
-        }                                                                                          \
-    } while (0)
+/* one row's accumulator over its ng groups, codes of a constant width
+ * (2 or 4 bits: inlined per width so the unpack is branch-free and its
+ * constants stay in registers) */
+T_VNNI static inline __attribute__((always_inline)) __m512
+matvec_row(const uint8_t *p, const uint8_t *np, int ng, int sb, __mmask16 gm, __m512 xs,
+           const __m512i *start, const int8_t *a, __m512i lut)
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0f), low2 = _mm512_set1_epi8(0x03);
+    const __m512i sh01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i sh23 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+    float sv[16];
+    _mm512_storeu_ps(sv, _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, np)), xs));
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+    for (int g = 0; g < ng; g++) {
+        __m512i v0, v1;
+        if (sb == 2) {
+            __m512i b = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 32 * g)));
+            v0 = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srlv_epi16(b, sh01), low2));
+            v1 = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srlv_epi16(b, sh23), low2));
+        } else {
+            __m512i b = _mm512_loadu_si512(p + 64 * g);
+            v0 = _mm512_shuffle_epi8(lut, _mm512_and_si512(b, low4));
+            v1 = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(b, 4), low4));
+        }
+        __m512i i = _mm512_dpbusd_epi32(start[g], v0, _mm512_loadu_si512(a + 128 * g));
+        i = _mm512_dpbusd_epi32(i, v1, _mm512_loadu_si512(a + 128 * g + 64));
+        /* two sums: consecutive groups do not wait on each other's fma */
+        if (g & 1)
+            acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(sv[g]), acc1);
+        else
+            acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(sv[g]), acc0);
+    }
+    return _mm512_add_ps(acc0, acc1);
+}
 
-/* One token, at most 16 groups (inputs up to 2048): the row's norms are
- * converted and scaled in one vector and each group's offset correction is
- * precomputed, leaving shuffles, two dpbusd and one fma per group; four
- * rows share one reduction. */
-T_VNNI static void matvec_vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y,
-                               __m512i lut, const int8_t lut16[16], float inv)
+T_VNNI static inline __attribute__((always_inline)) void matvec_rows(const nd_qmat *w,
+                                                                     const nd_qact *x, int r0,
+                                                                     int r1, float *y, __m512i lut,
+                                                                     float inv, int sb)
 {
     const int ng = w->ng;
     const __mmask16 gm = (__mmask16)((1u << ng) - 1);
@@ -317,29 +332,42 @@ T_VNNI static void matvec_vnni(const nd_qmat *w, const nd_qact *x, int r0, int r
     for (int g = 0; g < ng; g++)
         start[g] = _mm512_zextsi128_si512(_mm_cvtsi32_si128(-128 * x->sum[g]));
     const __m512 xs = _mm512_maskz_loadu_ps(gm, x->scale);
+    const size_t rb = w->row_bytes, nb = (size_t)ng * 2;
     /* one token reads each code byte once: fetch rows ahead, the hardware
      * prefetcher restarts on every (small) matrix and page */
-    const size_t ahead = 1024 > 4 * w->row_bytes ? 1024 : 4 * w->row_bytes;
+    const size_t ahead = 1024 > 4 * rb ? 1024 : 4 * rb;
     const __m128 vinv = _mm_set1_ps(inv);
+    const int8_t *a = x->q;
     int r = r0;
     for (; r + 4 <= r1; r += 4) {
-        const char *next = (const char *)w->codes + (size_t)r * w->row_bytes + ahead;
-        for (size_t off = 0; off < 4 * w->row_bytes; off += 64)
-            _mm_prefetch(next + off, _MM_HINT_T0);
-        __m512 a0, a1, a2, a3;
-        MATVEC_ROW(a0, r);
-        MATVEC_ROW(a1, r + 1);
-        MATVEC_ROW(a2, r + 2);
-        MATVEC_ROW(a3, r + 3);
+        const uint8_t *p = w->codes + (size_t)r * rb, *np = w->norms + (size_t)r * nb;
+        for (size_t off = 0; off < 4 * rb; off += 64)
+            _mm_prefetch((const char *)p + ahead + off, _MM_HINT_T0);
+        __m512 a0 = matvec_row(p, np, ng, sb, gm, xs, start, a, lut);
+        __m512 a1 = matvec_row(p + rb, np + nb, ng, sb, gm, xs, start, a, lut);
+        __m512 a2 = matvec_row(p + 2 * rb, np + 2 * nb, ng, sb, gm, xs, start, a, lut);
+        __m512 a3 = matvec_row(p + 3 * rb, np + 3 * nb, ng, sb, gm, xs, start, a, lut);
         _mm_storeu_ps(y + r, _mm_mul_ps(hsum4_avx512(a0, a1, a2, a3), vinv));
     }
     for (; r < r1; r++) {
-        __m512 acc;
-        MATVEC_ROW(acc, r);
+        __m512 acc = matvec_row(w->codes + (size_t)r * rb, w->norms + (size_t)r * nb, ng, sb, gm,
+                                xs, start, a, lut);
         y[r] = _mm512_reduce_add_ps(acc) * inv;
     }
 }
-#undef MATVEC_ROW
+
+/* One token, at most 16 groups (inputs up to 2048), 2- or 4-bit codes:
+ * the row's norms are converted and scaled in one vector and each group's
+ * offset correction is precomputed, leaving shuffles, two dpbusd and one
+ * fma per group; four rows share one reduction. */
+T_VNNI static void matvec_vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y,
+                               __m512i lut, float inv)
+{
+    if (stored_bits(w->bits) == 2)
+        matvec_rows(w, x, r0, r1, y, lut, inv, 2);
+    else
+        matvec_rows(w, x, r0, r1, y, lut, inv, 4);
+}
 
 /* Token tiles (x->tiles, qmat.h): tokens in the 16 lanes, so a group's
  * product is 32 dpbusd per (row, tile) with the row's four code bytes
@@ -447,8 +475,8 @@ T_VNNI void nd_qgemm_avx512vnni(const nd_qmat *w, const nd_qact *x, int r0, int 
     const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut_u8));
     const int ng = w->ng, n = x->n;
     const size_t stride = (size_t)ng * ND_QGROUP;
-    if (n == 1 && ng <= 16) {
-        matvec_vnni(w, x, r0, r1, y, lut, lut16, inv);
+    if (n == 1 && ng <= 16 && (stored_bits(w->bits) == 2 || stored_bits(w->bits) == 4)) {
+        matvec_vnni(w, x, r0, r1, y, lut, inv);
         return;
     }
     const __m512i lut_s8 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut16));

@@ -293,18 +293,19 @@ T_VNNI static inline __attribute__((always_inline)) __m512
 matvec_row(const uint8_t *p, const uint8_t *np, int ng, int sb, __mmask16 gm, __m512 xs,
            const __m512i *start, const int8_t *a, __m512i lut)
 {
-    const __m512i low4 = _mm512_set1_epi8(0x0f), low2 = _mm512_set1_epi8(0x03);
-    const __m512i sh01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-    const __m512i sh23 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
     float sv[16];
     _mm512_storeu_ps(sv, _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, np)), xs));
     __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
     for (int g = 0; g < ng; g++) {
         __m512i v0, v1;
         if (sb == 2) {
+            /* a nibble holds two crumbs: lut2 maps it to the first one's
+             * value in the lower 256 bits and the second's in the upper,
+             * so one shift serves four planes */
             __m512i b = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 32 * g)));
-            v0 = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srlv_epi16(b, sh01), low2));
-            v1 = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srlv_epi16(b, sh23), low2));
+            v0 = _mm512_shuffle_epi8(lut, _mm512_and_si512(b, low4));
+            v1 = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(b, 4), low4));
         } else {
             __m512i b = _mm512_loadu_si512(p + 64 * g);
             v0 = _mm512_shuffle_epi8(lut, _mm512_and_si512(b, low4));
@@ -363,10 +364,17 @@ T_VNNI static inline __attribute__((always_inline)) void matvec_rows(const nd_qm
 T_VNNI static void matvec_vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y,
                                __m512i lut, float inv)
 {
-    if (stored_bits(w->bits) == 2)
-        matvec_rows(w, x, r0, r1, y, lut, inv, 2);
-    else
+    if (stored_bits(w->bits) == 2) {
+        int8_t lut_u8[16], l2[64];
+        _mm_storeu_si128((__m128i *)lut_u8, _mm512_castsi512_si128(lut));
+        for (int nib = 0; nib < 16; nib++) {
+            l2[nib] = l2[16 + nib] = lut_u8[nib & 3];
+            l2[32 + nib] = l2[48 + nib] = lut_u8[nib >> 2];
+        }
+        matvec_rows(w, x, r0, r1, y, _mm512_loadu_si512(l2), inv, 2);
+    } else {
         matvec_rows(w, x, r0, r1, y, lut, inv, 4);
+    }
 }
 
 /* Token tiles (x->tiles, qmat.h): tokens in the 16 lanes, so a group's

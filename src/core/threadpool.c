@@ -17,6 +17,11 @@
 /* nd_set_serial: this thread's parallel calls run on itself */
 static _Thread_local int tls_serial;
 
+int nd_serial(void)
+{
+    return tls_serial;
+}
+
 double nd_wtime(void)
 {
     /* C11 timespec_get: no POSIX feature macro needed */

@@ -57,6 +57,8 @@ int nd_in_parallel(void);
 /* Make this thread's parallel calls serial (on != 0) or not; returns the
  * previous setting. For work too small to be worth a fork/join. */
 int nd_set_serial(int on);
+/* This thread's setting (non-zero: serial). */
+int nd_serial(void);
 
 /* Without OpenMP: run fn on each thread that enters a parallel call (the
  * pool's workers, callers) once before its work, and again after another

@@ -117,6 +117,7 @@ typedef struct {
     void *scratch;
     float *x0, *X, *Xn, *eng_e, *eng_k, *eng_v, *eng_vp, *xm, *hf, *att_s;
     int att_threads; /* att_s holds score rows for this many threads */
+    int big_parallel; /* this step's projections and attention may fork */
     int32_t *eng_idx, *win_tok;
     nd_layout_buf lay; /* one sequence of the chunk's rows */
     float *nx, *pre, *post, *res, *hpre, *hpost, *M, *u, *alpha, *bx, *a, *q, *kk, *vv, *g;

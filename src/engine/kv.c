@@ -417,6 +417,15 @@ static const float *slice(const float *base, size_t off)
     return base ? base + off : NULL;
 }
 
+/* A decode step runs its small operations on this thread only (a fork
+ * costs more than they do) but may share the big ones, the projections and
+ * the attention, with the other threads: lift the step's serial mode for
+ * one of those; returns what nd_set_serial must restore. */
+static int big_parallel_begin(const nd_kv_state *s)
+{
+    return s->big_parallel ? nd_set_serial(0) : nd_serial();
+}
+
 /* y = x @ W for a weight matrix: the archive's CQ matrix w ([out, in]) on
  * the quantised path, else the float kernel wf ((in, out)). fresh = 0
  * reuses the int8 activations of the previous call on the same x. */
@@ -805,17 +814,24 @@ static int layer_chunk(nd_kv_state *s, int l, int p0, int n)
         }
 
     be->rmsnorm(be, s->a, NULL, bx, w->norm_in + Ld, n, d);
-    rc = wmatmul(s, s->a, n, d, slice(w->wq, (size_t)l * d * qd), ql ? &ql->wq : NULL, qd, s->q, qd,
-                 1);
-    if (!rc)
-        rc = wmatmul(s, s->a, n, d, slice(w->wk, (size_t)l * d * kvd), ql ? &ql->wk : NULL, kvd,
-                     s->kk, kvd, 0);
-    if (!rc)
-        rc = wmatmul(s, s->a, n, d, slice(w->wv, (size_t)l * d * kvd), ql ? &ql->wv : NULL, kvd,
-                     s->vv, kvd, 0);
-    if (!rc)
-        rc = wmatmul(s, s->a, n, d, slice(w->wgate, (size_t)l * d * qd), ql ? &ql->wgate : NULL, qd,
-                     s->g, qd, 0);
+    if (s->qw) { /* one input, four products: one parallel region */
+        const nd_qmat *ws[4] = {&ql->wq, &ql->wk, &ql->wv, &ql->wgate};
+        float *ys[4] = {s->q, s->kk, s->vv, s->g};
+        const int lds[4] = {qd, kvd, kvd, qd};
+        rc = nd_qact_prepare(&s->qa, s->a, n, d, nd_qmat_layout(ws[0]));
+        if (!rc) {
+            int prev = big_parallel_begin(s);
+            nd_qgemm_many(ws, 4, &s->qa, ys, lds);
+            nd_set_serial(prev);
+        }
+    } else
+        rc = wmatmul(s, s->a, n, d, slice(w->wq, (size_t)l * d * qd), NULL, qd, s->q, qd, 1);
+    if (!rc && !s->qw)
+        rc = wmatmul(s, s->a, n, d, slice(w->wk, (size_t)l * d * kvd), NULL, kvd, s->kk, kvd, 0);
+    if (!rc && !s->qw)
+        rc = wmatmul(s, s->a, n, d, slice(w->wv, (size_t)l * d * kvd), NULL, kvd, s->vv, kvd, 0);
+    if (!rc && !s->qw)
+        rc = wmatmul(s, s->a, n, d, slice(w->wgate, (size_t)l * d * qd), NULL, qd, s->g, qd, 0);
     if (rc)
         return rc;
     be->rmsnorm(be, s->q, NULL, s->q, w->q_norm + (size_t)l * hd, (long)n * D->H, hd);
@@ -827,10 +843,15 @@ static int layer_chunk(nd_kv_state *s, int l, int p0, int n)
     be->rope(be, s->q, cs, sn, &s->lay.L, D->H, hd);
     be->rope(be, s->kk, cs, sn, &s->lay.L, D->G, hd);
     store_rows(s, l, p0, n);
+    int prev_par = big_parallel_begin(s);
     cached_attention(s, l, p0, n);
+    nd_set_serial(prev_par);
     be->gate_sigmoid(be, s->o, s->att, s->g, (long)n * qd);
-    if ((rc = wmatmul(s, s->o, n, qd, slice(w->wout, (size_t)l * qd * d), ql ? &ql->wout : NULL, d,
-                      s->o2, d, 1)))
+    prev_par = big_parallel_begin(s);
+    rc = wmatmul(s, s->o, n, qd, slice(w->wout, (size_t)l * qd * d), ql ? &ql->wout : NULL, d,
+                 s->o2, d, 1);
+    nd_set_serial(prev_par);
+    if (rc)
         return rc;
     be->rmsnorm(be, s->pn, NULL, s->o2, w->post_norm + Ld, n, d);
     be->residual_scaled(be, s->x1, bx, s->pn, w->attn_gate[l], (long)n * d);
@@ -896,6 +917,18 @@ static int forward_chunk(nd_kv_state *s, const int32_t *tok, int n, float *logit
     return ND_OK;
 }
 
+/* $NEEDLE_DECODE_THREADS=0: decode steps entirely on the calling thread
+ * (a machine whose cores other jobs hold) */
+static int decode_threads(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("NEEDLE_DECODE_THREADS");
+        v = !(e && !strcmp(e, "0"));
+    }
+    return v;
+}
+
 int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int all_logits)
 {
     const san_dims *D = &s->m->dims;
@@ -912,8 +945,11 @@ int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int 
     const san_dims *Dm = &s->m->dims;
     double work = (double)n * Dm->d * Dm->d * Dm->L * 8.0; /* ~multiply-adds */
     int serial = work < 1e8, saved = 0;
-    if (serial) /* this thread only: other sessions keep their threads */
+    s->big_parallel = 0;
+    if (serial) { /* this thread only: other sessions keep their threads */
+        s->big_parallel = nd_get_threads() > 1 && decode_threads() && !nd_in_parallel();
         saved = nd_set_serial(1);
+    }
     int rc = ND_OK, step = chunk_step(s);
     for (int i = 0; i < n && !rc; i += step) {
         int k = n - i < step ? n - i : step;

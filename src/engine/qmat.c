@@ -520,3 +520,52 @@ void nd_qgemm(const nd_qmat *w, const nd_qact *x, float *y, int ldy)
     qgemm_args ga = {fn, w, x, y, ldy, tb, r_blocks};
     nd_parallel_for_dynamic((long)t_blocks * r_blocks, 1, qgemm_tasks, &ga);
 }
+
+typedef struct {
+    nd_qgemm_fn fn;
+    const nd_qmat *const *w;
+    const nd_qact *x;
+    float *const *y;
+    const int *ldy;
+    long first[9]; /* task index where matrix i starts */
+    int count;
+} qgemm_many_args;
+
+#define MANY_ROWS 32
+
+static void qgemm_many_tasks(void *ctx, long lo, long hi, int tid)
+{
+    (void)tid;
+    const qgemm_many_args *g = ctx;
+    for (long task = lo; task < hi; task++) {
+        int i = 0;
+        while (task >= g->first[i + 1])
+            i++;
+        int r0 = (int)(task - g->first[i]) * MANY_ROWS;
+        int r1 = r0 + MANY_ROWS < g->w[i]->rows ? r0 + MANY_ROWS : g->w[i]->rows;
+        g->fn(g->w[i], g->x, r0, r1, g->y[i], g->ldy[i]);
+    }
+}
+
+void nd_qgemm_many(const nd_qmat *const w[], int count, const nd_qact *x, float *const y[],
+                   const int ldy[])
+{
+    const nd_qkernel *k = nd_qkernel_best();
+    long work = 0;
+    for (int i = 0; i < count; i++)
+        work += (long)w[i]->rows * w[i]->in * x->n;
+    /* only a batch the kernel takes whole (one token, or token tiles) can
+     * be split by rows alone; else one call per matrix */
+    if (count > 8 || nd_get_threads() < 2 || work < (1L << 18) ||
+        (x->n > 1 && !(k->tiles && x->tiles > 0))) {
+        for (int i = 0; i < count; i++)
+            nd_qgemm(w[i], x, y[i], ldy[i]);
+        return;
+    }
+    qgemm_many_args a = {k->gemm, w, x, y, ldy, {0}, count};
+    for (int i = 0; i < count; i++)
+        a.first[i + 1] = a.first[i] + (w[i]->rows + MANY_ROWS - 1) / MANY_ROWS;
+    for (int i = count + 1; i < 9; i++)
+        a.first[i] = a.first[count];
+    nd_parallel_for_dynamic(a.first[count], 1, qgemm_many_tasks, &a);
+}

@@ -100,6 +100,11 @@ const nd_qkernel *nd_qkernel_best(void);
 /* y[t * ldy + r] = sum_k w[r, k] * x[t, k] with the best kernel, rows split
  * over OpenMP threads when the product is large enough. */
 void nd_qgemm(const nd_qmat *w, const nd_qact *x, float *y, int ldy);
+/* nd_qgemm for `count` (<= 8) matrices of the same input width on one x,
+ * in one parallel region: y[i][t * ldy[i] + r] = w[i] x[t] (a decode step's
+ * q, k, v and gate projections cost one fork instead of four). */
+void nd_qgemm_many(const nd_qmat *const w[], int count, const nd_qact *x, float *const y[],
+                   const int ldy[]);
 
 /* ---- internals shared by the kernel files ---- */
 

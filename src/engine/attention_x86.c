@@ -130,21 +130,30 @@ T_ATT static void block_values(float *o0, float *o1, const float *w0, const floa
         }
 }
 
-/* rows [j, j + nb) of an int8 cache as floats in buf (times their scales
- * when sc is given); rows past nb are zero */
+/* rows [j, j + nb) of an int8 cache as floats in buf; rows past nb are
+ * zero. The next block's rows are fetched ahead (stride kvd defeats
+ * nothing, but the block's 16 rows are 16 separate lines). */
 T_ATT static void convert_rows(float *buf, const int8_t *rows, size_t kvd, int j, int nb, int hd,
-                               const float *sc, int G, int prefetch_end)
+                               int prefetch_end)
 {
     for (int c = 0; c < nb; c++) {
         const int8_t *r = rows + (size_t)(j + c) * kvd;
         if (j + c + ATT_KEYS < prefetch_end)
             _mm_prefetch((const char *)(r + ATT_KEYS * kvd), _MM_HINT_T0);
-        __m512 f = _mm512_set1_ps(sc ? sc[(size_t)(j + c) * G] : 1.0f);
         for (int e = 0; e < hd; e += 16)
-            _mm512_store_ps(buf + (size_t)c * hd + e, _mm512_mul_ps(load_i8_ps(r + e), f));
+            _mm512_store_ps(buf + (size_t)c * hd + e, load_i8_ps(r + e));
     }
     if (nb < ATT_KEYS)
         memset(buf + (size_t)nb * hd, 0, sizeof(float) * (size_t)(ATT_KEYS - nb) * hd);
+}
+
+/* 16 rows' scales (stride G) from row j, times f; zero past nb */
+T_ATT static inline __m512 row_scales(const float *sc, int G, int j, int nb, float f)
+{
+    _Alignas(64) float x[ATT_KEYS];
+    for (int c = 0; c < ATT_KEYS; c++)
+        x[c] = c < nb ? sc[(size_t)(j + c) * G] * f : 0.0f;
+    return _mm512_load_ps(x);
 }
 
 T_ATT void nd_att_block_avx512(const nd_att_block *b)
@@ -161,11 +170,8 @@ T_ATT void nd_att_block_avx512(const nd_att_block *b)
     for (int rr = 0; rr < 2; rr++)
         for (int j = ranges[rr][0]; j < ranges[rr][1]; j += ATT_KEYS) {
             int nb = ranges[rr][1] - j < ATT_KEYS ? ranges[rr][1] - j : ATT_KEYS;
-            convert_rows(buf, b->k8, kvd, j, nb, hd, NULL, G, ranges[rr][1]);
-            _Alignas(64) float ks[ATT_KEYS];
-            for (int c = 0; c < ATT_KEYS; c++)
-                ks[c] = c < nb ? b->ks[(size_t)(j + c) * G] * b->scale : 0.0f;
-            __m512 ksv = _mm512_load_ps(ks);
+            convert_rows(buf, b->k8, kvd, j, nb, hd, ranges[rr][1]);
+            __m512 ksv = row_scales(b->ks, G, j, nb, b->scale);
             for (int r = 0; r < R; r++) {
                 const float *q = b->q + (size_t)(r / rep) * b->qd + (size_t)(r % rep) * hd;
                 _mm512_mask_storeu_ps(b->scores + (size_t)r * ml + j, first_lanes(nb),
@@ -219,13 +225,17 @@ T_ATT void nd_att_block_avx512(const nd_att_block *b)
     for (int rr = 0; rr < 2; rr++)
         for (int j = ranges[rr][0]; j < ranges[rr][1]; j += ATT_KEYS) {
             int nb = ranges[rr][1] - j < ATT_KEYS ? ranges[rr][1] - j : ATT_KEYS;
-            convert_rows(buf, b->v8, kvd, j, nb, hd, b->vs, G, ranges[rr][1]);
+            convert_rows(buf, b->v8, kvd, j, nb, hd, ranges[rr][1]);
+            /* the rows' scales go into the weights: one multiply per
+             * query row instead of one per converted value */
+            __m512 vsv = row_scales(b->vs, G, j, nb, 1.0f);
             for (int r = 0; r < R; r += 2) {
                 float *o[2];
                 for (int t = 0; t < 2; t++) {
                     int rt = r + t < R ? r + t : r;
                     const float *sc = b->scores + (size_t)rt * ml + j;
-                    _mm512_store_ps(wpad[t], _mm512_maskz_loadu_ps(first_lanes(nb), sc));
+                    _mm512_store_ps(wpad[t],
+                                    _mm512_mul_ps(_mm512_maskz_loadu_ps(first_lanes(nb), sc), vsv));
                     o[t] = r + t < R ? b->out + (size_t)(rt / rep) * b->qd + (size_t)(rt % rep) * hd
                                      : junk;
                 }

@@ -3,12 +3,14 @@
  * n-gram hash reads the token history and the taps read cached v' rows. */
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/status.h"
 #include "core/threadpool.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "engine/attention.h"
 #include "engine/engine.h"
 #include "model/san.h"
 
@@ -448,7 +450,7 @@ static int wmatmul(nd_kv_state *s, const float *x, int n, int in, const float *w
 
 typedef struct {
     nd_kv_state *s;
-    int l, p0, n;
+    int l, p0, n, kernel;
 } cached_attention_args;
 
 /* row j of a cache layer's kv head g as floats (an int8 row is converted
@@ -536,6 +538,28 @@ static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
         int se[ATT_ROWS], j0[ATT_ROWS];
         for (int i = 0; i < nr; i++)
             visible_keys(s, p0 + i0 + i, &se[i], &j0[i]);
+        if (a->kernel == ND_ATT_AVX512) {
+            nd_att_block b = {s->q + (size_t)i0 * qd + (size_t)g * rep * hd,
+                              s->att + (size_t)i0 * qd + (size_t)g * rep * hd,
+                              qd,
+                              K8 + (size_t)g * hd,
+                              V8 + (size_t)g * hd,
+                              KS + g,
+                              VS + g,
+                              kvd,
+                              G,
+                              hd,
+                              rep,
+                              nr,
+                              p0 + i0,
+                              se,
+                              j0,
+                              scale,
+                              sc0,
+                              ml};
+            nd_att_block_avx512(&b);
+            continue;
+        }
         /* the keys any row of the block sees: [0, se_max) and [lo2, p_max] */
         int se_max = se[nr - 1], lo2 = j0[0] > se_max ? j0[0] : se_max;
         int ranges[2][2] = {{0, se_max}, {lo2, p0 + i0 + nr}};
@@ -601,12 +625,32 @@ static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
     }
 }
 
+static pthread_once_t att_once = PTHREAD_ONCE_INIT;
+static int att_best = ND_ATT_REF;
+
+static void select_att_kernel(void)
+{
+    const char *want = getenv("NEEDLE_ATT");
+    if (nd_att_avx512_supported() && !(want && !strcmp(want, "ref")))
+        att_best = ND_ATT_AVX512;
+}
+
+int nd_att_kernel(void)
+{
+    pthread_once(&att_once, select_att_kernel);
+    return att_best;
+}
+
 /* Causal attention of n new query rows (positions p0..p0+n-1) over the
  * cached keys 0..p (or the last kv_window of them). */
-static void cached_attention(nd_kv_state *s, int l, int p0, int n)
+void nd_kv_attention(nd_kv_state *s, int l, int p0, int n, int kernel)
 {
-    long tasks = (long)((n + ATT_ROWS - 1) / ATT_ROWS) * s->m->dims.G;
-    cached_attention_args a = {s, l, p0, n};
+    const san_dims *D = &s->m->dims;
+    /* the AVX-512 kernel covers the int8 cache with hd a multiple of 16 */
+    if (kernel == ND_ATT_AVX512 && !(s->kv_int8 && D->hd % 16 == 0 && nd_att_avx512_supported()))
+        kernel = ND_ATT_REF;
+    long tasks = (long)((n + ATT_ROWS - 1) / ATT_ROWS) * D->G;
+    cached_attention_args a = {s, l, p0, n, kernel};
     /* shared only above ~4K score entries: less is cheaper than a fork;
      * never by more threads than the score rows were sized for */
     long grain = (long)n * (p0 + n) > 4096 && nd_get_threads() <= s->att_threads ? 1 : tasks;
@@ -844,7 +888,7 @@ static int layer_chunk(nd_kv_state *s, int l, int p0, int n)
     be->rope(be, s->kk, cs, sn, &s->lay.L, D->G, hd);
     store_rows(s, l, p0, n);
     int prev_par = big_parallel_begin(s);
-    cached_attention(s, l, p0, n);
+    nd_kv_attention(s, l, p0, n, nd_att_kernel());
     nd_set_serial(prev_par);
     be->gate_sigmoid(be, s->o, s->att, s->g, (long)n * qd);
     prev_par = big_parallel_begin(s);

@@ -1,0 +1,43 @@
+/* Cached attention over the int8 KV cache: the block task both kernels
+ * share (kv.c's reference and attention_x86.c's AVX-512 one) and the
+ * choice between them. */
+#ifndef ND_ATTENTION_H
+#define ND_ATTENTION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+
+/* One task: nr consecutive query rows (positions pos0..pos0+nr-1) of the
+ * rep query heads that share kv head g. */
+typedef struct {
+    const float *q; /* row 0's first head of the group; row stride qd */
+    float *out;     /* same layout as q */
+    int qd;
+    const int8_t *k8, *v8; /* layer rows offset to kv head g; row stride kvd */
+    const float *ks, *vs;  /* row j's scales at ks[j * G] (offset to g) */
+    int kvd, G, hd, rep, nr;
+    int pos0;
+    const int *se, *j0; /* per row: keys [0, se) and [j0, pos] are seen */
+    float scale;        /* 1/sqrt(hd) */
+    float *scores;      /* nr * rep rows of ml floats */
+    size_t ml;
+} nd_att_block;
+
+enum { ND_ATT_REF = 0, ND_ATT_AVX512 = 1 };
+
+/* The kernel cached attention uses: the fastest the CPU runs, unless
+ * NEEDLE_ATT=ref (read once). */
+int nd_att_kernel(void);
+/* Whether this CPU runs the AVX-512 kernel at all. */
+int nd_att_avx512_supported(void);
+/* The AVX-512 kernel takes hd a multiple of 16 (<= ND_ATT_MAX_HD). */
+void nd_att_block_avx512(const nd_att_block *b);
+
+/* Attention of n new query rows (positions p0..p0+n-1) of layer l with
+ * kernel `kernel` (ND_ATT_AVX512 falls back to the reference where it does
+ * not apply): s->att from s->q and the cache. */
+void nd_kv_attention(nd_kv_state *s, int l, int p0, int n, int kernel);
+
+#endif

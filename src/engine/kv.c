@@ -651,9 +651,10 @@ void nd_kv_attention(nd_kv_state *s, int l, int p0, int n, int kernel)
         kernel = ND_ATT_REF;
     long tasks = (long)((n + ATT_ROWS - 1) / ATT_ROWS) * D->G;
     cached_attention_args a = {s, l, p0, n, kernel};
-    /* shared only above ~4K score entries: less is cheaper than a fork;
-     * never by more threads than the score rows were sized for */
-    long grain = (long)n * (p0 + n) > 4096 && nd_get_threads() <= s->att_threads ? 1 : tasks;
+    /* shared above ~128 score entries (a decode step past 128 positions:
+     * with the SIMD kernel less is cheaper than a fork); never by more
+     * threads than the score rows were sized for */
+    long grain = (long)n * (p0 + n) > 128 && nd_get_threads() <= s->att_threads ? 1 : tasks;
     nd_parallel_for(tasks, grain, cached_attention_tasks, &a);
 }
 

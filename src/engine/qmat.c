@@ -275,6 +275,8 @@ static void prepare_groups(void *ctx, long lo, long hi, int tid)
         prepare_group(p->a, p->x, tg, p->rs);
 }
 
+static void fill_tiles(void *ctx, long lo, long hi, int tid);
+
 /* the token tiles of a prepared batch (see nd_qact.qt) */
 static int prepare_tiles(nd_qact *a)
 {
@@ -292,8 +294,24 @@ static int prepare_tiles(nd_qact *a)
         a->cap_tiles = (int)groups;
     }
     a->tiles = tiles;
-    for (int tile = 0; tile < tiles; tile++)
-        for (int g = 0; g < ng; g++) {
+    long n_tg = (long)tiles * ng;
+    if (n_tg >= 32) {
+        nd_parallel_for(n_tg, 8, fill_tiles, a);
+        return ND_OK;
+    }
+    fill_tiles(a, 0, n_tg, 0);
+    return ND_OK;
+}
+
+/* tile groups [lo, hi) (tile tg / ng, group tg % ng) of a->qt and a->st */
+static void fill_tiles(void *ctx, long lo, long hi, int tid)
+{
+    (void)tid;
+    nd_qact *a = ctx;
+    int ng = a->ng;
+    for (long tg = lo; tg < hi; tg++) {
+        int tile = (int)(tg / ng), g = (int)(tg % ng);
+        {
             uint32_t *dst =
                 (uint32_t *)(void *)(a->qt + ((size_t)tile * ng + g) * ND_QTILE * ND_QGROUP);
             float *st = a->st + ((size_t)tile * ng + g) * ND_QTILE;
@@ -314,7 +332,7 @@ static int prepare_tiles(nd_qact *a)
                 }
             }
         }
-    return ND_OK;
+    }
 }
 
 int nd_qact_prepare(nd_qact *a, const float *x, int n, int in, int layout)
@@ -346,12 +364,12 @@ int nd_qact_prepare(nd_qact *a, const float *x, int n, int in, int layout)
     const float rs = (float)(1.0 / sqrt((double)ND_QGROUP));
     long groups = (long)n * ng;
     a->tiles = 0;
-    if (groups * ND_QGROUP <= (1L << 18)) { /* a few groups: no thread team */
+    if (groups < 128) { /* a few groups (~70 ns each): no thread team */
         for (long tg = 0; tg < groups; tg++)
             prepare_group(a, x, tg, rs);
     } else {
         prepare_args pa = {a, x, rs};
-        nd_parallel_for(groups, 1, prepare_groups, &pa);
+        nd_parallel_for(groups, 32, prepare_groups, &pa);
     }
     return n >= ND_QTILE_MIN ? prepare_tiles(a) : ND_OK;
 }

@@ -956,8 +956,12 @@ static int forward_chunk(nd_kv_state *s, const int32_t *tok, int n, float *logit
     const float *X = s->X + (size_t)r0 * D->n * d;
     be->lanes_mean(be, s->xm, X, rows, D->n, d);
     be->rmsnorm(be, s->hf, NULL, s->xm, m->w.final_norm, rows, d);
-    if (s->qw)
-        return wmatmul(s, s->hf, rows, d, NULL, &s->qw->emb, D->V, logits, D->V, 1);
+    if (s->qw) {
+        int prev = big_parallel_begin(s);
+        int rc = wmatmul(s, s->hf, rows, d, NULL, &s->qw->emb, D->V, logits, D->V, 1);
+        nd_set_serial(prev);
+        return rc;
+    }
     be->matmul(be, 0, 1, rows, D->V, d, 1.0f, s->hf, d, m->w.emb, d, 0.0f, logits, D->V);
     return ND_OK;
 }

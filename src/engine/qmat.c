@@ -510,7 +510,7 @@ void nd_qgemm(const nd_qmat *w, const nd_qact *x, float *y, int ldy)
     const nd_qkernel *k = nd_qkernel_best();
     nd_qgemm_fn fn = k->gemm;
     long work = (long)w->rows * w->in * x->n;
-    int serial = nd_get_threads() < 2 || work < (1L << 21) || w->rows < 64;
+    int serial = nd_get_threads() < 2 || work < (1L << 17) || w->rows < 64;
     if (k->tiles && x->tiles > 0) {
         if (serial) {
             fn(w, x, 0, w->rows, y, ldy);

@@ -77,6 +77,19 @@ def run_cases(hub, ep, tmp, small, big):
         print("SKIP: this needle was built without libcurl")
         sys.exit(77)
 
+    # libcurl is loaded only when a download needs it: the program does not
+    # link it, and a missing library is a clear error that leaves no file
+    ldd = subprocess.run(["ldd", NEEDLE], capture_output=True, text=True)
+    check(ldd.returncode == 0 and "libcurl" not in ldd.stdout,
+          "needle does not link libcurl (loaded on demand)")
+    d0 = os.path.join(tmp, "nocurl")
+    p = needle(ep, "download", "org/repo/config.json", "--dir", d0,
+               env={"NEEDLE_LIBCURL": "/nonexistent/libcurl.so.4"})
+    check(p.returncode != 0 and "cannot load libcurl" in p.stderr
+          and not os.path.exists(os.path.join(d0, "config.json.part"))
+          and not os.path.exists(os.path.join(d0, "config.json")),
+          "missing libcurl: clear error, nothing written (%s)" % p.stderr.strip()[-200:])
+
     # small file, straight 200
     p = needle(ep, "download", "org/repo/config.json", "--dir", d)
     check(p.returncode == 0 and read(os.path.join(d, "config.json")) == small

@@ -13,7 +13,7 @@
 #include "io/jsonl.h"
 #include "text/pyjson.h"
 #ifdef NEEDLE_HAVE_CURL
-#include <curl/curl.h>
+#include "net/curl_dl.h"
 
 #include "net/generate.h"
 #endif
@@ -247,6 +247,10 @@ static int generate_and_write(const gen_params *p, const nd_pj *tools, const aug
         fprintf(stderr, "  %-9s tools: %s\n", "warning", nd_gen_warnings(set));
     for (size_t i = 0; old && i < old->n_docs; i++)
         nd_gen_seen(set, nd_pj_root(old->docs[i]));
+    if (nd_curl_load()) {
+        nd_gen_set_free(set);
+        return cli_fail(NULL);
+    }
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
         nd_gen_set_free(set);
         fprintf(stderr, "needle: cannot initialise libcurl\n");

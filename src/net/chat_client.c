@@ -3,7 +3,7 @@
 #include "net/chat_client.h"
 
 #include <ctype.h>
-#include <curl/curl.h>
+#include "net/curl_dl.h"
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -18,7 +18,7 @@
 #include "core/status.h"
 
 #ifdef NEEDLE_HAVE_CURL
-#include <curl/curl.h>
+#include "net/curl_dl.h"
 #include <jansson.h>
 #endif
 
@@ -490,6 +490,9 @@ int nd_hf_download(const char *repo, const char *file, const char *dest, const n
     st.tty = st.progress && isatty(fileno(st.progress));
     const char *slash = strrchr(file, '/');
     st.name = slash ? slash + 1 : file;
+    int lrc = nd_curl_load(); /* before the .part file exists */
+    if (lrc)
+        return lrc;
     st.out = fopen(part, "ab");
     if (!st.out)
         return nd_error(ND_EIO, "%s: cannot write: %s", part, strerror(errno));
@@ -665,6 +668,9 @@ int nd_hf_list(const char *repo, const char *revision, char ***files, int *count
     while (el && ep[el - 1] == '/')
         el--;
     snprintf(url, sizeof url, "%.*s/api/models/%s/revision/%s", (int)el, ep, repo, rev);
+    int lrc = nd_curl_load();
+    if (lrc)
+        return lrc;
     curl_global_init(CURL_GLOBAL_DEFAULT);
     CURL *c = curl_easy_init();
     if (!c) {

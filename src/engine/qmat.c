@@ -107,8 +107,10 @@ int nd_qlevels(int bits, const float **levels)
 }
 
 static int8_t layout_pos[3][ND_QGROUP];
+#if defined(__x86_64__) || defined(__i386__)
 static uint8_t layout_inv[3][ND_QGROUP]; /* natural index at each position */
 static int place_vbmi;
+#endif
 
 static nd_qact_group_fn select_group_fn(void);
 static nd_qact_group_fn group_fn;
@@ -119,10 +121,10 @@ static void cb_compute(void)
     for (int l = 0; l < 3; l++)
         for (int j = 0; j < ND_QGROUP; j++)
             layout_pos[l][j] = (int8_t)nd_qlayout_pos(l, j);
+#if defined(__x86_64__) || defined(__i386__)
     for (int l = 0; l < 3; l++)
         for (int j = 0; j < ND_QGROUP; j++)
             layout_inv[l][layout_pos[l][j]] = (uint8_t)j;
-#if defined(__x86_64__) || defined(__i386__)
     place_vbmi = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vbmi") && !getenv("NEEDLE_NO_VBMI");
 #endif

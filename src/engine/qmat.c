@@ -1,12 +1,18 @@
 /* Quantised matrix products from CQ blobs: activation preparation, the
  * reference kernel and run-time kernel selection (see qmat.h). */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* syscall(): AMX state permission */
 #include "engine/qmat.h"
 
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "core/fp16.h"
 #include "core/status.h"
@@ -412,10 +418,26 @@ void nd_qgemm_ref(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, 
 
 /* ---- selection ---- */
 
-static nd_qkernel kernels[5];
+static nd_qkernel kernels[6];
 static int n_kernels;
 static const nd_qkernel *best_kernel;
 static pthread_once_t sel_once = PTHREAD_ONCE_INIT;
+
+/* AMX int8 tiles: the CPU has them and Linux lets this process use their
+ * state (ARCH_REQ_XCOMP_PERM for XTILEDATA, Linux 5.16+; process-wide) */
+static int amx_usable(void)
+{
+#if defined(__x86_64__) && defined(__linux__) && defined(SYS_arch_prctl)
+    unsigned a, b, c, d;
+    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    int amx_tile = (d >> 24) & 1, amx_int8 = (d >> 25) & 1;
+    if (!amx_tile || !amx_int8 || !__builtin_cpu_supports("avx512vnni"))
+        return 0;
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+#else
+    return 0;
+#endif
+}
 
 static void select_kernels(void)
 {
@@ -428,8 +450,11 @@ static void select_kernels(void)
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl")) {
         kernels[n_kernels++] = (nd_qkernel){"avx512", nd_qgemm_avx512, 0};
-        if (__builtin_cpu_supports("avx512vnni"))
+        if (__builtin_cpu_supports("avx512vnni")) {
             kernels[n_kernels++] = (nd_qkernel){"avx512vnni", nd_qgemm_avx512vnni, 1};
+            if (amx_usable())
+                kernels[n_kernels++] = (nd_qkernel){"amx", nd_qgemm_amx, 1};
+        }
     }
 #endif
 #if defined(__aarch64__)
@@ -551,7 +576,7 @@ typedef struct {
     int count;
 } qgemm_many_args;
 
-#define MANY_ROWS 32
+#define MANY_ROWS 48 /* whole row blocks of the tile kernels (6 and 16) */
 
 static void qgemm_many_tasks(void *ctx, long lo, long hi, int tid)
 {

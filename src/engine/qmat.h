@@ -125,6 +125,7 @@ void nd_qgemm_ref(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, 
 void nd_qgemm_avx2(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
 void nd_qgemm_avx512(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
 void nd_qgemm_avx512vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
+void nd_qgemm_amx(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
 void nd_qact_group_avx512(const float *v, int8_t *q, float *amax, int32_t *sum);
 void nd_qact_place_vbmi(const int8_t *natural, const uint8_t inv[ND_QGROUP], int8_t *q,
                         uint8_t *qu);

@@ -533,6 +533,106 @@ T_VNNI void nd_qgemm_avx512vnni(const nd_qmat *w, const nd_qact *x, int r0, int 
     }
 }
 
+/* ------------------------------------------------------------------ */
+/* AMX (Sapphire Rapids and later)                                      */
+
+#define T_AMX                                                                                      \
+    __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,"       \
+                          "f16c")))
+
+/* the tile palette: tmm0 = C (16 rows x 16 tokens of int32), tmm1 = A (16
+ * rows x 64 code bytes), tmm2 = B (16 four-byte steps x 16 tokens) */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+/* Token tiles on AMX: a row block of 16 is unpacked to int8 once (the A
+ * operand: rows x codes, exactly as unpacked), x->qt is the B operand as
+ * it is (four-byte steps x tokens), and one tdpbsud pair computes a
+ * group's 16 x 16 int32 sums: signed codes x unsigned activations, started
+ * at zero, corrected by -128 x the row group's code sum when scaled. The
+ * 16 float sums of a token tile stay in registers across the groups. */
+T_AMX static void tiles_amx(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy,
+                            __m512i lut_s8, const int8_t lut16[16], float inv)
+{
+    const int ng = w->ng, n = x->n, tiles = x->tiles;
+    _Alignas(64) int8_t ws[16][16 * ND_QGROUP]; /* rows of the A operand */
+    const long astride = (long)sizeof ws[0];
+    _Alignas(64) int32_t c[16][16];
+    int32_t wcorr[16][16];
+    float wn[16][16];
+    const __m512i ones = _mm512_set1_epi8(1);
+    amx_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 3; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+    for (int rb = r0; rb < r1; rb += 16) {
+        int nr = r1 - rb < 16 ? r1 - rb : 16;
+        for (int i = 0; i < 16; i++)
+            for (int g = 0; g < ng; g++) {
+                __m512i v[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+                if (i < nr)
+                    unpack_avx512(w, rb + i, g, lut_s8, lut16, 0, v);
+                _mm512_store_si512(ws[i] + g * ND_QGROUP, v[0]);
+                _mm512_store_si512(ws[i] + g * ND_QGROUP + 64, v[1]);
+                __m512i cs = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, v[0]);
+                cs = _mm512_dpbusd_epi32(cs, ones, v[1]);
+                wcorr[g][i] = 128 * _mm512_reduce_add_epi32(cs);
+                wn[g][i] = i < nr ? norm_f16c(w, rb + i, g) * inv : 0.0f;
+            }
+        for (int tile = 0; tile < tiles; tile++) {
+            __m512 f[16];
+            for (int i = 0; i < 16; i++)
+                f[i] = _mm512_setzero_ps();
+            for (int g = 0; g < ng; g++) {
+                const uint8_t *b = x->qt + ((size_t)tile * ng + g) * ND_QTILE * ND_QGROUP;
+                _tile_zero(0);
+                _tile_loadd(1, ws[0] + g * ND_QGROUP, astride);
+                _tile_loadd(2, b, 64);
+                _tile_dpbsud(0, 1, 2);
+                _tile_loadd(1, ws[0] + g * ND_QGROUP + 64, astride);
+                _tile_loadd(2, b + 1024, 64);
+                _tile_dpbsud(0, 1, 2);
+                _tile_stored(0, c, 64);
+                __m512 st = _mm512_loadu_ps(x->st + ((size_t)tile * ng + g) * ND_QTILE);
+                for (int i = 0; i < 16; i++) {
+                    __m512i ci =
+                        _mm512_sub_epi32(_mm512_load_si512(c[i]), _mm512_set1_epi32(wcorr[g][i]));
+                    f[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ci),
+                                           _mm512_mul_ps(st, _mm512_set1_ps(wn[g][i])), f[i]);
+                }
+            }
+            int t0 = tile * ND_QTILE, nt = n - t0 < ND_QTILE ? n - t0 : ND_QTILE;
+            for (int i = 0; i < nr; i++) {
+                float out[ND_QTILE];
+                _mm512_storeu_ps(out, f[i]);
+                for (int lane = 0; lane < nt; lane++)
+                    y[(size_t)(t0 + lane) * ldy + (size_t)(rb + i)] = out[lane];
+            }
+        }
+    }
+    _tile_release();
+}
+
+T_AMX void nd_qgemm_amx(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy)
+{
+    if (!(x->tiles > 0 && w->ng <= 16)) { /* a few tokens: the VNNI kernel */
+        nd_qgemm_avx512vnni(w, x, r0, r1, y, ldy);
+        return;
+    }
+    int8_t lut16[16];
+    float inv;
+    nd_qcodebook(w->bits, lut16, &inv);
+    const __m512i lut_s8 = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut16));
+    tiles_amx(w, x, r0, r1, y, ldy, lut_s8, lut16, inv);
+}
+
 /* q[pos[j]] = natural[j] as one two-register byte permutation (inv is
  * pos's inverse), qu = q + 128 */
 __attribute__((target("avx512f,avx512bw,avx512vbmi"))) void

@@ -586,6 +586,17 @@ T_AMX static void tiles_amx(const nd_qmat *w, const nd_qact *x, int r0, int r1, 
                 wcorr[g][i] = 128 * _mm512_reduce_add_epi32(cs);
                 wn[g][i] = i < nr ? norm_f16c(w, rb + i, g) * inv : 0.0f;
             }
+        /* the next block's codes and norms arrive while this one computes
+         * (the unpack above otherwise waits on the mapped archive) */
+        if (rb + 16 < r1) {
+            int nn = r1 - rb - 16 < 16 ? r1 - rb - 16 : 16;
+            const char *pc = (const char *)w->codes + (size_t)(rb + 16) * w->row_bytes;
+            const char *pn = (const char *)w->norms + (size_t)(rb + 16) * (size_t)ng * 2;
+            for (size_t off = 0; off < (size_t)nn * w->row_bytes; off += 64)
+                _mm_prefetch(pc + off, _MM_HINT_T0);
+            for (size_t off = 0; off < (size_t)nn * (size_t)ng * 2; off += 64)
+                _mm_prefetch(pn + off, _MM_HINT_T0);
+        }
         for (int tile = 0; tile < tiles; tile++) {
             __m512 f[16];
             for (int i = 0; i < 16; i++)

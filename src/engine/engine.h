@@ -116,7 +116,7 @@ typedef struct {
     int chunk;
     void *scratch;
     float *x0, *X, *Xn, *eng_e, *eng_k, *eng_v, *eng_vp, *xm, *hf, *att_s;
-    int att_threads; /* att_s holds score rows for this many threads */
+    int att_threads;  /* att_s holds score rows for this many threads */
     int big_parallel; /* this step's projections and attention may fork */
     int32_t *eng_idx, *win_tok;
     nd_layout_buf lay; /* one sequence of the chunk's rows */

@@ -423,6 +423,7 @@ static int n_kernels;
 static const nd_qkernel *best_kernel;
 static pthread_once_t sel_once = PTHREAD_ONCE_INIT;
 
+#if defined(__x86_64__) || defined(__i386__)
 /* AMX int8 tiles: the CPU has them and Linux lets this process use their
  * state (ARCH_REQ_XCOMP_PERM for XTILEDATA, Linux 5.16+; process-wide) */
 static int amx_usable(void)
@@ -438,6 +439,7 @@ static int amx_usable(void)
     return 0;
 #endif
 }
+#endif
 
 static void select_kernels(void)
 {

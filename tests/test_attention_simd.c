@@ -96,8 +96,7 @@ static void run_case(int H, int G, int hd, int n, int p0, int kv_window, int n_s
     s.v8 = malloc(kvn);
     s.ks = malloc(sizeof(float) * ML * G);
     s.vs = malloc(sizeof(float) * ML * G);
-    /* 4 rows per task (kv.c's ATT_ROWS) per thread */
-    s.att_s = malloc(sizeof(float) * (size_t)s.att_threads * 4 * (H / G) * ML);
+    s.att_s = malloc(sizeof(float) * (size_t)s.att_threads * ND_ATT_ROWS * (H / G) * ML);
     float *ref = malloc(sizeof(float) * qn), *want = malloc(sizeof(float) * qn);
     float *off = malloc(sizeof(float) * qn);
     for (size_t e = 0; e < qn; e++)

@@ -33,6 +33,10 @@ struct nd_backend {
     const char *detail; /* for progress lines, e.g. "OpenBLAS SkylakeX"; may be "" */
     int device;         /* 0: ops run on the host and finish before they return (CPU) */
 
+    /* ready the float compute paths (nd_backend_get calls it; CPU: load
+     * the BLAS and name it in detail); ND_OK or an error; NULL: nothing */
+    int (*prepare)(const nd_backend *be);
+
     /* wait until every issued op has finished (NULL: nothing to wait for) */
     void (*sync)(const nd_backend *be);
 

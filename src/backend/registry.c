@@ -92,7 +92,19 @@ static const nd_backend *plugin_open(const char *kind, int index, int allow_sw, 
     return be;
 }
 
+static const nd_backend *select_backend(const char *name, int threads);
+
+/* The float compute paths (training, eval, bench) come here: the backend is
+ * readied now so a missing library is a clear error before any work. */
 const nd_backend *nd_backend_get(const char *name, int threads)
+{
+    const nd_backend *be = select_backend(name, threads);
+    if (be && be->prepare && be->prepare(be) != ND_OK)
+        return NULL;
+    return be;
+}
+
+static const nd_backend *select_backend(const char *name, int threads)
 {
     if (!name || !strcmp(name, "cpu"))
         return nd_backend_cpu(threads);

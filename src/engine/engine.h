@@ -89,6 +89,7 @@ typedef struct {
     void (*cells_hook)(void *ctx, int layer, int p0, const float *cells, int n);
     void *cells_ctx;
     int len, cap, max_len;
+    int rows_hw; /* most rows ever held: the cache's resident part (the rest of cap is untouched) */
     int kv_window; /* attend only to the last kv_window keys (0 = all) */
     /* sliding window (nd_kv_slide): the first n_sink rows are pinned and
      * always attended (upstream's doc-prefix sinks); older rows after them
@@ -136,8 +137,9 @@ void nd_kv_set_bits(nd_kv_state *s, int bits);
 /* Turn the sliding window on with the first n_sink rows pinned: forwards
  * never fail for length, the oldest unpinned rows are dropped instead. */
 void nd_kv_slide(nd_kv_state *s, int n_sink);
-/* Bytes this state holds (cache at its current capacity + scratch); with
- * the window on it never exceeds nd_kv_bytes_bound. */
+/* Bytes this state holds (scratch + the cache rows ever used: the rest of
+ * its capacity is reserved address space, never touched); with the window
+ * on it never exceeds nd_kv_bytes_bound. */
 size_t nd_kv_bytes(const nd_kv_state *s);
 size_t nd_kv_bytes_bound(const nd_kv_state *s);
 /* Forget everything after the first `len` positions. */

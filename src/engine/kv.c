@@ -14,10 +14,6 @@
 #include "engine/engine.h"
 #include "model/san.h"
 
-/* query rows per attention task: one int8 -> float conversion of a cached
- * key serves them all */
-#define ATT_ROWS 4
-
 static int max_order(const san_model *m)
 {
     int mo = 1;
@@ -88,7 +84,7 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     P(s->xm, N * d);
     P(s->hf, N * d);
     s->att_threads = nd_get_threads();
-    P(s->att_s, (size_t)s->att_threads * ATT_ROWS * (size_t)(D->H / D->G) * (size_t)s->max_len);
+    P(s->att_s, (size_t)s->att_threads * ND_ATT_ROWS * (size_t)(D->H / D->G) * (size_t)s->max_len);
 #undef P
     size_t total = 0;
     for (int i = 0; i < np; i++)
@@ -168,25 +164,25 @@ static int slide_high(const nd_kv_state *s)
     return hi < s->max_len ? (int)hi : s->max_len;
 }
 
-/* capacity for `need` rows: doubling, but never past the rows the cache
- * can hold (the window's high mark when it slides) */
+/* capacity for `need` rows: all the rows the cache may ever hold, at once.
+ * The arrays are large allocations (mmap'd, pages touched as rows are
+ * written), so reserving the bound costs no memory and a growing
+ * conversation never copies the cache (a copy held old + new resident). */
 static int grown_cap(const nd_kv_state *s, int need)
 {
-    int cap = s->cap ? s->cap : 64, top = s->n_sink >= 0 ? slide_high(s) : s->max_len;
-    while (cap < need)
-        cap *= 2;
-    return cap > top ? (top > need ? top : need) : cap;
+    int top = s->n_sink >= 0 ? slide_high(s) : s->max_len;
+    return need > top ? need : top;
 }
 
 size_t nd_kv_bytes(const nd_kv_state *s)
 {
-    return s->scratch_bytes + (size_t)s->cap * row_bytes(s);
+    return s->scratch_bytes + (size_t)s->rows_hw * row_bytes(s);
 }
 
 size_t nd_kv_bytes_bound(const nd_kv_state *s)
 {
     int rows = s->n_sink >= 0 ? slide_high(s) : s->max_len;
-    return s->scratch_bytes + (size_t)(rows > s->cap ? rows : s->cap) * row_bytes(s);
+    return s->scratch_bytes + (size_t)(rows > s->rows_hw ? rows : s->rows_hw) * row_bytes(s);
 }
 
 void nd_kv_free(nd_kv_state *s)
@@ -236,8 +232,10 @@ static int grow_rows(void **arr, size_t layers, int old_cap, int cap, int len, s
 /* Grow the per-position storage to hold `need` positions. */
 static int kv_reserve(nd_kv_state *s, int need)
 {
-    if (need <= s->cap)
+    if (need <= s->cap) {
+        s->rows_hw = need > s->rows_hw ? need : s->rows_hw;
         return ND_OK;
+    }
     const san_dims *D = &s->m->dims;
     int cap = grown_cap(s, need);
     size_t L = (size_t)D->L, kvd = (size_t)D->kv_dim, d = (size_t)D->d, G = (size_t)D->G;
@@ -268,6 +266,7 @@ static int kv_reserve(nd_kv_state *s, int need)
     if (rc) /* arrays grown so far hold more rows; s->cap stays the safe bound */
         return nd_error(ND_ENOMEM, "out of memory growing the KV cache to %d positions", cap);
     s->cap = cap;
+    s->rows_hw = need > s->rows_hw ? need : s->rows_hw;
     return ND_OK;
 }
 
@@ -422,18 +421,25 @@ static const float *slice(const float *base, size_t off)
 /* A decode step runs its small operations on this thread only (a fork
  * costs more than they do) but may share the big ones, the projections and
  * the attention, with the other threads: lift the step's serial mode for
- * one of those; returns what nd_set_serial must restore. */
+ * one of those; returns what nd_set_serial must restore. The three big
+ * kinds call it: wmatmul with WM_BIG, the fused q/k/v/gate products and
+ * nd_kv_attention. */
 static int big_parallel_begin(const nd_kv_state *s)
 {
     return s->big_parallel ? nd_set_serial(0) : nd_serial();
 }
 
+enum {
+    WM_FRESH = 1, /* quantise x (else reuse the previous call's int8 copy of the same x) */
+    WM_BIG = 2,   /* a big product: a decode step may share it (big_parallel_begin) */
+};
+
 /* y = x @ W for a weight matrix: the archive's CQ matrix w ([out, in]) on
- * the quantised path, else the float kernel wf ((in, out)). fresh = 0
- * reuses the int8 activations of the previous call on the same x. */
+ * the quantised path, else the float kernel wf ((in, out)); flags WM_*. */
 static int wmatmul(nd_kv_state *s, const float *x, int n, int in, const float *wf, const nd_qmat *w,
-                   int out, float *y, int ldy, int fresh)
+                   int out, float *y, int ldy, int flags)
 {
+    int fresh = flags & WM_FRESH;
     if (!s->qw) {
         s->be->matmul(s->be, 0, 0, n, out, in, 1.0f, x, in, wf, out, 0.0f, y, ldy);
         return ND_OK;
@@ -444,7 +450,9 @@ static int wmatmul(nd_kv_state *s, const float *x, int n, int in, const float *w
         if (rc)
             return rc;
     }
+    int prev = (flags & WM_BIG) ? big_parallel_begin(s) : nd_serial();
     nd_qgemm(w, &s->qa, y, ldy);
+    nd_set_serial(prev);
     return ND_OK;
 }
 
@@ -514,7 +522,7 @@ static void visible_keys(const nd_kv_state *s, int p, int *sink_end, int *j0)
     *sink_end = pin < *j0 ? pin : *j0;
 }
 
-/* tasks [lo, hi): (block of ATT_ROWS new rows, kv head) pairs. The heads
+/* tasks [lo, hi): (block of ND_ATT_ROWS new rows, kv head) pairs. The heads
  * sharing a kv head (GQA) and the block's rows read each cached row once,
  * converted from int8 once; keys a row does not see get no weight. */
 static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
@@ -530,12 +538,12 @@ static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
     const int8_t *V8 = s->kv_int8 ? s->v8 + lc * kvd : NULL;
     const float *KS = s->kv_int8 ? s->ks + lc * G : NULL, *VS = s->kv_int8 ? s->vs + lc * G : NULL;
     float scale = 1.0f / sqrtf((float)hd), buf[4][ND_ATT_MAX_HD];
-    /* this thread's scores: ATT_ROWS * rep rows of max_len */
-    float *sc0 = s->att_s + (size_t)tid * ATT_ROWS * rep * ml;
+    /* this thread's scores: ND_ATT_ROWS * rep rows of max_len */
+    float *sc0 = s->att_s + (size_t)tid * ND_ATT_ROWS * rep * ml;
     for (long task = lo; task < hi; task++) {
-        int i0 = (int)(task / G) * ATT_ROWS, g = (int)(task % G);
-        int nr = n - i0 < ATT_ROWS ? n - i0 : ATT_ROWS;
-        int se[ATT_ROWS], j0[ATT_ROWS];
+        int i0 = (int)(task / G) * ND_ATT_ROWS, g = (int)(task % G);
+        int nr = n - i0 < ND_ATT_ROWS ? n - i0 : ND_ATT_ROWS;
+        int se[ND_ATT_ROWS], j0[ND_ATT_ROWS];
         for (int i = 0; i < nr; i++)
             visible_keys(s, p0 + i0 + i, &se[i], &j0[i]);
         if (a->kernel == ND_ATT_AVX512) {
@@ -649,13 +657,15 @@ void nd_kv_attention(nd_kv_state *s, int l, int p0, int n, int kernel)
     /* the AVX-512 kernel covers the int8 cache with hd a multiple of 16 */
     if (kernel == ND_ATT_AVX512 && !(s->kv_int8 && D->hd % 16 == 0 && nd_att_avx512_supported()))
         kernel = ND_ATT_REF;
-    long tasks = (long)((n + ATT_ROWS - 1) / ATT_ROWS) * D->G;
+    long tasks = (long)((n + ND_ATT_ROWS - 1) / ND_ATT_ROWS) * D->G;
     cached_attention_args a = {s, l, p0, n, kernel};
     /* shared above ~128 score entries (a decode step past 128 positions:
      * with the SIMD kernel less is cheaper than a fork); never by more
      * threads than the score rows were sized for */
     long grain = (long)n * (p0 + n) > 128 && nd_get_threads() <= s->att_threads ? 1 : tasks;
+    int prev = big_parallel_begin(s);
     nd_parallel_for(tasks, grain, cached_attention_tasks, &a);
+    nd_set_serial(prev);
 }
 
 /* v' rows p0..p0+n-1 from s->eng_vp into site's int8 rows */
@@ -737,7 +747,7 @@ static int engram_chunk(nd_kv_state *s, int p0, int n)
         float *vp = s->vp[site], *vnew = s->vp_int8 ? s->eng_vp : vp + (size_t)p0 * d;
         const nd_qmat *qk = s->qw ? &s->qw->eng[site].wk : NULL;
         const nd_qmat *qv = s->qw ? &s->qw->eng[site].wv : NULL;
-        int rc = wmatmul(s, e, n, D->eng_dim, w->eng[site].wk, qk, d, ek, d, 1);
+        int rc = wmatmul(s, e, n, D->eng_dim, w->eng[site].wk, qk, d, ek, d, WM_FRESH);
         if (!rc)
             rc = wmatmul(s, e, n, D->eng_dim, w->eng[site].wv, qv, d, vnew, d, 0);
         if (rc)
@@ -836,8 +846,8 @@ static int layer_chunk(nd_kv_state *s, int l, int p0, int n)
         qpost = nd_qmat_rows(&s->qw->phi_post, l * ln, ln);
         qres = nd_qmat_rows(&s->qw->phi_res, l * ln * ln, ln * ln);
     }
-    int rc =
-        wmatmul(s, s->nx, n, nd, slice(w->phi_pre, (size_t)l * nd * ln), &qpre, ln, s->pre, ln, 1);
+    int rc = wmatmul(s, s->nx, n, nd, slice(w->phi_pre, (size_t)l * nd * ln), &qpre, ln, s->pre, ln,
+                     WM_FRESH);
     if (!rc)
         rc = wmatmul(s, s->nx, n, nd, slice(w->phi_post, (size_t)l * nd * ln), &qpost, ln, s->post,
                      ln, 0);
@@ -870,7 +880,7 @@ static int layer_chunk(nd_kv_state *s, int l, int p0, int n)
             nd_set_serial(prev);
         }
     } else
-        rc = wmatmul(s, s->a, n, d, slice(w->wq, (size_t)l * d * qd), NULL, qd, s->q, qd, 1);
+        rc = wmatmul(s, s->a, n, d, slice(w->wq, (size_t)l * d * qd), NULL, qd, s->q, qd, WM_FRESH);
     if (!rc && !s->qw)
         rc = wmatmul(s, s->a, n, d, slice(w->wk, (size_t)l * d * kvd), NULL, kvd, s->kk, kvd, 0);
     if (!rc && !s->qw)
@@ -888,14 +898,10 @@ static int layer_chunk(nd_kv_state *s, int l, int p0, int n)
     be->rope(be, s->q, cs, sn, &s->lay.L, D->H, hd);
     be->rope(be, s->kk, cs, sn, &s->lay.L, D->G, hd);
     store_rows(s, l, p0, n);
-    int prev_par = big_parallel_begin(s);
     nd_kv_attention(s, l, p0, n, nd_att_kernel());
-    nd_set_serial(prev_par);
     be->gate_sigmoid(be, s->o, s->att, s->g, (long)n * qd);
-    prev_par = big_parallel_begin(s);
     rc = wmatmul(s, s->o, n, qd, slice(w->wout, (size_t)l * qd * d), ql ? &ql->wout : NULL, d,
-                 s->o2, d, 1);
-    nd_set_serial(prev_par);
+                 s->o2, d, WM_FRESH | WM_BIG);
     if (rc)
         return rc;
     be->rmsnorm(be, s->pn, NULL, s->o2, w->post_norm + Ld, n, d);
@@ -956,12 +962,8 @@ static int forward_chunk(nd_kv_state *s, const int32_t *tok, int n, float *logit
     const float *X = s->X + (size_t)r0 * D->n * d;
     be->lanes_mean(be, s->xm, X, rows, D->n, d);
     be->rmsnorm(be, s->hf, NULL, s->xm, m->w.final_norm, rows, d);
-    if (s->qw) {
-        int prev = big_parallel_begin(s);
-        int rc = wmatmul(s, s->hf, rows, d, NULL, &s->qw->emb, D->V, logits, D->V, 1);
-        nd_set_serial(prev);
-        return rc;
-    }
+    if (s->qw)
+        return wmatmul(s, s->hf, rows, d, NULL, &s->qw->emb, D->V, logits, D->V, WM_FRESH | WM_BIG);
     be->matmul(be, 0, 1, rows, D->V, d, 1.0f, s->hf, d, m->w.emb, d, 0.0f, logits, D->V);
     return ND_OK;
 }

@@ -534,12 +534,16 @@ static void qgemm_row_tasks(void *ctx, long lo, long hi, int tid)
     }
 }
 
+/* Products under this many multiply-adds stay on the calling thread: a
+ * fork costs more than it saves (both nd_qgemm and nd_qgemm_many). */
+#define QGEMM_SPLIT_MACS (1L << 17)
+
 void nd_qgemm(const nd_qmat *w, const nd_qact *x, float *y, int ldy)
 {
     const nd_qkernel *k = nd_qkernel_best();
     nd_qgemm_fn fn = k->gemm;
     long work = (long)w->rows * w->in * x->n;
-    int serial = nd_get_threads() < 2 || work < (1L << 17) || w->rows < 64;
+    int serial = nd_get_threads() < 2 || work < QGEMM_SPLIT_MACS || w->rows < 64;
     if (k->tiles && x->tiles > 0) {
         if (serial) {
             fn(w, x, 0, w->rows, y, ldy);
@@ -603,7 +607,7 @@ void nd_qgemm_many(const nd_qmat *const w[], int count, const nd_qact *x, float 
         work += (long)w[i]->rows * w[i]->in * x->n;
     /* only a batch the kernel takes whole (one token, or token tiles) can
      * be split by rows alone; else one call per matrix */
-    if (count > 8 || nd_get_threads() < 2 || work < (1L << 18) ||
+    if (count > 8 || nd_get_threads() < 2 || work < QGEMM_SPLIT_MACS ||
         (x->n > 1 && !(k->tiles && x->tiles > 0))) {
         for (int i = 0; i < count; i++)
             nd_qgemm(w[i], x, y[i], ldy[i]);

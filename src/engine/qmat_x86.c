@@ -377,6 +377,47 @@ T_VNNI static void matvec_vnni(const nd_qmat *w, const nd_qact *x, int r0, int r
     }
 }
 
+/* A block of rows unpacked for the token-tile kernels (VNNI and AMX): row
+ * i's group g as int8 codes at ws + i * TB_ROW + g * ND_QGROUP (at most 16
+ * groups; rows nr .. height - 1 are zero). Per (row, group) the code sum,
+ * which the unsigned (+128) activations need as a correction, goes to
+ * sums[i * si + g * sg] and the group norm x codebook scale to
+ * norms[i * si + g * sg]. */
+#define TB_ROW (16 * ND_QGROUP)
+
+T_VNNI static inline void unpack_row_block(const nd_qmat *w, int rb, int nr, int height,
+                                           __m512i lut_s8, const int8_t lut16[16], float inv,
+                                           int8_t *ws, int32_t *sums, float *norms, int si, int sg)
+{
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int i = 0; i < height; i++)
+        for (int g = 0; g < w->ng; g++) {
+            __m512i v[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+            if (i < nr)
+                unpack_avx512(w, rb + i, g, lut_s8, lut16, 0, v);
+            int8_t *dst = ws + (size_t)i * TB_ROW + (size_t)g * ND_QGROUP;
+            _mm512_store_si512(dst, v[0]);
+            _mm512_store_si512(dst + 64, v[1]);
+            __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, v[0]);
+            c = _mm512_dpbusd_epi32(c, ones, v[1]);
+            sums[i * si + g * sg] = _mm512_reduce_add_epi32(c);
+            norms[i * si + g * sg] = i < nr ? norm_f16c(w, rb + i, g) * inv : 0.0f;
+        }
+}
+
+/* Token tile `tile`'s float sums of rows rb .. rb + nr - 1 into y. */
+T_VNNI static inline void store_tile(float *y, int ldy, int n, int tile, int rb, int nr,
+                                     const __m512 *f, int fstride)
+{
+    int t0 = tile * ND_QTILE, nt = n - t0 < ND_QTILE ? n - t0 : ND_QTILE;
+    for (int i = 0; i < nr; i++) {
+        float out[ND_QTILE];
+        _mm512_storeu_ps(out, f[i * fstride]);
+        for (int lane = 0; lane < nt; lane++)
+            y[(size_t)(t0 + lane) * ldy + (size_t)(rb + i)] = out[lane];
+    }
+}
+
 /* Token tiles (x->tiles, qmat.h): tokens in the 16 lanes, so a group's
  * product is 32 dpbusd per (row, tile) with the row's four code bytes
  * broadcast, no horizontal sums. TL_R rows are unpacked to int8 once and
@@ -392,23 +433,11 @@ T_VNNI static void tiles_vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1
     const int ng = w->ng, n = x->n, tiles = x->tiles;
     const size_t tstride = (size_t)ng * ND_QTILE * ND_QGROUP;
     _Alignas(64) int8_t ws[TL_R][16][ND_QGROUP];
-    int32_t wstart[TL_R][16];
+    int32_t wsum[TL_R][16];
     float wn[TL_R][16];
-    const __m512i ones = _mm512_set1_epi8(1);
     for (int rb = r0; rb < r1; rb += TL_R) {
         int nr = r1 - rb < TL_R ? r1 - rb : TL_R;
-        for (int i = 0; i < TL_R; i++)
-            for (int g = 0; g < ng; g++) {
-                __m512i v[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-                if (i < nr)
-                    unpack_avx512(w, rb + i, g, lut_s8, lut16, 0, v);
-                _mm512_store_si512(ws[i][g], v[0]);
-                _mm512_store_si512(ws[i][g] + 64, v[1]);
-                __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, v[0]);
-                c = _mm512_dpbusd_epi32(c, ones, v[1]);
-                wstart[i][g] = -128 * _mm512_reduce_add_epi32(c);
-                wn[i][g] = i < nr ? norm_f16c(w, rb + i, g) * inv : 0.0f;
-            }
+        unpack_row_block(w, rb, nr, TL_R, lut_s8, lut16, inv, ws[0][0], wsum[0], wn[0], 16, 1);
         for (int tp = 0; tp < tiles; tp += 2) {
             /* an odd last tile runs twice rather than in a second kernel */
             int t1 = tp + 1 < tiles ? tp + 1 : tp;
@@ -422,12 +451,12 @@ T_VNNI static void tiles_vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1
                 const int8_t *w3 = ws[3][g], *w4 = ws[4][g], *w5 = ws[5][g];
                 /* named accumulators: arrays of vectors make gcc shuffle
                  * registers on every iteration */
-                __m512i c00 = _mm512_set1_epi32(wstart[0][g]), c01 = c00;
-                __m512i c10 = _mm512_set1_epi32(wstart[1][g]), c11 = c10;
-                __m512i c20 = _mm512_set1_epi32(wstart[2][g]), c21 = c20;
-                __m512i c30 = _mm512_set1_epi32(wstart[3][g]), c31 = c30;
-                __m512i c40 = _mm512_set1_epi32(wstart[4][g]), c41 = c40;
-                __m512i c50 = _mm512_set1_epi32(wstart[5][g]), c51 = c50;
+                __m512i c00 = _mm512_set1_epi32(-128 * wsum[0][g]), c01 = c00;
+                __m512i c10 = _mm512_set1_epi32(-128 * wsum[1][g]), c11 = c10;
+                __m512i c20 = _mm512_set1_epi32(-128 * wsum[2][g]), c21 = c20;
+                __m512i c30 = _mm512_set1_epi32(-128 * wsum[3][g]), c31 = c30;
+                __m512i c40 = _mm512_set1_epi32(-128 * wsum[4][g]), c41 = c40;
+                __m512i c50 = _mm512_set1_epi32(-128 * wsum[5][g]), c51 = c50;
                 for (int k4 = 0; k4 < ND_QGROUP / 4; k4++) {
                     __m512i A0 = _mm512_loadu_si512(a0 + k4 * 64);
                     __m512i A1 = _mm512_loadu_si512(a1 + k4 * 64);
@@ -460,15 +489,8 @@ T_VNNI static void tiles_vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1
                                               f[i][1]);
                 }
             }
-            for (int k = 0; k < (t1 > tp ? 2 : 1); k++) {
-                int t0 = (tp + k) * ND_QTILE, nt = n - t0 < ND_QTILE ? n - t0 : ND_QTILE;
-                for (int i = 0; i < nr; i++) {
-                    float out[ND_QTILE];
-                    _mm512_storeu_ps(out, f[i][k]);
-                    for (int lane = 0; lane < nt; lane++)
-                        y[(size_t)(t0 + lane) * ldy + (size_t)(rb + i)] = out[lane];
-                }
-            }
+            for (int k = 0; k < (t1 > tp ? 2 : 1); k++)
+                store_tile(y, ldy, n, tp + k, rb, nr, &f[0][k], 2);
         }
     }
 }
@@ -558,12 +580,11 @@ T_AMX static void tiles_amx(const nd_qmat *w, const nd_qact *x, int r0, int r1, 
                             __m512i lut_s8, const int8_t lut16[16], float inv)
 {
     const int ng = w->ng, n = x->n, tiles = x->tiles;
-    _Alignas(64) int8_t ws[16][16 * ND_QGROUP]; /* rows of the A operand */
+    _Alignas(64) int8_t ws[16][TB_ROW]; /* rows of the A operand */
     const long astride = (long)sizeof ws[0];
     _Alignas(64) int32_t c[16][16];
-    int32_t wcorr[16][16];
+    int32_t wsum[16][16];
     float wn[16][16];
-    const __m512i ones = _mm512_set1_epi8(1);
     amx_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
@@ -574,18 +595,7 @@ T_AMX static void tiles_amx(const nd_qmat *w, const nd_qact *x, int r0, int r1, 
     _tile_loadconfig(&cfg);
     for (int rb = r0; rb < r1; rb += 16) {
         int nr = r1 - rb < 16 ? r1 - rb : 16;
-        for (int i = 0; i < 16; i++)
-            for (int g = 0; g < ng; g++) {
-                __m512i v[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-                if (i < nr)
-                    unpack_avx512(w, rb + i, g, lut_s8, lut16, 0, v);
-                _mm512_store_si512(ws[i] + g * ND_QGROUP, v[0]);
-                _mm512_store_si512(ws[i] + g * ND_QGROUP + 64, v[1]);
-                __m512i cs = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, v[0]);
-                cs = _mm512_dpbusd_epi32(cs, ones, v[1]);
-                wcorr[g][i] = 128 * _mm512_reduce_add_epi32(cs);
-                wn[g][i] = i < nr ? norm_f16c(w, rb + i, g) * inv : 0.0f;
-            }
+        unpack_row_block(w, rb, nr, 16, lut_s8, lut16, inv, ws[0], wsum[0], wn[0], 1, 16);
         /* the next block's codes and norms arrive while this one computes
          * (the unpack above otherwise waits on the mapped archive) */
         if (rb + 16 < r1) {
@@ -613,19 +623,13 @@ T_AMX static void tiles_amx(const nd_qmat *w, const nd_qact *x, int r0, int r1, 
                 _tile_stored(0, c, 64);
                 __m512 st = _mm512_loadu_ps(x->st + ((size_t)tile * ng + g) * ND_QTILE);
                 for (int i = 0; i < 16; i++) {
-                    __m512i ci =
-                        _mm512_sub_epi32(_mm512_load_si512(c[i]), _mm512_set1_epi32(wcorr[g][i]));
+                    __m512i ci = _mm512_sub_epi32(_mm512_load_si512(c[i]),
+                                                  _mm512_set1_epi32(128 * wsum[g][i]));
                     f[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ci),
                                            _mm512_mul_ps(st, _mm512_set1_ps(wn[g][i])), f[i]);
                 }
             }
-            int t0 = tile * ND_QTILE, nt = n - t0 < ND_QTILE ? n - t0 : ND_QTILE;
-            for (int i = 0; i < nr; i++) {
-                float out[ND_QTILE];
-                _mm512_storeu_ps(out, f[i]);
-                for (int lane = 0; lane < nt; lane++)
-                    y[(size_t)(t0 + lane) * ldy + (size_t)(rb + i)] = out[lane];
-            }
+            store_tile(y, ldy, n, tile, rb, nr, f, 1);
         }
     }
     _tile_release();

@@ -785,8 +785,17 @@ static void blas_one_thread(void)
 }
 #endif
 
+static int cpu_prepare(const nd_backend *be)
+{
+    (void)be;
+    int rc = nd_blas_load();
+    nd_blas_describe(cpu_detail, sizeof cpu_detail);
+    return rc;
+}
+
 static void cpu_backend_init(void)
 {
+    cpu_backend.prepare = cpu_prepare;
     cpu_backend.threads = nd_get_threads();
 #ifndef _OPENMP
     /* our pool's threads call BLAS one block each (gemm_split, attention):

@@ -6,7 +6,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <microhttpd.h>
 #include <netdb.h>
 #include <pthread.h>
 #include <signal.h>
@@ -18,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli/playground/mhd_dl.h"
 #include "cli/playground/playground.h"
 
 /* generated at build time from src/cli/playground/index.html */
@@ -394,6 +394,11 @@ static int is_loopback(const struct sockaddr *sa)
 int pg_serve(const char *host, int port, const char *workdir)
 {
     server_workdir = workdir;
+    char why[512];
+    if (pg_mhd_load(why, sizeof why)) {
+        fprintf(stderr, "needle playground: %s\n", why);
+        return 1;
+    }
     struct addrinfo hints, *ai = NULL;
     memset(&hints, 0, sizeof hints);
     hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE;

@@ -46,7 +46,7 @@ static void naive(const nd_kv_state *s, int p0, int n, int kv_window, int n_sink
             const float *q = s->q + (size_t)i * D->q_dim + (size_t)h * D->hd;
             double mx = -1e300, sum = 0.0;
             for (int j = 0; j <= p; j++) {
-                const int8_t *k = s->k8 + (size_t)j * D->kv_dim + (size_t)g * D->hd;
+                const int8_t *k = nd_kv_row8(s, s->k8, 0, g, j);
                 double dot = 0.0;
                 for (int e = 0; e < D->hd; e++)
                     dot += (double)q[e] * k[e];
@@ -62,8 +62,7 @@ static void naive(const nd_kv_state *s, int p0, int n, int kv_window, int n_sink
             for (int e = 0; e < D->hd; e++) {
                 double acc = 0.0;
                 for (int j = 0; j <= p; j++)
-                    acc += w[j] * s->vs[(size_t)j * D->G + g] *
-                           s->v8[(size_t)j * D->kv_dim + (size_t)g * D->hd + e];
+                    acc += w[j] * s->vs[(size_t)j * D->G + g] * nd_kv_row8(s, s->v8, 0, g, j)[e];
                 o[e] = (float)(acc / sum);
             }
         }

@@ -20,9 +20,9 @@ typedef struct {
     const float *q; /* row 0's first head of the group; row stride qd */
     float *out;     /* same layout as q */
     int qd;
-    const int8_t *k8, *v8; /* layer rows offset to kv head g; row stride kvd */
+    const int8_t *k8, *v8; /* kv head g's rows of the layer; row stride `stride` */
     const float *ks, *vs;  /* row j's scales at ks[j * G] (offset to g) */
-    int kvd, G, hd, rep, nr;
+    int stride, G, hd, rep, nr;
     int pos0;
     const int *se, *j0; /* per row: keys [0, se) and [j0, pos] are seen */
     float scale;        /* 1/sqrt(hd) */

@@ -131,15 +131,15 @@ T_ATT static void block_values(float *o0, float *o1, const float *w0, const floa
 }
 
 /* rows [j, j + nb) of an int8 cache as floats in buf; rows past nb are
- * zero. The next block's rows are fetched ahead (stride kvd defeats
- * nothing, but the block's 16 rows are 16 separate lines). */
-T_ATT static void convert_rows(float *buf, const int8_t *rows, size_t kvd, int j, int nb, int hd,
+ * zero. The next block's rows are fetched ahead (a kv head's rows are
+ * contiguous, so a block is 16 consecutive rows of hd bytes). */
+T_ATT static void convert_rows(float *buf, const int8_t *rows, size_t stride, int j, int nb, int hd,
                                int prefetch_end)
 {
     for (int c = 0; c < nb; c++) {
-        const int8_t *r = rows + (size_t)(j + c) * kvd;
+        const int8_t *r = rows + (size_t)(j + c) * stride;
         if (j + c + ATT_KEYS < prefetch_end)
-            _mm_prefetch((const char *)(r + ATT_KEYS * kvd), _MM_HINT_T0);
+            _mm_prefetch((const char *)(r + ATT_KEYS * stride), _MM_HINT_T0);
         for (int e = 0; e < hd; e += 16)
             _mm512_store_ps(buf + (size_t)c * hd + e, load_i8_ps(r + e));
     }
@@ -159,7 +159,7 @@ T_ATT static inline __m512 row_scales(const float *sc, int G, int j, int nb, flo
 T_ATT void nd_att_block_avx512(const nd_att_block *b)
 {
     int hd = b->hd, nr = b->nr, rep = b->rep, G = b->G, R = nr * rep;
-    size_t kvd = (size_t)b->kvd, ml = b->ml;
+    size_t stride = (size_t)b->stride, ml = b->ml;
     int pend = b->pos0 + nr;
     /* the keys any row of the block sees: [0, se_max) and [lo2, pend) */
     int se_max = b->se[nr - 1], lo2 = b->j0[0] > se_max ? b->j0[0] : se_max;
@@ -170,7 +170,7 @@ T_ATT void nd_att_block_avx512(const nd_att_block *b)
     for (int rr = 0; rr < 2; rr++)
         for (int j = ranges[rr][0]; j < ranges[rr][1]; j += ATT_KEYS) {
             int nb = ranges[rr][1] - j < ATT_KEYS ? ranges[rr][1] - j : ATT_KEYS;
-            convert_rows(buf, b->k8, kvd, j, nb, hd, ranges[rr][1]);
+            convert_rows(buf, b->k8, stride, j, nb, hd, ranges[rr][1]);
             __m512 ksv = row_scales(b->ks, G, j, nb, b->scale);
             for (int r = 0; r < R; r++) {
                 const float *q = b->q + (size_t)(r / rep) * b->qd + (size_t)(r % rep) * hd;
@@ -225,7 +225,7 @@ T_ATT void nd_att_block_avx512(const nd_att_block *b)
     for (int rr = 0; rr < 2; rr++)
         for (int j = ranges[rr][0]; j < ranges[rr][1]; j += ATT_KEYS) {
             int nb = ranges[rr][1] - j < ATT_KEYS ? ranges[rr][1] - j : ATT_KEYS;
-            convert_rows(buf, b->v8, kvd, j, nb, hd, ranges[rr][1]);
+            convert_rows(buf, b->v8, stride, j, nb, hd, ranges[rr][1]);
             /* the rows' scales go into the weights: one multiply per
              * query row instead of one per converted value */
             __m512 vsv = row_scales(b->vs, G, j, nb, 1.0f);

@@ -102,7 +102,8 @@ typedef struct {
      * otherwise float32 */
     int kv_int8;
     float *k, *v;                       /* [L][cap][kv_dim] (float cache) */
-    int8_t *k8, *v8;                    /* [L][cap][kv_dim] (int8 cache) */
+    int8_t *k8, *v8; /* [L][G][cap][hd] (int8 cache): a kv head's keys are one
+                      * contiguous stream for the attention to read */
     float *ks, *vs;                     /* [L][cap][G] scales of the int8 rows */
     float *rope_far_cos, *rope_far_sin; /* [chunk][hd/2]: positions past the tables */
     size_t scratch_bytes;
@@ -124,6 +125,13 @@ typedef struct {
     float *nx, *pre, *post, *res, *hpre, *hpost, *M, *u, *alpha, *bx, *a, *q, *kk, *vv, *g;
     float *att, *o, *o2, *pn, *x1, *z, *h1, *y;
 } nd_kv_state;
+
+/* int8 cache row of position row j, layer l, kv head g (k8 or v8) */
+static inline int8_t *nd_kv_row8(const nd_kv_state *s, int8_t *base, int l, int g, int j)
+{
+    return base + (((size_t)l * (size_t)s->m->dims.G + (size_t)g) * (size_t)s->cap + (size_t)j) *
+                      (size_t)s->m->dims.hd;
+}
 
 /* chunk: the most tokens one nd_kv_forward call processes at a time
  * (longer inputs are split). kv_window 0 = full causal attention. */

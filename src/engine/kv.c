@@ -239,11 +239,12 @@ static int kv_reserve(nd_kv_state *s, int need)
     const san_dims *D = &s->m->dims;
     int cap = grown_cap(s, need);
     size_t L = (size_t)D->L, kvd = (size_t)D->kv_dim, d = (size_t)D->d, G = (size_t)D->G;
+    size_t hd = (size_t)D->hd;
     int rc = grow_rows((void **)&s->tokens, 1, s->cap, cap, s->len, sizeof(int32_t));
     if (!rc && s->kv_int8) {
-        rc = grow_rows((void **)&s->k8, L, s->cap, cap, s->len, kvd);
+        rc = grow_rows((void **)&s->k8, L * G, s->cap, cap, s->len, hd);
         if (!rc)
-            rc = grow_rows((void **)&s->v8, L, s->cap, cap, s->len, kvd);
+            rc = grow_rows((void **)&s->v8, L * G, s->cap, cap, s->len, hd);
         if (!rc)
             rc = grow_rows((void **)&s->ks, L, s->cap, cap, s->len, G * sizeof(float));
         if (!rc)
@@ -303,10 +304,11 @@ static int make_room(nd_kv_state *s, int n)
         return ND_OK;
     const san_dims *D = &s->m->dims;
     size_t L = (size_t)D->L, kvd = (size_t)D->kv_dim, G = (size_t)D->G, d = (size_t)D->d;
+    size_t hd = (size_t)D->hd;
     drop_rows(s->tokens, 1, s->cap, pin, drop, s->len, sizeof(int32_t));
     if (s->kv_int8) {
-        drop_rows(s->k8, L, s->cap, pin, drop, s->len, kvd);
-        drop_rows(s->v8, L, s->cap, pin, drop, s->len, kvd);
+        drop_rows(s->k8, L * G, s->cap, pin, drop, s->len, hd);
+        drop_rows(s->v8, L * G, s->cap, pin, drop, s->len, hd);
         drop_rows(s->ks, L, s->cap, pin, drop, s->len, G * sizeof(float));
         drop_rows(s->vs, L, s->cap, pin, drop, s->len, G * sizeof(float));
     } else {
@@ -339,8 +341,8 @@ static int kv_arrays(const nd_kv_state *s, kv_array *a)
     int n = 0;
     a[n++] = (kv_array){s->tokens, 1, sizeof(int32_t)};
     if (s->kv_int8) {
-        a[n++] = (kv_array){s->k8, L, kvd};
-        a[n++] = (kv_array){s->v8, L, kvd};
+        a[n++] = (kv_array){s->k8, L * G, (size_t)D->hd};
+        a[n++] = (kv_array){s->v8, L * G, (size_t)D->hd};
         a[n++] = (kv_array){s->ks, L, G * sizeof(float)};
         a[n++] = (kv_array){s->vs, L, G * sizeof(float)};
     } else {
@@ -461,14 +463,15 @@ typedef struct {
     int l, p0, n, kernel;
 } cached_attention_args;
 
-/* row j of a cache layer's kv head g as floats (an int8 row is converted
- * into buf; its scale is applied by the caller) */
+/* row j of a cache layer's kv head g as floats: F is the float layer
+ * ([cap][kvd]), Q the int8 head's rows ([cap][hd]; converted into buf, its
+ * scale applied by the caller) */
 static inline const float *kv_row(const float *F, const int8_t *Q, size_t kvd, int j, int g, int hd,
                                   float *buf)
 {
     if (!Q)
         return F + (size_t)j * kvd + (size_t)g * hd;
-    const int8_t *r = Q + (size_t)j * kvd + (size_t)g * hd;
+    const int8_t *r = Q + (size_t)j * hd;
     for (int e = 0; e < hd; e++)
         buf[e] = (float)r[e];
     return buf;
@@ -534,8 +537,6 @@ static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
     int H = D->H, G = D->G, hd = D->hd, rep = H / G, qd = D->q_dim, kvd = D->kv_dim;
     size_t lc = (size_t)l * s->cap, ml = (size_t)s->max_len;
     const float *K = s->k ? s->k + lc * kvd : NULL, *V = s->v ? s->v + lc * kvd : NULL;
-    const int8_t *K8 = s->kv_int8 ? s->k8 + lc * kvd : NULL;
-    const int8_t *V8 = s->kv_int8 ? s->v8 + lc * kvd : NULL;
     const float *KS = s->kv_int8 ? s->ks + lc * G : NULL, *VS = s->kv_int8 ? s->vs + lc * G : NULL;
     float scale = 1.0f / sqrtf((float)hd), buf[4][ND_ATT_MAX_HD];
     /* this thread's scores: ND_ATT_ROWS * rep rows of max_len */
@@ -544,17 +545,19 @@ static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
         int i0 = (int)(task / G) * ND_ATT_ROWS, g = (int)(task % G);
         int nr = n - i0 < ND_ATT_ROWS ? n - i0 : ND_ATT_ROWS;
         int se[ND_ATT_ROWS], j0[ND_ATT_ROWS];
+        const int8_t *K8 = s->kv_int8 ? nd_kv_row8(s, s->k8, l, g, 0) : NULL;
+        const int8_t *V8 = s->kv_int8 ? nd_kv_row8(s, s->v8, l, g, 0) : NULL;
         for (int i = 0; i < nr; i++)
             visible_keys(s, p0 + i0 + i, &se[i], &j0[i]);
         if (a->kernel == ND_ATT_AVX512) {
             nd_att_block b = {s->q + (size_t)i0 * qd + (size_t)g * rep * hd,
                               s->att + (size_t)i0 * qd + (size_t)g * rep * hd,
                               qd,
-                              K8 + (size_t)g * hd,
-                              V8 + (size_t)g * hd,
+                              K8,
+                              V8,
                               KS + g,
                               VS + g,
-                              kvd,
+                              hd,
                               G,
                               hd,
                               rep,
@@ -813,16 +816,16 @@ static void store_rows(nd_kv_state *s, int l, int p0, int n)
     }
     for (int side = 0; side < 2; side++) {
         const float *src = side ? s->vv : s->kk;
-        int8_t *dst = (side ? s->v8 : s->k8) + (lc + (size_t)p0) * kvd;
         float *sc = (side ? s->vs : s->ks) + (lc + (size_t)p0) * G;
         for (size_t r = 0; r < (size_t)n * G; r++) {
             const float *x = src + r * hd;
+            int8_t *dst = nd_kv_row8(s, side ? s->v8 : s->k8, l, (int)(r % G), p0 + (int)(r / G));
             float mx = 0.0f;
             for (size_t e = 0; e < hd; e++)
                 mx = fabsf(x[e]) > mx ? fabsf(x[e]) : mx;
             float scale = mx > 0.0f ? mx / 127.0f : 1.0f, inv = 1.0f / scale;
             for (size_t e = 0; e < hd; e++)
-                dst[r * hd + e] = (int8_t)lrintf(x[e] * inv);
+                dst[e] = (int8_t)lrintf(x[e] * inv);
             sc[r] = scale;
         }
     }

@@ -4,11 +4,11 @@
 #define ND_BLAS_DL_IMPL
 #include "backend/cpu/blas.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dlib.h"
 #include "core/status.h"
 
 nd_blas_api nd_blas;
@@ -34,43 +34,20 @@ static const char *const names[] = {
 
 static void load(void)
 {
-    void *h = NULL;
-    const char *want = getenv("NEEDLE_LIBBLAS"); /* a path or soname; tests */
-    int forced = want && want[0];
-    if (forced)
-        h = dlopen(want, RTLD_NOW | RTLD_LOCAL);
-    for (size_t i = 0; !h && !forced && i < sizeof names / sizeof *names; i++)
-        h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        const char *e = dlerror();
-        snprintf(load_error, sizeof load_error,
-                 "cannot load OpenBLAS (%s): install it (Debian: apt-get install "
-                 "libopenblas0-openmp)",
-                 e ? e : names[0]);
-        return;
-    }
-    struct {
-        const char *name;
-        void **slot;
-    } syms[] = {
-        {"cblas_sgemm", (void **)&nd_blas.sgemm},
-        {"cblas_sgemv", (void **)&nd_blas.sgemv},
-        {"openblas_set_num_threads", (void **)&nd_blas.set_num_threads},
-        {"openblas_get_corename", (void **)&nd_blas.get_corename},
+    static const nd_dlib_spec spec = {"OpenBLAS",
+                                      "NEEDLE_LIBBLAS",
+                                      names,
+                                      sizeof names / sizeof *names,
+                                      "apt-get install libopenblas0-openmp",
+                                      NULL};
+    const nd_dlib_sym syms[] = {
+        {"cblas_sgemm", &nd_blas.sgemm},
+        {"cblas_sgemv", &nd_blas.sgemv},
+        {"openblas_set_num_threads", &nd_blas.set_num_threads},
+        {"openblas_get_corename", &nd_blas.get_corename},
     };
-    for (size_t i = 0; i < sizeof syms / sizeof *syms; i++) {
-        void *f = dlsym(h, syms[i].name);
-        if (!f) {
-            snprintf(load_error, sizeof load_error, "the BLAS library %s lacks %s",
-                     forced ? want : "found", syms[i].name);
-            memset(&nd_blas, 0, sizeof nd_blas);
-            dlclose(h);
-            return;
-        }
-        /* function pointers travel through void * (POSIX dlsym) */
-        memcpy(syms[i].slot, &f, sizeof f);
-    }
-    __atomic_store_n(&loaded, 1, __ATOMIC_RELEASE);
+    if (nd_dlib_load(&spec, syms, sizeof syms / sizeof *syms, load_error, sizeof load_error) == 0)
+        __atomic_store_n(&loaded, 1, __ATOMIC_RELEASE);
 }
 
 int nd_blas_load(void)

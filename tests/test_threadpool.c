@@ -132,6 +132,30 @@ static void test_dynamic(void)
         }
 }
 
+/* guided: every item once; ranges never below the grain (but the last),
+ * and items of equal cost need a few claims per thread, not one each */
+static void test_guided(void)
+{
+    nd_set_threads(4);
+    long sizes[] = {0, 1, 3, 997, MAXN};
+    long grains[] = {1, 7, 64};
+    for (int s = 0; s < 5; s++)
+        for (int c = 0; c < 3; c++) {
+            record_reset(&R);
+            nd_parallel_for_guided(sizes[s], grains[c], record_range, &R);
+            CHECK_MSG(all_once(&R, sizes[s]) && !atomic_load(&R.bad), "guided n=%ld grain=%ld",
+                      sizes[s], grains[c]);
+            long most = (sizes[s] + grains[c] - 1) / grains[c];
+            CHECK_MSG(atomic_load(&R.calls) <= most, "guided n=%ld grain=%ld: %d calls", sizes[s],
+                      grains[c], atomic_load(&R.calls));
+        }
+    /* 997 items of grain 1 on 4 threads: halving per claim, ~log2 claims each */
+    record_reset(&R);
+    nd_parallel_for_guided(997, 1, record_range, &R);
+    CHECK_MSG(atomic_load(&R.calls) < 100, "guided: %d claims for 997 items",
+              atomic_load(&R.calls));
+}
+
 /* ---- nested ---- */
 
 typedef struct {
@@ -317,6 +341,7 @@ int main(void)
     double t0 = nd_wtime();
     test_static();
     test_dynamic();
+    test_guided();
     test_nested();
     test_region();
     test_counts();

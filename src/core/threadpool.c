@@ -321,6 +321,26 @@ static void dynamic_chunks(void *p, int tid, int team)
     }
 }
 
+/* guided: each claim takes half of what is left per thread (at least
+ * grain), so equal items cost a few claims per thread instead of one each */
+static void guided_chunks(void *p, int tid, int team)
+{
+    range_job *j = p;
+    long lo = atomic_load_explicit(&j->next, memory_order_relaxed), hi;
+    for (;;) {
+        do {
+            if (lo >= j->n)
+                return;
+            long take = (j->n - lo) / (2L * team);
+            take = take < j->grain ? j->grain : take;
+            hi = j->n - lo < take ? j->n : lo + take;
+        } while (!atomic_compare_exchange_weak_explicit(&j->next, &lo, hi, memory_order_relaxed,
+                                                        memory_order_relaxed));
+        j->fn(j->ctx, lo, hi, tid);
+        lo = atomic_load_explicit(&j->next, memory_order_relaxed);
+    }
+}
+
 /* threads worth using for n items of at least `grain` each */
 static int team_for(long n, long grain)
 {
@@ -349,4 +369,15 @@ void nd_parallel_for_dynamic(long n, long chunk, nd_range_fn fn, void *ctx)
     range_job j = {.n = n, .grain = chunk, .fn = fn, .ctx = ctx};
     atomic_init(&j.next, 0);
     run_region(team_for(n, chunk), dynamic_chunks, &j);
+}
+
+void nd_parallel_for_guided(long n, long grain, nd_range_fn fn, void *ctx)
+{
+    if (n <= 0)
+        return;
+    if (grain < 1)
+        grain = 1;
+    range_job j = {.n = n, .grain = grain, .fn = fn, .ctx = ctx};
+    atomic_init(&j.next, 0);
+    run_region(team_for(n, grain), guided_chunks, &j);
 }

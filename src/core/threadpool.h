@@ -34,6 +34,12 @@ void nd_parallel_for(long n, long grain, nd_range_fn fn, void *ctx);
  * shared counter (unbalanced work; OpenMP's schedule(dynamic, chunk)). */
 void nd_parallel_for_dynamic(long n, long chunk, nd_range_fn fn, void *ctx);
 
+/* fn over [0, n) in shrinking chunks from a shared counter: each claim is
+ * half of what is left per thread, at least `grain` (OpenMP's
+ * schedule(guided)). For items of about equal cost whose threads may
+ * arrive late: a few claims per thread instead of one per item. */
+void nd_parallel_for_guided(long n, long grain, nd_range_fn fn, void *ctx);
+
 /* fn once on each thread of a team of min(team, nd_get_threads()) threads
  * (team <= 0: all of them). The team may be smaller (nested, busy pool):
  * bodies must use the `team` they are given. */

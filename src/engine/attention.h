@@ -12,7 +12,7 @@
 /* Query rows per attention task (nr <= ND_ATT_ROWS): one int8 -> float
  * conversion of a cached key serves them all. The score scratch
  * (nd_kv_state.att_s) holds ND_ATT_ROWS * rep rows of max_len per thread. */
-#define ND_ATT_ROWS 4
+#define ND_ATT_ROWS 8
 
 /* One task: nr consecutive query rows (positions pos0..pos0+nr-1) of the
  * rep query heads that share kv head g. */

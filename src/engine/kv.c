@@ -672,6 +672,28 @@ void nd_kv_attention(nd_kv_state *s, int l, int p0, int n, int kernel)
 }
 
 /* v' rows p0..p0+n-1 from s->eng_vp into site's int8 rows */
+/* q = round(x / scale) with scale = max|x| / 127 (1 for a zero row), as
+ * int8; returns the scale. Written so both loops vectorise: the absolute
+ * values' bit patterns order as the values do (finite inputs), and adding
+ * and removing 1.5 * 2^23 rounds to nearest-even as lrintf does for
+ * |x / scale| <= 127. */
+static float quant_row_i8(const float *x, int8_t *q, size_t n)
+{
+    uint32_t mb = 0;
+    for (size_t e = 0; e < n; e++) {
+        uint32_t b;
+        memcpy(&b, x + e, 4);
+        b &= 0x7fffffffu;
+        mb = b > mb ? b : mb;
+    }
+    float mx;
+    memcpy(&mx, &mb, 4);
+    float scale = mx > 0.0f ? mx / 127.0f : 1.0f, inv = 1.0f / scale;
+    for (size_t e = 0; e < n; e++)
+        q[e] = (int8_t)(int)((x[e] * inv + 12582912.0f) - 12582912.0f);
+    return scale;
+}
+
 static void store_vp_rows(nd_kv_state *s, int site, int p0, int n)
 {
     int d = s->m->dims.d, ng = d / ND_VP_GROUP;
@@ -679,13 +701,7 @@ static void store_vp_rows(nd_kv_state *s, int site, int p0, int n)
         for (int g = 0; g < ng; g++) {
             const float *x = s->eng_vp + (size_t)i * d + (size_t)g * ND_VP_GROUP;
             int8_t *q = s->vp8[site] + (size_t)(p0 + i) * d + (size_t)g * ND_VP_GROUP;
-            float mx = 0.0f;
-            for (int e = 0; e < ND_VP_GROUP; e++)
-                mx = fabsf(x[e]) > mx ? fabsf(x[e]) : mx;
-            float scale = mx > 0.0f ? mx / 127.0f : 1.0f, inv = 1.0f / scale;
-            for (int e = 0; e < ND_VP_GROUP; e++)
-                q[e] = (int8_t)lrintf(x[e] * inv);
-            s->vps[site][(size_t)(p0 + i) * ng + (size_t)g] = scale;
+            s->vps[site][(size_t)(p0 + i) * ng + (size_t)g] = quant_row_i8(x, q, ND_VP_GROUP);
         }
 }
 
@@ -820,13 +836,7 @@ static void store_rows(nd_kv_state *s, int l, int p0, int n)
         for (size_t r = 0; r < (size_t)n * G; r++) {
             const float *x = src + r * hd;
             int8_t *dst = nd_kv_row8(s, side ? s->v8 : s->k8, l, (int)(r % G), p0 + (int)(r / G));
-            float mx = 0.0f;
-            for (size_t e = 0; e < hd; e++)
-                mx = fabsf(x[e]) > mx ? fabsf(x[e]) : mx;
-            float scale = mx > 0.0f ? mx / 127.0f : 1.0f, inv = 1.0f / scale;
-            for (size_t e = 0; e < hd; e++)
-                dst[e] = (int8_t)lrintf(x[e] * inv);
-            sc[r] = scale;
+            sc[r] = quant_row_i8(x, dst, hd);
         }
     }
 }

@@ -550,7 +550,7 @@ void nd_qgemm(const nd_qmat *w, const nd_qact *x, float *y, int ldy)
             return;
         }
         qgemm_args ga = {fn, w, x, y, ldy, 0, 0};
-        nd_parallel_for_dynamic((w->rows + 47) / 48, 1, qgemm_row_tasks, &ga);
+        nd_parallel_for_guided((w->rows + 47) / 48, 1, qgemm_row_tasks, &ga);
         return;
     }
     /* token blocks whose int8 activations stay in L1 (32 KB) while every
@@ -569,7 +569,7 @@ void nd_qgemm(const nd_qmat *w, const nd_qact *x, float *y, int ldy)
     /* dynamic: a thread that the OS has parked (shared cores) must not
      * hold up its share of the rows */
     qgemm_args ga = {fn, w, x, y, ldy, tb, r_blocks};
-    nd_parallel_for_dynamic((long)t_blocks * r_blocks, 1, qgemm_tasks, &ga);
+    nd_parallel_for_guided((long)t_blocks * r_blocks, 1, qgemm_tasks, &ga);
 }
 
 typedef struct {
@@ -618,5 +618,5 @@ void nd_qgemm_many(const nd_qmat *const w[], int count, const nd_qact *x, float 
         a.first[i + 1] = a.first[i] + (w[i]->rows + MANY_ROWS - 1) / MANY_ROWS;
     for (int i = count + 1; i < 9; i++)
         a.first[i] = a.first[count];
-    nd_parallel_for_dynamic(a.first[count], 1, qgemm_many_tasks, &a);
+    nd_parallel_for_guided(a.first[count], 1, qgemm_many_tasks, &a);
 }

@@ -43,6 +43,22 @@ static void test_fwht(void)
     }
 }
 
+/* the one-row SIMD transform (decode's Hadamard MLP) gives san_fwht's bits */
+static void test_fwht_row(void)
+{
+    for (int n = 1; n <= 4096; n <<= 1) {
+        float *x = malloc(sizeof *x * (size_t)n), *y = malloc(sizeof *y * (size_t)n);
+        fill(x, n, 3.0);
+        memcpy(y, x, sizeof *x * (size_t)n);
+        san_fwht(x, n, san_walsh_scale(n));
+        cpu_fwht_row(y, n, san_walsh_scale(n));
+        CHECK_MSG(!memcmp(x, y, sizeof *x * (size_t)n), "cpu_fwht_row n=%d differs from san_fwht",
+                  n);
+        free(x);
+        free(y);
+    }
+}
+
 static void test_sinkhorn(void)
 {
     for (int n = 1; n <= 6; n++) {
@@ -387,6 +403,7 @@ int main(int argc, char **argv)
         return dump_mode(argv[2], argv[3], argv[4]);
     nd_rng_seed(&rng, 1234);
     test_fwht();
+    test_fwht_row();
     test_sinkhorn();
     test_sinkhorn_rows();
     test_logf();

@@ -599,11 +599,11 @@ static void hadamard_rows_one(const hadamard_args *a, long r0, long r1)
             H[i] = a->d1[i] * zr[i];
         for (int i = d; i < hn; i++)
             H[i] = 0.0f;
-        san_fwht(H, hn, a->scale);
+        cpu_fwht_row(H, hn, a->scale);
         memcpy(h, H, (size_t)hn * sizeof *H);
         for (int i = 0; i < hn; i++)
             S[i] = san_silu(a->d2[i] * H[i]);
-        san_fwht(S, hn, a->scale);
+        cpu_fwht_row(S, hn, a->scale);
         if (a->u)
             for (int i = 0; i < d; i++)
                 yr[i] = (xr[i] + a->d3[i] * S[i]) - a->u[r * d + i];

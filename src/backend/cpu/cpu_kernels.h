@@ -72,6 +72,10 @@ static inline void san_fwht(float *x, int n, float scale)
         x[i] *= scale;
 }
 
+/* san_fwht on one row, with SIMD where the CPU has it (cpu_fwht_x86.c;
+ * NEEDLE_FWHT_REF=1 keeps the plain loops): the same bits */
+void cpu_fwht_row(float *x, int n, float scale);
+
 /* san_fwht on SK_W vectors at once, stored side by side (element i of
  * vector k at X[i * SK_W + k]): the same float operations per vector, but
  * every butterfly is one full-width vector operation, including the first

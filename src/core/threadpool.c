@@ -349,7 +349,9 @@ static int team_for(long n, long grain)
     return most < max ? (int)most : max;
 }
 
-void nd_parallel_for(long n, long grain, nd_range_fn fn, void *ctx)
+/* fn over [0, n) by a team sized for items of at least `grain`, each
+ * thread running `schedule` over the shared job */
+static void run_range(long n, long grain, nd_region_fn schedule, nd_range_fn fn, void *ctx)
 {
     if (n <= 0)
         return;
@@ -357,27 +359,20 @@ void nd_parallel_for(long n, long grain, nd_range_fn fn, void *ctx)
         grain = 1;
     range_job j = {.n = n, .grain = grain, .fn = fn, .ctx = ctx};
     atomic_init(&j.next, 0);
-    run_region(team_for(n, grain), static_share, &j);
+    run_region(team_for(n, grain), schedule, &j);
+}
+
+void nd_parallel_for(long n, long grain, nd_range_fn fn, void *ctx)
+{
+    run_range(n, grain, static_share, fn, ctx);
 }
 
 void nd_parallel_for_dynamic(long n, long chunk, nd_range_fn fn, void *ctx)
 {
-    if (n <= 0)
-        return;
-    if (chunk < 1)
-        chunk = 1;
-    range_job j = {.n = n, .grain = chunk, .fn = fn, .ctx = ctx};
-    atomic_init(&j.next, 0);
-    run_region(team_for(n, chunk), dynamic_chunks, &j);
+    run_range(n, chunk, dynamic_chunks, fn, ctx);
 }
 
 void nd_parallel_for_guided(long n, long grain, nd_range_fn fn, void *ctx)
 {
-    if (n <= 0)
-        return;
-    if (grain < 1)
-        grain = 1;
-    range_job j = {.n = n, .grain = grain, .fn = fn, .ctx = ctx};
-    atomic_init(&j.next, 0);
-    run_region(team_for(n, grain), guided_chunks, &j);
+    run_range(n, grain, guided_chunks, fn, ctx);
 }

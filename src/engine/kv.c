@@ -215,6 +215,43 @@ void nd_kv_rewind(nd_kv_state *s, int len)
         s->evicted = 0; /* back inside the sinks: positions restart */
 }
 
+/* The per-position arrays of a state: [layers][cap][row] each, named by
+ * the address of their pointer (growing replaces it). One list for
+ * growing, sliding, snapshots and restores, so the cache's layout is
+ * written down once. */
+typedef struct {
+    void **slot;
+    size_t layers, row;
+} kv_array;
+
+#define KV_ARRAYS_MAX (8 + 2 * SAN_MAX_SITES)
+
+static int kv_arrays(nd_kv_state *s, kv_array *a)
+{
+    const san_dims *D = &s->m->dims;
+    size_t L = (size_t)D->L, kvd = (size_t)D->kv_dim, G = (size_t)D->G, d = (size_t)D->d;
+    int n = 0;
+    a[n++] = (kv_array){(void **)&s->tokens, 1, sizeof(int32_t)};
+    if (s->kv_int8) {
+        a[n++] = (kv_array){(void **)&s->k8, L * G, (size_t)D->hd};
+        a[n++] = (kv_array){(void **)&s->v8, L * G, (size_t)D->hd};
+        a[n++] = (kv_array){(void **)&s->ks, L, G * sizeof(float)};
+        a[n++] = (kv_array){(void **)&s->vs, L, G * sizeof(float)};
+    } else {
+        a[n++] = (kv_array){(void **)&s->k, L, kvd * sizeof(float)};
+        a[n++] = (kv_array){(void **)&s->v, L, kvd * sizeof(float)};
+    }
+    for (int i = 0; i < s->m->cfg.n_sites; i++) {
+        if (!s->vp_int8) {
+            a[n++] = (kv_array){(void **)&s->vp[i], 1, d * sizeof(float)};
+            continue;
+        }
+        a[n++] = (kv_array){(void **)&s->vp8[i], 1, d};
+        a[n++] = (kv_array){(void **)&s->vps[i], 1, d / ND_VP_GROUP * sizeof(float)};
+    }
+    return n;
+}
+
 /* Re-allocate a [layers][cap][row] array for a larger cap, keeping the
  * first len rows of every layer. */
 static int grow_rows(void **arr, size_t layers, int old_cap, int cap, int len, size_t row)
@@ -232,41 +269,16 @@ static int grow_rows(void **arr, size_t layers, int old_cap, int cap, int len, s
 /* Grow the per-position storage to hold `need` positions. */
 static int kv_reserve(nd_kv_state *s, int need)
 {
-    if (need <= s->cap) {
-        s->rows_hw = need > s->rows_hw ? need : s->rows_hw;
-        return ND_OK;
+    if (need > s->cap) {
+        int cap = grown_cap(s, need), rc = ND_OK;
+        kv_array a[KV_ARRAYS_MAX];
+        int na = kv_arrays(s, a);
+        for (int i = 0; i < na && !rc; i++)
+            rc = grow_rows(a[i].slot, a[i].layers, s->cap, cap, s->len, a[i].row);
+        if (rc) /* arrays grown so far hold more rows; s->cap stays the safe bound */
+            return nd_error(ND_ENOMEM, "out of memory growing the KV cache to %d positions", cap);
+        s->cap = cap;
     }
-    const san_dims *D = &s->m->dims;
-    int cap = grown_cap(s, need);
-    size_t L = (size_t)D->L, kvd = (size_t)D->kv_dim, d = (size_t)D->d, G = (size_t)D->G;
-    size_t hd = (size_t)D->hd;
-    int rc = grow_rows((void **)&s->tokens, 1, s->cap, cap, s->len, sizeof(int32_t));
-    if (!rc && s->kv_int8) {
-        rc = grow_rows((void **)&s->k8, L * G, s->cap, cap, s->len, hd);
-        if (!rc)
-            rc = grow_rows((void **)&s->v8, L * G, s->cap, cap, s->len, hd);
-        if (!rc)
-            rc = grow_rows((void **)&s->ks, L, s->cap, cap, s->len, G * sizeof(float));
-        if (!rc)
-            rc = grow_rows((void **)&s->vs, L, s->cap, cap, s->len, G * sizeof(float));
-    } else if (!rc) {
-        rc = grow_rows((void **)&s->k, L, s->cap, cap, s->len, kvd * sizeof(float));
-        if (!rc)
-            rc = grow_rows((void **)&s->v, L, s->cap, cap, s->len, kvd * sizeof(float));
-    }
-    size_t vg = d / ND_VP_GROUP * sizeof(float);
-    for (int i = 0; i < s->m->cfg.n_sites && !rc; i++) {
-        if (!s->vp_int8) {
-            rc = grow_rows((void **)&s->vp[i], 1, s->cap, cap, s->len, d * sizeof(float));
-            continue;
-        }
-        rc = grow_rows((void **)&s->vp8[i], 1, s->cap, cap, s->len, d);
-        if (!rc)
-            rc = grow_rows((void **)&s->vps[i], 1, s->cap, cap, s->len, vg);
-    }
-    if (rc) /* arrays grown so far hold more rows; s->cap stays the safe bound */
-        return nd_error(ND_ENOMEM, "out of memory growing the KV cache to %d positions", cap);
-    s->cap = cap;
     s->rows_hw = need > s->rows_hw ? need : s->rows_hw;
     return ND_OK;
 }
@@ -302,62 +314,13 @@ static int make_room(nd_kv_state *s, int n)
     int drop = s->len - (int)keep;
     if (drop <= 0)
         return ND_OK;
-    const san_dims *D = &s->m->dims;
-    size_t L = (size_t)D->L, kvd = (size_t)D->kv_dim, G = (size_t)D->G, d = (size_t)D->d;
-    size_t hd = (size_t)D->hd;
-    drop_rows(s->tokens, 1, s->cap, pin, drop, s->len, sizeof(int32_t));
-    if (s->kv_int8) {
-        drop_rows(s->k8, L * G, s->cap, pin, drop, s->len, hd);
-        drop_rows(s->v8, L * G, s->cap, pin, drop, s->len, hd);
-        drop_rows(s->ks, L, s->cap, pin, drop, s->len, G * sizeof(float));
-        drop_rows(s->vs, L, s->cap, pin, drop, s->len, G * sizeof(float));
-    } else {
-        drop_rows(s->k, L, s->cap, pin, drop, s->len, kvd * sizeof(float));
-        drop_rows(s->v, L, s->cap, pin, drop, s->len, kvd * sizeof(float));
-    }
-    for (int i = 0; i < s->m->cfg.n_sites; i++) {
-        if (!s->vp_int8) {
-            drop_rows(s->vp[i], 1, s->cap, pin, drop, s->len, d * sizeof(float));
-            continue;
-        }
-        drop_rows(s->vp8[i], 1, s->cap, pin, drop, s->len, d);
-        drop_rows(s->vps[i], 1, s->cap, pin, drop, s->len, d / ND_VP_GROUP * sizeof(float));
-    }
+    kv_array a[KV_ARRAYS_MAX];
+    int na = kv_arrays(s, a);
+    for (int i = 0; i < na; i++)
+        drop_rows(*a[i].slot, a[i].layers, s->cap, pin, drop, s->len, a[i].row);
     s->len -= drop;
     s->evicted += drop;
     return ND_OK;
-}
-
-/* The per-position arrays of a state: [layers][cap][row] each. */
-typedef struct {
-    void *base;
-    size_t layers, row;
-} kv_array;
-
-static int kv_arrays(const nd_kv_state *s, kv_array *a)
-{
-    const san_dims *D = &s->m->dims;
-    size_t L = (size_t)D->L, kvd = (size_t)D->kv_dim, G = (size_t)D->G, d = (size_t)D->d;
-    int n = 0;
-    a[n++] = (kv_array){s->tokens, 1, sizeof(int32_t)};
-    if (s->kv_int8) {
-        a[n++] = (kv_array){s->k8, L * G, (size_t)D->hd};
-        a[n++] = (kv_array){s->v8, L * G, (size_t)D->hd};
-        a[n++] = (kv_array){s->ks, L, G * sizeof(float)};
-        a[n++] = (kv_array){s->vs, L, G * sizeof(float)};
-    } else {
-        a[n++] = (kv_array){s->k, L, kvd * sizeof(float)};
-        a[n++] = (kv_array){s->v, L, kvd * sizeof(float)};
-    }
-    for (int i = 0; i < s->m->cfg.n_sites; i++) {
-        if (!s->vp_int8) {
-            a[n++] = (kv_array){s->vp[i], 1, d * sizeof(float)};
-            continue;
-        }
-        a[n++] = (kv_array){s->vp8[i], 1, d};
-        a[n++] = (kv_array){s->vps[i], 1, d / ND_VP_GROUP * sizeof(float)};
-    }
-    return n;
 }
 
 int nd_kv_snapshot(const nd_kv_state *s, int len, nd_kv_snap *out)
@@ -366,8 +329,8 @@ int nd_kv_snapshot(const nd_kv_state *s, int len, nd_kv_snap *out)
     if (len < 0 || len > s->len || (s->evicted && len > s->n_sink))
         return nd_error(ND_EARG, "snapshot of %d rows: the state holds %d from position 0", len,
                         s->evicted ? s->n_sink : s->len);
-    kv_array a[8 + 2 * SAN_MAX_SITES];
-    int na = kv_arrays(s, a);
+    kv_array a[KV_ARRAYS_MAX];
+    int na = kv_arrays((nd_kv_state *)s, a); /* read through the slots only */
     size_t bytes = 0;
     for (int i = 0; i < na; i++)
         bytes += a[i].layers * (size_t)len * a[i].row;
@@ -377,7 +340,7 @@ int nd_kv_snapshot(const nd_kv_state *s, int len, nd_kv_snap *out)
     for (int i = 0; i < na; i++)
         for (size_t l = 0; l < a[i].layers; l++) {
             size_t n = (size_t)len * a[i].row;
-            memcpy(p, (char *)a[i].base + l * (size_t)s->cap * a[i].row, n);
+            memcpy(p, (char *)*a[i].slot + l * (size_t)s->cap * a[i].row, n);
             p += n;
         }
     out->len = len;
@@ -395,13 +358,13 @@ int nd_kv_restore(nd_kv_state *s, const nd_kv_snap *snap)
     int rc = kv_reserve(s, snap->len > 0 ? snap->len : 1);
     if (rc)
         return rc;
-    kv_array a[8 + 2 * SAN_MAX_SITES];
+    kv_array a[KV_ARRAYS_MAX];
     int na = kv_arrays(s, a);
     const char *p = snap->data;
     for (int i = 0; i < na; i++)
         for (size_t l = 0; l < a[i].layers; l++) {
             size_t n = (size_t)snap->len * a[i].row;
-            memcpy((char *)a[i].base + l * (size_t)s->cap * a[i].row, p, n);
+            memcpy((char *)*a[i].slot + l * (size_t)s->cap * a[i].row, p, n);
             p += n;
         }
     s->len = snap->len;

@@ -1,8 +1,9 @@
 /* The AVX-512 cached attention (engine/attention_x86.c) against kv.c's
  * reference on the int8 cache: decode and prefill chunks, before and after
- * the kv_window slides, with and without sinks, head dims 16/32/64. Both
- * are also checked against a plain double-precision attention written
- * from the visibility rule, and that check must catch a window off by one.
+ * the kv_window slides, with and without sinks, head dims 16 to 128, and
+ * the AMX kernel where the CPU has it. All are also checked against a plain
+ * double-precision attention written from the visibility rule, and that
+ * check must catch a window off by one.
  * Exit 77 (skipped) on CPUs without AVX-512. */
 #include <math.h>
 #include <stdint.h>
@@ -71,6 +72,43 @@ static void naive(const nd_kv_state *s, int p0, int n, int kv_window, int n_sink
 
 static int cases, sensitive;
 
+/* The AMX kernel splits each query row into two int8 rows and each weight
+ * into two bf16 parts: against the naive attention it must be nearly as
+ * exact as the float kernels and still catch a window off by one. Tasks of
+ * fewer rows, and head dims AMX does not take, must use the float kernel
+ * bit for bit (every n here is one task's rows or a multiple of them).
+ * s->att is restored from keep. */
+#define AMX_TOL 5e-4
+static int amx_cases;
+static double amx_worst, amx_min_off;
+static void check_amx(nd_kv_state *s, int p0, int n, int kv_window, int n_sink, const float *want,
+                      float *off, const float *keep)
+{
+    const san_dims *D = &s->m->dims;
+    size_t qn = (size_t)n * D->q_dim;
+    memset(s->att, 0xff, sizeof(float) * qn);
+    nd_kv_attention(s, 0, p0, n, ND_ATT_AMX);
+    int rows = (n < ND_ATT_ROWS ? n : ND_ATT_ROWS) * (D->H / D->G);
+    if (rows < ND_ATT_AMX_MIN || D->hd % 64) {
+        CHECK(tu_rel_err(s->att, keep, (long)qn, 1e-3) == 0.0);
+    } else {
+        double e = tu_rel_err(s->att, want, (long)qn, 1e-3);
+        amx_worst = e > amx_worst ? e : amx_worst;
+        CHECK_MSG(e < AMX_TOL, "amx H %d G %d hd %d n %d p0 %d window %d sinks %d: err %.3g", D->H,
+                  D->G, D->hd, n, p0, kv_window, n_sink, e);
+        if (kv_window && p0 + n - 1 - kv_window >= (s->n_sink > 0 ? s->n_sink : 0)) {
+            naive(s, p0, n, kv_window + 1, n_sink, off);
+            double eo = tu_rel_err(s->att, off, (long)qn, 1e-3);
+            amx_min_off = amx_min_off == 0 || eo < amx_min_off ? eo : amx_min_off;
+            CHECK_MSG(eo > 10 * AMX_TOL,
+                      "amx: a window off by one goes unnoticed (n %d p0 %d window %d)", n, p0,
+                      kv_window);
+        }
+        amx_cases++;
+    }
+    memcpy(s->att, keep, sizeof(float) * qn);
+}
+
 static void run_case(int H, int G, int hd, int n, int p0, int kv_window, int n_sink)
 {
     static san_model m;
@@ -97,7 +135,7 @@ static void run_case(int H, int G, int hd, int n, int p0, int kv_window, int n_s
     s.vs = malloc(sizeof(float) * ML * G);
     s.att_s = malloc(sizeof(float) * (size_t)s.att_threads * ND_ATT_ROWS * (H / G) * ML);
     float *ref = malloc(sizeof(float) * qn), *want = malloc(sizeof(float) * qn);
-    float *off = malloc(sizeof(float) * qn);
+    float *off = malloc(sizeof(float) * qn), *simd = malloc(sizeof(float) * qn);
     for (size_t e = 0; e < qn; e++)
         s.q[e] = 2.0f * frand();
     for (size_t e = 0; e < kvn; e++) {
@@ -112,7 +150,10 @@ static void run_case(int H, int G, int hd, int n, int p0, int kv_window, int n_s
     memcpy(ref, s.att, sizeof(float) * qn);
     memset(s.att, 0xff, sizeof(float) * qn); /* NaN: every output must be written */
     nd_kv_attention(&s, 0, p0, n, ND_ATT_AVX512);
+    memcpy(simd, s.att, sizeof(float) * qn);
     naive(&s, p0, n, kv_window, n_sink, want);
+    if (nd_amx_usable())
+        check_amx(&s, p0, n, kv_window, n_sink, want, off, simd);
     double e_simd = tu_rel_err(s.att, ref, (long)qn, 1e-3);
     double e_ref = tu_rel_err(ref, want, (long)qn, 1e-3);
     double e_simd_naive = tu_rel_err(s.att, want, (long)qn, 1e-3);
@@ -139,6 +180,7 @@ static void run_case(int H, int G, int hd, int n, int p0, int kv_window, int n_s
     free(ref);
     free(want);
     free(off);
+    free(simd);
 }
 
 int main(void)
@@ -148,12 +190,12 @@ int main(void)
         return 77;
     }
     static const int heads[][2] = {{8, 4}, {4, 4}, {6, 2}};
-    static const int hds[] = {16, 32, 64};
+    static const int hds[] = {16, 32, 64, 128};
     static const int ns[] = {1, 3, 4, 5, 64};
     static const int p0s[] = {0, 7, 40, 61, 300};
     static const int wins[][2] = {{0, -1}, {48, -1}, {48, 0}, {48, 5}, {20, 30}};
     for (int a = 0; a < 3; a++)
-        for (int b = 0; b < 3; b++)
+        for (int b = 0; b < 4; b++)
             for (int c = 0; c < 5; c++)
                 for (int d = 0; d < 5; d++)
                     for (int w = 0; w < 5; w++) {
@@ -170,6 +212,9 @@ int main(void)
     run_case(8, 4, 64, 1, 450, 0, -1);
     nd_set_threads(t);
     printf("%d cases, %d with a window off by one caught\n", cases, sensitive);
+    if (amx_cases)
+        printf("amx: %d cases, worst error %.3g; smallest window-off-by-one difference %.3g\n",
+               amx_cases, amx_worst, amx_min_off);
     CHECK(sensitive > 0);
     return tu_finish("test_attention_simd");
 }

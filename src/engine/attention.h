@@ -30,15 +30,22 @@ typedef struct {
     size_t ml;
 } nd_att_block;
 
-enum { ND_ATT_REF = 0, ND_ATT_AVX512 = 1 };
+/* ND_ATT_AMX: the AVX-512 kernel whose tasks of at least ND_ATT_AMX_MIN
+ * query rows (prefill) take their scores from AMX int8 tiles */
+enum { ND_ATT_REF = 0, ND_ATT_AVX512 = 1, ND_ATT_AMX = 2 };
+#define ND_ATT_AMX_MIN 8
 
 /* The kernel cached attention uses: the fastest the CPU runs, unless
- * NEEDLE_ATT=ref (read once). */
+ * NEEDLE_ATT=ref or NEEDLE_ATT=avx512 (read once). */
 int nd_att_kernel(void);
 /* Whether this CPU runs the AVX-512 kernel at all. */
 int nd_att_avx512_supported(void);
 /* The AVX-512 kernel takes hd a multiple of 16 (<= ND_ATT_MAX_HD). */
 void nd_att_block_avx512(const nd_att_block *b);
+/* The same with the scores from AMX tiles where hd is a multiple of 64
+ * (the query rows quantised to int8; the float path otherwise). Needs
+ * nd_amx_usable(). */
+void nd_att_block_amx(const nd_att_block *b);
 
 /* Attention of n new query rows (positions p0..p0+n-1) of layer l with
  * kernel `kernel` (ND_ATT_AVX512 falls back to the reference where it does

@@ -156,17 +156,22 @@ T_ATT static inline __m512 row_scales(const float *sc, int G, int j, int nb, flo
     return _mm512_load_ps(x);
 }
 
-T_ATT void nd_att_block_avx512(const nd_att_block *b)
+/* the keys any row of the block sees: [0, se_max) and [lo2, pend) */
+static void block_ranges(const nd_att_block *b, int ranges[2][2])
 {
-    int hd = b->hd, nr = b->nr, rep = b->rep, G = b->G, R = nr * rep;
-    size_t stride = (size_t)b->stride, ml = b->ml;
-    int pend = b->pos0 + nr;
-    /* the keys any row of the block sees: [0, se_max) and [lo2, pend) */
-    int se_max = b->se[nr - 1], lo2 = b->j0[0] > se_max ? b->j0[0] : se_max;
-    int ranges[2][2] = {{0, se_max}, {lo2, pend}};
-    _Alignas(64) float buf[ATT_KEYS * ND_ATT_MAX_HD];
-    const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    int se_max = b->se[b->nr - 1], lo2 = b->j0[0] > se_max ? b->j0[0] : se_max;
+    ranges[0][0] = 0;
+    ranges[0][1] = se_max;
+    ranges[1][0] = lo2;
+    ranges[1][1] = b->pos0 + b->nr;
+}
 
+/* scaled scores of every query row of the task, in float */
+T_ATT static void scores_float(const nd_att_block *b, int ranges[2][2])
+{
+    int hd = b->hd, rep = b->rep, G = b->G, R = b->nr * rep;
+    size_t stride = (size_t)b->stride, ml = b->ml;
+    _Alignas(64) float buf[ATT_KEYS * ND_ATT_MAX_HD];
     for (int rr = 0; rr < 2; rr++)
         for (int j = ranges[rr][0]; j < ranges[rr][1]; j += ATT_KEYS) {
             int nb = ranges[rr][1] - j < ATT_KEYS ? ranges[rr][1] - j : ATT_KEYS;
@@ -178,9 +183,15 @@ T_ATT void nd_att_block_avx512(const nd_att_block *b)
                                       block_scores(q, buf, hd, ksv));
             }
         }
+}
 
-    /* softmax over each row's own keys; the weights of keys in the block's
-     * ranges that a row does not see become zero */
+/* the scores become weights: softmax over each row's own keys; the weights
+ * of keys in the block's ranges that a row does not see become zero */
+T_ATT static void softmax_rows(const nd_att_block *b, int ranges[2][2])
+{
+    int rep = b->rep, R = b->nr * rep;
+    size_t ml = b->ml;
+    const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     for (int r = 0; r < R; r++) {
         int i = r / rep, p = b->pos0 + i, se = b->se[i], j0 = b->j0[i];
         float *sc = b->scores + (size_t)r * ml;
@@ -215,12 +226,19 @@ T_ATT void nd_att_block_avx512(const nd_att_block *b)
                     sc + j, first_lanes(nb),
                     _mm512_mul_ps(_mm512_maskz_loadu_ps(first_lanes(nb), sc + j), inv));
             }
-        float *out = b->out + (size_t)i * b->qd + (size_t)(r % rep) * hd;
-        memset(out, 0, sizeof(float) * (size_t)hd);
     }
+}
 
-    /* weighted V rows, two query rows at a time (an odd one pairs with
-     * itself and its second result is dropped) */
+/* out = the weighted V rows, two query rows at a time (an odd one pairs
+ * with itself and its second result is dropped) */
+T_ATT static void values_float(const nd_att_block *b, int ranges[2][2])
+{
+    int hd = b->hd, rep = b->rep, G = b->G, R = b->nr * rep;
+    size_t stride = (size_t)b->stride, ml = b->ml;
+    _Alignas(64) float buf[ATT_KEYS * ND_ATT_MAX_HD];
+    for (int r = 0; r < R; r++)
+        memset(b->out + (size_t)(r / rep) * b->qd + (size_t)(r % rep) * hd, 0,
+               sizeof(float) * (size_t)hd);
     _Alignas(64) float wpad[2][ATT_KEYS], junk[ND_ATT_MAX_HD];
     for (int rr = 0; rr < 2; rr++)
         for (int j = ranges[rr][0]; j < ranges[rr][1]; j += ATT_KEYS) {
@@ -246,6 +264,304 @@ T_ATT void nd_att_block_avx512(const nd_att_block *b)
         }
 }
 
+T_ATT void nd_att_block_avx512(const nd_att_block *b)
+{
+    int ranges[2][2];
+    block_ranges(b, ranges);
+    scores_float(b, ranges);
+    softmax_rows(b, ranges);
+    values_float(b, ranges);
+}
+
+/* ------------------------------------------------------------------ */
+/* AMX scores: q . k as int8 tiles                                      */
+
+#define T_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,fma")))
+
+/* tmm0 = C (16 query rows x 16 keys of int32), tmm1 = A (16 query rows x
+ * 64 int8 dims), tmm2 = B (16 four-dim steps x 16 keys) */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} att_tilecfg;
+
+/* r[c][t] -> r[t][c] for a 16 x 16 matrix of 32-bit lanes */
+T_AMX static inline void transpose16(__m512i r[16])
+{
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    /* u[4i + k]'s 128-bit lane L: column 4L + k of rows 4i..4i+3 */
+    for (int i = 0; i < 4; i++) {
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int k = 0; k < 4; k++) {
+        __m512i v0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88);
+        __m512i v1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xDD);
+        __m512i w0 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88);
+        __m512i w1 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xDD);
+        r[k] = _mm512_shuffle_i32x4(v0, w0, 0x88);
+        r[8 + k] = _mm512_shuffle_i32x4(v0, w0, 0xDD);
+        r[4 + k] = _mm512_shuffle_i32x4(v1, w1, 0x88);
+        r[12 + k] = _mm512_shuffle_i32x4(v1, w1, 0xDD);
+    }
+}
+
+/* A query row as two int8 rows: hi = q at 127 / max|q| (nearest, ties to
+ * even) and lo = what hi misses, at 254 times that scale (|miss| <= half a
+ * step). q = (hi + lo / 254) * max|q| / 127 to ~1/64000 of max|q|, so the
+ * scores are as exact as float ones; returns max|q| / 127. */
+T_AMX static float quant_query(const float *q, int hd, int8_t *hi, int8_t *lo)
+{
+    __m512 mx = _mm512_setzero_ps();
+    for (int e = 0; e < hd; e += 16)
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(q + e)));
+    float m = _mm512_reduce_max_ps(mx);
+    __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+    for (int e = 0; e < hd; e += 16) {
+        __m512 x = _mm512_mul_ps(_mm512_loadu_ps(q + e), inv);
+        __m512i h = _mm512_cvtps_epi32(x);
+        __m512 miss = _mm512_sub_ps(x, _mm512_cvtepi32_ps(h));
+        _mm_storeu_si128((__m128i *)(hi + e), _mm512_cvtsepi32_epi8(h));
+        _mm_storeu_si128((__m128i *)(lo + e), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(
+                                                  _mm512_mul_ps(miss, _mm512_set1_ps(254.0f)))));
+    }
+    return m / 127.0f;
+}
+
+/* Scores of the task's query rows: the rows become two int8 rows once
+ * (quant_query), each block of 16 keys is transposed into the B operand
+ * (four dims x 16 keys per tile row), and two tdpbssd per 64 dims give
+ * 16 x 16 dot products. Needs 16-row groups x hd <= ATT_AMX_QBYTES. */
+#define ATT_AMX_QBYTES 8192
+T_AMX static void scores_amx(const nd_att_block *b, int ranges[2][2])
+{
+    int hd = b->hd, rep = b->rep, G = b->G, R = b->nr * rep, chunks = hd / 64;
+    int groups = (R + 15) / 16;
+    size_t stride = (size_t)b->stride, ml = b->ml;
+    _Alignas(64) int8_t qh[ATT_AMX_QBYTES], ql[ATT_AMX_QBYTES]; /* rows hd apart */
+    _Alignas(64) int8_t kt[ND_ATT_MAX_HD / 64][16][64];
+    _Alignas(64) int32_t c[16][16], cl[16][16];
+    float qs[ATT_AMX_QBYTES / 64];
+    for (int r = 0; r < groups * 16; r++) {
+        if (r < R)
+            qs[r] = quant_query(b->q + (size_t)(r / rep) * b->qd + (size_t)(r % rep) * hd, hd,
+                                qh + (size_t)r * hd, ql + (size_t)r * hd);
+        else {
+            memset(qh + (size_t)r * hd, 0, (size_t)hd);
+            memset(ql + (size_t)r * hd, 0, (size_t)hd);
+        }
+    }
+    /* tmm0/tmm3: C of the hi/lo rows, tmm1/tmm4: A, tmm2: B */
+    att_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 5; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+    for (int rr = 0; rr < 2; rr++)
+        for (int j = ranges[rr][0]; j < ranges[rr][1]; j += ATT_KEYS) {
+            int nb = ranges[rr][1] - j < ATT_KEYS ? ranges[rr][1] - j : ATT_KEYS;
+            const int8_t *rows = b->k8 + (size_t)j * stride;
+            if (j + 2 * ATT_KEYS <= ranges[rr][1])
+                for (int k = 0; k < ATT_KEYS; k++)
+                    _mm_prefetch((const char *)(rows + (size_t)(ATT_KEYS + k) * stride),
+                                 _MM_HINT_T0);
+            for (int ch = 0; ch < chunks; ch++) {
+                __m512i kr[16];
+                for (int k = 0; k < ATT_KEYS; k++) /* keys past the block are zero */
+                    kr[k] = k < nb ? _mm512_loadu_si512(rows + (size_t)k * stride + 64 * ch)
+                                   : _mm512_setzero_si512();
+                transpose16(kr);
+                for (int t = 0; t < 16; t++)
+                    _mm512_store_si512(kt[ch][t], kr[t]);
+            }
+            __m512 ksv = row_scales(b->ks, G, j, nb, b->scale);
+            for (int gr = 0; gr < groups; gr++) {
+                _tile_zero(0);
+                _tile_zero(3);
+                for (int ch = 0; ch < chunks; ch++) {
+                    _tile_loadd(1, qh + (size_t)16 * gr * hd + 64 * ch, hd);
+                    _tile_loadd(4, ql + (size_t)16 * gr * hd + 64 * ch, hd);
+                    _tile_loadd(2, kt[ch][0], 64);
+                    _tile_dpbssd(0, 1, 2);
+                    _tile_dpbssd(3, 4, 2);
+                }
+                _tile_stored(0, c, 64);
+                _tile_stored(3, cl, 64);
+                int rn = R - 16 * gr < 16 ? R - 16 * gr : 16;
+                for (int i = 0; i < rn; i++) {
+                    int r = 16 * gr + i;
+                    __m512 x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cl[i])),
+                                               _mm512_set1_ps(1.0f / 254.0f),
+                                               _mm512_cvtepi32_ps(_mm512_load_si512(c[i])));
+                    _mm512_mask_storeu_ps(
+                        b->scores + (size_t)r * ml + j, first_lanes(nb),
+                        _mm512_mul_ps(x, _mm512_mul_ps(ksv, _mm512_set1_ps(qs[r]))));
+                }
+            }
+        }
+    _tile_release();
+}
+
+#define T_AMXBF __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,fma")))
+
+/* AMX-BF16 (CPUID 7.0 EDX bit 22) */
+static int att_amx_bf16(void)
+{
+    static int known = -1;
+    if (known < 0) {
+        unsigned a, bx, c, d;
+        __asm__("cpuid" : "=a"(a), "=b"(bx), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+        known = (int)((d >> 22) & 1u);
+    }
+    return known;
+}
+
+/* bf16 of 16 floats, nearest with ties to even (finite inputs), in the low
+ * halves of 32-bit lanes */
+T_AMXBF static inline __m512i bf16_lo(__m512 x)
+{
+    __m512i u = _mm512_castps_si512(x);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    return _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))),
+                             16);
+}
+
+/* Weighted V rows from AMX-BF16 tiles, 32 keys a step: the A operands are
+ * the weights (scale of each V row folded in) as two bf16 parts, hi =
+ * bf16(w) and lo = bf16(w - hi), so their sum is w to ~2^-17; the B
+ * operand is a V row pair per tile row, interleaved per dim (int8 values
+ * are exact in bf16); four C tiles hold 16 query rows x 64 dims of float
+ * sums. */
+T_AMXBF static void values_amx(const nd_att_block *b, int ranges[2][2])
+{
+    int hd = b->hd, rep = b->rep, G = b->G, R = b->nr * rep;
+    size_t stride = (size_t)b->stride, ml = b->ml;
+    _Alignas(64) uint32_t pa[16][16], pl[16][16]; /* 16 rows x 32 bf16 weights: hi, lo */
+    _Alignas(64) uint32_t vb[4][16][16];          /* per 16 dims: 16 key pairs x 16 dims */
+    _Alignas(64) float c[16][16];
+    att_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 7; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+    const __m512i hi16 = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (int g0 = 0; g0 < R; g0 += 16) {
+        int rn = R - g0 < 16 ? R - g0 : 16;
+        for (int e0 = 0; e0 < hd; e0 += 64) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int rr = 0; rr < 2; rr++)
+                for (int j = ranges[rr][0]; j < ranges[rr][1]; j += 2 * ATT_KEYS) {
+                    int nb = ranges[rr][1] - j < 2 * ATT_KEYS ? ranges[rr][1] - j : 2 * ATT_KEYS;
+                    int nb0 = nb < ATT_KEYS ? nb : ATT_KEYS, nb1 = nb - nb0;
+                    __m512 vs0 = row_scales(b->vs, G, j, nb0, 1.0f);
+                    __m512 vs1 = row_scales(b->vs, G, j + ATT_KEYS, nb1, 1.0f);
+                    for (int i = 0; i < 16; i++) {
+                        if (i >= rn) {
+                            _mm512_store_si512(pa[i], _mm512_setzero_si512());
+                            _mm512_store_si512(pl[i], _mm512_setzero_si512());
+                            continue;
+                        }
+                        const float *sc = b->scores + (size_t)(g0 + i) * ml + j;
+                        __m512 x[2] = {
+                            _mm512_mul_ps(_mm512_maskz_loadu_ps(first_lanes(nb0), sc), vs0),
+                            _mm512_mul_ps(_mm512_maskz_loadu_ps(first_lanes(nb1), sc + ATT_KEYS),
+                                          vs1)};
+                        for (int h = 0; h < 2; h++) {
+                            __m512i hi = bf16_lo(x[h]);
+                            __m512 rest =
+                                _mm512_sub_ps(x[h], _mm512_castsi512_ps(_mm512_slli_epi32(hi, 16)));
+                            _mm256_store_si256((__m256i *)&pa[i][8 * h], _mm512_cvtepi32_epi16(hi));
+                            _mm256_store_si256((__m256i *)&pl[i][8 * h],
+                                               _mm512_cvtepi32_epi16(bf16_lo(rest)));
+                        }
+                    }
+                    /* tile row kp: keys 2kp and 2kp + 1 side by side per dim
+                     * (the bf16 of an int8 value is its float's high half) */
+                    for (int kp = 0; kp < ATT_KEYS; kp++) {
+                        int k0 = 2 * kp, k1 = k0 + 1;
+                        const int8_t *v0 = b->v8 + (size_t)(j + k0) * stride + e0;
+                        const int8_t *v1 = v0 + stride;
+                        for (int t = 0; t < 4 && e0 + 16 * t < hd; t++) {
+                            __m512i x0 = k0 < nb ? _mm512_castps_si512(load_i8_ps(v0 + 16 * t))
+                                                 : _mm512_setzero_si512();
+                            __m512i x1 = k1 < nb ? _mm512_castps_si512(load_i8_ps(v1 + 16 * t))
+                                                 : _mm512_setzero_si512();
+                            _mm512_store_si512(vb[t][kp],
+                                               _mm512_or_si512(_mm512_srli_epi32(x0, 16),
+                                                               _mm512_and_si512(x1, hi16)));
+                        }
+                    }
+                    _tile_loadd(4, pa, 64);
+                    _tile_loadd(6, pl, 64);
+                    _tile_loadd(5, vb[0], 64);
+                    _tile_dpbf16ps(0, 4, 5);
+                    _tile_dpbf16ps(0, 6, 5);
+                    if (e0 + 16 < hd) {
+                        _tile_loadd(5, vb[1], 64);
+                        _tile_dpbf16ps(1, 4, 5);
+                        _tile_dpbf16ps(1, 6, 5);
+                    }
+                    if (e0 + 32 < hd) {
+                        _tile_loadd(5, vb[2], 64);
+                        _tile_dpbf16ps(2, 4, 5);
+                        _tile_dpbf16ps(2, 6, 5);
+                    }
+                    if (e0 + 48 < hd) {
+                        _tile_loadd(5, vb[3], 64);
+                        _tile_dpbf16ps(3, 4, 5);
+                        _tile_dpbf16ps(3, 6, 5);
+                    }
+                }
+            for (int t = 0; t < 4 && e0 + 16 * t < hd; t++) {
+                switch (t) {
+                case 0: _tile_stored(0, c, 64); break;
+                case 1: _tile_stored(1, c, 64); break;
+                case 2: _tile_stored(2, c, 64); break;
+                default: _tile_stored(3, c, 64); break;
+                }
+                for (int i = 0; i < rn; i++) {
+                    int r = g0 + i;
+                    _mm512_storeu_ps(b->out + (size_t)(r / rep) * b->qd + (size_t)(r % rep) * hd +
+                                         e0 + 16 * t,
+                                     _mm512_load_ps(c[i]));
+                }
+            }
+        }
+    }
+    _tile_release();
+}
+
+T_AMX void nd_att_block_amx(const nd_att_block *b)
+{
+    int ranges[2][2];
+    block_ranges(b, ranges);
+    if (b->hd % 64 == 0 && (b->nr * b->rep + 15) / 16 * 16 * b->hd <= ATT_AMX_QBYTES)
+        scores_amx(b, ranges);
+    else
+        scores_float(b, ranges);
+    softmax_rows(b, ranges);
+    if (b->hd % 64 == 0 && att_amx_bf16())
+        values_amx(b, ranges);
+    else
+        values_float(b, ranges);
+}
+
 int nd_att_avx512_supported(void)
 {
     __builtin_cpu_init();
@@ -262,6 +578,11 @@ int nd_att_avx512_supported(void)
 }
 
 void nd_att_block_avx512(const nd_att_block *b)
+{
+    (void)b;
+}
+
+void nd_att_block_amx(const nd_att_block *b)
 {
     (void)b;
 }

@@ -102,8 +102,8 @@ typedef struct {
      * otherwise float32 */
     int kv_int8;
     float *k, *v;                       /* [L][cap][kv_dim] (float cache) */
-    int8_t *k8, *v8; /* [L][G][cap][hd] (int8 cache): a kv head's keys are one
-                      * contiguous stream for the attention to read */
+    int8_t *k8, *v8;                    /* [L][G][cap][hd] (int8 cache): a kv head's keys are one
+                                         * contiguous stream for the attention to read */
     float *ks, *vs;                     /* [L][cap][G] scales of the int8 rows */
     float *rope_far_cos, *rope_far_sin; /* [chunk][hd/2]: positions past the tables */
     size_t scratch_bytes;
@@ -120,6 +120,7 @@ typedef struct {
     float *x0, *X, *Xn, *eng_e, *eng_k, *eng_v, *eng_vp, *xm, *hf, *att_s;
     int att_threads;  /* att_s holds score rows for this many threads */
     int big_parallel; /* this step's projections and attention may fork */
+    int att_force;    /* ND_ATT_* + 1 picks the attention kernel (tests); 0: the best */
     int32_t *eng_idx, *win_tok;
     nd_layout_buf lay; /* one sequence of the chunk's rows */
     float *nx, *pre, *post, *res, *hpre, *hpost, *M, *u, *alpha, *bx, *a, *q, *kk, *vv, *g;

@@ -512,7 +512,7 @@ static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
         const int8_t *V8 = s->kv_int8 ? nd_kv_row8(s, s->v8, l, g, 0) : NULL;
         for (int i = 0; i < nr; i++)
             visible_keys(s, p0 + i0 + i, &se[i], &j0[i]);
-        if (a->kernel == ND_ATT_AVX512) {
+        if (a->kernel != ND_ATT_REF) {
             nd_att_block b = {s->q + (size_t)i0 * qd + (size_t)g * rep * hd,
                               s->att + (size_t)i0 * qd + (size_t)g * rep * hd,
                               qd,
@@ -531,7 +531,10 @@ static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
                               scale,
                               sc0,
                               ml};
-            nd_att_block_avx512(&b);
+            if (a->kernel == ND_ATT_AMX && nr * rep >= ND_ATT_AMX_MIN)
+                nd_att_block_amx(&b);
+            else
+                nd_att_block_avx512(&b);
             continue;
         }
         /* the keys any row of the block sees: [0, se_max) and [lo2, p_max] */
@@ -606,7 +609,9 @@ static void select_att_kernel(void)
 {
     const char *want = getenv("NEEDLE_ATT");
     if (nd_att_avx512_supported() && !(want && !strcmp(want, "ref")))
-        att_best = ND_ATT_AVX512;
+        att_best = want && !strcmp(want, "avx512") ? ND_ATT_AVX512
+                   : nd_amx_usable()               ? ND_ATT_AMX
+                                                   : ND_ATT_AVX512;
 }
 
 int nd_att_kernel(void)
@@ -621,8 +626,10 @@ void nd_kv_attention(nd_kv_state *s, int l, int p0, int n, int kernel)
 {
     const san_dims *D = &s->m->dims;
     /* the AVX-512 kernel covers the int8 cache with hd a multiple of 16 */
-    if (kernel == ND_ATT_AVX512 && !(s->kv_int8 && D->hd % 16 == 0 && nd_att_avx512_supported()))
+    if (kernel != ND_ATT_REF && !(s->kv_int8 && D->hd % 16 == 0 && nd_att_avx512_supported()))
         kernel = ND_ATT_REF;
+    if (kernel == ND_ATT_AMX && !nd_amx_usable())
+        kernel = ND_ATT_AVX512;
     long tasks = (long)((n + ND_ATT_ROWS - 1) / ND_ATT_ROWS) * D->G;
     cached_attention_args a = {s, l, p0, n, kernel};
     /* shared above ~128 score entries (a decode step past 128 positions:
@@ -874,7 +881,7 @@ static int layer_chunk(nd_kv_state *s, int l, int p0, int n)
     be->rope(be, s->q, cs, sn, &s->lay.L, D->H, hd);
     be->rope(be, s->kk, cs, sn, &s->lay.L, D->G, hd);
     store_rows(s, l, p0, n);
-    nd_kv_attention(s, l, p0, n, nd_att_kernel());
+    nd_kv_attention(s, l, p0, n, s->att_force ? s->att_force - 1 : nd_att_kernel());
     be->gate_sigmoid(be, s->o, s->att, s->g, (long)n * qd);
     rc = wmatmul(s, s->o, n, qd, slice(w->wout, (size_t)l * qd * d), ql ? &ql->wout : NULL, d,
                  s->o2, d, WM_FRESH | WM_BIG);

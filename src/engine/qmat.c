@@ -426,7 +426,7 @@ static pthread_once_t sel_once = PTHREAD_ONCE_INIT;
 #if defined(__x86_64__) || defined(__i386__)
 /* AMX int8 tiles: the CPU has them and Linux lets this process use their
  * state (ARCH_REQ_XCOMP_PERM for XTILEDATA, Linux 5.16+; process-wide) */
-static int amx_usable(void)
+static int amx_request(void)
 {
 #if defined(__x86_64__) && defined(__linux__) && defined(SYS_arch_prctl)
     unsigned a, b, c, d;
@@ -438,6 +438,30 @@ static int amx_usable(void)
 #else
     return 0;
 #endif
+}
+
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static int amx_ok;
+
+static void amx_check(void)
+{
+    amx_ok = amx_request();
+}
+
+static int amx_usable(void)
+{
+    pthread_once(&amx_once, amx_check);
+    return amx_ok;
+}
+
+int nd_amx_usable(void)
+{
+    return amx_usable();
+}
+#else
+int nd_amx_usable(void)
+{
+    return 0;
 }
 #endif
 

@@ -94,6 +94,9 @@ int nd_qlevels(int bits, const float **levels);
  * CPU support (index 0 is the reference). */
 int nd_qkernel_count(void);
 const nd_qkernel *nd_qkernel_get(int i);
+/* Whether this CPU has AMX int8 tiles and Linux lets the process use them
+ * (asked once; the attention uses them too). */
+int nd_amx_usable(void);
 /* The fastest supported variant ($NEEDLE_QKERNEL=name picks one). */
 const nd_qkernel *nd_qkernel_best(void);
 

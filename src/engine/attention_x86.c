@@ -414,16 +414,18 @@ T_AMX static void scores_amx(const nd_att_block *b, int ranges[2][2])
 
 #define T_AMXBF __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,fma")))
 
-/* AMX-BF16 (CPUID 7.0 EDX bit 22) */
+/* AMX-BF16 (CPUID 7.0 EDX bit 22); tasks on several threads may ask at once */
 static int att_amx_bf16(void)
 {
     static int known = -1;
-    if (known < 0) {
+    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (k < 0) {
         unsigned a, bx, c, d;
         __asm__("cpuid" : "=a"(a), "=b"(bx), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-        known = (int)((d >> 22) & 1u);
+        k = (int)((d >> 22) & 1u);
+        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
     }
-    return known;
+    return k;
 }
 
 /* bf16 of 16 floats, nearest with ties to even (finite inputs), in the low

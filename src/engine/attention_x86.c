@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "engine/amx.h"
 #include "engine/attention.h"
 
 #define T_ATT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
@@ -278,14 +279,6 @@ T_ATT void nd_att_block_avx512(const nd_att_block *b)
 
 #define T_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,fma")))
 
-/* tmm0 = C (16 query rows x 16 keys of int32), tmm1 = A (16 query rows x
- * 64 int8 dims), tmm2 = B (16 four-dim steps x 16 keys) */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} att_tilecfg;
-
 /* r[c][t] -> r[t][c] for a 16 x 16 matrix of 32-bit lanes */
 T_AMX static inline void transpose16(__m512i r[16])
 {
@@ -359,14 +352,7 @@ T_AMX static void scores_amx(const nd_att_block *b, int ranges[2][2])
         }
     }
     /* tmm0/tmm3: C of the hi/lo rows, tmm1/tmm4: A, tmm2: B */
-    att_tilecfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 5; t++) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-    }
-    _tile_loadconfig(&cfg);
+    nd_amx_tiles(5);
     for (int rr = 0; rr < 2; rr++)
         for (int j = ranges[rr][0]; j < ranges[rr][1]; j += ATT_KEYS) {
             int nb = ranges[rr][1] - j < ATT_KEYS ? ranges[rr][1] - j : ATT_KEYS;
@@ -451,14 +437,9 @@ T_AMXBF static void values_amx(const nd_att_block *b, int ranges[2][2])
     _Alignas(64) uint32_t pa[16][16], pl[16][16]; /* 16 rows x 32 bf16 weights: hi, lo */
     _Alignas(64) uint32_t vb[4][16][16];          /* per 16 dims: 16 key pairs x 16 dims */
     _Alignas(64) float c[16][16];
-    att_tilecfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 7; t++) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-    }
-    _tile_loadconfig(&cfg);
+    /* tmm0-3: C (16 rows x 16 dims each), tmm4/tmm6: A (hi/lo weights),
+     * tmm5: B */
+    nd_amx_tiles(7);
     const __m512i hi16 = _mm512_set1_epi32((int)0xFFFF0000u);
     for (int g0 = 0; g0 < R; g0 += 16) {
         int rn = R - g0 < 16 ? R - g0 : 16;
@@ -511,24 +492,22 @@ T_AMXBF static void values_amx(const nd_att_block *b, int ranges[2][2])
                     }
                     _tile_loadd(4, pa, 64);
                     _tile_loadd(6, pl, 64);
-                    _tile_loadd(5, vb[0], 64);
-                    _tile_dpbf16ps(0, 4, 5);
-                    _tile_dpbf16ps(0, 6, 5);
-                    if (e0 + 16 < hd) {
-                        _tile_loadd(5, vb[1], 64);
-                        _tile_dpbf16ps(1, 4, 5);
-                        _tile_dpbf16ps(1, 6, 5);
-                    }
-                    if (e0 + 32 < hd) {
-                        _tile_loadd(5, vb[2], 64);
-                        _tile_dpbf16ps(2, 4, 5);
-                        _tile_dpbf16ps(2, 6, 5);
-                    }
-                    if (e0 + 48 < hd) {
-                        _tile_loadd(5, vb[3], 64);
-                        _tile_dpbf16ps(3, 4, 5);
-                        _tile_dpbf16ps(3, 6, 5);
-                    }
+/* C tile t += (hi + lo weights) x the V pairs of dims e0 + 16t.. (tile
+ * numbers are immediates, hence a macro) */
+#define ATT_DIMS16(t)                                                                              \
+    do {                                                                                           \
+        _tile_loadd(5, vb[t], 64);                                                                 \
+        _tile_dpbf16ps(t, 4, 5);                                                                   \
+        _tile_dpbf16ps(t, 6, 5);                                                                   \
+    } while (0)
+                    ATT_DIMS16(0);
+                    if (e0 + 16 < hd)
+                        ATT_DIMS16(1);
+                    if (e0 + 32 < hd)
+                        ATT_DIMS16(2);
+                    if (e0 + 48 < hd)
+                        ATT_DIMS16(3);
+#undef ATT_DIMS16
                 }
             for (int t = 0; t < 4 && e0 + 16 * t < hd; t++) {
                 switch (t) {

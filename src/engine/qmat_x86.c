@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "engine/amx.h"
 #include "engine/qmat.h"
 #include "model/cq.h"
 
@@ -562,14 +563,6 @@ T_VNNI void nd_qgemm_avx512vnni(const nd_qmat *w, const nd_qact *x, int r0, int 
     __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,"       \
                           "f16c")))
 
-/* the tile palette: tmm0 = C (16 rows x 16 tokens of int32), tmm1 = A (16
- * rows x 64 code bytes), tmm2 = B (16 four-byte steps x 16 tokens) */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_config;
-
 /* Token tiles on AMX: a row block of 16 is unpacked to int8 once (the A
  * operand: rows x codes, exactly as unpacked), x->qt is the B operand as
  * it is (four-byte steps x tokens), and one tdpbsud pair computes a
@@ -585,14 +578,9 @@ T_AMX static void tiles_amx(const nd_qmat *w, const nd_qact *x, int r0, int r1, 
     _Alignas(64) int32_t c[16][16];
     int32_t wsum[16][16];
     float wn[16][16];
-    amx_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 3; t++) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-    }
-    _tile_loadconfig(&cfg);
+    /* tmm0 = C (16 rows x 16 tokens of int32), tmm1 = A (16 rows x 64 code
+     * bytes), tmm2 = B (16 four-byte steps x 16 tokens) */
+    nd_amx_tiles(3);
     for (int rb = r0; rb < r1; rb += 16) {
         int nr = r1 - rb < 16 ? r1 - rb : 16;
         unpack_row_block(w, rb, nr, 16, lut_s8, lut16, inv, ws[0], wsum[0], wn[0], 1, 16);

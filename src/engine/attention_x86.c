@@ -13,6 +13,7 @@
 
 #include "engine/amx.h"
 #include "engine/attention.h"
+#include "engine/qmat.h"
 
 #define T_ATT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 #define ATT_KEYS 16
@@ -400,20 +401,6 @@ T_AMX static void scores_amx(const nd_att_block *b, int ranges[2][2])
 
 #define T_AMXBF __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,fma")))
 
-/* AMX-BF16 (CPUID 7.0 EDX bit 22); tasks on several threads may ask at once */
-static int att_amx_bf16(void)
-{
-    static int known = -1;
-    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
-    if (k < 0) {
-        unsigned a, bx, c, d;
-        __asm__("cpuid" : "=a"(a), "=b"(bx), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-        k = (int)((d >> 22) & 1u);
-        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
-    }
-    return k;
-}
-
 /* bf16 of 16 floats, nearest with ties to even (finite inputs), in the low
  * halves of 32-bit lanes */
 T_AMXBF static inline __m512i bf16_lo(__m512 x)
@@ -537,7 +524,7 @@ T_AMX void nd_att_block_amx(const nd_att_block *b)
     else
         scores_float(b, ranges);
     softmax_rows(b, ranges);
-    if (b->hd % 64 == 0 && att_amx_bf16())
+    if (b->hd % 64 == 0 && nd_amx_bf16_usable())
         values_amx(b, ranges);
     else
         values_float(b, ranges);

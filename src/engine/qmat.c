@@ -425,41 +425,56 @@ static pthread_once_t sel_once = PTHREAD_ONCE_INIT;
 
 #if defined(__x86_64__) || defined(__i386__)
 /* AMX int8 tiles: the CPU has them and Linux lets this process use their
- * state (ARCH_REQ_XCOMP_PERM for XTILEDATA, Linux 5.16+; process-wide) */
+ * state (ARCH_REQ_XCOMP_PERM for XTILEDATA, Linux 5.16+; process-wide).
+ * Returns AMX_INT8 | AMX_BF16 bits (BF16 tiles only with the int8 ones). */
+enum { AMX_INT8 = 1, AMX_BF16 = 2 };
 static int amx_request(void)
 {
 #if defined(__x86_64__) && defined(__linux__) && defined(SYS_arch_prctl)
     unsigned a, b, c, d;
     __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-    int amx_tile = (d >> 24) & 1, amx_int8 = (d >> 25) & 1;
+    int amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1, amx_int8 = (d >> 25) & 1;
     if (!amx_tile || !amx_int8 || !__builtin_cpu_supports("avx512vnni"))
         return 0;
-    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0)
+        return 0;
+    return AMX_INT8 | (amx_bf16 ? AMX_BF16 : 0);
 #else
     return 0;
 #endif
 }
 
 static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
-static int amx_ok;
+static int amx_bits;
 
 static void amx_check(void)
 {
-    amx_ok = amx_request();
+    amx_bits = amx_request();
 }
 
 static int amx_usable(void)
 {
     pthread_once(&amx_once, amx_check);
-    return amx_ok;
+    return amx_bits & AMX_INT8;
 }
 
 int nd_amx_usable(void)
 {
     return amx_usable();
 }
+
+int nd_amx_bf16_usable(void)
+{
+    pthread_once(&amx_once, amx_check);
+    return (amx_bits & AMX_BF16) != 0;
+}
 #else
 int nd_amx_usable(void)
+{
+    return 0;
+}
+
+int nd_amx_bf16_usable(void)
 {
     return 0;
 }

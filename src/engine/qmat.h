@@ -97,6 +97,8 @@ const nd_qkernel *nd_qkernel_get(int i);
 /* Whether this CPU has AMX int8 tiles and Linux lets the process use them
  * (asked once; the attention uses them too). */
 int nd_amx_usable(void);
+/* ... and its BF16 tiles too (tdpbf16ps; the prefill attention kernel) */
+int nd_amx_bf16_usable(void);
 /* The fastest supported variant ($NEEDLE_QKERNEL=name picks one). */
 const nd_qkernel *nd_qkernel_best(void);
 

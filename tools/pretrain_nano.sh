@@ -4,8 +4,9 @@
 # corpus -> `needle init` -> stage 1: `needle finetune --full` on the corpus
 # -> stage 2: `finetune --full` on a fresh corpus where half the examples have
 # their tools and parameters renamed (--alias-rate 0.5: the base must read the
-# tools block, not recall its domains) -> zero-shot loss on the held-out
-# domains -> `needle build` (.cact). Sized for about two hours on the 2-core
+# tools block, not recall its domains) -> stage 3: the same on a larger fresh
+# corpus with more multi-call answers -> zero-shot loss on the held-out
+# domains -> `needle build` (.cact). About three hours on the 2-core
 # reference machine (see README "needle-nano").
 #
 #   tools/pretrain_nano.sh                                  # the real run
@@ -21,12 +22,17 @@
 #   NANO_RESUME    1: continue a stopped run [0]    NANO_STOP_AFTER  stop after N steps []
 #   NANO_STAGE2_EXAMPLES  stage-2 corpus size [16000] (0: no stage 2)
 #   NANO_STAGE2_LR        stage-2 peak lr [5e-4]    NANO_ALIAS_RATE  renamed share [0.5]
+#   NANO_STAGE3_EXAMPLES  stage-3 corpus size [72000] (0: no stage 3)
+#   NANO_STAGE3_LR        stage-3 peak lr [5e-4]    NANO_STAGE3_MULTI  multi-call share [0.3]
+#   NANO_CONTINUE_FROM    a checkpoint to run stage 3 from, skipping stages 1-2
+#                         (e.g. models/needle-nano.pkl: how stage 3 was made)
+#   NANO_ACT_MEMORY       MB of kept activations (finetune --act-memory) [2048]
 # Outputs: $NANO_OUT/needle-nano.pkl (float16 checkpoint, upstream's format),
 # $NANO_OUT/needle-nano.cact, $NANO_OUT/needle-nano-loss.jsonl (loss log: a
 # line per step, val loss per epoch), $NANO_OUT/needle-nano-loss.svg (the
 # curve), $NANO_WORK/{corpus,heldout}.jsonl, $NANO_WORK/train.log.
 # Interrupted (Ctrl-C, SIGTERM, SIGHUP): the run so far is saved to
-# $NANO_WORK/nano_run.pkl (stage 2: nano_run2.pkl; float32, with the optimiser
+# $NANO_WORK/nano_run.pkl (stage 2: nano_run2.pkl, stage 3: nano_run3.pkl; float32, with the optimiser
 # state; also written every 200 steps, so even after kill -9 at most 200 steps
 # are lost). Rerun with
 #   NANO_RESUME=1 tools/pretrain_nano.sh          (same NANO_* settings)
@@ -61,6 +67,11 @@ STOP_AFTER=${NANO_STOP_AFTER:-}
 STAGE2_EXAMPLES=${NANO_STAGE2_EXAMPLES:-16000}
 STAGE2_LR=${NANO_STAGE2_LR:-5e-4}
 ALIAS_RATE=${NANO_ALIAS_RATE:-0.5}
+STAGE3_EXAMPLES=${NANO_STAGE3_EXAMPLES:-72000}
+STAGE3_LR=${NANO_STAGE3_LR:-5e-4}
+STAGE3_MULTI=${NANO_STAGE3_MULTI:-0.3}
+CONTINUE_FROM=${NANO_CONTINUE_FROM:-}
+ACT_MEMORY=${NANO_ACT_MEMORY:-2048}
 
 # The chosen shape (calibrated in README "needle-nano"): d 256 x 6 layers,
 # head dim 64 as needle2 (4 query heads, 2 kv heads), two engram sites like
@@ -70,6 +81,7 @@ SHAPE=(--preset needle2 --d-model 256 --layers 6 --heads 4 --kv-heads 2
 CORPUS_SEED=1
 HELDOUT_SEED=2
 STAGE2_SEED=3
+STAGE3_SEED=5
 # LoRA settings `needle finetune` uses on this base when the user gives none
 # (stored in the checkpoint, needle_c_recommended): chosen on the held-out
 # pets tool set, 200 examples x 10 epochs (README "needle-nano")
@@ -83,15 +95,29 @@ step() { echo "== $(date -u +%H:%M:%S) $*"; }
 
 RUN=$WORK/nano_run.pkl
 RUN2=$WORK/nano_run2.pkl
+RUN3=$WORK/nano_run3.pkl
 LOSS=$OUT/needle-nano-loss.jsonl
 LOSS2=$OUT/needle-nano-loss-stage2.jsonl
-if [[ "$RESUME" == 1 ]]; then
+LOSS3=$OUT/needle-nano-loss-stage3.jsonl
+if [[ -n "$CONTINUE_FROM" ]]; then
+    [[ -f "$CONTINUE_FROM" ]] || { echo "pretrain_nano.sh: NANO_CONTINUE_FROM=$CONTINUE_FROM: no such file" >&2; exit 1; }
+    [[ "$STAGE3_EXAMPLES" -gt 0 ]] || { echo "pretrain_nano.sh: NANO_CONTINUE_FROM needs stage 3 (NANO_STAGE3_EXAMPLES > 0)" >&2; exit 1; }
+    # the release checkpoint may be written over, so stage 3 starts from a copy
+    if [[ "$RESUME" != 1 || ! -f "$WORK/continue_from.pkl" ]]; then
+        cp "$CONTINUE_FROM" "$WORK/continue_from.pkl"
+    fi
+    if [[ ! -f "$WORK/heldout.jsonl" ]]; then
+        "$PYTHON" "$ROOT/tools/gen_toolcall_corpus.py" --split heldout --num "$HELDOUT" \
+            --seed "$HELDOUT_SEED" --output "$WORK/heldout.jsonl"
+    fi
+    step "continue from $CONTINUE_FROM: stages 1 and 2 skipped"
+elif [[ "$RESUME" == 1 ]]; then
     for f in "$WORK/corpus.jsonl" "$WORK/heldout.jsonl" "$WORK/nano_init.pkl" "$RUN"; do
         [[ -f "$f" ]] || { echo "pretrain_nano.sh: NANO_RESUME=1 but $f is missing: nothing to resume; run without NANO_RESUME" >&2; exit 1; }
     done
     step "resume: $RUN (corpus and init kept)"
 else
-    rm -f "$WORK/stage1.done" "$WORK/stage2.started"
+    rm -f "$WORK/stage1.done" "$WORK/stage2.started" "$WORK/stage2.done" "$WORK/stage3.started"
     step "corpus: $EXAMPLES pretrain examples (seed $CORPUS_SEED), $HELDOUT held-out (seed $HELDOUT_SEED)"
     "$PYTHON" "$ROOT/tools/gen_toolcall_corpus.py" --split pretrain --num "$EXAMPLES" \
         --seed "$CORPUS_SEED" --output "$WORK/corpus.jsonl"
@@ -125,7 +151,7 @@ train_stage() {
     "$NEEDLE" finetune "$corpus" --checkpoint "$init" \
         --tokenizer "$TOKENIZER" --full --epochs "$epochs" --batch-size "$BATCH" --lr "$lr" \
         --val-split 0.02 --seed "$TRAIN_SEED" --threads "$THREADS" --group-by-tools \
-        --save-every 200 --loss-log "$log" --out "$run" "${extra[@]}" 2>&1 | tee -i -a "$WORK/train-$name.log"
+        --save-every 200 --act-memory "$ACT_MEMORY" --loss-log "$log" --out "$run" "${extra[@]}" 2>&1 | tee -i -a "$WORK/train-$name.log"
     local rc=${PIPESTATUS[0]}
     trap - PIPE
     set -e
@@ -137,12 +163,18 @@ train_stage() {
     fi
 }
 
-if [[ ! -f "$WORK/stage1.done" ]]; then
-    train_stage stage1 "$WORK/corpus.jsonl" "$WORK/nano_init.pkl" "$RUN" "$EPOCHS" "$LR" "$LOSS" "$RESUME"
-    touch "$WORK/stage1.done"
+if [[ -n "$CONTINUE_FROM" ]]; then
+    FINAL=$WORK/continue_from.pkl
+else
+    if [[ ! -f "$WORK/stage1.done" ]]; then
+        train_stage stage1 "$WORK/corpus.jsonl" "$WORK/nano_init.pkl" "$RUN" "$EPOCHS" "$LR" "$LOSS" "$RESUME"
+        touch "$WORK/stage1.done"
+    fi
+    FINAL=$RUN
 fi
-FINAL=$RUN
-if [[ "$STAGE2_EXAMPLES" -gt 0 ]]; then
+if [[ -z "$CONTINUE_FROM" && "$STAGE2_EXAMPLES" -gt 0 && -f "$WORK/stage2.done" ]]; then
+    FINAL=$RUN2
+elif [[ -z "$CONTINUE_FROM" && "$STAGE2_EXAMPLES" -gt 0 ]]; then
     # stage 2 starts from stage 1's weights (a fresh optimiser and schedule);
     # its corpus is new (another seed) and renames half the tool lists
     resuming=0
@@ -155,7 +187,25 @@ if [[ "$STAGE2_EXAMPLES" -gt 0 ]]; then
         touch "$WORK/stage2.started"
     fi
     train_stage stage2 "$WORK/corpus2.jsonl" "$RUN" "$RUN2" 1 "$STAGE2_LR" "$LOSS2" "$resuming"
+    touch "$WORK/stage2.done"
     FINAL=$RUN2
+fi
+if [[ "$STAGE3_EXAMPLES" -gt 0 ]]; then
+    # stage 3: a fresh optimiser and schedule again, on a corpus 4.5x stage 2's
+    # (another seed, half renamed, 30% multi-call answers: the fine-tunes'
+    # misses were values of multi-call answers read from the wrong intent)
+    resuming=0
+    if [[ "$RESUME" == 1 && -f "$WORK/stage3.started" && -f "$RUN3" ]]; then
+        resuming=1
+    else
+        step "stage-3 corpus: $STAGE3_EXAMPLES examples (seed $STAGE3_SEED), --alias-rate $ALIAS_RATE --multi-rate $STAGE3_MULTI"
+        "$PYTHON" "$ROOT/tools/gen_toolcall_corpus.py" --split pretrain --num "$STAGE3_EXAMPLES" \
+            --seed "$STAGE3_SEED" --alias-rate "$ALIAS_RATE" --multi-rate "$STAGE3_MULTI" \
+            --output "$WORK/corpus3.jsonl"
+        touch "$WORK/stage3.started"
+    fi
+    train_stage stage3 "$WORK/corpus3.jsonl" "$FINAL" "$RUN3" 1 "$STAGE3_LR" "$LOSS3" "$resuming"
+    FINAL=$RUN3
 fi
 
 step "float16 release checkpoint: $OUT/needle-nano.pkl"

@@ -95,7 +95,6 @@ step() { echo "== $(date -u +%H:%M:%S) $*"; }
 
 RUN=$WORK/nano_run.pkl
 RUN2=$WORK/nano_run2.pkl
-RUN3=$WORK/nano_run3.pkl
 LOSS=$OUT/needle-nano-loss.jsonl
 LOSS2=$OUT/needle-nano-loss-stage2.jsonl
 LOSS3=$OUT/needle-nano-loss-stage3.jsonl
@@ -117,7 +116,7 @@ elif [[ "$RESUME" == 1 ]]; then
     done
     step "resume: $RUN (corpus and init kept)"
 else
-    rm -f "$WORK/stage1.done" "$WORK/stage2.started" "$WORK/stage2.done" "$WORK/stage3.started"
+    rm -f "$WORK/stage1.done" "$WORK/stage2.started" "$WORK/stage2.done" "$WORK/stage3.started" "$WORK/stage3.done"
     step "corpus: $EXAMPLES pretrain examples (seed $CORPUS_SEED), $HELDOUT held-out (seed $HELDOUT_SEED)"
     "$PYTHON" "$ROOT/tools/gen_toolcall_corpus.py" --split pretrain --num "$EXAMPLES" \
         --seed "$CORPUS_SEED" --output "$WORK/corpus.jsonl"
@@ -172,40 +171,41 @@ else
     fi
     FINAL=$RUN
 fi
-if [[ -z "$CONTINUE_FROM" && "$STAGE2_EXAMPLES" -gt 0 && -f "$WORK/stage2.done" ]]; then
-    FINAL=$RUN2
-elif [[ -z "$CONTINUE_FROM" && "$STAGE2_EXAMPLES" -gt 0 ]]; then
-    # stage 2 starts from stage 1's weights (a fresh optimiser and schedule);
-    # its corpus is new (another seed) and renames half the tool lists
-    resuming=0
-    if [[ "$RESUME" == 1 && -f "$WORK/stage2.started" && -f "$RUN2" ]]; then
+# corpus_stage N EXAMPLES SEED INIT LR LOSSLOG GEN-ARGS...: a later stage, a
+# fresh optimiser and schedule from INIT's weights, 1 epoch on a new corpus
+# (gen_toolcall_corpus.py --seed SEED GEN-ARGS); resumes when NANO_RESUME=1
+# finds the stage started; sets FINAL to the stage's run.
+corpus_stage() {
+    local n=$1 examples=$2 seed=$3 init=$4 lr=$5 log=$6
+    shift 6
+    local run=$WORK/nano_run$n.pkl resuming=0
+    if [[ "$RESUME" == 1 && -f "$WORK/stage$n.started" && -f "$run" ]]; then
         resuming=1
     else
-        step "stage-2 corpus: $STAGE2_EXAMPLES examples (seed $STAGE2_SEED), --alias-rate $ALIAS_RATE"
-        "$PYTHON" "$ROOT/tools/gen_toolcall_corpus.py" --split pretrain --num "$STAGE2_EXAMPLES" \
-            --seed "$STAGE2_SEED" --alias-rate "$ALIAS_RATE" --output "$WORK/corpus2.jsonl"
-        touch "$WORK/stage2.started"
+        step "stage-$n corpus: $examples examples (seed $seed), $*"
+        "$PYTHON" "$ROOT/tools/gen_toolcall_corpus.py" --split pretrain --num "$examples" \
+            --seed "$seed" "$@" --output "$WORK/corpus$n.jsonl"
+        touch "$WORK/stage$n.started"
     fi
-    train_stage stage2 "$WORK/corpus2.jsonl" "$RUN" "$RUN2" 1 "$STAGE2_LR" "$LOSS2" "$resuming"
-    touch "$WORK/stage2.done"
-    FINAL=$RUN2
+    train_stage "stage$n" "$WORK/corpus$n.jsonl" "$init" "$run" 1 "$lr" "$log" "$resuming"
+    touch "$WORK/stage$n.done"
+    FINAL=$run
+}
+
+# stage 2 renames half the tool lists; stage 3 (a corpus 4.5x stage 2's) also
+# has 30% multi-call answers: the fine-tunes' misses were values of multi-call
+# answers read from the wrong intent
+if [[ -z "$CONTINUE_FROM" && "$STAGE2_EXAMPLES" -gt 0 ]]; then
+    if [[ -f "$WORK/stage2.done" ]]; then
+        FINAL=$RUN2
+    else
+        corpus_stage 2 "$STAGE2_EXAMPLES" "$STAGE2_SEED" "$RUN" "$STAGE2_LR" "$LOSS2" \
+            --alias-rate "$ALIAS_RATE"
+    fi
 fi
 if [[ "$STAGE3_EXAMPLES" -gt 0 ]]; then
-    # stage 3: a fresh optimiser and schedule again, on a corpus 4.5x stage 2's
-    # (another seed, half renamed, 30% multi-call answers: the fine-tunes'
-    # misses were values of multi-call answers read from the wrong intent)
-    resuming=0
-    if [[ "$RESUME" == 1 && -f "$WORK/stage3.started" && -f "$RUN3" ]]; then
-        resuming=1
-    else
-        step "stage-3 corpus: $STAGE3_EXAMPLES examples (seed $STAGE3_SEED), --alias-rate $ALIAS_RATE --multi-rate $STAGE3_MULTI"
-        "$PYTHON" "$ROOT/tools/gen_toolcall_corpus.py" --split pretrain --num "$STAGE3_EXAMPLES" \
-            --seed "$STAGE3_SEED" --alias-rate "$ALIAS_RATE" --multi-rate "$STAGE3_MULTI" \
-            --output "$WORK/corpus3.jsonl"
-        touch "$WORK/stage3.started"
-    fi
-    train_stage stage3 "$WORK/corpus3.jsonl" "$FINAL" "$RUN3" 1 "$STAGE3_LR" "$LOSS3" "$resuming"
-    FINAL=$RUN3
+    corpus_stage 3 "$STAGE3_EXAMPLES" "$STAGE3_SEED" "$FINAL" "$STAGE3_LR" "$LOSS3" \
+        --alias-rate "$ALIAS_RATE" --multi-rate "$STAGE3_MULTI"
 fi
 
 step "float16 release checkpoint: $OUT/needle-nano.pkl"

@@ -5,8 +5,9 @@
 # -> stage 2: `finetune --full` on a fresh corpus where half the examples have
 # their tools and parameters renamed (--alias-rate 0.5: the base must read the
 # tools block, not recall its domains) -> stage 3: the same on a larger fresh
-# corpus with more multi-call answers -> zero-shot loss on the held-out
-# domains -> `needle build` (.cact). About three hours on the 2-core
+# corpus with more multi-call answers -> stage 4: stage 3 again on another
+# fresh corpus (new seed) -> zero-shot loss on the held-out
+# domains -> `needle build` (.cact). About 3.5 hours on the 2-core
 # reference machine (see README "needle-nano").
 #
 #   tools/pretrain_nano.sh                                  # the real run
@@ -24,15 +25,18 @@
 #   NANO_STAGE2_LR        stage-2 peak lr [5e-4]    NANO_ALIAS_RATE  renamed share [0.5]
 #   NANO_STAGE3_EXAMPLES  stage-3 corpus size [72000] (0: no stage 3)
 #   NANO_STAGE3_LR        stage-3 peak lr [5e-4]    NANO_STAGE3_MULTI  multi-call share [0.3]
-#   NANO_CONTINUE_FROM    a checkpoint to run stage 3 from, skipping stages 1-2
-#                         (e.g. models/needle-nano.pkl: how stage 3 was made)
+#   NANO_STAGE4_EXAMPLES  stage-4 corpus size [72000] (0: no stage 4)
+#   NANO_STAGE4_LR        stage-4 peak lr [5e-4]
+#   NANO_CONTINUE_FROM    a checkpoint to run stages 3-4 from, skipping stages 1-2
+#                         (how stages 3 and 4 were made: from the committed
+#                         models/needle-nano.pkl, stage 4 with NANO_STAGE3_EXAMPLES=0)
 #   NANO_ACT_MEMORY       MB of kept activations (finetune --act-memory) [2048]
 # Outputs: $NANO_OUT/needle-nano.pkl (float16 checkpoint, upstream's format),
 # $NANO_OUT/needle-nano.cact, $NANO_OUT/needle-nano-loss.jsonl (loss log: a
 # line per step, val loss per epoch), $NANO_OUT/needle-nano-loss.svg (the
 # curve), $NANO_WORK/{corpus,heldout}.jsonl, $NANO_WORK/train.log.
 # Interrupted (Ctrl-C, SIGTERM, SIGHUP): the run so far is saved to
-# $NANO_WORK/nano_run.pkl (stage 2: nano_run2.pkl, stage 3: nano_run3.pkl; float32, with the optimiser
+# $NANO_WORK/nano_run.pkl (stage N > 1: nano_runN.pkl; float32, with the optimiser
 # state; also written every 200 steps, so even after kill -9 at most 200 steps
 # are lost). Rerun with
 #   NANO_RESUME=1 tools/pretrain_nano.sh          (same NANO_* settings)
@@ -70,6 +74,8 @@ ALIAS_RATE=${NANO_ALIAS_RATE:-0.5}
 STAGE3_EXAMPLES=${NANO_STAGE3_EXAMPLES:-72000}
 STAGE3_LR=${NANO_STAGE3_LR:-5e-4}
 STAGE3_MULTI=${NANO_STAGE3_MULTI:-0.3}
+STAGE4_EXAMPLES=${NANO_STAGE4_EXAMPLES:-72000}
+STAGE4_LR=${NANO_STAGE4_LR:-5e-4}
 CONTINUE_FROM=${NANO_CONTINUE_FROM:-}
 ACT_MEMORY=${NANO_ACT_MEMORY:-2048}
 
@@ -82,6 +88,7 @@ CORPUS_SEED=1
 HELDOUT_SEED=2
 STAGE2_SEED=3
 STAGE3_SEED=5
+STAGE4_SEED=6
 # LoRA settings `needle finetune` uses on this base when the user gives none
 # (stored in the checkpoint, needle_c_recommended): chosen on the held-out
 # pets tool set, 200 examples x 10 epochs (README "needle-nano")
@@ -98,10 +105,12 @@ RUN2=$WORK/nano_run2.pkl
 LOSS=$OUT/needle-nano-loss.jsonl
 LOSS2=$OUT/needle-nano-loss-stage2.jsonl
 LOSS3=$OUT/needle-nano-loss-stage3.jsonl
+LOSS4=$OUT/needle-nano-loss-stage4.jsonl
 if [[ -n "$CONTINUE_FROM" ]]; then
     [[ -f "$CONTINUE_FROM" ]] || { echo "pretrain_nano.sh: NANO_CONTINUE_FROM=$CONTINUE_FROM: no such file" >&2; exit 1; }
-    [[ "$STAGE3_EXAMPLES" -gt 0 ]] || { echo "pretrain_nano.sh: NANO_CONTINUE_FROM needs stage 3 (NANO_STAGE3_EXAMPLES > 0)" >&2; exit 1; }
-    # the release checkpoint may be written over, so stage 3 starts from a copy
+    [[ "$STAGE3_EXAMPLES" -gt 0 || "$STAGE4_EXAMPLES" -gt 0 ]] ||
+        { echo "pretrain_nano.sh: NANO_CONTINUE_FROM needs stage 3 or 4 (NANO_STAGE3_EXAMPLES or NANO_STAGE4_EXAMPLES > 0)" >&2; exit 1; }
+    # the release checkpoint may be written over, so the stages start from a copy
     if [[ "$RESUME" != 1 || ! -f "$WORK/continue_from.pkl" ]]; then
         cp "$CONTINUE_FROM" "$WORK/continue_from.pkl"
     fi
@@ -116,7 +125,8 @@ elif [[ "$RESUME" == 1 ]]; then
     done
     step "resume: $RUN (corpus and init kept)"
 else
-    rm -f "$WORK/stage1.done" "$WORK/stage2.started" "$WORK/stage2.done" "$WORK/stage3.started" "$WORK/stage3.done"
+    rm -f "$WORK/stage1.done" "$WORK/stage2.started" "$WORK/stage2.done" "$WORK/stage3.started" "$WORK/stage3.done" \
+        "$WORK/stage4.started" "$WORK/stage4.done"
     step "corpus: $EXAMPLES pretrain examples (seed $CORPUS_SEED), $HELDOUT held-out (seed $HELDOUT_SEED)"
     "$PYTHON" "$ROOT/tools/gen_toolcall_corpus.py" --split pretrain --num "$EXAMPLES" \
         --seed "$CORPUS_SEED" --output "$WORK/corpus.jsonl"
@@ -174,11 +184,15 @@ fi
 # corpus_stage N EXAMPLES SEED INIT LR LOSSLOG GEN-ARGS...: a later stage, a
 # fresh optimiser and schedule from INIT's weights, 1 epoch on a new corpus
 # (gen_toolcall_corpus.py --seed SEED GEN-ARGS); resumes when NANO_RESUME=1
-# finds the stage started; sets FINAL to the stage's run.
+# finds the stage started (skips it when done); sets FINAL to the stage's run.
 corpus_stage() {
     local n=$1 examples=$2 seed=$3 init=$4 lr=$5 log=$6
     shift 6
     local run=$WORK/nano_run$n.pkl resuming=0
+    if [[ "$RESUME" == 1 && -f "$WORK/stage$n.done" && -f "$run" ]]; then
+        FINAL=$run
+        return
+    fi
     if [[ "$RESUME" == 1 && -f "$WORK/stage$n.started" && -f "$run" ]]; then
         resuming=1
     else
@@ -205,6 +219,12 @@ if [[ -z "$CONTINUE_FROM" && "$STAGE2_EXAMPLES" -gt 0 ]]; then
 fi
 if [[ "$STAGE3_EXAMPLES" -gt 0 ]]; then
     corpus_stage 3 "$STAGE3_EXAMPLES" "$STAGE3_SEED" "$FINAL" "$STAGE3_LR" "$LOSS3" \
+        --alias-rate "$ALIAS_RATE" --multi-rate "$STAGE3_MULTI"
+fi
+# stage 4: the stage-3 mix on a fresh corpus; the longer the base reads, the
+# better its fine-tunes copy values (README "needle-nano")
+if [[ "$STAGE4_EXAMPLES" -gt 0 ]]; then
+    corpus_stage 4 "$STAGE4_EXAMPLES" "$STAGE4_SEED" "$FINAL" "$STAGE4_LR" "$LOSS4" \
         --alias-rate "$ALIAS_RATE" --multi-rate "$STAGE3_MULTI"
 fi
 

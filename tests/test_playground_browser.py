@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -130,6 +131,35 @@ def save_screenshot(dt, path, check):
           "screenshot kept: %s (%d bytes)" % (path, len(png)))
 
 
+def group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def stop_chromium(proc):
+    """SIGTERM the browser's process group, SIGKILL what is left: its helpers
+    (renderer, crashpad) can outlive the main process and still write to the
+    profile while the temporary directory is being removed (seen in CI:
+    'Directory not empty: Default')."""
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            pass
+        # helpers reparented away from us: wait until the group is gone (a
+        # zombie nobody reaps keeps it "alive" but writes nothing)
+        wait_until(lambda: not group_alive(proc.pid), wait)
+    if proc.poll() is None:
+        proc.wait()
+
+
 def start_chromium(exe, tmp):
     profile = os.path.join(tmp, "chrome-profile")
     args = [exe, "--headless=new", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
@@ -138,10 +168,11 @@ def start_chromium(exe, tmp):
     if os.geteuid() == 0:
         args.insert(1, "--no-sandbox")  # Chromium refuses to run as root with its sandbox
     log = open(os.path.join(tmp, "chromium.log"), "w")
-    proc = subprocess.Popen(args, stdout=log, stderr=log)
+    # its own process group: stop_chromium ends its helpers too
+    proc = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True)
     port_file = os.path.join(profile, "DevToolsActivePort")
     if not wait_until(lambda: os.path.exists(port_file) and open(port_file).read().count("\n") >= 1, 60):
-        proc.kill()
+        stop_chromium(proc)
         raise SystemExit("chromium did not open its DevTools port; see " + log.name)
     port = int(open(port_file).read().split()[0])
     targets = json.load(urllib.request.urlopen("http://127.0.0.1:%d/json/list" % port, timeout=30))
@@ -261,11 +292,7 @@ def main():
             save_screenshot(dt, os.path.join(out_dir, "playground_browser_finetune.png"), check)
         finally:
             if browser:
-                browser.terminate()
-                try:
-                    browser.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    browser.kill()
+                stop_chromium(browser)
             rc = pg.stop()
         check(rc == 0, "playground exits 0 on SIGINT")
     if fails:

@@ -101,7 +101,6 @@ mkdir -p "$OUT" "$WORK"
 step() { echo "== $(date -u +%H:%M:%S) $*"; }
 
 RUN=$WORK/nano_run.pkl
-RUN2=$WORK/nano_run2.pkl
 LOSS=$OUT/needle-nano-loss.jsonl
 LOSS2=$OUT/needle-nano-loss-stage2.jsonl
 LOSS3=$OUT/needle-nano-loss-stage3.jsonl
@@ -125,8 +124,7 @@ elif [[ "$RESUME" == 1 ]]; then
     done
     step "resume: $RUN (corpus and init kept)"
 else
-    rm -f "$WORK/stage1.done" "$WORK/stage2.started" "$WORK/stage2.done" "$WORK/stage3.started" "$WORK/stage3.done" \
-        "$WORK/stage4.started" "$WORK/stage4.done"
+    rm -f "$WORK"/stage[1-4].started "$WORK"/stage[1-4].done
     step "corpus: $EXAMPLES pretrain examples (seed $CORPUS_SEED), $HELDOUT held-out (seed $HELDOUT_SEED)"
     "$PYTHON" "$ROOT/tools/gen_toolcall_corpus.py" --split pretrain --num "$EXAMPLES" \
         --seed "$CORPUS_SEED" --output "$WORK/corpus.jsonl"
@@ -210,12 +208,8 @@ corpus_stage() {
 # has 30% multi-call answers: the fine-tunes' misses were values of multi-call
 # answers read from the wrong intent
 if [[ -z "$CONTINUE_FROM" && "$STAGE2_EXAMPLES" -gt 0 ]]; then
-    if [[ -f "$WORK/stage2.done" ]]; then
-        FINAL=$RUN2
-    else
-        corpus_stage 2 "$STAGE2_EXAMPLES" "$STAGE2_SEED" "$RUN" "$STAGE2_LR" "$LOSS2" \
-            --alias-rate "$ALIAS_RATE"
-    fi
+    corpus_stage 2 "$STAGE2_EXAMPLES" "$STAGE2_SEED" "$RUN" "$STAGE2_LR" "$LOSS2" \
+        --alias-rate "$ALIAS_RATE"
 fi
 if [[ "$STAGE3_EXAMPLES" -gt 0 ]]; then
     corpus_stage 3 "$STAGE3_EXAMPLES" "$STAGE3_SEED" "$FINAL" "$STAGE3_LR" "$LOSS3" \

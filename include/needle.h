@@ -51,7 +51,7 @@
  * buf[0] (when buf_len > 0): never more than buf_len bytes.
  *
  * Conversation: the first complete(text) after needle_session_new / reset
- * renders the training template (SPEC §2):
+ * renders the training template (docs/formats.md §3.2, §6.2):
  *   [<|im_start|>system\n SYSTEM <|im_end|>\n]
  *   <|im_start|>user\n<tools> TOOLS </tools>\n TEXT <|im_end|>\n<|im_start|>assistant\n
  * with TOOLS re-serialised compactly as training does (key order kept,

@@ -1,5 +1,5 @@
 /* Whole-model gradient check: the analytic gradient of the masked training
- * loss (SPEC §2) with respect to every base tensor and to the LoRA A and B
+ * loss (docs/model.md §4.1) with respect to every base tensor and to the LoRA A and B
  * matrices, against central finite differences of the loss, along a
  * direction mixing the gradient with random noise (so the directional
  * derivative is large enough to measure in float32). */

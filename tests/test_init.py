@@ -7,7 +7,7 @@ Runs  $NEEDLE init OUT.pkl --preset tiny --seed 1   (and --seed 1 again,
     values (overridden ones where given); fields that are present and not
     overridden have upstream's defaults;
   * the parameter tree has exactly the names/shapes of upstream model.init
-    (SPEC §1 plus mtp_*; no contrastive/confidence heads), float32 ndarrays;
+    (docs/formats.md §1.4 plus mtp_*; no contrastive/confidence heads), float32 ndarrays;
   * initialisers: embedding, q/k/v/gate kernels, mhc_phi_*, engram tables,
     key_proj, mtp_combine ~ N(0, 0.02); out_proj and engram value_proj
     ~ N(0, 0.02/sqrt(2L)) (std within 10%, mean ~0); norm scales,

@@ -291,7 +291,7 @@ def test_attention():
 
 # ------------------------------------------------------------------ brute-force forward
 def brute_forward(m, tokens):
-    """Scalar-loop forward written straight from SPEC §1 (slow, small models)."""
+    """Scalar-loop forward written straight from docs/model.md §2 (slow, small models)."""
     c = m.cfg
     P = m.P
     T, d, n, H, G, hd, V = len(tokens), m.d, m.n, m.H, m.G, m.hd, m.V

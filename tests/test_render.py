@@ -22,7 +22,7 @@ def fail(msg):
     print("FAIL:", msg, file=sys.stderr)
 
 
-# ---- the reference: upstream's rendering rules (SPEC §2) ----
+# ---- the reference: upstream's rendering rules (docs/formats.md §3.2-§3.3) ----
 
 def render(ex):
     tools = ex.get("tools", [])

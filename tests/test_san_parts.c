@@ -152,7 +152,7 @@ static void test_logf(void)
 
 static void test_engram_index(void)
 {
-    /* golden values computed by a separate Python evaluation of SPEC §1's
+    /* golden values computed by a separate Python evaluation of docs/model.md §2's
      * hash (acc = 0x9E3779B9*(k+1) mod 2^32; acc = (acc ^ tok[t-j]) *
      * 0x01000193 for j < order; acc ^= acc >> 15; acc % slots) */
     const int32_t seq[] = {5, 6, 7, 5, 6, 7};

@@ -138,7 +138,7 @@ def check_model(tmp, label, model, corpus_file):
 
 
 def upstream_blob(model):
-    """The .cact tokenizer blob as upstream's exporter lays it out (SPEC §3)."""
+    """The .cact tokenizer blob as upstream's exporter lays it out (docs/formats.md §4.3)."""
     sp = spm.SentencePieceProcessor(model_file=model)
     n = sp.get_piece_size()
     out = bytearray(struct.pack("<IIIIIBBH", n, 0, 1, 2, 3, 1, 1, 0))

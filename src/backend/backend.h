@@ -56,7 +56,7 @@ struct nd_backend {
     void (*embed)(const nd_backend *be, float *x0, const float *emb, const int32_t *tok, long N,
                   int d, float scale);
 
-    /* engram table indices [N, K] (SPEC §1 step 2); the n-gram reads the
+    /* engram table indices [N, K] (docs/model.md §2.2); the n-gram reads the
      * previous tokens of each row's sequence (through its parent) */
     void (*engram_hash)(const nd_backend *be, int32_t *idx, const int32_t *tok, const nd_layout *L,
                         const int *orders, int n_orders, int heads, int slots);

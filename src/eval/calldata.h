@@ -1,5 +1,5 @@
 /* Held-out tool-calling examples for needle eval-calls, read from
- * upstream's training JSONL (SPEC §2): per line an object with "query",
+ * upstream's training JSONL (docs/formats.md §3.1): per line an object with "query",
  * "tools", "answers" (alias "function_calls"; absent = []) and optional
  * "system". Like training, "tools" and "answers" may also be JSON text in a
  * string, blank lines are ignored and lines without "query" skipped. */

@@ -1,4 +1,5 @@
-/* LoRA adapters on the five attention projections (SPEC §2).
+/* LoRA adapters on the five attention projections (docs/model.md §4.2;
+ * the adapter file: docs/formats.md §2).
  *
  * A (L, in, r) and B (L, r, out) per target live in one buffer whose layout
  * is shared by gradients and optimiser moments. The effective weight is
@@ -35,7 +36,7 @@ typedef struct {
 
 /* Flax path of a target's base kernel. */
 const char *san_lora_target_name(int target);
-/* Layout for a model: targets whose base max|w| > 1e-6 (SPEC §2). */
+/* Layout for a model: targets whose base max|w| > 1e-6 (docs/formats.md §2.2). */
 int san_lora_create(san_lora *lo, const san_model *m, int rank, float alpha);
 void san_lora_free(san_lora *lo);
 /* Move the adapter into a device backend's memory (no-op for the CPU);
@@ -55,7 +56,7 @@ static inline float *san_lora_B(const san_lora *lo, float *buf, int t)
 /* Pointer to target t's stacked base kernel inside a san_weights. */
 float *san_lora_weight_slot(san_weights *w, int t);
 
-/* Adapter pickle (SPEC §2): {"lora": {path: {"A", "B"}}, "scale", "base", "rank"}.
+/* Adapter pickle (docs/formats.md §2.1): {"lora": {path: {"A", "B"}}, "scale", "base", "rank"}.
  * Saving writes atomically; extra optimiser state may ride along. */
 pv *san_lora_to_pv(const san_lora *lo);
 int san_lora_save(const san_lora *lo, const char *path, pv *extra /* stolen, may be NULL */);

@@ -1,4 +1,4 @@
-/* The Simple Attention Network forward pass (SPEC §1), llm.c style: one
+/* The Simple Attention Network forward pass (docs/model.md §2), llm.c style: one
  * activation struct sized once for the most rows a batch can have, one
  * *_forward per part, all compute through the backend's ops. Which rows
  * form which sequence is the acts' layout (backend/layout.h): a padded

@@ -1,6 +1,6 @@
 /* Chat-template rendering and token ids/loss mask of a training example,
  * byte for byte as upstream finetune.py's render_example / _encode /
- * fit_max_len (SPEC §2, §6). */
+ * fit_max_len (docs/formats.md §3.2-§3.4). */
 #ifndef ND_RENDER_H
 #define ND_RENDER_H
 

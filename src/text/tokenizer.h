@@ -1,7 +1,7 @@
 /* SentencePiece-compatible BPE tokenizer.
  *
  * Loaded from a SentencePiece .model (protobuf) or from the tokenizer blob
- * stored in a .cact file (SPEC §3). Encoding reproduces SentencePiece
+ * stored in a .cact file (docs/formats.md §4.3). Encoding reproduces SentencePiece
  * 0.1.97's BPE encoder id for id: the model's normaliser (identity, or a
  * precompiled charsmap such as nmt_nfkc), whitespace handling, user-defined
  * symbols matched atomically, merges by piece score, byte fallback.
@@ -27,7 +27,7 @@ typedef struct {
 int nd_idvec_push(nd_idvec *iv, int32_t id);
 void nd_idvec_free(nd_idvec *iv);
 
-/* Piece types of the .cact blob (SPEC §3). */
+/* Piece types of the .cact blob (docs/formats.md §4.3). */
 enum {
     ND_TK_NORMAL = 0,
     ND_TK_UNKNOWN = 1,

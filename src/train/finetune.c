@@ -62,7 +62,7 @@ static void base_id(const char *path, char *buf, size_t cap)
     free(rp);
 }
 
-/* The optimiser state plus the run's settings (SPEC: needle_c_state). A
+/* The optimiser state plus the run's settings (needle_c_state, docs/formats.md §1.5). A
  * resume compares the settings with the new run's (see check_resume). */
 static pv *optimizer_state(const nd_finetune_opts *o, const nd_adamw *opt, const char *qat)
 {

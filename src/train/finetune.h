@@ -1,5 +1,6 @@
 /* needle finetune as a library call: LoRA training of a base checkpoint on
- * a JSONL dataset, upstream's defaults and progress lines (SPEC §2). */
+ * a JSONL dataset, upstream's defaults (docs/model.md §4.4) and progress
+ * lines (docs/training.md). */
 #ifndef ND_FINETUNE_H
 #define ND_FINETUNE_H
 

@@ -1,5 +1,5 @@
 /* optax.chain(clip_by_global_norm(max_norm), adamw(schedule)) over one flat
- * parameter buffer, with upstream's warmup + cosine schedule (SPEC §2). */
+ * parameter buffer, with upstream's warmup + cosine schedule (docs/model.md §4.3). */
 #ifndef ND_OPTIM_H
 #define ND_OPTIM_H
 

@@ -1,5 +1,5 @@
 /* One training step's numerics: merge the adapter, forward, masked
- * token-weighted cross-entropy (SPEC §2), backward into the adapter (and/or
+ * token-weighted cross-entropy (docs/model.md §4.1), backward into the adapter (and/or
  * full) gradients. Buffers are sized once for a fixed (B, T). */
 #ifndef ND_TRAINER_H
 #define ND_TRAINER_H

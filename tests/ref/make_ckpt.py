@@ -3,7 +3,7 @@
 
 Format (upstream needle/model/run.py, tests/conftest.py):
     {"format_version": 2,
-     "params": nested dict of numpy arrays (flax names, SPEC §1),
+     "params": nested dict of numpy arrays (flax names, docs/formats.md §1.4),
      "config": dict of TransformerConfig fields}
 
 Two initialisations:

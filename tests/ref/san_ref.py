@@ -3,7 +3,7 @@
 
 Behaviour follows upstream needle/model/architecture.py (SimpleAttentionNetwork
 .__call__ without quantisation, causal mask only) as summarised in
-/work/shared/SPEC.md §1.  Everything is computed in float64 from the stored
+docs/model.md §2.  Everything is computed in float64 from the stored
 arrays (float16/float32 -> float64 is exact).  Two deliberate upstream
 details are reproduced: the Walsh matrix entries are float32-rounded
 (+-1 float32 / sqrt(N) -> float32) and Sinkhorn runs exactly 20 rounds.

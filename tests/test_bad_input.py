@@ -1,9 +1,9 @@
 #!/usr/bin/python3
-"""Every row of README.md's bad-input table, run (issue 10).
+"""Every row of the bad-input table in docs/bad-inputs.md, run.
 
 Each case runs one `needle` command against a bad input and checks: the exit
 code, a phrase of the message, and what is kept (inputs unchanged, no output,
-no temporary file left). The README rows and this file's cases must match
+no temporary file left). The table's rows and this file's cases must match
 one to one: a row without a case (or a case without a row) fails the test.
 """
 import glob
@@ -412,8 +412,8 @@ def setup(tmp):
     save_pickle(c, p("inf"))
 
 
-def readme_rows():
-    with open(os.path.join(SRC, "README.md")) as f:
+def table_rows():
+    with open(os.path.join(SRC, "docs", "bad-inputs.md")) as f:
         text = f.read()
     if "## Bad inputs" not in text:
         return {}
@@ -492,10 +492,10 @@ def main():
     tmp = tempfile.mkdtemp(prefix="needle-bad-")
     setup(tmp)
     T["other_digest"] = digest(T["other"])
-    rows = readme_rows()
+    rows = table_rows()
     mine = {k for k, v in rows.items() if v and "test_bad_input" in v[-1]}
     want = set(CASES) | EXTRA
-    check(mine == want, "README bad-input rows <-> cases",
+    check(mine == want, "docs/bad-inputs.md rows <-> cases",
           f"rows only: {sorted(mine - want)} cases only: {sorted(want - mine)}")
     for cid, fn in CASES.items():
         ctx = {"stdout": "", "stderr": ""}
@@ -507,7 +507,7 @@ def main():
         check(r.returncode == code and phrase in r.stderr and kept() and not temps(tmp),
               f"{cid}: exit {r.returncode}", last[:300])
         if cid in rows and rows[cid][2] != str(code):
-            check(False, f"{cid}: README says exit {rows[cid][1]}")
+            check(False, f"{cid}: docs/bad-inputs.md says exit {rows[cid][2]}")
     signal_cases(tmp)
     periodic_save_failure(tmp)
     check(not temps(tmp), "no temporary file left anywhere", str(temps(tmp)))

@@ -1,5 +1,5 @@
 # Cross build for aarch64 Linux with Debian's cross gcc against Debian
-# multiarch arm64 libraries (see README, "aarch64 Linux"):
+# multiarch arm64 libraries (see docs/platforms.md, "aarch64 Linux"):
 #   dpkg --add-architecture arm64 && apt-get update
 #   apt-get install gcc-aarch64-linux-gnu qemu-user \
 #     libopenblas-openmp-dev:arm64 libjansson-dev:arm64

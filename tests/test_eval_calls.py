@@ -2,7 +2,7 @@
 """`needle eval-calls` on a tiny random model (needle init --preset tiny +
 needle build): the --json report parses and its counts add up, every
 --predictions line carries verdicts that an independent Python version of
-the rules (README "eval-calls") gives for the same expected/predicted pair,
+the rules (docs/evaluation.md) gives for the same expected/predicted pair,
 the per-line verdicts sum to the report's counts, --limit and
 --require-call act, the table shows the same counts, and bad data / bad
 flags fail with messages naming file:line:field."""

@@ -8,7 +8,7 @@
 # corpus with more multi-call answers -> stage 4: stage 3 again on another
 # fresh corpus (new seed) -> zero-shot loss on the held-out
 # domains -> `needle build` (.cact). About 3.5 hours on the 2-core
-# reference machine (see README "needle-nano").
+# reference machine (see docs/nano-base.md).
 #
 #   tools/pretrain_nano.sh                                  # the real run
 #   NANO_EXAMPLES=800 NANO_EPOCHS=1 NANO_THREADS=1 NANO_OUT=/tmp/nano tools/pretrain_nano.sh
@@ -79,7 +79,7 @@ STAGE4_LR=${NANO_STAGE4_LR:-5e-4}
 CONTINUE_FROM=${NANO_CONTINUE_FROM:-}
 ACT_MEMORY=${NANO_ACT_MEMORY:-2048}
 
-# The chosen shape (calibrated in README "needle-nano"): d 256 x 6 layers,
+# The chosen shape (docs/nano-base.md, "Why this shape"): d 256 x 6 layers,
 # head dim 64 as needle2 (4 query heads, 2 kv heads), two engram sites like
 # needle2's (early and mid stack) with half its slots, needle2's 4 lanes.
 SHAPE=(--preset needle2 --d-model 256 --layers 6 --heads 4 --kv-heads 2
@@ -91,7 +91,7 @@ STAGE3_SEED=5
 STAGE4_SEED=6
 # LoRA settings `needle finetune` uses on this base when the user gives none
 # (stored in the checkpoint, needle_c_recommended): chosen on the held-out
-# pets tool set, 200 examples x 10 epochs (README "needle-nano")
+# pets tool set, 200 examples x 10 epochs (docs/nano-base.md)
 RECOMMEND=lr=3e-3,lora_rank=64,lora_alpha=128,batch_size=8
 INIT_SEED=0
 TRAIN_SEED=0
@@ -216,7 +216,7 @@ if [[ "$STAGE3_EXAMPLES" -gt 0 ]]; then
         --alias-rate "$ALIAS_RATE" --multi-rate "$STAGE3_MULTI"
 fi
 # stage 4: the stage-3 mix on a fresh corpus; the longer the base reads, the
-# better its fine-tunes copy values (README "needle-nano")
+# better its fine-tunes copy values (docs/nano-base.md)
 if [[ "$STAGE4_EXAMPLES" -gt 0 ]]; then
     corpus_stage 4 "$STAGE4_EXAMPLES" "$STAGE4_SEED" "$FINAL" "$STAGE4_LR" "$LOSS4" \
         --alias-rate "$ALIAS_RATE" --multi-rate "$STAGE3_MULTI"

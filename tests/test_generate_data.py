@@ -5,6 +5,7 @@ by --workers, output that parses and renders, the same output for the same
 script, and the API key nowhere in what needle prints or writes."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -213,6 +214,22 @@ def test_nothing_kept(tmp):
           and "first invalid example: element 1" in p.stderr,
           "all invalid: said why: %r" % p.stderr[-400:])
     check(open(out).read() == before, "the existing output is left as it was (3)")
+
+    # a run stopped half-way (SIGINT, SIGTERM) leaves the output as it was
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        script = [("reply", json.dumps([A]))] * 3
+        with ChatServer(KEY, MODEL, script, delay=0.5) as srv:
+            env = dict(os.environ, OPENROUTER_API_KEY=KEY, OPENROUTER_URL=srv.url)
+            proc = subprocess.Popen([NEEDLE] + gen_args(tmp, out, 3), env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 10
+            while len(srv.requests) < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            proc.send_signal(sig)
+            rc = proc.wait(timeout=30)
+        check(rc != 0, "stopped by signal %d: exit %d" % (sig, rc))
+        check(open(out).read() == before, "a stopped run leaves the output as it was")
+        check(sorted(os.listdir(tmp)) == listing, "a stopped run leaves no file behind")
 
     # --augment with nothing new: no DATA.augmented.jsonl (not a copy of DATA)
     data = os.path.join(tmp, "nothing.jsonl")

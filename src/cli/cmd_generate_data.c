@@ -284,7 +284,7 @@ static int generate_and_write(const gen_params *p, const nd_pj *tools, const aug
         nd_gen_set_free(set);
         return cli_fail("generate-data");
     }
-    const nd_gen_counts *c = nd_gen_get_counts(set);
+    const nd_gen_counts counts = *nd_gen_get_counts(set), *c = &counts;
     /* quoted reply text: the key (or a piece of it) redacted before printing */
     char first_invalid[256], first_unparsable[256];
     snprintf(first_invalid, sizeof first_invalid, "%s", nd_gen_first_invalid(set));

@@ -5,6 +5,16 @@ Each POST takes the next step of the script, in arrival order:
   ("reply", text)              200, choices[0].message.content = text
   ("status", code, headers, body)  that status, headers and raw body
   ("raw", body)                200 with this raw body (e.g. malformed JSON)
+Misbehaving ones:
+  ("echo", code, pad, fmt)     pad "x"s then fmt.format(key=the expected key,
+                               auth=the Authorization header received): as
+                               the raw body of status `code`, or for 200 as
+                               {"error": {"message": ...}} -- a server that
+                               quotes the secret at any offset
+  ("huge", nbytes, sized)      200 whose body is nbytes long (a reply whose
+                               content is "aaa..."), with a Content-Length
+                               when `sized`, else read until the server
+                               closes; written in 1 MiB pieces
 Once the script is used up every request gets ("reply", "[]"). Every
 request is checked (Authorization bearer key, JSON body with model and
 system + user messages); problems are collected in .errors.
@@ -51,7 +61,15 @@ class ChatServer:
                 self.answer(step)
 
             def answer(self, step):
-                if step[0] == "reply":
+                if step[0] == "echo":
+                    text = "x" * step[2] + step[3].format(
+                        key=server.key, auth=str(self.headers.get("Authorization")))
+                    if step[1] == 200:
+                        text = json.dumps({"error": {"message": text}})
+                    self.send(step[1], {"Content-Type": "application/json"}, text)
+                elif step[0] == "huge":
+                    self.send_huge(step[1], step[2])
+                elif step[0] == "reply":
                     payload = json.dumps({"id": "x", "choices": [
                         {"index": 0, "message": {"role": "assistant", "content": step[1]}}]})
                     self.send(200, {"Content-Type": "application/json"}, payload)
@@ -59,6 +77,27 @@ class ChatServer:
                     self.send(200, {"Content-Type": "application/json"}, step[1])
                 else:
                     self.send(step[1], step[2], step[3])
+
+            def send_huge(self, nbytes, sized):
+                head, tail = b'{"choices": [{"message": {"content": "', b'"}}]}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                if sized:
+                    self.send_header("Content-Length", str(nbytes))
+                self.end_headers()
+                piece = b"a" * (1 << 20)
+                left = nbytes
+                try:
+                    self.wfile.write(head)
+                    left -= len(head) + len(tail)
+                    while left > 0:
+                        n = min(left, len(piece))
+                        self.wfile.write(piece[:n])
+                        left -= n
+                    self.wfile.write(tail)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # needle hangs up once the reply is over its limit
+                self.close_connection = True
 
             def send(self, code, headers, text):
                 data = text.encode("utf-8")

@@ -1,8 +1,11 @@
 /* gen/examples.c: reply parsing (bare, fenced, wrapped in prose, broken),
- * schema gate per answer, rendering gate, de-duplication and the counts. */
+ * schema gate per answer, rendering gate, de-duplication and the counts;
+ * gen/chat_reply.c: redaction before cutting and the reply envelope. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "gen/chat_reply.h"
 #include "gen/examples.h"
 #include "testutil.h"
 
@@ -17,6 +20,80 @@ static const char tools_json[] =
 static size_t add(nd_gen_set *s, const char *reply)
 {
     return nd_gen_add_reply(s, reply, strlen(reply), 0);
+}
+
+/* no run of 4+ bytes starting like key anywhere in s */
+static int clean(const char *s, const char *key)
+{
+    for (; *s; s++) {
+        size_t l = 0;
+        while (key[l] && s[l] == key[l])
+            l++;
+        if (l >= 4)
+            return 0;
+    }
+    return 1;
+}
+
+static void test_redaction(void)
+{
+    const char *key = "sk-or-v1-abcdef0123456789";
+    char src[256], out[256];
+    /* the key straddles the cut at every offset: redact first, then cut */
+    for (size_t pad = 0; pad < 40; pad++) {
+        memset(src, 'x', pad);
+        snprintf(src + pad, sizeof src - pad, "%s tail", key);
+        size_t n = nd_redact_into(out, sizeof out, src, strlen(src), key, 30);
+        CHECK(n <= 30 && strlen(out) == n);
+        CHECK(clean(out, key));
+        CHECK(pad + 3 > 30 || strncmp(out + pad, "***", n - pad < 3 ? n - pad : 3) == 0);
+    }
+    /* a piece of the key cut short elsewhere, the key twice, a Bearer token */
+    snprintf(src, sizeof src, "near 'sk-or-v1-ab' got %s%s; Authorization: bearer tok123 end", key,
+             key);
+    nd_redact_into(out, sizeof out, src, strlen(src), key, sizeof out);
+    CHECK(strcmp(out, "near '***' got ******; Authorization: bearer *** end") == 0);
+    /* under 4 bytes is not taken for the key; control bytes become spaces */
+    nd_redact_into(out, sizeof out, "sk-\nline\r2\0x", 12, key, 100);
+    CHECK(memcmp(out, "sk- line 2 x", 13) == 0);
+    /* in place, never longer */
+    snprintf(src, sizeof src, "Bearer %s!", key);
+    nd_redact(src, key);
+    CHECK(strcmp(src, "Bearer ***") == 0 || strcmp(src, "Bearer ***!") == 0);
+    /* a cut never splits a UTF-8 sequence */
+    nd_redact_into(out, sizeof out, "ab\xc3\xa9\xe2\x82\xac", 7, NULL, 5);
+    CHECK(strcmp(out, "ab\xc3\xa9") == 0);
+    nd_redact_into(out, sizeof out, "ab\xc3\xa9\xe2\x82\xac", 7, NULL, 3);
+    CHECK(strcmp(out, "ab") == 0);
+    /* no key: only control bytes change */
+    nd_redact_into(out, sizeof out, "a\tb", 3, "", 10);
+    CHECK(strcmp(out, "a b") == 0);
+}
+
+static void test_reply_envelope(void)
+{
+    const char *key = "sk-test-KEY-0001";
+    char *content, err[320];
+    size_t len;
+    const char ok[] = "{\"choices\":[{\"message\":{\"content\":\"[1]\"}}]}";
+    CHECK(nd_chat_parse_reply(ok, sizeof ok - 1, key, &content, &len, err, sizeof err) == 1);
+    CHECK(len == 3 && strcmp(content, "[1]") == 0);
+    free(content);
+    const char e1[] = "{\"error\":{\"message\":\"bad key sk-test-KEY-0001\"}}";
+    CHECK(nd_chat_parse_reply(e1, sizeof e1 - 1, key, &content, &len, err, sizeof err) == 0);
+    CHECK(!content && strcmp(err, "the service answered an error: bad key ***") == 0);
+    const char e2[] = "{\"error\":\"quota\"}";
+    CHECK(nd_chat_parse_reply(e2, sizeof e2 - 1, key, &content, &len, err, sizeof err) == 0);
+    CHECK(strcmp(err, "the service answered an error: quota") == 0);
+    CHECK(nd_chat_parse_reply("{\"choices\":[]}", 14, key, &content, &len, err, sizeof err) == 0);
+    CHECK(strstr(err, "no choices[0].message.content") != NULL);
+    CHECK(nd_chat_parse_reply("<html>", 6, key, &content, &len, err, sizeof err) == 0);
+    CHECK(strncmp(err, "the reply is not JSON (line 1 column", 36) == 0);
+    /* the service's message is cut at 200 bytes, after redaction */
+    char big[400];
+    snprintf(big, sizeof big, "{\"error\":{\"message\":\"%0190d%s\"}}", 0, key);
+    CHECK(nd_chat_parse_reply(big, strlen(big), key, &content, &len, err, sizeof err) == 0);
+    CHECK(clean(err, key) && strstr(err, "***") != NULL);
 }
 
 int main(void)
@@ -68,8 +145,13 @@ int main(void)
     CHECK(strstr(nd_gen_first_invalid(s), "break the tool schemas") != NULL);
     /* no array at all, and a truncated one */
     CHECK(add(s, "I cannot help with that.") == 0);
+    char first[256];
+    snprintf(first, sizeof first, "%s", nd_gen_first_unparsable(s));
+    CHECK(strncmp(first, "reply ", 6) == 0 &&
+          strstr(first, ": no [...] array in it; it begins \"I cannot help") != NULL);
     CHECK(add(s, "[{\"query\":\"x\",\"answers\":[") == 0);
     CHECK(nd_gen_get_counts(s)->unparsable == 2);
+    CHECK(strcmp(nd_gen_first_unparsable(s), first) == 0); /* the first stays */
 
     CHECK(nd_gen_size(s) == 2);
     size_t n;
@@ -105,5 +187,7 @@ int main(void)
     CHECK(nd_gen_set_new(nd_pj_root(obj), &s) != 0 && s == NULL);
     nd_pj_free(obj);
     nd_pj_free(doc);
+    test_redaction();
+    test_reply_envelope();
     return tu_finish("test_gen_examples");
 }

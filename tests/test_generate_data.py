@@ -5,9 +5,11 @@ by --workers, output that parses and renders, the same output for the same
 script, and the API key nowhere in what needle prints or writes."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from chat_server import ChatServer  # noqa: E402
@@ -136,10 +138,146 @@ def scripted_run(tmp, name, workers):
     return p, out, times
 
 
+def leaked(text, key=KEY):
+    """The longest start of the key (4 bytes or more) found in text, or ""."""
+    for k in range(len(key), 3, -1):
+        if key[:k] in text:
+            return key[:k]
+    return ""
+
+
+def gen_args(tmp, out, n, extra=()):
+    return (["generate-data", "--tools", os.path.join(tmp, "tools.json"), "--num-samples",
+             str(n), "--batch-size", "1", "--workers", "1", "--model", MODEL, "--max-retries",
+             "0", "--output", out] + list(extra))
+
+
+def test_redaction(tmp):
+    """A server that quotes the key at every offset around where needle cuts
+    what it prints (160 bytes of an HTTP error body, 200 of the service's
+    error message): no piece of the key's start survives."""
+    k = len(KEY)
+    script = [("echo", 401, pad, "{key} and more") for pad in range(160 - k - 1, 161)]
+    script += [("echo", 200, pad, "{key} and more") for pad in range(200 - k - 1, 201)]
+    # the header as received, wherever it lands
+    script += [("echo", 400, pad, "got Authorization: {auth}") for pad in (0, 100, 135, 180)]
+    # a body that is not JSON: the parser's message quotes the text it stopped in
+    script += [("raw", '{"choices": "' + "y" * pad + KEY + '\x01"}') for pad in (0, 100, 140)]
+    out = os.path.join(tmp, "redact.jsonl")
+    with ChatServer(KEY, MODEL, script) as srv:
+        # 30 samples, batch 1: 117 requests at most, the script's first
+        p = run(gen_args(tmp, out, 30), srv, check_rc=None)
+        check(len(srv.requests) >= len(script), "every echo was asked for")
+    text = p.stdout + p.stderr
+    check(leaked(text) == "", "a piece of the key is printed: %r" % leaked(text))
+    lines = text.splitlines()
+    n401 = sum("HTTP 401" in x for x in lines)
+    check(n401 == k + 2, "every 401 reported (%d of %d)" % (n401, k + 2))
+    nerr = sum("answered an error: xxxx" in x for x in lines)
+    check(nerr == k + 2, "every service error reported (%d of %d)" % (nerr, k + 2))
+    # (past pad 135 the cut comes before the token)
+    check(sum("Bearer ***" in x for x in lines) == 2, "the echoed header shows as Bearer ***")
+    check(sum("not JSON" in x for x in lines) == 3, "the bodies that are not JSON reported")
+
+
+def test_nothing_kept(tmp):
+    """No example kept: exit 1 saying why; the output file is left as it was."""
+    out = os.path.join(tmp, "keep.jsonl")
+    before = json.dumps(dict(A, tools=TOOLS)) + "\n"
+    with open(out, "w") as f:
+        f.write(before)
+    listing = sorted(os.listdir(tmp))
+    # 2 samples, batch 1: int(2.6) // 1 * 3 = 6 requests, every reply prose
+    script = [("reply", "Sorry, I cannot produce examples for these tools.")] * 6
+    with ChatServer(KEY, MODEL, script) as srv:
+        p = run(gen_args(tmp, out, 2), srv, check_rc=1)
+    check("6 replies, all unparsable" in p.stderr and "no [...] array" in p.stderr
+          and "Sorry, I cannot" in p.stderr and out + " not written" in p.stderr,
+          "all unparsable: said why: %r" % p.stderr[-400:])
+    check("wrote" not in p.stdout, "no 'wrote' line: %r" % p.stdout)
+    check(open(out).read() == before, "the existing output is left as it was")
+    check(sorted(os.listdir(tmp)) == listing, "no temporary file is left behind")
+
+    # the first unparsable reply's parse error is named
+    script = [("reply", 'Here: [{"query": "Weather in Lyon", "answers": ]')] * 6
+    with ChatServer(KEY, MODEL, script) as srv:
+        p = run(gen_args(tmp, out, 2), srv, check_rc=1)
+    check("all unparsable" in p.stderr and "reply 1: its [...] is not JSON (column" in p.stderr,
+          "the parse error is named: %r" % p.stderr[-400:])
+    check(open(out).read() == before, "the existing output is left as it was (2)")
+
+    # every example invalid: exit 1, the first reason named
+    script = [("reply", json.dumps(BAD))] * 6
+    with ChatServer(KEY, MODEL, script) as srv:
+        p = run(gen_args(tmp, out, 2), srv, check_rc=1)
+    check("no examples: 6 replies, 0 unparsable, 36 examples invalid" in p.stderr
+          and "first invalid example: element 1" in p.stderr,
+          "all invalid: said why: %r" % p.stderr[-400:])
+    check(open(out).read() == before, "the existing output is left as it was (3)")
+
+    # a run stopped half-way (SIGINT, SIGTERM) leaves the output as it was
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        script = [("reply", json.dumps([A]))] * 3
+        with ChatServer(KEY, MODEL, script, delay=0.5) as srv:
+            env = dict(os.environ, OPENROUTER_API_KEY=KEY, OPENROUTER_URL=srv.url)
+            proc = subprocess.Popen([NEEDLE] + gen_args(tmp, out, 3), env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 10
+            while len(srv.requests) < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            proc.send_signal(sig)
+            rc = proc.wait(timeout=30)
+        check(rc != 0, "stopped by signal %d: exit %d" % (sig, rc))
+        check(open(out).read() == before, "a stopped run leaves the output as it was")
+        check(sorted(os.listdir(tmp)) == listing, "a stopped run leaves no file behind")
+
+    # --augment with nothing new: no DATA.augmented.jsonl (not a copy of DATA)
+    data = os.path.join(tmp, "nothing.jsonl")
+    with open(data, "w") as f:
+        f.write(before)
+    script = [("status", 400, {}, '{"error": {"message": "no"}}')] + \
+        [("reply", "I'd rather not.")] * 5
+    with ChatServer(KEY, MODEL, script) as srv:
+        p = run(["generate-data", "--augment", data, "--num-samples", "2", "--batch-size", "1",
+                 "--workers", "1", "--model", MODEL, "--max-retries", "0"], srv, check_rc=1)
+    check("5 replies, all unparsable" in p.stderr and "failed requests: HTTP 400" in p.stderr,
+          "augment: said why: %r" % p.stderr[-400:])
+    check(not os.path.exists(os.path.join(tmp, "nothing.augmented.jsonl")),
+          "augment with nothing new writes no file")
+
+
+def test_huge_reply(tmp):
+    """A reply over 64 MiB is abandoned and named as such, with a
+    Content-Length (refused before the body) and without (cut off while it
+    streams); it is not asked for again."""
+    limit = 64 << 20
+    script = [("huge", limit + 1, True), ("huge", limit + 1, False)]
+    out = os.path.join(tmp, "huge.jsonl")
+    t0 = time.monotonic()
+    with ChatServer(KEY, MODEL, script) as srv:
+        # 1 sample, batch 1: 3 requests (the last one answered "[]")
+        p = run(gen_args(tmp, out, 1, ["--max-retries", "2", "--retry-base", "0.01"]), srv,
+                check_rc=1)
+        check(len(srv.requests) == 3, "an over-limit reply is not retried (%d requests)"
+              % len(srv.requests))
+    print("huge replies: %.1f s" % (time.monotonic() - t0))
+    over = [x for x in p.stderr.splitlines()
+            if x.startswith("  failed ") and "over the 64 MiB limit" in x]
+    check(len(over) == 2 and all("reply from " + srv.url in x for x in over),
+          "both replies over the limit named: %r" % p.stderr[-600:])
+    check("Failed writing" not in p.stderr, "no libcurl write-error wording")
+    check(summary(p.stdout).get("failed requests") == 2, "2 failed: %s" % summary(p.stdout))
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         with open(os.path.join(tmp, "tools.json"), "w") as f:
             json.dump(TOOLS, f)
+        only = os.environ.get("GEN_TEST_ONLY")
+        if only:
+            globals()["test_" + only](tmp)
+            print("%d failure(s)" % len(failures) if failures else "ok")
+            sys.exit(1 if failures else 0)
 
         # 1. the scripted run, one request at a time
         p, out, times = scripted_run(tmp, "one.jsonl", 1)
@@ -290,6 +428,11 @@ def main():
             p = run(["generate-data", "--tools", tools, "--num-samples", "0"], srv, check_rc=2)
         with open(tools) as f:
             check(json.load(f) == TOOLS, "the tools file is untouched")
+
+        # 8-10. misbehaving servers
+        test_redaction(tmp)
+        test_nothing_kept(tmp)
+        test_huge_reply(tmp)
 
     if failures:
         print("%d failure(s)" % len(failures))

@@ -77,6 +77,7 @@ def main():
             try:
                 run(pg, tools, names, examples, cact)
                 run_generate(pg, srv)
+                run_generate_echo(pg, srv)
             finally:
                 rc = pg.stop()
             check(rc == 0, "SIGINT: clean exit 0 (got %r)" % rc)
@@ -254,6 +255,26 @@ def run_generate(pg, srv):
     check(not leaked, "the API key never shows in the status")
     for name in final["downloads"]:
         check(KEY.encode() not in pg.request("GET", "/download/" + name)[2], "key not in %s" % name)
+
+
+def run_generate_echo(pg, srv):
+    """A chat service that quotes the key in its 401 body, placed so that
+    generate-data's 160-byte cut of that body falls inside the key: the job
+    fails, and its log (generate-data's own lines) holds no 4-byte start of
+    the key."""
+    k = len(KEY)
+    for pad in (160 - k + 1, 160 - k // 2, 156):
+        with srv.lock:
+            srv.script[:0] = [("echo", 401, pad, "{key} and more")]
+        req = {"tools": GEN_TOOLS, "api_key": KEY, "samples": 1}
+        status, body = pg.json("POST", "/finetune", req)
+        check(status == 200, "a fine-tune against an echoing service starts (%d %s)" % (status, body))
+        final = wait_until(lambda: (lambda s: s if not s["running"] else None)(pg.json("GET", "/finetune/status")[1]), 120)
+        check(final and final["step"] == "failed", "it fails: %s" % (final and final["step"]))
+        log = "\n".join(final["log"]) if final else ""
+        check("HTTP 401" in log, "the log holds the 401 (pad %d)" % pad)
+        leaked = [KEY[:n] for n in range(4, k + 1) if KEY[:n] in json.dumps(final)]
+        check(not leaked, "no start of the key in the job status (pad %d): %s" % (pad, leaked[-1:]))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
 #include "cli/cli.h"
 #include "core/fileio.h"
 #include "core/status.h"
+#include "gen/chat_reply.h"
 #include "gen/examples.h"
 #include "io/jsonl.h"
 #include "text/pyjson.h"
@@ -53,7 +54,11 @@ static const char generate_help[] =
     "  OPENROUTER_URL      chat-completions endpoint (default " DEFAULT_URL ")\n"
     "\n"
     "Prints a progress line per request (stderr) and a summary: requested, kept,\n"
-    "dropped invalid, dropped duplicate, unparsable replies, failed requests.\n";
+    "dropped invalid, dropped duplicate, unparsable replies, failed requests.\n"
+    "The output is written whole (a temporary file beside it, then renamed). When\n"
+    "no example is kept it exits 1 saying why and leaves the output as it was.\n"
+    "A reply over 64 MiB is abandoned. Text quoted from the service is printed\n"
+    "with the key (and any piece of it, and Bearer tokens) replaced by ***.\n";
 
 typedef struct {
     long num_samples;
@@ -279,16 +284,46 @@ static int generate_and_write(const gen_params *p, const nd_pj *tools, const aug
         nd_gen_set_free(set);
         return cli_fail("generate-data");
     }
-    const nd_gen_counts *c = nd_gen_get_counts(set);
-    if (nd_gen_first_invalid(set)[0])
-        fprintf(stderr, "  %-9s first invalid example: %s\n", "note", nd_gen_first_invalid(set));
+    const nd_gen_counts counts = *nd_gen_get_counts(set), *c = &counts;
+    /* quoted reply text: the key (or a piece of it) redacted before printing */
+    char first_invalid[256], first_unparsable[256];
+    snprintf(first_invalid, sizeof first_invalid, "%s", nd_gen_first_invalid(set));
+    snprintf(first_unparsable, sizeof first_unparsable, "%s", nd_gen_first_unparsable(set));
+    nd_redact(first_invalid, key);
+    nd_redact(first_unparsable, key);
+    if (first_invalid[0])
+        fprintf(stderr, "  %-9s first invalid example: %s\n", "note", first_invalid);
+    if (first_unparsable[0] && nd_gen_size(set))
+        fprintf(stderr, "  %-9s first unparsable reply: %s\n", "note", first_unparsable);
     printf("  %-9s requested %ld  kept %zu  dropped invalid %zu  dropped duplicate %zu  "
            "unparsable replies %zu  failed requests %d  requests %d\n",
            "summary", p->num_samples, c->kept, c->invalid, c->duplicate, c->unparsable, st.failed,
            st.submitted);
-    if (st.failed == st.submitted) {
+    fflush(stdout);
+    if (!nd_gen_size(set)) {
+        /* nothing new: say why, and leave `out` as it was (an older file
+         * there is not replaced by an empty or unchanged copy) */
         nd_gen_set_free(set);
-        fprintf(stderr, "needle: generate-data: every request failed; nothing written\n");
+        if (st.failed == st.submitted)
+            fprintf(stderr,
+                    "needle: generate-data: every request failed (%d; the first: %s); "
+                    "nothing written\n",
+                    st.failed, st.first_error);
+        else if (c->unparsable == c->replies)
+            fprintf(stderr,
+                    "needle: generate-data: no examples: %zu repl%s, all unparsable (the "
+                    "first, %s)%s%s; %s not written\n",
+                    c->replies, c->replies == 1 ? "y" : "ies", first_unparsable,
+                    st.failed ? "; failed requests: " : "", st.failed ? st.first_error : "", out);
+        else
+            fprintf(stderr,
+                    "needle: generate-data: no examples: %zu repl%s, %zu unparsable, %zu "
+                    "examples invalid, %zu duplicate, %d requests failed%s%s%s%s; %s not "
+                    "written\n",
+                    c->replies, c->replies == 1 ? "y" : "ies", c->unparsable, c->invalid,
+                    c->duplicate, st.failed, first_invalid[0] ? "; first invalid example: " : "",
+                    first_invalid, first_unparsable[0] ? "; first unparsable reply: " : "",
+                    first_unparsable, out);
         return 1;
     }
     size_t old_n = 0;

@@ -8,6 +8,7 @@
 
 #include "core/status.h"
 #include "engine/grammar.h"
+#include "gen/chat_reply.h"
 #include "text/render.h"
 
 const char nd_gen_system_prompt[] =
@@ -198,6 +199,7 @@ struct nd_gen_set {
     size_t n, cap;
     nd_gen_counts counts;
     char first_invalid[256];
+    char first_unparsable[256];
     nd_buf scratch, prompt, target;
 };
 
@@ -259,6 +261,11 @@ const char *nd_gen_warnings(const nd_gen_set *s)
 const char *nd_gen_first_invalid(const nd_gen_set *s)
 {
     return s->first_invalid;
+}
+
+const char *nd_gen_first_unparsable(const nd_gen_set *s)
+{
+    return s->first_unparsable;
 }
 
 static void reject(nd_gen_set *s, size_t idx, const char *why)
@@ -417,7 +424,9 @@ void nd_gen_seen(nd_gen_set *s, const nd_pj *example)
 /* The array in a reply: upstream takes the first '[' to the last ']'; when
  * that is not JSON (prose with brackets around a fenced block), each
  * ```-fenced block is tried the same way. */
-static nd_pj_doc *find_array(const char *t, size_t n)
+/* The reply's array of examples, or NULL with why[] saying what was wrong
+ * with the first candidate (the outermost [...]). */
+static nd_pj_doc *find_array(const char *t, size_t n, char *why, size_t why_n)
 {
     const char *lo = memchr(t, '[', n), *hi = NULL;
     for (size_t i = n; i > 0; i--)
@@ -426,9 +435,14 @@ static nd_pj_doc *find_array(const char *t, size_t n)
             break;
         }
     nd_pj_doc *doc = NULL;
-    if (lo && hi && hi > lo && !nd_pj_parse(lo, (size_t)(hi - lo + 1), &doc, NULL) &&
-        nd_pj_root(doc)->type == ND_PJ_ARRAY)
+    if (!lo || !hi || hi < lo)
+        snprintf(why, why_n, "no [...] array in it");
+    else if (nd_pj_parse(lo, (size_t)(hi - lo + 1), &doc, NULL))
+        snprintf(why, why_n, "its [...] is not JSON (%s)", nd_last_error());
+    else if (nd_pj_root(doc)->type == ND_PJ_ARRAY)
         return doc;
+    else
+        snprintf(why, why_n, "its [...] is not one JSON array");
     nd_pj_free(doc);
     const char *p = t, *end = t + n;
     for (;;) {
@@ -463,9 +477,17 @@ static nd_pj_doc *find_array(const char *t, size_t n)
 size_t nd_gen_add_reply(nd_gen_set *s, const char *text, size_t len, size_t cap)
 {
     s->counts.replies++;
-    nd_pj_doc *doc = find_array(text, len);
+    char why[160];
+    nd_pj_doc *doc = find_array(text, len, why, sizeof why);
     if (!doc) {
         s->counts.unparsable++;
+        if (!s->first_unparsable[0]) {
+            char start[64];
+            nd_redact_into(start, sizeof start, text, len, NULL, 48);
+            snprintf(s->first_unparsable, sizeof s->first_unparsable,
+                     "reply %zu: %s; it begins \"%s%s\"", s->counts.replies, why, start,
+                     strlen(start) < len ? "..." : "");
+        }
         return 0;
     }
     const nd_pj *arr = nd_pj_root(doc);

@@ -56,5 +56,8 @@ const nd_gen_counts *nd_gen_get_counts(const nd_gen_set *s);
 const char *nd_gen_warnings(const nd_gen_set *s);
 /* Why the first dropped-invalid example was dropped ("" if none). */
 const char *nd_gen_first_invalid(const nd_gen_set *s);
+/* Why the first unparsable reply was (which reply, what was wrong, how it
+ * began; "" if none). Quotes the reply: redact before printing. */
+const char *nd_gen_first_unparsable(const nd_gen_set *s);
 
 #endif

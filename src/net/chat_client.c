@@ -4,13 +4,13 @@
 
 #include <ctype.h>
 #include "net/curl_dl.h"
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "core/status.h"
+#include "gen/chat_reply.h"
 
 typedef struct request {
     struct request *next;
@@ -23,6 +23,8 @@ typedef struct request {
     char *resp;
     size_t resp_len, resp_cap;
     double retry_after; /* from the last answer's header, -1 if none */
+    int too_big;        /* the reply passed ND_CHAT_MAX_REPLY: abandoned */
+    int no_memory;      /* growing the reply buffer failed: abandoned */
 } request;
 
 struct nd_chat {
@@ -48,21 +50,6 @@ static double jitter01(nd_chat *c)
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
     x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
     return (double)((x ^ (x >> 31)) >> 11) / 9007199254740992.0;
-}
-
-/* Replace every copy of the key in s by "***": a message may quote a
- * server's answer, and a misbehaving server could echo the header. */
-static void redact(const nd_chat *c, char *s)
-{
-    const char *k = c->o.api_key;
-    size_t kn = k ? strlen(k) : 0;
-    if (kn < 4)
-        return;
-    char *p;
-    while ((p = strstr(s, k)) != NULL) {
-        memcpy(p, "***", 3);
-        memmove(p + 3, p + kn, strlen(p + kn) + 1);
-    }
 }
 
 int nd_chat_new(const nd_chat_opts *o, nd_chat **out)
@@ -156,15 +143,21 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud)
 {
     request *r = ud;
     size_t add = size * n;
+    if (add > ND_CHAT_MAX_REPLY - r->resp_len) {
+        r->too_big = 1; /* libcurl then ends the transfer with a write error */
+        return 0;
+    }
     if (r->resp_len + add + 1 > r->resp_cap) {
         size_t cap = r->resp_cap ? r->resp_cap : 4096;
         while (cap < r->resp_len + add + 1)
             cap *= 2;
-        if (cap > ((size_t)64 << 20))
-            return 0; /* a reply over 64 MiB: abort the transfer */
+        if (cap > ND_CHAT_MAX_REPLY + 1)
+            cap = ND_CHAT_MAX_REPLY + 1;
         char *p = realloc(r->resp, cap);
-        if (!p)
+        if (!p) {
+            r->no_memory = 1;
             return 0;
+        }
         r->resp = p;
         r->resp_cap = cap;
     }
@@ -207,6 +200,7 @@ static int start(nd_chat *c, request *r)
         return nd_error(ND_ENOMEM, "cannot start a libcurl transfer");
     r->resp_len = 0;
     r->retry_after = -1;
+    r->too_big = r->no_memory = 0;
     r->attempts++;
     curl_easy_setopt(e, CURLOPT_URL, c->o.url);
     curl_easy_setopt(e, CURLOPT_POST, 1L);
@@ -220,6 +214,8 @@ static int start(nd_chat *c, request *r)
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(c->o.timeout_s * 1000));
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, 30000L);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    /* a Content-Length over the cap is refused before the body comes */
+    curl_easy_setopt(e, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)ND_CHAT_MAX_REPLY);
     curl_easy_setopt(e, CURLOPT_PRIVATE, r);
     /* only HTTP(S): OPENROUTER_URL=file:///... must not read local files */
 #if LIBCURL_VERSION_NUM >= 0x075500
@@ -238,43 +234,6 @@ static int start(nd_chat *c, request *r)
     return 0;
 }
 
-/* choices[0].message.content of a 2xx answer, or why not. */
-static int extract_content(nd_chat *c, request *r, nd_chat_result *res)
-{
-    json_error_t je;
-    json_t *root = json_loadb(r->resp ? r->resp : "", r->resp_len, 0, &je);
-    if (!root) {
-        snprintf(res->err, sizeof res->err, "the reply is not JSON (line %d column %d: %s)",
-                 je.line, je.column, je.text);
-        return 0;
-    }
-    json_t *choice = json_array_get(json_object_get(root, "choices"), 0);
-    json_t *content = json_object_get(json_object_get(choice, "message"), "content");
-    json_t *error = json_object_get(root, "error");
-    int ok = 0;
-    if (json_is_string(content)) {
-        size_t n = json_string_length(content);
-        res->content = malloc(n + 1);
-        if (res->content) {
-            memcpy(res->content, json_string_value(content), n);
-            res->content[n] = 0;
-            res->content_len = n;
-            ok = 1;
-        } else {
-            snprintf(res->err, sizeof res->err, "out of memory");
-        }
-    } else if (error) {
-        json_t *msg = json_object_get(error, "message");
-        snprintf(res->err, sizeof res->err, "the service answered an error: %.200s",
-                 json_is_string(msg) ? json_string_value(msg) : "(no message)");
-    } else {
-        snprintf(res->err, sizeof res->err, "the reply has no choices[0].message.content string");
-    }
-    json_decref(root);
-    redact(c, res->err);
-    return ok;
-}
-
 /* A transfer ended: 1 = finished (res filled), 0 = queued for a retry. */
 static int finish(nd_chat *c, request *r, CURLcode code, nd_chat_result *res)
 {
@@ -284,7 +243,9 @@ static int finish(nd_chat *c, request *r, CURLcode code, nd_chat_result *res)
     curl_easy_cleanup(r->easy);
     r->easy = NULL;
     c->active--;
-    int retryable = code != CURLE_OK || status == 429 || status >= 500;
+    /* a reply over the cap comes back as large the next time: not retried */
+    int too_big = r->too_big || code == CURLE_FILESIZE_EXCEEDED;
+    int retryable = !too_big && (code != CURLE_OK || status == 429 || status >= 500);
     if (retryable && r->attempts <= c->o.max_retries) {
         double wait =
             c->o.retry_base_s * (double)(1u << (r->attempts - 1 < 20 ? r->attempts - 1 : 20));
@@ -300,22 +261,36 @@ static int finish(nd_chat *c, request *r, CURLcode code, nd_chat_result *res)
     res->tag = r->tag;
     res->http_status = status;
     res->attempts = r->attempts;
-    if (code != CURLE_OK)
-        snprintf(res->err, sizeof res->err, "%.200s: %s", c->o.url, curl_easy_strerror(code));
-    else if (status < 200 || status >= 300)
-        snprintf(res->err, sizeof res->err, "HTTP %ld%s: %.160s", status,
-                 status == 401 || status == 403 ? " (check OPENROUTER_API_KEY)" : "",
-                 r->resp ? r->resp : "");
-    else
-        res->ok = extract_content(c, r, res);
+    /* server text (and the URL, which may carry anything) is redacted
+     * before it is cut, so a cut never leaves a piece of the key behind */
+    const char *key = c->o.api_key;
+    char url[208];
+    nd_redact_into(url, sizeof url, c->o.url, strlen(c->o.url), key, 200);
+    if (too_big)
+        snprintf(res->err, sizeof res->err, "reply from %s: over the %zu MiB limit", url,
+                 ND_CHAT_MAX_REPLY >> 20);
+    else if (r->no_memory)
+        snprintf(res->err, sizeof res->err, "reply from %s: out of memory after %zu bytes", url,
+                 r->resp_len);
+    else if (code != CURLE_OK)
+        snprintf(res->err, sizeof res->err, "%s: %s", url, curl_easy_strerror(code));
+    else if (status < 200 || status >= 300) {
+        char body[168];
+        nd_redact_into(body, sizeof body, r->resp ? r->resp : "", r->resp ? r->resp_len : 0, key,
+                       160);
+        snprintf(res->err, sizeof res->err, "HTTP %ld%s: %s", status,
+                 status == 401 || status == 403 ? " (check OPENROUTER_API_KEY)" : "", body);
+    } else {
+        int ok = nd_chat_parse_reply(r->resp, r->resp_len, key, &res->content, &res->content_len,
+                                     res->err, sizeof res->err);
+        res->ok = ok > 0;
+    }
     if (retryable && r->attempts > 1) {
         size_t n = strlen(res->err);
         snprintf(res->err + n, sizeof res->err - n, " (after %d attempts)", r->attempts);
     }
-    for (char *p = res->err; *p; p++)
-        if (*p == '\n' || *p == '\r')
-            *p = ' ';
-    redact(c, res->err);
+    /* one line, and once more over the whole message */
+    nd_redact(res->err, key);
     /* unlink */
     for (request **p = &c->queue; *p; p = &(*p)->next)
         if (*p == r) {

@@ -2,8 +2,13 @@
  * interface: up to `max_active` transfers at once on one thread, each POST
  * retried on transport errors, 429 and 5xx with exponential backoff plus
  * jitter (or the server's Retry-After, in seconds), then reported failed.
+ * A reply body over ND_CHAT_MAX_REPLY (64 MiB, gen/chat_reply.h) is
+ * abandoned and reported as such, not retried.
  * The API key goes only into the Authorization header: it is never part of
- * a message this module produces (a server echoing it is redacted). */
+ * a message this module produces. Server text that a message quotes (an
+ * error body, the service's error message) and the URL are redacted
+ * (nd_redact_into: the key, any piece of it, Bearer tokens) before they are
+ * cut short. */
 #ifndef ND_CHAT_CLIENT_H
 #define ND_CHAT_CLIENT_H
 

@@ -64,8 +64,8 @@ int nd_generate(const nd_generate_opts *o, const nd_pj *tools, nd_gen_set *set,
         }
         if (res.ok)
             nd_gen_add_reply(set, res.content, res.content_len, want);
-        else
-            st->failed++;
+        else if (!st->failed++)
+            snprintf(st->first_error, sizeof st->first_error, "%s", res.err);
         free(res.content);
         if (o->progress) {
             if (!res.ok)

@@ -23,6 +23,7 @@ typedef struct {
 
 typedef struct {
     int submitted, failed;
+    char first_error[320]; /* the first failed request's message (redacted), "" if none */
 } nd_generate_stats;
 
 /* Fill `set` (made for the same tools) with up to num_samples examples. */

@@ -141,7 +141,8 @@ def run(pg, tools, names, examples, cact):
 
     # downloads: only files the playground wrote
     for path in ("/download/../etc/passwd", "/download/..%2F..%2Fetc%2Fpasswd", "/download/.bashrc"):
-        code = raw(pg, b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path.encode())
+        code = raw(pg, b"GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n"
+                   % (path.encode(), pg.hostport.encode()))
         check(code in (400, 404), "path traversal %s refused (%d)" % (path, code))
     status, _, _ = pg.request("GET", "/download/needle_tuned.cact")
     check(status == 404, "a file not produced yet -> 404 (%d)" % status)
@@ -151,13 +152,16 @@ def run(pg, tools, names, examples, cact):
     check(status == 404, "unknown route -> 404")
 
     # body limits: declared too large, and streamed (chunked) past the limit
-    code = raw(pg, b"POST /complete HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    host = b"Host: %s\r\n" % pg.hostport.encode()
+    code = raw(pg, b"POST /complete HTTP/1.1\r\n" + host + b"Content-Type: application/json\r\n"
                    b"Content-Length: 2000000\r\n\r\n{")
     check(code == 413, "JSON body over 1 MB (Content-Length) -> 413 (%d)" % code)
-    code = raw(pg, b"POST /load-model HTTP/1.1\r\nHost: x\r\nContent-Length: 70000000\r\n\r\n")
+    code = raw(pg, b"POST /load-model HTTP/1.1\r\n" + host + b"Content-Type: application/octet-stream\r\n"
+                   b"Content-Length: 70000000\r\n\r\n")
     check(code == 413, ".cact upload over 64 MB -> 413 (%d)" % code)
     chunk = b"x" * 65536
-    chunked = b"POST /complete HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunked = (b"POST /complete HTTP/1.1\r\n" + host + b"Content-Type: application/json\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n")
     chunked += (b"%x\r\n%s\r\n" % (len(chunk), chunk)) * 20 + b"0\r\n\r\n"
     code = raw(pg, chunked)
     check(code == 413, "chunked JSON body past 1 MB -> 413 (%d)" % code)

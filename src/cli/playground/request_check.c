@@ -56,7 +56,7 @@ static int split_hostport(const char *s, char *host, int *port)
     if (colon) {
         const char *p = colon + 1;
         long v = 0;
-        if (!*p || strlen(p) > 5)
+        if (!*p || strlen(p) > 5 || *p == '0') /* browsers never send "07860" */
             return -1;
         for (; *p; p++) {
             if (*p < '0' || *p > '9')

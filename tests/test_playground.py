@@ -50,9 +50,12 @@ def check(cond, msg):
 def raw(pg, data, timeout=30):
     """Send raw bytes, return the status line's code (0: no answer)."""
     s = socket.create_connection((pg.host, pg.port), timeout=timeout)
+    got = b""
     try:
-        s.sendall(data)
-        got = b""
+        try:
+            s.sendall(data)
+        except OSError:
+            pass  # refused before the whole body was sent: the answer may be there
         while b"\r\n" not in got:
             chunk = s.recv(4096)
             if not chunk:

@@ -38,6 +38,8 @@ struct request {
     long long declared; /* Content-Length, or -1 */
     size_t reserved;    /* bytes of the global upload budget held */
     int refused;        /* answered before the body: discard what comes */
+    unsigned deny_code; /* refused once the body is in (discarded), with deny_msg */
+    char *deny_msg;
     int too_big, over_budget;
 };
 
@@ -334,8 +336,25 @@ static enum MHD_Result route_finetune(struct MHD_Connection *c, struct request *
 
 /* Checks on a request's headers, before its body is read: whom it comes
  * from (Host; Origin and Content-Type for POST) and whether its body fits
- * the route's limit and the global upload budget. 0 when it may go on;
- * 1 when refused: the answer is queued (*ret its result), rq->refused set. */
+ * the route's limit and the global upload budget. 0 when it may go on,
+ * or when refused with a body that fits the route's limit: deny_code and
+ * deny_msg are set, the body is read and dropped, and the refusal answers
+ * it (a client still sending when the server closes would see a reset
+ * instead of the answer). 1 when refused now: the answer is queued (*ret
+ * its result) and rq->refused set. */
+static int deny(struct MHD_Connection *c, struct request *rq, unsigned code, const char *msg,
+                enum MHD_Result *ret)
+{
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    if (!(cl && strtoll(cl, NULL, 10) > rq->limit) && (rq->deny_msg = strdup(msg))) {
+        rq->deny_code = code;
+        rq->refused = 0;
+        return 0;
+    }
+    *ret = send_error(c, code, msg);
+    return 1;
+}
+
 static int refuse_early(struct MHD_Connection *c, struct request *rq, const char *url,
                         const char *method, enum MHD_Result *ret)
 {
@@ -353,8 +372,7 @@ static int refuse_early(struct MHD_Connection *c, struct request *rq, const char
                  "DNS-rebinding guard; to serve it under another name start it with "
                  "--allow-origin http://NAME:PORT",
                  printable(host, buf, sizeof buf), acc->n_origins ? acc->origins[0] : "its IP");
-        *ret = send_error(c, 403, msg);
-        return 1;
+        return deny(c, rq, 403, msg, ret);
     }
     if (!strcmp(method, "POST")) {
         const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
@@ -363,8 +381,7 @@ static int refuse_early(struct MHD_Connection *c, struct request *rq, const char
                      "Origin %s may not change this playground (only its own page, or one "
                      "given with --allow-origin)",
                      printable(origin, buf, sizeof buf));
-            *ret = send_error(c, 403, msg);
-            return 1;
+            return deny(c, rq, 403, msg, ret);
         }
         /* a page on another origin can POST text/plain, form or empty
          * bodies without asking (no CORS preflight); it cannot send these
@@ -375,8 +392,7 @@ static int refuse_early(struct MHD_Connection *c, struct request *rq, const char
         if (!pg_media_type_is(ctype, want)) {
             snprintf(msg, sizeof msg, "POST %.64s needs Content-Type: %s (got %s)", url, want,
                      printable(ctype, buf, sizeof buf));
-            *ret = send_error(c, 415, msg);
-            return 1;
+            return deny(c, rq, 415, msg, ret);
         }
     }
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
@@ -454,13 +470,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return ret;
     }
     if (*upload_size) {
-        int rc = rq->refused ? 0 : take_upload(rq, upload, *upload_size);
+        int rc = rq->refused || rq->deny_code ? 0 : take_upload(rq, upload, *upload_size);
         *upload_size = 0;
         return rc ? MHD_NO : MHD_YES;
     }
     if (rq->refused)
         return MHD_YES; /* answered already */
     conn_phase(c, PH_HANDLING);
+    if (rq->deny_code)
+        return send_error(c, rq->deny_code, rq->deny_msg);
     if (rq->too_big) {
         char msg[128];
         snprintf(msg, sizeof msg, "request body too large: the limit for %.64s is %lld bytes", url,
@@ -516,6 +534,7 @@ static void on_done(void *cls, struct MHD_Connection *c, void **con_cls,
     conn_phase(c, PH_HEADERS); /* keep-alive: the next request's headers */
     if (rq) {
         budget_release(rq);
+        free(rq->deny_msg);
         free(rq->body);
         free(rq);
         *con_cls = NULL;

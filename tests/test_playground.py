@@ -7,14 +7,17 @@ bodies refused (413), a second fine-tune while one runs refused (409), a
 small fine-tune run to completion with progress in the status, the tuned
 archive hot-loaded and downloadable, and a clean exit on SIGINT. Exit 77
 (skip) only when the binary was built without libmicrohttpd."""
+import http.client
 import json
 import os
 import socket
+import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from playground_util import SRC, Playground, tiny_model, wait_until  # noqa: E402
+from playground_util import NEEDLE, SRC, Playground, tiny_model, wait_until  # noqa: E402
 from chat_server import ChatServer  # noqa: E402
 
 KEY = "sk-playground-test-4b1d"
@@ -47,9 +50,12 @@ def check(cond, msg):
 def raw(pg, data, timeout=30):
     """Send raw bytes, return the status line's code (0: no answer)."""
     s = socket.create_connection((pg.host, pg.port), timeout=timeout)
+    got = b""
     try:
-        s.sendall(data)
-        got = b""
+        try:
+            s.sendall(data)
+        except OSError:
+            pass  # refused before the whole body was sent: the answer may be there
         while b"\r\n" not in got:
             chunk = s.recv(4096)
             if not chunk:
@@ -75,6 +81,7 @@ def main():
             env.pop("OPENROUTER_API_KEY", None)
             pg = Playground(tmp, base, cact, env=env)
             try:
+                run_hostile(pg, tools, examples, cact)
                 run(pg, tools, names, examples, cact)
                 run_generate(pg, srv)
                 run_generate_echo(pg, srv)
@@ -83,11 +90,226 @@ def main():
             check(rc == 0, "SIGINT: clean exit 0 (got %r)" % rc)
             err = open(os.path.join(tmp, "playground.err")).read()
             check(KEY not in err, "the API key is not in the server's output")
+        run_allow_origin(tmp, base, cact)
     if FAIL:
         print("%d check(s) failed" % len(FAIL))
         return 1
     print("playground: ok")
     return 0
+
+
+def with_host(pg, method, path, host, body=None, headers=None, timeout=30):
+    """A request whose Host header says `host` (None: no Host at all,
+    HTTP/1.0 style); returns (status, parsed JSON or raw bytes)."""
+    c = http.client.HTTPConnection(pg.host, pg.port, timeout=timeout)
+    c.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+    if host is not None:
+        c.putheader("Host", host)
+    data = b""
+    if body is not None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    h = dict(headers or {})
+    if body is not None and not isinstance(body, bytes):
+        h.setdefault("Content-Type", "application/json")
+    for k, v in h.items():
+        c.putheader(k, v)
+    c.putheader("Content-Length", str(len(data)))
+    c.endheaders(data)
+    r = c.getresponse()
+    out = r.read()
+    c.close()
+    try:
+        return r.status, json.loads(out)
+    except ValueError:
+        return r.status, out
+
+
+def run_hostile(pg, tools, examples, cact):
+    """What a hostile page or peer can do: issue 29 items 1-6."""
+    port = pg.port
+    # 1. DNS rebinding: a page at evil.example resolving to 127.0.0.1 sends
+    #    its own name as Host; only this server's own names are answered
+    for path in ("/model", "/finetune/status", "/", "/download/needle_tuned.cact"):
+        status, body = with_host(pg, "GET", path, "evil.example:%d" % port)
+        check(status == 403 and isinstance(body, dict) and "Host" in body.get("error", ""),
+              "GET %s with a foreign Host -> 403 naming Host (%d %s)" % (path, status, str(body)[:120]))
+    for host in ("127.0.0.1:%d" % port, "localhost:%d" % port, "LOCALHOST:%d" % port, "[::1]:%d" % port):
+        status, body = with_host(pg, "GET", "/model", host)
+        check(status == 200 and body.get("loaded") is True, "Host %s answered (%d)" % (host, status))
+    for host in ("127.0.0.1:%d" % (port + 1), "127.0.0.1", "localhost.evil.example:%d" % port, None, ""):
+        status, _ = with_host(pg, "GET", "/model", host)
+        check(status == 403, "Host %r refused (%d)" % (host, status))
+    status, _ = with_host(pg, "POST", "/reset", "evil.example:%d" % port, {})
+    check(status == 403, "POST with a foreign Host -> 403 (%d)" % status)
+
+    # 2. cross-origin POSTs: a foreign Origin, or a type a page can send
+    #    without a CORS preflight, changes nothing
+    huge = {"examples": "\n".join(examples), "epochs": 1000, "batch_size": 1}
+    for origin in ("http://evil.example", "http://127.0.0.1:%d" % (port + 1), "null"):
+        status, body = pg.json("POST", "/finetune", huge, {"Origin": origin})
+        check(status == 403 and "Origin" in body.get("error", ""),
+              "POST /finetune from Origin %s -> 403 (%d %s)" % (origin, status, body))
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        status, body = pg.json("POST", "/finetune", json.dumps(huge).encode(), {"Content-Type": ctype})
+        check(status == 415 and "application/json" in body.get("error", ""),
+              "POST /finetune as %s -> 415 (%d %s)" % (ctype, status, body))
+    status, body = pg.json("POST", "/finetune", b"", {"Content-Type": ""})
+    check(status == 415, "POST /finetune without a Content-Type -> 415 (%d)" % status)
+    _, st = pg.json("GET", "/finetune/status")
+    check(not st["running"] and not st["log"], "no fine-tune started by any of them: %s" % st["step"])
+    blob = open(cact, "rb").read()
+    status, body = pg.json("POST", "/load-model", blob, {"X-Filename": "evil.cact", "Content-Type": "text/plain"})
+    check(status == 415, "POST /load-model as text/plain -> 415 (%d)" % status)
+    status, body = pg.json("POST", "/load-model", blob, {"X-Filename": "evil.cact", "Origin": "http://evil.example"})
+    check(status == 403, "POST /load-model from a foreign Origin -> 403 (%d)" % status)
+    _, model = pg.json("GET", "/model")
+    check(model.get("name") == "tiny.cact", "the model was not swapped: %s" % model.get("name"))
+    status, _ = pg.json("POST", "/reset", b"", {"Content-Type": "text/plain"})
+    check(status == 415, "POST /reset as text/plain -> 415 (%d)" % status)
+    for origin in ("http://127.0.0.1:%d" % port, "http://localhost:%d" % port):
+        status, env = pg.json("POST", "/complete", {"tools": tools, "query": "hi"}, {"Origin": origin})
+        check(status == 200 and env.get("success") is True, "POST from the page's own origin %s -> 200 (%d)" % (origin, status))
+    status, env = pg.json("POST", "/complete", {"tools": tools, "query": "hi"},
+                          {"Content-Type": "Application/JSON; charset=utf-8"})
+    check(status == 200, "application/json with parameters accepted (%d)" % status)
+
+    # 5. a scalar "tools" is a 400 naming the field, not a 500
+    for bad in (5, True, None, {"name": "x"}, "5", "{}"):
+        status, body = pg.json("POST", "/complete", {"tools": bad, "query": "hi"})
+        check(status == 400 and "tools" in body.get("error", ""),
+              "tools %r -> 400 naming tools (%d %s)" % (bad, status, body.get("error")))
+
+    # 6. schema warnings reach the response; a schema no value meets is refused
+    def tool(prop):
+        return [{"name": "pick_unit", "description": "choose",
+                 "parameters": {"type": "object", "properties": {"unit": prop}, "required": ["unit"]}}]
+    for what, prop in (("empty enum", {"type": "string", "enum": []}),
+                       ("minLength > maxLength", {"type": "string", "minLength": 5, "maxLength": 2}),
+                       ("minItems > maxItems", {"type": "array", "minItems": 3, "maxItems": 1}),
+                       ("minimum > maximum", {"type": "integer", "minimum": 10, "maximum": 1})):
+        status, body = pg.json("POST", "/complete", {"tools": tool(prop), "query": "pick a unit",
+                                                     "tool_choice": "required"})
+        err = body.get("error", "")
+        check(status == 400 and body.get("success") is False and "pick_unit" in err
+              and "unit" in err.split("pick_unit", 1)[1] and body.get("warnings"),
+              "%s -> 400 naming the tool and path (%d %s)" % (what, status, err))
+    status, env = pg.json("POST", "/complete", {
+        "tools": tool({"type": "string", "format": "email"}), "query": "pick a unit"})
+    warns = env.get("warnings") or []
+    check(status == 200 and env.get("success") is True and any("format" in w and "pick_unit" in w for w in warns),
+          "an ignored keyword is reported in warnings: %s" % warns)
+    status, env = pg.json("POST", "/complete", {"tools": tools, "query": "hi"})
+    check(status == 200 and "warnings" not in env, "no warnings key for clean schemas")
+
+    # 4. a global budget for bodies being received: two held 60 MiB
+    #    uploads fit, a third is refused at once; released when they end
+    big = 60 << 20
+    head = ("POST /load-model HTTP/1.1\r\nHost: %s\r\nContent-Type: application/octet-stream\r\n"
+            "Content-Length: %d\r\n\r\n" % (pg.hostport, big)).encode()
+    held = []
+    try:
+        for _ in range(2):
+            s = socket.create_connection((pg.host, pg.port), timeout=10)
+            s.sendall(head + b"\0" * (1 << 20))
+            held.append(s)
+        time.sleep(0.5)
+        code = raw(pg, head + b"\0" * 1024, timeout=10)
+        check(code == 503, "a third held 60 MiB upload -> 503 at once (%r)" % code)
+        # a chunked body (no Content-Length) runs into the budget as it grows
+        chunk = b"y" * (1 << 20)
+        chunked = (b"POST /load-model HTTP/1.1\r\nHost: %s\r\nContent-Type: application/octet-stream\r\n"
+                   b"Transfer-Encoding: chunked\r\n\r\n" % pg.hostport.encode())
+        chunked += (b"%x\r\n%s\r\n" % (len(chunk), chunk)) * 12 + b"0\r\n\r\n"
+        code = raw(pg, chunked, timeout=30)
+        check(code == 503, "a chunked upload past the budget -> 503 (%r)" % code)
+        status, _ = pg.json("GET", "/model")
+        check(status == 200, "the server answers while uploads are held")
+    finally:
+        for s in held:
+            s.close()
+    ok = wait_until(lambda: pg.json("POST", "/load-model", blob, {"X-Filename": "tiny.cact"})[0] == 200, 10, 0.3)
+    check(ok, "the budget is released when the held uploads end: an upload loads again")
+
+    # 3. slow clients: many connections trickling their headers a byte at a
+    #    time hold no thread, and are cut at the header deadline
+    slow = []
+    try:
+        for _ in range(80):
+            s = socket.create_connection((pg.host, pg.port), timeout=5)
+            s.sendall(b"GET /model HTTP/1.1\r\nHost: %s\r\n" % pg.hostport.encode())
+            slow.append(s)
+        start = time.time()
+        answered = None
+        for i in range(8):  # trickle ~2 s before asking, keep trickling while asking
+            for s in slow:
+                try:
+                    s.send(b"X")
+                except OSError:
+                    pass
+            time.sleep(0.25)
+        t0 = time.time()
+        try:
+            c = http.client.HTTPConnection(pg.host, pg.port, timeout=5)
+            c.request("GET", "/model")
+            r = c.getresponse()
+            answered = r.status
+            r.read()
+            c.close()
+        except OSError as e:
+            answered = repr(e)
+        took = time.time() - t0
+        check(answered == 200 and took < 3,
+              "GET /model answers within 3 s beside 80 trickling connections (%r in %.2f s)" % (answered, took))
+        # keep trickling: the server cuts them at its 10 s header deadline
+        cut = set()
+        while time.time() - start < 16 and len(cut) < len(slow):
+            for i, s in enumerate(slow):
+                if i in cut:
+                    continue
+                try:
+                    s.send(b"X")
+                    s.setblocking(False)
+                    try:
+                        if s.recv(1) == b"":
+                            cut.add(i)
+                    except BlockingIOError:
+                        pass
+                    finally:
+                        s.setblocking(True)
+                except OSError:
+                    cut.add(i)
+            time.sleep(0.5)
+        check(len(cut) == len(slow) and time.time() - start > 9,
+              "trickled headers are cut at the deadline (%d/%d after %.1f s)" % (len(cut), len(slow), time.time() - start))
+    finally:
+        for s in slow:
+            s.close()
+
+
+def run_allow_origin(tmp, base, cact):
+    """--allow-origin: the name a proxy serves the page under is answered,
+    POSTs from it are taken, others still refused; a bad value exits 2."""
+    p = subprocess.run([NEEDLE, "playground", "--weights", cact, "--port", "0",
+                        "--allow-origin", "ftp://x.example"], capture_output=True, text=True, timeout=60)
+    check(p.returncode == 2 and "--allow-origin ftp://x.example" in p.stderr,
+          "a bad --allow-origin exits 2 naming it (%d %s)" % (p.returncode, p.stderr.strip()[-200:]))
+    sub = os.path.join(tmp, "allow")
+    os.makedirs(sub, exist_ok=True)
+    pg = Playground(sub, base, cact, "--allow-origin", "https://play.example.org",
+                    "--allow-origin", "http://box.lan:8080/")
+    try:
+        for host in ("play.example.org", "box.lan:8080", pg.hostport):
+            status, _ = with_host(pg, "GET", "/model", host)
+            check(status == 200, "--allow-origin: Host %s answered (%d)" % (host, status))
+        status, _ = with_host(pg, "GET", "/model", "play.example.org:8443")
+        check(status == 403, "--allow-origin: another port of that name refused (%d)" % status)
+        for origin, want in (("https://play.example.org", 200), ("http://box.lan:8080", 200),
+                             ("http://play.example.org", 403), ("https://evil.example", 403)):
+            status, _ = with_host(pg, "POST", "/reset", "play.example.org", {}, {"Origin": origin})
+            check(status == want, "--allow-origin: POST from %s -> %d (%d)" % (origin, want, status))
+    finally:
+        rc = pg.stop()
+    check(rc == 0, "--allow-origin server exits 0")
 
 
 def run(pg, tools, names, examples, cact):
@@ -142,7 +364,8 @@ def run(pg, tools, names, examples, cact):
 
     # downloads: only files the playground wrote
     for path in ("/download/../etc/passwd", "/download/..%2F..%2Fetc%2Fpasswd", "/download/.bashrc"):
-        code = raw(pg, b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path.encode())
+        code = raw(pg, b"GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n"
+                   % (path.encode(), pg.hostport.encode()))
         check(code in (400, 404), "path traversal %s refused (%d)" % (path, code))
     status, _, _ = pg.request("GET", "/download/needle_tuned.cact")
     check(status == 404, "a file not produced yet -> 404 (%d)" % status)
@@ -152,13 +375,16 @@ def run(pg, tools, names, examples, cact):
     check(status == 404, "unknown route -> 404")
 
     # body limits: declared too large, and streamed (chunked) past the limit
-    code = raw(pg, b"POST /complete HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    host = b"Host: %s\r\n" % pg.hostport.encode()
+    code = raw(pg, b"POST /complete HTTP/1.1\r\n" + host + b"Content-Type: application/json\r\n"
                    b"Content-Length: 2000000\r\n\r\n{")
     check(code == 413, "JSON body over 1 MB (Content-Length) -> 413 (%d)" % code)
-    code = raw(pg, b"POST /load-model HTTP/1.1\r\nHost: x\r\nContent-Length: 70000000\r\n\r\n")
+    code = raw(pg, b"POST /load-model HTTP/1.1\r\n" + host + b"Content-Type: application/octet-stream\r\n"
+                   b"Content-Length: 70000000\r\n\r\n")
     check(code == 413, ".cact upload over 64 MB -> 413 (%d)" % code)
     chunk = b"x" * 65536
-    chunked = b"POST /complete HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunked = (b"POST /complete HTTP/1.1\r\n" + host + b"Content-Type: application/json\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n")
     chunked += (b"%x\r\n%s\r\n" % (len(chunk), chunk)) * 20 + b"0\r\n\r\n"
     code = raw(pg, chunked)
     check(code == 413, "chunked JSON body past 1 MB -> 413 (%d)" % code)

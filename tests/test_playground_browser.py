@@ -9,6 +9,7 @@ through the file input, and runs fine-tune -> build -> hot-load from the
 page (test_output/playground_browser_finetune.png). Fails when the envelope
 does not render. Exit 77 (skip) only when chromium is not installed."""
 import base64
+import http.server
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -164,7 +166,9 @@ def start_chromium(exe, tmp):
     profile = os.path.join(tmp, "chrome-profile")
     args = [exe, "--headless=new", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
             "--disable-dev-shm-usage", "--disable-extensions", "--user-data-dir=" + profile,
-            "--remote-debugging-port=0", "--window-size=1280,900", "about:blank"]
+            "--remote-debugging-port=0", "--window-size=1280,900",
+            # a stand-in for DNS (rebinding): evil.test is this machine
+            "--host-resolver-rules=MAP evil.test 127.0.0.1", "about:blank"]
     if os.geteuid() == 0:
         args.insert(1, "--no-sandbox")  # Chromium refuses to run as root with its sandbox
     log = open(os.path.join(tmp, "chromium.log"), "w")
@@ -178,6 +182,86 @@ def start_chromium(exe, tmp):
     targets = json.load(urllib.request.urlopen("http://127.0.0.1:%d/json/list" % port, timeout=30))
     page = [t for t in targets if t.get("type") == "page"][0]
     return proc, page["webSocketDebuggerUrl"]
+
+
+ATTACK_PAGE = """<!doctype html><html><body><script>
+window.results = [];
+(async () => {
+  const pg = "%(pg)s";
+  const body = JSON.stringify({examples: %(examples)s, epochs: 1000, batch_size: 1});
+  const archive = await (await fetch("/evil.cact")).blob();
+  const tries = [
+    // simple requests: sent without a CORS preflight
+    () => fetch(pg + "/finetune", {method: "POST", mode: "no-cors",
+                                   headers: {"Content-Type": "text/plain"}, body}),
+    () => fetch(pg + "/finetune", {method: "POST", mode: "no-cors", body: new Blob([body])}),
+    () => fetch(pg + "/load-model", {method: "POST", mode: "no-cors", body: archive}),
+    () => fetch(pg + "/load-model", {method: "POST", mode: "no-cors",
+                                     headers: {"Content-Type": "text/plain"}, body: archive}),
+    // JSON: needs a preflight the playground never grants
+    () => fetch(pg + "/finetune", {method: "POST", headers: {"Content-Type": "application/json"}, body}),
+  ];
+  for (const t of tries) {
+    try { const r = await t(); window.results.push("sent " + r.type); }
+    catch (e) { window.results.push("blocked " + e); }
+  }
+  window.done = true;
+})();
+</script></body></html>"""
+
+
+class AttackSite:
+    """The other origin: serves the attack page and the archive it uploads."""
+
+    def __init__(self, page, archive):
+        files = {"/attack.html": (page.encode(), "text/html"), "/evil.cact": (archive, "application/octet-stream")}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body, ctype = files.get(self.path, (b"not found", "text/plain"))
+                self.send_response(200 if self.path in files else 404)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def hostile_checks(dt, pg, cact, check):
+    examples = open(os.path.join(SRC, "examples", "data.jsonl")).read().splitlines()[:4]
+    page = ATTACK_PAGE % {"pg": pg.url, "examples": json.dumps("\n".join(examples))}
+    site = AttackSite(page, open(cact, "rb").read())
+    try:
+        dt.call("Page.navigate", url="http://evil.test:%d/attack.html" % site.port)
+        done = wait_until(lambda: dt.js("window.done === true"), 60)
+        results = dt.js("window.results")
+        print("attack page fetches:", results)
+        check(done and len(results) == 5, "the attack page ran its cross-origin POSTs: %s" % results)
+        time.sleep(1)
+        _, st = pg.json("GET", "/finetune/status")
+        check(not st["running"] and not st["log"] and not st["step"],
+              "no fine-tune was started from the other origin (%s, %d log lines)" % (st["step"], len(st["log"])))
+        _, model = pg.json("GET", "/model")
+        check(model.get("name") == "tiny.cact", "the model was not swapped from the other origin: %s" % model.get("name"))
+    finally:
+        site.close()
+    # DNS rebinding: the browser thinks evil.test:PORT is the attacker's
+    # own origin and may read it; the playground must not answer it
+    dt.call("Page.navigate", url="http://evil.test:%d/finetune/status" % pg.port)
+    text = wait_until(lambda: dt.js("document.readyState === 'complete' && document.body && document.body.textContent"), 30)
+    check(text and "Host" in text and "running" not in text,
+          "a rebinding name gets a refusal, not the status: %r" % (text or "")[:160])
 
 
 def main():
@@ -207,6 +291,7 @@ def main():
             dt = DevTools(ws_url)
             dt.call("Runtime.enable")
             dt.call("Page.enable")
+            hostile_checks(dt, pg, cact, check)
             dt.call("Page.navigate", url=pg.url + "/")
             model = wait_until(lambda: (lambda t: t if t and t != "…" else None)(
                 dt.js("document.readyState === 'complete' && "

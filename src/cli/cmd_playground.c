@@ -17,7 +17,7 @@
 static const char *playground_help =
     "usage: needle playground [--weights X.cact] [--port 7860] [--host 127.0.0.1]\n"
     "                         [--base CKPT.pkl] [--tokenizer FILE] [--workdir DIR]\n"
-    "                         [--max-new-tokens N]\n"
+    "                         [--max-new-tokens N] [--allow-origin ORIGIN]...\n"
     "\n"
     "Serve a local web page to declare tools, chat with the model and see each\n"
     "call envelope, upload a .cact, and fine-tune -> build -> hot-load with live\n"
@@ -29,6 +29,9 @@ static const char *playground_help =
     "  --port N            TCP port (default 7860; 0 picks a free one)\n"
     "  --host ADDR         numeric address to bind (default 127.0.0.1); anything but\n"
     "                      loopback is warned about: the page has no authentication\n"
+    "  --allow-origin ORIGIN  also answer requests for, and POSTs from, this origin\n"
+    "                      (http[s]://HOST[:PORT]): the name the page is served under\n"
+    "                      through a reverse proxy or on the LAN. Repeatable\n"
     "  --base PATH         base checkpoint the fine-tune trains on (default\n"
     "                      checkpoints/needle2.pkl when it is there, else the nano\n"
     "                      base installed with needle)\n"
@@ -38,7 +41,19 @@ static const char *playground_help =
     "                      a new directory under $TMPDIR or /tmp)\n"
     "  --max-new-tokens N  generation budget per query (default 256)\n"
     "\n"
-    "Limits: 64 MB for a .cact upload, 1 MB for JSON bodies (413 beyond). One\n"
+    "Who it answers: only requests whose Host is the address it listens on\n"
+    "(127.0.0.1:PORT, localhost:PORT, [::1]:PORT on loopback) or an --allow-origin\n"
+    "name, else 403 (a DNS-rebinding page cannot read or drive it); a POST with an\n"
+    "Origin must come from that same origin (403 otherwise) and carry Content-Type\n"
+    "application/json (application/octet-stream for /load-model; 415 otherwise),\n"
+    "which another site's page cannot send without a CORS preflight this server\n"
+    "never grants. See docs/security.md.\n"
+    "\n"
+    "Limits: 64 MB for a .cact upload, 1 MB for JSON bodies (413 beyond), 128 MB\n"
+    "for all bodies being received at once (503 beyond); 256 connections served by\n"
+    "6 event-loop threads, at most 4 model requests (/complete, /load-model) at\n"
+    "once (503 beyond); a request's headers must arrive within 10 s and its body\n"
+    "within 120 s, and a connection idle for 30 s is closed. One\n"
     "fine-tune at a time (409 while one runs); it runs this binary as `needle\n"
     "finetune` then `needle build` child processes. A .cact that does not load\n"
     "answers 400 and the loaded model stays. SIGINT/SIGTERM stop the server (and a\n"
@@ -48,6 +63,8 @@ int cli_playground(int argc, char **argv)
 {
     const char *weights = NULL, *host = "127.0.0.1", *base = NULL;
     const char *tokenizer = NULL, *workdir = NULL;
+    const char *allow[16];
+    size_t n_allow = 0;
     long long port = 7860, max_new = 256;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -68,7 +85,12 @@ int cli_playground(int argc, char **argv)
             tokenizer = v;
         else if (!strcmp(a, "--workdir"))
             workdir = v;
-        else if (!strcmp(a, "--port")) {
+        else if (!strcmp(a, "--allow-origin")) {
+            if (n_allow == sizeof allow / sizeof allow[0])
+                return cli_usage_error("playground", "at most %zu --allow-origin values",
+                                       sizeof allow / sizeof allow[0]);
+            allow[n_allow++] = v;
+        } else if (!strcmp(a, "--port")) {
             if (cli_parse_int("--port", v, 0, 65535, &port))
                 return 2;
         } else if (!strcmp(a, "--max-new-tokens")) {
@@ -78,7 +100,8 @@ int cli_playground(int argc, char **argv)
             return cli_usage_error("playground", "unknown option %s", a);
     }
 #ifndef NEEDLE_HAVE_PLAYGROUND
-    (void)weights, (void)host, (void)base, (void)tokenizer, (void)workdir;
+    (void)weights, (void)host, (void)base, (void)tokenizer, (void)workdir, (void)allow,
+        (void)n_allow;
     fprintf(stderr, "needle playground: this build has no playground (configure with "
                     "libmicrohttpd installed: Debian libmicrohttpd-dev)\n");
     return 1;
@@ -137,7 +160,7 @@ int cli_playground(int argc, char **argv)
     struct pg_job_config cfg = {self, base, tokenizer, workdir};
     pg_job_configure(&cfg);
     fprintf(stderr, "needle playground: fine-tune files go to %s\n", workdir);
-    int rc = pg_serve(host, (int)port, workdir);
+    int rc = pg_serve(host, (int)port, workdir, allow, n_allow);
     pg_slot_free();
     if (workdir == work_buf)
         rmdir(work_buf); /* ours and still empty: leave no trace; produced files stay */

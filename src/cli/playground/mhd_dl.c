@@ -33,6 +33,7 @@ int pg_mhd_load(char *why, size_t why_len)
         {"MHD_stop_daemon", &api.stop_daemon},
         {"MHD_get_daemon_info", &api.get_daemon_info},
         {"MHD_lookup_connection_value", &api.lookup_connection_value},
+        {"MHD_get_connection_info", &api.get_connection_info},
         {"MHD_queue_response", &api.queue_response},
         {"MHD_create_response_from_buffer", &api.create_response_from_buffer},
         {"MHD_create_response_from_fd", &api.create_response_from_fd},

@@ -15,6 +15,7 @@ typedef struct {
     __typeof__(&MHD_stop_daemon) stop_daemon;
     __typeof__(&MHD_get_daemon_info) get_daemon_info;
     __typeof__(&MHD_lookup_connection_value) lookup_connection_value;
+    __typeof__(&MHD_get_connection_info) get_connection_info;
     __typeof__(&MHD_queue_response) queue_response;
     __typeof__(&MHD_create_response_from_buffer) create_response_from_buffer;
     __typeof__(&MHD_create_response_from_fd) create_response_from_fd;
@@ -33,6 +34,7 @@ int pg_mhd_load(char *why, size_t why_len);
 #define MHD_stop_daemon pg_mhd.stop_daemon
 #define MHD_get_daemon_info pg_mhd.get_daemon_info
 #define MHD_lookup_connection_value pg_mhd.lookup_connection_value
+#define MHD_get_connection_info pg_mhd.get_connection_info
 #define MHD_queue_response pg_mhd.queue_response
 #define MHD_create_response_from_buffer pg_mhd.create_response_from_buffer
 #define MHD_create_response_from_fd pg_mhd.create_response_from_fd

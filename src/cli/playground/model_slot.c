@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cli/playground/playground.h"
+#include "cli/playground/request_check.h"
 #include "needle.h"
 
 static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -94,11 +95,51 @@ char *pg_slot_info_json(void)
     return s;
 }
 
-static char *error_json(const char *msg)
+static char *error_json(const char *msg, json_t *warnings)
 {
     json_t *o = json_pack("{s:b, s:s}", "success", 0, "error", msg);
-    char *s = json_dumps(o, JSON_COMPACT);
+    if (o && warnings && json_array_size(warnings))
+        json_object_set(o, "warnings", warnings);
+    char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(o);
+    return s;
+}
+
+/* The session's schema warnings as an array of lines; *unsat: the first
+ * one that reports a constraint no value meets (NULL if none). */
+static json_t *session_warnings(const needle_session *s, const char **unsat)
+{
+    json_t *arr = json_array();
+    const char *p = needle_session_warnings(s);
+    *unsat = NULL;
+    while (arr && *p) {
+        const char *e = strchr(p, '\n');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        json_t *line = json_stringn(p, n);
+        if (line) {
+            if (!*unsat && pg_warning_unsatisfiable(json_string_value(line)))
+                *unsat = json_string_value(line);
+            json_array_append_new(arr, line);
+        }
+        p += n + (e ? 1 : 0);
+    }
+    return arr;
+}
+
+/* The envelope with "warnings": [...] added (the envelope as is when
+ * there are none, or when it is not a JSON object). Takes env. */
+static char *with_warnings(char *env, json_t *warnings)
+{
+    if (!env || !json_array_size(warnings))
+        return env;
+    json_t *o = json_loads(env, 0, NULL);
+    char *s = NULL;
+    if (json_is_object(o) && !json_object_set(o, "warnings", warnings))
+        s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    if (!s)
+        return env;
+    free(env);
     return s;
 }
 
@@ -108,9 +149,10 @@ char *pg_slot_complete(const char *tools_json, const char *query, int require_ca
     *http_status = 200;
     pthread_mutex_lock(&slot_lock);
     char *out = NULL;
+    json_t *warnings = NULL;
     if (!slot_model) {
         *http_status = 400;
-        out = error_json("no model loaded: upload a .cact or start with --weights");
+        out = error_json("no model loaded: upload a .cact or start with --weights", NULL);
         goto done;
     }
     if (slot_session && slot_tools && !strcmp(slot_tools, tools_json)) {
@@ -120,10 +162,25 @@ char *pg_slot_complete(const char *tools_json, const char *query, int require_ca
         slot_session = needle_session_new(slot_model, NULL, tools_json);
         if (!slot_session) {
             *http_status = 400;
-            out = error_json(needle_thread_error());
+            out = error_json(needle_thread_error(), NULL);
             goto done;
         }
         slot_tools = strdup(tools_json);
+    }
+    /* the compiler drops a constraint no value meets (and warns), so the
+     * model would be free to break it: refuse such a schema instead */
+    const char *unsat;
+    warnings = session_warnings(slot_session, &unsat);
+    if (unsat) {
+        char msg[1024];
+        snprintf(msg, sizeof msg,
+                 "tools: %s: no value satisfies this schema (at the tool and JSON path named "
+                 "first); fix the schema",
+                 unsat);
+        *http_status = 400;
+        out = error_json(msg, warnings);
+        drop_session_locked();
+        goto done;
     }
     needle_session_require_call(slot_session, require_call);
     /* the envelope grows with the reasoning and calls: retry larger */
@@ -138,15 +195,16 @@ char *pg_slot_complete(const char *tools_json, const char *query, int require_ca
         }
         if (rc < 0 && !buf[0]) {
             free(buf);
-            out = error_json(needle_session_error(slot_session));
+            out = error_json(needle_session_error(slot_session), warnings);
         } else {
-            out = buf;
+            out = with_warnings(buf, warnings);
         }
         break;
     }
     if (!out)
-        out = error_json("out of memory");
+        out = error_json("out of memory", NULL);
 done:
+    json_decref(warnings);
     pthread_mutex_unlock(&slot_lock);
     return out;
 }

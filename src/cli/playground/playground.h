@@ -9,9 +9,25 @@
 #include <signal.h>
 #include <stddef.h>
 
-/* Body limits: a .cact upload, any JSON request. */
+/* Body limits: a .cact upload, any JSON request; all bodies being
+ * received at once share PG_UPLOAD_BUDGET_BYTES (503 beyond). */
 #define PG_MAX_UPLOAD_BYTES (64ll << 20)
 #define PG_MAX_JSON_BYTES (1ll << 20)
+#define PG_UPLOAD_BUDGET_BYTES (2 * PG_MAX_UPLOAD_BYTES)
+
+/* Connections: event-loop threads serving them all, at most this many
+ * open (and per client address when not on loopback); the idle timeout,
+ * and the deadlines for a request's headers (from connect, or from the
+ * end of the previous request) and for its body. /complete and
+ * /load-model run in a server thread: at most PG_MAX_MODEL_REQUESTS at
+ * once (503 beyond), so threads stay free for the rest. */
+#define PG_SERVER_THREADS 6
+#define PG_MAX_CONNECTIONS 256
+#define PG_MAX_CONNECTIONS_PER_IP 32
+#define PG_IDLE_TIMEOUT_S 30
+#define PG_HEADER_DEADLINE_S 10
+#define PG_BODY_DEADLINE_S 120
+#define PG_MAX_MODEL_REQUESTS (PG_SERVER_THREADS - 2)
 
 /* ---- model slot (model_slot.c) ---- */
 
@@ -62,7 +78,10 @@ void pg_job_shutdown(void);
  * OpenMP workers, the server's) so that pg_serve's sigwait receives them;
  * call before anything starts threads. Ignores SIGPIPE. */
 void pg_block_stop_signals(sigset_t *set);
-/* Serve until SIGINT/SIGTERM. Returns the exit code. */
-int pg_serve(const char *host, int port, const char *workdir);
+/* Serve until SIGINT/SIGTERM, answering only requests addressed to this
+ * server (Host) and, for POST, from its own page or one of
+ * allow_origins (--allow-origin). Returns the exit code. */
+int pg_serve(const char *host, int port, const char *workdir, const char *const *allow_origins,
+             size_t n_allow);
 
 #endif

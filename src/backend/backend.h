@@ -219,9 +219,12 @@ const nd_backend *nd_backend_cpu(int threads);
 
 /* Pick a backend by name: "cpu"; "cuda" / "cuda:N"; "vulkan" / "vulkan:N"
  * (N: the device index; a software Vulkan device such as lavapipe only when
- * named by index or NEEDLE_VULKAN_SOFTWARE=1); "auto": CUDA when a device
- * is present, else a Vulkan GPU, else the CPU (on Apple Silicon always the
- * CPU with Accelerate; its GPU only as "vulkan"). GPU backends are plugins
+ * named by index or NEEDLE_VULKAN_SOFTWARE=1; a search for a GPU does not
+ * even load software drivers); "auto": CUDA when a device is present, else
+ * a Vulkan GPU, else the CPU (on Apple Silicon always the CPU with
+ * Accelerate; its GPU only as "vulkan"). On Linux "auto" loads no plugin
+ * unless a GPU device node exists (/dev/nvidiactl, /dev/nvidia0, /dev/dxg,
+ * /dev/dri/renderD*; NEEDLE_GPU_PROBE=1 or 0 overrides). GPU backends are plugins
  * (libneedle_cuda.so, libneedle_vulkan.so) loaded at run time from the
  * directory of the program or library, or NEEDLE_PLUGIN_DIR. NULL + error
  * when the named backend is unavailable. */

@@ -1,5 +1,8 @@
+#define _GNU_SOURCE /* dl_iterate_phdr, RTLD_NOLOAD, RTLD_NODELETE */
 #include "backend/vulkan/vk_runtime.h"
 
+#include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +62,10 @@ static struct {
 } V;
 
 static pthread_mutex_t vk_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static const char *no_gpu_msg = "no usable Vulkan GPU (software devices such as lavapipe are used "
+                                "only when named, e.g. --device vulkan:0, or with "
+                                "NEEDLE_VULKAN_SOFTWARE=1)";
 
 static void die(const char *what, VkResult r)
 {
@@ -196,9 +203,7 @@ static int pick_device(int index, int allow_sw, int *no_device, char *err, size_
         }
         if (best < 0) {
             *no_device = 1;
-            snprintf(err, errlen,
-                     "no usable Vulkan GPU (software devices such as lavapipe are used only "
-                     "when named, e.g. --device vulkan:0, or with NEEDLE_VULKAN_SOFTWARE=1)");
+            snprintf(err, errlen, "%s", no_gpu_msg);
             free(pd);
             return -1;
         }
@@ -208,21 +213,107 @@ static int pick_device(int index, int allow_sw, int *no_device, char *err, size_
     return best;
 }
 
-int vk_open(int index, int allow_software, int *no_device, char *err, size_t errlen)
+/* ---- software drivers are left out of a search for a GPU ---- */
+
+/* A search for a GPU (no index, software not allowed) never picks a
+ * software device, so the loader need not load one: lavapipe (Mesa,
+ * lvp_icd.<arch>.json) maps LLVM and allocates at instance creation, and
+ * SwiftShader (vk_swiftshader_icd.json) is the same kind. The loader's
+ * driver filter compares these globs with the manifest file names. */
+#define VK_SOFTWARE_DRIVERS "*lvp_icd*,*swiftshader*"
+#define VK_FILTER_ENV "VK_LOADER_DRIVERS_DISABLE"
+
+/* Adds the software drivers to the user's own filter, if any; returns the
+ * value to put back (NULL: unset it), or (char *)-1 on failure. */
+static char *filter_software(void)
 {
-    *no_device = 0;
-    const char *val = getenv("NEEDLE_VULKAN_VALIDATE");
-    int validate = val && *val && strcmp(val, "0");
-    if (validate && !has_layer("VK_LAYER_KHRONOS_validation")) {
-        snprintf(err, errlen,
-                 "NEEDLE_VULKAN_VALIDATE is set but VK_LAYER_KHRONOS_validation is "
-                 "not installed (Debian: vulkan-validationlayers)");
-        return -1;
+    const char *old = getenv(VK_FILTER_ENV);
+    char *saved = old ? strdup(old) : NULL;
+    if (old && !saved)
+        return (char *)-1;
+    size_t n = (old ? strlen(old) + 1 : 0) + sizeof VK_SOFTWARE_DRIVERS;
+    char *val = malloc(n);
+    if (!val) {
+        free(saved);
+        return (char *)-1;
     }
+    snprintf(val, n, "%s%s%s", old && *old ? old : "", old && *old ? "," : "", VK_SOFTWARE_DRIVERS);
+    setenv(VK_FILTER_ENV, val, 1);
+    free(val);
+    return saved;
+}
+
+static void filter_restore(char *saved)
+{
+    if (saved == (char *)-1)
+        return;
+    if (saved)
+        setenv(VK_FILTER_ENV, saved, 1);
+    else
+        unsetenv(VK_FILTER_ENV);
+    free(saved);
+}
+
+/* ---- sanitizer builds: drivers stay resident ---- */
+
+#if defined(__SANITIZE_ADDRESS__)
+#define VK_KEEP_DRIVERS 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define VK_KEEP_DRIVERS 1
+#endif
+#endif
+
+#ifdef VK_KEEP_DRIVERS
+typedef struct {
+    char **names;
+    int n, cap;
+} name_list;
+
+static int collect_name(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    name_list *l = data;
+    if (!info->dlpi_name || !info->dlpi_name[0])
+        return 0;
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 64;
+        char **a = realloc(l->names, sizeof *a * (size_t)cap);
+        if (!a)
+            return 1;
+        l->names = a;
+        l->cap = cap;
+    }
+    if ((l->names[l->n] = strdup(info->dlpi_name)))
+        l->n++;
+    return 0;
+}
+
+/* LeakSanitizer reports at exit; a driver the loader has unloaded by then
+ * (vkDestroyInstance after no device was chosen) shows its leaks as
+ * "<unknown module>", which tests/lsan_drivers.supp cannot match. Every
+ * module loaded now (the drivers this instance opened) is marked
+ * RTLD_NODELETE, so the loader's dlclose leaves it mapped. Names first,
+ * dlopen after: dl_iterate_phdr holds the loader's lock. */
+static void keep_drivers_resident(void)
+{
+    name_list l = {0};
+    dl_iterate_phdr(collect_name, &l);
+    for (int i = 0; i < l.n; i++) {
+        dlopen(l.names[i], RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
+        free(l.names[i]);
+    }
+    free(l.names);
+}
+#endif
+
+static int open_instance(int index, int allow_software, int filtered, int validate, int *no_device,
+                         char *err, size_t errlen)
+{
     uint32_t ne = 0;
     if (vkEnumerateInstanceExtensionProperties(NULL, &ne, NULL) != VK_SUCCESS) {
         *no_device = 1;
-        snprintf(err, errlen, "no Vulkan driver");
+        snprintf(err, errlen, "%s", filtered ? no_gpu_msg : "no Vulkan driver");
         return -1;
     }
     VkExtensionProperties *ie = calloc(ne ? ne : 1, sizeof *ie);
@@ -252,9 +343,15 @@ int vk_open(int index, int allow_software, int *no_device, char *err, size_t err
     VkResult r = vkCreateInstance(&ici, NULL, &V.inst);
     if (r != VK_SUCCESS) {
         *no_device = r == VK_ERROR_INCOMPATIBLE_DRIVER;
-        snprintf(err, errlen, "no Vulkan driver (vkCreateInstance: %d)", (int)r);
+        if (filtered && *no_device)
+            snprintf(err, errlen, "%s", no_gpu_msg);
+        else
+            snprintf(err, errlen, "no Vulkan driver (vkCreateInstance: %d)", (int)r);
         return -1;
     }
+#ifdef VK_KEEP_DRIVERS
+    keep_drivers_resident();
+#endif
     if (validate) {
         PFN_vkCreateDebugUtilsMessengerEXT mk =
             (PFN_vkCreateDebugUtilsMessengerEXT)vkGetInstanceProcAddr(
@@ -271,11 +368,35 @@ int vk_open(int index, int allow_software, int *no_device, char *err, size_t err
             mk(V.inst, &dci, NULL, &V.messenger);
     }
     int idx = pick_device(index, allow_software, no_device, err, errlen);
+    if (idx < 0 && filtered && *no_device)
+        snprintf(err, errlen, "%s", no_gpu_msg); /* also when only software was there */
     if (idx < 0) {
         vkDestroyInstance(V.inst, NULL);
         V.inst = VK_NULL_HANDLE;
+    }
+    return idx;
+}
+
+int vk_open(int index, int allow_software, int *no_device, char *err, size_t errlen)
+{
+    *no_device = 0;
+    const char *val = getenv("NEEDLE_VULKAN_VALIDATE");
+    int validate = val && *val && strcmp(val, "0");
+    if (validate && !has_layer("VK_LAYER_KHRONOS_validation")) {
+        snprintf(err, errlen,
+                 "NEEDLE_VULKAN_VALIDATE is set but VK_LAYER_KHRONOS_validation is "
+                 "not installed (Debian: vulkan-validationlayers)");
         return -1;
     }
+    /* the filter is the process environment, read by the loader while it
+     * scans for drivers: in place only while the instance is made */
+    int filtered = index < 0 && !allow_software;
+    char *saved = filtered ? filter_software() : (char *)-1;
+    int idx = open_instance(index, allow_software, filtered, validate, no_device, err, errlen);
+    if (filtered)
+        filter_restore(saved);
+    if (idx < 0)
+        return -1;
 
     /* queue: a compute-capable family */
     uint32_t nq = 0;
@@ -318,7 +439,7 @@ int vk_open(int index, int allow_software, int *no_device, char *err, size_t err
                               .pQueueCreateInfos = &qci,
                               .enabledExtensionCount = n_dexts,
                               .ppEnabledExtensionNames = dexts};
-    r = vkCreateDevice(V.phys, &dci, NULL, &V.dev);
+    VkResult r = vkCreateDevice(V.phys, &dci, NULL, &V.dev);
     if (r != VK_SUCCESS) {
         snprintf(err, errlen, "vkCreateDevice failed (%d)", (int)r);
         return -1;

@@ -359,7 +359,8 @@ def run_hostile_cases(hub, ep, tmp, big):
         spliced = got[:len(v1) // 2] == v1[:len(v1) // 2]
         check(p.returncode == 0 and got == v2,
               "%s changed on the server between attempts: the new file, not a splice "
-              "(exit %d, %s)" % (name, p.returncode, "spliced" if spliced else p.stderr.strip()[-200:]))
+              "(exit %d, %s)" % (name, p.returncode,
+                                 "spliced" if spliced else p.stderr.strip()[-200:]))
         check(hub.log[n0][4] == '"v1"', "%s: If-Range sent with the old ETag: %s"
               % (name, hub.log[n0][4]))
     # no validator: no resume at all

@@ -344,7 +344,7 @@ typedef struct {
     long long linked_size; /* X-Linked-Size, -1 */
     char linked_etag[128]; /* X-Linked-Etag, cleaned */
     char etag[128];        /* ETag, cleaned */
-    char raw_etag[256];    /* ETag as sent (for If-Range), "" if weak or odd */
+    char raw_etag[256];    /* ETag as sent (for If-Range), "" if weak or unquoted */
     char lastmod[128];     /* Last-Modified as sent */
     char location[1024];   /* Location of the last redirect */
     char resumed[256];     /* the validator sent in If-Range, "" */
@@ -477,7 +477,9 @@ static int headers_done(dl_state *st)
             st->stop = STOP_BAD_RANGE;
             return 0;
         }
-        if (st->resumed[0] && st->raw_etag[0] && strcmp(st->resumed, st->raw_etag)) {
+        /* the validator resumed with: an entity tag ("...") or a date */
+        const char *now = st->resumed[0] == '"' ? st->raw_etag : st->lastmod;
+        if (st->resumed[0] && now[0] && strcmp(st->resumed, now)) {
             st->stop = STOP_CHANGED; /* the server ignored If-Range */
             return 0;
         }
@@ -540,8 +542,8 @@ static size_t on_header(char *buf, size_t size, size_t nitems, void *ctx)
         etag_clean(v, st->linked_etag, sizeof st->linked_etag);
     } else if (header_is(line, k, "etag", &v)) {
         etag_clean(v, st->etag, sizeof st->etag);
-        /* If-Range takes strong validators only */
-        if (strncmp(v, "W/", 2))
+        /* If-Range takes strong validators only: a quoted entity tag */
+        if (*v == '"')
             header_raw(v, st->raw_etag, sizeof st->raw_etag);
     } else if (header_is(line, k, "last-modified", &v)) {
         header_raw(v, st->lastmod, sizeof st->lastmod);
@@ -673,6 +675,8 @@ static int hf_request_setup(CURL *c, const char *url, char *errbuf, int stall, c
     curl_easy_setopt(c, CURLOPT_USERAGENT, "needle-c/0.1.0");
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, *hdrs);
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
+    /* a proxy's "200 Connection established" is no answer of the server's */
+    curl_easy_setopt(c, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 30L);
     /* under 1 KB/s for `stall` seconds, waiting for an answer included */
     curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);

@@ -9,7 +9,8 @@
       unknown: 404 with X-Error-Code: EntryNotFound.
   GET /api/models/{org}/{repo}/revision/{rev}: {"siblings": [{"rfilename"}]},
       or what hub.listings[repo] says (raw bytes, ("huge", n): n bytes of
-      JSON padding, ("status", code, body), ("redirect", url)).
+      JSON padding, ("trickle",): 2.5 KB/s that never ends, ("status", code,
+      body), ("redirect", url)).
   GET /cdn/{key}: the LFS bytes (ETag "cdn-..."); Range "bytes=N-" answered
       with 206 (416 past the end), If-Range honoured.
 
@@ -130,6 +131,17 @@ class Hub:
                     return self.plain(how[1], how[2], {})
                 if how[0] == "redirect":
                     return self.plain(302, b"", {"Location": how[1]})
+                if how[0] == "trickle":  # 256 bytes every 0.1 s, never done
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(1 << 30))
+                    self.end_headers()
+                    self.wfile.write(b'{"siblings": [], "pad": "')
+                    for _ in range(300):  # 30 s at most
+                        if hub.release.wait(0.1):
+                            return
+                        self.wfile.write(b" " * 256)
+                        self.wfile.flush()
+                    return
                 if how[0] == "huge":  # '{"siblings": [], "pad": "   ...   "}'
                     head, tail = b'{"siblings": [], "pad": "', b'"}'
                     n = how[1]

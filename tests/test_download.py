@@ -396,6 +396,15 @@ def run_hostile_cases(hub, ep, tmp, big):
         check(lis.count == 1, "one connection to the silent server (%d)" % lis.count)
     finally:
         lis.close()
+    # a listing that trickles in just fast enough: the total limit (2 x 2 s)
+    hub.listings["evil/trickle"] = ("trickle",)
+    t0 = time.time()
+    p = needle(ep, "download", "evil/trickle", "--dir", d, env={"NEEDLE_HF_STALL_S": "2"},
+               timeout=40)
+    dt = time.time() - t0
+    check(p.returncode == 1 and "did not finish its answer within 4 s" in p.stderr and dt < 20,
+          "a listing that trickles: exit %d after %.1f s (%s)"
+          % (p.returncode, dt, p.stderr.strip()[-200:]))
     hub.add("org/repo", "stall.bin", big[:200000], stall=50000)
     t0 = time.time()
     p = needle(ep, "download", "org/repo/stall.bin", "--dir", d, env={"NEEDLE_HF_STALL_S": "2"},

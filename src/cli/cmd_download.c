@@ -34,7 +34,7 @@ static const char *download_help =
     "HF_TOKEN (sent as a Bearer token for gated/private repositories, never\n"
     "printed), HF_HUB_OFFLINE=1 (no network: fail, saying what to fetch).\n"
     "NEEDLE_HF_STALL_S (default 60): a transfer under 1 KB/s for this many seconds\n"
-    "ends (the listing also after twice that, at least 120 s, in all).\n"
+    "ends (the repository listing also when not done within twice that).\n"
     "\n"
     "Upstream's `needle download <platform>` and `needle fetch` (prebuilt engine\n"
     "libraries) have no counterpart: build the engine here (`make`, or\n"

@@ -289,10 +289,9 @@ static int is_hex(const char *s, size_t len)
 }
 
 /* Transfers end when under 1 KB/s for this many seconds (a stalled or
- * silent server); small API requests also when not done within
- * api_timeout(). NEEDLE_HF_STALL_S overrides the default. */
+ * silent server); small API requests also when not done within twice
+ * that (a trickle). NEEDLE_HF_STALL_S overrides the default. */
 #define STALL_DEFAULT_S 60
-#define API_TIMEOUT_MIN_S 120
 #define LISTING_CAP_MIB 64
 
 static int stall_seconds(int *out)
@@ -313,7 +312,7 @@ static int stall_seconds(int *out)
 
 static long api_timeout(int stall)
 {
-    return 2L * stall > API_TIMEOUT_MIN_S ? 2L * stall : API_TIMEOUT_MIN_S;
+    return 2L * stall;
 }
 
 /* why a callback stopped a transfer */
@@ -462,13 +461,14 @@ static int headers_done(dl_state *st)
     if (st->claim_size < 0 && st->linked_size >= 0)
         st->claim_size = st->linked_size;
     if (!st->claim_sha[0] && !st->claim_blob[0]) {
-        /* later responses (the CDN after a redirect) cannot change it */
+        /* later responses (the CDN after a redirect) cannot change it;
+         * is_hex checked the lengths (64 and 40 characters) */
         if (is_hex(st->linked_etag, 64))
-            snprintf(st->claim_sha, sizeof st->claim_sha, "%s", st->linked_etag);
+            memcpy(st->claim_sha, st->linked_etag, 65);
         else if (!st->linked_etag[0] && is_hex(st->etag, 64))
-            snprintf(st->claim_sha, sizeof st->claim_sha, "%s", st->etag);
+            memcpy(st->claim_sha, st->etag, 65);
         else if (!st->linked_etag[0] && is_hex(st->etag, 40))
-            snprintf(st->claim_blob, sizeof st->claim_blob, "%s", st->etag);
+            memcpy(st->claim_blob, st->etag, 41);
     }
     if (st->status != 200 && st->status != 206)
         return 1;
@@ -1025,7 +1025,7 @@ int nd_hf_download(const char *repo, const char *file, const char *dest, const n
 
 typedef struct {
     char *data;
-    size_t len;
+    size_t len, cap;
     int over;            /* the answer passed the cap */
     char location[1024]; /* Location of the last redirect */
 } mem_buf;
@@ -1052,11 +1052,17 @@ static size_t to_mem(char *data, size_t size, size_t nmemb, void *ctx)
         b->over = 1; /* a repository listing is never this big */
         return 0;
     }
-    char *p = realloc(b->data, b->len + n + 1);
-    if (!p)
-        return 0;
-    memcpy(p + b->len, data, n);
-    b->data = p;
+    if (b->len + n + 1 > b->cap) { /* doubling: a copy per byte, not per chunk */
+        size_t cap = b->cap ? b->cap : 1 << 16;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->data, cap);
+        if (!p)
+            return 0;
+        b->data = p;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, data, n);
     b->len += n;
     b->data[b->len] = 0;
     return n;
@@ -1095,6 +1101,7 @@ int nd_hf_list(const char *repo, const char *revision, char ***files, int *count
     rc = hf_request_setup(c, url, errbuf, stall, NULL, &hdrs);
     CURLcode cr = CURLE_OK;
     long status = 0;
+    int timed_out = 0; /* the total limit, not a stall */
     if (!rc) {
         curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, to_mem);
         curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
@@ -1102,7 +1109,9 @@ int nd_hf_list(const char *repo, const char *revision, char ***files, int *count
         curl_easy_setopt(c, CURLOPT_HEADERDATA, &b);
         /* a small API answer: a total limit too, against a slow trickle */
         curl_easy_setopt(c, CURLOPT_TIMEOUT, api_timeout(stall));
+        double t0 = now_s();
         cr = curl_easy_perform(c);
+        timed_out = cr == CURLE_OPERATION_TIMEDOUT && now_s() - t0 >= (double)api_timeout(stall);
         curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
     }
     curl_slist_free_all(hdrs);
@@ -1114,6 +1123,11 @@ int nd_hf_list(const char *repo, const char *revision, char ***files, int *count
     } else if (b.over) {
         rc = nd_error(ND_ELIMIT, "%s: the server's answer is over the %d MiB limit", url,
                       LISTING_CAP_MIB);
+    } else if (timed_out) {
+        rc = nd_error(ND_EIO,
+                      "%s: the server did not finish its answer within %ld s (the limit for API "
+                      "answers: twice NEEDLE_HF_STALL_S)",
+                      url, api_timeout(stall));
     } else if (cr != CURLE_OK) {
         transfer_error(cr, errbuf, b.location, stall, msg, sizeof msg);
         rc = nd_error(ND_EIO, "%s: %s", url, msg);

@@ -20,9 +20,12 @@ static const char *download_help =
     "  needle download Cactus-Compute/needle2/tokenizer/tokenizer.model\n"
     "\n"
     "The file is written to D/FILE.part and renamed when complete; an interrupted\n"
-    "download resumes from the .part on the next run (HTTP Range). Its size and\n"
-    "sha256 are checked against what the server states (X-Linked-Size and\n"
-    "X-Linked-Etag for LFS files) and a mismatch is discarded.\n"
+    "download resumes from the .part on the next run (HTTP Range with If-Range:\n"
+    "a file that changed on the server starts over). Its size and sha256 are\n"
+    "checked against what the server's first answer states (X-Linked-Size and\n"
+    "X-Linked-Etag for LFS files) and a mismatch is discarded. Only http and https\n"
+    "are followed; file names from the server's listing must be plain relative\n"
+    "paths; a file that does not fit in the free space is refused up front.\n"
     "\n"
     "  --revision R   branch, tag or commit (default main)\n"
     "  --dir D        destination directory (default .); --out D is upstream's name\n"
@@ -30,10 +33,21 @@ static const char *download_help =
     "Environment (as huggingface_hub): HF_ENDPOINT (default https://huggingface.co),\n"
     "HF_TOKEN (sent as a Bearer token for gated/private repositories, never\n"
     "printed), HF_HUB_OFFLINE=1 (no network: fail, saying what to fetch).\n"
+    "NEEDLE_HF_STALL_S (default 60): a transfer under 1 KB/s for this many seconds\n"
+    "ends (the repository listing also when not done within twice that).\n"
     "\n"
     "Upstream's `needle download <platform>` and `needle fetch` (prebuilt engine\n"
     "libraries) have no counterpart: build the engine here (`make`, or\n"
     "`make install PREFIX=...` for bin/needle, lib/libneedle.so and needle.pc).\n";
+
+/* whether a '/'-separated path has a ".." segment */
+static int has_dotdot(const char *path)
+{
+    for (const char *p = path; (p = strstr(p, "..")); p += 2)
+        if ((p == path || p[-1] == '/') && (p[2] == 0 || p[2] == '/'))
+            return 1;
+    return 0;
+}
 
 /* ORG/REPO alone: its one .cact archive, as upstream's download */
 static int pick_cact(const char *repo, const char *revision, char *file, size_t n)
@@ -116,8 +130,10 @@ int cli_download(int argc, char **argv)
         snprintf(file, sizeof file, "%s", f);
     else if (pick_cact(repo, revision, file, sizeof file))
         return 1;
-    if (strstr(file, "..") || strstr(repo, ".."))
-        return cli_usage_error("download", "'..' is not allowed in ORG/REPO/FILE");
+    /* the user's own '..' (a name from the server's listing was checked
+     * by nd_hf_list, which refuses unsafe ones as the server's fault) */
+    if (has_dotdot(file) || has_dotdot(repo))
+        return cli_usage_error("download", "a '..' path segment is not allowed in ORG/REPO/FILE");
     char dest[8192];
     snprintf(dest, sizeof dest, "%s/%s", dir, file);
     nd_hf_opts o = {revision, stderr};

@@ -19,7 +19,8 @@
 
 #ifdef NEEDLE_HAVE_CURL
 #include "net/curl_dl.h"
-#include <jansson.h>
+#include "net/hf_listing.h"
+#include <sys/statvfs.h>
 #endif
 
 static const char *endpoint(void)
@@ -172,16 +173,6 @@ static void etag_clean(const char *v, char *out, size_t n)
     out[k] = 0;
 }
 
-static int is_sha256_hex(const char *s)
-{
-    if (strlen(s) != 64)
-        return 0;
-    for (; *s; s++)
-        if (!isxdigit((unsigned char)*s))
-            return 0;
-    return 1;
-}
-
 /* Git's blob id of a file, the Hub's ETag for files outside LFS:
  * SHA-1("blob <size>\0" + content). SHA-1 here only matches what the
  * server states; it guards against truncation and corruption, not attack. */
@@ -297,19 +288,72 @@ static int is_hex(const char *s, size_t len)
     return 1;
 }
 
+/* Transfers end when under 1 KB/s for this many seconds (a stalled or
+ * silent server); small API requests also when not done within twice
+ * that (a trickle). NEEDLE_HF_STALL_S overrides the default. */
+#define STALL_DEFAULT_S 60
+#define LISTING_CAP_MIB 64
+
+static int stall_seconds(int *out)
+{
+    const char *v = getenv("NEEDLE_HF_STALL_S");
+    *out = STALL_DEFAULT_S;
+    if (!v || !*v)
+        return ND_OK;
+    char *end;
+    errno = 0;
+    long s = strtol(v, &end, 10);
+    if (*end || errno || s < 1 || s > 86400)
+        return nd_error(ND_EARG, "NEEDLE_HF_STALL_S=%s: not a whole number of seconds in 1..86400",
+                        v);
+    *out = (int)s;
+    return ND_OK;
+}
+
+static long api_timeout(int stall)
+{
+    return 2L * stall;
+}
+
+/* why a callback stopped a transfer */
+enum {
+    STOP_NONE,
+    STOP_WRITE,     /* writing the .part failed (write_errno) */
+    STOP_SPACE,     /* the stated size does not fit in the free space */
+    STOP_TOO_LONG,  /* more bytes than the stated size */
+    STOP_BAD_RANGE, /* a 206 for a range not asked for */
+    STOP_CHANGED,   /* a 206 whose ETag is not the one resumed */
+};
+
 typedef struct {
     FILE *out;
     const char *part;
-    long status;           /* of the response being received */
-    long long offset;      /* bytes already in .part when the request started */
-    long long range_start; /* from Content-Range of a 206, -1 if none */
-    long long length;      /* Content-Length of the final response, -1 */
+    const char *meta; /* the .part's validator (ETag or Last-Modified) */
+    long status;      /* of the response being received */
+    long long offset; /* bytes in .part when the request started */
+    long long got;    /* body bytes written by this request */
+    /* the first response that states them: what the request resolved to */
+    long long claim_size; /* X-Linked-Size, -1 */
+    char claim_sha[65];   /* sha256 (X-Linked-Etag, or an ETag that is one), "" */
+    char claim_blob[41];  /* git blob id (the ETag outside LFS), "" */
+    /* the response being received */
+    long long range_start; /* Content-Range "bytes START-END/TOTAL", -1 */
+    long long range_total; /* TOTAL of Content-Range (also "bytes * /TOTAL"), -1 */
+    long long length;      /* Content-Length, -1 */
     long long linked_size; /* X-Linked-Size, -1 */
-    char linked_etag[128]; /* X-Linked-Etag (sha256 of LFS files) */
-    char etag[128];        /* ETag of the final response */
-    int started;           /* body of the final response seen */
+    char linked_etag[128]; /* X-Linked-Etag, cleaned */
+    char etag[128];        /* ETag, cleaned */
+    char raw_etag[256];    /* ETag as sent (for If-Range), "" if weak or unquoted */
+    char lastmod[128];     /* Last-Modified as sent */
+    char location[1024];   /* Location of the last redirect */
+    char resumed[256];     /* the validator sent in If-Range, "" */
+    long long want;        /* the file's size as stated, -1 */
+    int started;           /* the body of a 2xx response began */
     int truncated;         /* a 200 to a Range request: restarted from 0 */
-    char errbody[512];     /* start of an error response's body */
+    int stop;              /* STOP_* */
+    int write_errno;
+    long long space_need, space_free;
+    char errbody[512]; /* start of an error response's body */
     size_t errlen;
     FILE *progress;
     int tty;
@@ -336,35 +380,187 @@ static int header_is(const char *line, size_t n, const char *name, const char **
     return 1;
 }
 
+/* a header value up to CR/LF, kept only when printable ASCII (it is sent
+ * back in If-Range), else "" */
+static void header_raw(const char *v, char *out, size_t n)
+{
+    size_t k = 0;
+    for (; *v && *v != '\r' && *v != '\n'; v++) {
+        if ((unsigned char)*v < 0x20 || (unsigned char)*v >= 0x7f || k + 1 >= n) {
+            out[0] = 0;
+            return;
+        }
+        out[k++] = *v;
+    }
+    while (k && out[k - 1] == ' ')
+        k--;
+    out[k] = 0;
+}
+
+/* the directory a path lives in, for statvfs */
+static void dir_of(const char *path, char *out, size_t n)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(out, n, ".");
+    else if (slash == path)
+        snprintf(out, n, "/");
+    else
+        snprintf(out, n, "%.*s", (int)(slash - path), path);
+}
+
+/* "1.5 MB", "3.2 TB", ... */
+static const char *human(long long bytes, char *buf, size_t n)
+{
+    static const char *const unit[] = {"bytes", "kB", "MB", "GB", "TB", "PB", "EB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1000 && u < 6)
+        v /= 1000, u++;
+    if (u == 0)
+        snprintf(buf, n, "%lld bytes", bytes);
+    else
+        snprintf(buf, n, "%.1f %s", v, unit[u]);
+    return buf;
+}
+
+/* The .part's validator file: the ETag (strong) or Last-Modified of the
+ * response the .part's bytes came from, sent back as If-Range on resume. */
+static void meta_write(const dl_state *st)
+{
+    const char *v = st->raw_etag[0] ? st->raw_etag : st->lastmod;
+    if (!*v) {
+        unlink(st->meta);
+        return;
+    }
+    FILE *f = fopen(st->meta, "w");
+    if (!f)
+        return; /* then the next run starts over instead of resuming */
+    int ok = fprintf(f, "%s\n", v) > 0;
+    if (fclose(f) != 0 || !ok)
+        unlink(st->meta);
+}
+
+static void meta_read(const char *meta, char *out, size_t n)
+{
+    char line[512] = "";
+    out[0] = 0;
+    FILE *f = fopen(meta, "r");
+    if (!f)
+        return;
+    if (fgets(line, sizeof line, f))
+        header_raw(line, out, n);
+    fclose(f);
+}
+
+/* End of a response's headers: take the claims of the first response
+ * that makes them, and for the body of a 2xx check the range, the
+ * validator and the free space before a byte is written. */
+static int headers_done(dl_state *st)
+{
+    if (st->claim_size < 0 && st->linked_size >= 0)
+        st->claim_size = st->linked_size;
+    if (!st->claim_sha[0] && !st->claim_blob[0]) {
+        /* later responses (the CDN after a redirect) cannot change it;
+         * is_hex checked the lengths (64 and 40 characters) */
+        if (is_hex(st->linked_etag, 64))
+            memcpy(st->claim_sha, st->linked_etag, 65);
+        else if (!st->linked_etag[0] && is_hex(st->etag, 64))
+            memcpy(st->claim_sha, st->etag, 65);
+        else if (!st->linked_etag[0] && is_hex(st->etag, 40))
+            memcpy(st->claim_blob, st->etag, 41);
+    }
+    if (st->status != 200 && st->status != 206)
+        return 1;
+    if (st->status == 206) {
+        if (st->range_start != st->offset) {
+            st->stop = STOP_BAD_RANGE;
+            return 0;
+        }
+        /* the validator resumed with: an entity tag ("...") or a date */
+        const char *now = st->resumed[0] == '"' ? st->raw_etag : st->lastmod;
+        if (st->resumed[0] && now[0] && strcmp(st->resumed, now)) {
+            st->stop = STOP_CHANGED; /* the server ignored If-Range */
+            return 0;
+        }
+    } else {
+        if (st->offset > 0) {
+            /* a 200 to a Range request (If-Range did not match, or no
+             * ranges): the whole file again */
+            if (ftruncate(fileno(st->out), 0) != 0 || fseek(st->out, 0, SEEK_SET) != 0) {
+                st->write_errno = errno;
+                st->stop = STOP_WRITE;
+                return 0;
+            }
+            st->offset = 0;
+            st->truncated = 1;
+        }
+        meta_write(st);
+    }
+    long long total = st->status == 206 ? st->range_total : st->length;
+    if (st->status == 206 && total < 0 && st->length >= 0)
+        total = st->offset + st->length;
+    st->want = st->claim_size >= 0 ? st->claim_size : total;
+    if (st->want >= 0) {
+        char dir[4096];
+        struct statvfs vf;
+        dir_of(st->part, dir, sizeof dir);
+        if (statvfs(dir, &vf) == 0) {
+            long long avail = (long long)vf.f_bavail * (long long)vf.f_frsize;
+            long long need = st->want - st->offset;
+            if (need > avail) {
+                st->space_need = need;
+                st->space_free = avail;
+                st->stop = STOP_SPACE;
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
 static size_t on_header(char *buf, size_t size, size_t nitems, void *ctx)
 {
     dl_state *st = ctx;
     size_t n = size * nitems;
-    char line[1024];
+    char line[2048];
     size_t k = n < sizeof line - 1 ? n : sizeof line - 1;
     memcpy(line, buf, k);
     line[k] = 0;
     const char *v;
+    if (!strcmp(line, "\r\n") || !strcmp(line, "\n"))
+        return headers_done(st) ? n : 0;
     if (!strncmp(line, "HTTP/", 5)) {
         /* a new response (redirects, 100-continue): its own status and body */
         const char *sp = strchr(line, ' ');
         st->status = sp ? strtol(sp + 1, NULL, 10) : 0;
-        st->length = -1;
-        st->range_start = -1;
-        st->etag[0] = 0;
+        st->length = st->range_start = st->range_total = st->linked_size = -1;
+        st->linked_etag[0] = st->etag[0] = st->raw_etag[0] = st->lastmod[0] = 0;
     } else if (header_is(line, k, "x-linked-size", &v)) {
         st->linked_size = strtoll(v, NULL, 10);
     } else if (header_is(line, k, "x-linked-etag", &v)) {
         etag_clean(v, st->linked_etag, sizeof st->linked_etag);
     } else if (header_is(line, k, "etag", &v)) {
         etag_clean(v, st->etag, sizeof st->etag);
+        /* If-Range takes strong validators only: a quoted entity tag */
+        if (*v == '"')
+            header_raw(v, st->raw_etag, sizeof st->raw_etag);
+    } else if (header_is(line, k, "last-modified", &v)) {
+        header_raw(v, st->lastmod, sizeof st->lastmod);
+    } else if (header_is(line, k, "location", &v)) {
+        size_t l = strcspn(v, "\r\n");
+        snprintf(st->location, sizeof st->location, "%.*s", (int)l, v);
     } else if (header_is(line, k, "content-length", &v)) {
         st->length = strtoll(v, NULL, 10);
     } else if (header_is(line, k, "content-range", &v)) {
-        /* "bytes START-END/TOTAL" */
+        /* "bytes START-END/TOTAL", "bytes * /TOTAL" (416), TOTAL may be "*" */
         const char *p = strstr(v, "bytes ");
-        if (p)
-            st->range_start = strtoll(p + 6, NULL, 10);
+        if (p) {
+            p += 6;
+            st->range_start = isdigit((unsigned char)*p) ? strtoll(p, NULL, 10) : -1;
+            const char *t = strchr(p, '/');
+            st->range_total = t && isdigit((unsigned char)t[1]) ? strtoll(t + 1, NULL, 10) : -1;
+        }
     }
     return n;
 }
@@ -382,19 +578,19 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ctx)
         st->errbody[st->errlen] = 0;
         return n;
     }
-    if (!st->started) {
-        st->started = 1;
-        if (st->status == 200 && st->offset > 0) {
-            /* the server ignored the Range: start the file again */
-            if (ftruncate(fileno(st->out), 0) != 0 || fseek(st->out, 0, SEEK_SET) != 0)
-                return 0;
-            st->offset = 0;
-            st->truncated = 1;
-        } else if (st->status == 206 && st->range_start != st->offset) {
-            return 0; /* a range we did not ask for */
-        }
+    st->started = 1;
+    if (st->want >= 0 && st->offset + st->got + (long long)n > st->want) {
+        st->stop = STOP_TOO_LONG;
+        return 0;
     }
-    return fwrite(data, 1, n, st->out) == n ? n : 0;
+    errno = 0;
+    if (fwrite(data, 1, n, st->out) != n) {
+        st->write_errno = errno ? errno : EIO;
+        st->stop = STOP_WRITE;
+        return 0;
+    }
+    st->got += (long long)n;
+    return n;
 }
 
 static int on_progress(void *ctx, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
@@ -407,8 +603,10 @@ static int on_progress(void *ctx, curl_off_t dltotal, curl_off_t dlnow, curl_off
         return 0;
     double t = now_s();
     long long done = st->offset + (long long)dlnow;
-    long long total = st->linked_size > 0 ? st->linked_size
-                                          : (dltotal > 0 ? st->offset + (long long)dltotal : -1);
+    long long total =
+        st->want > 0 ? st->want : (dltotal > 0 ? st->offset + (long long)dltotal : -1);
+    if (total > 0 && done > total)
+        done = total; /* a server sending more is cut off at the size it states */
     double rate = (double)dlnow / (t - st->t0 > 1e-3 ? t - st->t0 : 1e-3) / 1e6;
     if (st->tty) {
         if (t - st->last_print < 0.1)
@@ -439,25 +637,136 @@ static int on_progress(void *ctx, curl_off_t dltotal, curl_off_t dlnow, curl_off
     return 0;
 }
 
-/* A GET of url with HF's conventions: redirects followed, HF_TOKEN as a
- * Bearer header (curl drops custom Authorization headers on redirects to
- * other hosts, as the CDN wants). The caller frees the returned list. */
-static struct curl_slist *hf_request_setup(CURL *c, const char *url, char *errbuf)
+/* A GET of url with HF's conventions: redirects followed (http and https
+ * only; https only from an https endpoint), HF_TOKEN as a Bearer header
+ * (curl drops custom Authorization headers on redirects to other hosts, as
+ * the CDN wants), stalls and a silent server ended after `stall` seconds.
+ * extra: one more header line or NULL. The caller frees *hdrs. */
+static int hf_request_setup(CURL *c, const char *url, char *errbuf, int stall, const char *extra,
+                            struct curl_slist **hdrs)
 {
-    struct curl_slist *hdrs = NULL;
+    *hdrs = NULL;
     const char *token = getenv("HF_TOKEN");
     if (token && *token) {
         char auth[4200];
         snprintf(auth, sizeof auth, "Authorization: Bearer %s", token);
-        hdrs = curl_slist_append(hdrs, auth);
+        *hdrs = curl_slist_append(*hdrs, auth);
+    }
+    if (extra)
+        *hdrs = curl_slist_append(*hdrs, extra);
+    int https_only = !strncasecmp(endpoint(), "https://", 8);
+    if (curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https") != CURLE_OK ||
+        curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, https_only ? "https" : "http,https") !=
+            CURLE_OK) {
+        /* libcurl before 7.85: the bitmask options CURLOPT_PROTOCOLS (181)
+         * and CURLOPT_REDIR_PROTOCOLS (182), named by number because the
+         * newer headers mark them deprecated */
+        long all = CURLPROTO_HTTP | CURLPROTO_HTTPS;
+        if (curl_easy_setopt(c, (CURLoption)(CURLOPTTYPE_LONG + 181), all) != CURLE_OK ||
+            curl_easy_setopt(c, (CURLoption)(CURLOPTTYPE_LONG + 182),
+                             https_only ? (long)CURLPROTO_HTTPS : all) != CURLE_OK)
+            return nd_error(ND_EUNSUPPORTED,
+                            "libcurl cannot be limited to http and https (it lacks "
+                            "CURLOPT_PROTOCOLS_STR and CURLOPT_PROTOCOLS); not downloading");
     }
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
     curl_easy_setopt(c, CURLOPT_MAXREDIRS, 10L);
     curl_easy_setopt(c, CURLOPT_USERAGENT, "needle-c/0.1.0");
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, *hdrs);
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
-    return hdrs;
+    /* a proxy's "200 Connection established" is no answer of the server's */
+    curl_easy_setopt(c, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 30L);
+    /* under 1 KB/s for `stall` seconds, waiting for an answer included */
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, (long)stall);
+    return ND_OK;
+}
+
+/* A message for a failed transfer, server-chosen text escaped: a refused
+ * redirect, a stall, else curl's words. */
+static void transfer_error(CURLcode cr, const char *errbuf, const char *location, int stall,
+                           char *out, size_t n)
+{
+    char esc[1200];
+    if (cr == CURLE_UNSUPPORTED_PROTOCOL && location && location[0]) {
+        snprintf(out, n,
+                 "the server redirected to %s, which is refused (only http and https are "
+                 "followed, only https from an https endpoint)",
+                 nd_hf_escape(location, strlen(location), esc, 400));
+    } else if (cr == CURLE_OPERATION_TIMEDOUT) {
+        snprintf(out, n,
+                 "the server stalled (%s; transfers end after %d s under 1 KB/s, "
+                 "NEEDLE_HF_STALL_S)",
+                 nd_hf_escape(errbuf[0] ? errbuf : curl_easy_strerror(cr),
+                              strlen(errbuf[0] ? errbuf : curl_easy_strerror(cr)), esc, 400),
+                 stall);
+    } else {
+        const char *m = errbuf[0] ? errbuf : curl_easy_strerror(cr);
+        nd_hf_escape(m, strlen(m), out, n);
+    }
+}
+
+/* "; the server said: ..." from an error page, escaped, or "" */
+static void server_said(const char *body, size_t len, char *out, size_t n)
+{
+    out[0] = 0;
+    while (len && (*body == ' ' || *body == '\n' || *body == '\r' || *body == '\t'))
+        body++, len--;
+    while (len && (body[len - 1] == ' ' || body[len - 1] == '\n' || body[len - 1] == '\r' ||
+                   body[len - 1] == '\t'))
+        len--;
+    if (!len || n < 40)
+        return;
+    char esc[400];
+    snprintf(out, n, "; the server said: %s",
+             nd_hf_escape(body, len > 200 ? 200 : len, esc, sizeof esc));
+}
+
+/* One GET of url into st->out from st->offset (Range and If-Range when
+ * resuming). */
+static CURLcode transfer(dl_state *st, const char *url, char *errbuf, int stall)
+{
+    CURL *c = curl_easy_init();
+    if (!c) {
+        snprintf(errbuf, CURL_ERROR_SIZE, "libcurl: cannot start a transfer");
+        return CURLE_OUT_OF_MEMORY;
+    }
+    char range[64], if_range[300];
+    snprintf(if_range, sizeof if_range, "If-Range: %s", st->resumed);
+    struct curl_slist *hdrs;
+    if (hf_request_setup(c, url, errbuf, stall, st->offset > 0 ? if_range : NULL, &hdrs)) {
+        snprintf(errbuf, CURL_ERROR_SIZE, "%s", nd_last_error());
+        curl_slist_free_all(hdrs);
+        curl_easy_cleanup(c);
+        return CURLE_UNSUPPORTED_PROTOCOL;
+    }
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, st);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, st);
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, st);
+    if (st->offset > 0) {
+        snprintf(range, sizeof range, "%lld-", st->offset);
+        curl_easy_setopt(c, CURLOPT_RANGE, range);
+    }
+    st->t0 = now_s();
+    CURLcode cr = curl_easy_perform(c);
+    if (st->tty)
+        fprintf(st->progress, "\r\033[K");
+    curl_slist_free_all(hdrs);
+    curl_easy_cleanup(c);
+    return cr;
+}
+
+/* the .part (and its validator) gone */
+static void drop_part(const dl_state *st)
+{
+    unlink(st->part);
+    unlink(st->meta);
 }
 
 int nd_hf_download(const char *repo, const char *file, const char *dest, const nd_hf_opts *o,
@@ -468,23 +777,26 @@ int nd_hf_download(const char *repo, const char *file, const char *dest, const n
         *not_found = 0;
     if (nd_hf_offline())
         return offline_error(repo, file, dest, rev, "HF_HUB_OFFLINE is set (no network)");
-    /* a regular file or nothing: never through a link, a device or a dir */
-    int rc = nd_output_check(dest, NULL, NULL);
+    int stall;
+    int rc = stall_seconds(&stall);
     if (rc)
+        return rc;
+    /* a regular file or nothing: never through a link, a device or a dir */
+    if ((rc = nd_output_check(dest, NULL, NULL)))
         return rc;
     static made_dirs made; /* large; downloads run one at a time */
     rc = make_parents(dest, &made);
     if (rc)
         return rc;
-    char url[4096], part[4096];
+    char url[4096], part[4096], meta[4200];
     nd_hf_url(repo, file, rev, url, sizeof url);
     snprintf(part, sizeof part, "%s.part", dest);
+    snprintf(meta, sizeof meta, "%s.part.validator", dest);
 
     dl_state st = {0};
     st.part = part;
-    st.linked_size = -1;
-    st.length = -1;
-    st.range_start = -1;
+    st.meta = meta;
+    st.claim_size = -1;
     st.last_decile = -1;
     st.progress = o ? o->progress : NULL;
     st.tty = st.progress && isatty(fileno(st.progress));
@@ -493,60 +805,127 @@ int nd_hf_download(const char *repo, const char *file, const char *dest, const n
     int lrc = nd_curl_load(); /* before the .part file exists */
     if (lrc)
         return lrc;
-    st.out = fopen(part, "ab");
-    if (!st.out)
-        return nd_error(ND_EIO, "%s: cannot write: %s", part, strerror(errno));
-    fseek(st.out, 0, SEEK_END);
-    st.offset = ftell(st.out);
 
     /* init/cleanup per download (reference counted by libcurl): nothing of
      * libcurl's or its TLS library's stays allocated afterwards */
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    CURL *c = curl_easy_init();
-    if (!c) {
-        fclose(st.out);
-        curl_global_cleanup();
-        return nd_error(ND_ENOMEM, "libcurl: cannot start a transfer");
-    }
-    char errbuf[CURL_ERROR_SIZE] = "", range[64];
-    struct curl_slist *hdrs = hf_request_setup(c, url, errbuf);
-    const char *token = getenv("HF_TOKEN");
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, &st);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &st);
-    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
-    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
-    curl_easy_setopt(c, CURLOPT_XFERINFODATA, &st);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 30L);
-    /* a stalled connection (under 1 KB/s for 60 s) fails and can be resumed */
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 60L);
-    if (st.offset > 0) {
-        snprintf(range, sizeof range, "%lld-", st.offset);
-        curl_easy_setopt(c, CURLOPT_RANGE, range);
+    char errbuf[CURL_ERROR_SIZE] = "";
+    CURLcode cr = CURLE_OK;
+    int ok_close = 1, close_errno = 0, restart = 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        st.out = fopen(part, restart ? "wb" : "ab");
+        if (!st.out) {
+            curl_global_cleanup();
+            return nd_error(ND_EIO, "%s: cannot write: %s", part, strerror(errno));
+        }
+        fseek(st.out, 0, SEEK_END);
+        st.offset = ftell(st.out);
+        st.resumed[0] = 0;
+        if (st.offset > 0) {
+            /* resume only what the server can confirm is the same file */
+            meta_read(meta, st.resumed, sizeof st.resumed);
+            if (!st.resumed[0]) {
+                if (ftruncate(fileno(st.out), 0) != 0 || fseek(st.out, 0, SEEK_SET) != 0) {
+                    fclose(st.out);
+                    curl_global_cleanup();
+                    return nd_error(ND_EIO, "%s: cannot truncate: %s", part, strerror(errno));
+                }
+                if (st.progress)
+                    fprintf(st.progress,
+                            "  %-9s %s: %s has no ETag or Last-Modified to resume with; "
+                            "starting over\n",
+                            "fetch", st.name, part);
+                st.offset = 0;
+            } else if (st.progress) {
+                fprintf(st.progress, "  %-9s %s: resuming %s after %.1f MB\n", "fetch", st.name,
+                        part, (double)st.offset / 1e6);
+            }
+        }
+        if (restart)
+            unlink(meta);
+        st.got = 0;
+        st.want = -1;
+        st.stop = STOP_NONE;
+        st.status = 0;
+        st.errlen = 0;
+        st.errbody[0] = 0;
+        st.location[0] = 0;
+        st.started = 0;
+        errbuf[0] = 0;
+        cr = transfer(&st, url, errbuf, stall);
+        errno = 0;
+        ok_close = fflush(st.out) == 0 && fsync(fileno(st.out)) == 0;
+        close_errno = errno;
+        if (fclose(st.out) != 0 && ok_close) {
+            ok_close = 0;
+            close_errno = errno;
+        }
+        struct stat sb;
+        long long have = stat(part, &sb) == 0 ? (long long)sb.st_size : -1;
+        long long total = st.range_total >= 0 ? st.range_total : st.claim_size;
+        /* start over (once, without Range) when a resume cannot go on: a
+         * 416 the .part is not the whole file for, a range not asked for,
+         * a file that changed under the same name */
+        restart = (st.status == 416 && st.offset > 0 && (total < 0 || have != total)) ||
+                  (st.offset > 0 && (st.stop == STOP_BAD_RANGE || st.stop == STOP_CHANGED));
+        if (!restart)
+            break;
         if (st.progress)
-            fprintf(st.progress, "  %-9s %s: resuming %s after %.1f MB\n", "fetch", st.name, part,
-                    (double)st.offset / 1e6);
+            fprintf(st.progress, "  %-9s %s: the server cannot continue %s; starting over\n",
+                    "fetch", st.name, part);
     }
-    st.t0 = now_s();
-    CURLcode cr = curl_easy_perform(c);
-    if (st.tty)
-        fprintf(st.progress, "\r\033[K");
-    int ok_close = fflush(st.out) == 0 && fsync(fileno(st.out)) == 0;
-    ok_close &= fclose(st.out) == 0;
-    curl_slist_free_all(hdrs);
-    curl_easy_cleanup(c);
     curl_global_cleanup();
 
     struct stat sb;
     long long have = stat(part, &sb) == 0 ? (long long)sb.st_size : -1;
-    if (st.status == 416) {
-        /* nothing past our offset: the .part may already be whole */
-        cr = CURLE_OK;
-    } else if (st.status >= 400 || (cr == CURLE_OK && st.status >= 300)) {
+    const char *token = getenv("HF_TOKEN");
+    char msg[1600], said[300];
+    if (st.stop == STOP_SPACE) {
+        char need[32], avail[32], dir[4096];
+        dir_of(part, dir, sizeof dir);
         if (have == 0) {
-            unlink(part);
+            drop_part(&st);
+            unmake_parents(&made);
+        }
+        return nd_error(ND_EIO,
+                        "%s: refused: the server states %lld bytes (%s still to fetch) but %s "
+                        "has only %s free; nothing more was written",
+                        url, st.want, human(st.space_need, need, sizeof need), dir,
+                        human(st.space_free, avail, sizeof avail));
+    }
+    if (st.stop == STOP_WRITE) {
+        if (have <= 0) {
+            drop_part(&st);
+            unmake_parents(&made);
+        }
+        return nd_error(ND_EIO, "writing %s: %s%s", part, strerror(st.write_errno),
+                        have > 0 ? " (kept: run the same command again to resume)" : "");
+    }
+    if (st.stop == STOP_TOO_LONG) {
+        drop_part(&st);
+        return nd_error(ND_EFORMAT,
+                        "%s: the server sent more than the %lld bytes it states; the download "
+                        "was discarded",
+                        url, st.want);
+    }
+    if (st.stop == STOP_BAD_RANGE) {
+        drop_part(&st);
+        return nd_error(ND_EFORMAT,
+                        "%s: the server answered with a range that was not asked for; the "
+                        "download was discarded",
+                        url);
+    }
+    if (st.stop == STOP_CHANGED) {
+        drop_part(&st);
+        return nd_error(ND_EFORMAT,
+                        "%s: the file changed on the server during the download; discarded, run "
+                        "again",
+                        url);
+    }
+    int is416 = st.status == 416 && st.offset > 0;
+    if (!is416 && (st.status >= 400 || (cr == CURLE_OK && st.status >= 300))) {
+        if (have == 0) {
+            drop_part(&st);
             unmake_parents(&made);
         }
         if (st.status == 404 && not_found)
@@ -558,32 +937,42 @@ int nd_hf_download(const char *repo, const char *file, const char *dest, const n
                                                     "HF_TOKEN=<your token>)")
                            : st.status == 404 ? " (no such repository, revision or file)"
                                               : "";
-        return nd_error(ND_EIO, "%s: HTTP %ld%s", url, st.status, hint);
+        server_said(st.errbody, st.errlen, said, sizeof said);
+        return nd_error(ND_EIO, "%s: HTTP %ld%s%s", url, st.status, hint, said);
     }
     if (cr != CURLE_OK) {
+        transfer_error(cr, errbuf, st.location, stall, msg, sizeof msg);
         if (have > 0)
             return nd_error(ND_EIO,
                             "%s: download interrupted after %.1f MB (%s); %s kept: run the same "
                             "command again to resume",
-                            url, (double)have / 1e6, errbuf[0] ? errbuf : curl_easy_strerror(cr),
-                            part);
-        unlink(part);
+                            url, (double)have / 1e6, msg, part);
+        drop_part(&st);
         unmake_parents(&made);
+        if (cr == CURLE_UNSUPPORTED_PROTOCOL || cr == CURLE_OPERATION_TIMEDOUT)
+            return nd_error(ND_EIO, "%s: %s", url, msg);
         return nd_error(ND_EIO,
                         "%s: %s. Without network: download %s (Hugging Face %s) elsewhere and "
                         "put it at %s",
-                        url, errbuf[0] ? errbuf : curl_easy_strerror(cr), file, repo, dest);
+                        url, msg, file, repo, dest);
     }
     if (!ok_close)
-        return nd_error(ND_EIO, "%s: write error: %s", part, strerror(errno));
+        return nd_error(ND_EIO, "writing %s: %s", part, strerror(close_errno ? close_errno : EIO));
 
-    /* size: X-Linked-Size (LFS), else what the final response announced */
-    long long want = st.linked_size;
-    if (want < 0 && st.length >= 0 && st.status != 416)
-        want = st.offset + st.length;
+    /* size: the first stated X-Linked-Size, else what the final response
+     * states (Content-Range's total, Content-Length) */
+    long long want = is416 ? (st.range_total >= 0 ? st.range_total : st.claim_size) : st.want;
+    if (want < 0 && st.status == 206) {
+        drop_part(&st);
+        return nd_error(ND_EFORMAT,
+                        "%s: the server resumed without stating the size; the download was "
+                        "discarded, run again",
+                        url);
+    }
+    /* a 200 without a size (chunked): its end was framed by HTTP */
     if (want >= 0 && have != want) {
         if (have > want) {
-            unlink(part);
+            drop_part(&st);
             return nd_error(ND_EFORMAT,
                             "%s: got %lld bytes but the server states %lld; the download was "
                             "discarded, run again",
@@ -592,16 +981,16 @@ int nd_hf_download(const char *repo, const char *file, const char *dest, const n
         return nd_error(ND_EIO, "%s: incomplete: %lld of %lld bytes; %s kept: run again to resume",
                         url, have, want, part);
     }
-    /* sha256: X-Linked-Etag of LFS files, else an ETag that is one */
-    const char *sum = is_sha256_hex(st.linked_etag) ? st.linked_etag
-                      : is_sha256_hex(st.etag)      ? st.etag
-                                                    : NULL;
+    /* sha256: what the first response that stated one said (X-Linked-Etag
+     * of LFS files, else an ETag that is one); a later answer's (the
+     * CDN's) does not replace it */
+    const char *sum = st.claim_sha[0] ? st.claim_sha : NULL;
     if (sum) {
         char got[65];
         if ((rc = sha256_file(part, got)))
             return rc;
         if (strcmp(got, sum)) {
-            unlink(part);
+            drop_part(&st);
             return nd_error(ND_EFORMAT,
                             "%s: sha256 %s does not match the server's %s; the download was "
                             "discarded (%s not written)",
@@ -610,21 +999,22 @@ int nd_hf_download(const char *repo, const char *file, const char *dest, const n
     }
     /* outside LFS: the ETag is the git blob id */
     int blob_checked = 0;
-    if (!sum && !st.linked_etag[0] && is_hex(st.etag, 40)) {
+    if (!sum && st.claim_blob[0]) {
         char got[41];
         if ((rc = git_blob_id(part, have, got)))
             return rc;
-        if (strcmp(got, st.etag)) {
-            unlink(part);
+        if (strcmp(got, st.claim_blob)) {
+            drop_part(&st);
             return nd_error(ND_EFORMAT,
                             "%s: git blob id %s does not match the server's ETag %s; the "
                             "download was discarded (%s not written)",
-                            url, got, st.etag, dest);
+                            url, got, st.claim_blob, dest);
         }
         blob_checked = 1;
     }
     if (rename(part, dest) != 0)
         return nd_error(ND_EIO, "%s: cannot rename to %s: %s", part, dest, strerror(errno));
+    unlink(meta);
     if (st.progress)
         fprintf(st.progress, "  %-9s %s  %.2f MB%s\n", "fetched", dest, (double)have / 1e6,
                 sum            ? "  sha256 ok"
@@ -635,20 +1025,44 @@ int nd_hf_download(const char *repo, const char *file, const char *dest, const n
 
 typedef struct {
     char *data;
-    size_t len;
+    size_t len, cap;
+    int over;            /* the answer passed the cap */
+    char location[1024]; /* Location of the last redirect */
 } mem_buf;
+
+static size_t mem_header(char *buf, size_t size, size_t nitems, void *ctx)
+{
+    mem_buf *b = ctx;
+    size_t n = size * nitems;
+    char line[2048];
+    size_t k = n < sizeof line - 1 ? n : sizeof line - 1;
+    memcpy(line, buf, k);
+    line[k] = 0;
+    const char *v;
+    if (header_is(line, k, "location", &v))
+        snprintf(b->location, sizeof b->location, "%.*s", (int)strcspn(v, "\r\n"), v);
+    return n;
+}
 
 static size_t to_mem(char *data, size_t size, size_t nmemb, void *ctx)
 {
     mem_buf *b = ctx;
     size_t n = size * nmemb;
-    if (b->len + n > (64u << 20))
-        return 0; /* a repository listing is never this big */
-    char *p = realloc(b->data, b->len + n + 1);
-    if (!p)
+    if (b->len + n > ((size_t)LISTING_CAP_MIB << 20)) {
+        b->over = 1; /* a repository listing is never this big */
         return 0;
-    memcpy(p + b->len, data, n);
-    b->data = p;
+    }
+    if (b->len + n + 1 > b->cap) { /* doubling: a copy per byte, not per chunk */
+        size_t cap = b->cap ? b->cap : 1 << 16;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->data, cap);
+        if (!p)
+            return 0;
+        b->data = p;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, data, n);
     b->len += n;
     b->data[b->len] = 0;
     return n;
@@ -661,6 +1075,10 @@ int nd_hf_list(const char *repo, const char *revision, char ***files, int *count
     if (nd_hf_offline())
         return nd_error(ND_EIO, "cannot list %s: HF_HUB_OFFLINE is set (no network); name the file",
                         repo);
+    int stall;
+    int rc = stall_seconds(&stall);
+    if (rc)
+        return rc;
     char url[4096], rev[512];
     url_quote(revision ? revision : "main", 0, rev, sizeof rev);
     const char *ep = endpoint();
@@ -679,48 +1097,47 @@ int nd_hf_list(const char *repo, const char *revision, char ***files, int *count
     }
     mem_buf b = {0};
     char errbuf[CURL_ERROR_SIZE] = "";
-    struct curl_slist *hdrs = hf_request_setup(c, url, errbuf);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, to_mem);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 30L);
-    CURLcode cr = curl_easy_perform(c);
+    struct curl_slist *hdrs;
+    rc = hf_request_setup(c, url, errbuf, stall, NULL, &hdrs);
+    CURLcode cr = CURLE_OK;
     long status = 0;
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    int timed_out = 0; /* the total limit, not a stall */
+    if (!rc) {
+        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, to_mem);
+        curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+        curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, mem_header);
+        curl_easy_setopt(c, CURLOPT_HEADERDATA, &b);
+        /* a small API answer: a total limit too, against a slow trickle */
+        curl_easy_setopt(c, CURLOPT_TIMEOUT, api_timeout(stall));
+        double t0 = now_s();
+        cr = curl_easy_perform(c);
+        timed_out = cr == CURLE_OPERATION_TIMEDOUT && now_s() - t0 >= (double)api_timeout(stall);
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    }
     curl_slist_free_all(hdrs);
     curl_easy_cleanup(c);
     curl_global_cleanup();
-    int rc = ND_OK;
-    if (cr != CURLE_OK)
-        rc = nd_error(ND_EIO, "%s: %s", url, errbuf[0] ? errbuf : curl_easy_strerror(cr));
-    else if (status != 200)
-        rc = nd_error(ND_EIO, "%s: HTTP %ld", url, status);
-    json_t *root = NULL, *sib;
-    if (!rc) {
-        json_error_t je;
-        root = json_loadb(b.data ? b.data : "", b.len, 0, &je);
-        sib = root ? json_object_get(root, "siblings") : NULL;
-        if (!json_is_array(sib))
-            rc = nd_error(ND_EFORMAT, "%s: not a repository listing (no siblings array)", url);
+    char msg[1600];
+    if (rc) {
+        /* hf_request_setup said why */
+    } else if (b.over) {
+        rc = nd_error(ND_ELIMIT, "%s: the server's answer is over the %d MiB limit", url,
+                      LISTING_CAP_MIB);
+    } else if (timed_out) {
+        rc = nd_error(ND_EIO,
+                      "%s: the server did not finish its answer within %ld s (the limit for API "
+                      "answers: twice NEEDLE_HF_STALL_S)",
+                      url, api_timeout(stall));
+    } else if (cr != CURLE_OK) {
+        transfer_error(cr, errbuf, b.location, stall, msg, sizeof msg);
+        rc = nd_error(ND_EIO, "%s: %s", url, msg);
+    } else if (status != 200) {
+        char said[300];
+        server_said(b.data ? b.data : "", b.len, said, sizeof said);
+        rc = nd_error(ND_EIO, "%s: HTTP %ld%s", url, status, said);
+    } else {
+        rc = nd_hf_parse_listing(b.data, b.len, url, files, count);
     }
-    if (!rc) {
-        size_t n = json_array_size(sib);
-        char **out = calloc(n + 1, sizeof *out);
-        int k = 0;
-        for (size_t i = 0; out && i < n; i++) {
-            const char *name =
-                json_string_value(json_object_get(json_array_get(sib, i), "rfilename"));
-            if (name && !(out[k] = strdup(name)))
-                break;
-            k += name ? 1 : 0;
-        }
-        if (!out) {
-            rc = nd_error(ND_ENOMEM, "out of memory");
-        } else {
-            *files = out;
-            *count = k;
-        }
-    }
-    json_decref(root);
     free(b.data);
     return rc;
 }

@@ -5,9 +5,14 @@
  * {endpoint}/{repo}/resolve/{revision}/{file} (redirects followed).
  *
  * A download goes to DEST.part, resumes an existing DEST.part with an HTTP
- * Range request, checks the size and the sha256 the server states
- * (X-Linked-Size / X-Linked-Etag of LFS files; Content-Length and the ETag,
- * git's blob id, otherwise) and is renamed to DEST only when they match. */
+ * Range request guarded by If-Range (the ETag or Last-Modified the .part
+ * came with, kept in DEST.part.validator; without one it starts over),
+ * checks the size and the sha256 the first answer states (X-Linked-Size /
+ * X-Linked-Etag of LFS files; Content-Length and the ETag, git's blob id,
+ * otherwise) and is renamed to DEST only when they match. Redirects go to
+ * http/https only, stalls end the transfer (NEEDLE_HF_STALL_S), a stated
+ * size beyond the free space is refused up front, and any text of the
+ * server's in a message is escaped: docs/security.md, "The downloader". */
 #ifndef ND_HF_DOWNLOAD_H
 #define ND_HF_DOWNLOAD_H
 
@@ -31,7 +36,8 @@ int nd_hf_download(const char *repo, const char *file, const char *dest, const n
 
 /* The repository's file names at a revision ({endpoint}/api/models/{repo}/
  * revision/{rev}, "siblings"): a NULL-terminated malloc'd array (free each
- * and the array) and its length. */
+ * and the array) and its length. A listing holding an unsafe name (see
+ * nd_hf_name_check) is refused whole with ND_EFORMAT. */
 int nd_hf_list(const char *repo, const char *revision, char ***files, int *count);
 
 /* The URL nd_hf_download would fetch (for messages). */

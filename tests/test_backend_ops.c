@@ -14,8 +14,13 @@
  * Host inputs are overwritten (NaN, index 0) right after the ops are
  * issued: a device backend must have copied them at issue. Inputs are also
  * checked to be left unchanged. Each case runs twice on the target. A NULL
- * table entry (a partial backend, e.g. NEEDLE_VULKAN_PARTIAL=1) makes its
- * rows read MISSING instead of crashing. At the end the small
+ * table entry (a partial table) makes its rows read MISSING instead of
+ * crashing. An op the target declines (supports(), or
+ * NEEDLE_BACKEND_DECLINE=op,...; the registry runs it on the CPU) is not
+ * compared: its rows read DECLINED and fail unless
+ * NEEDLE_TEST_ALLOW_DECLINED=1 (chains and the model still run, through
+ * the CPU fallback). An op of backend/ops.def without cases fails the
+ * run. At the end the small
  * all-parts model trains one padded and one packed (shared-prefix) batch
  * on both backends: losses and every LoRA and full gradient must agree.
  *
@@ -24,7 +29,7 @@
  *
  * One table line per op: op, cases, max abs error, max relative error
  * (|a - b| / max(|b|, 1% of the buffer's max |b|, 1e-2)), tolerance,
- * ok/FAIL/MISSING (a NULL entry in the target's table),
+ * ok/FAIL/MISSING (a NULL entry in the target's table)/DECLINED,
  * and det: whether a second run of each case on the target gave the same
  * bits (the interface promises deterministic reductions; reported, not
  * failed).
@@ -61,14 +66,23 @@ enum { REF_THREADS = 1, CPU_TARGET_THREADS = 3 };
 typedef struct {
     char op[48];
     int cases, fail;
-    int nondet;  /* a second run on the target gave other bits */
-    int model;   /* a model row (run once) */
-    int missing; /* the target's table has NULL for the op (or one the row needs) */
+    int nondet;   /* a second run on the target gave other bits */
+    int model;    /* a model row (run once) */
+    int missing;  /* the target's table has NULL for the op (or one the row needs) */
+    int declined; /* the target declines the op (runs it on the CPU) */
     double tol, max_abs, max_rel;
 } bo_row;
 
 static bo_row rows[96];
 static int n_rows, failures;
+
+static int has_row(const char *op)
+{
+    for (int i = 0; i < n_rows; i++)
+        if (!strcmp(rows[i].op, op))
+            return 1;
+    return 0;
+}
 
 static int n_rows_of(const char *op)
 {
@@ -114,50 +128,6 @@ void bo_use(int target)
         nd_backend_cpu(target ? CPU_TARGET_THREADS : REF_THREADS);
 }
 
-static const struct {
-    const char *name;
-    size_t off;
-} op_table[] = {
-    {"matmul", offsetof(nd_backend, matmul)},
-    {"rmsnorm", offsetof(nd_backend, rmsnorm)},
-    {"embed", offsetof(nd_backend, embed)},
-    {"engram_hash", offsetof(nd_backend, engram_hash)},
-    {"engram_gather", offsetof(nd_backend, engram_gather)},
-    {"engram_taps", offsetof(nd_backend, engram_taps)},
-    {"engram_gate", offsetof(nd_backend, engram_gate)},
-    {"hyper_coeffs", offsetof(nd_backend, hyper_coeffs)},
-    {"lanes_combine", offsetof(nd_backend, lanes_combine)},
-    {"lanes_update", offsetof(nd_backend, lanes_update)},
-    {"lanes_broadcast", offsetof(nd_backend, lanes_broadcast)},
-    {"lanes_mean", offsetof(nd_backend, lanes_mean)},
-    {"rope", offsetof(nd_backend, rope)},
-    {"attention", offsetof(nd_backend, attention)},
-    {"gate_sigmoid", offsetof(nd_backend, gate_sigmoid)},
-    {"residual_scaled", offsetof(nd_backend, residual_scaled)},
-    {"hadamard_mlp", offsetof(nd_backend, hadamard_mlp)},
-    {"gather_rows", offsetof(nd_backend, gather_rows)},
-    {"scatter_add_rows", offsetof(nd_backend, scatter_add_rows)},
-    {"cross_entropy", offsetof(nd_backend, cross_entropy)},
-    {"cross_entropy_backward", offsetof(nd_backend, cross_entropy_backward)},
-    {"rmsnorm_backward", offsetof(nd_backend, rmsnorm_backward)},
-    {"embed_backward", offsetof(nd_backend, embed_backward)},
-    {"engram_gather_backward", offsetof(nd_backend, engram_gather_backward)},
-    {"engram_taps_backward", offsetof(nd_backend, engram_taps_backward)},
-    {"engram_gate_backward", offsetof(nd_backend, engram_gate_backward)},
-    {"hyper_coeffs_backward", offsetof(nd_backend, hyper_coeffs_backward)},
-    {"lanes_combine_backward", offsetof(nd_backend, lanes_combine_backward)},
-    {"lanes_update_backward", offsetof(nd_backend, lanes_update_backward)},
-    {"lanes_broadcast_backward", offsetof(nd_backend, lanes_broadcast_backward)},
-    {"lanes_mean_backward", offsetof(nd_backend, lanes_mean_backward)},
-    {"rope_backward", offsetof(nd_backend, rope_backward)},
-    {"attention_backward", offsetof(nd_backend, attention_backward)},
-    {"gate_sigmoid_backward", offsetof(nd_backend, gate_sigmoid_backward)},
-    {"residual_scaled_backward", offsetof(nd_backend, residual_scaled_backward)},
-    {"hadamard_mlp_backward", offsetof(nd_backend, hadamard_mlp_backward)},
-    {"copy2d", offsetof(nd_backend, copy2d)},
-    {"add", offsetof(nd_backend, add)},
-};
-
 void bo_mark_missing(const char *op)
 {
     bo_record(op, 0, 0, 0, 1);
@@ -167,14 +137,18 @@ void bo_mark_missing(const char *op)
 int bo_missing(const char *op)
 {
     int any = strncmp(op, "chain:", 6) && strncmp(op, "model:", 6) ? 0 : 1;
-    for (size_t i = 0; i < sizeof op_table / sizeof *op_table; i++)
-        if (any || !strcmp(op_table[i].name, op)) {
-            void *fn;
-            memcpy(&fn, (const char *)tgt + op_table[i].off, sizeof fn);
-            if (!fn)
-                return 1;
-        }
+    for (int i = 0; i < (int)ND_OP_COUNT; i++)
+        if ((any || !strcmp(nd_op_name((enum nd_op)i), op)) && !nd_backend_has(tgt, (enum nd_op)i))
+            return 1;
     return 0;
+}
+
+/* Whether the target declines op (it runs on the CPU): its row is not
+ * compared (that would compare the CPU with itself) but reads DECLINED. */
+static int declined(const char *op)
+{
+    enum nd_op k = nd_op_from_name(op);
+    return k != ND_OP_COUNT && !nd_backend_supports(tgt, k);
 }
 
 /* ---- layouts ---- */
@@ -374,6 +348,13 @@ void bo_run(bo_case *c)
         bo_mark_missing(c->op);
         return;
     }
+    if (declined(c->op)) {
+        if (!has_row(c->op)) {
+            bo_record(c->op, c->tol, 0, 0, 0);
+            rows[n_rows - 1].declined = 1;
+        }
+        return;
+    }
     void *pr[BO_MAXBUF], *pt[BO_MAXBUF], *p2[BO_MAXBUF];
     int dr[BO_MAXBUF], dt[BO_MAXBUF], d2[BO_MAXBUF];
     const nd_backend *ref = bo_ref;
@@ -427,9 +408,10 @@ static void print_table(void)
         const bo_row *r = &rows[i];
         printf("%-38s %5d %10.2e %10.2e %8.0e  %-6s %s\n", r->op, r->cases, r->max_abs, r->max_rel,
                r->tol,
-               r->missing ? "MISSING"
-               : r->fail  ? "FAIL"
-                          : "ok",
+               r->missing    ? "MISSING"
+               : r->declined ? "DECLINED"
+               : r->fail     ? "FAIL"
+                             : "ok",
                r->nondet  ? "NO"
                : r->model ? "-"
                           : "yes");
@@ -473,6 +455,10 @@ int main(int argc, char **argv)
         return 2;
     }
     tgt = nd_backend_get(name, tgt_is_cpu ? CPU_TARGET_THREADS : 0);
+    if (!tgt && strstr(nd_last_error(), "NEEDLE_BACKEND_DECLINE")) {
+        fprintf(stderr, "test_backend_ops: %s\n", nd_last_error()); /* a typo, not a skip */
+        return 2;
+    }
     if (!tgt) {
         /* nd_backend_get does not say whether the backend is absent (no
          * plugin, runtime or device) or present but broken: a machine that
@@ -508,6 +494,29 @@ int main(int argc, char **argv)
     bo_model_check(tgt);
     bo_use(0);
     print_table();
+    /* every op of backend/ops.def has cases: a new op needs its own */
+    for (int i = 0; i < (int)ND_OP_COUNT; i++)
+        if (!has_row(nd_op_name((enum nd_op)i))) {
+            printf("FAIL: op %s has no conformance cases (tests/backend_ops_cases.c, "
+                   "backend_ops_backward.c)\n",
+                   nd_op_name((enum nd_op)i));
+            failures++;
+        }
+    /* declined ops ran on the CPU: named, and a failure unless accepted */
+    int n_declined = 0;
+    for (int i = 0; i < n_rows; i++)
+        if (rows[i].declined)
+            printf("%s %s",
+                   n_declined++ ? "," : "declined by the target (run on the CPU):", rows[i].op);
+    if (n_declined) {
+        const char *allow = getenv("NEEDLE_TEST_ALLOW_DECLINED");
+        int ok = allow && *allow && strcmp(allow, "0");
+        printf("\n%d op%s declined: %s\n", n_declined, n_declined == 1 ? "" : "s",
+               ok ? "accepted (NEEDLE_TEST_ALLOW_DECLINED=1)"
+                  : "FAIL (NEEDLE_TEST_ALLOW_DECLINED=1 accepts a backend that declines ops)");
+        if (!ok)
+            failures += n_declined;
+    }
     for (int i = 0; i < 16; i++)
         nd_layout_buf_free(&lay[i]);
     printf("test_backend_ops %s: %d table rows, %s\n", name, n_rows,

@@ -6,8 +6,8 @@
  * check that it is deterministic. Exit 0 when every error is within
  * tolerance, 1 otherwise, 77 when no Vulkan device can be opened.
  *
- * Run with NEEDLE_PLUGIN_DIR=<build dir> (and NEEDLE_VULKAN_PARTIAL=1 while
- * the backend lacks ops; NEEDLE_VULKAN_VALIDATE=1 for the validation layer). */
+ * Run with NEEDLE_PLUGIN_DIR=<build dir> (NEEDLE_VULKAN_VALIDATE=1 for the
+ * validation layer). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,10 +1,13 @@
 /* Backend selection: the CPU backend is built in; GPU backends are
  * plugins found next to the program (or NEEDLE_PLUGIN_DIR, or lib/needle/
  * of an installed tree) and loaded on
- * first use, so one binary runs with or without a GPU runtime. */
+ * first use, so one binary runs with or without a GPU runtime. Ops a
+ * backend declines (its supports(), or NEEDLE_BACKEND_DECLINE) run on the
+ * CPU. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +133,120 @@ static int gpu_could_exist(const char *kind)
 #endif
 }
 
+/* ---- declined ops run on the CPU ----
+ * A declined op's entry becomes a wrapper that waits for the backend's
+ * issued ops (nd_backend_sync) and runs the CPU backend's op on the same
+ * memory: alloc memory is host-accessible (backend.h), and the CPU op has
+ * finished when it returns, so later device ops see its outputs. The
+ * table keeps answering supports() as the backend does, so tests and
+ * progress lines can tell which ops are not the backend's own. */
+
+static const nd_backend *fb_cpu; /* set (prepared) before any wrapper is installed */
+
+#define ND_OP(name, kind, ...)                                                                     \
+    static void fb_##name(const nd_backend *be, ND_OP_PARAMS(__VA_ARGS__))                         \
+    {                                                                                              \
+        nd_backend_sync(be);                                                                       \
+        fb_cpu->name(fb_cpu, ND_OP_ARGS(__VA_ARGS__));                                             \
+    }
+#include "backend/ops.def"
+#undef ND_OP
+
+typedef struct {
+    nd_backend table; /* what callers get: the backend's, declined ops replaced */
+    const nd_backend *native;
+    unsigned char declined[ND_OP_COUNT];
+} fb_table;
+
+enum { FB_MAX = 16 };
+static fb_table fb_tables[FB_MAX];
+static int fb_n;
+static pthread_mutex_t fb_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int fb_supports(const nd_backend *be, enum nd_op op)
+{
+    for (int i = 0; i < FB_MAX; i++) /* entries are never removed: no lock needed to find one */
+        if (be == &fb_tables[i].table)
+            return !fb_tables[i].declined[op];
+    return 1; /* not reached: only the tables below have this entry */
+}
+
+/* NEEDLE_BACKEND_DECLINE=op[,op...]: decline these ops on any backend (they
+ * run on the CPU), e.g. to tell a device op's fault from the rest of a run.
+ * ND_OK, or ND_EARG naming an unknown op. */
+static int env_declined(unsigned char *declined)
+{
+    memset(declined, 0, ND_OP_COUNT);
+    const char *s = getenv("NEEDLE_BACKEND_DECLINE");
+    while (s && *s) {
+        size_t n = strcspn(s, ",");
+        char op[64];
+        snprintf(op, sizeof op, "%.*s", (int)(n < sizeof op ? n : sizeof op - 1), s);
+        enum nd_op k = nd_op_from_name(op);
+        if (n && k == ND_OP_COUNT)
+            return nd_error(ND_EARG,
+                            "NEEDLE_BACKEND_DECLINE: '%.*s' is not a backend op (backend/ops.def "
+                            "lists them, e.g. matmul, attention_backward)",
+                            (int)n, s);
+        if (n)
+            declined[k] = 1;
+        s += n + (s[n] == ',');
+    }
+    return ND_OK;
+}
+
+/* be itself when it runs every op; else the table with its declined ops
+ * on the CPU (one per backend and set of declined ops); NULL + error. */
+static const nd_backend *with_fallback(const nd_backend *be)
+{
+    unsigned char declined[ND_OP_COUNT];
+    if (env_declined(declined) != ND_OK)
+        return NULL;
+    int n = 0, first = -1;
+    for (int op = 0; op < (int)ND_OP_COUNT; op++) {
+        declined[op] |= !nd_backend_supports(be, (enum nd_op)op);
+        n += declined[op];
+        if (declined[op] && first < 0)
+            first = op;
+    }
+    if (!n)
+        return be;
+    const nd_backend *cpu = nd_backend_cpu(0);
+    if (cpu->prepare && cpu->prepare(cpu) != ND_OK) {
+        nd_error_prefix(ND_EUNSUPPORTED, "backend '%s' declines %s, which would run on the CPU",
+                        be->name, nd_op_name((enum nd_op)first));
+        return NULL;
+    }
+    pthread_mutex_lock(&fb_lock);
+    fb_cpu = cpu;
+    fb_table *t = NULL;
+    for (int i = 0; i < fb_n && !t; i++)
+        if (fb_tables[i].native == be && !memcmp(fb_tables[i].declined, declined, ND_OP_COUNT))
+            t = &fb_tables[i];
+    if (!t && fb_n < FB_MAX) {
+        t = &fb_tables[fb_n];
+        t->native = be;
+        memcpy(t->declined, declined, ND_OP_COUNT);
+        nd_backend *w = &t->table;
+        *w = *be;
+#define ND_OP(name, kind, ...)                                                                     \
+    if (declined[ND_OP_##name])                                                                    \
+        w->name = fb_##name;
+#include "backend/ops.def"
+#undef ND_OP
+        w->supports = fb_supports;
+        fb_n++;
+    }
+    if (t) { /* the CPU's thread count and BLAS name may have changed since */
+        t->table.threads = be->threads;
+        t->table.detail = be->detail;
+    }
+    pthread_mutex_unlock(&fb_lock);
+    if (!t)
+        nd_error(ND_ELIMIT, "backend '%s': too many sets of declined ops in one process", be->name);
+    return t ? &t->table : NULL;
+}
+
 /* The float compute paths (training, eval, bench) come here: the backend is
  * readied now so a missing library is a clear error before any work. */
 const nd_backend *nd_backend_get(const char *name, int threads)
@@ -137,7 +254,7 @@ const nd_backend *nd_backend_get(const char *name, int threads)
     const nd_backend *be = select_backend(name, threads);
     if (be && be->prepare && be->prepare(be) != ND_OK)
         return NULL;
-    return be;
+    return be ? with_fallback(be) : NULL;
 }
 
 static const nd_backend *select_backend(const char *name, int threads)
@@ -189,5 +306,12 @@ const char *nd_backend_line(const nd_backend *be, char *buf, size_t n)
         snprintf(buf, n, "%s  %s", be->name, be->detail);
     else
         snprintf(buf, n, "%s  float32  (%d threads, %s)", be->name, be->threads, be->detail);
+    /* ops the backend declines (they run on the CPU) */
+    for (int op = 0, k = 0; op < (int)ND_OP_COUNT; op++)
+        if (!nd_backend_supports(be, (enum nd_op)op)) {
+            size_t len = strlen(buf);
+            snprintf(buf + len, n - len, "%s%s",
+                     k++ ? ", " : "; on the CPU: ", nd_op_name((enum nd_op)op));
+        }
     return buf;
 }

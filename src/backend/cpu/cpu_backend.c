@@ -108,9 +108,8 @@ static void gemv_columns(void *p, long lo, long hi, int tid)
                     g->beta, g->C + lo, 1);
 }
 
-static void cpu_matmul(const nd_backend *be, int ta, int tb, int M, int N, int K, float alpha,
-                       const float *A, int lda, const float *B, int ldb, float beta, float *C,
-                       int ldc)
+void cpu_matmul(const nd_backend *be, int ta, int tb, int M, int N, int K, float alpha,
+                const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
     (void)be;
     if (M <= 0 || N <= 0)
@@ -169,8 +168,8 @@ static void rmsnorm_rows(void *p, long r0, long r1, int tid)
     }
 }
 
-static void cpu_rmsnorm(const nd_backend *be, float *y, float *rstd, const float *x,
-                        const float *scale, long rows, int dim)
+void cpu_rmsnorm(const nd_backend *be, float *y, float *rstd, const float *x, const float *scale,
+                 long rows, int dim)
 {
     (void)be;
     rmsnorm_args a = {y, rstd, x, scale, dim};
@@ -195,8 +194,8 @@ static void embed_rows(void *p, long t0, long t1, int tid)
             a->x0[t * d + i] = a->emb[(size_t)a->tok[t] * d + i] * a->scale;
 }
 
-static void cpu_embed(const nd_backend *be, float *x0, const float *emb, const int32_t *tok, long N,
-                      int d, float scale)
+void cpu_embed(const nd_backend *be, float *x0, const float *emb, const int32_t *tok, long N, int d,
+               float scale)
 {
     (void)be;
     embed_args a = {x0, emb, tok, d, scale};
@@ -232,9 +231,8 @@ static void engram_hash_rows(void *p, long r0, long r1, int tid)
     }
 }
 
-static void cpu_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *tok,
-                            const nd_layout *L, const int *orders, int n_orders, int heads,
-                            int slots)
+void cpu_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *tok, const nd_layout *L,
+                     const int *orders, int n_orders, int heads, int slots)
 {
     (void)be;
     int K = n_orders * heads, omax = 0;
@@ -273,9 +271,9 @@ static void engram_gather_rows(void *p, long r0, long r1, int tid)
     }
 }
 
-static void cpu_engram_gather(const nd_backend *be, float *e, const float *tables,
-                              const int32_t *idx, const nd_layout *L, const int *orders,
-                              int n_orders, int heads, int slots, int sub)
+void cpu_engram_gather(const nd_backend *be, float *e, const float *tables, const int32_t *idx,
+                       const nd_layout *L, const int *orders, int n_orders, int heads, int slots,
+                       int sub)
 {
     (void)be;
     engram_gather_args a = {e, tables, idx, L, orders, heads, slots, sub, n_orders * heads};
@@ -310,8 +308,8 @@ static void engram_taps_rows(void *p, long r0, long r1, int tid)
     }
 }
 
-static void cpu_engram_taps(const nd_backend *be, float *v, const float *vp, const float *taps,
-                            const nd_layout *L, int d, int dil)
+void cpu_engram_taps(const nd_backend *be, float *v, const float *vp, const float *taps,
+                     const nd_layout *L, int d, int dil)
 {
     (void)be;
     engram_taps_args a = {v, vp, taps, L, d, dil};
@@ -346,8 +344,8 @@ static void engram_gate_rows(void *p, long r0, long r1, int tid)
     }
 }
 
-static void cpu_engram_gate(const nd_backend *be, float *bx, float *alpha, const float *u,
-                            const float *k, const float *v, long N, int d, int accumulate)
+void cpu_engram_gate(const nd_backend *be, float *bx, float *alpha, const float *u, const float *k,
+                     const float *v, long N, int d, int accumulate)
 {
     (void)be;
     engram_gate_args a = {bx, alpha, u, k, v, d, accumulate, 1.0f / sqrtf((float)d)};
@@ -385,10 +383,10 @@ static void hyper_rows(void *p, long r0, long r1, int tid)
     san_sinkhorn_rows(a->M + r0 * nn, r1 - r0, n, SAN_SINKHORN_ROUNDS);
 }
 
-static void cpu_hyper_coeffs(const nd_backend *be, float *hpre, float *hpost, float *M,
-                             const float *pre, const float *post, const float *res, float a_pre,
-                             float a_post, float a_res, const float *b_pre, const float *b_post,
-                             const float *b_res, int lane, long N, int n)
+void cpu_hyper_coeffs(const nd_backend *be, float *hpre, float *hpost, float *M, const float *pre,
+                      const float *post, const float *res, float a_pre, float a_post, float a_res,
+                      const float *b_pre, const float *b_post, const float *b_res, int lane, long N,
+                      int n)
 {
     (void)be;
     hyper_args a = {hpre,  hpost, M,      pre,   post, res, b_pre, b_post,
@@ -420,8 +418,8 @@ static void lanes_combine_rows(void *p, long r0, long r1, int tid)
     }
 }
 
-static void cpu_lanes_combine(const nd_backend *be, float *u, const float *hpre, const float *X,
-                              long N, int n, int d)
+void cpu_lanes_combine(const nd_backend *be, float *u, const float *hpre, const float *X, long N,
+                       int n, int d)
 {
     (void)be;
     lanes_args a = {.u = u, .hpre = hpre, .X = (float *)X, .n = n, .d = d};
@@ -451,8 +449,8 @@ static void lanes_update_rows(void *p, long r0, long r1, int tid)
     }
 }
 
-static void cpu_lanes_update(const nd_backend *be, float *Xo, const float *M, const float *X,
-                             const float *hpost, const float *y, long N, int n, int d)
+void cpu_lanes_update(const nd_backend *be, float *Xo, const float *M, const float *X,
+                      const float *hpost, const float *y, long N, int n, int d)
 {
     (void)be;
     lanes_args a = {
@@ -470,8 +468,7 @@ static void lanes_broadcast_rows(void *p, long r0, long r1, int tid)
             memcpy(a->X + (r * n + i) * d, a->x0 + r * d, (size_t)d * sizeof *a->X);
 }
 
-static void cpu_lanes_broadcast(const nd_backend *be, float *X, const float *x0, long N, int n,
-                                int d)
+void cpu_lanes_broadcast(const nd_backend *be, float *X, const float *x0, long N, int n, int d)
 {
     (void)be;
     lanes_args a = {.X = X, .x0 = x0, .n = n, .d = d};
@@ -499,7 +496,7 @@ static void lanes_mean_rows(void *p, long r0, long r1, int tid)
     }
 }
 
-static void cpu_lanes_mean(const nd_backend *be, float *xm, const float *X, long N, int n, int d)
+void cpu_lanes_mean(const nd_backend *be, float *xm, const float *X, long N, int n, int d)
 {
     (void)be;
     lanes_args a = {.u = xm, .X = (float *)X, .n = n, .d = d};
@@ -532,8 +529,8 @@ static void rope_rows(void *p, long r0, long r1, int tid)
     }
 }
 
-static void cpu_rope(const nd_backend *be, float *x, const float *cos_t, const float *sin_t,
-                     const nd_layout *L, int heads, int hd)
+void cpu_rope(const nd_backend *be, float *x, const float *cos_t, const float *sin_t,
+              const nd_layout *L, int heads, int hd)
 {
     (void)be;
     rope_args a = {x, cos_t, sin_t, L, heads, hd};
@@ -554,8 +551,7 @@ static void gate_sigmoid_range(void *p, long i0, long i1, int tid)
         a->o[i] = a->x[i] * san_sigmoid(a->r[i]);
 }
 
-static void cpu_gate_sigmoid(const nd_backend *be, float *o, const float *att, const float *g,
-                             long n)
+void cpu_gate_sigmoid(const nd_backend *be, float *o, const float *att, const float *g, long n)
 {
     (void)be;
     elementwise_args a = {o, att, g, 0.0f};
@@ -570,8 +566,8 @@ static void residual_scaled_range(void *p, long i0, long i1, int tid)
         a->o[i] = a->x[i] + a->s * a->r[i];
 }
 
-static void cpu_residual_scaled(const nd_backend *be, float *y, const float *x, const float *r,
-                                float gate, long n)
+void cpu_residual_scaled(const nd_backend *be, float *y, const float *x, const float *r, float gate,
+                         long n)
 {
     (void)be;
     elementwise_args a = {y, x, r, san_sigmoid(gate)};
@@ -660,9 +656,9 @@ static void hadamard_rows(void *p, long r0, long r1, int tid)
     free(H);
 }
 
-static void cpu_hadamard_mlp(const nd_backend *be, float *y, float *h1, const float *x,
-                             const float *z, const float *u, const float *d1, const float *d2,
-                             const float *d3, long N, int d, int hn)
+void cpu_hadamard_mlp(const nd_backend *be, float *y, float *h1, const float *x, const float *z,
+                      const float *u, const float *d1, const float *d2, const float *d3, long N,
+                      int d, int hn)
 {
     (void)be;
     hadamard_args a = {y, h1, x, z, u, d1, d2, d3, d, hn, san_walsh_scale(hn)};
@@ -693,8 +689,8 @@ static void cross_entropy_rows(void *p, long r0, long r1, int tid)
     }
 }
 
-static void cpu_cross_entropy(const nd_backend *be, float *loss, const float *logits,
-                              const int32_t *target, long N, int V)
+void cpu_cross_entropy(const nd_backend *be, float *loss, const float *logits,
+                       const int32_t *target, long N, int V)
 {
     (void)be;
     cross_entropy_args a = {loss, logits, target, V};
@@ -715,8 +711,8 @@ static void copy2d_rows(void *p, long r0, long r1, int tid)
         memcpy(a->dst + r * a->dst_ld, a->src + r * a->src_ld, sizeof(float) * (size_t)a->cols);
 }
 
-static void cpu_copy2d(const nd_backend *be, float *dst, int dst_ld, const float *src, int src_ld,
-                       long rows, int cols)
+void cpu_copy2d(const nd_backend *be, float *dst, int dst_ld, const float *src, int src_ld,
+                long rows, int cols)
 {
     (void)be;
     if (dst_ld == cols && src_ld == cols) {
@@ -728,52 +724,22 @@ static void cpu_copy2d(const nd_backend *be, float *dst, int dst_ld, const float
     nd_parallel_for(rows, rows * cols > 65536 ? 1 : rows, copy2d_rows, &a);
 }
 
+/* the CPU backend's state (a singleton: one process-wide thread pool) */
+static struct cpu_state {
+    char detail[64];
+} cpu_state;
+
 static nd_backend cpu_backend = {
     .name = "cpu",
+    .ctx = &cpu_state,
     .alloc = cpu_alloc,
     .free = cpu_free,
-    .matmul = cpu_matmul,
-    .rmsnorm = cpu_rmsnorm,
-    .embed = cpu_embed,
-    .engram_hash = cpu_engram_hash,
-    .engram_gather = cpu_engram_gather,
-    .engram_taps = cpu_engram_taps,
-    .engram_gate = cpu_engram_gate,
-    .hyper_coeffs = cpu_hyper_coeffs,
-    .lanes_combine = cpu_lanes_combine,
-    .lanes_update = cpu_lanes_update,
-    .lanes_broadcast = cpu_lanes_broadcast,
-    .lanes_mean = cpu_lanes_mean,
-    .rope = cpu_rope,
-    .attention = cpu_attention,
-    .gather_rows = cpu_gather_rows,
-    .scatter_add_rows = cpu_scatter_add_rows,
-    .gate_sigmoid = cpu_gate_sigmoid,
-    .residual_scaled = cpu_residual_scaled,
-    .hadamard_mlp = cpu_hadamard_mlp,
-    .cross_entropy = cpu_cross_entropy,
-    .copy2d = cpu_copy2d,
-    .cross_entropy_backward = cpu_cross_entropy_backward,
-    .rmsnorm_backward = cpu_rmsnorm_backward,
-    .embed_backward = cpu_embed_backward,
-    .engram_gather_backward = cpu_engram_gather_backward,
-    .engram_taps_backward = cpu_engram_taps_backward,
-    .engram_gate_backward = cpu_engram_gate_backward,
-    .hyper_coeffs_backward = cpu_hyper_coeffs_backward,
-    .lanes_combine_backward = cpu_lanes_combine_backward,
-    .lanes_update_backward = cpu_lanes_update_backward,
-    .lanes_broadcast_backward = cpu_lanes_broadcast_backward,
-    .lanes_mean_backward = cpu_lanes_mean_backward,
-    .rope_backward = cpu_rope_backward,
-    .attention_backward = cpu_attention_backward,
-    .gate_sigmoid_backward = cpu_gate_sigmoid_backward,
-    .residual_scaled_backward = cpu_residual_scaled_backward,
-    .hadamard_mlp_backward = cpu_hadamard_mlp_backward,
-    .add = cpu_add,
+#define ND_OP(name, kind, ...) .name = cpu_##name,
+#include "backend/ops.def"
+#undef ND_OP
 };
 
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
-static char cpu_detail[64];
 
 #ifndef _OPENMP
 /* The OpenMP build of OpenBLAS sizes its threading by the calling thread's
@@ -787,9 +753,9 @@ static void blas_one_thread(void)
 
 static int cpu_prepare(const nd_backend *be)
 {
-    (void)be;
     int rc = nd_blas_load();
-    nd_blas_describe(cpu_detail, sizeof cpu_detail);
+    char *detail = ((struct cpu_state *)be->ctx)->detail;
+    nd_blas_describe(detail, sizeof cpu_state.detail);
     return rc;
 }
 
@@ -804,8 +770,8 @@ static void cpu_backend_init(void)
     nd_parallel_setup(blas_one_thread);
     blas_single_threaded = 1;
 #endif
-    nd_blas_describe(cpu_detail, sizeof cpu_detail);
-    cpu_backend.detail = cpu_detail;
+    nd_blas_describe(cpu_state.detail, sizeof cpu_state.detail);
+    cpu_backend.detail = cpu_state.detail;
 }
 
 const nd_backend *nd_backend_cpu(int threads)

@@ -11,13 +11,11 @@
 
 #include "backend/backend.h"
 #include "core/fastmath.h"
+#include "model/constants.h"
 
-#define SAN_SINKHORN_ROUNDS 20
 /* rows per vectorised group in the SoA kernels (Sinkhorn, Hadamard MLP):
  * one AVX-512 vector of floats */
 #define SK_W 16
-#define SAN_ENGRAM_SEED 0x9E3779B9u
-#define SAN_ENGRAM_PRIME 0x01000193u
 /* queries per attention work block (forward and backward use the same
  * blocks, so the backward recomputes the very same score GEMMs) */
 #define SAN_ATTN_QBLOCK 64
@@ -128,9 +126,6 @@ void san_sinkhorn_rows(float *M, long rows, int n, int rounds);
  * SoA form (see cpu_sinkhorn.c). */
 void san_sinkhorn_halfstep(float *Z, float *E, int n, int rowstep);
 
-void cpu_attention(const nd_backend *be, float *out, float *lse, const float *q, const float *k,
-                   const float *v, const nd_layout *L, int H, int G, int hd);
-
 /* Dot products keep DOT_LANES independent partial sums. Without
  * -ffast-math the compiler may not reorder a float accumulator, and a single
  * 8-wide chain is bound by the add latency (one vector per ~3 cycles); 32
@@ -177,56 +172,11 @@ static inline float fdotw(const float *a, const float *w, const float *b, int n)
 /* calloc that aborts: the op table has no error path */
 void *cpu_xalloc(size_t bytes);
 
-/* backward ops (cpu_backward.c); semantics in backend.h */
-void cpu_cross_entropy_backward(const nd_backend *be, float *logits, const int32_t *target,
-                                const float *weight, long N, int V);
-void cpu_rmsnorm_backward(const nd_backend *be, float *dx, float *dscale, const float *dy,
-                          const float *x, const float *rstd, const float *scale, long rows, int dim,
-                          int accumulate);
-void cpu_embed_backward(const nd_backend *be, float *demb, const float *dx0, const int32_t *tok,
-                        long N, int d, float scale);
-void cpu_engram_gather_backward(const nd_backend *be, float *dtables, const float *de,
-                                const int32_t *idx, const nd_layout *L, const int *orders,
-                                int n_orders, int heads, int slots, int sub);
-void cpu_engram_taps_backward(const nd_backend *be, float *dvp, float *dtaps, const float *dv,
-                              const float *vp, const float *taps, const nd_layout *L, int d,
-                              int dil);
-void cpu_engram_gate_backward(const nd_backend *be, float *du, float *dk, float *dv,
-                              const float *dbx, const float *u, const float *k, const float *v,
-                              const float *alpha, long N, int d);
-void cpu_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, float *dres,
-                               float *da_pre, float *da_post, float *da_res, float *db_pre,
-                               float *db_post, float *db_res, const float *dhpre,
-                               const float *dhpost, const float *dM, const float *pre,
-                               const float *post, const float *res, const float *hpre,
-                               const float *hpost, float a_pre, float a_post, float a_res,
-                               const float *b_res, long N, int n);
-void cpu_lanes_combine_backward(const nd_backend *be, float *dhpre, float *dX, const float *du,
-                                const float *hpre, const float *X, long N, int n, int d);
-void cpu_lanes_update_backward(const nd_backend *be, float *dX, float *dM, float *dhpost, float *dy,
-                               const float *dXo, const float *M, const float *X, const float *hpost,
-                               const float *y, long N, int n, int d);
-void cpu_lanes_broadcast_backward(const nd_backend *be, float *dx0, const float *dX, long N, int n,
-                                  int d);
-void cpu_lanes_mean_backward(const nd_backend *be, float *dX, const float *dxm, long N, int n,
-                             int d);
-void cpu_rope_backward(const nd_backend *be, float *dx, const float *cos_t, const float *sin_t,
-                       const nd_layout *L, int heads, int hd);
-void cpu_attention_backward(const nd_backend *be, float *dq, float *dk, float *dv,
-                            const float *dout, const float *q, const float *k, const float *v,
-                            const float *out, const float *lse, const nd_layout *L, int H, int G,
-                            int hd);
-void cpu_gather_rows(const nd_backend *be, float *dst, const float *src, const int32_t *rows,
-                     long n, int d);
-void cpu_scatter_add_rows(const nd_backend *be, float *dst, const float *src, const int32_t *rows,
-                          long n, int d);
-void cpu_gate_sigmoid_backward(const nd_backend *be, float *datt, float *dg, const float *dout,
-                               const float *att, const float *g, long n);
-void cpu_residual_scaled_backward(const nd_backend *be, float *dr, float *dgate, const float *dy,
-                                  const float *r, float gate, long n);
-void cpu_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1, float *dd2, float *dd3,
-                               const float *dy, const float *z, const float *h1, const float *d1,
-                               const float *d2, const float *d3, long N, int d, int hn);
-void cpu_add(const nd_backend *be, float *y, const float *x, float alpha, long n);
+/* The CPU backend's ops, one per entry of backend/ops.def (semantics
+ * there): cpu_<name> in cpu_backend.c, cpu_backward.c, cpu_attention.c,
+ * cpu_lanes_backward.c. */
+#define ND_OP(name, kind, ...) void cpu_##name(const nd_backend *be, ND_OP_PARAMS(__VA_ARGS__));
+#include "backend/ops.def"
+#undef ND_OP
 
 #endif

@@ -38,9 +38,7 @@ static void blas_check(cublasStatus_t st, const char *what)
 
 static cuda_ctx *ctx_of(const nd_backend *be)
 {
-    /* the table is the first member of the context (a const table for the
-     * caller, our mutable state underneath) */
-    return (cuda_ctx *)(void *)be;
+    return (cuda_ctx *)be->ctx;
 }
 
 /* ---- sync and the staging ring ---- */
@@ -323,9 +321,8 @@ __global__ void k_scale(float *C, int ldc, int M, int N, float beta)
     C[r * ldc + c] *= beta;
 }
 
-static void cuda_matmul(const nd_backend *be, int ta, int tb, int M, int N, int K, float alpha,
-                        const float *A, int lda, const float *B, int ldb, float beta, float *Cm,
-                        int ldc)
+void cuda_matmul(const nd_backend *be, int ta, int tb, int M, int N, int K, float alpha,
+                 const float *A, int lda, const float *B, int ldb, float beta, float *Cm, int ldc)
 {
     if (M <= 0 || N <= 0)
         return;
@@ -366,44 +363,9 @@ static void fill_table(nd_backend *t)
     t->sync = cuda_sync;
     t->alloc = cuda_alloc;
     t->free = cuda_free;
-    t->matmul = cuda_matmul;
-    t->rmsnorm = cuda_rmsnorm;
-    t->embed = cuda_embed;
-    t->engram_hash = cuda_engram_hash;
-    t->engram_gather = cuda_engram_gather;
-    t->engram_taps = cuda_engram_taps;
-    t->engram_gate = cuda_engram_gate;
-    t->hyper_coeffs = cuda_hyper_coeffs;
-    t->lanes_combine = cuda_lanes_combine;
-    t->lanes_update = cuda_lanes_update;
-    t->lanes_broadcast = cuda_lanes_broadcast;
-    t->lanes_mean = cuda_lanes_mean;
-    t->rope = cuda_rope;
-    t->attention = cuda_attention;
-    t->gate_sigmoid = cuda_gate_sigmoid;
-    t->residual_scaled = cuda_residual_scaled;
-    t->hadamard_mlp = cuda_hadamard_mlp;
-    t->gather_rows = cuda_gather_rows;
-    t->scatter_add_rows = cuda_scatter_add_rows;
-    t->cross_entropy = cuda_cross_entropy;
-    t->cross_entropy_backward = cuda_cross_entropy_backward;
-    t->rmsnorm_backward = cuda_rmsnorm_backward;
-    t->embed_backward = cuda_embed_backward;
-    t->engram_gather_backward = cuda_engram_gather_backward;
-    t->engram_taps_backward = cuda_engram_taps_backward;
-    t->engram_gate_backward = cuda_engram_gate_backward;
-    t->hyper_coeffs_backward = cuda_hyper_coeffs_backward;
-    t->lanes_combine_backward = cuda_lanes_combine_backward;
-    t->lanes_update_backward = cuda_lanes_update_backward;
-    t->lanes_broadcast_backward = cuda_lanes_broadcast_backward;
-    t->lanes_mean_backward = cuda_lanes_mean_backward;
-    t->rope_backward = cuda_rope_backward;
-    t->attention_backward = cuda_attention_backward;
-    t->gate_sigmoid_backward = cuda_gate_sigmoid_backward;
-    t->residual_scaled_backward = cuda_residual_scaled_backward;
-    t->hadamard_mlp_backward = cuda_hadamard_mlp_backward;
-    t->copy2d = cuda_copy2d;
-    t->add = cuda_add;
+#define ND_OP(name, kind, ...) t->name = cuda_##name;
+#include "backend/ops.def"
+#undef ND_OP
 }
 
 #define MAX_DEVICES 64
@@ -462,6 +424,7 @@ static cuda_ctx *ctx_create(int dev, int threads, char *err, size_t errlen)
     cublasSetMathMode(C->blas, CUBLAS_DEFAULT_MATH);
     ring_alloc(C, RING_MIN_BYTES);
     fill_table(&C->table);
+    C->table.ctx = C;
     C->table.threads = threads > 0 ? threads : 1;
     snprintf(C->detail, sizeof C->detail, "%s (%.0f GB), %s", prop.name,
              (double)prop.totalGlobalMem / 1e9,

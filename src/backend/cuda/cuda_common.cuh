@@ -23,6 +23,7 @@ extern "C" {
  * an ulp or two rather than to expf's error */
 #define ND_FASTMATH_FN static __host__ __device__ __forceinline__
 #include "core/fastmath.h"
+#include "model/constants.h"
 }
 
 #define CUDA_MAX_LAYOUTS 4 /* layouts cached per sync interval */
@@ -61,7 +62,7 @@ typedef struct {
 } layout_cache_entry;
 
 typedef struct {
-    nd_backend table; /* first: ops get &table and cast back */
+    nd_backend table; /* its ctx is this context */
     int device;
     cudaStream_t stream;
     cublasHandle_t blas;
@@ -210,100 +211,11 @@ __device__ __forceinline__ float block_max(float v, float *sh)
     return warp_max(t);
 }
 
-/* ---- op entry points of the other files ---- */
-/* cuda_ops.cu */
-void cuda_rmsnorm(const nd_backend *be, float *y, float *rstd, const float *x, const float *scale,
-                  long rows, int dim);
-void cuda_embed(const nd_backend *be, float *x0, const float *emb, const int32_t *tok, long N,
-                int d, float scale);
-void cuda_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *tok, const nd_layout *L,
-                      const int *orders, int n_orders, int heads, int slots);
-void cuda_engram_gather(const nd_backend *be, float *e, const float *tables, const int32_t *idx,
-                        const nd_layout *L, const int *orders, int n_orders, int heads, int slots,
-                        int sub);
-void cuda_engram_taps(const nd_backend *be, float *v, const float *vp, const float *taps,
-                      const nd_layout *L, int d, int dil);
-void cuda_engram_gate(const nd_backend *be, float *bx, float *alpha, const float *u, const float *k,
-                      const float *v, long N, int d, int accumulate);
-void cuda_lanes_combine(const nd_backend *be, float *u, const float *hpre, const float *X, long N,
-                        int n, int d);
-void cuda_lanes_update(const nd_backend *be, float *Xo, const float *M, const float *X,
-                       const float *hpost, const float *y, long N, int n, int d);
-void cuda_lanes_broadcast(const nd_backend *be, float *X, const float *x0, long N, int n, int d);
-void cuda_lanes_mean(const nd_backend *be, float *xm, const float *X, long N, int n, int d);
-void cuda_rope(const nd_backend *be, float *x, const float *cos_t, const float *sin_t,
-               const nd_layout *L, int heads, int hd);
-void cuda_gate_sigmoid(const nd_backend *be, float *o, const float *att, const float *g, long n);
-void cuda_residual_scaled(const nd_backend *be, float *y, const float *x, const float *r,
-                          float gate, long n);
-void cuda_gather_rows(const nd_backend *be, float *dst, const float *src, const int32_t *rows,
-                      long n, int d);
-void cuda_scatter_add_rows(const nd_backend *be, float *dst, const float *src, const int32_t *rows,
-                           long n, int d);
-void cuda_cross_entropy(const nd_backend *be, float *loss, const float *logits,
-                        const int32_t *target, long N, int V);
-void cuda_copy2d(const nd_backend *be, float *dst, int dst_ld, const float *src, int src_ld,
-                 long rows, int cols);
-void cuda_add(const nd_backend *be, float *y, const float *x, float alpha, long n);
-
-/* cuda_mix.cu: hyper-connection coefficients (Sinkhorn) and the Hadamard MLP */
-void cuda_hyper_coeffs(const nd_backend *be, float *hpre, float *hpost, float *M, const float *pre,
-                       const float *post, const float *res, float a_pre, float a_post, float a_res,
-                       const float *b_pre, const float *b_post, const float *b_res, int lane,
-                       long N, int n);
-void cuda_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, float *dres,
-                                float *da_pre, float *da_post, float *da_res, float *db_pre,
-                                float *db_post, float *db_res, const float *dhpre,
-                                const float *dhpost, const float *dM, const float *pre,
-                                const float *post, const float *res, const float *hpre,
-                                const float *hpost, float a_pre, float a_post, float a_res,
-                                const float *b_res, long N, int n);
-void cuda_hadamard_mlp(const nd_backend *be, float *y, float *h1, const float *x, const float *z,
-                       const float *u, const float *d1, const float *d2, const float *d3, long N,
-                       int d, int hn);
-void cuda_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1, float *dd2, float *dd3,
-                                const float *dy, const float *z, const float *h1, const float *d1,
-                                const float *d2, const float *d3, long N, int d, int hn);
-
-/* cuda_attention.cu */
-void cuda_attention(const nd_backend *be, float *out, float *lse, const float *q, const float *k,
-                    const float *v, const nd_layout *L, int H, int G, int hd);
-void cuda_attention_backward(const nd_backend *be, float *dq, float *dk, float *dv,
-                             const float *dout, const float *q, const float *k, const float *v,
-                             const float *out, const float *lse, const nd_layout *L, int H, int G,
-                             int hd);
-
-/* cuda_backward.cu */
-void cuda_cross_entropy_backward(const nd_backend *be, float *logits, const int32_t *target,
-                                 const float *weight, long N, int V);
-void cuda_rmsnorm_backward(const nd_backend *be, float *dx, float *dscale, const float *dy,
-                           const float *x, const float *rstd, const float *scale, long rows,
-                           int dim, int accumulate);
-void cuda_embed_backward(const nd_backend *be, float *demb, const float *dx0, const int32_t *tok,
-                         long N, int d, float scale);
-void cuda_engram_gather_backward(const nd_backend *be, float *dtables, const float *de,
-                                 const int32_t *idx, const nd_layout *L, const int *orders,
-                                 int n_orders, int heads, int slots, int sub);
-void cuda_engram_taps_backward(const nd_backend *be, float *dvp, float *dtaps, const float *dv,
-                               const float *vp, const float *taps, const nd_layout *L, int d,
-                               int dil);
-void cuda_engram_gate_backward(const nd_backend *be, float *du, float *dk, float *dv,
-                               const float *dbx, const float *u, const float *k, const float *v,
-                               const float *alpha, long N, int d);
-void cuda_lanes_combine_backward(const nd_backend *be, float *dhpre, float *dX, const float *du,
-                                 const float *hpre, const float *X, long N, int n, int d);
-void cuda_lanes_update_backward(const nd_backend *be, float *dX, float *dM, float *dhpost,
-                                float *dy, const float *dXo, const float *M, const float *X,
-                                const float *hpost, const float *y, long N, int n, int d);
-void cuda_lanes_broadcast_backward(const nd_backend *be, float *dx0, const float *dX, long N, int n,
-                                   int d);
-void cuda_lanes_mean_backward(const nd_backend *be, float *dX, const float *dxm, long N, int n,
-                              int d);
-void cuda_rope_backward(const nd_backend *be, float *dx, const float *cos_t, const float *sin_t,
-                        const nd_layout *L, int heads, int hd);
-void cuda_gate_sigmoid_backward(const nd_backend *be, float *datt, float *dg, const float *dout,
-                                const float *att, const float *g, long n);
-void cuda_residual_scaled_backward(const nd_backend *be, float *dr, float *dgate, const float *dy,
-                                   const float *r, float gate, long n);
+/* ---- the ops, one per entry of backend/ops.def (semantics there) ----
+ * cuda_<name> in cuda_ops.cu, cuda_backward.cu, cuda_mix.cu,
+ * cuda_attention.cu and (matmul) cuda_backend.cu */
+#define ND_OP(name, kind, ...) void cuda_##name(const nd_backend *be, ND_OP_PARAMS(__VA_ARGS__));
+#include "backend/ops.def"
+#undef ND_OP
 
 #endif

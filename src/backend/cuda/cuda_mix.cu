@@ -9,7 +9,6 @@
 
 #include "cuda_common.cuh"
 
-#define SINKHORN_ROUNDS 20
 #define HC_THREADS 128
 
 /* ---- Sinkhorn ---- */
@@ -61,7 +60,7 @@ __global__ void k_hyper_coeffs(float *hpre, float *hpost, float *M, const float 
     float Z[NMAX * NMAX];
     for (int i = 0; i < nn; i++)
         Z[i] = a_res * res[r * nn + i] + b_res[i];
-    for (int it = 0; it < SINKHORN_ROUNDS; it++) {
+    for (int it = 0; it < SAN_SINKHORN_ROUNDS; it++) {
         sinkhorn_halfstep(Z, NULL, n, 1);
         sinkhorn_halfstep(Z, NULL, n, 0);
     }
@@ -131,16 +130,16 @@ k_hyper_coeffs_backward(float *dpre, float *dpost, float *dres, double *rowc, co
         apost += (double)(dz * post[e]);
         rc[3 + n + i] = (double)dz;
     }
-    float Z[NMAX * NMAX], E[2 * SINKHORN_ROUNDS][NMAX * NMAX];
+    float Z[NMAX * NMAX], E[2 * SAN_SINKHORN_ROUNDS][NMAX * NMAX];
     double g[NMAX * NMAX];
     const float *rr = res + r * nn;
     for (int i = 0; i < nn; i++)
         Z[i] = a_res * rr[i] + b_res[i];
-    for (int st = 0; st < 2 * SINKHORN_ROUNDS; st++)
+    for (int st = 0; st < 2 * SAN_SINKHORN_ROUNDS; st++)
         sinkhorn_halfstep(Z, E[st], n, !(st & 1));
     for (int i = 0; i < nn; i++) /* M = exp(Z) */
         g[i] = (double)dM[r * nn + i] * (double)san_expf(Z[i]);
-    for (int st = 2 * SINKHORN_ROUNDS - 1; st >= 0; st--) {
+    for (int st = 2 * SAN_SINKHORN_ROUNDS - 1; st >= 0; st--) {
         const float *e = E[st];
         int rowstep = !(st & 1), stp = rowstep ? 1 : n;
         for (int a = 0; a < n; a++) {

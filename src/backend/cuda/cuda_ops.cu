@@ -100,9 +100,9 @@ __global__ void k_engram_hash(int32_t *idx, const int32_t *tok, dev_layout L, or
     for (int k = 0; k < K; k++) {
         int ord = o.order[k / heads] < omax ? o.order[k / heads] : omax;
         /* san_engram_index_hist */
-        uint32_t acc = 0x9E3779B9u * (uint32_t)(k + 1);
+        uint32_t acc = SAN_ENGRAM_SEED * (uint32_t)(k + 1);
         for (int j = 0; j < ord; j++)
-            acc = (acc ^ hist[j]) * 0x01000193u;
+            acc = (acc ^ hist[j]) * SAN_ENGRAM_PRIME;
         acc ^= acc >> 15;
         idx[r * K + k] = (int32_t)(acc % (uint32_t)slots);
     }

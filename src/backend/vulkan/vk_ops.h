@@ -1,5 +1,5 @@
-/* The Vulkan backend's op table, filled group by group (one file per group
- * of ops, each with its shaders in shaders/). */
+/* The Vulkan backend's ops (one file per group of ops, each with its
+ * shaders in shaders/); vk_backend.c fills the table from backend/ops.def. */
 #ifndef ND_VK_OPS_H
 #define ND_VK_OPS_H
 
@@ -17,13 +17,14 @@ static inline int32_t vk_i32(long v)
     return (int32_t)v;
 }
 
-/* matmul, copy2d, add, rmsnorm, gate_sigmoid (vk_ops_core.c) */
-void vk_ops_core_register(nd_backend *t);
-/* embed, engram_*, gather/scatter rows, cross-entropy, and their backwards */
-void vk_ops_engram_register(nd_backend *t);
-/* hyper-connections, lanes, residual, Hadamard MLP, norm/gate backwards */
-void vk_ops_lanes_register(nd_backend *t);
-/* rope and attention, forward and backward */
-void vk_ops_attention_register(nd_backend *t);
+/* The ops, one per entry of backend/ops.def (semantics there), vk_<name>
+ * in the file of its group: vk_ops_core.c (matmul, copy2d, add, rmsnorm,
+ * gate_sigmoid), vk_ops_engram.c (embed, engram_*, gather/scatter rows,
+ * cross-entropy, and their backwards), vk_ops_lanes.c (hyper-connections,
+ * lanes, residual, Hadamard MLP, norm/gate backwards), vk_ops_attention.c
+ * (rope and attention, forward and backward). */
+#define ND_OP(name, kind, ...) void vk_##name(const nd_backend *be, ND_OP_PARAMS(__VA_ARGS__));
+#include "backend/ops.def"
+#undef ND_OP
 
 #endif

@@ -46,15 +46,15 @@ static void vk_rope_common(float *x, const float *cos_t, const float *sin_t, con
     vk_dispatch("rope", &a, sizeof a, vk_groups(total, 256), 1, 1);
 }
 
-static void vk_rope(const nd_backend *be, float *x, const float *cos_t, const float *sin_t,
-                    const nd_layout *L, int heads, int hd)
+void vk_rope(const nd_backend *be, float *x, const float *cos_t, const float *sin_t,
+             const nd_layout *L, int heads, int hd)
 {
     (void)be;
     vk_rope_common(x, cos_t, sin_t, L, heads, hd, 0);
 }
 
-static void vk_rope_backward(const nd_backend *be, float *dx, const float *cos_t,
-                             const float *sin_t, const nd_layout *L, int heads, int hd)
+void vk_rope_backward(const nd_backend *be, float *dx, const float *cos_t, const float *sin_t,
+                      const nd_layout *L, int heads, int hd)
 {
     (void)be;
     vk_rope_common(dx, cos_t, sin_t, L, heads, hd, 1);
@@ -164,8 +164,8 @@ static void attn_tables(const nd_layout *L)
     fill_blocks(T.kblocks, nb);
 }
 
-static void vk_attention(const nd_backend *be, float *out, float *lse, const float *q,
-                         const float *k, const float *v, const nd_layout *L, int H, int G, int hd)
+void vk_attention(const nd_backend *be, float *out, float *lse, const float *q, const float *k,
+                  const float *v, const nd_layout *L, int H, int G, int hd)
 {
     (void)be;
     if (L->N <= 0 || H <= 0)
@@ -205,10 +205,9 @@ static void vk_attention(const nd_backend *be, float *out, float *lse, const flo
 static float *attn_delta;
 static size_t attn_delta_bytes;
 
-static void vk_attention_backward(const nd_backend *be, float *dq, float *dk, float *dv,
-                                  const float *dout, const float *q, const float *k, const float *v,
-                                  const float *out, const float *lse, const nd_layout *L, int H,
-                                  int G, int hd)
+void vk_attention_backward(const nd_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                           const float *q, const float *k, const float *v, const float *out,
+                           const float *lse, const nd_layout *L, int H, int G, int hd)
 {
     (void)be;
     if (L->N <= 0 || H <= 0)
@@ -292,12 +291,4 @@ static void vk_attention_backward(const nd_backend *be, float *dq, float *dk, fl
     b.hd = hd;
     b.scale = scale;
     vk_dispatch("attn_bwd_dkdv", &b, sizeof b, vk_groups(T.n_blocks, 1), (uint32_t)G, 1);
-}
-
-void vk_ops_attention_register(nd_backend *t)
-{
-    t->rope = vk_rope;
-    t->rope_backward = vk_rope_backward;
-    t->attention = vk_attention;
-    t->attention_backward = vk_attention_backward;
 }

@@ -1,9 +1,8 @@
 /* GEMM and the simplest element-wise ops on Vulkan. */
 #include "backend/vulkan/vk_ops.h"
 
-static void vk_matmul(const nd_backend *be, int ta, int tb, int M, int N, int K, float alpha,
-                      const float *A, int lda, const float *B, int ldb, float beta, float *C,
-                      int ldc)
+void vk_matmul(const nd_backend *be, int ta, int tb, int M, int N, int K, float alpha,
+               const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
     (void)be;
     if (M <= 0 || N <= 0)
@@ -32,8 +31,8 @@ static void vk_matmul(const nd_backend *be, int ta, int tb, int M, int N, int K,
     vk_dispatch("matmul", &a, sizeof a, (uint32_t)(N + 63) / 64, (uint32_t)(M + 63) / 64, 1);
 }
 
-static void vk_copy2d(const nd_backend *be, float *dst, int dst_ld, const float *src, int src_ld,
-                      long rows, int cols)
+void vk_copy2d(const nd_backend *be, float *dst, int dst_ld, const float *src, int src_ld,
+               long rows, int cols)
 {
     (void)be;
     if (rows <= 0 || cols <= 0)
@@ -52,7 +51,7 @@ static void vk_copy2d(const nd_backend *be, float *dst, int dst_ld, const float 
     vk_dispatch("copy2d", &a, sizeof a, vk_groups(rows * (long)cols, 256), 1, 1);
 }
 
-static void vk_add(const nd_backend *be, float *y, const float *x, float alpha, long n)
+void vk_add(const nd_backend *be, float *y, const float *x, float alpha, long n)
 {
     (void)be;
     if (n <= 0)
@@ -69,8 +68,8 @@ static void vk_add(const nd_backend *be, float *y, const float *x, float alpha, 
     vk_dispatch("add", &a, sizeof a, vk_groups(n, 256), 1, 1);
 }
 
-static void vk_rmsnorm(const nd_backend *be, float *y, float *rstd, const float *x,
-                       const float *scale, long rows, int dim)
+void vk_rmsnorm(const nd_backend *be, float *y, float *rstd, const float *x, const float *scale,
+                long rows, int dim)
 {
     (void)be;
     if (rows <= 0)
@@ -90,8 +89,7 @@ static void vk_rmsnorm(const nd_backend *be, float *y, float *rstd, const float 
     vk_dispatch("rmsnorm", &a, sizeof a, vk_groups(rows, 1), 1, 1);
 }
 
-static void vk_gate_sigmoid(const nd_backend *be, float *o, const float *att, const float *g,
-                            long n)
+void vk_gate_sigmoid(const nd_backend *be, float *o, const float *att, const float *g, long n)
 {
     (void)be;
     if (n <= 0)
@@ -105,13 +103,4 @@ static void vk_gate_sigmoid(const nd_backend *be, float *o, const float *att, co
     a.o = vk_out(o, (size_t)n * 4);
     a.n = vk_i32(n);
     vk_dispatch("gate_sigmoid", &a, sizeof a, vk_groups(n, 256), 1, 1);
-}
-
-void vk_ops_core_register(nd_backend *t)
-{
-    t->matmul = vk_matmul;
-    t->copy2d = vk_copy2d;
-    t->add = vk_add;
-    t->rmsnorm = vk_rmsnorm;
-    t->gate_sigmoid = vk_gate_sigmoid;
 }

@@ -111,8 +111,8 @@ static void scatter_rows(float *dst, const float *src, const int32_t *keys, long
 
 /* ---- embedding and rows ---- */
 
-static void vk_embed(const nd_backend *be, float *x0, const float *emb, const int32_t *tok, long N,
-                     int d, float scale)
+void vk_embed(const nd_backend *be, float *x0, const float *emb, const int32_t *tok, long N, int d,
+              float scale)
 {
     (void)be;
     if (N <= 0 || d <= 0)
@@ -134,15 +134,15 @@ static void vk_embed(const nd_backend *be, float *x0, const float *emb, const in
     vk_dispatch("embed", &a, sizeof a, vk_groups(N * (long)d, 256), 1, 1);
 }
 
-static void vk_embed_backward(const nd_backend *be, float *demb, const float *dx0,
-                              const int32_t *tok, long N, int d, float scale)
+void vk_embed_backward(const nd_backend *be, float *demb, const float *dx0, const int32_t *tok,
+                       long N, int d, float scale)
 {
     (void)be;
     scatter_rows(demb, dx0, tok, N, d, scale);
 }
 
-static void vk_gather_rows(const nd_backend *be, float *dst, const float *src, const int32_t *rows,
-                           long n, int d)
+void vk_gather_rows(const nd_backend *be, float *dst, const float *src, const int32_t *rows, long n,
+                    int d)
 {
     (void)be;
     if (n <= 0 || d <= 0)
@@ -162,8 +162,8 @@ static void vk_gather_rows(const nd_backend *be, float *dst, const float *src, c
     vk_dispatch("rows_gather", &a, sizeof a, vk_groups(n * (long)d, 256), 1, 1);
 }
 
-static void vk_scatter_add_rows(const nd_backend *be, float *dst, const float *src,
-                                const int32_t *rows, long n, int d)
+void vk_scatter_add_rows(const nd_backend *be, float *dst, const float *src, const int32_t *rows,
+                         long n, int d)
 {
     (void)be;
     scatter_rows(dst, src, rows, n, d, 1.0f); /* x * 1 is exact: plain sums */
@@ -174,9 +174,8 @@ static void vk_scatter_add_rows(const nd_backend *be, float *dst, const float *s
 /* the n-gram hash reads at most this many tokens (as the CPU's SAN_MAX_ORDER) */
 #define ENGRAM_MAX_ORDER 8
 
-static void vk_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *tok,
-                           const nd_layout *L, const int *orders, int n_orders, int heads,
-                           int slots)
+void vk_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *tok, const nd_layout *L,
+                    const int *orders, int n_orders, int heads, int slots)
 {
     (void)be;
     long N = L->N;
@@ -204,9 +203,9 @@ static void vk_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *to
     vk_dispatch("engram_hash", &a, sizeof a, vk_groups(N, 64), 1, 1);
 }
 
-static void vk_engram_gather(const nd_backend *be, float *e, const float *tables,
-                             const int32_t *idx, const nd_layout *L, const int *orders,
-                             int n_orders, int heads, int slots, int sub)
+void vk_engram_gather(const nd_backend *be, float *e, const float *tables, const int32_t *idx,
+                      const nd_layout *L, const int *orders, int n_orders, int heads, int slots,
+                      int sub)
 {
     (void)be;
     long N = L->N;
@@ -233,9 +232,9 @@ static void vk_engram_gather(const nd_backend *be, float *e, const float *tables
     vk_dispatch("engram_gather", &a, sizeof a, vk_groups(N * K * (long)sub, 256), 1, 1);
 }
 
-static void vk_engram_gather_backward(const nd_backend *be, float *dtables, const float *de,
-                                      const int32_t *idx, const nd_layout *L, const int *orders,
-                                      int n_orders, int heads, int slots, int sub)
+void vk_engram_gather_backward(const nd_backend *be, float *dtables, const float *de,
+                               const int32_t *idx, const nd_layout *L, const int *orders,
+                               int n_orders, int heads, int slots, int sub)
 {
     (void)be;
     long N = L->N;
@@ -282,8 +281,8 @@ static void vk_engram_gather_backward(const nd_backend *be, float *dtables, cons
     vk_dispatch("engram_gather_scatter", &s, sizeof s, vk_groups(N * K * (long)sub, 256), 1, 1);
 }
 
-static void vk_engram_taps(const nd_backend *be, float *v, const float *vp, const float *taps,
-                           const nd_layout *L, int d, int dil)
+void vk_engram_taps(const nd_backend *be, float *v, const float *vp, const float *taps,
+                    const nd_layout *L, int d, int dil)
 {
     (void)be;
     long N = L->N;
@@ -308,9 +307,8 @@ static void vk_engram_taps(const nd_backend *be, float *v, const float *vp, cons
 /* rows per dtaps partial sum */
 #define TAPS_CHUNK 64
 
-static void vk_engram_taps_backward(const nd_backend *be, float *dvp, float *dtaps, const float *dv,
-                                    const float *vp, const float *taps, const nd_layout *L, int d,
-                                    int dil)
+void vk_engram_taps_backward(const nd_backend *be, float *dvp, float *dtaps, const float *dv,
+                             const float *vp, const float *taps, const nd_layout *L, int d, int dil)
 {
     (void)be;
     long N = L->N;
@@ -364,8 +362,8 @@ static void vk_engram_taps_backward(const nd_backend *be, float *dvp, float *dta
     vk_dispatch("rows_reduce_add", &r, sizeof r, vk_groups(width, 256), 1, 1);
 }
 
-static void vk_engram_gate(const nd_backend *be, float *bx, float *alpha, const float *u,
-                           const float *k, const float *v, long N, int d, int accumulate)
+void vk_engram_gate(const nd_backend *be, float *bx, float *alpha, const float *u, const float *k,
+                    const float *v, long N, int d, int accumulate)
 {
     (void)be;
     if (N <= 0 || d <= 0)
@@ -387,9 +385,9 @@ static void vk_engram_gate(const nd_backend *be, float *bx, float *alpha, const 
     vk_dispatch("engram_gate", &a, sizeof a, vk_groups(N, 1), 1, 1);
 }
 
-static void vk_engram_gate_backward(const nd_backend *be, float *du, float *dk, float *dv,
-                                    const float *dbx, const float *u, const float *k,
-                                    const float *v, const float *alpha, long N, int d)
+void vk_engram_gate_backward(const nd_backend *be, float *du, float *dk, float *dv,
+                             const float *dbx, const float *u, const float *k, const float *v,
+                             const float *alpha, long N, int d)
 {
     (void)be;
     if (N <= 0 || d <= 0)
@@ -415,8 +413,8 @@ static void vk_engram_gate_backward(const nd_backend *be, float *du, float *dk, 
 
 /* ---- cross-entropy ---- */
 
-static void vk_cross_entropy(const nd_backend *be, float *loss, const float *logits,
-                             const int32_t *target, long N, int V)
+void vk_cross_entropy(const nd_backend *be, float *loss, const float *logits, const int32_t *target,
+                      long N, int V)
 {
     (void)be;
     if (N <= 0 || V <= 0)
@@ -434,8 +432,8 @@ static void vk_cross_entropy(const nd_backend *be, float *loss, const float *log
     vk_dispatch("ce_loss", &a, sizeof a, vk_groups(N, 1), 1, 1);
 }
 
-static void vk_cross_entropy_backward(const nd_backend *be, float *logits, const int32_t *target,
-                                      const float *weight, long N, int V)
+void vk_cross_entropy_backward(const nd_backend *be, float *logits, const int32_t *target,
+                               const float *weight, long N, int V)
 {
     (void)be;
     if (N <= 0 || V <= 0)
@@ -451,21 +449,4 @@ static void vk_cross_entropy_backward(const nd_backend *be, float *logits, const
     a.V = V;
     vk_i32(N * (long)V);
     vk_dispatch("ce_backward", &a, sizeof a, vk_groups(N, 1), 1, 1);
-}
-
-void vk_ops_engram_register(nd_backend *t)
-{
-    t->embed = vk_embed;
-    t->embed_backward = vk_embed_backward;
-    t->gather_rows = vk_gather_rows;
-    t->scatter_add_rows = vk_scatter_add_rows;
-    t->engram_hash = vk_engram_hash;
-    t->engram_gather = vk_engram_gather;
-    t->engram_gather_backward = vk_engram_gather_backward;
-    t->engram_taps = vk_engram_taps;
-    t->engram_taps_backward = vk_engram_taps_backward;
-    t->engram_gate = vk_engram_gate;
-    t->engram_gate_backward = vk_engram_gate_backward;
-    t->cross_entropy = vk_cross_entropy;
-    t->cross_entropy_backward = vk_cross_entropy_backward;
 }

@@ -8,8 +8,9 @@
  * of this group, grown on demand. */
 #include <stdio.h>
 
-#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_kernels.h" /* san_sigmoid, san_walsh_scale */
 #include "backend/vulkan/vk_ops.h"
+#include "model/constants.h"
 
 /* ---- scratch ---- */
 
@@ -55,10 +56,10 @@ static void colsum(float *dst, const float *part, int T, int K, float scale)
 
 /* ---- hyper-connection coefficients ---- */
 
-static void vk_hyper_coeffs(const nd_backend *be, float *hpre, float *hpost, float *M,
-                            const float *pre, const float *post, const float *res, float a_pre,
-                            float a_post, float a_res, const float *b_pre, const float *b_post,
-                            const float *b_res, int lane, long N, int n)
+void vk_hyper_coeffs(const nd_backend *be, float *hpre, float *hpost, float *M, const float *pre,
+                     const float *post, const float *res, float a_pre, float a_post, float a_res,
+                     const float *b_pre, const float *b_post, const float *b_res, int lane, long N,
+                     int n)
 {
     (void)be;
     if (N <= 0 || n <= 0)
@@ -89,13 +90,13 @@ static void vk_hyper_coeffs(const nd_backend *be, float *hpre, float *hpost, flo
     vk_dispatch("hyper_coeffs", &a, sizeof a, vk_groups(N, 64), 1, 1);
 }
 
-static void vk_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, float *dres,
-                                     float *da_pre, float *da_post, float *da_res, float *db_pre,
-                                     float *db_post, float *db_res, const float *dhpre,
-                                     const float *dhpost, const float *dM, const float *pre,
-                                     const float *post, const float *res, const float *hpre,
-                                     const float *hpost, float a_pre, float a_post, float a_res,
-                                     const float *b_res, long N, int n)
+void vk_hyper_coeffs_backward(const nd_backend *be, float *dpre, float *dpost, float *dres,
+                              float *da_pre, float *da_post, float *da_res, float *db_pre,
+                              float *db_post, float *db_res, const float *dhpre,
+                              const float *dhpost, const float *dM, const float *pre,
+                              const float *post, const float *res, const float *hpre,
+                              const float *hpost, float a_pre, float a_post, float a_res,
+                              const float *b_res, long N, int n)
 {
     (void)be;
     if (N <= 0 || n <= 0)
@@ -171,8 +172,7 @@ static void lanes2(const char *shader, float *out, size_t out_floats, const floa
     vk_dispatch(shader, &a, sizeof a, vk_groups(items, 256), 1, 1);
 }
 
-static void vk_lanes_broadcast(const nd_backend *be, float *X, const float *x0, long N, int n,
-                               int d)
+void vk_lanes_broadcast(const nd_backend *be, float *X, const float *x0, long N, int n, int d)
 {
     (void)be;
     if (N <= 0 || n <= 0 || d <= 0)
@@ -181,7 +181,7 @@ static void vk_lanes_broadcast(const nd_backend *be, float *X, const float *x0, 
     lanes2("lanes_broadcast", X, Nd * n, x0, Nd, N, n, d, (long)Nd * n);
 }
 
-static void vk_lanes_mean(const nd_backend *be, float *xm, const float *X, long N, int n, int d)
+void vk_lanes_mean(const nd_backend *be, float *xm, const float *X, long N, int n, int d)
 {
     (void)be;
     if (N <= 0 || n <= 0 || d <= 0)
@@ -190,8 +190,8 @@ static void vk_lanes_mean(const nd_backend *be, float *xm, const float *X, long 
     lanes2("lanes_mean", xm, Nd, X, Nd * n, N, n, d, (long)Nd);
 }
 
-static void vk_lanes_broadcast_backward(const nd_backend *be, float *dx0, const float *dX, long N,
-                                        int n, int d)
+void vk_lanes_broadcast_backward(const nd_backend *be, float *dx0, const float *dX, long N, int n,
+                                 int d)
 {
     (void)be;
     if (N <= 0 || n <= 0 || d <= 0)
@@ -200,8 +200,7 @@ static void vk_lanes_broadcast_backward(const nd_backend *be, float *dx0, const 
     lanes2("lanes_broadcast_bwd", dx0, Nd, dX, Nd * n, N, n, d, (long)Nd);
 }
 
-static void vk_lanes_mean_backward(const nd_backend *be, float *dX, const float *dxm, long N, int n,
-                                   int d)
+void vk_lanes_mean_backward(const nd_backend *be, float *dX, const float *dxm, long N, int n, int d)
 {
     (void)be;
     if (N <= 0 || n <= 0 || d <= 0)
@@ -210,8 +209,8 @@ static void vk_lanes_mean_backward(const nd_backend *be, float *dX, const float 
     lanes2("lanes_mean_bwd", dX, Nd * n, dxm, Nd, N, n, d, (long)Nd * n);
 }
 
-static void vk_lanes_combine(const nd_backend *be, float *u, const float *hpre, const float *X,
-                             long N, int n, int d)
+void vk_lanes_combine(const nd_backend *be, float *u, const float *hpre, const float *X, long N,
+                      int n, int d)
 {
     (void)be;
     if (N <= 0 || d <= 0)
@@ -231,9 +230,8 @@ static void vk_lanes_combine(const nd_backend *be, float *u, const float *hpre, 
     vk_dispatch("lanes_combine", &a, sizeof a, vk_groups((long)Nd, 256), 1, 1);
 }
 
-static void vk_lanes_combine_backward(const nd_backend *be, float *dhpre, float *dX,
-                                      const float *du, const float *hpre, const float *X, long N,
-                                      int n, int d)
+void vk_lanes_combine_backward(const nd_backend *be, float *dhpre, float *dX, const float *du,
+                               const float *hpre, const float *X, long N, int n, int d)
 {
     (void)be;
     if (N <= 0 || n <= 0 || d <= 0)
@@ -255,8 +253,8 @@ static void vk_lanes_combine_backward(const nd_backend *be, float *dhpre, float 
     vk_dispatch("lanes_combine_bwd", &a, sizeof a, vk_groups((long)Nn, 1), 1, 1);
 }
 
-static void vk_lanes_update(const nd_backend *be, float *Xo, const float *M, const float *X,
-                            const float *hpost, const float *y, long N, int n, int d)
+void vk_lanes_update(const nd_backend *be, float *Xo, const float *M, const float *X,
+                     const float *hpost, const float *y, long N, int n, int d)
 {
     (void)be;
     if (N <= 0 || n <= 0 || d <= 0)
@@ -278,9 +276,9 @@ static void vk_lanes_update(const nd_backend *be, float *Xo, const float *M, con
     vk_dispatch("lanes_update", &a, sizeof a, vk_groups((long)Nd * n, 256), 1, 1);
 }
 
-static void vk_lanes_update_backward(const nd_backend *be, float *dX, float *dM, float *dhpost,
-                                     float *dy, const float *dXo, const float *M, const float *X,
-                                     const float *hpost, const float *y, long N, int n, int d)
+void vk_lanes_update_backward(const nd_backend *be, float *dX, float *dM, float *dhpost, float *dy,
+                              const float *dXo, const float *M, const float *X, const float *hpost,
+                              const float *y, long N, int n, int d)
 {
     (void)be;
     if (N <= 0 || n <= 0 || d <= 0)
@@ -312,8 +310,8 @@ static void vk_lanes_update_backward(const nd_backend *be, float *dX, float *dM,
 
 /* ---- scaled residual ---- */
 
-static void vk_residual_scaled(const nd_backend *be, float *y, const float *x, const float *r,
-                               float gate, long n)
+void vk_residual_scaled(const nd_backend *be, float *y, const float *x, const float *r, float gate,
+                        long n)
 {
     (void)be;
     if (n <= 0)
@@ -331,8 +329,8 @@ static void vk_residual_scaled(const nd_backend *be, float *y, const float *x, c
     vk_dispatch("resid_scaled", &a, sizeof a, vk_groups(n, 256), 1, 1);
 }
 
-static void vk_residual_scaled_backward(const nd_backend *be, float *dr, float *dgate,
-                                        const float *dy, const float *r, float gate, long n)
+void vk_residual_scaled_backward(const nd_backend *be, float *dr, float *dgate, const float *dy,
+                                 const float *r, float gate, long n)
 {
     (void)be;
     if (n <= 0)
@@ -371,9 +369,9 @@ static void check_hn(int hn)
     }
 }
 
-static void vk_hadamard_mlp(const nd_backend *be, float *y, float *h1, const float *x,
-                            const float *z, const float *u, const float *d1, const float *d2,
-                            const float *d3, long N, int d, int hn)
+void vk_hadamard_mlp(const nd_backend *be, float *y, float *h1, const float *x, const float *z,
+                     const float *u, const float *d1, const float *d2, const float *d3, long N,
+                     int d, int hn)
 {
     (void)be;
     if (N <= 0 || d <= 0)
@@ -401,10 +399,9 @@ static void vk_hadamard_mlp(const nd_backend *be, float *y, float *h1, const flo
     vk_dispatch("hada_mlp", &a, sizeof a, vk_groups(N, 1), 1, 1);
 }
 
-static void vk_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1, float *dd2,
-                                     float *dd3, const float *dy, const float *z, const float *h1,
-                                     const float *d1, const float *d2, const float *d3, long N,
-                                     int d, int hn)
+void vk_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1, float *dd2, float *dd3,
+                              const float *dy, const float *z, const float *h1, const float *d1,
+                              const float *d2, const float *d3, long N, int d, int hn)
 {
     (void)be;
     if (N <= 0 || d <= 0)
@@ -446,9 +443,9 @@ static void vk_hadamard_mlp_backward(const nd_backend *be, float *dz, float *dd1
 
 /* ---- norm and gate backwards ---- */
 
-static void vk_rmsnorm_backward(const nd_backend *be, float *dx, float *dscale, const float *dy,
-                                const float *x, const float *rstd, const float *scale, long rows,
-                                int dim, int accumulate)
+void vk_rmsnorm_backward(const nd_backend *be, float *dx, float *dscale, const float *dy,
+                         const float *x, const float *rstd, const float *scale, long rows, int dim,
+                         int accumulate)
 {
     (void)be;
     if (rows <= 0 || dim <= 0)
@@ -514,8 +511,8 @@ static void vk_rmsnorm_backward(const nd_backend *be, float *dx, float *dscale, 
         colsum(dscale, part, (int)blocks, dim, 1.0f);
 }
 
-static void vk_gate_sigmoid_backward(const nd_backend *be, float *datt, float *dg,
-                                     const float *dout, const float *att, const float *g, long n)
+void vk_gate_sigmoid_backward(const nd_backend *be, float *datt, float *dg, const float *dout,
+                              const float *att, const float *g, long n)
 {
     (void)be;
     if (n <= 0)
@@ -531,24 +528,4 @@ static void vk_gate_sigmoid_backward(const nd_backend *be, float *datt, float *d
     a.dg = vk_out(dg, (size_t)n * 4);
     a.n = vk_i32(n);
     vk_dispatch("gate_bwd_sigmoid", &a, sizeof a, vk_groups(n, 256), 1, 1);
-}
-
-void vk_ops_lanes_register(nd_backend *t)
-{
-    t->hyper_coeffs = vk_hyper_coeffs;
-    t->hyper_coeffs_backward = vk_hyper_coeffs_backward;
-    t->lanes_combine = vk_lanes_combine;
-    t->lanes_combine_backward = vk_lanes_combine_backward;
-    t->lanes_update = vk_lanes_update;
-    t->lanes_update_backward = vk_lanes_update_backward;
-    t->lanes_broadcast = vk_lanes_broadcast;
-    t->lanes_broadcast_backward = vk_lanes_broadcast_backward;
-    t->lanes_mean = vk_lanes_mean;
-    t->lanes_mean_backward = vk_lanes_mean_backward;
-    t->residual_scaled = vk_residual_scaled;
-    t->residual_scaled_backward = vk_residual_scaled_backward;
-    t->hadamard_mlp = vk_hadamard_mlp;
-    t->hadamard_mlp_backward = vk_hadamard_mlp_backward;
-    t->rmsnorm_backward = vk_rmsnorm_backward;
-    t->gate_sigmoid_backward = vk_gate_sigmoid_backward;
 }

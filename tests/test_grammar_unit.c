@@ -37,6 +37,16 @@ static void test_regex(void)
         {"^.{3}$", "a-b", 1},
         {"^(\\+|-)?\\d+(\\.\\d{1,2})?$", "-12.50", 1},
         {"^(\\+|-)?\\d+(\\.\\d{1,2})?$", "12.505", 0},
+        /* each top-level branch has its own anchors: ^a|b$ = (^a)|(b$) */
+        {"^ab|cd$", "abxx", 1},
+        {"^ab|cd$", "xxcd", 1},
+        {"^ab|cd$", "xabx", 0},
+        {"^ab|cd$", "xcdx", 0},
+        {"^(?<year>\\d{4})-(?P<m>\\d{2})$", "2024-05", 1},
+        {"^(?<year>\\d{4})-(?P<m>\\d{2})$", "2024-5", 0},
+        {"^a\\$$", "a$", 1},
+        {"^[\\b]$", "\b", 1},
+        {"^a+?b$", "aab", 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         nd_regex re;
@@ -49,6 +59,17 @@ static void test_regex(void)
     nd_regex re;
     CHECK(nd_re_compile("a(b", &re) != 0);
     CHECK(nd_re_compile("a\\1", &re) != 0);
+    /* constructs a grammar cannot express are refused, never read as the
+     * literal text they start with (the AWS "^(?!aws:).*" used to compile
+     * as a pattern for the prefix "?!aws:" -- exactly what it forbids) */
+    static const char *refused[] = {
+        "^(?!aws:).*$", "^(?=a)b",     "(?<=a)b",     "(?<!a)b",    "(?i)abc", "(a)\\1", "\\k<x>",
+        "\\bword\\b",   "\\Bx",        "\\u00e9",     "\\x41",      "\\p{L}",  "*a",     "a|+b",
+        "^(^a)$",       "[a-\\u00ff]", "caf\xc3\xa9", "[\xc3\xa9]", "\\q",     "(?<n"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        int rc = nd_re_compile(refused[i], &re);
+        CHECK_MSG(rc == ND_EUNSUPPORTED, "%s compiled (rc %d)", refused[i], rc);
+    }
     CHECK(nd_re_compile("(a{1,9}){1,9}(b{1,9}){1,9}", &re) == ND_ELIMIT);
 }
 
@@ -193,6 +214,19 @@ static void test_bad_tools(void)
         const char *w = nd_gram_warnings(g);
         CHECK_MSG(strstr(w, "zork") && strstr(w, "pattern ignored") && strstr(w, "bounds"), "%s",
                   w);
+        nd_gram_free(g);
+    }
+    /* a lookahead pattern is dropped with a warning naming tool and path;
+     * the string is then unconstrained, not limited to "?!aws:..." */
+    g = compile("[{\"name\": \"tag_res\", \"parameters\": {\"type\": \"object\", "
+                "\"properties\": {\"key\": {\"type\": \"string\", \"pattern\": "
+                "\"^(?!aws:)[a-z:]+$\"}}}}]");
+    if (g) {
+        const char *w = nd_gram_warnings(g);
+        CHECK_MSG(strstr(w, "tag_res.parameters.key: pattern ignored") && strstr(w, "lookahead"),
+                  "%s", w);
+        CHECK(accepts(g, "[{\"name\":\"tag_res\",\"arguments\":{\"key\":\"env\"}}]"));
+        CHECK(!accepts(g, "[{\"name\":\"tag_res\",\"arguments\":{\"key\":1}}]"));
         nd_gram_free(g);
     }
 }

@@ -166,8 +166,10 @@ static const schema_case SCHEMA_CASES[] = {
      "\"#/definitions/node\"}}}, "
      "\"required\": [\"name\"]}}}",
      {"{\"root\":{\"name\":\"a\",\"kids\":[{\"name\":\"b\"}]}}"},
-     {"{\"root\":{}}", "{\"root\":{\"name\":\"a\",\"kids\":[{}]}}"},
-     "f.parameters.root.kids[].kids[]: recursive $ref '#/definitions/node'"},
+     {"{\"root\":{}}", "{\"root\":{\"name\":\"a\",\"kids\":[{}]}}",
+      "{\"root\":{\"name\":\"a\",\"kids\":[{\"name\":\"b\",\"kids\":[1]}]}}"},
+     "f.parameters.root.kids[].kids[]: recursive $ref '#/definitions/node' is enforced two "
+     "levels deep; below, any object is allowed"},
     {"{\"type\": \"object\", \"properties\": {\"a\": {\"$ref\": \"#/definitions/x\"}}, "
      "\"definitions\": {\"x\": {\"$ref\": \"#/definitions/y\"}, \"y\": {\"$ref\": "
      "\"#/definitions/x\"}}}",

@@ -186,6 +186,7 @@ typedef struct {
     uint32_t alt_done;            /* parts whose anyOf/oneOf has been distributed */
     const nd_pj *refs[MAX_PARTS]; /* $ref targets followed */
     int nrefs;
+    const nd_pj *deep; /* a recursive $ref not followed (expand returned 1) */
 } sview;
 
 static const nd_pj *vget(const sview *v, const char *key)
@@ -239,6 +240,26 @@ static int ref_count(const nd_grammar *g, const nd_pj *t)
     return c;
 }
 
+static const char *kind_name(int k);
+
+/* what a recursive $ref's target admits where it is no longer followed:
+ * any value of its declared type (object, string, ...) */
+static int deep_node(const nd_pj *t)
+{
+    const nd_pj *ty = nd_pj_get(t, "type");
+    if (ty && ty->type == ND_PJ_STRING) {
+        if (!strcmp(ty->str, "object"))
+            return N_GOBJ;
+        if (!strcmp(ty->str, "array"))
+            return N_GARR;
+        if (!strcmp(ty->str, "string"))
+            return N_STR;
+        if (!strcmp(ty->str, "integer") || !strcmp(ty->str, "number"))
+            return N_NUM;
+    }
+    return !ty && nd_pj_get(t, "properties") ? N_GOBJ : N_ANY;
+}
+
 /* Add schema s (and what its $ref and allOf bring) to the view. 1 if a
  * $ref recursion is too deep to follow (the caller allows any value). */
 static int expand(nd_grammar *g, const nd_pj *s, const char *path, sview *v, int hops)
@@ -279,10 +300,11 @@ static int expand(nd_grammar *g, const nd_pj *s, const char *path, sview *v, int
             /* a recursive schema (a tree whose children $ref the node) is
              * followed two levels deep */
             if (ref_count(g, t) >= 2) {
+                v->deep = t;
                 warnf(g,
-                      "%s: recursive $ref '%.100s' is enforced two levels deep; any value is "
-                      "allowed below",
-                      path, ref->str);
+                      "%s: recursive $ref '%.100s' is enforced two levels deep; below, any %s is "
+                      "allowed",
+                      path, ref->str, kind_name(g->nodes[deep_node(t)].kind));
                 return 1;
             }
             for (int i = 0; i < v->n; i++)
@@ -389,7 +411,7 @@ static int compile_node(nd_grammar *g, const nd_pj *s, const char *path, int dep
     if (rc < 0)
         return rc;
     if (rc > 0)
-        return N_ANY;
+        return deep_node(v.deep);
     int save = g->c_nrefs;
     for (int i = 0; i < v.nrefs; i++) {
         if (g->c_nrefs >= (int)(sizeof g->c_refs / sizeof g->c_refs[0]))
@@ -663,7 +685,7 @@ static int compile_object(nd_grammar *g, const sview *v, const char *path, int d
         if (rc > 0 || depth + 1 > 16) {
             if (depth + 1 > 16)
                 return nd_error(ND_ELIMIT, "%s: schema nested deeper than 16 levels", sub);
-            c = N_ANY;
+            c = deep_node(pv.deep);
         } else {
             int save = g->c_nrefs;
             for (int r = 0; r < pv.nrefs; r++) {
@@ -704,12 +726,15 @@ static int compile_object(nd_grammar *g, const sview *v, const char *path, int d
  * e.g. that February has no 30th) */
 static const char *format_pattern(const char *f)
 {
-    /* within the regex engine's 128 NFA states: fractions of seconds are
-     * \.\d+, no leap second :60, and an ipv4 octet is 0..299 */
+    /* within the regex engine's 128 NFA states: a date's day fits its
+     * month (February 29 in any year); a date-time's day is 01..31, its
+     * fraction of seconds \.\d+, no leap second :60; an ipv4 octet is
+     * 0..299 */
     static const struct {
         const char *name, *re;
     } fm[] = {
-        {"date", "^\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])$"},
+        {"date", "^\\d{4}-((0[13578]|1[02])-(0[1-9]|[12]\\d|3[01])|(0[469]|11)-(0[1-9]|[12]\\d|30)|"
+                 "02-(0[1-9]|1\\d|2\\d))$"},
         {"time",
          "^([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d+)?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]\\d)$"},
         {"date-time", "^\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])[Tt]([01]\\d|2[0-3]):[0-5]\\d:"
@@ -846,7 +871,7 @@ static int compile_array(nd_grammar *g, const sview *v, const char *path, int de
 {
     sview iv;
     memset(&iv, 0, sizeof iv);
-    int any_items = 0;
+    int deep = -1; /* items: a recursive $ref no longer followed */
     char sub[256];
     snprintf(sub, sizeof sub, "%s[]", path);
     int min = 0, max = -1;
@@ -858,7 +883,7 @@ static int compile_array(nd_grammar *g, const sview *v, const char *path, int de
             if (rc < 0)
                 return rc;
             if (rc > 0)
-                any_items = 1;
+                deep = deep_node(iv.deep);
         } else if (it && it->type != ND_PJ_TRUE) {
             warnf(g, "%s: 'items' that is not a schema object is not enforced", path);
         }
@@ -868,8 +893,8 @@ static int compile_array(nd_grammar *g, const sview *v, const char *path, int de
             (max < 0 || k < max))
             max = k > 100000 ? 100000 : (int)k;
     }
-    int item = N_ANY;
-    if (iv.n && !any_items) {
+    int item = deep >= 0 ? deep : N_ANY;
+    if (iv.n && deep < 0) {
         if (depth + 1 > 16)
             return nd_error(ND_ELIMIT, "%s: schema nested deeper than 16 levels", sub);
         int save = g->c_nrefs;
@@ -973,7 +998,7 @@ static int compile_view(nd_grammar *g, sview *v, const char *path, int depth)
             if (rc < 0)
                 return rc;
             if (rc > 0) {
-                ids[k] = N_ANY;
+                ids[k] = deep_node(av.deep);
                 continue;
             }
             int save = g->c_nrefs;

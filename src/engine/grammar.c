@@ -619,6 +619,23 @@ static int frame_dist(const nd_grammar *g, const nd_gram_frame *f)
     case FR_STR: {
         if (f->phase == 0)
             return n->minlen;
+        if (f->esc == 1 && n->re) {
+            /* after a backslash under a pattern: the best escaped character
+             * (it need not bring the pattern closer to a match) */
+            static const char dec[] = "\"\\/\b\f\n\r\t";
+            int best = 1 << 20;
+            for (int i = 0; dec[i]; i++) {
+                nd_gram_frame t = *f;
+                if (!str_char(n, &t, dec[i]))
+                    continue;
+                nd_re_set r = {{t.re[0], t.re[1]}};
+                int x = nd_re_len_min(n->re, r, n->min_len - t.count,
+                                      n->max_len >= 0 ? n->max_len - t.count : INT_MAX);
+                if (x >= 0 && 1 + x < best)
+                    best = 1 + x;
+            }
+            return best + 1;
+        }
         int pend = f->u8left + (f->esc == 1 ? 1 : f->esc >= 2 ? f->esc - 1 : 0);
         /* after a backslash the escaped character is not counted yet */
         int need = n->min_len - f->count - (f->esc == 1);

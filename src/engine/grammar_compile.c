@@ -20,11 +20,16 @@ static void warnf(nd_grammar *g, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    /* the same message once (alternatives recompile their shared parts) */
+    /* the same message once (alternatives recompile their shared parts),
+     * and at most ND_GRAM_MAX_WARN of them */
+    if (g->n_warn > ND_GRAM_MAX_WARN)
+        return;
     size_t ml = strlen(msg);
     for (const char *p = g->warn.p; p && (p = strstr(p, msg)); p++)
         if ((p == g->warn.p || p[-1] == '\n') && (p[ml] == 0 || p[ml] == '\n'))
             return;
+    if (++g->n_warn > ND_GRAM_MAX_WARN)
+        snprintf(msg, sizeof msg, "(more warnings not shown)");
     if (g->warn.n)
         nd_buf_put(&g->warn, "\n", 1);
     nd_buf_put(&g->warn, msg, strlen(msg));
@@ -32,6 +37,11 @@ static void warnf(nd_grammar *g, const char *fmt, ...)
 
 static int new_node(nd_grammar *g, int kind)
 {
+    /* a frame holds a node id in 16 bits; alternatives and recursive
+     * $refs multiply nodes, so the bound is checked, never wrapped */
+    if (g->n_nodes >= ND_GRAM_MAX_NODES)
+        return nd_error(ND_ELIMIT, "the tools' schemas need more than %d grammar nodes",
+                        ND_GRAM_MAX_NODES);
     if (g->n_nodes == g->cap_nodes) {
         int nc = g->cap_nodes ? g->cap_nodes * 2 : 32;
         gnode *p = realloc(g->nodes, (size_t)nc * sizeof *p);
@@ -504,12 +514,11 @@ static int make_alt(nd_grammar *g, int *ids, int n, const char *path)
         const gnode *a = &g->nodes[ids[i]];
         if (a->kind == K_ANY)
             return N_ANY;
-        if (a->kind == K_ALT) { /* flatten */
-            for (int k = 0; k < a->nalt && m < ND_GRAM_MAX_ALT; k++)
-                out[m++] = a->alt[k];
-        } else if (m < ND_GRAM_MAX_ALT) {
-            out[m++] = ids[i];
-        }
+        int na = a->kind == K_ALT ? a->nalt : 1;
+        if (m + na > ND_GRAM_MAX_ALT)
+            return nd_error(ND_ELIMIT, "%s: more than %d alternatives", path, ND_GRAM_MAX_ALT);
+        for (int k = 0; k < na; k++) /* nested alternatives are flattened */
+            out[m++] = a->kind == K_ALT ? a->alt[k] : ids[i];
     }
     for (int i = 0; i < m; i++)
         first_set(g, out[i], g->nodes[out[i]].first);
@@ -796,6 +805,9 @@ static int compile_string(nd_grammar *g, const sview *v, const char *path)
         g->nodes[id].max_len = -1;
     }
     if (pat) {
+        if (++g->n_re > ND_GRAM_MAX_PATTERNS)
+            return nd_error(ND_ELIMIT, "%s: the tools' schemas need more than %d patterns", path,
+                            ND_GRAM_MAX_PATTERNS);
         nd_regex *re = malloc(sizeof *re);
         if (!re)
             return nd_error(ND_ENOMEM, "out of memory");

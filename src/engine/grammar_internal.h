@@ -19,6 +19,9 @@ enum { FR_TOP, FR_CALL, FR_OBJ, FR_GOBJ, FR_STR, FR_NUM, FR_LIT, FR_ARR, FR_GARR
 enum { R_REJ, R_ACC, R_ACC_POP, R_POP, R_RETRY };
 
 #define MAX_CALLS 16
+#define ND_GRAM_MAX_NODES 20000   /* < 65536: nd_gram_frame.node is 16 bits */
+#define ND_GRAM_MAX_PATTERNS 1024 /* compiled patterns (about 8 KB each) */
+#define ND_GRAM_MAX_WARN 100      /* warning lines kept */
 #define MAX_DIGITS 15
 
 typedef struct {
@@ -62,6 +65,8 @@ struct nd_grammar {
     nd_buf warn;
     /* while compiling one tool: its parameters schema (the base of local
      * $refs) and the $ref targets on the path being compiled */
+    int n_re;   /* compiled patterns */
+    int n_warn; /* warning lines */
     const nd_pj *c_root;
     const nd_pj *c_refs[64];
     int c_nrefs;

@@ -197,6 +197,18 @@ static const schema_case SCHEMA_CASES[] = {
      {"{\"p\":{\"a\":\"x\"}}", "{\"p\":{\"b\":1}}"},
      {"{\"p\":1}"},
      "f.parameters.p: anyOf/oneOf alternatives are two objects"},
+    /* anyOf varying only "required": the object's own properties stay typed */
+    {"{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\"}, \"b\": "
+     "{\"type\": \"integer\"}}, \"anyOf\": [{\"required\": [\"a\"]}, {\"required\": [\"b\"]}]}",
+     {"{\"a\":\"x\"}", "{\"b\":1}", "{}"},
+     {"{\"a\":1}", "{\"b\":\"x\"}", "{\"c\":1}"},
+     "f.parameters: anyOf/oneOf alternatives are two objects a grammar cannot tell apart by their "
+     "first character; only the schema outside anyOf/oneOf is enforced"},
+    {"{\"type\": \"object\", \"properties\": {\"d\": {\"type\": \"string\", \"format\": "
+     "\"date\", \"pattern\": \"^2\"}, \"h\": {\"type\": \"string\", \"format\": \"hostname\"}}}",
+     {"{\"d\":\"2x\",\"h\":\"any thing\"}"},
+     {"{\"d\":\"1999-01-01\"}"},
+     "f.parameters.d: format 'date' is not enforced next to a pattern"},
     /* additionalProperties: typed map values, false, min/maxProperties */
     {"{\"type\": \"object\", \"properties\": {\"tags\": {\"type\": \"object\", "
      "\"additionalProperties\": {\"type\": \"integer\"}, \"minProperties\": 1, \"maxProperties\": "

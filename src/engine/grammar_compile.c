@@ -507,8 +507,11 @@ static int generic_of(int k)
  * merged; two alternatives of the same kind that a first byte cannot tell
  * apart (two object shapes, two string patterns) become any value of that
  * kind, with a warning -- wider than the schema, never narrower. */
-static int make_alt(nd_grammar *g, int *ids, int n, const char *path)
+static int compile_view(nd_grammar *g, sview *v, const char *path, int depth);
+
+static int make_alt(nd_grammar *g, int *ids, int n, const char *path, sview *base, int depth)
 {
+    int fb = -1; /* base compiled without the alternatives, when needed */
     int out[ND_GRAM_MAX_ALT], m = 0;
     for (int i = 0; i < n; i++) {
         const gnode *a = &g->nodes[ids[i]];
@@ -545,11 +548,30 @@ static int make_alt(nd_grammar *g, int *ids, int n, const char *path)
                 out[i] = id;
             } else if (a->kind != K_LIT && b->kind != K_LIT &&
                        generic_of(a->kind) == generic_of(b->kind)) {
-                warnf(g,
-                      "%s: anyOf/oneOf alternatives are two %ss a grammar cannot tell apart by "
-                      "their first character; any %s is allowed",
-                      path, kind_name(a->kind), kind_name(a->kind));
-                out[i] = generic_of(a->kind);
+                /* what the schema says outside anyOf holds for every
+                 * branch: when it is of this kind, it replaces them (e.g.
+                 * an object whose anyOf only varies "required") */
+                int kind = a->kind;
+                if (base && fb == -1) {
+                    fb = compile_view(g, base, path, depth);
+                    if (fb < 0)
+                        return fb;
+                }
+                if (fb >= 0 && g->nodes[fb].kind != K_ALT &&
+                    generic_of(g->nodes[fb].kind) == generic_of(kind)) {
+                    warnf(g,
+                          "%s: anyOf/oneOf alternatives are two %ss a grammar cannot tell apart "
+                          "by their first character; only the schema outside anyOf/oneOf is "
+                          "enforced",
+                          path, kind_name(kind));
+                    out[i] = fb;
+                } else {
+                    warnf(g,
+                          "%s: anyOf/oneOf alternatives are two %ss a grammar cannot tell apart "
+                          "by their first character; any %s is allowed",
+                          path, kind_name(kind), kind_name(kind));
+                    out[i] = generic_of(kind);
+                }
             } else {
                 warnf(g,
                       "%s: anyOf/oneOf alternatives overlap (a literal and a %s); any value is "
@@ -799,6 +821,8 @@ static int compile_string(nd_grammar *g, const sview *v, const char *path)
             pat = fp;
         else if (!fp)
             warnf(g, "%s: format '%.64s' is not enforced", path, fm->str);
+        else
+            warnf(g, "%s: format '%.64s' is not enforced next to a pattern", path, fm->str);
     }
     if (g->nodes[id].max_len >= 0 && g->nodes[id].max_len < g->nodes[id].min_len) {
         warnf(g, "%s: maxLength < minLength; maxLength ignored", path);
@@ -1024,7 +1048,7 @@ static int compile_view(nd_grammar *g, sview *v, const char *path, int depth)
             if (ids[k] < 0)
                 return ids[k];
         }
-        return make_alt(g, ids, (int)br->len, path);
+        return make_alt(g, ids, (int)br->len, path, v, depth);
     }
     int lit = -1;
     int rc = compile_enum(g, v, path, &lit);
@@ -1067,7 +1091,7 @@ static int compile_view(nd_grammar *g, sview *v, const char *path, int depth)
             return ids[n];
         n++;
     }
-    return n == 1 ? ids[0] : make_alt(g, ids, n, path);
+    return n == 1 ? ids[0] : make_alt(g, ids, n, path, NULL, depth);
 }
 
 static int node_minlen(nd_grammar *g, int id)

@@ -37,6 +37,16 @@ static void test_regex(void)
         {"^.{3}$", "a-b", 1},
         {"^(\\+|-)?\\d+(\\.\\d{1,2})?$", "-12.50", 1},
         {"^(\\+|-)?\\d+(\\.\\d{1,2})?$", "12.505", 0},
+        /* each top-level branch has its own anchors: ^a|b$ = (^a)|(b$) */
+        {"^ab|cd$", "abxx", 1},
+        {"^ab|cd$", "xxcd", 1},
+        {"^ab|cd$", "xabx", 0},
+        {"^ab|cd$", "xcdx", 0},
+        {"^(?<year>\\d{4})-(?P<m>\\d{2})$", "2024-05", 1},
+        {"^(?<year>\\d{4})-(?P<m>\\d{2})$", "2024-5", 0},
+        {"^a\\$$", "a$", 1},
+        {"^[\\b]$", "\b", 1},
+        {"^a+?b$", "aab", 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         nd_regex re;
@@ -49,6 +59,17 @@ static void test_regex(void)
     nd_regex re;
     CHECK(nd_re_compile("a(b", &re) != 0);
     CHECK(nd_re_compile("a\\1", &re) != 0);
+    /* constructs a grammar cannot express are refused, never read as the
+     * literal text they start with (the AWS "^(?!aws:).*" used to compile
+     * as a pattern for the prefix "?!aws:" -- exactly what it forbids) */
+    static const char *refused[] = {
+        "^(?!aws:).*$", "^(?=a)b",     "(?<=a)b",     "(?<!a)b",    "(?i)abc", "(a)\\1", "\\k<x>",
+        "\\bword\\b",   "\\Bx",        "\\u00e9",     "\\x41",      "\\p{L}",  "*a",     "a|+b",
+        "^(^a)$",       "[a-\\u00ff]", "caf\xc3\xa9", "[\xc3\xa9]", "\\q",     "(?<n"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        int rc = nd_re_compile(refused[i], &re);
+        CHECK_MSG(rc == ND_EUNSUPPORTED, "%s compiled (rc %d)", refused[i], rc);
+    }
     CHECK(nd_re_compile("(a{1,9}){1,9}(b{1,9}){1,9}", &re) == ND_ELIMIT);
 }
 
@@ -72,6 +93,162 @@ static int accepts(const nd_grammar *g, const char *text)
         if (!nd_gram_feed(g, &s, (unsigned char)*p))
             return 0;
     return nd_gram_done(&s);
+}
+
+/* one tool "f" with the given parameters schema; `args` is the arguments
+ * object text */
+static nd_grammar *compile_params(const char *params)
+{
+    char buf[8192];
+    snprintf(buf, sizeof buf, "[{\"name\": \"f\", \"parameters\": %s}]", params);
+    return compile(buf);
+}
+
+static int accepts_args(const nd_grammar *g, const char *args)
+{
+    char buf[8192];
+    snprintf(buf, sizeof buf, "[{\"name\":\"f\",\"arguments\":%s}]", args);
+    return accepts(g, buf);
+}
+
+typedef struct {
+    const char *params;
+    const char *ok[6], *bad[6];
+    const char *warn; /* a warning that must appear; "" = no warnings at all */
+} schema_case;
+
+/* the JSON-Schema that real tool catalogues use (AWS allOf wrappers,
+ * OpenAPI $ref / nullable, pydantic anyOf, maps, formats) */
+static const schema_case SCHEMA_CASES[] = {
+    /* annotations are quiet */
+    {"{\"type\": \"object\", \"title\": \"T\", \"$comment\": \"c\", \"x-aws-id\": 3, "
+     "\"externalDocs\": {\"url\": \"u\"}, \"xml\": {\"name\": \"n\"}, \"discriminator\": "
+     "{\"propertyName\": \"k\"}, \"properties\": {\"k\": {\"type\": \"string\", \"example\": "
+     "\"a\", "
+     "\"examples\": [\"b\"], \"readOnly\": false, \"writeOnly\": false, \"deprecated\": true}}}",
+     {"{\"k\":\"a\"}", "{}"},
+     {"{\"k\":1}"},
+     ""},
+    /* allOf merged: properties, required (also inside members), types */
+    {"{\"allOf\": [{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\"}}, "
+     "\"required\": [\"a\"]}, {\"properties\": {\"b\": {\"type\": \"integer\", \"minimum\": 1}}, "
+     "\"required\": [\"b\"]}]}",
+     {"{\"a\":\"x\",\"b\":2}", "{\"b\":1,\"a\":\"\"}"},
+     {"{\"a\":\"x\"}", "{\"b\":2}", "{\"a\":\"x\",\"b\":0}", "{\"a\":1,\"b\":2}",
+      "{\"a\":\"x\",\"b\":2,\"c\":1}"},
+     ""},
+    {"{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\"}, \"b\": {}}, "
+     "\"allOf\": [{\"required\": [\"a\"]}]}",
+     {"{\"a\":\"x\"}"},
+     {"{}", "{\"b\":1}"},
+     ""},
+    {"{\"type\": \"object\", \"properties\": {\"n\": {\"allOf\": [{\"type\": \"number\", "
+     "\"minimum\": 0}, {\"type\": \"integer\", \"maximum\": 5}]}, \"e\": {\"allOf\": [{\"enum\": "
+     "[\"a\", \"b\", \"c\"]}, {\"enum\": [\"b\", \"c\", \"d\"]}]}}}",
+     {"{\"n\":5}", "{\"n\":0,\"e\":\"b\"}", "{\"e\":\"c\"}"},
+     {"{\"n\":6}", "{\"n\":-1}", "{\"n\":1.5}", "{\"e\":\"a\"}", "{\"e\":\"d\"}"},
+     ""},
+    /* local $ref into definitions, $defs, components/schemas */
+    {"{\"type\": \"object\", \"properties\": {\"loc\": {\"$ref\": \"#/definitions/Loc\"}, "
+     "\"day\": {\"$ref\": \"#/$defs/Day\"}, \"c\": {\"$ref\": \"#/components/schemas/C\"}}, "
+     "\"required\": [\"loc\"], \"definitions\": {\"Loc\": {\"type\": \"object\", \"properties\": "
+     "{\"lat\": {\"type\": \"number\"}}, \"required\": [\"lat\"]}}, \"$defs\": {\"Day\": "
+     "{\"type\": \"string\", \"format\": \"date\"}}, \"components\": {\"schemas\": {\"C\": "
+     "{\"enum\": [\"x\"]}}}}",
+     {"{\"loc\":{\"lat\":1.5}}", "{\"loc\":{\"lat\":0},\"day\":\"2024-02-29\",\"c\":\"x\"}"},
+     {"{\"loc\":{}}", "{}", "{\"loc\":{\"lat\":1},\"day\":\"2024-13-01\"}",
+      "{\"loc\":{\"lat\":1},\"c\":\"y\"}"},
+     ""},
+    /* a recursive schema is followed two levels deep, with a warning */
+    {"{\"type\": \"object\", \"properties\": {\"root\": {\"$ref\": \"#/definitions/node\"}}, "
+     "\"definitions\": {\"node\": {\"type\": \"object\", \"properties\": {\"name\": {\"type\": "
+     "\"string\"}, \"kids\": {\"type\": \"array\", \"items\": {\"$ref\": "
+     "\"#/definitions/node\"}}}, "
+     "\"required\": [\"name\"]}}}",
+     {"{\"root\":{\"name\":\"a\",\"kids\":[{\"name\":\"b\"}]}}"},
+     {"{\"root\":{}}", "{\"root\":{\"name\":\"a\",\"kids\":[{}]}}",
+      "{\"root\":{\"name\":\"a\",\"kids\":[{\"name\":\"b\",\"kids\":[1]}]}}"},
+     "f.parameters.root.kids[].kids[]: recursive $ref '#/definitions/node' is enforced two "
+     "levels deep; below, any object is allowed"},
+    {"{\"type\": \"object\", \"properties\": {\"a\": {\"$ref\": \"#/definitions/x\"}}, "
+     "\"definitions\": {\"x\": {\"$ref\": \"#/definitions/y\"}, \"y\": {\"$ref\": "
+     "\"#/definitions/x\"}}}",
+     {"{\"a\":1}"},
+     {"{\"b\":1}"},
+     "f.parameters.a: circular $ref"},
+    {"{\"type\": \"object\", \"properties\": {\"a\": {\"$ref\": \"#/definitions/nope\"}, \"b\": "
+     "{\"$ref\": \"other.json#/x\"}}}",
+     {"{\"a\":1,\"b\":\"x\"}"},
+     {"{\"c\":1}"},
+     "f.parameters.a: $ref '#/definitions/nope' does not point into this tool's schema"},
+    /* anyOf / oneOf alternatives, type lists, nullable */
+    {"{\"type\": \"object\", \"properties\": {\"s\": {\"type\": [\"string\", \"null\"], "
+     "\"maxLength\": 2}, \"i\": {\"type\": \"integer\", \"nullable\": true}, \"u\": {\"anyOf\": "
+     "[{\"type\": \"string\", \"pattern\": \"^a+$\"}, {\"type\": \"integer\", \"minimum\": 5}, "
+     "{\"type\": \"array\", \"items\": {\"type\": \"boolean\"}, \"maxItems\": 1}]}, \"c\": "
+     "{\"oneOf\": [{\"const\": \"x\"}, {\"enum\": [\"y\", 1]}]}}}",
+     {"{\"s\":\"ab\",\"i\":null}", "{\"s\":null,\"i\":3}", "{\"u\":\"aa\"}", "{\"u\":5}",
+      "{\"u\":[true]}", "{\"c\":\"x\"}"},
+     {"{\"s\":\"abc\"}", "{\"s\":1}", "{\"i\":\"a\"}", "{\"u\":\"b\"}", "{\"u\":4}", "{\"c\":2}"},
+     ""},
+    {"{\"type\": \"object\", \"properties\": {\"p\": {\"oneOf\": [{\"type\": \"object\", "
+     "\"properties\": {\"a\": {\"type\": \"string\"}}}, {\"type\": \"object\", \"properties\": "
+     "{\"b\": {\"type\": \"integer\"}}}]}}}",
+     {"{\"p\":{\"a\":\"x\"}}", "{\"p\":{\"b\":1}}"},
+     {"{\"p\":1}"},
+     "f.parameters.p: anyOf/oneOf alternatives are two objects"},
+    /* anyOf varying only "required": the object's own properties stay typed */
+    {"{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\"}, \"b\": "
+     "{\"type\": \"integer\"}}, \"anyOf\": [{\"required\": [\"a\"]}, {\"required\": [\"b\"]}]}",
+     {"{\"a\":\"x\"}", "{\"b\":1}", "{}"},
+     {"{\"a\":1}", "{\"b\":\"x\"}", "{\"c\":1}"},
+     "f.parameters: anyOf/oneOf alternatives are two objects a grammar cannot tell apart by their "
+     "first character; only the schema outside anyOf/oneOf is enforced"},
+    {"{\"type\": \"object\", \"properties\": {\"d\": {\"type\": \"string\", \"format\": "
+     "\"date\", \"pattern\": \"^2\"}, \"h\": {\"type\": \"string\", \"format\": \"hostname\"}}}",
+     {"{\"d\":\"2x\",\"h\":\"any thing\"}"},
+     {"{\"d\":\"1999-01-01\"}"},
+     "f.parameters.d: format 'date' is not enforced next to a pattern"},
+    /* additionalProperties: typed map values, false, min/maxProperties */
+    {"{\"type\": \"object\", \"properties\": {\"tags\": {\"type\": \"object\", "
+     "\"additionalProperties\": {\"type\": \"integer\"}, \"minProperties\": 1, \"maxProperties\": "
+     "2}, \"none\": {\"type\": \"object\", \"additionalProperties\": false}}}",
+     {"{\"tags\":{\"a\":1}}", "{\"tags\":{\"a\":1,\"b\":-2}}", "{\"none\":{}}"},
+     {"{\"tags\":{\"a\":\"x\"}}", "{\"tags\":{}}", "{\"tags\":{\"a\":1,\"b\":2,\"c\":3}}",
+      "{\"none\":{\"a\":1}}"},
+     ""},
+    /* formats */
+    {"{\"type\": \"object\", \"properties\": {\"d\": {\"type\": \"string\", \"format\": "
+     "\"date-time\"}, \"t\": {\"type\": \"string\", \"format\": \"time\"}, \"u\": {\"type\": "
+     "\"string\", \"format\": \"uuid\"}, \"ip\": {\"type\": \"string\", \"format\": \"ipv4\"}, "
+     "\"e\": {\"type\": \"string\", \"format\": \"email\"}, \"w\": {\"type\": \"string\", "
+     "\"format\": \"uri\"}}}",
+     {"{\"d\":\"2024-05-01T10:20:30Z\",\"t\":\"23:59:59+01:00\"}",
+      "{\"u\":\"123e4567-e89b-12d3-a456-426614174000\",\"ip\":\"192.168.0.255\"}",
+      "{\"e\":\"bob.s@example.com\",\"w\":\"https://example.com/a?b=c\"}"},
+     {"{\"d\":\"2024-05-01\"}", "{\"t\":\"24:00:00Z\"}", "{\"u\":\"123e4567\"}",
+      "{\"ip\":\"300.1.1.1\"}", "{\"e\":\"bob\"}", "{\"w\":\"no scheme\"}"},
+     ""},
+};
+
+static void test_schema_cases(void)
+{
+    for (size_t c = 0; c < sizeof SCHEMA_CASES / sizeof SCHEMA_CASES[0]; c++) {
+        const schema_case *sc = &SCHEMA_CASES[c];
+        nd_grammar *g = compile_params(sc->params);
+        if (!g)
+            continue;
+        const char *w = nd_gram_warnings(g);
+        if (!*sc->warn)
+            CHECK_MSG(!*w, "case %zu: unexpected warnings: %s", c, w);
+        else
+            CHECK_MSG(strstr(w, sc->warn) != NULL, "case %zu: no '%s' in: %s", c, sc->warn, w);
+        for (int i = 0; i < 6 && sc->ok[i]; i++)
+            CHECK_MSG(accepts_args(g, sc->ok[i]), "case %zu: rejects %s", c, sc->ok[i]);
+        for (int i = 0; i < 6 && sc->bad[i]; i++)
+            CHECK_MSG(!accepts_args(g, sc->bad[i]), "case %zu: accepts %s", c, sc->bad[i]);
+        nd_gram_free(g);
+    }
 }
 
 static const char *TOOLS =
@@ -130,9 +307,8 @@ static void test_texts(void)
 }
 
 /* random walks: at every step some byte lowers the distance by exactly 1 */
-static void test_dist_walks(void)
+static void test_dist_walks(nd_grammar *g)
 {
-    nd_grammar *g = compile(TOOLS);
     if (!g)
         return;
     nd_rng r;
@@ -195,13 +371,56 @@ static void test_bad_tools(void)
                   w);
         nd_gram_free(g);
     }
+    /* mutually recursive definitions multiply nodes: refused at the node
+     * bound (a frame holds a node id in 16 bits), not wrapped */
+    {
+        char big[8192];
+        int n = snprintf(big, sizeof big,
+                         "[{\"name\": \"t\", \"parameters\": {\"$ref\": "
+                         "\"#/$defs/d0\", \"$defs\": {");
+        for (int d = 0; d < 8; d++) {
+            n += snprintf(big + n, sizeof big - (size_t)n,
+                          "%s\"d%d\": {\"type\": \"object\", \"properties\": {", d ? ", " : "", d);
+            for (int p = 0; p < 8; p++)
+                n += snprintf(big + n, sizeof big - (size_t)n,
+                              "%s\"p%d\": {\"$ref\": \"#/$defs/d%d\"}", p ? ", " : "", p,
+                              (d + p) % 8);
+            n += snprintf(big + n, sizeof big - (size_t)n, "}}");
+        }
+        snprintf(big + n, sizeof big - (size_t)n, "}}}]");
+        nd_pj_doc *doc;
+        CHECK(nd_pj_parse(big, strlen(big), &doc, NULL) == 0);
+        nd_grammar *bg = NULL;
+        int rc = nd_gram_compile(nd_pj_root(doc), &bg);
+        CHECK_MSG(rc == ND_ELIMIT && strstr(nd_last_error(), "grammar nodes"), "rc %d: %s", rc,
+                  nd_last_error());
+        nd_gram_free(bg);
+        nd_pj_free(doc);
+    }
+    /* a lookahead pattern is dropped with a warning naming tool and path;
+     * the string is then unconstrained, not limited to "?!aws:..." */
+    g = compile("[{\"name\": \"tag_res\", \"parameters\": {\"type\": \"object\", "
+                "\"properties\": {\"key\": {\"type\": \"string\", \"pattern\": "
+                "\"^(?!aws:)[a-z:]+$\"}}}}]");
+    if (g) {
+        const char *w = nd_gram_warnings(g);
+        CHECK_MSG(strstr(w, "tag_res.parameters.key: pattern ignored") && strstr(w, "lookahead"),
+                  "%s", w);
+        CHECK(accepts(g, "[{\"name\":\"tag_res\",\"arguments\":{\"key\":\"env\"}}]"));
+        CHECK(!accepts(g, "[{\"name\":\"tag_res\",\"arguments\":{\"key\":1}}]"));
+        nd_gram_free(g);
+    }
 }
 
 int main(void)
 {
     test_regex();
     test_texts();
-    test_dist_walks();
+    test_dist_walks(compile(TOOLS));
+    test_schema_cases();
+    /* the walks' invariants over the new constructs too */
+    for (size_t c = 0; c < sizeof SCHEMA_CASES / sizeof SCHEMA_CASES[0]; c++)
+        test_dist_walks(compile_params(SCHEMA_CASES[c].params));
     test_bad_tools();
     return tu_finish("test_grammar_unit");
 }

@@ -194,7 +194,7 @@ def run_hostile(pg, tools, examples, cact):
               and "unit" in err.split("pick_unit", 1)[1] and body.get("warnings"),
               "%s -> 400 naming the tool and path (%d %s)" % (what, status, err))
     status, env = pg.json("POST", "/complete", {
-        "tools": tool({"type": "string", "format": "email"}), "query": "pick a unit"})
+        "tools": tool({"type": "string", "format": "hostname"}), "query": "pick a unit"})
     warns = env.get("warnings") or []
     check(status == 200 and env.get("success") is True and any("format" in w and "pick_unit" in w for w in warns),
           "an ignored keyword is reported in warnings: %s" % warns)

@@ -23,6 +23,7 @@ static int frame_kind(const nd_grammar *g, int node)
     case K_LIT: return FR_LIT;
     case K_ARR: return FR_ARR;
     case K_GARR: return FR_GARR;
+    case K_ALT: return FR_ALT;
     default: return FR_ANY;
     }
 }
@@ -390,9 +391,10 @@ static int step(const nd_grammar *g, nd_gram_state *s, nd_gram_frame *f, unsigne
         case 1:
         case 7:
             if (b == '}' && f->phase == 1)
-                return R_ACC_POP;
-            if (b != '"' || !push(g, s, N_STR))
+                return n->min_items == 0 ? R_ACC_POP : R_REJ;
+            if (b != '"' || n->max_items == 0 || !push(g, s, N_STR))
                 return R_REJ;
+            f->count++;
             f->phase = 2;
             return R_RETRY;
         case 3:
@@ -401,14 +403,14 @@ static int step(const nd_grammar *g, nd_gram_state *s, nd_gram_frame *f, unsigne
             f->phase = 4;
             return R_ACC;
         case 4:
-            if (!push(g, s, N_ANY))
+            if (!push(g, s, n->item))
                 return R_REJ;
             f->phase = 5;
             return R_RETRY;
         case 6:
             if (b == '}')
-                return R_ACC_POP;
-            if (b == ',') {
+                return f->count >= n->min_items ? R_ACC_POP : R_REJ;
+            if (b == ',' && (n->max_items < 0 || f->count < n->max_items)) {
                 f->phase = 7;
                 return R_ACC;
             }
@@ -462,6 +464,16 @@ static int step(const nd_grammar *g, nd_gram_state *s, nd_gram_frame *f, unsigne
         frame_set(g, f, node);
         return R_RETRY;
     }
+    case FR_ALT:
+        /* the alternatives' first bytes are disjoint (checked when compiled) */
+        for (int i = 0; i < n->nalt; i++) {
+            const gnode *a = &g->nodes[n->alt[i]];
+            if (a->first[b >> 6] >> (b & 63) & 1) {
+                frame_set(g, f, n->alt[i]);
+                return R_RETRY;
+            }
+        }
+        return R_REJ;
     case FR_STR: return step_str(g, f, b);
     case FR_NUM: return step_num(g, f, b);
     case FR_LIT: return step_lit(g, f, b);
@@ -571,16 +583,20 @@ static int frame_dist(const nd_grammar *g, const nd_gram_frame *f)
         default: return obj_rest(g, n, used);
         }
     }
-    case FR_GOBJ:
+    case FR_GOBJ: {
+        /* an entry is "":<value>; entries still owed to minProperties */
+        int im = g->nodes[n->item].minlen, left = n->min_items - f->count;
+        int rest = (left > 0 ? left * (4 + im) : 0) + 1;
         switch (f->phase) {
-        case 0: return 2;
-        case 1: return 1;
+        case 0: return n->minlen;
+        case 1: return n->min_items ? n->min_items * (4 + im) : 1;
         case 2:
-        case 3: return 3;
-        case 4: return 2;
-        case 7: return 5;
-        default: return 1;
+        case 3: return 1 + im + rest;
+        case 4: return im + rest;
+        case 7: return 3 + im + (left > 1 ? (left - 1) * (4 + im) : 0) + 1;
+        default: return rest;
         }
+    }
     case FR_ARR:
     case FR_GARR: {
         int min = f->kind == FR_ARR ? n->min_items : 0;
@@ -599,9 +615,27 @@ static int frame_dist(const nd_grammar *g, const nd_gram_frame *f)
         }
     }
     case FR_ANY: return 1;
+    case FR_ALT: return n->minlen;
     case FR_STR: {
         if (f->phase == 0)
             return n->minlen;
+        if (f->esc == 1 && n->re) {
+            /* after a backslash under a pattern: the best escaped character
+             * (it need not bring the pattern closer to a match) */
+            static const char dec[] = "\"\\/\b\f\n\r\t";
+            int best = 1 << 20;
+            for (int i = 0; dec[i]; i++) {
+                nd_gram_frame t = *f;
+                if (!str_char(n, &t, dec[i]))
+                    continue;
+                nd_re_set r = {{t.re[0], t.re[1]}};
+                int x = nd_re_len_min(n->re, r, n->min_len - t.count,
+                                      n->max_len >= 0 ? n->max_len - t.count : INT_MAX);
+                if (x >= 0 && 1 + x < best)
+                    best = 1 + x;
+            }
+            return best + 1;
+        }
         int pend = f->u8left + (f->esc == 1 ? 1 : f->esc >= 2 ? f->esc - 1 : 0);
         /* after a backslash the escaped character is not counted yet */
         int need = n->min_len - f->count - (f->esc == 1);

@@ -9,15 +9,33 @@
  * be completed, and nd_gram_dist gives the fewest bytes that complete it.
  *
  * Enforced keywords: type (object, string, integer, number, boolean, null,
- * array), properties, required, enum, const, minimum, maximum,
- * exclusiveMinimum, exclusiveMaximum (number or draft-4 boolean),
- * minLength, maxLength, pattern (see regex.h; strings with a pattern are
- * limited to printable ASCII), items, minItems, maxItems. Objects admit
- * only their declared properties; an object or array without properties /
- * items, or a value without a type, admits any JSON value. Numbers are
- * written without exponent, at most 15 digits. Other keywords are ignored:
- * annotations silently (description, title, default, examples, $schema,
- * additionalProperties), anything else with a warning. */
+ * array, or a list of them), nullable (OpenAPI), properties, required,
+ * additionalProperties (false: no other keys; a schema: the values of an
+ * object without declared properties), minProperties / maxProperties (on
+ * such maps), enum, const, minimum, maximum, exclusiveMinimum,
+ * exclusiveMaximum (number or draft-4 boolean), minLength, maxLength,
+ * pattern (see regex.h; strings with a pattern are limited to printable
+ * ASCII), format (date, time, date-time, uuid, ipv4, email, uri as
+ * patterns), items, minItems, maxItems; allOf (merged: properties and
+ * required united, bounds tightened, types and enums intersected), local
+ * $ref ("#/definitions/..", "#/$defs/..", "#/components/schemas/..", any
+ * JSON pointer into the tool's parameters schema; a recursive one is
+ * followed two levels deep), anyOf / oneOf (alternatives; oneOf's "exactly
+ * one" cannot be enforced by a grammar and is read as anyOf).
+ *
+ * Objects with declared properties admit only those. An object without
+ * properties, or a value without a type, admits any JSON value. Numbers
+ * are written without exponent, at most 15 digits. Alternatives are told
+ * apart by their first byte: two of the same kind (two object shapes, two
+ * string patterns) widen to any value of that kind, with a warning.
+ *
+ * Nothing is silently mis-read: what cannot be enforced (a pattern with
+ * lookaround or back-references, a non-local $ref, unknown keywords such
+ * as not / if / patternProperties / multipleOf / uniqueItems) is dropped
+ * with a warning naming the tool and the JSON path. Annotations are quiet:
+ * description, title, default, example(s), $schema, $id, $comment,
+ * readOnly, writeOnly, deprecated, discriminator, xml, externalDocs,
+ * contentMediaType, contentEncoding, and x-* extensions. */
 #ifndef ND_GRAMMAR_H
 #define ND_GRAMMAR_H
 

@@ -20,6 +20,16 @@ static void warnf(nd_grammar *g, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* the same message once (alternatives recompile their shared parts),
+     * and at most ND_GRAM_MAX_WARN of them */
+    if (g->n_warn > ND_GRAM_MAX_WARN)
+        return;
+    size_t ml = strlen(msg);
+    for (const char *p = g->warn.p; p && (p = strstr(p, msg)); p++)
+        if ((p == g->warn.p || p[-1] == '\n') && (p[ml] == 0 || p[ml] == '\n'))
+            return;
+    if (++g->n_warn > ND_GRAM_MAX_WARN)
+        snprintf(msg, sizeof msg, "(more warnings not shown)");
     if (g->warn.n)
         nd_buf_put(&g->warn, "\n", 1);
     nd_buf_put(&g->warn, msg, strlen(msg));
@@ -27,6 +37,11 @@ static void warnf(nd_grammar *g, const char *fmt, ...)
 
 static int new_node(nd_grammar *g, int kind)
 {
+    /* a frame holds a node id in 16 bits; alternatives and recursive
+     * $refs multiply nodes, so the bound is checked, never wrapped */
+    if (g->n_nodes >= ND_GRAM_MAX_NODES)
+        return nd_error(ND_ELIMIT, "the tools' schemas need more than %d grammar nodes",
+                        ND_GRAM_MAX_NODES);
     if (g->n_nodes == g->cap_nodes) {
         int nc = g->cap_nodes ? g->cap_nodes * 2 : 32;
         gnode *p = realloc(g->nodes, (size_t)nc * sizeof *p);
@@ -116,45 +131,551 @@ static int is_number(const nd_pj *v, double *out)
     return 0;
 }
 
-static const char *known_kw[] = {"type",
-                                 "properties",
-                                 "required",
-                                 "enum",
-                                 "const",
-                                 "minimum",
-                                 "maximum",
-                                 "exclusiveMinimum",
-                                 "exclusiveMaximum",
-                                 "minLength",
-                                 "maxLength",
-                                 "pattern",
-                                 "items",
-                                 "minItems",
-                                 "maxItems",
-                                 "description",
+/* Keywords the compiler reads (possibly merged over allOf / $ref). */
+static const char *handled_kw[] = {"type",
+                                   "properties",
+                                   "required",
+                                   "enum",
+                                   "const",
+                                   "minimum",
+                                   "maximum",
+                                   "exclusiveMinimum",
+                                   "exclusiveMaximum",
+                                   "minLength",
+                                   "maxLength",
+                                   "pattern",
+                                   "items",
+                                   "minItems",
+                                   "maxItems",
+                                   "allOf",
+                                   "anyOf",
+                                   "oneOf",
+                                   "$ref",
+                                   "nullable",
+                                   "additionalProperties",
+                                   "minProperties",
+                                   "maxProperties",
+                                   "format",
+                                   "definitions",
+                                   "$defs",
+                                   "components",
+                                   NULL};
+/* Annotations: no effect on which values are valid, so no warning. */
+static const char *quiet_kw[] = {"description",
                                  "title",
                                  "default",
                                  "examples",
+                                 "example",
                                  "$schema",
-                                 "additionalProperties",
+                                 "$id",
+                                 "$comment",
+                                 "readOnly",
+                                 "writeOnly",
+                                 "deprecated",
+                                 "discriminator",
+                                 "xml",
+                                 "externalDocs",
+                                 "contentMediaType",
+                                 "contentEncoding",
                                  NULL};
 
-static int compile_node(nd_grammar *g, const nd_pj *s, const char *path, int depth);
-
-static int compile_object(nd_grammar *g, const nd_pj *s, const char *path, int depth)
+static int in_list(const char **l, const char *k, size_t n)
 {
-    const nd_pj *props = nd_pj_get(s, "properties");
-    if (!props || props->type != ND_PJ_OBJECT) {
-        if (props)
-            warnf(g, "%s: 'properties' is not an object; any object is allowed", path);
-        return N_GOBJ;
+    for (int i = 0; l[i]; i++)
+        if (strlen(l[i]) == n && !memcmp(l[i], k, n))
+            return 1;
+    return 0;
+}
+
+/* A schema as the conjunction of the schema objects that allOf and $ref
+ * bring together. */
+#define MAX_PARTS 32
+typedef struct {
+    const nd_pj *p[MAX_PARTS];
+    int n;
+    uint32_t alt_done;            /* parts whose anyOf/oneOf has been distributed */
+    const nd_pj *refs[MAX_PARTS]; /* $ref targets followed */
+    int nrefs;
+    const nd_pj *deep; /* a recursive $ref not followed (expand returned 1) */
+} sview;
+
+static const nd_pj *vget(const sview *v, const char *key)
+{
+    for (int i = 0; i < v->n; i++) {
+        const nd_pj *x = nd_pj_get(v->p[i], key);
+        if (x)
+            return x;
     }
-    if (props->len > ND_GRAM_MAX_ALT)
-        return nd_error(ND_ELIMIT, "%s: more than %d properties", path, ND_GRAM_MAX_ALT);
+    return NULL;
+}
+
+/* JSON pointer "#/a/b~1c" against the tool's parameters schema */
+static const nd_pj *resolve_ref(const nd_pj *root, const char *ref)
+{
+    if (ref[0] != '#')
+        return NULL;
+    const char *p = ref + 1;
+    const nd_pj *cur = root;
+    while (*p == '/' && cur) {
+        p++;
+        char tok[256];
+        size_t n = 0;
+        while (*p && *p != '/' && n + 1 < sizeof tok) {
+            if (p[0] == '~' && (p[1] == '0' || p[1] == '1')) {
+                tok[n++] = p[1] == '0' ? '~' : '/';
+                p += 2;
+            } else {
+                tok[n++] = *p++;
+            }
+        }
+        tok[n] = 0;
+        if (cur->type == ND_PJ_OBJECT) {
+            cur = nd_pj_get(cur, tok);
+        } else if (cur->type == ND_PJ_ARRAY) {
+            char *end;
+            unsigned long i = strtoul(tok, &end, 10);
+            cur = (!*tok || *end || i >= cur->len) ? NULL : cur->items[i];
+        } else {
+            cur = NULL;
+        }
+    }
+    return *p ? NULL : cur;
+}
+
+static int ref_count(const nd_grammar *g, const nd_pj *t)
+{
+    int c = 0;
+    for (int i = 0; i < g->c_nrefs; i++)
+        c += g->c_refs[i] == t;
+    return c;
+}
+
+static const char *kind_name(int k);
+
+/* what a recursive $ref's target admits where it is no longer followed:
+ * any value of its declared type (object, string, ...) */
+static int deep_node(const nd_pj *t)
+{
+    const nd_pj *ty = nd_pj_get(t, "type");
+    if (ty && ty->type == ND_PJ_STRING) {
+        if (!strcmp(ty->str, "object"))
+            return N_GOBJ;
+        if (!strcmp(ty->str, "array"))
+            return N_GARR;
+        if (!strcmp(ty->str, "string"))
+            return N_STR;
+        if (!strcmp(ty->str, "integer") || !strcmp(ty->str, "number"))
+            return N_NUM;
+    }
+    return !ty && nd_pj_get(t, "properties") ? N_GOBJ : N_ANY;
+}
+
+/* Add schema s (and what its $ref and allOf bring) to the view. 1 if a
+ * $ref recursion is too deep to follow (the caller allows any value). */
+static int expand(nd_grammar *g, const nd_pj *s, const char *path, sview *v, int hops)
+{
+    if (hops > 32)
+        return nd_error(ND_ELIMIT, "%s: $ref/allOf chain longer than 32", path);
+    if (!s || s->type != ND_PJ_OBJECT) {
+        if (!(s && s->type == ND_PJ_TRUE))
+            warnf(g, "%s: schema is not an object; not enforced", path);
+        return 0;
+    }
+    for (int i = 0; i < v->n; i++)
+        if (v->p[i] == s)
+            return 0; /* already in (a $ref cycle through allOf) */
+    if (v->n >= MAX_PARTS)
+        return nd_error(ND_ELIMIT, "%s: more than %d schemas merged by allOf/$ref", path,
+                        MAX_PARTS);
+    v->p[v->n++] = s;
+    for (size_t i = 0; i < s->len; i++) {
+        const char *k = s->obj[i].key;
+        size_t kn = s->obj[i].key_len;
+        if (!in_list(handled_kw, k, kn) && !in_list(quiet_kw, k, kn) &&
+            !(kn >= 2 && k[0] == 'x' && k[1] == '-'))
+            warnf(g, "%s: schema keyword '%.*s' is not supported and was ignored", path,
+                  (int)(kn > 64 ? 64 : kn), k);
+    }
+    const nd_pj *ref = nd_pj_get(s, "$ref");
+    if (ref) {
+        const nd_pj *t = ref->type == ND_PJ_STRING ? resolve_ref(g->c_root, ref->str) : NULL;
+        if (!t) {
+            warnf(g,
+                  "%s: $ref %s%.100s%s does not point into this tool's schema ('#/...'); not "
+                  "enforced",
+                  path, ref->type == ND_PJ_STRING ? "'" : "",
+                  ref->type == ND_PJ_STRING ? ref->str : "(not a string)",
+                  ref->type == ND_PJ_STRING ? "'" : "");
+        } else {
+            /* a recursive schema (a tree whose children $ref the node) is
+             * followed two levels deep */
+            if (ref_count(g, t) >= 2) {
+                v->deep = t;
+                warnf(g,
+                      "%s: recursive $ref '%.100s' is enforced two levels deep; below, any %s is "
+                      "allowed",
+                      path, ref->str, kind_name(g->nodes[deep_node(t)].kind));
+                return 1;
+            }
+            for (int i = 0; i < v->n; i++)
+                if (v->p[i] == t) {
+                    warnf(g, "%s: circular $ref '%.100s'; followed once", path, ref->str);
+                    break;
+                }
+            if (v->nrefs < MAX_PARTS)
+                v->refs[v->nrefs++] = t;
+            int rc = expand(g, t, path, v, hops + 1);
+            if (rc)
+                return rc;
+        }
+    }
+    const nd_pj *all = nd_pj_get(s, "allOf");
+    if (all && all->type == ND_PJ_ARRAY) {
+        for (size_t i = 0; i < all->len; i++) {
+            int rc = expand(g, all->items[i], path, v, hops + 1);
+            if (rc)
+                return rc;
+        }
+    } else if (all) {
+        warnf(g, "%s: 'allOf' is not an array; ignored", path);
+    }
+    return 0;
+}
+
+enum {
+    T_OBJ = 1,
+    T_STR = 2,
+    T_INT = 4,
+    T_FRAC = 8,
+    T_BOOL = 16,
+    T_NULL = 32,
+    T_ARR = 64,
+    T_ALL = 127
+};
+
+static int type_bits(const char *t)
+{
+    return !strcmp(t, "object")    ? T_OBJ
+           : !strcmp(t, "string")  ? T_STR
+           : !strcmp(t, "integer") ? T_INT
+           : !strcmp(t, "number")  ? T_INT | T_FRAC
+           : !strcmp(t, "boolean") ? T_BOOL
+           : !strcmp(t, "null")    ? T_NULL
+           : !strcmp(t, "array")   ? T_ARR
+                                   : 0;
+}
+
+/* the allowed types: the intersection over the parts (a part's type
+ * string or list, plus null when it says nullable: true) */
+static int view_types(nd_grammar *g, const sview *v, const char *path)
+{
+    int m = T_ALL, any_props = 0;
+    for (int i = 0; i < v->n; i++) {
+        const nd_pj *ty = nd_pj_get(v->p[i], "type");
+        if (nd_pj_get(v->p[i], "properties"))
+            any_props = 1;
+        if (!ty)
+            continue;
+        int pm = 0;
+        if (ty->type == ND_PJ_STRING) {
+            pm = type_bits(ty->str);
+            if (!pm)
+                warnf(g, "%s: unknown type '%.64s'; ignored", path, ty->str);
+        } else if (ty->type == ND_PJ_ARRAY) {
+            for (size_t k = 0; k < ty->len; k++) {
+                int b = ty->items[k]->type == ND_PJ_STRING ? type_bits(ty->items[k]->str) : 0;
+                if (!b)
+                    warnf(g, "%s: unknown type in the 'type' list; ignored", path);
+                pm |= b;
+            }
+        } else {
+            warnf(g, "%s: 'type' is neither a string nor a list; ignored", path);
+        }
+        if (!pm)
+            continue;
+        const nd_pj *nl = nd_pj_get(v->p[i], "nullable"); /* OpenAPI 3.0 */
+        if (nl && nl->type == ND_PJ_TRUE)
+            pm |= T_NULL;
+        if (!(m & pm)) {
+            warnf(g, "%s: allOf/$ref parts allow no common type; the later 'type' is ignored",
+                  path);
+            continue;
+        }
+        m &= pm;
+    }
+    if (m == T_ALL && any_props)
+        m = T_OBJ;
+    return m;
+}
+
+static int compile_view(nd_grammar *g, sview *v, const char *path, int depth);
+
+/* compile schema s as a fresh view at path */
+static int compile_node(nd_grammar *g, const nd_pj *s, const char *path, int depth)
+{
+    if (depth > 16)
+        return nd_error(ND_ELIMIT, "%s: schema nested deeper than 16 levels", path);
+    sview v;
+    memset(&v, 0, sizeof v);
+    int rc = expand(g, s, path, &v, 0);
+    if (rc < 0)
+        return rc;
+    if (rc > 0)
+        return deep_node(v.deep);
+    int save = g->c_nrefs;
+    for (int i = 0; i < v.nrefs; i++) {
+        if (g->c_nrefs >= (int)(sizeof g->c_refs / sizeof g->c_refs[0]))
+            return nd_error(ND_ELIMIT, "%s: too many nested $refs", path);
+        g->c_refs[g->c_nrefs++] = v.refs[i];
+    }
+    rc = compile_view(g, &v, path, depth);
+    g->c_nrefs = save;
+    return rc;
+}
+
+/* first characters of a value of node id */
+static void first_set(const nd_grammar *g, int id, uint64_t f[4])
+{
+    const gnode *n = &g->nodes[id];
+    memset(f, 0, 4 * sizeof *f);
+#define SETB(c) (f[(unsigned char)(c) >> 6] |= 1ull << ((unsigned char)(c)&63))
+    switch (n->kind) {
+    case K_OBJ:
+    case K_GOBJ: SETB('{'); break;
+    case K_ARR:
+    case K_GARR: SETB('['); break;
+    case K_STR: SETB('"'); break;
+    case K_INT:
+    case K_NUM:
+        SETB('-');
+        for (int c = '0'; c <= '9'; c++)
+            SETB(c);
+        break;
+    case K_LIT:
+        for (int i = 0; i < n->nlit; i++)
+            SETB(n->lit[i][0]);
+        break;
+    case K_ALT:
+        for (int i = 0; i < n->nalt; i++)
+            for (int k = 0; k < 4; k++)
+                f[k] |= g->nodes[n->alt[i]].first[k];
+        break;
+    default:
+        SETB('{');
+        SETB('[');
+        SETB('"');
+        SETB('-');
+        SETB('t');
+        SETB('f');
+        SETB('n');
+        for (int c = '0'; c <= '9'; c++)
+            SETB(c);
+    }
+#undef SETB
+}
+
+static const char *kind_name(int k)
+{
+    switch (k) {
+    case K_OBJ:
+    case K_GOBJ: return "object";
+    case K_ARR:
+    case K_GARR: return "array";
+    case K_STR: return "string";
+    case K_INT:
+    case K_NUM: return "number";
+    default: return "value";
+    }
+}
+
+static int generic_of(int k)
+{
+    switch (k) {
+    case K_OBJ:
+    case K_GOBJ: return N_GOBJ;
+    case K_ARR:
+    case K_GARR: return N_GARR;
+    case K_STR: return N_STR;
+    case K_INT:
+    case K_NUM: return N_NUM;
+    default: return N_ANY;
+    }
+}
+
+/* One node for the alternatives ids[0..n). A grammar that reads one byte
+ * at a time picks an alternative by the value's first byte: literals are
+ * merged; two alternatives of the same kind that a first byte cannot tell
+ * apart (two object shapes, two string patterns) become any value of that
+ * kind, with a warning -- wider than the schema, never narrower. */
+static int compile_view(nd_grammar *g, sview *v, const char *path, int depth);
+
+static int make_alt(nd_grammar *g, int *ids, int n, const char *path, sview *base, int depth)
+{
+    int fb = -1; /* base compiled without the alternatives, when needed */
+    int out[ND_GRAM_MAX_ALT], m = 0;
+    for (int i = 0; i < n; i++) {
+        const gnode *a = &g->nodes[ids[i]];
+        if (a->kind == K_ANY)
+            return N_ANY;
+        int na = a->kind == K_ALT ? a->nalt : 1;
+        if (m + na > ND_GRAM_MAX_ALT)
+            return nd_error(ND_ELIMIT, "%s: more than %d alternatives", path, ND_GRAM_MAX_ALT);
+        for (int k = 0; k < na; k++) /* nested alternatives are flattened */
+            out[m++] = a->kind == K_ALT ? a->alt[k] : ids[i];
+    }
+    for (int i = 0; i < m; i++)
+        first_set(g, out[i], g->nodes[out[i]].first);
+    for (int i = 0; i < m; i++)
+        for (int j = i + 1; j < m; j++) {
+            gnode *a = &g->nodes[out[i]], *b = &g->nodes[out[j]];
+            int overlap = 0;
+            for (int k = 0; k < 4; k++)
+                overlap |= (a->first[k] & b->first[k]) != 0;
+            if (!overlap)
+                continue;
+            if (a->kind == K_LIT && b->kind == K_LIT) {
+                int id = new_node(g, K_LIT);
+                if (id < 0)
+                    return id;
+                a = &g->nodes[out[i]];
+                b = &g->nodes[out[j]];
+                for (int k = 0; k < a->nlit; k++)
+                    if (add_lit(g, id, g->nodes[out[i]].lit[k], g->nodes[out[i]].litlen[k]))
+                        return nd_error_prefix(ND_ELIMIT, "%s", path);
+                for (int k = 0; k < g->nodes[out[j]].nlit; k++)
+                    if (add_lit(g, id, g->nodes[out[j]].lit[k], g->nodes[out[j]].litlen[k]))
+                        return nd_error_prefix(ND_ELIMIT, "%s", path);
+                out[i] = id;
+            } else if (a->kind != K_LIT && b->kind != K_LIT &&
+                       generic_of(a->kind) == generic_of(b->kind)) {
+                /* what the schema says outside anyOf holds for every
+                 * branch: when it is of this kind, it replaces them (e.g.
+                 * an object whose anyOf only varies "required") */
+                int kind = a->kind;
+                if (base && fb == -1) {
+                    fb = compile_view(g, base, path, depth);
+                    if (fb < 0)
+                        return fb;
+                }
+                if (fb >= 0 && g->nodes[fb].kind != K_ALT &&
+                    generic_of(g->nodes[fb].kind) == generic_of(kind)) {
+                    warnf(g,
+                          "%s: anyOf/oneOf alternatives are two %ss a grammar cannot tell apart "
+                          "by their first character; only the schema outside anyOf/oneOf is "
+                          "enforced",
+                          path, kind_name(kind));
+                    out[i] = fb;
+                } else {
+                    warnf(g,
+                          "%s: anyOf/oneOf alternatives are two %ss a grammar cannot tell apart "
+                          "by their first character; any %s is allowed",
+                          path, kind_name(kind), kind_name(kind));
+                    out[i] = generic_of(kind);
+                }
+            } else {
+                warnf(g,
+                      "%s: anyOf/oneOf alternatives overlap (a literal and a %s); any value is "
+                      "allowed",
+                      path, kind_name(a->kind == K_LIT ? b->kind : a->kind));
+                return N_ANY;
+            }
+            first_set(g, out[i], g->nodes[out[i]].first);
+            out[j] = out[--m];
+            i = -1; /* start over: the merged node may overlap others */
+            break;
+        }
+    if (m == 1)
+        return out[0];
+    int id = new_node(g, K_ALT);
+    if (id < 0)
+        return id;
+    int *alt = malloc((size_t)m * sizeof *alt);
+    if (!alt)
+        return nd_error(ND_ENOMEM, "out of memory");
+    memcpy(alt, out, (size_t)m * sizeof *alt);
+    g->nodes[id].alt = alt;
+    g->nodes[id].nalt = m;
+    return id;
+}
+
+static int compile_object(nd_grammar *g, const sview *v, const char *path, int depth)
+{
+    long long iv;
+    int minp = 0, maxp = -1;
+    for (int i = 0; i < v->n; i++) {
+        const nd_pj *x;
+        if ((x = nd_pj_get(v->p[i], "minProperties")) && is_int_value(x, &iv) && iv > minp)
+            minp = iv > 1000 ? 1000 : (int)iv;
+        if ((x = nd_pj_get(v->p[i], "maxProperties")) && is_int_value(x, &iv) && iv >= 0 &&
+            (maxp < 0 || iv < maxp))
+            maxp = iv > 100000 ? 100000 : (int)iv;
+    }
+    if (maxp >= 0 && maxp < minp) {
+        warnf(g, "%s: maxProperties < minProperties; maxProperties ignored", path);
+        maxp = -1;
+    }
+    /* the union of the parts' properties, in order of first appearance */
+    const nd_pj_member *mb[ND_GRAM_MAX_ALT];
+    int np = 0, any_props = 0;
+    for (int i = 0; i < v->n; i++) {
+        const nd_pj *props = nd_pj_get(v->p[i], "properties");
+        if (!props)
+            continue;
+        if (props->type != ND_PJ_OBJECT) {
+            warnf(g, "%s: 'properties' is not an object; ignored", path);
+            continue;
+        }
+        any_props = 1;
+        for (size_t k = 0; k < props->len; k++) {
+            int dup = 0;
+            for (int j = 0; j < np; j++)
+                dup |= mb[j]->key_len == props->obj[k].key_len &&
+                       !memcmp(mb[j]->key, props->obj[k].key, mb[j]->key_len);
+            if (dup)
+                continue;
+            if (np >= ND_GRAM_MAX_ALT)
+                return nd_error(ND_ELIMIT, "%s: more than %d properties", path, ND_GRAM_MAX_ALT);
+            mb[np++] = &props->obj[k];
+        }
+    }
+    /* additionalProperties: false closes the object; a schema types the
+     * values of an object that declares no properties (a map) */
+    const nd_pj *ap = NULL;
+    int closed = 0;
+    for (int i = 0; i < v->n; i++) {
+        const nd_pj *x = nd_pj_get(v->p[i], "additionalProperties");
+        if (x && x->type == ND_PJ_FALSE)
+            closed = 1;
+        else if (x && x->type == ND_PJ_OBJECT && !ap)
+            ap = x;
+    }
+    if (!any_props && !closed) {
+        int item = N_ANY;
+        if (ap) {
+            char sub[256];
+            snprintf(sub, sizeof sub, "%s.*", path);
+            item = compile_node(g, ap, sub, depth + 1);
+            if (item < 0)
+                return item;
+        }
+        if (item == N_ANY && !minp && maxp < 0)
+            return N_GOBJ;
+        int id = new_node(g, K_GOBJ);
+        if (id < 0)
+            return id;
+        g->nodes[id].item = item;
+        g->nodes[id].min_items = minp;
+        g->nodes[id].max_items = maxp;
+        return id;
+    }
+    if (minp || maxp >= 0)
+        warnf(g,
+              "%s: minProperties/maxProperties on an object with declared properties is not "
+              "enforced",
+              path);
     int id = new_node(g, K_OBJ);
     if (id < 0)
         return id;
-    int np = (int)props->len;
     char **key = calloc((size_t)np + 1, sizeof *key);
     int *keylen = calloc((size_t)np + 1, sizeof *keylen),
         *prop = calloc((size_t)np + 1, sizeof *prop);
@@ -164,225 +685,413 @@ static int compile_object(nd_grammar *g, const nd_pj *s, const char *path, int d
     if (!key || !keylen || !prop)
         return nd_error(ND_ENOMEM, "out of memory");
     for (int i = 0; i < np; i++) {
-        const nd_pj_member *mb = &props->obj[i];
         nd_pj ks = {0};
         ks.type = ND_PJ_STRING;
-        ks.str = mb->key;
-        ks.len = mb->key_len;
+        ks.str = mb[i]->key;
+        ks.len = mb[i]->key_len;
         key[i] = dump_value(&ks, &keylen[i]);
         if (!key[i])
             return nd_error(ND_ENOMEM, "out of memory");
         g->nodes[id].nprops = i + 1;
         char sub[256];
-        snprintf(sub, sizeof sub, "%s.%.*s", path, (int)(mb->key_len > 64 ? 64 : mb->key_len),
-                 mb->key);
-        int c = compile_node(g, mb->val, sub, depth + 1);
+        snprintf(sub, sizeof sub, "%s.%.*s", path, (int)(mb[i]->key_len > 64 ? 64 : mb[i]->key_len),
+                 mb[i]->key);
+        /* the same property in several parts: all its schemas apply */
+        sview pv;
+        memset(&pv, 0, sizeof pv);
+        int rc = 0;
+        for (int p = 0; p < v->n && rc == 0; p++) {
+            const nd_pj *props = nd_pj_get(v->p[p], "properties");
+            const nd_pj *ps = NULL;
+            for (size_t k = 0; props && props->type == ND_PJ_OBJECT && k < props->len; k++)
+                if (props->obj[k].key_len == mb[i]->key_len &&
+                    !memcmp(props->obj[k].key, mb[i]->key, mb[i]->key_len))
+                    ps = props->obj[k].val;
+            if (ps)
+                rc = expand(g, ps, sub, &pv, 0);
+        }
+        int c;
+        if (rc < 0)
+            return rc;
+        if (rc > 0 || depth + 1 > 16) {
+            if (depth + 1 > 16)
+                return nd_error(ND_ELIMIT, "%s: schema nested deeper than 16 levels", sub);
+            c = deep_node(pv.deep);
+        } else {
+            int save = g->c_nrefs;
+            for (int r = 0; r < pv.nrefs; r++) {
+                if (g->c_nrefs >= (int)(sizeof g->c_refs / sizeof g->c_refs[0]))
+                    return nd_error(ND_ELIMIT, "%s: too many nested $refs", sub);
+                g->c_refs[g->c_nrefs++] = pv.refs[r];
+            }
+            c = compile_view(g, &pv, sub, depth + 1);
+            g->c_nrefs = save;
+        }
         if (c < 0)
             return c;
         g->nodes[id].prop[i] = c;
     }
-    const nd_pj *req = nd_pj_get(s, "required");
-    if (req && req->type == ND_PJ_ARRAY) {
-        for (size_t r = 0; r < req->len; r++) {
-            const nd_pj *k = req->items[r];
-            int found = -1;
-            for (int i = 0; k->type == ND_PJ_STRING && i < np; i++)
-                if (props->obj[i].key_len == k->len && !memcmp(props->obj[i].key, k->str, k->len))
-                    found = i;
-            if (found < 0)
-                warnf(g, "%s: required property %s is not declared; ignored", path,
-                      k->type == ND_PJ_STRING ? k->str : "(not a string)");
-            else
-                g->nodes[id].required |= 1ull << found;
+    for (int p = 0; p < v->n; p++) {
+        const nd_pj *req = nd_pj_get(v->p[p], "required");
+        if (req && req->type == ND_PJ_ARRAY) {
+            for (size_t r = 0; r < req->len; r++) {
+                const nd_pj *k = req->items[r];
+                int found = -1;
+                for (int i = 0; k->type == ND_PJ_STRING && i < np; i++)
+                    if (mb[i]->key_len == k->len && !memcmp(mb[i]->key, k->str, k->len))
+                        found = i;
+                if (found < 0)
+                    warnf(g, "%s: required property %.64s is not declared; ignored", path,
+                          k->type == ND_PJ_STRING ? k->str : "(not a string)");
+                else
+                    g->nodes[id].required |= 1ull << found;
+            }
+        } else if (req) {
+            warnf(g, "%s: 'required' is not an array; ignored", path);
         }
-    } else if (req) {
-        warnf(g, "%s: 'required' is not an array; ignored", path);
     }
     return id;
 }
 
-static int compile_node(nd_grammar *g, const nd_pj *s, const char *path, int depth)
+/* common "format"s as patterns (ASCII; the grammar checks the shape, not
+ * e.g. that February has no 30th) */
+static const char *format_pattern(const char *f)
 {
-    if (depth > 16)
-        return nd_error(ND_ELIMIT, "%s: schema nested deeper than 16 levels", path);
-    if (!s || s->type != ND_PJ_OBJECT) {
-        if (!(s && s->type == ND_PJ_TRUE))
-            warnf(g, "%s: schema is not an object; any value is allowed", path);
-        return N_ANY;
+    /* within the regex engine's 128 NFA states: a date's day fits its
+     * month (February 29 in any year); a date-time's day is 01..31, its
+     * fraction of seconds \.\d+, no leap second :60; an ipv4 octet is
+     * 0..299 */
+    static const struct {
+        const char *name, *re;
+    } fm[] = {
+        {"date", "^\\d{4}-((0[13578]|1[02])-(0[1-9]|[12]\\d|3[01])|(0[469]|11)-(0[1-9]|[12]\\d|30)|"
+                 "02-(0[1-9]|1\\d|2\\d))$"},
+        {"time",
+         "^([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d+)?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]\\d)$"},
+        {"date-time", "^\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])[Tt]([01]\\d|2[0-3]):[0-5]\\d:"
+                      "[0-5]\\d(\\.\\d+)?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]\\d)$"},
+        {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
+        {"ipv4", "^[12]?\\d?\\d\\.[12]?\\d?\\d\\.[12]?\\d?\\d\\.[12]?\\d?\\d$"},
+        {"email",
+         "^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\\.[A-Za-z0-9]"
+         "([A-Za-z0-9-]*[A-Za-z0-9])?)*$"},
+        {"uri", "^[A-Za-z][A-Za-z0-9+.-]*:[^\\s\"<>\\\\^`{|}]*$"},
+    };
+    for (size_t i = 0; i < sizeof fm / sizeof fm[0]; i++)
+        if (!strcmp(f, fm[i].name))
+            return fm[i].re;
+    return NULL;
+}
+
+static int compile_string(nd_grammar *g, const sview *v, const char *path)
+{
+    int id = new_node(g, K_STR);
+    if (id < 0)
+        return id;
+    long long iv;
+    const char *pat = NULL;
+    for (int i = 0; i < v->n; i++) {
+        const nd_pj *mn = nd_pj_get(v->p[i], "minLength"), *mx = nd_pj_get(v->p[i], "maxLength");
+        if (mn && is_int_value(mn, &iv) && iv >= 0) {
+            int x = iv > 100000 ? 100000 : (int)iv;
+            if (x > g->nodes[id].min_len)
+                g->nodes[id].min_len = x;
+        } else if (mn) {
+            warnf(g, "%s: bad minLength ignored", path);
+        }
+        if (mx && is_int_value(mx, &iv) && iv >= 0) {
+            int x = iv > 100000 ? 100000 : (int)iv;
+            if (g->nodes[id].max_len < 0 || x < g->nodes[id].max_len)
+                g->nodes[id].max_len = x;
+        } else if (mx) {
+            warnf(g, "%s: bad maxLength ignored", path);
+        }
+        const nd_pj *pt = nd_pj_get(v->p[i], "pattern");
+        if (pt && pt->type != ND_PJ_STRING)
+            warnf(g, "%s: pattern is not a string; ignored", path);
+        else if (pt && !pat)
+            pat = pt->str;
+        else if (pt && strcmp(pt->str, pat))
+            warnf(g, "%s: only one pattern per string is enforced; '%.64s' ignored", path, pt->str);
     }
-    for (size_t i = 0; i < s->len; i++) {
-        int known = 0;
-        for (int k = 0; known_kw[k]; k++)
-            if (strlen(known_kw[k]) == s->obj[i].key_len &&
-                !memcmp(known_kw[k], s->obj[i].key, s->obj[i].key_len))
-                known = 1;
-        if (!known)
-            warnf(g, "%s: schema keyword '%.*s' is not supported and was ignored", path,
-                  (int)(s->obj[i].key_len > 64 ? 64 : s->obj[i].key_len), s->obj[i].key);
+    const nd_pj *fm = vget(v, "format");
+    if (fm && fm->type == ND_PJ_STRING) {
+        const char *fp = format_pattern(fm->str);
+        if (fp && !pat)
+            pat = fp;
+        else if (!fp)
+            warnf(g, "%s: format '%.64s' is not enforced", path, fm->str);
+        else
+            warnf(g, "%s: format '%.64s' is not enforced next to a pattern", path, fm->str);
     }
-    const nd_pj *en = nd_pj_get(s, "enum"), *cn = nd_pj_get(s, "const");
-    if (cn || (en && en->type == ND_PJ_ARRAY && en->len)) {
-        int id = new_node(g, K_LIT);
-        if (id < 0)
-            return id;
+    if (g->nodes[id].max_len >= 0 && g->nodes[id].max_len < g->nodes[id].min_len) {
+        warnf(g, "%s: maxLength < minLength; maxLength ignored", path);
+        g->nodes[id].max_len = -1;
+    }
+    if (pat) {
+        if (++g->n_re > ND_GRAM_MAX_PATTERNS)
+            return nd_error(ND_ELIMIT, "%s: the tools' schemas need more than %d patterns", path,
+                            ND_GRAM_MAX_PATTERNS);
+        nd_regex *re = malloc(sizeof *re);
+        if (!re)
+            return nd_error(ND_ENOMEM, "out of memory");
+        if (nd_re_compile(pat, re)) {
+            warnf(g, "%s: pattern ignored: %s", path, nd_last_error());
+            free(re);
+        } else {
+            int need = nd_re_dist(re, nd_re_initial(re));
+            if (g->nodes[id].max_len >= 0 && need > g->nodes[id].max_len) {
+                warnf(g, "%s: pattern needs %d characters but maxLength is %d; pattern ignored",
+                      path, need, g->nodes[id].max_len);
+                free(re);
+            } else if (nd_re_len_min(re, nd_re_initial(re), g->nodes[id].min_len,
+                                     g->nodes[id].max_len >= 0 ? g->nodes[id].max_len : INT_MAX) <
+                       0) {
+                /* e.g. "^@[a-z]$" with minLength 9: no string satisfies
+                 * both, and a required property would be a dead end */
+                warnf(g, "%s: pattern admits no string of the allowed length; pattern ignored",
+                      path);
+                free(re);
+            } else {
+                g->nodes[id].re = re;
+            }
+        }
+    }
+    return id;
+}
+
+static int compile_number(nd_grammar *g, const sview *v, const char *path, int integer)
+{
+    int id = new_node(g, integer ? K_INT : K_NUM);
+    if (id < 0)
+        return id;
+    gnode *n = &g->nodes[id];
+    for (int i = 0; i < v->n; i++) {
+        const nd_pj *s = v->p[i], *x;
+        double d;
+        int ex = 0;
+        /* draft 4: exclusiveMinimum true makes minimum exclusive */
+        if ((x = nd_pj_get(s, "exclusiveMinimum")) && x->type == ND_PJ_TRUE)
+            ex = 1;
+        if ((x = nd_pj_get(s, "minimum")) && is_number(x, &d) &&
+            (d > n->lo || (d == n->lo && ex))) {
+            n->lo = d;
+            n->lo_ex = ex;
+        }
+        if ((x = nd_pj_get(s, "exclusiveMinimum")) && is_number(x, &d) && d >= n->lo) {
+            n->lo = d;
+            n->lo_ex = 1;
+        }
+        ex = (x = nd_pj_get(s, "exclusiveMaximum")) && x->type == ND_PJ_TRUE;
+        if ((x = nd_pj_get(s, "maximum")) && is_number(x, &d) &&
+            (d < n->hi || (d == n->hi && ex))) {
+            n->hi = d;
+            n->hi_ex = ex;
+        }
+        if ((x = nd_pj_get(s, "exclusiveMaximum")) && is_number(x, &d) && d <= n->hi) {
+            n->hi = d;
+            n->hi_ex = 1;
+        }
+    }
+    if (nd_gram_num_minlen(n) < 0) {
+        warnf(g, "%s: no %s with at most %d digits fits the bounds; bounds ignored", path,
+              integer ? "integer" : "number", MAX_DIGITS);
+        n->lo = -INFINITY;
+        n->hi = INFINITY;
+        n->lo_ex = n->hi_ex = 0;
+    }
+    return id;
+}
+
+static int compile_array(nd_grammar *g, const sview *v, const char *path, int depth)
+{
+    sview iv;
+    memset(&iv, 0, sizeof iv);
+    int deep = -1; /* items: a recursive $ref no longer followed */
+    char sub[256];
+    snprintf(sub, sizeof sub, "%s[]", path);
+    int min = 0, max = -1;
+    for (int i = 0; i < v->n; i++) {
+        const nd_pj *it = nd_pj_get(v->p[i], "items"), *x;
+        long long k;
+        if (it && it->type == ND_PJ_OBJECT) {
+            int rc = expand(g, it, sub, &iv, 0);
+            if (rc < 0)
+                return rc;
+            if (rc > 0)
+                deep = deep_node(iv.deep);
+        } else if (it && it->type != ND_PJ_TRUE) {
+            warnf(g, "%s: 'items' that is not a schema object is not enforced", path);
+        }
+        if ((x = nd_pj_get(v->p[i], "minItems")) && is_int_value(x, &k) && k > min)
+            min = k > 1000 ? 1000 : (int)k;
+        if ((x = nd_pj_get(v->p[i], "maxItems")) && is_int_value(x, &k) && k >= 0 &&
+            (max < 0 || k < max))
+            max = k > 100000 ? 100000 : (int)k;
+    }
+    int item = deep >= 0 ? deep : N_ANY;
+    if (iv.n && deep < 0) {
+        if (depth + 1 > 16)
+            return nd_error(ND_ELIMIT, "%s: schema nested deeper than 16 levels", sub);
+        int save = g->c_nrefs;
+        for (int r = 0; r < iv.nrefs; r++) {
+            if (g->c_nrefs >= (int)(sizeof g->c_refs / sizeof g->c_refs[0]))
+                return nd_error(ND_ELIMIT, "%s: too many nested $refs", sub);
+            g->c_refs[g->c_nrefs++] = iv.refs[r];
+        }
+        item = compile_view(g, &iv, sub, depth + 1);
+        g->c_nrefs = save;
+        if (item < 0)
+            return item;
+    }
+    int id = new_node(g, K_ARR);
+    if (id < 0)
+        return id;
+    gnode *n = &g->nodes[id];
+    n->item = item;
+    n->min_items = min;
+    n->max_items = max;
+    if (n->max_items >= 0 && n->max_items < n->min_items) {
+        warnf(g, "%s: maxItems < minItems; maxItems ignored", path);
+        n->max_items = -1;
+    }
+    return id;
+}
+
+/* the literals every part's enum/const allows; 0 when no part has one */
+static int compile_enum(nd_grammar *g, const sview *v, const char *path, int *out)
+{
+    int id = -1;
+    for (int i = 0; i < v->n; i++) {
+        const nd_pj *en = nd_pj_get(v->p[i], "enum"), *cn = nd_pj_get(v->p[i], "const");
+        if (en && !(en->type == ND_PJ_ARRAY && en->len)) {
+            warnf(g, "%s: 'enum' is not a non-empty array; ignored", path);
+            en = NULL;
+        }
+        if (!en && !cn)
+            continue;
+        int nid = new_node(g, K_LIT);
+        if (nid < 0)
+            return nid;
         size_t nv = cn ? 1 : en->len;
-        for (size_t i = 0; i < nv; i++) {
+        for (size_t k = 0; k < nv; k++) {
             int len;
-            char *txt = dump_value(cn ? cn : en->items[i], &len);
+            char *txt = dump_value(cn ? cn : en->items[k], &len);
             if (!txt)
                 return nd_error(ND_ENOMEM, "out of memory");
-            int rc = add_lit(g, id, txt, len);
+            int keep = 1;
+            if (id >= 0) { /* intersect with the earlier parts' values */
+                keep = 0;
+                for (int j = 0; j < g->nodes[id].nlit; j++)
+                    keep |= g->nodes[id].litlen[j] == len &&
+                            !memcmp(g->nodes[id].lit[j], txt, (size_t)len);
+            }
+            int rc = keep ? add_lit(g, nid, txt, len) : 0;
             free(txt);
             if (rc)
                 return nd_error_prefix(rc, "%s", path);
         }
-        return id;
+        if (!g->nodes[nid].nlit) {
+            warnf(g,
+                  "%s: allOf/$ref parts have no enum/const value in common; the later one is "
+                  "ignored",
+                  path);
+            continue;
+        }
+        id = nid;
     }
-    if (en)
-        warnf(g, "%s: 'enum' is not a non-empty array; ignored", path);
-    const nd_pj *ty = nd_pj_get(s, "type");
-    const char *t = NULL;
-    if (ty && ty->type == ND_PJ_STRING)
-        t = ty->str;
-    else if (ty)
-        warnf(g, "%s: a 'type' list is not enforced; any value is allowed", path);
-    if (!t) {
-        if (nd_pj_get(s, "properties"))
-            return compile_object(g, s, path, depth);
+    *out = id;
+    return 0;
+}
+
+static int compile_view(nd_grammar *g, sview *v, const char *path, int depth)
+{
+    /* anyOf / oneOf: each alternative is this schema AND that branch. A
+     * grammar cannot enforce oneOf's "exactly one": it is read as anyOf. */
+    for (int i = 0; i < v->n && i < 32; i++) {
+        if (v->alt_done >> i & 1)
+            continue;
+        const nd_pj *al = nd_pj_get(v->p[i], "anyOf");
+        const nd_pj *one = nd_pj_get(v->p[i], "oneOf");
+        if (al && one) {
+            warnf(g, "%s: both anyOf and oneOf; oneOf ignored", path);
+            one = NULL;
+        }
+        const nd_pj *br = al ? al : one;
+        if (!br)
+            continue;
+        v->alt_done |= 1u << i;
+        if (br->type != ND_PJ_ARRAY || !br->len) {
+            warnf(g, "%s: %s is not a non-empty array; ignored", path, al ? "anyOf" : "oneOf");
+            continue;
+        }
+        if (br->len > ND_GRAM_MAX_ALT)
+            return nd_error(ND_ELIMIT, "%s: more than %d alternatives", path, ND_GRAM_MAX_ALT);
+        int ids[ND_GRAM_MAX_ALT];
+        for (size_t k = 0; k < br->len; k++) {
+            sview av = *v;
+            int rc = expand(g, br->items[k], path, &av, 0);
+            if (rc < 0)
+                return rc;
+            if (rc > 0) {
+                ids[k] = deep_node(av.deep);
+                continue;
+            }
+            int save = g->c_nrefs;
+            for (int r = v->nrefs; r < av.nrefs; r++) {
+                if (g->c_nrefs >= (int)(sizeof g->c_refs / sizeof g->c_refs[0]))
+                    return nd_error(ND_ELIMIT, "%s: too many nested $refs", path);
+                g->c_refs[g->c_nrefs++] = av.refs[r];
+            }
+            ids[k] = compile_view(g, &av, path, depth);
+            g->c_nrefs = save;
+            if (ids[k] < 0)
+                return ids[k];
+        }
+        return make_alt(g, ids, (int)br->len, path, v, depth);
+    }
+    int lit = -1;
+    int rc = compile_enum(g, v, path, &lit);
+    if (rc < 0)
+        return rc;
+    if (lit >= 0)
+        return lit;
+    int types = view_types(g, v, path);
+    if (types == T_ALL)
         return N_ANY;
+    int ids[8], n = 0;
+    if (types & T_OBJ) {
+        if ((ids[n] = compile_object(g, v, path, depth)) < 0)
+            return ids[n];
+        n++;
     }
-    if (!strcmp(t, "object"))
-        return compile_object(g, s, path, depth);
-    if (!strcmp(t, "boolean") || !strcmp(t, "null")) {
+    if (types & T_STR) {
+        if ((ids[n] = compile_string(g, v, path)) < 0)
+            return ids[n];
+        n++;
+    }
+    if (types & (T_INT | T_FRAC)) {
+        if ((ids[n] = compile_number(g, v, path, !(types & T_FRAC))) < 0)
+            return ids[n];
+        n++;
+    }
+    if (types & (T_BOOL | T_NULL)) {
         int id = new_node(g, K_LIT);
         if (id < 0)
             return id;
-        int rc = !strcmp(t, "null") ? add_lit(g, id, "null", 4)
-                                    : (add_lit(g, id, "true", 4) ? -1 : add_lit(g, id, "false", 5));
-        return rc ? rc : id;
+        if ((types & T_BOOL) &&
+            ((rc = add_lit(g, id, "true", 4)) || (rc = add_lit(g, id, "false", 5))))
+            return rc;
+        if ((types & T_NULL) && (rc = add_lit(g, id, "null", 4)))
+            return rc;
+        ids[n++] = id;
     }
-    if (!strcmp(t, "string")) {
-        int id = new_node(g, K_STR);
-        if (id < 0)
-            return id;
-        long long v;
-        const nd_pj *mn = nd_pj_get(s, "minLength"), *mx = nd_pj_get(s, "maxLength");
-        if (mn && is_int_value(mn, &v) && v >= 0)
-            g->nodes[id].min_len = v > 100000 ? 100000 : (int)v;
-        else if (mn)
-            warnf(g, "%s: bad minLength ignored", path);
-        if (mx && is_int_value(mx, &v) && v >= 0)
-            g->nodes[id].max_len = v > 100000 ? 100000 : (int)v;
-        else if (mx)
-            warnf(g, "%s: bad maxLength ignored", path);
-        if (g->nodes[id].max_len >= 0 && g->nodes[id].max_len < g->nodes[id].min_len) {
-            warnf(g, "%s: maxLength < minLength; maxLength ignored", path);
-            g->nodes[id].max_len = -1;
-        }
-        const nd_pj *pt = nd_pj_get(s, "pattern");
-        if (pt && pt->type == ND_PJ_STRING) {
-            nd_regex *re = malloc(sizeof *re);
-            if (!re)
-                return nd_error(ND_ENOMEM, "out of memory");
-            if (nd_re_compile(pt->str, re)) {
-                warnf(g, "%s: pattern ignored: %s", path, nd_last_error());
-                free(re);
-            } else {
-                int need = nd_re_dist(re, nd_re_initial(re));
-                if (g->nodes[id].max_len >= 0 && need > g->nodes[id].max_len) {
-                    warnf(g,
-                          "%s: pattern needs %d characters but maxLength is %d; pattern "
-                          "ignored",
-                          path, need, g->nodes[id].max_len);
-                    free(re);
-                } else if (nd_re_len_min(re, nd_re_initial(re), g->nodes[id].min_len,
-                                         g->nodes[id].max_len >= 0 ? g->nodes[id].max_len
-                                                                   : INT_MAX) < 0) {
-                    /* e.g. "^@[a-z]$" with minLength 9: no string satisfies
-                     * both, and a required property would be a dead end */
-                    warnf(g, "%s: pattern admits no string of the allowed length; pattern ignored",
-                          path);
-                    free(re);
-                } else {
-                    g->nodes[id].re = re;
-                }
-            }
-        } else if (pt) {
-            warnf(g, "%s: pattern is not a string; ignored", path);
-        }
-        return id;
+    if (types & T_ARR) {
+        if ((ids[n] = compile_array(g, v, path, depth)) < 0)
+            return ids[n];
+        n++;
     }
-    if (!strcmp(t, "integer") || !strcmp(t, "number")) {
-        int id = new_node(g, !strcmp(t, "integer") ? K_INT : K_NUM);
-        if (id < 0)
-            return id;
-        gnode *n = &g->nodes[id];
-        double x;
-        const nd_pj *v;
-        if ((v = nd_pj_get(s, "minimum")) && is_number(v, &x))
-            n->lo = x;
-        if ((v = nd_pj_get(s, "maximum")) && is_number(v, &x))
-            n->hi = x;
-        if ((v = nd_pj_get(s, "exclusiveMinimum"))) {
-            if (is_number(v, &x)) {
-                if (x >= n->lo) {
-                    n->lo = x;
-                    n->lo_ex = 1;
-                }
-            } else if (v->type == ND_PJ_TRUE) {
-                n->lo_ex = 1;
-            }
-        }
-        if ((v = nd_pj_get(s, "exclusiveMaximum"))) {
-            if (is_number(v, &x)) {
-                if (x <= n->hi) {
-                    n->hi = x;
-                    n->hi_ex = 1;
-                }
-            } else if (v->type == ND_PJ_TRUE) {
-                n->hi_ex = 1;
-            }
-        }
-        if (nd_gram_num_minlen(n) < 0) {
-            warnf(g, "%s: no %s with at most %d digits fits the bounds; bounds ignored", path, t,
-                  MAX_DIGITS);
-            n->lo = -INFINITY;
-            n->hi = INFINITY;
-            n->lo_ex = n->hi_ex = 0;
-        }
-        return id;
-    }
-    if (!strcmp(t, "array")) {
-        const nd_pj *it = nd_pj_get(s, "items");
-        int item = N_ANY;
-        if (it && it->type == ND_PJ_OBJECT) {
-            char sub[256];
-            snprintf(sub, sizeof sub, "%s[]", path);
-            item = compile_node(g, it, sub, depth + 1);
-            if (item < 0)
-                return item;
-        } else if (it) {
-            warnf(g, "%s: 'items' that is not a schema object is not enforced", path);
-        }
-        int id = new_node(g, K_ARR);
-        if (id < 0)
-            return id;
-        gnode *n = &g->nodes[id];
-        n->item = item;
-        long long v;
-        const nd_pj *mn = nd_pj_get(s, "minItems"), *mx = nd_pj_get(s, "maxItems");
-        if (mn && is_int_value(mn, &v) && v >= 0)
-            n->min_items = v > 1000 ? 1000 : (int)v;
-        if (mx && is_int_value(mx, &v) && v >= 0)
-            n->max_items = v > 100000 ? 100000 : (int)v;
-        if (n->max_items >= 0 && n->max_items < n->min_items) {
-            warnf(g, "%s: maxItems < minItems; maxItems ignored", path);
-            n->max_items = -1;
-        }
-        return id;
-    }
-    warnf(g, "%s: unknown type '%s'; any value is allowed", path, t);
-    return N_ANY;
+    return n == 1 ? ids[0] : make_alt(g, ids, n, path, NULL, depth);
 }
 
 static int node_minlen(nd_grammar *g, int id)
@@ -390,8 +1099,19 @@ static int node_minlen(nd_grammar *g, int id)
     gnode *n = &g->nodes[id];
     switch (n->kind) {
     case K_ANY: return 1;
-    case K_GOBJ:
+    case K_GOBJ: {
+        int m = n->min_items;
+        return m ? 1 + m * (4 + node_minlen(g, n->item)) : 2;
+    }
     case K_GARR: return 2;
+    case K_ALT: {
+        int m = 1 << 29;
+        for (int i = 0; i < n->nalt; i++) {
+            int x = node_minlen(g, n->alt[i]);
+            m = x < m ? x : m;
+        }
+        return m;
+    }
     case K_STR: {
         int m = n->min_len;
         if (n->re) /* satisfiable: checked when the pattern was kept */
@@ -496,6 +1216,8 @@ int nd_gram_compile(const nd_pj *tools, nd_grammar **out)
             }
             gt->args = id;
         } else {
+            g->c_root = params;
+            g->c_nrefs = 0;
             int id = compile_node(g, params, path, 0);
             if (id < 0) {
                 rc = id;
@@ -516,6 +1238,8 @@ int nd_gram_compile(const nd_pj *tools, nd_grammar **out)
     /* minimum serialised lengths (node_minlen recurses into children) */
     for (int i = 0; i < g->n_nodes; i++)
         g->nodes[i].minlen = node_minlen(g, i);
+    for (int i = 0; i < g->n_nodes; i++)
+        first_set(g, i, g->nodes[i].first);
     g->call_fixed = (int)strlen(PFX1) + (int)strlen(PFX2) + 1;
     *out = g;
     return ND_OK;
@@ -540,6 +1264,7 @@ void nd_gram_free(nd_grammar *g)
         free(n->lit);
         free(n->litlen);
         free(n->re);
+        free(n->alt);
     }
     free(g->nodes);
     for (int i = 0; i < g->n_tools; i++)

@@ -8,14 +8,20 @@
 #include "engine/grammar.h"
 #include "engine/regex.h"
 
-enum { K_ANY, K_OBJ, K_GOBJ, K_STR, K_INT, K_NUM, K_LIT, K_ARR, K_GARR };
+/* K_GOBJ: an object with any keys, values of node `item` (N_ANY for the
+ * built-in one), min_items..max_items entries (min/maxProperties);
+ * K_ALT: one of nalt alternatives, told apart by their first byte */
+enum { K_ANY, K_OBJ, K_GOBJ, K_STR, K_INT, K_NUM, K_LIT, K_ARR, K_GARR, K_ALT };
 /* built-in nodes */
 enum { N_ANY, N_STR, N_NUM, N_TFN, N_GOBJ, N_GARR, N_BUILTIN };
 
-enum { FR_TOP, FR_CALL, FR_OBJ, FR_GOBJ, FR_STR, FR_NUM, FR_LIT, FR_ARR, FR_GARR, FR_ANY };
+enum { FR_TOP, FR_CALL, FR_OBJ, FR_GOBJ, FR_STR, FR_NUM, FR_LIT, FR_ARR, FR_GARR, FR_ANY, FR_ALT };
 enum { R_REJ, R_ACC, R_ACC_POP, R_POP, R_RETRY };
 
 #define MAX_CALLS 16
+#define ND_GRAM_MAX_NODES 20000   /* < 65536: nd_gram_frame.node is 16 bits */
+#define ND_GRAM_MAX_PATTERNS 1024 /* compiled patterns (about 8 KB each) */
+#define ND_GRAM_MAX_WARN 100      /* warning lines kept */
 #define MAX_DIGITS 15
 
 typedef struct {
@@ -35,8 +41,13 @@ typedef struct {
     int nlit;
     char **lit;
     int *litlen;
-    /* array */
+    /* array (and K_GOBJ: value node, entry bounds) */
     int item, min_items, max_items;
+    /* alternatives (K_ALT) */
+    int nalt;
+    int *alt;
+    /* bytes a value of this node can start with */
+    uint64_t first[4];
 } gnode;
 
 typedef struct {
@@ -52,6 +63,13 @@ struct nd_grammar {
     int call_fixed; /* len of {"name": + ,"arguments": + } */
     int require_call;
     nd_buf warn;
+    /* while compiling one tool: its parameters schema (the base of local
+     * $refs) and the $ref targets on the path being compiled */
+    int n_re;   /* compiled patterns */
+    int n_warn; /* warning lines */
+    const nd_pj *c_root;
+    const nd_pj *c_refs[64];
+    int c_nrefs;
 };
 
 static const char PFX1[] = "{\"name\":";

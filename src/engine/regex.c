@@ -10,6 +10,7 @@ typedef struct {
     nd_regex *re;
     const char *p;
     int err;
+    int depth; /* group nesting: anchors are only understood at depth 0 */
 } parser;
 
 typedef struct {
@@ -81,6 +82,10 @@ static int class_escape(int e, uint64_t c[2])
     return 1;
 }
 
+/* the character an escape \e stands for; -1 for an escape this engine
+ * does not support: any other letter or digit (back-references \1 \k<n>,
+ * word boundaries \b \B, \u \x \p \c ...), so that none of them is read
+ * as a literal letter */
 static int escape_char(int e)
 {
     switch (e) {
@@ -89,7 +94,10 @@ static int escape_char(int e)
     case 'r': return '\r';
     case 'f': return '\f';
     case 'v': return '\v';
-    default: return e;
+    default:
+        if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9') || e >= 128)
+            return -1;
+        return e;
     }
 }
 
@@ -110,9 +118,37 @@ static frag parse_atom(parser *ps)
     int ch = (unsigned char)*ps->p;
     if (ch == '(') {
         ps->p++;
-        if (ps->p[0] == '?' && ps->p[1] == ':')
-            ps->p += 2;
+        if (ps->p[0] == '?') {
+            /* (?:...) groups, and named groups (?<name>...) / (?P<name>...)
+             * as plain groups; lookaround, flags and the rest are refused
+             * rather than read as the literal text they start with */
+            const char *q = ps->p + 1;
+            if (*q == 'P')
+                q++;
+            if (ps->p[1] == ':') {
+                ps->p += 2;
+            } else if (*q == '<' && q[1] != '=' && q[1] != '!') {
+                const char *e = strchr(q, '>');
+                if (!e) {
+                    if (!ps->err)
+                        ps->err = nd_error(ND_EUNSUPPORTED, "unterminated group name in pattern");
+                    return char_frag(ps, c);
+                }
+                ps->p = e + 1;
+            } else {
+                const char *what = ps->p[1] == '=' || ps->p[1] == '!' ? "lookahead"
+                                   : ps->p[1] == '<'                  ? "lookbehind"
+                                                                      : "group construct";
+                if (!ps->err)
+                    ps->err = nd_error(ND_EUNSUPPORTED,
+                                       "%s '(%.3s' is not supported (a grammar cannot express it)",
+                                       what, ps->p);
+                return char_frag(ps, c);
+            }
+        }
+        ps->depth++;
         frag f = parse_alt(ps);
+        ps->depth--;
         if (*ps->p != ')') {
             if (!ps->err)
                 ps->err = nd_error(ND_EUNSUPPORTED, "unbalanced '(' in pattern");
@@ -132,6 +168,12 @@ static frag parse_atom(parser *ps)
         while (*ps->p && (*ps->p != ']' || first)) {
             first = 0;
             int lo = (unsigned char)*ps->p++;
+            if (lo >= 128) {
+                if (!ps->err)
+                    ps->err = nd_error(ND_EUNSUPPORTED, "non-ASCII characters in a pattern are "
+                                                        "not supported");
+                return char_frag(ps, c);
+            }
             if (lo == '\\') {
                 int e = (unsigned char)*ps->p;
                 if (!e)
@@ -139,13 +181,25 @@ static frag parse_atom(parser *ps)
                 ps->p++;
                 if (class_escape(e, c))
                     continue;
-                lo = escape_char(e);
+                lo = e == 'b' ? '\b' : escape_char(e); /* [\b] is a backspace */
+                if (lo < 0) {
+                    if (!ps->err)
+                        ps->err =
+                            nd_error(ND_EUNSUPPORTED, "pattern escape \\%c is not supported", e);
+                    return char_frag(ps, c);
+                }
             }
             if (ps->p[0] == '-' && ps->p[1] && ps->p[1] != ']') {
                 int hi = (unsigned char)ps->p[1];
                 ps->p += 2;
                 if (hi == '\\' && *ps->p)
                     hi = escape_char((unsigned char)*ps->p++);
+                if (hi < 0 || hi >= 128) {
+                    if (!ps->err)
+                        ps->err = nd_error(ND_EUNSUPPORTED,
+                                           "range end in a pattern class is not supported");
+                    return char_frag(ps, c);
+                }
                 if (hi < lo) {
                     if (!ps->err)
                         ps->err = nd_error(ND_EUNSUPPORTED, "bad range %c-%c in pattern", lo, hi);
@@ -184,12 +238,16 @@ static frag parse_atom(parser *ps)
         }
         ps->p++;
         if (!class_escape(e, c)) {
-            if ((e >= '1' && e <= '9') || e == 'b' || e == 'B' || e == 'u' || e == 'x' ||
-                e == 'p' || e == 'P') {
+            int x = escape_char(e);
+            if (x < 0) {
                 if (!ps->err)
-                    ps->err = nd_error(ND_EUNSUPPORTED, "pattern escape \\%c is not supported", e);
+                    ps->err = nd_error(ND_EUNSUPPORTED, "pattern escape \\%c is not supported%s", e,
+                                       e >= '1' && e <= '9'   ? " (a back-reference)"
+                                       : e == 'b' || e == 'B' ? " (a word boundary)"
+                                                              : "");
+                return char_frag(ps, c);
             }
-            cls_set(c, escape_char(e));
+            cls_set(c, x);
         }
         return char_frag(ps, c);
     }
@@ -199,6 +257,13 @@ static frag parse_atom(parser *ps)
                                "anchor '%c' inside a pattern is not supported (only ^ at the "
                                "start and $ at the end)",
                                ch);
+        ps->p++;
+        return char_frag(ps, c);
+    }
+    if (ch == '*' || ch == '+' || ch == '?' || ch == '|' || ch == ')') {
+        /* a quantifier with nothing to repeat (parse_concat stops at | and ) ) */
+        if (!ps->err)
+            ps->err = nd_error(ND_EUNSUPPORTED, "'%c' with nothing to repeat in pattern", ch);
         ps->p++;
         return char_frag(ps, c);
     }
@@ -333,13 +398,36 @@ static frag parse_repeat(parser *ps)
     return f;
 }
 
+static frag any_star(parser *ps)
+{
+    uint64_t any[2] = {~0ull, ~0ull};
+    return star(ps, char_frag(ps, any));
+}
+
+/* One branch of an alternation. At the top level each branch has its own
+ * anchors, as in ^a|b$ = (^a)|(b$); a branch without ^ may start anywhere
+ * in the string, one without $ may end anywhere. */
 static frag parse_concat(parser *ps)
 {
+    int top = ps->depth == 0, anch_s = 0, anch_e = 0;
+    if (top && *ps->p == '^') {
+        anch_s = 1;
+        ps->p++;
+    }
     frag f = empty_frag(ps);
     while (*ps->p && *ps->p != '|' && *ps->p != ')' && !ps->err) {
-        if (*ps->p == '$' && ps->p[1] == 0)
+        if (top && *ps->p == '$' && (ps->p[1] == 0 || ps->p[1] == '|')) {
+            anch_e = 1;
+            ps->p++;
             break;
+        }
         f = concat(ps, f, parse_repeat(ps));
+    }
+    if (top && !ps->err) {
+        if (!anch_s)
+            f = concat(ps, any_star(ps), f);
+        if (!anch_e)
+            f = concat(ps, f, any_star(ps));
     }
     return f;
 }
@@ -388,24 +476,10 @@ static void closure_of(const nd_regex *re, int i, nd_re_set *out)
 int nd_re_compile(const char *pattern, nd_regex *re)
 {
     memset(re, 0, sizeof *re);
-    parser ps = {re, pattern, 0};
-    int anchored_start = 0, anchored_end = 0;
-    if (*ps.p == '^') {
-        anchored_start = 1;
-        ps.p++;
-    }
-    size_t len = strlen(pattern);
-    if (len && pattern[len - 1] == '$' && (len < 2 || pattern[len - 2] != '\\'))
-        anchored_end = 1;
-    uint64_t any[2] = {~0ull, ~0ull};
-    frag f = anchored_start ? empty_frag(&ps) : star(&ps, char_frag(&ps, any));
-    f = concat(&ps, f, parse_alt(&ps));
-    if (!ps.err && *ps.p == '$')
-        ps.p++;
+    parser ps = {re, pattern, 0, 0};
+    frag f = parse_alt(&ps);
     if (!ps.err && *ps.p)
         ps.err = nd_error(ND_EUNSUPPORTED, "unexpected '%c' in pattern", *ps.p);
-    if (!anchored_end && !ps.err)
-        f = concat(&ps, f, star(&ps, char_frag(&ps, any)));
     if (ps.err)
         return ps.err;
     re->start = f.s;

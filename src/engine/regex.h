@@ -2,11 +2,19 @@
  * over ASCII characters with state sets as 128-bit masks, so a decoding
  * state can carry "where the pattern is" by value.
  *
- * Supported: literals, escapes (\d \w \s \D \W \S and escaped
- * punctuation), '.', character classes with ranges and negation, groups,
- * alternation, the quantifiers * + ? {m} {m,} {m,n}, and anchors ^ at the
- * start / $ at the end. As JSON Schema says, a pattern without anchors may
- * match anywhere in the string. */
+ * Supported: literals, escapes (\d \w \s \D \W \S \n \t \r \f \v and
+ * escaped punctuation), '.', character classes with ranges and negation,
+ * groups (also (?:...) and named (?<n>...) / (?P<n>...)), alternation, the
+ * quantifiers * + ? {m} {m,} {m,n} (lazy forms match the same strings), and
+ * anchors ^ at the start / $ at the end of a top-level branch (^a|b$ is
+ * (^a)|(b$)). As JSON Schema says, a pattern without anchors may match
+ * anywhere in the string.
+ *
+ * Everything else is refused with ND_EUNSUPPORTED, never read as literal
+ * text: lookahead/lookbehind (?= (?! (?<= (?<!, inline flags, back-references
+ * \1 \k<n>, word boundaries \b \B, any other letter or digit escape (\u \x
+ * \p ...), anchors inside groups, non-ASCII characters, and a quantifier
+ * with nothing to repeat. */
 #ifndef ND_REGEX_H
 #define ND_REGEX_H
 

@@ -567,7 +567,7 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
 
     /* 2. generate */
     /* the window slides: only max_seq_len past the sinks bounds a turn */
-    int budget = max_len - S->kv.n_sink - 16;
+    int budget = max_len - S->kv.n_sink - 16, room = budget;
     if (budget > max_new_tokens)
         budget = max_new_tokens;
     int gen = 0;
@@ -584,10 +584,17 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
     if (think_cap < (int)M->think_open.n)
         think_cap = (int)M->think_open.n;
     if (budget < (int)M->think_open.n + reserve) {
-        rc = nd_error(ND_ELIMIT,
-                      "max_new_tokens %d (or the room left in max_seq_len) is too small for a "
-                      "tool call",
-                      budget);
+        /* say which of the two limits it is: the user's setting, or what
+         * the context window has left once the prompt is in */
+        if (budget < max_new_tokens)
+            rc = nd_error(ND_ELIMIT,
+                          "only %d tokens left in the context (max_seq_len %d) after the "
+                          "prompt: too few for a tool call (at least %d needed)",
+                          room < 0 ? 0 : room, max_len, (int)M->think_open.n + reserve);
+        else
+            rc = nd_error(ND_ELIMIT,
+                          "max_new_tokens %d is too small for a tool call (at least %d needed)",
+                          budget, (int)M->think_open.n + reserve);
         goto fail;
     }
     /* forced "▁<think>" */

@@ -1,4 +1,4 @@
-/* The AVX-512 cached attention (engine/attention_x86.c) against kv.c's
+/* The AVX-512 cached attention (engine/attention_x86.c) against attention.c's
  * reference on the int8 cache: decode and prefill chunks, before and after
  * the kv_window slides, with and without sinks, head dims 16 to 128, and
  * the AMX kernel where the CPU has it. All are also checked against a plain

@@ -1,4 +1,4 @@
-/* The AVX-512 cached attention (engine/attention_x86.c) against kv.c's
+/* The AVX-512 cached attention (engine/attention_x86.c) against attention.c's
  * reference on the int8 cache: decode and prefill chunks, before and after
  * the kv_window slides, with and without sinks, head dims 16 to 128, and
  * the AMX kernel where the CPU has it. All are also checked against a plain
@@ -36,7 +36,8 @@ static int sees(int p, int j, int kv_window, int n_sink)
 }
 
 /* plain attention in double precision into out (n rows of q_dim) */
-static void naive(const nd_kv_state *s, int p0, int n, int kv_window, int n_sink, float *out)
+static void naive(const nd_kv_state *s, const float *Q, int p0, int n, int kv_window, int n_sink,
+                  float *out)
 {
     const san_dims *D = &s->m->dims;
     int rep = D->H / D->G;
@@ -44,7 +45,7 @@ static void naive(const nd_kv_state *s, int p0, int n, int kv_window, int n_sink
     for (int i = 0; i < n; i++)
         for (int h = 0; h < D->H; h++) {
             int g = h / rep, p = p0 + i;
-            const float *q = s->q + (size_t)i * D->q_dim + (size_t)h * D->hd;
+            const float *q = Q + (size_t)i * D->q_dim + (size_t)h * D->hd;
             double mx = -1e300, sum = 0.0;
             for (int j = 0; j <= p; j++) {
                 const int8_t *k = nd_kv_row8(s, s->k8, 0, g, j);
@@ -77,28 +78,28 @@ static int cases, sensitive;
  * exact as the float kernels and still catch a window off by one. Tasks of
  * fewer rows, and head dims AMX does not take, must use the float kernel
  * bit for bit (every n here is one task's rows or a multiple of them).
- * s->att is restored from keep. */
+ * att is restored from keep. */
 #define AMX_TOL 5e-4
 static int amx_cases;
 static double amx_worst, amx_min_off;
-static void check_amx(nd_kv_state *s, int p0, int n, int kv_window, int n_sink, const float *want,
-                      float *off, const float *keep)
+static void check_amx(nd_kv_state *s, const float *q, float *att, int p0, int n, int kv_window,
+                      int n_sink, const float *want, float *off, const float *keep)
 {
     const san_dims *D = &s->m->dims;
     size_t qn = (size_t)n * D->q_dim;
-    memset(s->att, 0xff, sizeof(float) * qn);
-    nd_kv_attention(s, 0, p0, n, ND_ATT_AMX);
+    memset(att, 0xff, sizeof(float) * qn);
+    nd_kv_attention(s, 0, p0, n, q, att, ND_ATT_AMX);
     int rows = (n < ND_ATT_ROWS ? n : ND_ATT_ROWS) * (D->H / D->G);
     if (rows < ND_ATT_AMX_MIN || D->hd % 64) {
-        CHECK(tu_rel_err(s->att, keep, (long)qn, 1e-3) == 0.0);
+        CHECK(tu_rel_err(att, keep, (long)qn, 1e-3) == 0.0);
     } else {
-        double e = tu_rel_err(s->att, want, (long)qn, 1e-3);
+        double e = tu_rel_err(att, want, (long)qn, 1e-3);
         amx_worst = e > amx_worst ? e : amx_worst;
         CHECK_MSG(e < AMX_TOL, "amx H %d G %d hd %d n %d p0 %d window %d sinks %d: err %.3g", D->H,
                   D->G, D->hd, n, p0, kv_window, n_sink, e);
         if (kv_window && p0 + n - 1 - kv_window >= (s->n_sink > 0 ? s->n_sink : 0)) {
-            naive(s, p0, n, kv_window + 1, n_sink, off);
-            double eo = tu_rel_err(s->att, off, (long)qn, 1e-3);
+            naive(s, q, p0, n, kv_window + 1, n_sink, off);
+            double eo = tu_rel_err(att, off, (long)qn, 1e-3);
             amx_min_off = amx_min_off == 0 || eo < amx_min_off ? eo : amx_min_off;
             CHECK_MSG(eo > 10 * AMX_TOL,
                       "amx: a window off by one goes unnoticed (n %d p0 %d window %d)", n, p0,
@@ -106,7 +107,7 @@ static void check_amx(nd_kv_state *s, int p0, int n, int kv_window, int n_sink, 
         }
         amx_cases++;
     }
-    memcpy(s->att, keep, sizeof(float) * qn);
+    memcpy(att, keep, sizeof(float) * qn);
 }
 
 static void run_case(int H, int G, int hd, int n, int p0, int kv_window, int n_sink)
@@ -127,8 +128,7 @@ static void run_case(int H, int G, int hd, int n, int p0, int kv_window, int n_s
     s.n_sink = n_sink;
     s.att_threads = nd_get_threads();
     size_t qn = (size_t)n * m.dims.q_dim, kvn = (size_t)ML * m.dims.kv_dim;
-    s.q = malloc(sizeof(float) * qn);
-    s.att = malloc(sizeof(float) * qn);
+    float *q = malloc(sizeof(float) * qn), *att = malloc(sizeof(float) * qn);
     s.k8 = malloc(kvn);
     s.v8 = malloc(kvn);
     s.ks = malloc(sizeof(float) * ML * G);
@@ -137,7 +137,7 @@ static void run_case(int H, int G, int hd, int n, int p0, int kv_window, int n_s
     float *ref = malloc(sizeof(float) * qn), *want = malloc(sizeof(float) * qn);
     float *off = malloc(sizeof(float) * qn), *simd = malloc(sizeof(float) * qn);
     for (size_t e = 0; e < qn; e++)
-        s.q[e] = 2.0f * frand();
+        q[e] = 2.0f * frand();
     for (size_t e = 0; e < kvn; e++) {
         s.k8[e] = (int8_t)lrintf(127.0f * frand());
         s.v8[e] = (int8_t)lrintf(127.0f * frand());
@@ -146,17 +146,17 @@ static void run_case(int H, int G, int hd, int n, int p0, int kv_window, int n_s
         s.ks[e] = (1.5f + frand()) * 0.2f / 127.0f * sqrtf((float)hd);
         s.vs[e] = (1.5f + frand()) / 127.0f;
     }
-    nd_kv_attention(&s, 0, p0, n, ND_ATT_REF);
-    memcpy(ref, s.att, sizeof(float) * qn);
-    memset(s.att, 0xff, sizeof(float) * qn); /* NaN: every output must be written */
-    nd_kv_attention(&s, 0, p0, n, ND_ATT_AVX512);
-    memcpy(simd, s.att, sizeof(float) * qn);
-    naive(&s, p0, n, kv_window, n_sink, want);
+    nd_kv_attention(&s, 0, p0, n, q, att, ND_ATT_REF);
+    memcpy(ref, att, sizeof(float) * qn);
+    memset(att, 0xff, sizeof(float) * qn); /* NaN: every output must be written */
+    nd_kv_attention(&s, 0, p0, n, q, att, ND_ATT_AVX512);
+    memcpy(simd, att, sizeof(float) * qn);
+    naive(&s, q, p0, n, kv_window, n_sink, want);
     if (nd_amx_usable())
-        check_amx(&s, p0, n, kv_window, n_sink, want, off, simd);
-    double e_simd = tu_rel_err(s.att, ref, (long)qn, 1e-3);
+        check_amx(&s, q, att, p0, n, kv_window, n_sink, want, off, simd);
+    double e_simd = tu_rel_err(att, ref, (long)qn, 1e-3);
     double e_ref = tu_rel_err(ref, want, (long)qn, 1e-3);
-    double e_simd_naive = tu_rel_err(s.att, want, (long)qn, 1e-3);
+    double e_simd_naive = tu_rel_err(att, want, (long)qn, 1e-3);
     CHECK_MSG(e_simd < 1e-5 && e_simd_naive < 1e-4 && e_ref < 1e-4,
               "H %d G %d hd %d n %d p0 %d window %d sinks %d: simd-ref %.3g simd-naive %.3g "
               "ref-naive %.3g",
@@ -164,14 +164,14 @@ static void run_case(int H, int G, int hd, int n, int p0, int kv_window, int n_s
     /* a window off by one must show up where it adds a key that is not a
      * sink anyway */
     if (kv_window && p0 + n - 1 - kv_window >= (n_sink > 0 ? n_sink : 0)) {
-        naive(&s, p0, n, kv_window + 1, n_sink, off);
-        CHECK_MSG(tu_rel_err(s.att, off, (long)qn, 1e-3) > 1e-3,
+        naive(&s, q, p0, n, kv_window + 1, n_sink, off);
+        CHECK_MSG(tu_rel_err(att, off, (long)qn, 1e-3) > 1e-3,
                   "a window off by one goes unnoticed (n %d p0 %d window %d)", n, p0, kv_window);
         sensitive++;
     }
     cases++;
-    free(s.q);
-    free(s.att);
+    free(q);
+    free(att);
     free(s.k8);
     free(s.v8);
     free(s.ks);

@@ -239,6 +239,129 @@ static void test_attention(void)
     free(lse);
 }
 
+/* The block (model/block.h) with a weights view and an attention source of
+ * the test's own: each layer asks for the products and the attention once,
+ * in the block's order (phi, q/k/v/gate, attention, out), and the result
+ * equals the trainer's layer (one fused phi product there, three here); a
+ * failing product stops the layer with its error before the attention. */
+typedef struct {
+    san_wview base;
+    const san_model *m;
+    const nd_backend *be;
+    char log[64];
+    int nlog, fail_grp; /* fail_grp: the group that fails with ND_ENOMEM, or -1 */
+} test_wview;
+
+static void tv_mm(const nd_backend *be, const float *x, int N, int in, const float *w, int out,
+                  float *y)
+{
+    be->matmul(be, 0, 0, N, out, in, 1.0f, x, in, w, out, 0.0f, y, out);
+}
+
+static int tv_apply(const san_wview *v, int l, san_wgroup grp, const float *x, int N,
+                    float *const *y)
+{
+    test_wview *t = (test_wview *)v;
+    const san_dims *D = &t->m->dims;
+    const san_weights *w = &t->m->w;
+    int d = D->d, n = D->n, nd = n * d, qd = D->q_dim, kvd = D->kv_dim;
+    if (t->nlog < (int)sizeof t->log - 1)
+        t->log[t->nlog++] = "PQO"[grp];
+    if ((int)grp == t->fail_grp)
+        return nd_error(ND_ENOMEM, "test view: group %d fails", (int)grp);
+    if (grp == SAN_W_PHI) {
+        tv_mm(t->be, x, N, nd, w->phi_pre + (size_t)l * nd * n, n, y[0]);
+        tv_mm(t->be, x, N, nd, w->phi_post + (size_t)l * nd * n, n, y[1]);
+        tv_mm(t->be, x, N, nd, w->phi_res + (size_t)l * nd * n * n, n * n, y[2]);
+    } else if (grp == SAN_W_QKVG) {
+        tv_mm(t->be, x, N, d, w->wq + (size_t)l * d * qd, qd, y[0]);
+        tv_mm(t->be, x, N, d, w->wk + (size_t)l * d * kvd, kvd, y[1]);
+        tv_mm(t->be, x, N, d, w->wv + (size_t)l * d * kvd, kvd, y[2]);
+        tv_mm(t->be, x, N, d, w->wgate + (size_t)l * d * qd, qd, y[3]);
+    } else {
+        tv_mm(t->be, x, N, qd, w->wout + (size_t)l * qd * d, d, y[0]);
+    }
+    return ND_OK;
+}
+
+typedef struct {
+    san_attn_src base;
+    test_wview *log; /* shares the view's call log */
+    const nd_backend *be;
+    const san_dims *D;
+    int layer_seen;
+} test_attn;
+
+static int ta_attend(const san_attn_src *src, int l, const float *q, const float *k, const float *v,
+                     float *att, float *lse)
+{
+    test_attn *t = (test_attn *)src;
+    if (t->log->nlog < (int)sizeof t->log->log - 1)
+        t->log->log[t->log->nlog++] = 'A';
+    t->layer_seen = l;
+    t->be->attention(t->be, att, lse, q, k, v, src->L, t->D->H, t->D->G, t->D->hd);
+    return ND_OK;
+}
+
+static void test_block(void)
+{
+    const nd_backend *be = nd_backend_cpu(0);
+    san_config c;
+    san_config_preset(&c, "tiny");
+    c.engram_slots = 256;
+    san_model m;
+    CHECK(san_model_create(&m, &c) == 0);
+    san_model_init_random(&m, 5);
+    for (size_t i = 0; i < m.numel; i++) /* every gain and gate matters */
+        m.mem[i] += (float)(0.05 * nd_rng_normal(&rng));
+    const san_dims *D = &m.dims;
+    int B = 2, T = 9, N = B * T;
+    size_t lanes = (size_t)N * D->n * D->d;
+    san_acts a;
+    CHECK(san_acts_create(&a, be, &m, B, T, 0, 0) == 0);
+    int32_t tok[18];
+    for (int i = 0; i < N; i++)
+        tok[i] = (int32_t)((i * 7919 + 13) % D->V);
+    be->embed(be, a.x0, m.w.emb, tok, N, D->d, sqrtf((float)D->d));
+    san_engram_forward(&m, &m.w, &a, tok);
+    be->lanes_broadcast(be, a.X, a.x0, N, D->n, D->d);
+    float *want = malloc(sizeof(float) * lanes);
+    test_wview tv = {{tv_apply}, &m, be, {0}, 0, -1};
+    test_attn ta = {{&a.lay.L, a.rope_cos, a.rope_sin, ta_attend}, &tv, be, D, -1};
+    san_block blk = {&m, &m.w, be, &tv.base, &ta.base, {0}, {0}};
+    for (int s = 0; s < m.cfg.n_sites; s++) {
+        blk.eng_k[s] = a.eng_k[s];
+        blk.eng_v[s] = a.eng_v[s];
+    }
+    CHECK(m.cfg.n_sites > 0 && D->L > 1);
+    for (int l = 0; l < D->L; l++) {
+        CHECK(san_layer_forward_batch(&m, &m.w, &a, l, a.X, want) == ND_OK);
+        tv.nlog = 0;
+        memset(tv.log, 0, sizeof tv.log);
+        CHECK(san_layer_forward(&blk, &a.l, l, N, a.X, a.Xn) == ND_OK);
+        CHECK_MSG(!strcmp(tv.log, "PQAO"), "layer %d: calls %s, want PQAO", l, tv.log);
+        CHECK(ta.layer_seen == l);
+        double err = tu_rel_err(a.Xn, want, (long)lanes, 1e-3);
+        CHECK_MSG(err < 1e-5, "layer %d: block with the test's view vs the trainer's: %g", l, err);
+        float *t = a.X; /* the next layer reads this one's output */
+        a.X = a.Xn;
+        a.Xn = t;
+    }
+    /* a product that fails ends the layer with its error, before the
+     * attention sees anything */
+    for (int fail = SAN_W_PHI; fail <= SAN_W_OUT; fail++) {
+        tv.fail_grp = fail;
+        tv.nlog = 0;
+        memset(tv.log, 0, sizeof tv.log);
+        CHECK(san_layer_forward(&blk, &a.l, 0, N, a.X, a.Xn) == ND_ENOMEM);
+        const char *want_log[] = {"P", "PQ", "PQAO"};
+        CHECK_MSG(!strcmp(tv.log, want_log[fail]), "failing group %d: calls %s", fail, tv.log);
+    }
+    free(want);
+    san_acts_free(&a);
+    san_model_free(&m);
+}
+
 static void test_engram_taps(void)
 {
     int B = 2, T = 11, d = 5, dil = 3;
@@ -356,7 +479,7 @@ static int dump_mode(const char *ckpt, const char *tokfile, const char *out)
     }
     be->lanes_broadcast(be, a.X, a.x0, T, D->n, D->d);
     for (int l = 0; l < D->L; l++) {
-        san_layer_forward(&m, &m.w, &a, l, a.X, a.Xn);
+        CHECK(san_layer_forward_batch(&m, &m.w, &a, l, a.X, a.Xn) == ND_OK);
         san_layer_acts *A = &a.l;
 #define LD(field, buf, ...)                                                                        \
     snprintf(name, sizeof name, "layer%d.%s", l, field);                                           \
@@ -412,5 +535,6 @@ int main(int argc, char **argv)
     test_attention();
     test_engram_taps();
     test_hadamard_mlp();
+    test_block();
     return tu_finish("test_san_parts");
 }

@@ -1,5 +1,5 @@
 /* Cached attention over the int8 KV cache: the block task both kernels
- * share (kv.c's reference and attention_x86.c's AVX-512 one) and the
+ * share (attention.c's reference and attention_x86.c's AVX-512 one) and the
  * choice between them. */
 #ifndef ND_ATTENTION_H
 #define ND_ATTENTION_H
@@ -49,7 +49,9 @@ void nd_att_block_amx(const nd_att_block *b);
 
 /* Attention of n new query rows (positions p0..p0+n-1) of layer l with
  * kernel `kernel` (ND_ATT_AVX512 falls back to the reference where it does
- * not apply): s->att from s->q and the cache. */
-void nd_kv_attention(nd_kv_state *s, int l, int p0, int n, int kernel);
+ * not apply): out [n, q_dim] from the rotated q [n, q_dim] and the cache's
+ * keys 0..p (or the last kv_window of them, and the sinks). */
+void nd_kv_attention(const nd_kv_state *s, int l, int p0, int n, const float *q, float *out,
+                     int kernel);
 
 #endif

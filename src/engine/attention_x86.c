@@ -1,6 +1,6 @@
 /* AVX-512 cached attention over the int8 KV cache (attention.h's block
- * task; kv.c keeps the reference). The function carries its own target
- * attribute, so one binary runs on any x86-64 and kv.c picks it at run time.
+ * task; attention.c keeps the reference). The function carries its own target
+ * attribute, so one binary runs on any x86-64 and attention.c picks it at run time.
  *
  * Keys go 16 at a time: the block's int8 rows become floats once (the V
  * rows with their scale folded in) and serve every query row of the task.

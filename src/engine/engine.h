@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "engine/qmat.h"
 #include "io/cact.h"
+#include "model/block.h"
 #include "model/params.h"
 #include "text/tokenizer.h"
 
@@ -123,8 +124,9 @@ typedef struct {
     int att_force;    /* ND_ATT_* + 1 picks the attention kernel (tests); 0: the best */
     int32_t *eng_idx, *win_tok;
     nd_layout_buf lay; /* one sequence of the chunk's rows */
-    float *nx, *pre, *post, *res, *hpre, *hpost, *M, *u, *alpha, *bx, *a, *q, *kk, *vv, *g;
-    float *att, *o, *o2, *pn, *x1, *z, *h1, *y;
+    /* the block's values for the chunk's rows (model/block.h): nothing kept
+     * for a backward (rstd, lse NULL), q and k normalised in place */
+    san_layer_acts la;
 } nd_kv_state;
 
 /* int8 cache row of position row j, layer l, kv head g (k8 or v8) */

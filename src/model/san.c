@@ -227,67 +227,82 @@ void san_engram_forward(const san_model *m, const san_weights *w, san_acts *a,
     }
 }
 
-void san_layer_forward(const san_model *m, const san_weights *w, san_acts *a, int l, const float *X,
-                       float *Xn)
+/* The trainer's weights view: float kernels (LoRA already merged into w)
+ * through the backend's matmul. */
+typedef struct {
+    san_wview base;
+    const san_model *m;
+    const san_weights *w;
+    san_acts *a; /* phi_cat, proj scratch */
+} batch_wview;
+
+static int batch_apply(const san_wview *v, int l, san_wgroup grp, const float *x, int N,
+                       float *const *y)
 {
-    const nd_backend *be = a->be;
-    const san_dims *D = &m->dims;
-    san_layer_acts *A = &a->l;
-    int N = (int)a->N, d = D->d, n = D->n, nd = n * d, hd = D->hd;
-    int qd = D->q_dim, kvd = D->kv_dim;
-    size_t Ld = (size_t)l * d;
+    const batch_wview *bv = (const batch_wview *)v;
+    const san_weights *w = bv->w;
+    const san_dims *D = &bv->m->dims;
+    const nd_backend *be = bv->a->be;
+    int d = D->d, n = D->n, nd = n * d, qd = D->q_dim, kvd = D->kv_dim;
+    switch (grp) {
+    case SAN_W_PHI: {
+        /* the three projections of nx as one GEMM against [phi_pre|phi_post|phi_res] */
+        san_acts *a = bv->a;
+        int K = 2 * n + n * n;
+        be->copy2d(be, a->phi_cat, K, w->phi_pre + (size_t)l * nd * n, n, nd, n);
+        be->copy2d(be, a->phi_cat + n, K, w->phi_post + (size_t)l * nd * n, n, nd, n);
+        be->copy2d(be, a->phi_cat + 2 * n, K, w->phi_res + (size_t)l * nd * n * n, n * n, nd,
+                   n * n);
+        be->matmul(be, 0, 0, N, K, nd, 1.0f, x, nd, a->phi_cat, K, 0.0f, a->proj, K);
+        be->copy2d(be, y[0], n, a->proj, K, N, n);
+        be->copy2d(be, y[1], n, a->proj + n, K, N, n);
+        be->copy2d(be, y[2], n * n, a->proj + 2 * n, K, N, n * n);
+        return ND_OK;
+    }
+    case SAN_W_QKVG:
+        be->matmul(be, 0, 0, N, qd, d, 1.0f, x, d, w->wq + (size_t)l * d * qd, qd, 0.0f, y[0], qd);
+        be->matmul(be, 0, 0, N, kvd, d, 1.0f, x, d, w->wk + (size_t)l * d * kvd, kvd, 0.0f, y[1],
+                   kvd);
+        be->matmul(be, 0, 0, N, kvd, d, 1.0f, x, d, w->wv + (size_t)l * d * kvd, kvd, 0.0f, y[2],
+                   kvd);
+        be->matmul(be, 0, 0, N, qd, d, 1.0f, x, d, w->wgate + (size_t)l * d * qd, qd, 0.0f, y[3],
+                   qd);
+        return ND_OK;
+    case SAN_W_OUT:
+        be->matmul(be, 0, 0, N, d, qd, 1.0f, x, qd, w->wout + (size_t)l * qd * d, d, 0.0f, y[0], d);
+        return ND_OK;
+    }
+    return nd_error(ND_EARG, "unknown weight group %d", (int)grp);
+}
 
-    /* hyper-connections: mix lanes into the block input */
-    be->rmsnorm(be, A->nx, A->nx_rstd, X, NULL, N, nd);
-    /* the three projections of nx as one GEMM against [phi_pre|phi_post|phi_res] */
-    int K = 2 * n + n * n;
-    be->copy2d(be, a->phi_cat, K, w->phi_pre + (size_t)l * nd * n, n, nd, n);
-    be->copy2d(be, a->phi_cat + n, K, w->phi_post + (size_t)l * nd * n, n, nd, n);
-    be->copy2d(be, a->phi_cat + 2 * n, K, w->phi_res + (size_t)l * nd * n * n, n * n, nd, n * n);
-    be->matmul(be, 0, 0, N, K, nd, 1.0f, A->nx, nd, a->phi_cat, K, 0.0f, a->proj, K);
-    be->copy2d(be, A->pre, n, a->proj, K, N, n);
-    be->copy2d(be, A->post, n, a->proj + n, K, N, n);
-    be->copy2d(be, A->res, n * n, a->proj + 2 * n, K, N, n * n);
-    be->hyper_coeffs(be, A->hpre, A->hpost, A->M, A->pre, A->post, A->res, w->a_pre[l],
-                     w->a_post[l], w->a_res[l], w->b_pre + (size_t)l * n, w->b_post + (size_t)l * n,
-                     w->b_res + (size_t)l * n * n, l % n, N, n);
-    be->lanes_combine(be, A->u, A->hpre, X, N, n, d);
+/* The trainer's attention source: full causal attention over the layout. */
+typedef struct {
+    san_attn_src base;
+    const nd_backend *be;
+    const san_dims *D;
+} batch_attn;
 
-    /* engram sites reading at this layer (upstream allows several) */
-    const float *bx = A->u;
-    for (int s = 0; s < m->cfg.n_sites; s++)
-        if (m->cfg.engram_layers[s] == l) {
-            be->engram_gate(be, A->bx, A->alpha + (size_t)s * N, A->u, a->eng_k[s], a->eng_v[s], N,
-                            d, bx == A->bx);
-            bx = A->bx;
-        }
+static int batch_attend(const san_attn_src *src, int l, const float *q, const float *k,
+                        const float *v, float *att, float *lse)
+{
+    (void)l;
+    const batch_attn *ba = (const batch_attn *)src;
+    const san_dims *D = ba->D;
+    ba->be->attention(ba->be, att, lse, q, k, v, src->L, D->H, D->G, D->hd);
+    return ND_OK;
+}
 
-    /* attention */
-    be->rmsnorm(be, A->a, A->a_rstd, bx, w->norm_in + Ld, N, d);
-    be->matmul(be, 0, 0, N, qd, d, 1.0f, A->a, d, w->wq + (size_t)l * d * qd, qd, 0.0f, A->q, qd);
-    be->matmul(be, 0, 0, N, kvd, d, 1.0f, A->a, d, w->wk + (size_t)l * d * kvd, kvd, 0.0f, A->k,
-               kvd);
-    be->matmul(be, 0, 0, N, kvd, d, 1.0f, A->a, d, w->wv + (size_t)l * d * kvd, kvd, 0.0f, A->v,
-               kvd);
-    be->matmul(be, 0, 0, N, qd, d, 1.0f, A->a, d, w->wgate + (size_t)l * d * qd, qd, 0.0f, A->g,
-               qd);
-    be->rmsnorm(be, A->qn, A->q_rstd, A->q, w->q_norm + (size_t)l * hd, (long)N * D->H, hd);
-    be->rmsnorm(be, A->kn, A->k_rstd, A->k, w->k_norm + (size_t)l * hd, (long)N * D->G, hd);
-    be->rope(be, A->qn, a->rope_cos, a->rope_sin, &a->lay.L, D->H, hd);
-    be->rope(be, A->kn, a->rope_cos, a->rope_sin, &a->lay.L, D->G, hd);
-    be->attention(be, A->att, A->lse, A->qn, A->kn, A->v, &a->lay.L, D->H, D->G, hd);
-    be->gate_sigmoid(be, A->o, A->att, A->g, (long)N * qd);
-    be->matmul(be, 0, 0, N, d, qd, 1.0f, A->o, qd, w->wout + (size_t)l * qd * d, d, 0.0f, A->o2, d);
-    be->rmsnorm(be, A->pn, A->pn_rstd, A->o2, w->post_norm + Ld, N, d);
-    be->residual_scaled(be, A->x1, bx, A->pn, w->attn_gate[l], (long)N * d);
-
-    /* Hadamard MLP; y = Block(bx) - u */
-    be->rmsnorm(be, A->z, A->z_rstd, A->x1, w->pre_hada + Ld, N, d);
-    size_t Lh = (size_t)l * D->hada_n;
-    be->hadamard_mlp(be, A->y, A->h1, A->x1, A->z, A->u, w->d1 + Lh, w->d2 + Lh, w->d3 + Lh, N, d,
-                     D->hada_n);
-
-    be->lanes_update(be, Xn, A->M, X, A->hpost, A->y, N, n, d);
+int san_layer_forward_batch(const san_model *m, const san_weights *w, san_acts *a, int l,
+                            const float *X, float *Xn)
+{
+    batch_wview wv = {{batch_apply}, m, w, a};
+    batch_attn at = {{&a->lay.L, a->rope_cos, a->rope_sin, batch_attend}, a->be, &m->dims};
+    san_block b = {m, w, a->be, &wv.base, &at.base, {0}, {0}};
+    for (int s = 0; s < m->cfg.n_sites; s++) {
+        b.eng_k[s] = a->eng_k[s];
+        b.eng_v[s] = a->eng_v[s];
+    }
+    return san_layer_forward(&b, &a->l, l, (int)a->N, X, Xn);
 }
 
 int san_forward_hidden(const san_model *m, const san_weights *w, san_acts *a, const int32_t *tokens)
@@ -310,7 +325,9 @@ int san_forward_hidden(const san_model *m, const san_weights *w, san_acts *a, co
             be->copy2d(be, a->X_saved + (size_t)l * lane_sz, (int)lane_sz, a->X, (int)lane_sz, 1,
                        (int)lane_sz);
         a->l = l < a->n_kept ? a->layer_sets[l] : a->l_scratch;
-        san_layer_forward(m, w, a, l, a->X, a->Xn);
+        int rc = san_layer_forward_batch(m, w, a, l, a->X, a->Xn);
+        if (rc)
+            return rc;
         float *t = a->X;
         a->X = a->Xn;
         a->Xn = t;

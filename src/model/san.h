@@ -9,27 +9,8 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "model/block.h"
 #include "model/params.h"
-
-/* Activations of one layer. Forward-only runs reuse one set for every
- * layer; training recomputes a layer into it from the saved lane state. */
-typedef struct {
-    float *nx, *nx_rstd;              /* rms_unit of the flattened lanes [N, n*d], [N] */
-    float *pre, *post, *res;          /* nx @ phi_* [N, n], [N, n], [N, n*n] */
-    float *hpre, *hpost, *M;          /* hyper-connection coefficients */
-    float *u;                         /* block input before the engram [N, d] */
-    float *alpha, *bx;                /* engram gates [sites, N], block input [N, d] */
-    float *a, *a_rstd;                /* zcrms(bx, norm_in) */
-    float *q, *k, *v, *g;             /* projections [N, q_dim|kv_dim] (pre-norm for q, k) */
-    float *qn, *kn, *q_rstd, *k_rstd; /* normalised + rotated q, k */
-    float *att, *lse;                 /* attention output [N, q_dim], lse [N, H] */
-    float *o, *o2;                    /* gated attention, out_proj */
-    float *pn, *pn_rstd;              /* zcrms(o2, post_norm) */
-    float *x1;                        /* after the attention residual */
-    float *z, *z_rstd;                /* zcrms(x1, pre_hada) */
-    float *h1;                        /* fwht(d1 * z) [N, hada_n] */
-    float *y;                         /* Block(bx) - u [N, d] */
-} san_layer_acts;
 
 typedef struct {
     long N;                     /* rows of the current layout */
@@ -94,7 +75,10 @@ int san_logits_rows(const san_model *m, const san_weights *w, san_acts *a, const
 void san_rope_tables(float *cos_t, float *sin_t, int T, int hd, double theta);
 void san_engram_forward(const san_model *m, const san_weights *w, san_acts *a,
                         const int32_t *tokens);
-void san_layer_forward(const san_model *m, const san_weights *w, san_acts *a, int layer,
-                       const float *X, float *Xn);
+/* Layer `layer` of the block (model/block.h) over the layout's rows into
+ * a->l: float products through the backend's matmul, full causal attention
+ * over the layout. */
+int san_layer_forward_batch(const san_model *m, const san_weights *w, san_acts *a, int layer,
+                            const float *X, float *Xn);
 
 #endif

@@ -336,7 +336,9 @@ static int san_backward_hidden(const san_model *m, const san_weights *w, san_act
             a->l = a->layer_sets[l]; /* kept by the forward */
         } else {
             a->l = a->l_scratch;
-            san_layer_forward(m, w, a, l, X, a->Xn); /* recompute this layer */
+            int rc = san_layer_forward_batch(m, w, a, l, X, a->Xn); /* recompute this layer */
+            if (rc)
+                return rc;
         }
         layer_backward(m, w, a, g, tgt, l, X);
         float *t = g->dX;

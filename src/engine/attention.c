@@ -1,0 +1,237 @@
+/* Causal attention of a chunk's query rows over the KV cache: the
+ * reference kernel (float or int8 rows, any head dim), the dispatch to
+ * attention_x86.c's AVX-512/AMX kernels, and the split into tasks. */
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "core/threadpool.h"
+#include "engine/attention.h"
+#include "engine/kv_internal.h"
+
+typedef struct {
+    const nd_kv_state *s;
+    const float *q; /* [n, q_dim] */
+    float *out;     /* [n, q_dim] */
+    int l, p0, n, kernel;
+} cached_attention_args;
+
+/* row j of a cache layer's kv head g as floats: F is the float layer
+ * ([cap][kvd]), Q the int8 head's rows ([cap][hd]; converted into buf, its
+ * scale applied by the caller) */
+static inline const float *kv_row(const float *F, const int8_t *Q, size_t kvd, int j, int g, int hd,
+                                  float *buf)
+{
+    if (!Q)
+        return F + (size_t)j * kvd + (size_t)g * hd;
+    const int8_t *r = Q + (size_t)j * hd;
+    for (int e = 0; e < hd; e++)
+        buf[e] = (float)r[e];
+    return buf;
+}
+
+/* a * b + c, fused where the target has FMA (C11 mode does not contract
+ * a * b + c by itself; a libm fmaf without hardware FMA would be slow) */
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA) || defined(__aarch64__)
+#define KV_MADD(a, b, c) fmaf(a, b, c)
+#else
+#define KV_MADD(a, b, c) ((a) * (b) + (c))
+#endif
+
+/* q . k for four rows at once: four independent sums keep the vector unit
+ * busy where one sum would wait on its own additions (plain multiply-adds:
+ * clang cannot vectorise an fmaf reduction and fails -Wpass-failed) */
+static inline void dot4(const float *q, const float *const k[4], int hd, float out[4])
+{
+    const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3];
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+    for (int e = 0; e < hd; e++) {
+        a0 += q[e] * k0[e];
+        a1 += q[e] * k1[e];
+        a2 += q[e] * k2[e];
+        a3 += q[e] * k3[e];
+    }
+    out[0] = a0;
+    out[1] = a1;
+    out[2] = a2;
+    out[3] = a3;
+}
+
+/* out += sum of w[c] v[c] over four rows (one pass over out) */
+static inline void axpy4(float *out, const float *const v[4], const float w[4], int hd)
+{
+    const float *v0 = v[0], *v1 = v[1], *v2 = v[2], *v3 = v[3];
+    float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
+    for (int e = 0; e < hd; e++)
+        out[e] =
+            KV_MADD(w3, v3[e], KV_MADD(w2, v2[e], KV_MADD(w1, v1[e], KV_MADD(w0, v0[e], out[e]))));
+}
+
+/* the keys query row p sees: [0, sink_end) and [j0, p] (unpinned rows are
+ * consecutive positions, so the window is a row range; the sinks before it
+ * stay visible, upstream's sink mask) */
+static void visible_keys(const nd_kv_state *s, int p, int *sink_end, int *j0)
+{
+    int pin = s->n_sink > 0 ? s->n_sink : 0;
+    *j0 = s->kv_window && p + 1 > s->kv_window ? p + 1 - s->kv_window : 0;
+    *sink_end = pin < *j0 ? pin : *j0;
+}
+
+/* tasks [lo, hi): (block of ND_ATT_ROWS new rows, kv head) pairs. The heads
+ * sharing a kv head (GQA) and the block's rows read each cached row once,
+ * converted from int8 once; keys a row does not see get no weight. */
+static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
+{
+    const cached_attention_args *a = ctx;
+    const nd_kv_state *s = a->s;
+    const float *Qr = a->q;
+    float *Out = a->out;
+    int l = a->l, p0 = a->p0, n = a->n;
+    const san_dims *D = &s->m->dims;
+    int H = D->H, G = D->G, hd = D->hd, rep = H / G, qd = D->q_dim, kvd = D->kv_dim;
+    size_t lc = (size_t)l * s->cap, ml = (size_t)s->max_len;
+    const float *K = s->k ? s->k + lc * kvd : NULL, *V = s->v ? s->v + lc * kvd : NULL;
+    const float *KS = s->kv_int8 ? s->ks + lc * G : NULL, *VS = s->kv_int8 ? s->vs + lc * G : NULL;
+    float scale = 1.0f / sqrtf((float)hd), buf[4][ND_ATT_MAX_HD];
+    /* this thread's scores: ND_ATT_ROWS * rep rows of max_len */
+    float *sc0 = s->att_s + (size_t)tid * ND_ATT_ROWS * rep * ml;
+    for (long task = lo; task < hi; task++) {
+        int i0 = (int)(task / G) * ND_ATT_ROWS, g = (int)(task % G);
+        int nr = n - i0 < ND_ATT_ROWS ? n - i0 : ND_ATT_ROWS;
+        int se[ND_ATT_ROWS], j0[ND_ATT_ROWS];
+        const int8_t *K8 = s->kv_int8 ? nd_kv_row8(s, s->k8, l, g, 0) : NULL;
+        const int8_t *V8 = s->kv_int8 ? nd_kv_row8(s, s->v8, l, g, 0) : NULL;
+        for (int i = 0; i < nr; i++)
+            visible_keys(s, p0 + i0 + i, &se[i], &j0[i]);
+        if (a->kernel != ND_ATT_REF) {
+            nd_att_block b = {Qr + (size_t)i0 * qd + (size_t)g * rep * hd,
+                              Out + (size_t)i0 * qd + (size_t)g * rep * hd,
+                              qd,
+                              K8,
+                              V8,
+                              KS + g,
+                              VS + g,
+                              hd,
+                              G,
+                              hd,
+                              rep,
+                              nr,
+                              p0 + i0,
+                              se,
+                              j0,
+                              scale,
+                              sc0,
+                              ml};
+            if (a->kernel == ND_ATT_AMX && nr * rep >= ND_ATT_AMX_MIN)
+                nd_att_block_amx(&b);
+            else
+                nd_att_block_avx512(&b);
+            continue;
+        }
+        /* the keys any row of the block sees: [0, se_max) and [lo2, p_max] */
+        int se_max = se[nr - 1], lo2 = j0[0] > se_max ? j0[0] : se_max;
+        int ranges[2][2] = {{0, se_max}, {lo2, p0 + i0 + nr}};
+        for (int rr = 0; rr < 2; rr++)
+            for (int j = ranges[rr][0]; j < ranges[rr][1]; j += 4) {
+                int nb = ranges[rr][1] - j < 4 ? ranges[rr][1] - j : 4;
+                const float *kr[4];
+                for (int c = 0; c < 4; c++) /* a short block repeats its last row */
+                    kr[c] = kv_row(K, K8, kvd, j + (c < nb ? c : nb - 1), g, hd, buf[c]);
+                float ks[4];
+                for (int c = 0; c < nb; c++)
+                    ks[c] = (KS ? KS[(size_t)(j + c) * G + g] : 1.0f) * scale;
+                for (int i = 0; i < nr; i++)
+                    for (int r = 0; r < rep; r++) {
+                        const float *q = Qr + (size_t)(i0 + i) * qd + (size_t)(g * rep + r) * hd;
+                        float dots[4], *sc = sc0 + ((size_t)i * rep + r) * ml + j;
+                        dot4(q, kr, hd, dots);
+                        for (int c = 0; c < nb; c++)
+                            sc[c] = dots[c] * ks[c];
+                    }
+            }
+        for (int i = 0; i < nr; i++) {
+            int own[2][2] = {{0, se[i]}, {j0[i], p0 + i0 + i + 1}};
+            for (int r = 0; r < rep; r++) {
+                float *sc = sc0 + ((size_t)i * rep + r) * ml, mx = -FLT_MAX, sum = 0.0f;
+                for (int rr = 0; rr < 2; rr++)
+                    for (int j = own[rr][0]; j < own[rr][1]; j++)
+                        mx = sc[j] > mx ? sc[j] : mx;
+                for (int rr = 0; rr < 2; rr++) {
+                    for (int j = own[rr][0]; j < own[rr][1]; j++)
+                        sc[j] = san_expf(sc[j] - mx);
+                    for (int j = own[rr][0]; j < own[rr][1]; j++)
+                        sum += sc[j];
+                }
+                float inv = 1.0f / sum;
+                float *out = Out + (size_t)(i0 + i) * qd + (size_t)(g * rep + r) * hd;
+                for (int e = 0; e < hd; e++)
+                    out[e] = 0.0f;
+                /* fold the normaliser (and the int8 rows' scale) into the
+                 * weights; keys this row does not see weigh nothing */
+                for (int j = 0; j < ranges[1][1]; j++) {
+                    int seen = (j < se[i] || j >= j0[i]) && j <= p0 + i0 + i;
+                    sc[j] = seen ? sc[j] * (inv * (VS ? VS[(size_t)j * G + g] : 1.0f)) : 0.0f;
+                }
+            }
+        }
+        for (int rr = 0; rr < 2; rr++)
+            for (int j = ranges[rr][0]; j < ranges[rr][1]; j += 4) {
+                int nb = ranges[rr][1] - j < 4 ? ranges[rr][1] - j : 4;
+                const float *vr[4];
+                for (int c = 0; c < 4; c++)
+                    vr[c] = kv_row(V, V8, kvd, j + (c < nb ? c : nb - 1), g, hd, buf[c]);
+                for (int i = 0; i < nr; i++)
+                    for (int r = 0; r < rep; r++) {
+                        const float *sc = sc0 + ((size_t)i * rep + r) * ml + j;
+                        float w[4];
+                        for (int c = 0; c < 4; c++) /* padding rows weigh nothing */
+                            w[c] = c < nb ? sc[c] : 0.0f;
+                        axpy4(Out + (size_t)(i0 + i) * qd + (size_t)(g * rep + r) * hd, vr, w, hd);
+                    }
+            }
+    }
+}
+
+static pthread_once_t att_once = PTHREAD_ONCE_INIT;
+static int att_best = ND_ATT_REF;
+
+static void select_att_kernel(void)
+{
+    const char *want = getenv("NEEDLE_ATT");
+    if (nd_att_avx512_supported() && !(want && !strcmp(want, "ref")))
+        att_best = want && !strcmp(want, "avx512") ? ND_ATT_AVX512
+                   : nd_amx_usable()               ? ND_ATT_AMX
+                                                   : ND_ATT_AVX512;
+}
+
+int nd_att_kernel(void)
+{
+    pthread_once(&att_once, select_att_kernel);
+    return att_best;
+}
+
+/* Causal attention of n new query rows (positions p0..p0+n-1) over the
+ * cached keys 0..p (or the last kv_window of them). */
+void nd_kv_attention(const nd_kv_state *s, int l, int p0, int n, const float *q, float *out,
+                     int kernel)
+{
+    const san_dims *D = &s->m->dims;
+    /* the AVX-512 kernel covers the int8 cache with hd a multiple of 16 */
+    if (kernel != ND_ATT_REF && !(s->kv_int8 && D->hd % 16 == 0 && nd_att_avx512_supported()))
+        kernel = ND_ATT_REF;
+    if (kernel == ND_ATT_AMX && !nd_amx_usable())
+        kernel = ND_ATT_AVX512;
+    long tasks = (long)((n + ND_ATT_ROWS - 1) / ND_ATT_ROWS) * D->G;
+    cached_attention_args a = {s, q, out, l, p0, n, kernel};
+    /* shared above ~128 score entries (a decode step past 128 positions:
+     * with the SIMD kernel less is cheaper than a fork); never by more
+     * threads than the score rows were sized for */
+    long grain = (long)n * (p0 + n) > 128 && nd_get_threads() <= s->att_threads ? 1 : tasks;
+    int prev = nd_kv_big_parallel_begin(s);
+    nd_parallel_for(tasks, grain, cached_attention_tasks, &a);
+    nd_set_serial(prev);
+}

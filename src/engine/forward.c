@@ -1,0 +1,346 @@
+/* The engine's incremental SAN forward (upstream decode.py's
+ * _forward_cached): new tokens attend to every cached key, the engram
+ * n-gram hash reads the token history and the taps read cached v' rows.
+ * The layers are the block (model/block.h) with the engine's weights view
+ * (quantised matrices from the archive, or float ones) and the KV cache as
+ * its attention source; the cache itself is kv.c's. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/status.h"
+#include "core/threadpool.h"
+#include "engine/attention.h"
+#include "engine/engine.h"
+#include "engine/kv_internal.h"
+#include "model/block.h"
+
+/* base + off, NULL for a matrix the quantised path leaves in the archive */
+static const float *slice(const float *base, size_t off)
+{
+    return base ? base + off : NULL;
+}
+
+/* The three big kinds of work a decode step may share (see
+ * nd_kv_big_parallel_begin): wmatmul with WM_BIG, the fused q/k/v/gate
+ * products and nd_kv_attention. */
+enum {
+    WM_FRESH = 1, /* quantise x (else reuse the previous call's int8 copy of the same x) */
+    WM_BIG = 2,   /* a big product: a decode step may share it */
+};
+
+/* y = x @ W for a weight matrix: the archive's CQ matrix w ([out, in]) on
+ * the quantised path, else the float kernel wf ((in, out)); flags WM_*. */
+static int wmatmul(nd_kv_state *s, const float *x, int n, int in, const float *wf, const nd_qmat *w,
+                   int out, float *y, int ldy, int flags)
+{
+    int fresh = flags & WM_FRESH;
+    if (!s->qw) {
+        s->be->matmul(s->be, 0, 0, n, out, in, 1.0f, x, in, wf, out, 0.0f, y, ldy);
+        return ND_OK;
+    }
+    int layout = nd_qmat_layout(w);
+    if (fresh || s->qa.layout != layout || s->qa.n != n || s->qa.in != in) {
+        int rc = nd_qact_prepare(&s->qa, x, n, in, layout);
+        if (rc)
+            return rc;
+    }
+    int prev = (flags & WM_BIG) ? nd_kv_big_parallel_begin(s) : nd_serial();
+    nd_qgemm(w, &s->qa, y, ldy);
+    nd_set_serial(prev);
+    return ND_OK;
+}
+
+/* e rows of the n-gram table lookups, read from the archive's CQ tables */
+static void engram_gather_q(nd_kv_state *s, const nd_qmat *tables)
+{
+    const san_config *c = &s->m->cfg;
+    const san_dims *D = &s->m->dims;
+    const nd_layout *L = &s->lay.L;
+    int K = c->n_orders * D->eng_heads, sub = D->eng_sub;
+    for (long r = 0; r < L->N; r++)
+        for (int k = 0; k < K; k++) {
+            float *dst = s->eng_e + (r * K + k) * sub;
+            if (L->pos[r] < c->engram_orders[k / D->eng_heads] - 1)
+                memset(dst, 0, (size_t)sub * sizeof *dst);
+            else
+                nd_qmat_row(tables, (int)((long)k * c->engram_slots + s->eng_idx[r * K + k]), dst);
+        }
+}
+
+static int engram_chunk(nd_kv_state *s, int p0, int n)
+{
+    const san_model *m = s->m;
+    const san_config *c = &m->cfg;
+    const san_dims *D = &m->dims;
+    const nd_backend *be = s->be;
+    if (!c->n_sites)
+        return ND_OK;
+    int ws = p0 - (nd_kv_max_order(m) - 1);
+    if (ws < 0)
+        ws = 0;
+    int T = p0 + n - ws, off = p0 - ws, d = D->d;
+    memcpy(s->win_tok, s->tokens + ws, (size_t)T * sizeof *s->win_tok);
+    nd_layout_dense(&s->lay, 1, T);
+    be->engram_hash(be, s->eng_idx, s->win_tok, &s->lay.L, c->engram_orders, c->n_orders,
+                    D->eng_heads, c->engram_slots);
+    for (int site = 0; site < c->n_sites; site++) {
+        const san_weights *w = &m->w;
+        if (s->qw)
+            engram_gather_q(s, &s->qw->eng[site].table);
+        else
+            be->engram_gather(be, s->eng_e, w->eng[site].table, s->eng_idx, &s->lay.L,
+                              c->engram_orders, c->n_orders, D->eng_heads, c->engram_slots,
+                              D->eng_sub);
+        const float *e = s->eng_e + (size_t)off * D->eng_dim;
+        float *ek = s->eng_k + (size_t)site * n * d, *ev = s->eng_v + (size_t)site * n * d;
+        /* new v' rows: straight into the float cache, or through scratch
+         * into int8 rows (then every tap reads the int8 rows, so results
+         * do not depend on how the prompt was split into chunks) */
+        float *vp = s->vp[site], *vnew = s->vp_int8 ? s->eng_vp : vp + (size_t)p0 * d;
+        const nd_qmat *qk = s->qw ? &s->qw->eng[site].wk : NULL;
+        const nd_qmat *qv = s->qw ? &s->qw->eng[site].wv : NULL;
+        int rc = wmatmul(s, e, n, D->eng_dim, w->eng[site].wk, qk, d, ek, d, WM_FRESH);
+        if (!rc)
+            rc = wmatmul(s, e, n, D->eng_dim, w->eng[site].wv, qv, d, vnew, d, 0);
+        if (rc)
+            return rc;
+        if (s->vp_int8)
+            nd_kv_store_vp_rows(s, site, p0, n);
+        const float *taps = w->eng[site].taps;
+        for (int i = 0; i < n; i++) {
+            int t = p0 + i;
+            float *vr = ev + (size_t)i * d;
+            for (int x = 0; x < d; x++)
+                vr[x] = 0.0f;
+            for (int j = 0; j < SAN_CONV_TAPS; j++) {
+                int src = t - j * D->eng_dilation;
+                if (src < 0)
+                    break;
+                const float *pr = s->vp_int8 ? nd_kv_vp_row(s, site, src) : vp + (size_t)src * d;
+                const float *tp = taps + (size_t)j * d;
+                for (int x = 0; x < d; x++)
+                    vr[x] += tp[x] * pr[x];
+            }
+        }
+    }
+    return ND_OK;
+}
+
+/* cos/sin rows of the n positions from row p0: absolute positions (row +
+ * evicted) as upstream's decode.py numbers them; past max_seq_len (only with
+ * the window on) computed here the way san_rope_tables does */
+static void rope_rows(nd_kv_state *s, int p0, int n, const float **cs, const float **sn)
+{
+    int hd = s->m->dims.hd;
+    size_t half = (size_t)hd / 2;
+    long ap0 = p0 + s->evicted;
+    if (ap0 + n <= s->max_len) {
+        *cs = s->rope_cos + (size_t)ap0 * half;
+        *sn = s->rope_sin + (size_t)ap0 * half;
+        return;
+    }
+    for (size_t i = 0; i < half; i++) {
+        float freq = 1.0f / powf((float)s->m->cfg.rope_theta, (float)(2 * i) / (float)hd);
+        for (int t = 0; t < n; t++) {
+            double ang = (double)(ap0 + t) * freq;
+            s->rope_far_cos[(size_t)t * half + i] = (float)cos(ang);
+            s->rope_far_sin[(size_t)t * half + i] = (float)sin(ang);
+        }
+    }
+    *cs = s->rope_far_cos;
+    *sn = s->rope_far_sin;
+}
+
+/* The engine's weights view: the archive's CQ matrices (s->qw) or the
+ * float kernels of m->w, through wmatmul. */
+typedef struct {
+    san_wview base;
+    nd_kv_state *s;
+} kv_wview;
+
+static int kv_apply(const san_wview *v, int l, san_wgroup grp, const float *x, int n,
+                    float *const *y)
+{
+    nd_kv_state *s = ((const kv_wview *)v)->s;
+    const san_dims *D = &s->m->dims;
+    const san_weights *w = &s->m->w;
+    int d = D->d, ln = D->n, nd = ln * d, qd = D->q_dim, kvd = D->kv_dim, rc;
+    const nd_qlayer *ql = s->qw ? &s->qw->layer[l] : NULL;
+    switch (grp) {
+    case SAN_W_PHI: {
+        nd_qmat qpre = {0}, qpost = {0}, qres = {0};
+        if (s->qw) { /* this layer's rows of the stacked (L * k, n * d) matrices */
+            qpre = nd_qmat_rows(&s->qw->phi_pre, l * ln, ln);
+            qpost = nd_qmat_rows(&s->qw->phi_post, l * ln, ln);
+            qres = nd_qmat_rows(&s->qw->phi_res, l * ln * ln, ln * ln);
+        }
+        rc = wmatmul(s, x, n, nd, slice(w->phi_pre, (size_t)l * nd * ln), &qpre, ln, y[0], ln,
+                     WM_FRESH);
+        if (!rc)
+            rc = wmatmul(s, x, n, nd, slice(w->phi_post, (size_t)l * nd * ln), &qpost, ln, y[1], ln,
+                         0);
+        if (!rc)
+            rc = wmatmul(s, x, n, nd, slice(w->phi_res, (size_t)l * nd * ln * ln), &qres, ln * ln,
+                         y[2], ln * ln, 0);
+        return rc;
+    }
+    case SAN_W_QKVG:
+        if (s->qw) { /* one input, four products: one parallel region */
+            const nd_qmat *ws[4] = {&ql->wq, &ql->wk, &ql->wv, &ql->wgate};
+            float *ys[4] = {y[0], y[1], y[2], y[3]};
+            const int lds[4] = {qd, kvd, kvd, qd};
+            rc = nd_qact_prepare(&s->qa, x, n, d, nd_qmat_layout(ws[0]));
+            if (!rc) {
+                int prev = nd_kv_big_parallel_begin(s);
+                nd_qgemm_many(ws, 4, &s->qa, ys, lds);
+                nd_set_serial(prev);
+            }
+            return rc;
+        }
+        rc = wmatmul(s, x, n, d, slice(w->wq, (size_t)l * d * qd), NULL, qd, y[0], qd, WM_FRESH);
+        if (!rc)
+            rc = wmatmul(s, x, n, d, slice(w->wk, (size_t)l * d * kvd), NULL, kvd, y[1], kvd, 0);
+        if (!rc)
+            rc = wmatmul(s, x, n, d, slice(w->wv, (size_t)l * d * kvd), NULL, kvd, y[2], kvd, 0);
+        if (!rc)
+            rc = wmatmul(s, x, n, d, slice(w->wgate, (size_t)l * d * qd), NULL, qd, y[3], qd, 0);
+        return rc;
+    case SAN_W_OUT:
+        return wmatmul(s, x, n, qd, slice(w->wout, (size_t)l * qd * d), ql ? &ql->wout : NULL, d,
+                       y[0], d, WM_FRESH | WM_BIG);
+    }
+    return nd_error(ND_EARG, "unknown weight group %d", (int)grp);
+}
+
+/* The engine's attention source: the chunk's K/V rows join the cache,
+ * then its query rows attend over the cached history. */
+typedef struct {
+    san_attn_src base;
+    nd_kv_state *s;
+    int p0, n;
+} kv_attn;
+
+static int kv_attend(const san_attn_src *src, int l, const float *q, const float *k, const float *v,
+                     float *att, float *lse)
+{
+    (void)lse; /* nothing is kept for a backward */
+    const kv_attn *ka = (const kv_attn *)src;
+    nd_kv_state *s = ka->s;
+    nd_kv_store_rows(s, l, ka->p0, ka->n, k, v);
+    nd_kv_attention(s, l, ka->p0, ka->n, q, att, s->att_force ? s->att_force - 1 : nd_att_kernel());
+    return ND_OK;
+}
+
+static int forward_chunk(nd_kv_state *s, const int32_t *tok, int n, float *logits, int all)
+{
+    const san_model *m = s->m;
+    const san_dims *D = &m->dims;
+    const nd_backend *be = s->be;
+    int rc = s->n_sink >= 0 ? nd_kv_make_room(s, n) : ND_OK;
+    int p0 = s->len, d = D->d;
+    if (rc || (rc = nd_kv_reserve(s, p0 + n)))
+        return rc;
+    memcpy(s->tokens + p0, tok, (size_t)n * sizeof *tok);
+    if (s->qw) { /* dequantise just the looked-up rows */
+        float scale = (float)sqrt((double)d);
+        for (int i = 0; i < n; i++) {
+            float *row = s->x0 + (size_t)i * d;
+            nd_qmat_row(&s->qw->emb, tok[i], row);
+            for (int x = 0; x < d; x++)
+                row[x] *= scale;
+        }
+    } else {
+        be->embed(be, s->x0, m->w.emb, tok, n, d, (float)sqrt((double)d));
+    }
+    if ((rc = engram_chunk(s, p0, n)))
+        return rc;
+    be->lanes_broadcast(be, s->X, s->x0, n, D->n, d);
+    if (s->cells_hook) {
+        nd_backend_sync(be);
+        s->cells_hook(s->cells_ctx, -1, p0, s->x0, n);
+    }
+    /* the layers: RoPE rows are positions p0.. (offset tables, one
+     * "sequence" of n rows) */
+    nd_layout_dense(&s->lay, 1, n);
+    kv_wview wv = {{kv_apply}, s};
+    kv_attn at = {{&s->lay.L, NULL, NULL, kv_attend}, s, p0, n};
+    rope_rows(s, p0, n, &at.base.rope_cos, &at.base.rope_sin);
+    san_block blk = {m, &m->w, be, &wv.base, &at.base, {0}, {0}};
+    for (int site = 0; site < m->cfg.n_sites; site++) {
+        blk.eng_k[site] = s->eng_k + (size_t)site * n * d;
+        blk.eng_v[site] = s->eng_v + (size_t)site * n * d;
+    }
+    for (int l = 0; l < D->L && !rc; l++) {
+        rc = san_layer_forward(&blk, &s->la, l, n, s->X, s->Xn);
+        float *t = s->X;
+        s->X = s->Xn;
+        s->Xn = t;
+        if (!rc && s->cells_hook) {
+            be->lanes_mean(be, s->xm, s->X, n, D->n, d);
+            nd_backend_sync(be);
+            s->cells_hook(s->cells_ctx, l, p0, s->xm, n);
+        }
+    }
+    if (rc)
+        return rc;
+    s->len = p0 + n;
+    if (!logits)
+        return ND_OK;
+    int r0 = all ? 0 : n - 1, rows = n - r0;
+    const float *X = s->X + (size_t)r0 * D->n * d;
+    be->lanes_mean(be, s->xm, X, rows, D->n, d);
+    be->rmsnorm(be, s->hf, NULL, s->xm, m->w.final_norm, rows, d);
+    if (s->qw)
+        return wmatmul(s, s->hf, rows, d, NULL, &s->qw->emb, D->V, logits, D->V, WM_FRESH | WM_BIG);
+    be->matmul(be, 0, 1, rows, D->V, d, 1.0f, s->hf, d, m->w.emb, d, 0.0f, logits, D->V);
+    return ND_OK;
+}
+
+/* $NEEDLE_DECODE_THREADS=0: decode steps entirely on the calling thread
+ * (a machine whose cores other jobs hold) */
+static int decode_threads(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("NEEDLE_DECODE_THREADS");
+        v = !(e && !strcmp(e, "0"));
+    }
+    return v;
+}
+
+int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int all_logits)
+{
+    const san_dims *D = &s->m->dims;
+    if (n < 1)
+        return nd_error(ND_EARG, "no tokens to run");
+    if (s->n_sink < 0 && (long)s->len + n > s->max_len)
+        return nd_error(ND_ELIMIT, "%d tokens after %d already in context exceed max_seq_len %d", n,
+                        s->len, s->max_len);
+    for (int i = 0; i < n; i++)
+        if (tok[i] < 0 || tok[i] >= D->V)
+            return nd_error(ND_EARG, "token id %d is outside the vocabulary [0, %d)", tok[i], D->V);
+    /* small work (a decode step, a tiny model) is not worth sharing: OpenMP
+     * a fork/join costs more than it saves (and spins when cores are busy) */
+    const san_dims *Dm = &s->m->dims;
+    double work = (double)n * Dm->d * Dm->d * Dm->L * 8.0; /* ~multiply-adds */
+    int serial = work < 1e8, saved = 0;
+    s->big_parallel = 0;
+    if (serial) { /* this thread only: other sessions keep their threads */
+        s->big_parallel = nd_get_threads() > 1 && decode_threads() && !nd_in_parallel();
+        saved = nd_set_serial(1);
+    }
+    int rc = ND_OK, step = nd_kv_chunk_step(s);
+    for (int i = 0; i < n && !rc; i += step) {
+        int k = n - i < step ? n - i : step;
+        float *lg = NULL;
+        if (logits && all_logits)
+            lg = logits + (size_t)i * D->V;
+        else if (logits && i + k == n)
+            lg = logits;
+        rc = forward_chunk(s, tok + i, k, lg, all_logits);
+    }
+    if (serial)
+        nd_set_serial(saved);
+    return rc;
+}

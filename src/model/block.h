@@ -1,0 +1,90 @@
+/* The SAN block (SPEC §1): one layer's forward, written once for the
+ * trainer and the engine. What differs between them is abstracted:
+ *
+ *  - matrix products go through a weights view (san_wview): the trainer's
+ *    multiplies float kernels with the backend's matmul, the engine's runs
+ *    its quantised kernels on the archive's matrices (or float ones);
+ *  - attention goes through an attention source (san_attn_src): a batch
+ *    layout (full causal attention over the batch's rows) or the engine's
+ *    KV cache (append the chunk's K/V rows, attend over the history); it
+ *    also says where the rows sit for RoPE;
+ *  - everything elementwise runs through the backend's ops.
+ *
+ * san_layer_forward calls them in the block's one op order. */
+#ifndef ND_BLOCK_H
+#define ND_BLOCK_H
+
+#include "backend/backend.h"
+#include "model/params.h"
+
+/* Activations of one layer. Forward-only runs reuse one set for every
+ * layer; training recomputes a layer into it from the saved lane state.
+ * The engine leaves the *_rstd and lse fields NULL (nothing is saved for a
+ * backward) and points qn at q and kn at k (normalised in place). */
+typedef struct {
+    float *nx, *nx_rstd;              /* rms_unit of the flattened lanes [N, n*d], [N] */
+    float *pre, *post, *res;          /* nx @ phi_* [N, n], [N, n], [N, n*n] */
+    float *hpre, *hpost, *M;          /* hyper-connection coefficients */
+    float *u;                         /* block input before the engram [N, d] */
+    float *alpha, *bx;                /* engram gates [sites, N], block input [N, d] */
+    float *a, *a_rstd;                /* zcrms(bx, norm_in) */
+    float *q, *k, *v, *g;             /* projections [N, q_dim|kv_dim] (pre-norm for q, k) */
+    float *qn, *kn, *q_rstd, *k_rstd; /* normalised + rotated q, k */
+    float *att, *lse;                 /* attention output [N, q_dim], lse [N, H] */
+    float *o, *o2;                    /* gated attention, out_proj */
+    float *pn, *pn_rstd;              /* zcrms(o2, post_norm) */
+    float *x1;                        /* after the attention residual */
+    float *z, *z_rstd;                /* zcrms(x1, pre_hada) */
+    float *h1;                        /* fwht(d1 * z) [N, hada_n] */
+    float *y;                         /* Block(bx) - u [N, d] */
+} san_layer_acts;
+
+/* The block's matrix products, each a group of matrices reading one input
+ * (an implementation may run a group as one product). Outputs are dense
+ * [rows, out] arrays:
+ *   SAN_W_PHI:  x = nx [rows, n*d]  -> y[0] pre [n], y[1] post [n], y[2] res [n*n]
+ *   SAN_W_QKVG: x = a  [rows, d]    -> y[0] q [q_dim], y[1] k, y[2] v [kv_dim],
+ *                                      y[3] gate [q_dim]
+ *   SAN_W_OUT:  x = o  [rows, q_dim] -> y[0] o2 [d] */
+typedef enum { SAN_W_PHI, SAN_W_QKVG, SAN_W_OUT } san_wgroup;
+
+typedef struct san_wview san_wview;
+struct san_wview {
+    /* layer's products of group grp; returns ND_OK or an error code */
+    int (*apply)(const san_wview *v, int layer, san_wgroup grp, const float *x, int rows,
+                 float *const *y);
+};
+
+typedef struct san_attn_src san_attn_src;
+struct san_attn_src {
+    /* where the rows sit: RoPE rotates row r by position L->pos[r], with
+     * the angles of row p of the tables */
+    const nd_layout *L;
+    const float *rope_cos, *rope_sin; /* [positions, hd/2] */
+    /* att [rows, q_dim] from the rotated q [rows, q_dim], k and v
+     * [rows, kv_dim] of layer `layer` (lse [rows, H] where the source
+     * keeps it; may be NULL) */
+    int (*attend)(const san_attn_src *src, int layer, const float *q, const float *k,
+                  const float *v, float *att, float *lse);
+};
+
+/* Everything a layer's forward reads besides its input lanes. */
+typedef struct {
+    const san_model *m;       /* dims and config */
+    const san_weights *w;     /* the small tensors: norms, gains, hyper-connection
+                               * parameters, Hadamard diagonals (the matrices go
+                               * through wv) */
+    const nd_backend *be;     /* the elementwise ops */
+    const san_wview *wv;      /* the matrix products */
+    const san_attn_src *attn; /* the attention */
+    /* engram key and value rows [rows, d] of each site, for these rows */
+    const float *eng_k[SAN_MAX_SITES], *eng_v[SAN_MAX_SITES];
+} san_block;
+
+/* Layer l of the block over N rows: lanes X [N, n, d] -> Xn, the
+ * intermediate values in A. Returns ND_OK or the first error of a product
+ * or the attention. */
+int san_layer_forward(const san_block *b, san_layer_acts *A, int l, int N, const float *X,
+                      float *Xn);
+
+#endif

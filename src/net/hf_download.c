@@ -1111,7 +1111,10 @@ int nd_hf_list(const char *repo, const char *revision, char ***files, int *count
         curl_easy_setopt(c, CURLOPT_TIMEOUT, api_timeout(stall));
         double t0 = now_s();
         cr = curl_easy_perform(c);
-        timed_out = cr == CURLE_OPERATION_TIMEDOUT && now_s() - t0 >= (double)api_timeout(stall);
+        /* curl's clock starts a little after ours and may stop a hair
+         * before the limit by our count: allow half a second */
+        timed_out =
+            cr == CURLE_OPERATION_TIMEDOUT && now_s() - t0 >= (double)api_timeout(stall) - 0.5;
         curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
     }
     curl_slist_free_all(hdrs);

@@ -519,14 +519,22 @@ static int headers_done(dl_state *st)
     return 1;
 }
 
+/* One header line as curl hands it (not terminated), as a C string cut to
+ * the buffer; returns its length. */
+static size_t header_copy(const char *buf, size_t n, char *line, size_t cap)
+{
+    size_t k = n < cap - 1 ? n : cap - 1;
+    memcpy(line, buf, k);
+    line[k] = 0;
+    return k;
+}
+
 static size_t on_header(char *buf, size_t size, size_t nitems, void *ctx)
 {
     dl_state *st = ctx;
     size_t n = size * nitems;
     char line[2048];
-    size_t k = n < sizeof line - 1 ? n : sizeof line - 1;
-    memcpy(line, buf, k);
-    line[k] = 0;
+    size_t k = header_copy(buf, n, line, sizeof line);
     const char *v;
     if (!strcmp(line, "\r\n") || !strcmp(line, "\n"))
         return headers_done(st) ? n : 0;
@@ -1035,9 +1043,7 @@ static size_t mem_header(char *buf, size_t size, size_t nitems, void *ctx)
     mem_buf *b = ctx;
     size_t n = size * nitems;
     char line[2048];
-    size_t k = n < sizeof line - 1 ? n : sizeof line - 1;
-    memcpy(line, buf, k);
-    line[k] = 0;
+    size_t k = header_copy(buf, n, line, sizeof line);
     const char *v;
     if (header_is(line, k, "location", &v))
         snprintf(b->location, sizeof b->location, "%.*s", (int)strcspn(v, "\r\n"), v);

@@ -32,25 +32,46 @@ static void mix_gain(float *g, const float *p, const float *cu, int rank, int co
     }
 }
 
+/* Features are handled in chunks of MIX_CHUNK: gathered into contiguous
+ * buffers, computed in straight loops that vectorise, scattered back. */
+#define MIX_CHUNK 256
+
+/* v[k] = src feature m0 + k of row r (0 where its offset is negative) */
+static void mix_gather(float *v, const float *src, const int32_t *off, long base, int m0, int m1)
+{
+    for (int m = m0; m < m1; m++)
+        v[m - m0] = off[m] < 0 ? 0.0f : src[off[m] + base];
+}
+
 static void mix_rows(void *ctx, long r0, long r1, int tid)
 {
     (void)tid;
     const mix_args *a = ctx;
     int cols = a->cols;
-    float g[256];
+    float g[MIX_CHUNK], v[MIX_CHUNK];
     for (long r = r0; r < r1; r++)
-        for (int m0 = 0; m0 < cols; m0 += 256) {
-            int m1 = m0 + 256 < cols ? m0 + 256 : cols;
-            if (a->p)
+        for (int m0 = 0; m0 < cols; m0 += MIX_CHUNK) {
+            int m1 = m0 + MIX_CHUNK < cols ? m0 + MIX_CHUNK : cols, w = m1 - m0;
+            const float *sc = a->scale + m0;
+            mix_gather(v, a->src, a->soff, r * a->srs, m0, m1);
+            if (a->p) {
                 mix_gain(g, a->p + r * a->rank, a->cu, a->rank, cols, m0, m1);
-            for (int m = m0; m < m1; m++) {
-                if (a->doff[m] < 0)
-                    continue;
-                float v = a->soff[m] < 0 ? 0.0f : a->src[a->soff[m] + r * a->srs];
-                float h =
-                    a->scale[m] * (a->p ? g[m - m0] : 1.0f) * v + (a->bias ? a->bias[m] : 0.0f);
-                a->dst[a->doff[m] + r * a->drs] = a->silu ? san_silu(h) : h;
-            }
+                for (int k = 0; k < w; k++)
+                    v[k] *= sc[k] * g[k];
+            } else
+                for (int k = 0; k < w; k++)
+                    v[k] *= sc[k];
+            if (a->bias)
+                for (int k = 0; k < w; k++)
+                    v[k] += a->bias[m0 + k];
+            if (a->silu)
+                for (int k = 0; k < w; k++)
+                    v[k] = san_silu(v[k]);
+            float *dst = a->dst + r * a->drs;
+            const int32_t *doff = a->doff + m0;
+            for (int k = 0; k < w; k++)
+                if (doff[k] >= 0)
+                    dst[doff[k]] = v[k];
         }
 }
 
@@ -94,28 +115,46 @@ static void mix_bwd_share(void *ctx, int tid, int team)
     nd_share(a->N, tid, team, &r0, &r1);
     double *ss = C->part ? C->part + (size_t)tid * 2 * (size_t)cols : NULL;
     double *sb = ss ? ss + cols : NULL;
-    float g[256];
+    float g[MIX_CHUNK], v[MIX_CHUNK], e[MIX_CHUNK], t[MIX_CHUNK];
     for (long r = r0; r < r1; r++)
-        for (int m0 = 0; m0 < cols; m0 += 256) {
-            int m1 = m0 + 256 < cols ? m0 + 256 : cols;
+        for (int m0 = 0; m0 < cols; m0 += MIX_CHUNK) {
+            int m1 = m0 + MIX_CHUNK < cols ? m0 + MIX_CHUNK : cols, w = m1 - m0;
+            const float *sc = a->scale + m0;
+            mix_gather(e, a->ddst, a->doff, r * a->drs, m0, m1);
+            if (a->src)
+                mix_gather(v, a->src, a->soff, r * a->srs, m0, m1);
+            else
+                memset(v, 0, sizeof(float) * (size_t)w);
             if (a->p)
                 mix_gain(g, a->p + r * a->rank, a->cu, a->rank, cols, m0, m1);
-            for (int m = m0; m < m1; m++) {
-                float gm = a->p ? g[m - m0] : 1.0f;
-                float e = a->doff[m] < 0 ? 0.0f : a->ddst[a->doff[m] + r * a->drs];
-                float v = (a->src && a->soff[m] >= 0) ? a->src[a->soff[m] + r * a->srs] : 0.0f;
-                if (a->silu) {
-                    float h = a->scale[m] * gm * v + (a->bias ? a->bias[m] : 0.0f);
+            else
+                for (int k = 0; k < w; k++)
+                    g[k] = 1.0f;
+            if (a->silu) /* e *= silu'(h) */
+                for (int k = 0; k < w; k++) {
+                    float h = sc[k] * g[k] * v[k] + (a->bias ? a->bias[m0 + k] : 0.0f);
                     float s = san_sigmoid(h);
-                    e *= s * (1.0f + h * (1.0f - s));
+                    e[k] *= s * (1.0f + h * (1.0f - s));
                 }
-                if (a->dsrc && a->soff[m] >= 0)
-                    a->dsrc[a->soff[m] + r * a->srs] = e * a->scale[m] * gm;
-                if (a->dcond)
-                    a->dcond[r * cols + m] = e * a->scale[m] * v;
-                if (ss) {
-                    ss[m] += (double)(e * gm * v);
-                    sb[m] += (double)e;
+            if (a->dsrc) {
+                for (int k = 0; k < w; k++)
+                    t[k] = e[k] * sc[k] * g[k];
+                float *dsrc = a->dsrc + r * a->srs;
+                const int32_t *soff = a->soff + m0;
+                for (int k = 0; k < w; k++)
+                    if (soff[k] >= 0)
+                        dsrc[soff[k]] = t[k];
+            }
+            if (a->dcond) {
+                float *dc = a->dcond + r * cols + m0;
+                for (int k = 0; k < w; k++)
+                    dc[k] = e[k] * sc[k] * v[k];
+            }
+            if (ss) {
+                double *s1 = ss + m0, *s2 = sb + m0;
+                for (int k = 0; k < w; k++) {
+                    s1[k] += (double)(e[k] * g[k] * v[k]);
+                    s2[k] += (double)e[k];
                 }
             }
         }

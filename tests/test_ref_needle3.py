@@ -591,6 +591,237 @@ def test_lora_grads():
           vals[pick[1]] == 0.0 and abs(vals[pick[0]]) > 1e-8, str(vals))
 
 
+# ------------------------------------------------------------------ a second, loop-by-loop forward
+
+def slow_forward(P, c, toks):
+    """docs/model.md §6.3-§6.10 again, position by position and index by index,
+    with no einsum, reshape tricks or shared helpers of the reference: a check
+    of the vectorised forward against slips of indexing."""
+    T, d, n, H, G, qk, vd, L = len(toks), c.d, c.n, c.H, c.G, c.qk, c.vd, c.L
+    sig = lambda x: 1.0 / (1.0 + math.exp(-x))
+    A = ref.ATTN
+    B = "stack/layers/block/"
+    Mp = "stack/layers/block/hadamard_mlp/"
+
+    def rmsu(vec):
+        return vec / math.sqrt(sum(float(v) * float(v) for v in vec) / len(vec) + 1e-6)
+
+    def zc(vec, scale):
+        return (1.0 + scale) * rmsu(vec)
+
+    def allowed(l, t, u):
+        if u > t or u < 0:
+            return False
+        if c.window and l not in c.global_layers:
+            return t - u < c.window
+        return True
+
+    # engram (full causal mask)
+    K = len(c.orders) * c.eheads
+    stride = c.seed_heads or c.eheads
+    dil = max(c.orders)
+    e = np.zeros((T, K * c.esub))
+    rows = [[0] * K for _ in range(T)]
+    for t in range(T):
+        k = 0
+        for oi, o in enumerate(c.orders):
+            for h in range(c.eheads):
+                acc = (0x9E3779B9 * (oi * stride + h + 1)) % 2 ** 32
+                for j in range(o):
+                    tok = toks[t - j] if t - j >= 0 else 0
+                    acc = ((acc ^ tok) * 0x01000193) % 2 ** 32
+                acc ^= acc >> 15
+                rows[t][k] = acc % c.slots
+                k += 1
+    sites = []
+    for si, layer in enumerate(c.engram_layers):
+        if c.bank_ids:
+            table = P["engram_banks_%d/embedding" % c.bank_ids[si]]
+            pre = "engram_readers_%d/" % si
+        else:
+            table = P["engrams_%d/embedding" % si]
+            pre = "engrams_%d/" % si
+        e = np.zeros((T, K * c.esub))
+        for t in range(T):
+            k = 0
+            for oi, o in enumerate(c.orders):
+                for h in range(c.eheads):
+                    if t >= o - 1:
+                        e[t, k * c.esub:(k + 1) * c.esub] = table[k, rows[t][k]]
+                    k += 1
+        ks = np.array([e[t] @ P[pre + "key_proj/kernel"] for t in range(T)])
+        v0 = np.array([e[t] @ P[pre + "value_proj/kernel"] for t in range(T)])
+        vs = np.zeros((T, d))
+        for t in range(T):
+            for j in range(4):
+                if t - j * dil >= 0:
+                    vs[t] += P[pre + "taps"][j] * v0[t - j * dil]
+        sites.append((layer, ks, vs))
+
+    # Hadamard pieces
+    N = 1 << (d - 1).bit_length()
+    ba = 1 << ((N - 1).bit_length() // 2)
+    bb = N // ba
+    if c.split_perms:
+        perms = [list(np.random.RandomState(sd).permutation(N // 2))
+                 + [N // 2 + x for x in np.random.RandomState(sd + 977).permutation(N // 2)]
+                 for sd in (11, 13)]
+    else:
+        perms = [list(np.random.RandomState(sd).permutation(N)) for sd in (11, 13)]
+
+    def factor(z, wa, wb):
+        out = np.zeros(N)
+        for k in range(ba):
+            for l2 in range(bb):
+                acc = 0.0
+                for i in range(ba):
+                    for j in range(bb):
+                        if c.factor_mode == "shared":
+                            acc += z[i * bb + j] * wa[i, k] * wb[j, l2]
+                        else:
+                            acc += z[i * bb + j] * wa[j, i, k] * wb[k, j, l2]
+                out[k * bb + l2] = acc
+        return out
+
+    def mlp(l, hin):
+        g = lambda name: P[Mp + name][l]
+        sc = hin @ g("cond_v")
+        ex = np.exp(sc - sc.max())
+        cond = 1.0 + (ex / ex.sum()) @ g("cond_u")
+        z = np.zeros(N)
+        z[:d] = hin
+        z = factor(g("d1") * z, g("w1a"), g("w1b"))
+        z = np.array([z[perms[0][i]] for i in range(N)])
+        pre = g("d2") * cond * z + g("b2")
+        z = factor(np.array([x * sig(x) for x in pre]), g("w2a"), g("w2b"))
+        z = np.array([z[perms[1][i]] for i in range(N)])
+        z = factor(g("d3") * z, g("w3a"), g("w3b"))
+        return (g("d4") * z)[:d]
+
+    def rope(vec, t):
+        half = qk // 2
+        out = np.zeros(qk)
+        for i in range(half):
+            ang = t * (1.0 / c.theta ** (2.0 * i / qk))
+            x1, x2 = vec[i], vec[i + half]
+            out[i] = x1 * math.cos(ang) - x2 * math.sin(ang)
+            out[i + half] = x2 * math.cos(ang) + x1 * math.sin(ang)
+        return out
+
+    X = np.zeros((T, n, d))
+    for t in range(T):
+        for i in range(n):
+            X[t, i] = P["embedding/embedding"][toks[t]] * math.sqrt(d)
+    carry = None
+    producers = [p_ for p_, _ in c.cla_pairs]
+    consumers = [q_ for _, q_ in c.cla_pairs]
+    for l in range(L):
+        gp = lambda name: P["stack/mhc_" + name][l]
+        u = np.zeros((T, d))
+        hpost = np.zeros((T, n))
+        Ms = []
+        for t in range(T):
+            nx = rmsu(np.concatenate([X[t, i] for i in range(n)]))
+            for i in range(n):
+                on = (i == l % n)
+                hpre = sig(gp("a_pre") * (nx @ gp("phi_pre")[:, i]) + gp("b_pre")[i] + (4.0 if on else -4.0))
+                u[t] += hpre * X[t, i]
+                hpost[t, i] = 2 * sig(gp("a_post") * (nx @ gp("phi_post")[:, i]) + gp("b_post")[i]
+                                      + (0.0 if on else -4.0))
+            Z = [[gp("a_res") * (nx @ gp("phi_res")[:, i * n + j]) + gp("b_res")[i, j]
+                  for j in range(n)] for i in range(n)]
+            for _ in range(20):
+                for i in range(n):
+                    lse = math.log(sum(math.exp(Z[i][j]) for j in range(n)))
+                    Z[i] = [Z[i][j] - lse for j in range(n)]
+                for j in range(n):
+                    lse = math.log(sum(math.exp(Z[i][j]) for i in range(n)))
+                    for i in range(n):
+                        Z[i][j] -= lse
+            Ms.append([[math.exp(Z[i][j]) for j in range(n)] for i in range(n)])
+        # block
+        x = u.copy()
+        for layer, ks, vs in sites:
+            if layer == l:
+                for t in range(T):
+                    alpha = sig(rmsu(u[t]) @ rmsu(ks[t]) / math.sqrt(d))
+                    x[t] = x[t] + alpha * vs[t]
+        a = np.array([zc(x[t], P[B + "ZCRMSNorm_0/scale"][l]) for t in range(T)])
+        raw = {nm: np.array([a[t] @ P[A + nm + "_proj/kernel"][l] for t in range(T)])
+               for nm in ("q", "k", "v")}
+        conv = {}
+        for nm in ("q", "k", "v"):
+            if c.taps:
+                taps = P[A + nm + "_taps"][l]
+                conv[nm] = np.zeros_like(raw[nm])
+                for t in range(T):
+                    for j in range(c.taps):
+                        if allowed(l, t, t - j):
+                            conv[nm][t] += taps[j] * raw[nm][t - j]
+            else:
+                conv[nm] = raw[nm]
+        Q = [[rope(zc(conv["q"][t][h * qk:(h + 1) * qk], P[A + "q_norm/scale"][l]), t)
+              for h in range(H)] for t in range(T)]
+        Kh = [[rope(zc(conv["k"][t][g * qk:(g + 1) * qk], P[A + "k_norm/scale"][l]), t)
+               for g in range(G)] for t in range(T)]
+        Vh = [[conv["v"][t][g * vd:(g + 1) * vd] for g in range(G)] for t in range(T)]
+        if l in consumers:
+            Kh, Vh = carry
+        if l in producers:
+            carry = (Kh, Vh)
+        attn = np.zeros((T, d))
+        for t in range(T):
+            o = np.zeros(H * vd)
+            for h in range(H):
+                g = h * G // H
+                keys = [s_ for s_ in range(T) if allowed(l, t, s_)]
+                sc = [Q[t][h] @ Kh[s_][g] / math.sqrt(qk) for s_ in keys]
+                mx = max(sc)
+                w = [math.exp(v - mx) for v in sc]
+                tot = sum(w)
+                for wi, s_ in zip(w, keys):
+                    o[h * vd:(h + 1) * vd] += wi / tot * Vh[s_][g]
+            Wg = P[A + "gate_proj/kernel"][l]
+            for h in range(H):
+                for j in range(vd):
+                    col = h if c.gate == "headwise" else h * vd + j
+                    o[h * vd + j] *= sig(a[t] @ Wg[:, col])
+            attn[t] = o @ P[A + "out_proj/kernel"][l]
+        gate = sig(P[B + "attn_gate"][l])
+        for t in range(T):
+            x[t] = x[t] + gate * zc(attn[t], P[B + "post_attn_norm/scale"][l])
+            x[t] = x[t] + mlp(l, zc(x[t], P[B + "pre_hada_norm/scale"][l]))
+        newX = np.zeros_like(X)
+        for t in range(T):
+            y = x[t] - u[t]
+            for i in range(n):
+                for j in range(n):
+                    newX[t, i] += Ms[t][i][j] * X[t, j]
+                newX[t, i] += hpost[t, i] * y
+        X = newX
+    out = np.zeros((T, c.vout))
+    for t in range(T):
+        hfin = zc(sum(X[t, i] for i in range(n)) / n, P["stack/final_norm/scale"])
+        for v in range(c.vout):
+            out[t, v] = hfin @ P["embedding/embedding"][v]
+    return out
+
+
+def test_slow_forward():
+    toks = [3, 7, 3, 7, 1, 0, 5]
+    for preset in ("tiny3", "tiny3b"):
+        P, c, _ = ref.load_checkpoint(fixture(preset, "bf16"))
+        fast = ref.Model(P, c).forward(toks)
+        slow = slow_forward(P, c, toks)
+        check("%s: vectorised forward = loop-by-loop forward" % preset, rel(fast, slow) < 1e-10,
+              str(rel(fast, slow)))
+    P, c, _ = ref.load_checkpoint(fixture("tiny3"))
+    P2, c2 = with_cfg(fixture("tiny3"), ladder_widths=[])
+    check("ladder_widths selects the split permutations",
+          [q.tolist() for q in ref.Model(P, c).perms] == [q.tolist() for q in ref.hada_perms(32, True)]
+          and rel(ref.Model(P2, c2).forward(toks), ref.Model(P, c).forward(toks)) > 1e-6)
+
+
 # ------------------------------------------------------------------ CLI
 
 def test_cli():
@@ -640,7 +871,7 @@ TESTS = [test_safetensors_layout, test_agreed_names, test_roundtrip_and_dtypes,
          test_reader_rejects, test_config_rules, test_engram_hash, test_mask_diag,
          test_hadamard, test_flash_scaling, test_sinkhorn, test_taps_identity_and_masking,
          test_window, test_cla, test_banks, test_out_vocab_and_adapter, test_loss,
-         test_lora_grads, test_cli]
+         test_lora_grads, test_slow_forward, test_cli]
 
 if __name__ == "__main__":
     only = sys.argv[1:]

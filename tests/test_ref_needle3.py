@@ -10,6 +10,7 @@ computed differently. Python stdlib + numpy only; no build needed.
 import json
 import math
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -39,7 +40,7 @@ def rel(a, b):
 
 
 def fixture(preset, dtype="f32", seed=0, adapter=False, extra=()):
-    out = os.path.join(TMP, "%s_%s_%d.safetensors" % (preset, dtype, seed))
+    out = os.path.join(TMP, "%s_%s_%d%s.safetensors" % (preset, dtype, seed, "".join(extra)))
     argv = [out, "--preset", preset, "--dtype", dtype, "--seed", str(seed)] + list(extra)
     if adapter:
         argv += ["--adapter", out.replace(".safetensors", ".lora.safetensors")]
@@ -152,6 +153,16 @@ def test_roundtrip_and_dtypes():
     got = list(struct.unpack("<5H", fx.encode(vals, "BF16")))
     check("bf16 encoding by hand", got == [0x3F80, 0xC020, 0x3F80, 0x3F82, 0x7F80],
           str([hex(g) for g in got]))
+
+
+def test_mtp_and_no_heads():
+    a = ref.Model(*ref.load_checkpoint(fixture("tiny3b", seed=4))[:2]).forward(TOKENS)
+    P, c, _ = ref.load_checkpoint(fixture("tiny3b", seed=4, extra=["--mtp", "--no-heads"]))
+    raw, _, _ = ref.read_safetensors(fixture("tiny3b", seed=4, extra=["--mtp", "--no-heads"]))
+    check("mtp_* tensors are in the file but dropped, heads optional",
+          "mtp_head/kernel" in raw and "mtp_head/kernel" not in P
+          and not any(k.startswith("router_head") for k in P)
+          and rel(ref.Model(P, c).forward(TOKENS), a) == 0.0)
 
 
 def test_reader_rejects():
@@ -868,7 +879,7 @@ def test_cli():
 
 
 TESTS = [test_safetensors_layout, test_agreed_names, test_roundtrip_and_dtypes,
-         test_reader_rejects, test_config_rules, test_engram_hash, test_mask_diag,
+         test_mtp_and_no_heads, test_reader_rejects, test_config_rules, test_engram_hash, test_mask_diag,
          test_hadamard, test_flash_scaling, test_sinkhorn, test_taps_identity_and_masking,
          test_window, test_cla, test_banks, test_out_vocab_and_adapter, test_loss,
          test_lora_grads, test_slow_forward, test_cli]
@@ -878,5 +889,9 @@ if __name__ == "__main__":
     for t in TESTS:
         if not only or t.__name__ in only:
             t()
-    print("%d failed" % len(failures) if failures else "all passed")
+    if failures:
+        print("%d failed (files kept in %s)" % (len(failures), TMP))
+    else:
+        shutil.rmtree(TMP, ignore_errors=True)
+        print("all passed")
     sys.exit(1 if failures else 0)

@@ -40,7 +40,7 @@ Presets (docs/model.md "Needle 3 (3.x) math" lists what each exercises):
 
 CLI:
   make_needle3_fixture.py OUT.safetensors [--preset tiny3|tiny3b]
-      [--dtype f32|f16|bf16] [--seed N] [--no-heads] [--step N]
+      [--dtype f32|f16|bf16] [--seed N] [--no-heads] [--mtp] [--step N]
       [--adapter ADAPTER.safetensors [--lora-rank R] [--lora-scale S]]
       [--set KEY=JSON ...]          (override config fields, e.g.
                                      --set sliding_window=0)
@@ -368,6 +368,8 @@ def main(argv=None):
     ap.add_argument("--step", type=int, default=7)
     ap.add_argument("--no-heads", action="store_true",
                     help="leave out the probe heads (as model.init makes none)")
+    ap.add_argument("--mtp", action="store_true",
+                    help="add an mtp_head/kernel tensor (upstream's load_checkpoint drops mtp_*)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
                     help="override one config field")
     ap.add_argument("--adapter", help="also write a random 3.x LoRA adapter here")
@@ -391,6 +393,8 @@ def main(argv=None):
         ap.error(str(e))
     rng = np.random.default_rng(args.seed)
     params = random_params(cfg, rng, heads=not args.no_heads)
+    if args.mtp:
+        params["mtp_head/kernel"] = rng.standard_normal((cfg["d_model"], cfg["vocab_size"]))
     run = {"tool": "make_needle3_fixture", "preset": args.preset, "seed": args.seed}
     write_safetensors(args.out, params, checkpoint_metadata(cfg, args.step, run),
                       DTYPES[args.dtype])

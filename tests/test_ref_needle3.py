@@ -353,6 +353,25 @@ def test_flash_scaling():
           rel(ref.attend(q, k, v, mask), out[..., :vd]) < 1e-13)
 
 
+def test_rope():
+    c64, s64 = ref.rope_tables(6, 64, 10000.0, f32=False)
+    c32, s32 = ref.rope_tables(6, 64, 10000.0, f32=True)
+    ang64 = np.arctan2(s64, c64)
+    ang32 = np.arctan2(s32, c32)
+    d = np.abs(np.angle(np.exp(1j * (ang32 - ang64))))
+    check("float32 RoPE angles: within float32 rounding of exact, not equal",
+          d.max() < 64 * 2.0 ** -22 and d.max() > 0, str(d.max()))
+    t = 50
+    want = np.float32(np.float32(t) * (np.float32(1.0) / np.float32(10000.0) ** (np.float32(2) / np.float32(6))))
+    check("float32 angle by hand", abs(np.arctan2(s32[t, 1], c32[t, 1])
+                                     - np.angle(np.exp(1j * float(want)))) < 1e-12)
+    x = np.random.default_rng(1).standard_normal((3, 2, 6))
+    cs, sn = ref.rope_tables(6, 3, 10000.0, f32=False)
+    y = ref.apply_rope(x, cs, sn)
+    check("RoPE keeps norms, position 0 unchanged",
+          rel(np.linalg.norm(y, axis=-1), np.linalg.norm(x, axis=-1)) < 1e-13 and rel(y[0], x[0]) == 0.0)
+
+
 def test_sinkhorn():
     rng = np.random.default_rng(2)
     Z = rng.standard_normal((3, 4, 4)) * 2
@@ -822,7 +841,7 @@ def test_slow_forward():
     toks = [3, 7, 3, 7, 1, 0, 5]
     for preset in ("tiny3", "tiny3b"):
         P, c, _ = ref.load_checkpoint(fixture(preset, "bf16"))
-        fast = ref.Model(P, c).forward(toks)
+        fast = ref.Model(P, c, rope_f32=False).forward(toks)
         slow = slow_forward(P, c, toks)
         check("%s: vectorised forward = loop-by-loop forward" % preset, rel(fast, slow) < 1e-10,
               str(rel(fast, slow)))
@@ -880,7 +899,7 @@ def test_cli():
 
 TESTS = [test_safetensors_layout, test_agreed_names, test_roundtrip_and_dtypes,
          test_mtp_and_no_heads, test_reader_rejects, test_config_rules, test_engram_hash, test_mask_diag,
-         test_hadamard, test_flash_scaling, test_sinkhorn, test_taps_identity_and_masking,
+         test_hadamard, test_flash_scaling, test_rope, test_sinkhorn, test_taps_identity_and_masking,
          test_window, test_cla, test_banks, test_out_vocab_and_adapter, test_loss,
          test_lora_grads, test_slow_forward, test_cli]
 

@@ -21,7 +21,9 @@ CLI:
       [--logits OUT.bin [--logits-dtype f32|f64]]
       [--loss]                                 print a JSON line to stdout
       [--grads OUT.json [--grad-entries N|all] [--grad-seed S] [--fd-step H]]
-      [--trace OUT.json]
+      [--trace OUT.json] [--rope f32|f64]
+  --rope f32 (default) takes RoPE angles as upstream's float32 tables hold
+  them; f64 computes them exactly.
   --tokens may be repeated (one sequence each; --mask repeated to match);
   a tokens/mask file has one sequence per line, ids separated by commas or
   blanks. Several sequences form one batch: the loss is token-weighted over
@@ -381,9 +383,18 @@ def sinkhorn(logits, rounds=SINKHORN_ROUNDS):
     return np.exp(lk)
 
 
-def rope_tables(qk, T, theta):
-    freqs = 1.0 / (theta ** (np.arange(0, qk, 2, dtype=np.float64) / qk))
-    ang = np.outer(np.arange(T, dtype=np.float64), freqs)
+def rope_tables(qk, T, theta, f32=True):
+    """§6.8 step 4: (cos, sin) of angle[t, i] = t * theta^(-2i/qk), i < qk/2.
+    f32: the angles as upstream's float32 tables hold them (exponent, power,
+    reciprocal and product each rounded to float32); else exact float64."""
+    if f32:
+        expo = np.arange(0, qk, 2).astype(np.float32) / np.float32(qk)
+        freqs = np.float32(1.0) / (np.float32(theta) ** expo)
+        ang = np.outer(np.arange(T).astype(np.float32), freqs).astype(np.float32)
+        ang = ang.astype(np.float64)
+    else:
+        freqs = 1.0 / (theta ** (np.arange(0, qk, 2, dtype=np.float64) / qk))
+        ang = np.outer(np.arange(T, dtype=np.float64), freqs)
     return np.cos(ang), np.sin(ang)
 
 
@@ -465,8 +476,8 @@ def conv_taps(z, taps, ok):
 class Model:
     """The 3.x forward for one Config and parameter dict (float64)."""
 
-    def __init__(self, P, cfg):
-        self.P, self.cfg = P, cfg
+    def __init__(self, P, cfg, rope_f32=True):
+        self.P, self.cfg, self.rope_f32 = P, cfg, rope_f32
         c = cfg
         d, L, n, H, G, qk, vd = c.d, c.L, c.n, c.H, c.G, c.qk, c.vd
         if c.out_vocab > c.V:
@@ -606,7 +617,7 @@ class Model:
         full = causal_mask(T)
         x0 = self.E[tokens] * math.sqrt(c.d)
         return dict(T=T, full=full, local=local_mask(T, c.window) if c.window else full,
-                    rope=rope_tables(c.qk, T, c.theta), ekv=self.engram_kv(tokens, full, trace),
+                    rope=rope_tables(c.qk, T, c.theta, self.rope_f32), ekv=self.engram_kv(tokens, full, trace),
                     X=np.repeat(x0[:, None, :], c.n, axis=1),                  # (T, n, d)
                     cla=(np.zeros((T, c.G, c.qk)), np.zeros((T, c.G, c.vd))))
 
@@ -678,14 +689,15 @@ def lora_loss(params, cfg, lora, scale, seqs, masks):
     return batch_loss(Model(merge_lora(params, lora, scale), cfg), seqs, masks)[0]
 
 
-def lora_fd_grads(params, cfg, lora, scale, seqs, masks, entries=None, seed=0, h=1e-5):
+def lora_fd_grads(params, cfg, lora, scale, seqs, masks, entries=None, seed=0, h=1e-5,
+                  rope_f32=True):
     """Central differences of the loss in every (or `entries` random) entry of
     each A and B: (loss(a + h) - loss(a - h)) / 2h, the rest fixed.
     -> {"lora/<key>/A": (shape, flat indices, grads)}. An entry of layer l
     changes only layer l's merged kernel, so the unperturbed state before
     layer l is reused (the result is the same as a full forward)."""
     rng = np.random.default_rng(seed)
-    base_model = Model(merge_lora(params, lora, scale), cfg)
+    base_model = Model(merge_lora(params, lora, scale), cfg, rope_f32)
     before = []                                   # per sequence: state before each layer
     for ids in seqs:
         st, states = base_model.begin(ids), []
@@ -695,7 +707,7 @@ def lora_fd_grads(params, cfg, lora, scale, seqs, masks, entries=None, seed=0, h
         before.append(states)
 
     def trial_loss(trial, l):
-        model = Model(merge_lora(params, trial, scale), cfg)
+        model = Model(merge_lora(params, trial, scale), cfg, rope_f32)
         tot = cnt = 0.0
         for ids, mk, states in zip(seqs, masks, before):
             st = states[l]
@@ -772,6 +784,7 @@ def main(argv=None):
     ap.add_argument("--grad-seed", type=int, default=0)
     ap.add_argument("--fd-step", type=float, default=1e-5)
     ap.add_argument("--trace")
+    ap.add_argument("--rope", choices=["f32", "f64"], default="f32")
     args = ap.parse_args(argv)
     if not (args.logits or args.loss or args.grads or args.trace):
         ap.error("nothing to do: give --logits, --loss, --grads or --trace")
@@ -803,7 +816,7 @@ def main(argv=None):
         lora, scale = {}, 1.0
         if args.adapter:
             lora, scale, _ = load_adapter(args.adapter, cfg, params)
-        model = Model(merge_lora(params, lora, scale), cfg)
+        model = Model(merge_lora(params, lora, scale), cfg, args.rope == "f32")
         trace = {} if args.trace else None
         logits = [model.forward(s, trace) for s in seqs]
         if args.logits:
@@ -821,7 +834,7 @@ def main(argv=None):
                 print(json.dumps({"loss": loss, "count": cnt, "per_sequence": per}))
         if args.grads:
             g = lora_fd_grads(params, cfg, lora, scale, seqs, masks, entries,
-                              args.grad_seed, args.fd_step)
+                              args.grad_seed, args.fd_step, args.rope == "f32")
             doc = {"loss": loss, "scale": scale, "fd_step": args.fd_step,
                    "tensors": {k: {"shape": v[0], "index": v[1], "grad": v[2]}
                                for k, v in g.items()}}

@@ -887,7 +887,9 @@ def test_cli():
                                           for v in g["tensors"].values()))
     t = json.load(open(tr))
     check("CLI --trace", len(t["engram_indices"]) == 2 and len(t["hada_perms"][0]) == 32
-          and t["engram_indices"][1] == ref.engram_indices(ids[1], (2, 3), 2, 13, 3).tolist())
+          and t["engram_indices"][1] == ref.engram_indices(ids[1], (2, 3), 2, 13, 3).tolist()
+          and len(t["hidden"]) == 2 and len(t["hidden"][1]) == 5
+          and rel(t["hidden"][0][0], P["embedding/embedding"][ids[0]] * math.sqrt(24)) < 1e-15)
     r = subprocess.run([sys.executable, tool, os.path.join(TMP, "missing.safetensors"),
                         "--tokens", "1,2", "--loss"], capture_output=True, text=True, timeout=60)
     check("CLI: missing file exits 1 naming it", r.returncode == 1 and "missing.safetensors" in r.stderr,

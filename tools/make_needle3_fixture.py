@@ -43,7 +43,8 @@ CLI:
       [--dtype f32|f16|bf16] [--seed N] [--no-heads] [--mtp] [--step N]
       [--adapter ADAPTER.safetensors [--lora-rank R] [--lora-scale S]]
       [--set KEY=JSON ...]          (override config fields, e.g.
-                                     --set sliding_window=0)
+                                     --set sliding_window=0; not validated,
+                                     so refused configs can be written too)
 Library use: config_for(preset, **overrides), param_shapes(cfg),
 random_params(cfg, rng, heads=True), write_safetensors(path, tensors, meta),
 lora_targets(cfg), random_adapter(cfg, rng, rank).

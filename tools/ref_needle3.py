@@ -38,8 +38,9 @@ Output formats:
   --grads   {"loss": L, "scale": s, "fd_step": h, "tensors": {"lora/<path>/A":
             {"shape": [...], "index": [flat row-major indices], "grad":
             [dL/d entry, ...]}, ...}}; needs --adapter.
-  --trace   {"engram_indices": [[T x K ints] per sequence], "hada_perms":
-            [p1, p2], "vout": Vout} (the integer parts of the forward).
+  --trace   {"engram_indices": [T x K ints, per sequence], "hada_perms":
+            [p1, p2], "vout": Vout, "hidden": [per sequence: L + 1 lists of
+            T x d floats: x0, then the lane mean after each layer]}.
 Exit status 0 on success, 1 on a bad file or input (message on stderr names
 the file and the field), 2 on usage errors.
 """
@@ -651,8 +652,12 @@ class Model:
     def forward(self, tokens, trace=None):
         """Logits (T, Vout) of one sequence under the causal mask."""
         st = self.begin(tokens, trace)
+        hidden = [st["X"].mean(axis=1).tolist()]
         for l in range(self.cfg.L):
             st = self.layer(st, l)
+            hidden.append(st["X"].mean(axis=1).tolist())
+        if trace is not None:
+            trace.setdefault("hidden", []).append(hidden)
         return self.finish(st)
 
 

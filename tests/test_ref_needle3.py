@@ -890,6 +890,35 @@ def test_cli():
           and t["engram_indices"][1] == ref.engram_indices(ids[1], (2, 3), 2, 13, 3).tolist()
           and len(t["hidden"]) == 2 and len(t["hidden"][1]) == 5
           and rel(t["hidden"][0][0], P["embedding/embedding"][ids[0]] * math.sqrt(24)) < 1e-15)
+    # --check-*: a candidate equal to the reference passes, a perturbed one exits 3
+    base = [sys.executable, tool, path, "--tokens", seqs[0], "--tokens", seqs[1],
+            "--mask", "0,0,1,1,1,1,1,1", "--mask", "0,1,1,1", "--adapter", apath]
+    near = os.path.join(TMP, "near.bin")
+    (got * (1 + 1e-7)).astype("<f4").tofile(near)
+    far = os.path.join(TMP, "far.bin")
+    bad = got.copy()
+    bad[700] += 1e-3 * np.max(np.abs(got))
+    bad.astype("<f4").tofile(far)
+    full = {k: {"shape": v["shape"], "grad": [0.0] * int(np.prod(v["shape"]))}
+            for k, v in g["tensors"].items()}
+    for k, v in g["tensors"].items():
+        for i, x in zip(v["index"], v["grad"]):
+            full[k]["grad"][i] = x * (1 + 1e-6)
+    cand = os.path.join(TMP, "cand.json")
+    json.dump({"tensors": full}, open(cand, "w"))
+    key = sorted(full)[3]
+    full[key]["grad"][g["tensors"][key]["index"][1]] += 1e-2 * max(abs(x) for x in full[key]["grad"])
+    cand_bad = os.path.join(TMP, "cand_bad.json")
+    json.dump({"tensors": full}, open(cand_bad, "w"))
+    common = ["--grad-entries", "2"]
+    for what, args, rc in (("logits near", ["--check-logits", near], 0),
+                           ("logits far", ["--check-logits", far], 3),
+                           ("loss equal", ["--check-loss", repr(doc["loss"])], 0),
+                           ("loss off", ["--check-loss", repr(doc["loss"] * 1.001)], 3),
+                           ("grads near", ["--check-grads", cand] + common, 0),
+                           ("grads off", ["--check-grads", cand_bad] + common, 3)):
+        r = subprocess.run(base + args, capture_output=True, text=True, timeout=600)
+        check("CLI --check-%s exits %d" % (what, rc), r.returncode == rc, r.stdout + r.stderr)
     r = subprocess.run([sys.executable, tool, os.path.join(TMP, "missing.safetensors"),
                         "--tokens", "1,2", "--loss"], capture_output=True, text=True, timeout=60)
     check("CLI: missing file exits 1 naming it", r.returncode == 1 and "missing.safetensors" in r.stderr,

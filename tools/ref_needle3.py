@@ -22,6 +22,8 @@ CLI:
       [--loss]                                 print a JSON line to stdout
       [--grads OUT.json [--grad-entries N|all] [--grad-seed S] [--fd-step H]]
       [--trace OUT.json] [--rope f32|f64]
+      [--check-logits F] [--check-loss X] [--check-grads F.json]
+      [--tol 1e-5] [--grad-tol 1e-4]
   --rope f32 (default) takes RoPE angles as upstream's float32 tables hold
   them; f64 computes them exactly.
   --tokens may be repeated (one sequence each; --mask repeated to match);
@@ -41,8 +43,16 @@ Output formats:
   --trace   {"engram_indices": [T x K ints, per sequence], "hada_perms":
             [p1, p2], "vout": Vout, "hidden": [per sequence: L + 1 lists of
             T x d floats: x0, then the lane mean after each layer]}.
+Comparison (for tests of another implementation; each prints one JSON line):
+  --check-logits FILE   FILE laid out as --logits writes (float32): per
+                        sequence max|c - r| / max|r| <= --tol (1e-5)
+  --check-loss VALUE    |VALUE - loss| / |loss| <= --tol
+  --check-grads FILE    JSON of the --grads layout (entries without "index"
+                        list every entry); per tensor, at the reference's
+                        entries, max|c - r| / max(max|r|, 1e-3 * max|r| over
+                        all tensors) <= --grad-tol (1e-4)
 Exit status 0 on success, 1 on a bad file or input (message on stderr names
-the file and the field), 2 on usage errors.
+the file and the field), 2 on usage errors, 3 when a --check-* disagrees.
 """
 import argparse
 import json
@@ -747,6 +757,60 @@ def lora_fd_grads(params, cfg, lora, scale, seqs, masks, entries=None, seed=0, h
     return out
 
 
+# ---------------------------------------------------------------- comparisons
+
+def compare_logits(path, logits, dtype="<f4"):
+    """Per sequence max|c - r| / max|r| of a file laid out as --logits writes."""
+    try:
+        got = np.fromfile(path, dtype).astype(np.float64)
+    except OSError as e:
+        raise RefError("%s: cannot read: %s" % (path, e.strerror))
+    want = sum(lg.size for lg in logits)
+    if got.size != want:
+        raise RefError("%s: %d values, want %d (sequences' T x Vout)" % (path, got.size, want))
+    out, off = [], 0
+    for lg in logits:
+        c = got[off:off + lg.size].reshape(lg.shape)
+        off += lg.size
+        if not np.all(np.isfinite(c)):
+            out.append(float("inf"))
+        else:
+            out.append(float(np.max(np.abs(c - lg)) / max(np.max(np.abs(lg)), 1e-300)))
+    return out
+
+
+def compare_grads(path, ref_grads):
+    """{tensor: error} for a JSON of the --grads layout holding the candidate's
+    gradients (an entry without "index" lists every entry). Compared at the
+    reference's entries; error = max|c - r| / max(max|r| of the tensor,
+    1e-3 * max|r| of all tensors), so an all-zero tensor must come out ~0."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise RefError("%s: cannot read as JSON: %s" % (path, e))
+    tensors = doc.get("tensors") if isinstance(doc, dict) else None
+    if not isinstance(tensors, dict):
+        raise RefError("%s: no \"tensors\" object" % path)
+    scale_all = max(max((abs(g) for g in v[2]), default=0.0) for v in ref_grads.values())
+    errs = {}
+    for name, (shape, idx, grads) in ref_grads.items():
+        t = tensors.get(name)
+        if not isinstance(t, dict) or "grad" not in t:
+            raise RefError("%s: tensors.%s missing" % (path, name))
+        if list(t.get("shape", shape)) != list(shape):
+            raise RefError("%s: tensors.%s.shape %r, want %r" % (path, name, t.get("shape"), shape))
+        cand = dict(zip(t.get("index", range(len(t["grad"]))), t["grad"]))
+        missing = [i for i in idx if i not in cand]
+        if missing:
+            raise RefError("%s: tensors.%s lacks entry %d" % (path, name, missing[0]))
+        c = np.array([cand[i] for i in idx], np.float64)
+        r = np.array(grads, np.float64)
+        den = max(float(np.max(np.abs(r))) if r.size else 0.0, 1e-3 * scale_all, 1e-300)
+        errs[name] = float(np.max(np.abs(c - r)) / den) if np.all(np.isfinite(c)) else float("inf")
+    return errs
+
+
 # ---------------------------------------------------------------- CLI
 
 def _parse_ids(text, what):
@@ -790,11 +854,17 @@ def main(argv=None):
     ap.add_argument("--fd-step", type=float, default=1e-5)
     ap.add_argument("--trace")
     ap.add_argument("--rope", choices=["f32", "f64"], default="f32")
+    ap.add_argument("--check-logits", metavar="FILE")
+    ap.add_argument("--check-loss", type=float, metavar="VALUE")
+    ap.add_argument("--check-grads", metavar="FILE")
+    ap.add_argument("--tol", type=float, default=1e-5)
+    ap.add_argument("--grad-tol", type=float, default=1e-4)
     args = ap.parse_args(argv)
-    if not (args.logits or args.loss or args.grads or args.trace):
-        ap.error("nothing to do: give --logits, --loss, --grads or --trace")
-    if args.grads and not args.adapter:
-        ap.error("--grads needs --adapter")
+    if not (args.logits or args.loss or args.grads or args.trace or args.check_logits
+            or args.check_loss is not None or args.check_grads):
+        ap.error("nothing to do: give --logits, --loss, --grads, --trace or a --check-*")
+    if (args.grads or args.check_grads) and not args.adapter:
+        ap.error("--grads and --check-grads need --adapter")
     if args.grad_entries == "all":
         entries = None
     else:
@@ -828,7 +898,7 @@ def main(argv=None):
             dt = "<f4" if args.logits_dtype == "f32" else "<f8"
             _write_atomic(args.logits, b"".join(np.ascontiguousarray(lg, dt).tobytes()
                                                 for lg in logits))
-        if args.loss or args.grads:
+        if args.loss or args.grads or args.check_grads or args.check_loss is not None:
             per, tot, cnt = [], 0.0, 0.0
             for lg, ids, mk in zip(logits, seqs, masks):
                 s, n = sequence_ce(lg, ids, mk)
@@ -837,17 +907,37 @@ def main(argv=None):
             loss = tot / max(cnt, 1.0)
             if args.loss:
                 print(json.dumps({"loss": loss, "count": cnt, "per_sequence": per}))
-        if args.grads:
+        if args.grads or args.check_grads:
             g = lora_fd_grads(params, cfg, lora, scale, seqs, masks, entries,
                               args.grad_seed, args.fd_step, args.rope == "f32")
             doc = {"loss": loss, "scale": scale, "fd_step": args.fd_step,
                    "tensors": {k: {"shape": v[0], "index": v[1], "grad": v[2]}
                                for k, v in g.items()}}
-            _write_atomic(args.grads, json.dumps(doc).encode())
+            if args.grads:
+                _write_atomic(args.grads, json.dumps(doc).encode())
         if args.trace:
             trace["hada_perms"] = [p.tolist() for p in model.perms]
             trace["vout"] = cfg.vout
             _write_atomic(args.trace, json.dumps(trace).encode())
+        bad = []
+        if args.check_logits:
+            errs = compare_logits(args.check_logits, logits)
+            print(json.dumps({"check": "logits", "tol": args.tol, "max_rel": errs}))
+            bad += ["logits of sequence %d: %g" % (i, e) for i, e in enumerate(errs)
+                    if not e <= args.tol]
+        if args.check_loss is not None:
+            err = abs(args.check_loss - loss) / max(abs(loss), 1e-300)
+            print(json.dumps({"check": "loss", "tol": args.tol, "ref": loss,
+                              "got": args.check_loss, "rel": err}))
+            if not err <= args.tol:
+                bad.append("loss %r vs %r: %g" % (args.check_loss, loss, err))
+        if args.check_grads:
+            errs = compare_grads(args.check_grads, g)
+            print(json.dumps({"check": "grads", "tol": args.grad_tol, "rel": errs}))
+            bad += ["%s: %g" % (k, e) for k, e in sorted(errs.items()) if not e <= args.grad_tol]
+        if bad:
+            print("ref_needle3: disagreement: " + "; ".join(bad), file=sys.stderr)
+            return 3
     except RefError as e:
         print("ref_needle3: %s" % e, file=sys.stderr)
         return 1

@@ -1,4 +1,4 @@
-/* Test helper for tests/test_fake_quant.py (src/model/fake_quant.c on
+/* Test helper for tests/test_fake_quant_numpy.py (src/model/fake_quant.c on
  * float32 files written by numpy):
  *
  *   fake_quant_tool fq BITS ROWS DIM IN OUT        nd_fq3_fake_quant

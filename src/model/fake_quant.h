@@ -13,10 +13,11 @@
  * `x + stop_gradient(Q(x) - x)`, so
  *
  *   forward  y = x + (Q(x) - x)   (two float32 roundings, as written; for
- *                                  fake_quant this is exactly Q(x) (Sterbenz:
- *                                  |Q(x) - x| <= scale/2), for CQ it differs
- *                                  from Q(x) in the last bit of ~3% of
- *                                  the weights)
+ *                                  finite fake_quant this equals Q(x) in
+ *                                  value (Sterbenz: Q(x) - x is exact) but
+ *                                  gives +0 where Q(x) is -0; for CQ it
+ *                                  differs from Q(x) in the last bit of
+ *                                  about 3% of the weights)
  *   backward dx = dy              (straight through: no clipping mask, no
  *                                  gradient through the scale or the norms)
  *

@@ -307,9 +307,9 @@ def main():
               f"{args[:2]} refused naming {field}: {msg}")
 
     if failures:
-        print(f"test_fake_quant: {len(failures)} failure(s)", file=sys.stderr)
+        print(f"test_fake_quant_numpy: {len(failures)} failure(s)", file=sys.stderr)
         return 1
-    print("test_fake_quant: ok")
+    print("test_fake_quant_numpy: ok")
     return 0
 
 

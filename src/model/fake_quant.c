@@ -56,12 +56,10 @@ static void fq_row(const float *x, float *y, int64_t n, float qmax)
 {
     float amax = 0.0f;
     int nan = 0;
-    for (int64_t i = 0; i < n; i++) {
-        float a = fabsf(x[i]);
-        if (isnan(a))
-            nan = 1;
-        else if (a > amax)
-            amax = a;
+    for (int64_t i = 0; i < n; i++) { /* branch-free, so it vectorises */
+        const float a = fabsf(x[i]);
+        nan |= isnan(a) ? 1 : 0;
+        amax = a > amax ? a : amax;
     }
     if (nan)
         amax = NAN;                                       /* jnp.max propagates NaN */

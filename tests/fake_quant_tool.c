@@ -80,14 +80,16 @@ int main(int argc, char **argv)
             n *= (size_t)shape[k];
         }
         float *w = load(argv[5], n), *y = malloc(n * sizeof *y + 1);
-        if (!w || !y)
-            return 1;
-        int rc =
-            nd_fq3_cq_ste_leaf(argv[2], shape, ndim, w, y, (int)num(argv[3]), (int)num(argv[4]));
-        if (rc < 0)
-            return fail(rc);
-        printf("%d\n", rc);
-        int e = save(argv[6], y, n);
+        int rc = ND_ENOMEM, e = 1;
+        if (w && y)
+            rc = nd_fq3_cq_ste_leaf(argv[2], shape, ndim, w, y, (int)num(argv[3]),
+                                    (int)num(argv[4]));
+        if (rc < 0) {
+            e = fail(rc);
+        } else {
+            printf("%d\n", rc);
+            e = save(argv[6], y, n);
+        }
         free(w);
         free(y);
         return e;
@@ -113,8 +115,11 @@ int main(int argc, char **argv)
     size_t n = (size_t)(rows * dim);
     x = load(in, n);
     y = malloc(n * sizeof *y + 1);
-    if (!x || !y)
+    if (!x || !y) {
+        free(x);
+        free(y);
         return 1;
+    }
     if (!strcmp(op, "fq")) {
         rc = nd_fq3_fake_quant(x, y, rows, dim, (int)num(argv[2]));
     } else if (!strcmp(op, "kv")) {
@@ -128,9 +133,7 @@ int main(int argc, char **argv)
             rc = !strcmp(op, "act") ? nd_fq3_act(&nq, x, y, rows, dim)
                                     : nd_fq3_query(&nq, x, y, rows, dim);
     }
-    if (rc)
-        return fail(rc);
-    int e = save(out, y, n);
+    int e = rc ? fail(rc) : save(out, y, n);
     free(x);
     free(y);
     return e;

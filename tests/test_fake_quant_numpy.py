@@ -11,6 +11,7 @@ rounding of a float64 sum of exact float32 products; norm: numpy's
 float32 pairwise sum).
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -314,4 +315,8 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        rc = main()
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)
+    sys.exit(rc)

@@ -95,7 +95,7 @@ int cli_convert(int argc, char **argv)
         rc = r ? pv_dict_set(plain, ND_RECOMMEND_KEY, r) : nd_error(ND_ENOMEM, "out of memory");
     }
     if (!rc)
-        rc = pickle_dump_file(plain, out);
+        rc = ckpt_file_save(plain, out);
     pv_decref(plain);
     if (rc)
         return cli_fail(NULL);

@@ -194,21 +194,21 @@ int ckpt_file_load(const char *path, pv **out)
         n = fread(head, 1, sizeof head, fp);
         fclose(fp);
     }
-    if (fp && (st_sniff(head, n) ||
-               (ckpt_path_is_safetensors(path) && !(n >= 2 && head[0] == 0x80))))
+    if (fp &&
+        (st_sniff(head, n) || (ckpt_path_is_safetensors(path) && !(n >= 2 && head[0] == 0x80))))
         return st_tree_load(path, out);
     int rc = pickle_load_file(path, out);
     if (rc && fp && !(n >= 1 && head[0] == 0x80))
-        rc = nd_error(rc, "%s; nor is it a safetensors file (no 8-byte header length followed by "
-                          "'{')",
+        rc = nd_error(rc,
+                      "%s; nor is it a safetensors file (no 8-byte header length followed by "
+                      "'{')",
                       nd_last_error());
     return rc;
 }
 
 int ckpt_file_save(const pv *root, const char *path)
 {
-    return ckpt_path_is_safetensors(path) ? st_tree_save(root, path)
-                                          : pickle_dump_file(root, path);
+    return ckpt_path_is_safetensors(path) ? st_tree_save(root, path) : pickle_dump_file(root, path);
 }
 
 int ckpt_load(const char *path, san_model *m, pv **tree_out)

@@ -582,11 +582,12 @@ static int put_u64(nd_buf *b, const char *sep, unsigned long long a)
     return nd_buf_put(b, tmp, (size_t)n);
 }
 
-int st_write_file(const char *path, const st_out_tensor *t, size_t n, const st_out_meta *meta,
-                  size_t n_meta)
+/* The 8-byte length and the padded JSON header into h. */
+static int build_header(const char *path, const st_out_tensor *t, size_t n, const st_out_meta *meta,
+                        size_t n_meta, nd_buf *hb)
 {
     nd_buf h = {0};
-    int rc = nd_buf_put(&h, "{", 1);
+    int rc = nd_buf_put(&h, "01234567{", 9);
     if (!rc && n_meta) {
         rc = nd_buf_put(&h, "\"__metadata__\":{", 16);
         for (size_t i = 0; i < n_meta && !rc; i++) {
@@ -638,29 +639,60 @@ int st_write_file(const char *path, const st_out_tensor *t, size_t n, const st_o
     if (!rc)
         rc = nd_buf_put(&h, "}", 1);
     /* spaces after the JSON: the data starts on an 8-byte boundary */
-    while (!rc && (8 + h.n) % 8)
+    while (!rc && h.n % 8)
         rc = nd_buf_put(&h, " ", 1);
     if (rc) {
         nd_buf_free(&h);
         return rc == ND_EARG ? rc : nd_error(ND_ENOMEM, "%s: out of memory", path);
     }
-    unsigned char lenb[8];
     for (int i = 0; i < 8; i++)
-        lenb[i] = (unsigned char)((uint64_t)h.n >> (8 * i));
+        h.p[i] = (char)(unsigned char)((uint64_t)(h.n - 8) >> (8 * i));
+    *hb = h;
+    return ND_OK;
+}
+
+static size_t out_bytes(const st_out_tensor *t)
+{
+    uint64_t numel = 1;
+    for (int k = 0; k < t->ndim; k++)
+        numel *= (uint64_t)t->shape[k];
+    return (size_t)(numel * dtypes[t->dtype].size);
+}
+
+int st_write_mem(const st_out_tensor *t, size_t n, const st_out_meta *meta, size_t n_meta,
+                 unsigned char **out, size_t *out_len)
+{
+    *out = NULL;
+    *out_len = 0;
+    nd_buf h = {0};
+    int rc = build_header("(memory)", t, n, meta, n_meta, &h);
+    for (size_t i = 0; i < n && !rc; i++)
+        rc = nd_buf_put(&h, t[i].data, out_bytes(&t[i]));
+    if (rc) {
+        nd_buf_free(&h);
+        return rc;
+    }
+    *out = (unsigned char *)h.p;
+    *out_len = h.n;
+    return ND_OK;
+}
+
+int st_write_file(const char *path, const st_out_tensor *t, size_t n, const st_out_meta *meta,
+                  size_t n_meta)
+{
+    nd_buf h = {0};
+    int rc = build_header(path, t, n, meta, n_meta, &h);
+    if (rc)
+        return rc;
     nd_atomic_file af;
     if ((rc = nd_atomic_open(&af, path))) {
         nd_buf_free(&h);
         return rc;
     }
-    rc = nd_atomic_write(&af, lenb, 8);
-    if (!rc)
-        rc = nd_atomic_write(&af, h.p, h.n);
+    rc = nd_atomic_write(&af, h.p, h.n);
     nd_buf_free(&h);
     for (size_t i = 0; i < n && !rc; i++) {
-        uint64_t numel = 1;
-        for (int k = 0; k < t[i].ndim; k++)
-            numel *= (uint64_t)t[i].shape[k];
-        size_t nb = (size_t)(numel * dtypes[t[i].dtype].size);
+        size_t nb = out_bytes(&t[i]);
         if (nb)
             rc = nd_atomic_write(&af, t[i].data, nb);
     }

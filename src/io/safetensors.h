@@ -115,6 +115,9 @@ typedef struct {
 
 int st_write_file(const char *path, const st_out_tensor *t, size_t n, const st_out_meta *meta,
                   size_t n_meta);
+/* The same bytes into a malloc'd buffer. */
+int st_write_mem(const st_out_tensor *t, size_t n, const st_out_meta *meta, size_t n_meta,
+                 unsigned char **out, size_t *out_len);
 
 /* ---- needle trees (the same in-memory tree the pickle path builds) ---- */
 
@@ -135,6 +138,8 @@ int st_tree_load(const char *path, pv **out);
 /* Write such a tree (arrays keep their dtype: float32 or float16 as
  * asked by ckpt_tree_params_to_dtype). */
 int st_tree_save(const pv *root, const char *path);
+/* The same file's bytes into a malloc'd buffer. */
+int st_tree_dumps(const pv *root, unsigned char **out, size_t *out_len);
 
 /* Python's json.dumps (default separators, ensure_ascii) of a pv holding
  * None/bool/int/float/str/list/tuple/dict with str keys; malloc'd. */

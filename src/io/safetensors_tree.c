@@ -378,7 +378,7 @@ int st_tree_from_file(const st_file *f, const char *what, pv **out)
     for (size_t i = 0; i < f->n_meta && !rc; i++) {
         const st_meta *m = &f->meta[i];
         if (is_std_key(m->key, adapter) || !m->key[0] || strchr(m->key, '/') ||
-            !strcmp(m->key, adapter ? "lora" : "params"))
+            !strcmp(m->key, "lora") || !strcmp(m->key, "params"))
             continue;
         nd_pj_doc *doc = NULL;
         if (nd_pj_parse(m->val, m->val_len, &doc, NULL) == ND_OK) {
@@ -400,7 +400,8 @@ int st_tree_from_file(const st_file *f, const char *what, pv **out)
             if (hl < sizeof head) {
                 memcpy(head, t->name, hl);
                 head[hl] = 0;
-                if (!is_std_key(head, adapter) && st_meta_get(f, head)) {
+                if (!is_std_key(head, adapter) && strcmp(head, "lora") && strcmp(head, "params") &&
+                    st_meta_get(f, head)) {
                     dst = pv_dict_get(root, head);
                     sub = slash + 1;
                     if (dst->kind != PV_DICT) {
@@ -593,7 +594,9 @@ static int flatten(out_set *o, const pv *node, char *prefix, size_t plen, const 
         } else {
             pv *sub = NULL;
             rc = flatten(o, v, prefix, n, path, rest ? &sub : NULL, depth + 1);
-            if (!rc && rest && sub->u.dict.n)
+            /* a group of arrays only is made again by its tensors; an
+             * empty one stays in the JSON */
+            if (!rc && rest && (sub->u.dict.n || !v->u.dict.n))
                 rc = pv_dict_set_key(keep, k, sub);
             else
                 pv_decref(sub);
@@ -614,12 +617,13 @@ static int cmp_name(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-int st_tree_save(const pv *root, const char *path)
+/* The tensors and metadata of a tree into o (its arrays borrowed). */
+static int collect(const pv *root, const char *path, out_set *op)
 {
     if (!root || root->kind != PV_DICT)
         return nd_error(ND_EARG, "%s: nothing to write (not a dict)", path);
     int adapter = pv_dict_get(root, "lora") && !pv_dict_get(root, "params");
-    out_set o = {0};
+    out_set o = *op;
     char *prefix = malloc(8192);
     int rc = prefix ? ND_OK : nd_error(ND_ENOMEM, "out of memory");
     if (!rc)
@@ -655,10 +659,9 @@ int st_tree_save(const pv *root, const char *path)
             rc = add_meta(&o, "step", strdup(num));
         }
         if (!rc) {
+            /* written as it is (what was read comes back), {} when absent */
             pv *empty = pv_dict();
-            /* upstream: run or {} */
-            int falsy = !run || run->kind == PV_NONE || (run->kind == PV_DICT && !run->u.dict.n);
-            rc = empty ? add_json_meta(&o, "run", falsy ? empty : run, path) : ND_ENOMEM;
+            rc = empty ? add_json_meta(&o, "run", run ? run : empty, path) : ND_ENOMEM;
             pv_decref(empty);
         }
     } else if (!rc) {
@@ -748,9 +751,29 @@ int st_tree_save(const pv *root, const char *path)
             free(sorted);
         }
     }
+    free(prefix);
+    *op = o;
+    return rc;
+}
+
+int st_tree_save(const pv *root, const char *path)
+{
+    out_set o = {0};
+    int rc = collect(root, path, &o);
     if (!rc)
         rc = st_write_file(path, o.t, o.n, o.meta, o.n_meta);
-    free(prefix);
+    out_free(&o);
+    return rc;
+}
+
+int st_tree_dumps(const pv *root, unsigned char **out, size_t *out_len)
+{
+    out_set o = {0};
+    *out = NULL;
+    *out_len = 0;
+    int rc = collect(root, "(memory)", &o);
+    if (!rc)
+        rc = st_write_mem(o.t, o.n, o.meta, o.n_meta, out, out_len);
     out_free(&o);
     return rc;
 }

@@ -198,11 +198,12 @@ int ckpt_file_load(const char *path, pv **out)
         (st_sniff(head, n) || (ckpt_path_is_safetensors(path) && !(n >= 2 && head[0] == 0x80))))
         return st_tree_load(path, out);
     int rc = pickle_load_file(path, out);
-    if (rc && fp && !(n >= 1 && head[0] == 0x80))
-        rc = nd_error(rc,
-                      "%s; nor is it a safetensors file (no 8-byte header length followed by "
-                      "'{')",
-                      nd_last_error());
+    if (rc && fp && !(n >= 1 && head[0] == 0x80)) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", nd_last_error());
+        rc = nd_error(rc, "%s; nor is it a safetensors file (no 8-byte header length, then '{')",
+                      why);
+    }
     return rc;
 }
 

@@ -238,8 +238,9 @@ static int tree_put(pv *node, const char *path, pv *val, const char *what, const
             int rc = ND_OK;
             if (child)
                 rc = nd_error(ND_EFORMAT,
-                              "%s: tensor '%s' is also a prefix of another tensor's name", what,
-                              full);
+                              "%s: tensor '%s' clashes with the tensors under it (a name "
+                              "cannot be both a tensor and a group)",
+                              what, full);
             else if (pv_dict_set_key(node, key, val))
                 rc = nd_error(ND_ENOMEM, "out of memory");
             else
@@ -259,8 +260,8 @@ static int tree_put(pv *node, const char *path, pv *val, const char *what, const
             pv_decref(key);
             pv_decref(val);
             return nd_error(ND_EFORMAT,
-                            "%s: tensor '%s' lies under '%.*s', which is a tensor or a value, "
-                            "not a group",
+                            "%s: tensor '%s' clashes with '%.*s' (a name cannot be both a tensor "
+                            "and a group)",
                             what, full, (int)(path + len - full), full);
         }
         pv_decref(key);

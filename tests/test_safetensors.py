@@ -234,7 +234,28 @@ def main():
           "convert --dtype float16 writes F16 tensors")
     l16, e = eval_losses(h16)
     check(l16 is not None and all(abs(x["loss"] - y["loss"]) < 0.05 for x, y in zip(l16, l_pk)),
-          "the float16 safetensors checkpoint loads (F16 -> float32)", e)
+          "the float16 safetensors checkpoint loads", e)
+
+    h16b, h16c = P("half_back.pkl"), P("half_again.safetensors")
+    r1, r2 = run("convert", h16, h16b), run("convert", h16b, h16c)
+    _, hdr4, _, data4 = st_read(h16c)
+    _, _, _, data3 = st_read(h16)
+    check(r1.returncode == 0 and r2.returncode == 0 and hdr4 == hdr3 and data4 == data3,
+          "F16 safetensors -> pickle -> safetensors keeps float16 bit for bit")
+    # a bfloat16 checkpoint made here from ours: every tensor rounded
+    bf_tensors = []
+    for k, v in hdr.items():
+        b0, b1 = v["data_offsets"]
+        vals = struct.unpack(f"<{(b1 - b0) // 4}f", data[b0:b1])
+        bf_tensors.append((k, "BF16", v["shape"],
+                           struct.pack(f"<{len(vals)}H", *[bf16_bits(x) for x in vals])))
+    bfp = P("bf16.safetensors")
+    with open(bfp, "wb") as f:
+        f.write(st_bytes(bf_tensors, smeta))
+    lbf, e = eval_losses(bfp)
+    check(lbf is not None and lbf != l_pk and
+          all(abs(x["loss"] - y["loss"]) < 0.05 for x, y in zip(lbf, l_pk)),
+          "a BF16 checkpoint loads (bfloat16 -> float32), losses close to float32's", e)
 
     # ---- 3. hostile files ----
     good = [("w", "F32", [2, 2], f32_bytes([1, 2, 3, 4])), ("v", "F32", [2], f32_bytes([5, 6]))]

@@ -130,8 +130,8 @@ int st_write_mem(const st_out_tensor *t, size_t n, const st_out_meta *meta, size
  *                "seed"} (metadata values as JSON)
  * plus our extra top-level keys (needle_c_state, ...): a metadata entry
  * KEY holding the JSON of the value, and its arrays as tensors KEY/SUBPATH.
- * F16 and BF16 tensors become float32 arrays; F64, I32, I64 and BOOL keep
- * their type. */
+ * BF16 tensors become float32 arrays; F16, F64, I32, I64 and BOOL keep
+ * their type (float16 as a pickle's float16 arrays). */
 int st_tree_from_file(const st_file *f, const char *what, pv **out);
 int st_tree_load(const char *path, pv **out);
 

@@ -276,8 +276,8 @@ static int tensor_to_pv(const st_tensor *t, const char *what, pv **out)
     nd_dtype dt;
     switch (t->dtype) {
     case ST_F32:
-    case ST_F16:
     case ST_BF16: dt = ND_F32; break;
+    case ST_F16: dt = ND_F16; break;
     case ST_F64: dt = ND_F64; break;
     case ST_I32: dt = ND_I32; break;
     case ST_I64: dt = ND_I64; break;
@@ -294,6 +294,8 @@ static int tensor_to_pv(const st_tensor *t, const char *what, pv **out)
                         t->name, (unsigned long long)t->numel);
     if (dt == ND_F32)
         st_to_f32(t, a->u.nd.data);
+    /* float16 stays float16, as in a pickle: the merge in `build` rounds
+     * to the stored dtype (docs/formats.md §2.4) */
     else if (t->nbytes)
         memcpy(a->u.nd.data, t->data, (size_t)t->nbytes);
     *out = a;

@@ -241,9 +241,9 @@ static int tree_put(pv *node, const char *path, pv *val, const char *what, const
                               "%s: tensor '%s' clashes with the tensors under it (a name "
                               "cannot be both a tensor and a group)",
                               what, full);
-            else if (pv_dict_set_key(node, key, val))
+            else if (pv_dict_set_key(node, key, val)) /* consumes val either way */
                 rc = nd_error(ND_ENOMEM, "out of memory");
-            else
+            if (!child)
                 val = NULL;
             pv_decref(key);
             pv_decref(val);
@@ -337,10 +337,13 @@ static int meta_json(const st_file *f, const char *key, int dict_default, const 
     return st_json_to_pv(m->val, m->val_len, ctx, out);
 }
 
+/* root[key] = val after `rc = reader(..., &val)`; val is freed on failure */
 static int set_or_fail(pv *root, const char *key, pv *val, int rc)
 {
-    if (rc)
+    if (rc) {
+        pv_decref(val);
         return rc;
+    }
     if (!val || pv_dict_set(root, key, val))
         return nd_error(ND_ENOMEM, "out of memory");
     return ND_OK;
@@ -353,28 +356,28 @@ int st_tree_from_file(const st_file *f, const char *what, pv **out)
     pv *root = pv_dict(), *body = pv_dict(), *v = NULL;
     int rc = root && body ? ND_OK : nd_error(ND_ENOMEM, "out of memory");
     if (!rc && !adapter) {
-        rc = set_or_fail(root, "format_version", v, meta_int(f, "format_version", what, &v));
-        if (!rc) {
-            rc = pv_dict_set(root, "params", pv_incref(body));
-            rc = rc ? nd_error(ND_ENOMEM, "out of memory") : ND_OK;
-        }
-        if (!rc)
-            rc = set_or_fail(root, "config", v, meta_json(f, "config", 1, what, &v));
+        if (!(rc = meta_int(f, "format_version", what, &v)))
+            rc = set_or_fail(root, "format_version", v, rc);
+        if (!rc && pv_dict_set(root, "params", pv_incref(body)))
+            rc = nd_error(ND_ENOMEM, "out of memory");
+        if (!rc && !(rc = meta_json(f, "config", 1, what, &v)))
+            rc = set_or_fail(root, "config", v, rc);
         if (!rc) {
             const pv *c = pv_dict_get(root, "config");
             if (c->kind != PV_DICT)
                 rc = nd_error(ND_EFORMAT, "%s: __metadata__ 'config' is a JSON %s, not an object",
                               what, pv_kind_name(c->kind));
         }
-        if (!rc)
-            rc = set_or_fail(root, "step", v, meta_int(f, "step", what, &v));
-        if (!rc)
-            rc = set_or_fail(root, "run", v, meta_json(f, "run", 1, what, &v));
+        if (!rc && !(rc = meta_int(f, "step", what, &v)))
+            rc = set_or_fail(root, "step", v, rc);
+        if (!rc && !(rc = meta_json(f, "run", 1, what, &v)))
+            rc = set_or_fail(root, "run", v, rc);
     } else if (!rc) {
-        rc = pv_dict_set(root, "lora", pv_incref(body));
-        rc = rc ? nd_error(ND_ENOMEM, "out of memory") : ND_OK;
+        if (pv_dict_set(root, "lora", pv_incref(body)))
+            rc = nd_error(ND_ENOMEM, "out of memory");
         for (int i = 0; i < 4 && !rc; i++)
-            rc = set_or_fail(root, adapter_keys[i], v, meta_json(f, adapter_keys[i], 0, what, &v));
+            if (!(rc = meta_json(f, adapter_keys[i], 0, what, &v)))
+                rc = set_or_fail(root, adapter_keys[i], v, rc);
     }
     /* our extra top-level keys: JSON in the metadata (plain text is kept
      * as a string), their arrays as tensors under KEY/ */

@@ -421,6 +421,52 @@ def main():
         r = run("finetune", data, *common, "--epochs", "1", "--out", ad_out, "--resume", ad_out)
         check(r.returncode == 0 and b"resume" in r.stdout,
               "--resume reads a safetensors adapter", (r.stderr + r.stdout).decode()[-300:])
+    # a stopped run's safetensors adapter carries the moments; resumed, the
+    # result is bit for bit the uninterrupted run's, and the finished file
+    # has upstream's layout only
+    full_ad, cut_ad = P("uninterrupted.safetensors"), P("cut.safetensors")
+    r = run("finetune", data, *common, "--epochs", "2", "--out", full_ad)
+    check(r.returncode == 0, "finetune --out X.safetensors", r.stderr.decode()[-300:])
+    r = run("finetune", data, *common, "--epochs", "2", "--out", cut_ad, "--stop-after", "2")
+    check(r.returncode == 1 and os.path.exists(cut_ad), "--stop-after 2 saves the adapter so far",
+          r.stderr.decode()[-300:])
+    if os.path.exists(cut_ad) and os.path.exists(full_ad):
+        _, chdr, cmeta, _ = st_read(cut_ad)
+        st_state = json.loads(cmeta.get("needle_c_state", "{}"))
+        check("needle_c_state/mu" in chdr and "needle_c_state/nu" in chdr and
+              st_state.get("count") == 2 and st_state.get("batch_size") == 8,
+              "the stopped adapter holds the moments and the run settings",
+              str(sorted(chdr))[:200])
+        r = run("finetune", data, *common, "--epochs", "2", "--out", cut_ad, "--resume", cut_ad)
+        check(r.returncode == 0 and b"moments restored" in r.stdout, "resume from it",
+              (r.stdout + r.stderr).decode()[-300:])
+        _, h1, m1, d1 = st_read(full_ad)
+        _, h2, m2, d2 = st_read(cut_ad)
+        check(h1 == h2 and d1 == d2, "the resumed adapter equals the uninterrupted one bit for bit")
+        check(all(k.startswith("lora/") for k in h2) and
+              set(m2) == {"scale", "base", "rank", "seed", "needle_c_state"},
+              "the finished adapter: lora tensors only; metadata upstream's + run settings",
+              str(sorted(m2)))
+    # the same through --full checkpoints
+    full_ck, cut_ck = P("full_a.safetensors"), P("full_b.safetensors")
+    fcommon = [*common, "--full", "--epochs", "2", "--lr", "1e-3"]
+    r1 = run("finetune", data, *fcommon, "--out", full_ck)
+    r2 = run("finetune", data, *fcommon, "--out", cut_ck, "--stop-after", "2")
+    cut_ok = r2.returncode == 1 and os.path.exists(cut_ck)
+    if cut_ok:
+        _, fh, fm, _ = st_read(cut_ck)
+        cut_ok = "needle_c_state/mu" in fh and "format_version" in fm
+    check(r1.returncode == 0 and cut_ok, "--full: a stopped safetensors checkpoint holds the state",
+          (r1.stderr + r2.stderr).decode()[-300:])
+    r3 = run("finetune", data, *fcommon, "--out", cut_ck, "--resume", cut_ck)
+    if r3.returncode == 0 and os.path.exists(full_ck):
+        _, h1, m1, d1 = st_read(full_ck)
+        _, h2, m2, d2 = st_read(cut_ck)
+        check(h1 == h2 and d1 == d2 and m1 == m2 and not any(k.startswith("needle_c_state")
+                                                             for k in h2),
+              "--full resumed through safetensors equals the uninterrupted run, no state left")
+    else:
+        check(False, "--full resume from a safetensors checkpoint", r3.stderr.decode()[-300:])
     r = run("finetune", data, *common, "--epochs", "1", "--out", P("explicit.pkl"))
     check(r.returncode == 0 and open(P("explicit.pkl"), "rb").read(1) == b"\x80",
           "--out X.pkl still writes a pickle on a safetensors base")

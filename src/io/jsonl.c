@@ -60,8 +60,8 @@ int nd_lines_open(const char *path, size_t max_line, nd_lines **out)
     return 0;
 }
 
-int nd_lines_open_mem(const void *data, size_t n, const char *name, size_t max_line,
-                      size_t chunk, nd_lines **out)
+int nd_lines_open_mem(const void *data, size_t n, const char *name, size_t max_line, size_t chunk,
+                      nd_lines **out)
 {
     *out = NULL;
     nd_lines *r = lines_new(name, max_line);

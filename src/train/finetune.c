@@ -332,12 +332,11 @@ int nd_finetune(const nd_finetune_opts *o)
     }
     if ((rc = nd_tokenizer_load(o->tokenizer, &tok)))
         goto done;
-    if (nd_tokenizer_vocab_size(tok) != m.dims.V) {
-        rc = nd_error(ND_EARG, "tokenizer %s has %d pieces but the checkpoint's vocab_size is %d",
-                      o->tokenizer, nd_tokenizer_vocab_size(tok), m.dims.V);
+    /* the template follows the base model's generation */
+    int generation = o->generation ? o->generation : ND_RENDER_GEN_DEFAULT;
+    if ((rc = nd_render_check_vocab(tok, generation, m.dims.V, o->tokenizer)))
         goto done;
-    }
-    nd_jsonl_opts jo = {.skip_bad = o->skip_bad};
+    nd_jsonl_opts jo = {.skip_bad = o->skip_bad, .generation = generation};
     if ((rc = nd_jsonl_load(o->data, &jo, &ds)))
         goto done;
     /* like upstream, only --max-len caps the length (max_seq_len sizes the

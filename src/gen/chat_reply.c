@@ -112,8 +112,8 @@ void nd_redact(char *s, const char *key)
 /* err = why the body is not JSON: the parser stopped at byte `at` (0-based)
  * saying `what` (pyjson's "column C: problem", whose column counts from the
  * start of the body). Said as line and column, with the text up to that
- * byte quoted. The quote is cut from the body redacted as a
- * whole, so it never starts inside a key it leaves out. */
+ * byte quoted. The quote is cut from the body redacted as a whole, so it
+ * never starts inside a key it leaves out. */
 static void say_not_json(const char *body, size_t len, size_t at, const char *what, const char *key,
                          char *err, size_t err_n)
 {

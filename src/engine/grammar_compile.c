@@ -753,25 +753,31 @@ static int compile_object(nd_grammar *g, const sview *v, const char *path, int d
     return id;
 }
 
-/* common "format"s as patterns (ASCII; the grammar checks the shape, not
- * e.g. that February has no 30th) */
+/* common "format"s as patterns (ASCII) */
 static const char *format_pattern(const char *f)
 {
-    /* within the regex engine's 128 NFA states: a date's day fits its
-     * month (February 29 in any year); a date-time's day is 01..31, its
-     * fraction of seconds \.\d+, no leap second :60; an ipv4 octet is
-     * 0..299 */
+    /* within the regex engine's 320 NFA states: a date (also a
+     * date-time's) is a calendar date, February 29 in leap years only; a
+     * date-time's fraction of seconds is \.\d+, no leap second :60; an
+     * ipv4 octet is 0..255 without leading zeros */
     static const struct {
         const char *name, *re;
     } fm[] = {
-        {"date", "^\\d{4}-((0[13578]|1[02])-(0[1-9]|[12]\\d|3[01])|(0[469]|11)-(0[1-9]|[12]\\d|30)|"
-                 "02-(0[1-9]|1\\d|2\\d))$"},
+        {"date",
+         "^(\\d{4}-((0[13578]|1[02])-(0[1-9]|[12]\\d|3[01])|(0[469]|11)-(0[1-9]|[12]\\d|30)|"
+         "02-(0[1-9]|1\\d|2[0-8]))|(\\d\\d(0[48]|[2468][048]|[13579][26])|([02468][048]|"
+         "[13579][26])00)-02-29)$"},
         {"time",
          "^([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d+)?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]\\d)$"},
-        {"date-time", "^\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])[Tt]([01]\\d|2[0-3]):[0-5]\\d:"
-                      "[0-5]\\d(\\.\\d+)?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]\\d)$"},
+        {"date-time",
+         "^(\\d{4}-((0[13578]|1[02])-(0[1-9]|[12]\\d|3[01])|(0[469]|11)-(0[1-9]|[12]\\d|30)|02-(0["
+         "1-9]|1\\d|2[0-8]))|(\\d\\d(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-"
+         "02-29)[Tt]([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d+)?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]"
+         "\\d)$"},
         {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
-        {"ipv4", "^[12]?\\d?\\d\\.[12]?\\d?\\d\\.[12]?\\d?\\d\\.[12]?\\d?\\d$"},
+        {"ipv4",
+         "^(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.("
+         "25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)$"},
         {"email",
          "^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\\.[A-Za-z0-9]"
          "([A-Za-z0-9-]*[A-Za-z0-9])?)*$"},
@@ -781,6 +787,171 @@ static const char *format_pattern(const char *f)
         if (!strcmp(f, fm[i].name))
             return fm[i].re;
     return NULL;
+}
+
+/* end of the bracket class starting at p[i] == '[' (index of its ']'),
+ * or n when unclosed */
+static size_t class_end(const char *p, size_t i, size_t n)
+{
+    i++;
+    if (i < n && p[i] == '^')
+        i++;
+    if (i < n && p[i] == ']')
+        i++;
+    while (i < n && p[i] != ']')
+        i += p[i] == '\\' ? 2 : 1;
+    return i < n ? i : n;
+}
+
+/* 1 when p[0..n) is one group "(^...$)" with its anchors inside */
+static int anchored_group(const char *p, size_t n)
+{
+    if (n < 4 || p[0] != '(' || p[1] != '^' || p[n - 1] != ')' || p[n - 2] != '$' ||
+        p[n - 3] == '\\')
+        return 0;
+    int depth = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] == '\\')
+            i++;
+        else if (p[i] == '[')
+            i = class_end(p, i, n);
+        else if (p[i] == '(')
+            depth++;
+        else if (p[i] == ')' && --depth == 0 && i != n - 1)
+            return 0;
+    }
+    return depth == 0;
+}
+
+/* Top-level branches written as one group with the anchors inside,
+ * "(^a$)|(^b$)", are "^(a)$|^(b)$" (the same strings); into out. 1 if any
+ * branch was rewritten. */
+static int unwrap_anchored_group(const char *p, char *out, size_t cap)
+{
+    size_t n = strlen(p), o = 0, start = 0;
+    int depth = 0, any = 0;
+    if (2 * n + 8 > cap)
+        return 0;
+    for (size_t i = 0; i <= n; i++) {
+        if (i < n && p[i] == '\\') {
+            i++;
+            continue;
+        }
+        if (i < n && p[i] == '[') {
+            i = class_end(p, i, n);
+            continue;
+        }
+        if (i < n && p[i] == '(')
+            depth++;
+        else if (i < n && p[i] == ')')
+            depth--;
+        if (i < n && (p[i] != '|' || depth))
+            continue;
+        /* a branch p[start..i) */
+        size_t bl = i - start;
+        if (anchored_group(p + start, bl)) {
+            o += (size_t)snprintf(out + o, cap - o, "^(%.*s)$", (int)(bl - 4), p + start + 2);
+            any = 1;
+        } else {
+            memcpy(out + o, p + start, bl);
+            o += bl;
+        }
+        if (i < n)
+            out[o++] = '|';
+        start = i + 1;
+    }
+    out[o] = 0;
+    return any;
+}
+
+/* A fully anchored pattern of single-character atoms (literals, escapes,
+ * classes, '.') where one atom has a counted repetition too long for the
+ * NFA, e.g. ^[a-zA-Z][a-zA-Z0-9-]{39,100}$: every other atom has a fixed
+ * count, so the string's length alone fixes that atom's count, and the
+ * pattern is exactly that atom repeated freely (out) with the length in
+ * [*lo, *hi] (-1: no upper bound). 1 if rewritten. */
+static int counted_as_length(const char *p, char *out, size_t cap, long *lo, long *hi)
+{
+    size_t n = strlen(p);
+    if (n < 3 || p[0] != '^' || p[n - 1] != '$' || n * 2 + 4 > cap)
+        return 0;
+    size_t bs = 0;
+    for (size_t i = n - 1; i > 0 && p[i - 1] == '\\'; i--)
+        bs++;
+    if (bs & 1)
+        return 0; /* an escaped '$' */
+    long fixed = 0, vlo = -1, vhi = -1;
+    size_t o = 0;
+    out[o++] = '^';
+    for (size_t i = 1; i < n - 1;) {
+        size_t a = i;
+        if (p[i] == '\\') {
+            if (i + 1 >= n - 1)
+                return 0;
+            i += 2;
+        } else if (p[i] == '[') {
+            i++;
+            if (p[i] == '^')
+                i++;
+            if (p[i] == ']')
+                i++;
+            while (i < n - 1 && p[i] != ']')
+                i += p[i] == '\\' ? 2 : 1;
+            if (i >= n - 1)
+                return 0;
+            i++;
+        } else if (strchr("()|*+?{}^$", p[i])) {
+            return 0;
+        } else {
+            i++;
+        }
+        size_t atom_len = i - a;
+        long m = 1, x = 1;
+        if (p[i] == '{') {
+            char *e;
+            m = strtol(p + i + 1, &e, 10);
+            if (e == p + i + 1 || m < 0)
+                return 0;
+            if (*e == '}') {
+                x = m;
+            } else if (*e == ',' && e[1] == '}') {
+                x = -1;
+                e++;
+            } else if (*e == ',') {
+                char *e2;
+                x = strtol(e + 1, &e2, 10);
+                if (e2 == e + 1 || *e2 != '}' || x < m)
+                    return 0;
+                e = e2;
+            } else {
+                return 0;
+            }
+            i = (size_t)(e - p) + 1;
+        } else if (p[i] && strchr("*+?", p[i])) {
+            return 0;
+        }
+        if (m == x) {
+            /* a fixed count: copied as written */
+            fixed += m;
+            memcpy(out + o, p + a, i - a);
+            o += i - a;
+            continue;
+        }
+        if (vlo >= 0)
+            return 0; /* a second variable atom */
+        vlo = m;
+        vhi = x;
+        memcpy(out + o, p + a, atom_len);
+        o += atom_len;
+        out[o++] = '*';
+    }
+    if (vlo < 0)
+        return 0;
+    out[o++] = '$';
+    out[o] = 0;
+    *lo = fixed + vlo;
+    *hi = vhi < 0 ? -1 : fixed + vhi;
+    return 1;
 }
 
 static int compile_string(nd_grammar *g, const sview *v, const char *path)
@@ -835,7 +1006,30 @@ static int compile_string(nd_grammar *g, const sview *v, const char *path)
         nd_regex *re = malloc(sizeof *re);
         if (!re)
             return nd_error(ND_ENOMEM, "out of memory");
-        if (nd_re_compile(pat, re)) {
+        char alt[1024];
+        long lo = 0, hi = -1;
+        int rc = nd_re_compile(pat, re);
+        if (rc == ND_EUNSUPPORTED && strlen(pat) < 500 &&
+            unwrap_anchored_group(pat, alt, sizeof alt)) {
+            pat = alt;
+            rc = nd_re_compile(pat, re);
+        }
+        if (rc == ND_ELIMIT && strlen(pat) < 500 &&
+            counted_as_length(pat, alt, sizeof alt, &lo, &hi) && !nd_re_compile(alt, re)) {
+            rc = ND_OK;
+            gnode *sn = &g->nodes[id];
+            if (lo > sn->min_len)
+                sn->min_len = lo > 100000 ? 100000 : (int)lo;
+            if (hi >= 0 && (sn->max_len < 0 || hi < sn->max_len))
+                sn->max_len = (int)hi;
+            if (sn->max_len >= 0 && sn->max_len < sn->min_len) {
+                warnf(g, "%s: pattern admits no string of the allowed length; pattern ignored",
+                      path);
+                free(re);
+                return id;
+            }
+        }
+        if (rc) {
             warnf(g, "%s: pattern ignored: %s", path, nd_last_error());
             free(re);
         } else {

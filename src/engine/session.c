@@ -85,6 +85,32 @@ static nd_embedder embedder(const needle_model *M)
     return e;
 }
 
+/* The one message for a tools block that does not fit the context, the
+ * same from needle_session_new (all tools rendered) and from a retrieved
+ * set's first turn: how many tokens it takes, how many fit, and what to
+ * do about it. */
+static int context_error(const needle_session *S, int tokens, int max_len)
+{
+    int n_tools = (int)nd_pj_root(S->tools_doc)->len;
+    char hint[256];
+    if (S->rt.on)
+        snprintf(hint, sizeof hint,
+                 "even the %d tools retrieval picked do not fit: shorten their descriptions or "
+                 "schemas",
+                 S->rt.n_sel);
+    else if (n_tools > ND_RETRIEVAL_TOP_K)
+        snprintf(hint, sizeof hint,
+                 "the archive has no retrieval head, so all %d tools are rendered: declare "
+                 "fewer tools or use an archive with a contrastive head",
+                 n_tools);
+    else
+        snprintf(hint, sizeof hint, "shorten the tools' descriptions or schemas, or declare fewer");
+    return nd_error(ND_ELIMIT,
+                    "the tools do not fit the context: the system prompt and tools take %d "
+                    "tokens, at most %d fit (max_seq_len %d less %d for the query and answer); %s",
+                    tokens, max_len - ND_SESSION_ROOM, max_len, ND_SESSION_ROOM, hint);
+}
+
 /* the grammar's warnings, then retrieval's note */
 static int join_warnings(needle_session *S)
 {
@@ -159,11 +185,8 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
     if ((rc = render_prefix(S, &pre, !S->rt.on)) || (rc = nd_idvec_push(&ids, M->id_bos)) ||
         (rc = nd_tokenizer_encode(M->tok, pre.p, pre.n, &ids)))
         goto fail;
-    if ((long)ids.n + 8 > M->m.cfg.max_seq_len) {
-        rc = nd_error(ND_ELIMIT,
-                      "the system prompt and tools are %zu tokens; max_seq_len is %d and leaves "
-                      "no room for a query",
-                      ids.n, M->m.cfg.max_seq_len);
+    if ((long)ids.n + ND_SESSION_ROOM > M->m.cfg.max_seq_len) {
+        rc = context_error(S, (int)ids.n, M->m.cfg.max_seq_len);
         goto fail;
     }
     /* a prefix seen before (same system + tools) skips its prefill */
@@ -529,11 +552,8 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
             lcp++;
         if (lcp >= (int)ids.n)
             lcp = (int)ids.n - 1;
-        if (sinks + 16 > max_len) {
-            rc = nd_error(ND_ELIMIT,
-                          "the system prompt and tools are %d tokens; max_seq_len %d leaves no "
-                          "room for an answer",
-                          sinks, max_len);
+        if (sinks + ND_SESSION_ROOM > max_len) {
+            rc = context_error(S, sinks, max_len);
             goto fail;
         }
         /* a retrieved tool set seen before: its prefix's rows from the cache */
@@ -567,7 +587,7 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
 
     /* 2. generate */
     /* the window slides: only max_seq_len past the sinks bounds a turn */
-    int budget = max_len - S->kv.n_sink - 16, room = budget;
+    int budget = max_len - S->kv.n_sink - ND_SESSION_ROOM, room = budget;
     if (budget > max_new_tokens)
         budget = max_new_tokens;
     int gen = 0;

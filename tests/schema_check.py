@@ -8,11 +8,42 @@ boolean `exclusiveMinimum`/`exclusiveMaximum` (draft 4) becomes the
 numeric form. Formats are checked where jsonschema has a checker (date,
 date-time, time, email, ipv4, ...)."""
 import copy
+import datetime
 import json
+import re
 
 import jsonschema
 
-FORMATS = jsonschema.Draft7Validator.FORMAT_CHECKER
+# draft 7's checkers (a copy: the checks added below stay here)
+FORMATS = copy.copy(jsonschema.Draft7Validator.FORMAT_CHECKER)
+FORMATS.checkers = dict(jsonschema.Draft7Validator.FORMAT_CHECKER.checkers)
+_TIME = r"(\d\d):(\d\d):(\d\d)(\.\d+)?([Zz]|[+-](\d\d):(\d\d))"
+
+
+def _time_ok(m):
+    h, mi, sec = int(m[0]), int(m[1]), int(m[2])
+    oh, om = int(m[5] or 0), int(m[6] or 0)
+    return h <= 23 and mi <= 59 and sec <= 60 and oh <= 23 and om <= 59
+
+
+# RFC 3339 date-time and time where jsonschema has no checker for them
+# (Debian's lacks rfc3339-validator): the day must exist in its month
+if "date-time" not in FORMATS.checkers:
+    @FORMATS.checks("date-time")
+    def _date_time(s):
+        m = re.fullmatch(r"(\d{4})-(\d\d)-(\d\d)[Tt]" + _TIME, s) if isinstance(s, str) else None
+        if not m:
+            return not isinstance(s, str)
+        try:
+            datetime.date(int(m[1]), int(m[2]), int(m[3]))
+        except ValueError:
+            return False
+        return _time_ok(m.groups()[3:])
+if "time" not in FORMATS.checkers:
+    @FORMATS.checks("time")
+    def _time(s):
+        m = re.fullmatch(_TIME, s) if isinstance(s, str) else None
+        return not isinstance(s, str) or bool(m and _time_ok(m.groups()))
 # errors() prefix when the validator itself cannot read the schema
 UNCHECKED = "unchecked: "
 

@@ -58,7 +58,8 @@ SETS = {
         "time": {"type": "string", "format": "time"},
         "id": {"type": "string", "format": "uuid"},
         "mail": {"type": "string", "format": "email"},
-        "ip": {"type": "string", "format": "ipv4"}},
+        "ip": {"type": "string", "format": "ipv4"},
+        "link": {"type": "string", "format": "uri"}},
         "required": ["day", "at", "time", "id", "mail", "ip"]})],
     "openapi": [tool("put", {"type": OBJ, "properties": {
         "maybe": {"type": "string", "nullable": True, "maxLength": 4},
@@ -173,6 +174,23 @@ def main():
     keys = [c["arguments"]["key"] for ln in lines for c in json.loads(ln)]
     check(keys and not all(k.startswith("?!aws:") for k in keys),
           f"lookahead read as a literal: {keys[:5]}")
+    # a catalogue beyond one grammar (64 tools): every tool checked, as a
+    # session with retrieval does; no samples from it
+    cat = [tool(f"op{i}", {"type": OBJ, "properties": {"n": {"type": "integer"}}})
+           for i in range(200)]
+    cat[150]["parameters"]["properties"]["n"]["multipleOf"] = 2
+    r = grammar(cat)
+    check(r.returncode == 0 and "200 tools checked" in r.stderr
+          and "op150.parameters.n: " in r.stderr, f"200 tools: {r.returncode} {r.stderr}")
+    r = grammar(cat, "--sample", "1")
+    check(r.returncode == 1 and "at most 64 tools" in r.stderr, f"200 tools --sample: {r.stderr}")
+    cat[170] = {"description": "no name"}
+    r = grammar(cat)
+    check(r.returncode == 1 and "tools[170]" in r.stderr, f"200 tools, one nameless: {r.stderr}")
+    cat[170] = dict(cat[3])
+    r = grammar(cat)
+    check(r.returncode == 1 and "op3" in r.stderr and "twice" in r.stderr,
+          f"200 tools, a name twice: {r.stderr}")
     r = grammar([{"description": "no name"}])
     check(r.returncode == 1 and "tools[0] has no \"name\"" in r.stderr,
           f"nameless tool: {r.returncode} {r.stderr}")

@@ -24,8 +24,9 @@ static const char *grammar_help =
     "summary: tools, warnings, compile time (the best of 5 compiles). A set the\n"
     "grammar refuses (bad JSON, a tool without a name, over a size limit) exits 1\n"
     "with the reason.\n"
-    "(`run` with more than 5 tools and a retrieval head compiles only the tools\n"
-    "retrieval puts in the prompt; this command compiles all of them.)\n"
+    "(`run` with more than 5 tools and a retrieval head checks every tool but\n"
+    "compiles only the tools retrieval puts in the prompt, per query; this\n"
+    "command compiles all of them, or with more than 64 checks each one.)\n"
     "\n"
     "  --tools PATH     JSON array of tools {name, description, parameters}\n"
     "  --sample N       print N random call lists the grammar accepts, one compact\n"
@@ -50,6 +51,16 @@ static int count_lines(const char *w)
         if (*p == '\n')
             n++;
     return *w ? n + 1 : 0;
+}
+
+static void print_warnings(const char *w)
+{
+    for (const char *p = w; *p;) {
+        const char *e = strchr(p, '\n');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        fprintf(stderr, "needle: warning: %.*s\n", (int)n, p);
+        p += n + (e ? 1 : 0);
+    }
 }
 
 int cli_grammar(int argc, char **argv)
@@ -100,6 +111,34 @@ int cli_grammar(int argc, char **argv)
         fprintf(stderr, "needle: %s: tools JSON: %s\n", tools, nd_last_error());
         return 1;
     }
+    const nd_pj *root = nd_pj_root(doc);
+    if (root && root->type == ND_PJ_ARRAY && root->len > ND_GRAM_MAX_ALT) {
+        /* a catalogue: as a session does, every tool is checked, and only
+         * the tools retrieval renders are compiled together, per query */
+        nd_buf w = {0};
+        double t0 = now_ms();
+        rc = nd_gram_validate(root, &w);
+        double ms = now_ms() - t0;
+        if (!rc) {
+            print_warnings(w.p ? w.p : "");
+            fprintf(stderr,
+                    "grammar: %zu tools checked (a catalogue: `run` compiles the retrieved "
+                    "ones per query), %d warnings, in %.3f ms\n",
+                    root->len, count_lines(w.p ? w.p : ""), ms);
+        } else {
+            fprintf(stderr, "needle: %s: refused: %s\n", tools, nd_last_error());
+        }
+        nd_buf_free(&w);
+        nd_pj_free(doc);
+        if (!rc && n_sample > 0) {
+            fprintf(stderr,
+                    "needle: %s: --sample needs at most %d tools (one grammar); sample a "
+                    "subset\n",
+                    tools, ND_GRAM_MAX_ALT);
+            return 1;
+        }
+        return rc ? 1 : 0;
+    }
     nd_grammar *g = NULL;
     /* the compile time is the best of 5 (a busy machine's scheduling noise
      * is not the compiler's) */
@@ -120,12 +159,7 @@ int cli_grammar(int argc, char **argv)
         return 1;
     }
     const char *w = nd_gram_warnings(g);
-    for (const char *p = w; *p;) {
-        const char *e = strchr(p, '\n');
-        size_t n = e ? (size_t)(e - p) : strlen(p);
-        fprintf(stderr, "needle: warning: %.*s\n", (int)n, p);
-        p += n + (e ? 1 : 0);
-    }
+    print_warnings(w);
     fprintf(stderr, "grammar: %d tools, %d warnings, compiled in %.3f ms\n", nd_gram_num_tools(g),
             count_lines(w), ms);
     nd_gram_require_call(g, require_call);

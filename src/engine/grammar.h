@@ -73,6 +73,11 @@ typedef struct {
  * {"type": "function", "function": {...}}). Warnings about ignored schema
  * keywords are collected (nd_gram_warnings). */
 int nd_gram_compile(const nd_pj *tools, nd_grammar **out);
+/* Check every tool of a catalogue of any size as nd_gram_compile would
+ * (the same errors, naming tools[i]; a name declared twice) and append
+ * its warnings (newline-separated) to `warnings`, without keeping a
+ * grammar: retrieval compiles the rendered subset's. */
+int nd_gram_validate(const nd_pj *tools, nd_buf *warnings);
 void nd_gram_free(nd_grammar *g);
 /* "" or newline-separated warnings */
 const char *nd_gram_warnings(const nd_grammar *g);

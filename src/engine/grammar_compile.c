@@ -757,23 +757,25 @@ static int compile_object(nd_grammar *g, const sview *v, const char *path, int d
 static const char *format_pattern(const char *f)
 {
     /* within the regex engine's 320 NFA states: a date (also a
-     * date-time's) is a calendar date, February 29 in leap years only; a
+     * date-time's) is a calendar date, years 0001..9999, February 29 in leap years only; a
      * date-time's fraction of seconds is \.\d+, no leap second :60; an
-     * ipv4 octet is 0..255 without leading zeros */
+     * ipv4 octet is 0..255 without leading zeros; a uri is an RFC 3986 URI
+     * (scheme, then an authority of host and port, or a path; query,
+     * fragment; percent escapes), less userinfo and IP-literal hosts */
     static const struct {
         const char *name, *re;
     } fm[] = {
         {"date",
-         "^(\\d{4}-((0[13578]|1[02])-(0[1-9]|[12]\\d|3[01])|(0[469]|11)-(0[1-9]|[12]\\d|30)|"
-         "02-(0[1-9]|1\\d|2[0-8]))|(\\d\\d(0[48]|[2468][048]|[13579][26])|([02468][048]|"
-         "[13579][26])00)-02-29)$"},
+         "^((\\d{3}[1-9]|\\d\\d[1-9]\\d|\\d[1-9]\\d\\d|[1-9]\\d{3})-((0[13578]|1[02])-(0[1-9]|[12]"
+         "\\d|3[01])|(0[469]|11)-(0[1-9]|[12]\\d|30)|02-(0[1-9]|1\\d|2[0-8]))|(\\d\\d(0[48]|[2468]["
+         "048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)-02-29)$"},
         {"time",
          "^([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d+)?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]\\d)$"},
         {"date-time",
-         "^(\\d{4}-((0[13578]|1[02])-(0[1-9]|[12]\\d|3[01])|(0[469]|11)-(0[1-9]|[12]\\d|30)|02-(0["
-         "1-9]|1\\d|2[0-8]))|(\\d\\d(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-"
-         "02-29)[Tt]([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d+)?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]"
-         "\\d)$"},
+         "^((\\d{3}[1-9]|\\d\\d[1-9]\\d|\\d[1-9]\\d\\d|[1-9]\\d{3})-((0[13578]|1[02])-(0[1-9]|[12]"
+         "\\d|3[01])|(0[469]|11)-(0[1-9]|[12]\\d|30)|02-(0[1-9]|1\\d|2[0-8]))|(\\d\\d(0[48]|[2468]["
+         "048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)-02-29)[Tt]([01]\\d|2[0-3]):[0-5]\\d:"
+         "[0-5]\\d(\\.\\d+)?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]\\d)$"},
         {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
         {"ipv4",
          "^(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.("
@@ -781,7 +783,15 @@ static const char *format_pattern(const char *f)
         {"email",
          "^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\\.[A-Za-z0-9]"
          "([A-Za-z0-9-]*[A-Za-z0-9])?)*$"},
-        {"uri", "^[A-Za-z][A-Za-z0-9+.-]*:[^\\s\"<>\\\\^`{|}]*$"},
+        {"uri", "^[A-Za-z][A-Za-z0-9+.-]*:(//"
+                "([A-Za-z0-9._~!$&'()*+,;=-]|%[0-9A-Fa-f][0-9A-Fa-f])*(:[0-9]*)?(/"
+                "([A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f][0-9A-Fa-f])*)*|/"
+                "(([A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f][0-9A-Fa-f])+(/"
+                "([A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f][0-9A-Fa-f])*)*)?|([A-Za-z0-9._~!$&'()*+"
+                ",;=:@-]|%[0-9A-Fa-f][0-9A-Fa-f])+(/"
+                "([A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f][0-9A-Fa-f])*)*)?(\\?([A-Za-z0-9._~!$&'("
+                ")*+,;=:@/?-]|%[0-9A-Fa-f][0-9A-Fa-f])*)?(#([A-Za-z0-9._~!$&'()*+,;=:@/"
+                "?-]|%[0-9A-Fa-f][0-9A-Fa-f])*)?$"},
     };
     for (size_t i = 0; i < sizeof fm / sizeof fm[0]; i++)
         if (!strcmp(f, fm[i].name))
@@ -1335,14 +1345,11 @@ static int node_minlen(nd_grammar *g, int id)
     return 1;
 }
 
-int nd_gram_compile(const nd_pj *tools, nd_grammar **out)
+/* tools->items[first .. first + count) into one grammar (messages name
+ * each tool by its index in the whole array) */
+static int compile_range(const nd_pj *tools, size_t first, size_t count, nd_grammar **out)
 {
     *out = NULL;
-    if (!tools || tools->type != ND_PJ_ARRAY)
-        return nd_error(ND_EFORMAT, "tools must be a JSON array of tool objects");
-    if (tools->len > ND_GRAM_MAX_ALT)
-        return nd_error(ND_ELIMIT, "%zu tools declared; at most %d are supported", tools->len,
-                        ND_GRAM_MAX_ALT);
     nd_grammar *g = calloc(1, sizeof *g);
     if (!g)
         return nd_error(ND_ENOMEM, "out of memory");
@@ -1356,12 +1363,12 @@ int nd_gram_compile(const nd_pj *tools, nd_grammar **out)
     if ((rc = add_lit(g, N_TFN, "true", 4)) || (rc = add_lit(g, N_TFN, "false", 5)) ||
         (rc = add_lit(g, N_TFN, "null", 4)))
         goto fail;
-    g->tools = calloc(tools->len + 1, sizeof *g->tools);
+    g->tools = calloc(count + 1, sizeof *g->tools);
     if (!g->tools) {
         rc = nd_error(ND_ENOMEM, "out of memory");
         goto fail;
     }
-    for (size_t i = 0; i < tools->len; i++) {
+    for (size_t i = first; i < first + count; i++) {
         const nd_pj *t = tools->items[i];
         const nd_pj *fn = nd_pj_get(t, "function");
         if (fn && fn->type == ND_PJ_OBJECT && !nd_pj_get(t, "name"))
@@ -1439,6 +1446,67 @@ int nd_gram_compile(const nd_pj *tools, nd_grammar **out)
     return ND_OK;
 fail:
     nd_gram_free(g);
+    return rc;
+}
+
+int nd_gram_compile(const nd_pj *tools, nd_grammar **out)
+{
+    *out = NULL;
+    if (!tools || tools->type != ND_PJ_ARRAY)
+        return nd_error(ND_EFORMAT, "tools must be a JSON array of tool objects");
+    if (tools->len > ND_GRAM_MAX_ALT)
+        return nd_error(ND_ELIMIT,
+                        "%zu tools declared; one grammar holds at most %d (with more than %d "
+                        "tools, an archive with a contrastive head renders the retrieved ones "
+                        "only)",
+                        tools->len, ND_GRAM_MAX_ALT, 5);
+    return compile_range(tools, 0, tools->len, out);
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+    const nd_pj *x = *(const nd_pj *const *)a, *y = *(const nd_pj *const *)b;
+    size_t n = x->len < y->len ? x->len : y->len;
+    int c = memcmp(x->str, y->str, n);
+    return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+int nd_gram_validate(const nd_pj *tools, nd_buf *warnings)
+{
+    if (!tools || tools->type != ND_PJ_ARRAY)
+        return nd_error(ND_EFORMAT, "tools must be a JSON array of tool objects");
+    int rc = ND_OK;
+    for (size_t first = 0; first < tools->len && !rc; first += ND_GRAM_MAX_ALT) {
+        size_t count = tools->len - first;
+        count = count > ND_GRAM_MAX_ALT ? ND_GRAM_MAX_ALT : count;
+        nd_grammar *g = NULL;
+        if ((rc = compile_range(tools, first, count, &g)))
+            break;
+        const char *w = nd_gram_warnings(g);
+        if (*w && warnings->n)
+            rc = nd_buf_put(warnings, "\n", 1);
+        if (*w && !rc)
+            rc = nd_buf_put(warnings, w, strlen(w));
+        nd_gram_free(g);
+    }
+    if (rc)
+        return rc;
+    /* a name declared twice in different chunks */
+    const nd_pj **names = malloc((tools->len + 1) * sizeof *names);
+    if (!names)
+        return nd_error(ND_ENOMEM, "out of memory");
+    size_t n = 0;
+    for (size_t i = 0; i < tools->len; i++) {
+        const nd_pj *t = tools->items[i], *fn = nd_pj_get(t, "function");
+        if (fn && fn->type == ND_PJ_OBJECT && !nd_pj_get(t, "name"))
+            t = fn;
+        names[n++] = nd_pj_get(t, "name"); /* a string: checked by compile_range */
+    }
+    qsort(names, n, sizeof *names, cmp_name);
+    for (size_t i = 1; i < n && !rc; i++)
+        if (!cmp_name(&names[i - 1], &names[i]))
+            rc = nd_error(ND_EFORMAT, "tool name \"%s\" is declared twice", names[i]->str);
+    free(names);
     return rc;
 }
 

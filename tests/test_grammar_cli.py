@@ -167,6 +167,17 @@ def main():
     check("example" not in r.stderr and "readOnly" not in r.stderr,
           f"annotations are not quiet: {r.stderr}")
     check("grammar: 1 tools, 2 warnings" in r.stderr, f"summary: {r.stderr}")
+    # a pattern too large for the NFA even so: its long counted repetitions
+    # are cut (a subset of the strings, with a warning), never dropped
+    arn = [tool("arn", {"type": OBJ, "properties": {"a": {
+        "type": "string", "pattern": "^(arn:[a-z-]+:[a-z\\d-]+:\\d{12}:p\\/[a-zA-Z0-9_.-]{1,255}\\/[0-9]+)$"}},
+        "required": ["a"]})]
+    lines, err = samples(arn, 200, 4, "--require-call")
+    check("arn.parameters.a: pattern's counted repetitions over 32 cut to 32" in err,
+          f"narrowed pattern warning: {err}")
+    bad = [ln for ln in lines if Checker(arn).errors(ln)]
+    check(not bad, f"narrowed pattern: invalid samples {bad[:2]}")
+
     # the dropped lookahead is not read as the literal prefix "?!aws:"
     lines, _ = samples([tool("tag", {"type": OBJ, "properties": {
         "key": {"type": "string", "pattern": "^(?!aws:).*$"}}, "required": ["key"]})], 50, 2,

@@ -964,6 +964,55 @@ static int counted_as_length(const char *p, char *out, size_t cap, long *lo, lon
     return 1;
 }
 
+/* The pattern with every counted repetition {m,n} whose n exceeds `cap`
+ * cut to {m,max(m,cap)} (outside classes and escapes), into out: a subset
+ * of the strings, for a pattern the NFA cannot hold as written. 1 if any
+ * was cut. */
+static int narrow_repeats(const char *p, int cap, char *out, size_t outcap)
+{
+    size_t n = strlen(p), o = 0;
+    int cut = 0;
+    if (n + 1 > outcap)
+        return 0;
+    for (size_t i = 0; i < n;) {
+        if (p[i] == '\\' && i + 1 < n) {
+            out[o++] = p[i++];
+            out[o++] = p[i++];
+            continue;
+        }
+        if (p[i] == '[') {
+            size_t e = class_end(p, i, n);
+            size_t len = (e < n ? e + 1 : n) - i;
+            memcpy(out + o, p + i, len);
+            o += len;
+            i += len;
+            continue;
+        }
+        if (p[i] == '{') {
+            char *e1, *e2;
+            long m = strtol(p + i + 1, &e1, 10);
+            if (e1 != p + i + 1 && *e1 == ',' && e1[1] != '}') {
+                long x = strtol(e1 + 1, &e2, 10);
+                if (e2 != e1 + 1 && *e2 == '}' && x > cap && x >= m) {
+                    long k = m > cap ? m : cap;
+                    int w = snprintf(out + o, outcap - o, "{%ld,%ld}", m, k);
+                    if (w < 0 || (size_t)w >= outcap - o)
+                        return 0;
+                    o += (size_t)w;
+                    i = (size_t)(e2 - p) + 1;
+                    cut = 1;
+                    continue;
+                }
+            }
+        }
+        if (o + 1 >= outcap)
+            return 0;
+        out[o++] = p[i++];
+    }
+    out[o] = 0;
+    return cut;
+}
+
 static int compile_string(nd_grammar *g, const sview *v, const char *path)
 {
     int id = new_node(g, K_STR);
@@ -1037,6 +1086,20 @@ static int compile_string(nd_grammar *g, const sview *v, const char *path)
                       path);
                 free(re);
                 return id;
+            }
+        }
+        /* still too large: cut long counted repetitions (a subset of the
+         * strings, with a warning) rather than drop the pattern */
+        for (int cap = 32; rc == ND_ELIMIT && cap >= 4 && strlen(pat) < 500; cap /= 2) {
+            char nar[1024];
+            if (!narrow_repeats(pat, cap, nar, sizeof nar))
+                break;
+            if (!nd_re_compile(nar, re)) {
+                warnf(g,
+                      "%s: pattern's counted repetitions over %d cut to %d to fit the grammar "
+                      "(longer matches are not allowed): %.200s",
+                      path, cap, cap, nar);
+                rc = ND_OK;
             }
         }
         if (rc) {

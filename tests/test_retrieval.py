@@ -28,11 +28,13 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -486,6 +488,44 @@ def run_all(tmp):
           "C (no head): decoding probability %r" % conf["C"])
     check(isinstance(conf["A"], float) and 0 < conf["A"] <= conf["C"],
           "A: min(head, decoding) %r <= %r" % (conf["A"], conf["C"]))
+
+    # ---- a large catalogue (issue 33): retrieval picks before the grammar ----
+    # 300 tools: with a contrastive head the session checks every tool but
+    # compiles a grammar for the 5 rendered ones only (one grammar holds at
+    # most 64 tools); without one, the context message says why it fails
+    big = [tool("op_%04d" % i, "operation %d of a large catalogue" % i,
+                {"id": {"type": "integer", "minimum": i}, "note": {"type": "string"}})
+           for i in range(300)]
+    big[234]["parameters"]["properties"]["id"]["multipleOf"] = 3
+    t0 = time.time()
+    s = lib.needle_session_new_with_index(mA, b"", json.dumps(big).encode(), None)
+    check(bool(s), "300 tools with a retrieval head: %r" % lib.needle_thread_error())
+    if s:
+        sess = Session.__new__(Session)
+        sess.lib, sess.s = lib, s
+        w = lib.needle_session_warnings(s).decode()
+        check("op_0234.parameters.id" in w and "multipleOf" in w,
+              "a warning of the 235th tool names it: %r" % w[:300])
+        for q in ("turn on the lights", "operation 17", "turn on the lights"):
+            env = sess.complete(q, 64)
+            names = sess.context_names()
+            check(len(names) == 5 and set(names) <= {t["name"] for t in big},
+                  "300 tools: 5 rendered, got %r" % names)
+            check(env["success"] is False or all(c["name"] in names for c in env["function_calls"]),
+                  "300 tools: calls name rendered tools: %r" % env)
+            sess.lib.needle_session_reset(s)
+        sess.close()
+    print("300-tool catalogue through retrieval: %.1f s" % (time.time() - t0))
+    bad = json.loads(json.dumps(big))
+    del bad[250]["name"]
+    s = lib.needle_session_new_with_index(mA, b"", json.dumps(bad).encode(), None)
+    check(not s and b"tools[250]" in lib.needle_thread_error(),
+          "a nameless tool among 300 is named: %r" % lib.needle_thread_error())
+    s = lib.needle_session_new_with_index(mC, b"", json.dumps(big[:80]).encode(), None)
+    err = lib.needle_thread_error().decode()
+    check(not s and "no retrieval head, so all 80 tools are rendered" in err
+          and re.search(r"take \d+ tokens, at most \d+ fit", err),
+          "80 tools, no retrieval head: %r" % err)
 
     for m in (mA, mB, mC, mAf):
         lib.needle_model_free(m)

@@ -55,6 +55,7 @@ int cli_run(int argc, char **argv);
 /* `run --checkpoint X.pkl --query TEXT`: upstream's plain continuation */
 int cli_run_checkpoint(int argc, char **argv);
 int cli_eval_calls(int argc, char **argv);
+int cli_grammar(int argc, char **argv);
 int cli_playground(int argc, char **argv);
 
 /* Print "needle: <message>" for the library's last error and return 1. */

@@ -19,6 +19,8 @@ static const struct {
      "synthesise tool-calling examples with a chat-completions service (OpenRouter)"},
     {"build", cli_build, "merge a LoRA adapter and export a .cact archive (CQ quantised)"},
     {"run", cli_run, "a schema-constrained tool call from a .cact (--checkpoint: plain text)"},
+    {"grammar", cli_grammar,
+     "compile tools' schemas as `run` does; what is not enforced; sample calls"},
     {"eval-calls", cli_eval_calls, "score a .cact's tool calls on held-out JSONL examples"},
     {"download", cli_download, "download a file of a Hugging Face model repository (resumable)"},
     {"inspect", cli_inspect, "validate a .cact archive; print header, codebooks, tensors"},

@@ -13,7 +13,8 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static needle_model *g_model;
 static needle_session *g_session;
 static char g_err[1024];
-static int g_load_called; /* then a missing model is an error, never the base */
+static int g_load_called;     /* then a missing model is an error, never the base */
+static char g_init_err[1024]; /* why the last needle_init failed, or "" */
 
 static void remember(void)
 {
@@ -50,6 +51,7 @@ int needle_load(const unsigned char *cact, unsigned long long n)
         needle_model_free(g_model);
         g_model = m;
         g_err[0] = 0;
+        g_init_err[0] = 0;
     }
     pthread_mutex_unlock(&g_lock);
     return rc;
@@ -76,8 +78,13 @@ int needle_init(const char *system, const char *tools_json, const char *tool_ind
             needle_session_new_with_index(g_model, system, tools_json, tool_index_path);
         if (!s) {
             remember();
+            snprintf(g_init_err, sizeof g_init_err, "%s", g_err);
+            /* the session of an earlier init does not answer for these tools */
+            needle_session_free(g_session);
+            g_session = NULL;
             rc = NEEDLE_EFORMAT;
         } else {
+            g_init_err[0] = 0;
             needle_session_free(g_session);
             g_session = s;
             rc = needle_session_context_tokens(s);
@@ -93,7 +100,10 @@ int needle_complete(const char *text, int max_new_tokens, char *buf, int buf_len
     pthread_mutex_lock(&g_lock);
     int rc;
     if (!g_session) {
-        if (g_model)
+        if (g_model && g_init_err[0]) /* the envelope says why, as init did */
+            snprintf(g_err, sizeof g_err, "no session: the last needle_init failed: %.950s",
+                     g_init_err);
+        else if (g_model)
             snprintf(g_err, sizeof g_err, "no session: call needle_init first");
         else if (g_load_called)
             load_failed_error();

@@ -70,6 +70,9 @@ int nd_cact_tokenizer(const cact_file *f, nd_tokenizer **tok);
 /* prompt tokens a session runs per forward: scratch scales with it (RSS),
  * and past ~64 rows a quantised matmul gains little from more */
 #define ND_SESSION_CHUNK 64
+/* tokens of the context kept past the system prompt and tools for the
+ * query and the answer: a longer tools block is refused */
+#define ND_SESSION_ROOM 16
 #define ND_ATT_MAX_HD 512
 #define ND_VP_GROUP                                                                                \
     32 /* v' values per int8 scale */ /* largest head dim the cached attention takes */

@@ -12,6 +12,9 @@
 /* ------------------------------------------------------------------ */
 /* the automaton                                                       */
 
+_Static_assert(sizeof(((nd_gram_frame *)0)->re) == sizeof(nd_re_set),
+               "a string frame holds one pattern state set");
+
 static int frame_kind(const nd_grammar *g, int node)
 {
     switch (g->nodes[node].kind) {
@@ -38,8 +41,7 @@ static void frame_set(const nd_grammar *g, nd_gram_frame *f, int node)
         f->mask = n->nlit >= 64 ? ~0ull : (1ull << n->nlit) - 1;
     if (f->kind == FR_STR && n->re) {
         nd_re_set r = nd_re_initial(n->re);
-        f->re[0] = r.w[0];
-        f->re[1] = r.w[1];
+        memcpy(f->re, r.w, sizeof f->re);
     }
 }
 
@@ -76,7 +78,8 @@ static int str_char(const gnode *n, nd_gram_frame *f, int ch)
     if (n->re) {
         if (ch < 0)
             return 0;
-        nd_re_set r = {{f->re[0], f->re[1]}};
+        nd_re_set r;
+        memcpy(r.w, f->re, sizeof r.w);
         r = nd_re_step(n->re, r, ch);
         if (nd_re_empty(r))
             return 0;
@@ -86,8 +89,7 @@ static int str_char(const gnode *n, nd_gram_frame *f, int ch)
         if (nd_re_len_min(n->re, r, n->min_len - c1, n->max_len >= 0 ? n->max_len - c1 : INT_MAX) <
             0)
             return 0;
-        f->re[0] = r.w[0];
-        f->re[1] = r.w[1];
+        memcpy(f->re, r.w, sizeof f->re);
     } else if (n->max_len >= 0 && f->count + 1 > n->max_len) {
         return 0;
     }
@@ -141,7 +143,8 @@ static int step_str(const nd_grammar *g, nd_gram_frame *f, unsigned char b)
         if (f->count < n->min_len)
             return R_REJ;
         if (n->re) {
-            nd_re_set r = {{f->re[0], f->re[1]}};
+            nd_re_set r;
+            memcpy(r.w, f->re, sizeof r.w);
             if (!nd_re_accepts(n->re, r))
                 return R_REJ;
         }
@@ -628,7 +631,8 @@ static int frame_dist(const nd_grammar *g, const nd_gram_frame *f)
                 nd_gram_frame t = *f;
                 if (!str_char(n, &t, dec[i]))
                     continue;
-                nd_re_set r = {{t.re[0], t.re[1]}};
+                nd_re_set r;
+                memcpy(r.w, t.re, sizeof r.w);
                 int x = nd_re_len_min(n->re, r, n->min_len - t.count,
                                       n->max_len >= 0 ? n->max_len - t.count : INT_MAX);
                 if (x >= 0 && 1 + x < best)
@@ -641,7 +645,8 @@ static int frame_dist(const nd_grammar *g, const nd_gram_frame *f)
         int need = n->min_len - f->count - (f->esc == 1);
         if (n->re) {
             /* characters to come, the escaped one included */
-            nd_re_set r = {{f->re[0], f->re[1]}};
+            nd_re_set r;
+            memcpy(r.w, f->re, sizeof r.w);
             int lo = n->min_len - f->count, hi = n->max_len >= 0 ? n->max_len - f->count : INT_MAX;
             if (f->esc == 1 && lo < 1)
                 lo = 1;

@@ -42,6 +42,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/rng.h"
 #include "text/pyjson.h"
 
 #define ND_GRAM_DEPTH 24
@@ -55,7 +56,7 @@ typedef struct {
     int32_t count;  /* literal/key position, string chars, array items */
     int32_t cur;    /* object: current property; call: chosen tool */
     uint64_t mask;  /* literal/key candidates; object: used properties */
-    uint64_t re[2]; /* string pattern state */
+    uint64_t re[5]; /* string pattern state (ND_RE_WORDS) */
     uint8_t esc;    /* string: 1 after '\\', 2..5 = \u hex digits left + 1 */
     uint8_t u8left; /* string: UTF-8 continuation bytes still expected */
     uint8_t u8lo, u8hi;
@@ -72,6 +73,11 @@ typedef struct {
  * {"type": "function", "function": {...}}). Warnings about ignored schema
  * keywords are collected (nd_gram_warnings). */
 int nd_gram_compile(const nd_pj *tools, nd_grammar **out);
+/* Check every tool of a catalogue of any size as nd_gram_compile would
+ * (the same errors, naming tools[i]; a name declared twice) and append
+ * its warnings (newline-separated) to `warnings`, without keeping a
+ * grammar: retrieval compiles the rendered subset's. */
+int nd_gram_validate(const nd_pj *tools, nd_buf *warnings);
 void nd_gram_free(nd_grammar *g);
 /* "" or newline-separated warnings */
 const char *nd_gram_warnings(const nd_grammar *g);
@@ -89,6 +95,14 @@ int nd_gram_done(const nd_gram_state *s);
  * inside a string with a pattern, a character that has to be escaped --
  * quote, backslash, \b \f \n \r \t -- counts as one byte, not two). */
 int nd_gram_dist(const nd_grammar *g, const nd_gram_state *s);
+
+/* Append one random call list the grammar accepts (compact JSON, what the
+ * decoder may let a model write): a seeded walk over the accepted bytes,
+ * free while shorter than soft_len bytes (with a pull towards closing
+ * values), then along shortest completions. An error (ND_EFORMAT, with the
+ * bytes so far) means the grammar broke its promise: a dead end or no way
+ * to close. */
+int nd_gram_sample(const nd_grammar *g, nd_rng *r, int soft_len, nd_buf *out);
 
 /* Copy only the live part of a state. */
 static inline void nd_gram_copy(nd_gram_state *dst, const nd_gram_state *src)

@@ -753,34 +753,264 @@ static int compile_object(nd_grammar *g, const sview *v, const char *path, int d
     return id;
 }
 
-/* common "format"s as patterns (ASCII; the grammar checks the shape, not
- * e.g. that February has no 30th) */
+/* common "format"s as patterns (ASCII) */
 static const char *format_pattern(const char *f)
 {
-    /* within the regex engine's 128 NFA states: a date's day fits its
-     * month (February 29 in any year); a date-time's day is 01..31, its
-     * fraction of seconds \.\d+, no leap second :60; an ipv4 octet is
-     * 0..299 */
+    /* within the regex engine's 320 NFA states: a date (also a
+     * date-time's) is a calendar date, years 0001..9999, February 29 in leap years only; a
+     * date-time's fraction of seconds is \.\d+, no leap second :60; an
+     * ipv4 octet is 0..255 without leading zeros; a uri is an RFC 3986 URI
+     * (scheme, then an authority of host and port, or a path; query,
+     * fragment; percent escapes), less userinfo and IP-literal hosts */
     static const struct {
         const char *name, *re;
     } fm[] = {
-        {"date", "^\\d{4}-((0[13578]|1[02])-(0[1-9]|[12]\\d|3[01])|(0[469]|11)-(0[1-9]|[12]\\d|30)|"
-                 "02-(0[1-9]|1\\d|2\\d))$"},
+        {"date",
+         "^((\\d{3}[1-9]|\\d\\d[1-9]\\d|\\d[1-9]\\d\\d|[1-9]\\d{3})-((0[13578]|1[02])-(0[1-9]|[12]"
+         "\\d|3[01])|(0[469]|11)-(0[1-9]|[12]\\d|30)|02-(0[1-9]|1\\d|2[0-8]))|(\\d\\d(0[48]|[2468]["
+         "048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)-02-29)$"},
         {"time",
          "^([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d+)?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]\\d)$"},
-        {"date-time", "^\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])[Tt]([01]\\d|2[0-3]):[0-5]\\d:"
-                      "[0-5]\\d(\\.\\d+)?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]\\d)$"},
+        {"date-time",
+         "^((\\d{3}[1-9]|\\d\\d[1-9]\\d|\\d[1-9]\\d\\d|[1-9]\\d{3})-((0[13578]|1[02])-(0[1-9]|[12]"
+         "\\d|3[01])|(0[469]|11)-(0[1-9]|[12]\\d|30)|02-(0[1-9]|1\\d|2[0-8]))|(\\d\\d(0[48]|[2468]["
+         "048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)-02-29)[Tt]([01]\\d|2[0-3]):[0-5]\\d:"
+         "[0-5]\\d(\\.\\d+)?([Zz]|[+-]([01]\\d|2[0-3]):[0-5]\\d)$"},
         {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
-        {"ipv4", "^[12]?\\d?\\d\\.[12]?\\d?\\d\\.[12]?\\d?\\d\\.[12]?\\d?\\d$"},
+        {"ipv4",
+         "^(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.("
+         "25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)$"},
         {"email",
          "^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\\.[A-Za-z0-9]"
          "([A-Za-z0-9-]*[A-Za-z0-9])?)*$"},
-        {"uri", "^[A-Za-z][A-Za-z0-9+.-]*:[^\\s\"<>\\\\^`{|}]*$"},
+        {"uri", "^[A-Za-z][A-Za-z0-9+.-]*:(//"
+                "([A-Za-z0-9._~!$&'()*+,;=-]|%[0-9A-Fa-f][0-9A-Fa-f])*(:[0-9]*)?(/"
+                "([A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f][0-9A-Fa-f])*)*|/"
+                "(([A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f][0-9A-Fa-f])+(/"
+                "([A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f][0-9A-Fa-f])*)*)?|([A-Za-z0-9._~!$&'()*+"
+                ",;=:@-]|%[0-9A-Fa-f][0-9A-Fa-f])+(/"
+                "([A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f][0-9A-Fa-f])*)*)?(\\?([A-Za-z0-9._~!$&'("
+                ")*+,;=:@/?-]|%[0-9A-Fa-f][0-9A-Fa-f])*)?(#([A-Za-z0-9._~!$&'()*+,;=:@/"
+                "?-]|%[0-9A-Fa-f][0-9A-Fa-f])*)?$"},
     };
     for (size_t i = 0; i < sizeof fm / sizeof fm[0]; i++)
         if (!strcmp(f, fm[i].name))
             return fm[i].re;
     return NULL;
+}
+
+/* end of the bracket class starting at p[i] == '[' (index of its ']'),
+ * or n when unclosed */
+static size_t class_end(const char *p, size_t i, size_t n)
+{
+    i++;
+    if (i < n && p[i] == '^')
+        i++;
+    if (i < n && p[i] == ']')
+        i++;
+    while (i < n && p[i] != ']')
+        i += p[i] == '\\' ? 2 : 1;
+    return i < n ? i : n;
+}
+
+/* 1 when p[0..n) is one group "(^...$)" with its anchors inside */
+static int anchored_group(const char *p, size_t n)
+{
+    if (n < 4 || p[0] != '(' || p[1] != '^' || p[n - 1] != ')' || p[n - 2] != '$' ||
+        p[n - 3] == '\\')
+        return 0;
+    int depth = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] == '\\')
+            i++;
+        else if (p[i] == '[')
+            i = class_end(p, i, n);
+        else if (p[i] == '(')
+            depth++;
+        else if (p[i] == ')' && --depth == 0 && i != n - 1)
+            return 0;
+    }
+    return depth == 0;
+}
+
+/* Top-level branches written as one group with the anchors inside,
+ * "(^a$)|(^b$)", are "^(a)$|^(b)$" (the same strings); into out. 1 if any
+ * branch was rewritten. */
+static int unwrap_anchored_group(const char *p, char *out, size_t cap)
+{
+    size_t n = strlen(p), o = 0, start = 0;
+    int depth = 0, any = 0;
+    if (2 * n + 8 > cap)
+        return 0;
+    for (size_t i = 0; i <= n; i++) {
+        if (i < n && p[i] == '\\') {
+            i++;
+            continue;
+        }
+        if (i < n && p[i] == '[') {
+            i = class_end(p, i, n);
+            continue;
+        }
+        if (i < n && p[i] == '(')
+            depth++;
+        else if (i < n && p[i] == ')')
+            depth--;
+        if (i < n && (p[i] != '|' || depth))
+            continue;
+        /* a branch p[start..i) */
+        size_t bl = i - start;
+        if (anchored_group(p + start, bl)) {
+            o += (size_t)snprintf(out + o, cap - o, "^(%.*s)$", (int)(bl - 4), p + start + 2);
+            any = 1;
+        } else {
+            memcpy(out + o, p + start, bl);
+            o += bl;
+        }
+        if (i < n)
+            out[o++] = '|';
+        start = i + 1;
+    }
+    out[o] = 0;
+    return any;
+}
+
+/* A fully anchored pattern of single-character atoms (literals, escapes,
+ * classes, '.') where one atom has a counted repetition too long for the
+ * NFA, e.g. ^[a-zA-Z][a-zA-Z0-9-]{39,100}$: every other atom has a fixed
+ * count, so the string's length alone fixes that atom's count, and the
+ * pattern is exactly that atom repeated freely (out) with the length in
+ * [*lo, *hi] (-1: no upper bound). 1 if rewritten. */
+static int counted_as_length(const char *p, char *out, size_t cap, long *lo, long *hi)
+{
+    size_t n = strlen(p);
+    if (n < 3 || p[0] != '^' || p[n - 1] != '$' || n * 2 + 4 > cap)
+        return 0;
+    size_t bs = 0;
+    for (size_t i = n - 1; i > 0 && p[i - 1] == '\\'; i--)
+        bs++;
+    if (bs & 1)
+        return 0; /* an escaped '$' */
+    long fixed = 0, vlo = -1, vhi = -1;
+    size_t o = 0;
+    out[o++] = '^';
+    for (size_t i = 1; i < n - 1;) {
+        size_t a = i;
+        if (p[i] == '\\') {
+            if (i + 1 >= n - 1)
+                return 0;
+            i += 2;
+        } else if (p[i] == '[') {
+            i++;
+            if (p[i] == '^')
+                i++;
+            if (p[i] == ']')
+                i++;
+            while (i < n - 1 && p[i] != ']')
+                i += p[i] == '\\' ? 2 : 1;
+            if (i >= n - 1)
+                return 0;
+            i++;
+        } else if (strchr("()|*+?{}^$", p[i])) {
+            return 0;
+        } else {
+            i++;
+        }
+        size_t atom_len = i - a;
+        long m = 1, x = 1;
+        if (p[i] == '{') {
+            char *e;
+            m = strtol(p + i + 1, &e, 10);
+            if (e == p + i + 1 || m < 0)
+                return 0;
+            if (*e == '}') {
+                x = m;
+            } else if (*e == ',' && e[1] == '}') {
+                x = -1;
+                e++;
+            } else if (*e == ',') {
+                char *e2;
+                x = strtol(e + 1, &e2, 10);
+                if (e2 == e + 1 || *e2 != '}' || x < m)
+                    return 0;
+                e = e2;
+            } else {
+                return 0;
+            }
+            i = (size_t)(e - p) + 1;
+        } else if (p[i] && strchr("*+?", p[i])) {
+            return 0;
+        }
+        if (m == x) {
+            /* a fixed count: copied as written */
+            fixed += m;
+            memcpy(out + o, p + a, i - a);
+            o += i - a;
+            continue;
+        }
+        if (vlo >= 0)
+            return 0; /* a second variable atom */
+        vlo = m;
+        vhi = x;
+        memcpy(out + o, p + a, atom_len);
+        o += atom_len;
+        out[o++] = '*';
+    }
+    if (vlo < 0)
+        return 0;
+    out[o++] = '$';
+    out[o] = 0;
+    *lo = fixed + vlo;
+    *hi = vhi < 0 ? -1 : fixed + vhi;
+    return 1;
+}
+
+/* The pattern with every counted repetition {m,n} whose n exceeds `cap`
+ * cut to {m,max(m,cap)} (outside classes and escapes), into out: a subset
+ * of the strings, for a pattern the NFA cannot hold as written. 1 if any
+ * was cut. */
+static int narrow_repeats(const char *p, int cap, char *out, size_t outcap)
+{
+    size_t n = strlen(p), o = 0;
+    int cut = 0;
+    if (n + 1 > outcap)
+        return 0;
+    for (size_t i = 0; i < n;) {
+        if (p[i] == '\\' && i + 1 < n) {
+            out[o++] = p[i++];
+            out[o++] = p[i++];
+            continue;
+        }
+        if (p[i] == '[') {
+            size_t e = class_end(p, i, n);
+            size_t len = (e < n ? e + 1 : n) - i;
+            memcpy(out + o, p + i, len);
+            o += len;
+            i += len;
+            continue;
+        }
+        if (p[i] == '{') {
+            char *e1, *e2;
+            long m = strtol(p + i + 1, &e1, 10);
+            if (e1 != p + i + 1 && *e1 == ',' && e1[1] != '}') {
+                long x = strtol(e1 + 1, &e2, 10);
+                if (e2 != e1 + 1 && *e2 == '}' && x > cap && x >= m) {
+                    long k = m > cap ? m : cap;
+                    int w = snprintf(out + o, outcap - o, "{%ld,%ld}", m, k);
+                    if (w < 0 || (size_t)w >= outcap - o)
+                        return 0;
+                    o += (size_t)w;
+                    i = (size_t)(e2 - p) + 1;
+                    cut = 1;
+                    continue;
+                }
+            }
+        }
+        if (o + 1 >= outcap)
+            return 0;
+        out[o++] = p[i++];
+    }
+    out[o] = 0;
+    return cut;
 }
 
 static int compile_string(nd_grammar *g, const sview *v, const char *path)
@@ -835,7 +1065,44 @@ static int compile_string(nd_grammar *g, const sview *v, const char *path)
         nd_regex *re = malloc(sizeof *re);
         if (!re)
             return nd_error(ND_ENOMEM, "out of memory");
-        if (nd_re_compile(pat, re)) {
+        char alt[1024];
+        long lo = 0, hi = -1;
+        int rc = nd_re_compile(pat, re);
+        if (rc == ND_EUNSUPPORTED && strlen(pat) < 500 &&
+            unwrap_anchored_group(pat, alt, sizeof alt)) {
+            pat = alt;
+            rc = nd_re_compile(pat, re);
+        }
+        if (rc == ND_ELIMIT && strlen(pat) < 500 &&
+            counted_as_length(pat, alt, sizeof alt, &lo, &hi) && !nd_re_compile(alt, re)) {
+            rc = ND_OK;
+            gnode *sn = &g->nodes[id];
+            if (lo > sn->min_len)
+                sn->min_len = lo > 100000 ? 100000 : (int)lo;
+            if (hi >= 0 && (sn->max_len < 0 || hi < sn->max_len))
+                sn->max_len = (int)hi;
+            if (sn->max_len >= 0 && sn->max_len < sn->min_len) {
+                warnf(g, "%s: pattern admits no string of the allowed length; pattern ignored",
+                      path);
+                free(re);
+                return id;
+            }
+        }
+        /* still too large: cut long counted repetitions (a subset of the
+         * strings, with a warning) rather than drop the pattern */
+        for (int cap = 32; rc == ND_ELIMIT && cap >= 4 && strlen(pat) < 500; cap /= 2) {
+            char nar[1024];
+            if (!narrow_repeats(pat, cap, nar, sizeof nar))
+                break;
+            if (!nd_re_compile(nar, re)) {
+                warnf(g,
+                      "%s: pattern's counted repetitions over %d cut to %d to fit the grammar "
+                      "(longer matches are not allowed): %.200s",
+                      path, cap, cap, nar);
+                rc = ND_OK;
+            }
+        }
+        if (rc) {
             warnf(g, "%s: pattern ignored: %s", path, nd_last_error());
             free(re);
         } else {
@@ -1141,14 +1408,11 @@ static int node_minlen(nd_grammar *g, int id)
     return 1;
 }
 
-int nd_gram_compile(const nd_pj *tools, nd_grammar **out)
+/* tools->items[first .. first + count) into one grammar (messages name
+ * each tool by its index in the whole array) */
+static int compile_range(const nd_pj *tools, size_t first, size_t count, nd_grammar **out)
 {
     *out = NULL;
-    if (!tools || tools->type != ND_PJ_ARRAY)
-        return nd_error(ND_EFORMAT, "tools must be a JSON array of tool objects");
-    if (tools->len > ND_GRAM_MAX_ALT)
-        return nd_error(ND_ELIMIT, "%zu tools declared; at most %d are supported", tools->len,
-                        ND_GRAM_MAX_ALT);
     nd_grammar *g = calloc(1, sizeof *g);
     if (!g)
         return nd_error(ND_ENOMEM, "out of memory");
@@ -1162,12 +1426,12 @@ int nd_gram_compile(const nd_pj *tools, nd_grammar **out)
     if ((rc = add_lit(g, N_TFN, "true", 4)) || (rc = add_lit(g, N_TFN, "false", 5)) ||
         (rc = add_lit(g, N_TFN, "null", 4)))
         goto fail;
-    g->tools = calloc(tools->len + 1, sizeof *g->tools);
+    g->tools = calloc(count + 1, sizeof *g->tools);
     if (!g->tools) {
         rc = nd_error(ND_ENOMEM, "out of memory");
         goto fail;
     }
-    for (size_t i = 0; i < tools->len; i++) {
+    for (size_t i = first; i < first + count; i++) {
         const nd_pj *t = tools->items[i];
         const nd_pj *fn = nd_pj_get(t, "function");
         if (fn && fn->type == ND_PJ_OBJECT && !nd_pj_get(t, "name"))
@@ -1245,6 +1509,67 @@ int nd_gram_compile(const nd_pj *tools, nd_grammar **out)
     return ND_OK;
 fail:
     nd_gram_free(g);
+    return rc;
+}
+
+int nd_gram_compile(const nd_pj *tools, nd_grammar **out)
+{
+    *out = NULL;
+    if (!tools || tools->type != ND_PJ_ARRAY)
+        return nd_error(ND_EFORMAT, "tools must be a JSON array of tool objects");
+    if (tools->len > ND_GRAM_MAX_ALT)
+        return nd_error(ND_ELIMIT,
+                        "%zu tools declared; one grammar holds at most %d (with more than %d "
+                        "tools, an archive with a contrastive head renders the retrieved ones "
+                        "only)",
+                        tools->len, ND_GRAM_MAX_ALT, 5);
+    return compile_range(tools, 0, tools->len, out);
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+    const nd_pj *x = *(const nd_pj *const *)a, *y = *(const nd_pj *const *)b;
+    size_t n = x->len < y->len ? x->len : y->len;
+    int c = memcmp(x->str, y->str, n);
+    return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+int nd_gram_validate(const nd_pj *tools, nd_buf *warnings)
+{
+    if (!tools || tools->type != ND_PJ_ARRAY)
+        return nd_error(ND_EFORMAT, "tools must be a JSON array of tool objects");
+    int rc = ND_OK;
+    for (size_t first = 0; first < tools->len && !rc; first += ND_GRAM_MAX_ALT) {
+        size_t count = tools->len - first;
+        count = count > ND_GRAM_MAX_ALT ? ND_GRAM_MAX_ALT : count;
+        nd_grammar *g = NULL;
+        if ((rc = compile_range(tools, first, count, &g)))
+            break;
+        const char *w = nd_gram_warnings(g);
+        if (*w && warnings->n)
+            rc = nd_buf_put(warnings, "\n", 1);
+        if (*w && !rc)
+            rc = nd_buf_put(warnings, w, strlen(w));
+        nd_gram_free(g);
+    }
+    if (rc)
+        return rc;
+    /* a name declared twice in different chunks */
+    const nd_pj **names = malloc((tools->len + 1) * sizeof *names);
+    if (!names)
+        return nd_error(ND_ENOMEM, "out of memory");
+    size_t n = 0;
+    for (size_t i = 0; i < tools->len; i++) {
+        const nd_pj *t = tools->items[i], *fn = nd_pj_get(t, "function");
+        if (fn && fn->type == ND_PJ_OBJECT && !nd_pj_get(t, "name"))
+            t = fn;
+        names[n++] = nd_pj_get(t, "name"); /* a string: checked by compile_range */
+    }
+    qsort(names, n, sizeof *names, cmp_name);
+    for (size_t i = 1; i < n && !rc; i++)
+        if (!cmp_name(&names[i - 1], &names[i]))
+            rc = nd_error(ND_EFORMAT, "tool name \"%s\" is declared twice", names[i]->str);
+    free(names);
     return rc;
 }
 

@@ -453,6 +453,12 @@ static void set_add(nd_re_set *s, int i)
     s->w[i >> 6] |= 1ull << (i & 63);
 }
 
+static void set_or(nd_re_set *dst, const nd_re_set *src)
+{
+    for (int w = 0; w < ND_RE_WORDS; w++)
+        dst->w[w] |= src->w[w];
+}
+
 static int set_has(const nd_re_set *s, int i)
 {
     return (int)((s->w[i >> 6] >> (i & 63)) & 1);
@@ -519,21 +525,19 @@ nd_re_set nd_re_initial(const nd_regex *re)
 
 nd_re_set nd_re_step(const nd_regex *re, nd_re_set s, int ch)
 {
-    nd_re_set out = {{0, 0}};
+    nd_re_set out = {{0}};
     if (ch < 0 || ch > 127)
         return out;
     uint64_t bit = 1ull << (ch & 63);
     int word = ch >> 6;
-    for (int w = 0; w < 2; w++) {
+    for (int w = 0; w < ND_RE_WORDS; w++) {
         uint64_t m = s.w[w];
         while (m) {
             int i = w * 64 + __builtin_ctzll(m);
             m &= m - 1;
             int nx = re->st[i].next;
-            if (nx >= 0 && (re->st[i].cls[word] & bit)) {
-                out.w[0] |= re->closure[nx].w[0];
-                out.w[1] |= re->closure[nx].w[1];
-            }
+            if (nx >= 0 && (re->st[i].cls[word] & bit))
+                set_or(&out, &re->closure[nx]);
         }
     }
     return out;
@@ -541,7 +545,10 @@ nd_re_set nd_re_step(const nd_regex *re, nd_re_set s, int ch)
 
 int nd_re_empty(nd_re_set s)
 {
-    return !s.w[0] && !s.w[1];
+    uint64_t any = 0;
+    for (int w = 0; w < ND_RE_WORDS; w++)
+        any |= s.w[w];
+    return !any;
 }
 
 int nd_re_accepts(const nd_regex *re, nd_re_set s)
@@ -552,7 +559,7 @@ int nd_re_accepts(const nd_regex *re, nd_re_set s)
 int nd_re_dist(const nd_regex *re, nd_re_set s)
 {
     int best = INF;
-    for (int w = 0; w < 2; w++) {
+    for (int w = 0; w < ND_RE_WORDS; w++) {
         uint64_t m = s.w[w];
         while (m) {
             int i = w * 64 + __builtin_ctzll(m);
@@ -571,17 +578,15 @@ static nd_re_set any_step(const nd_regex *re, nd_re_set s)
     static const uint64_t admit[2] = {0xFFFFFFFF00000000ull | 1ull << '\b' | 1ull << '\t' |
                                           1ull << '\n' | 1ull << '\f' | 1ull << '\r',
                                       ~0ull};
-    nd_re_set out = {{0, 0}};
-    for (int w = 0; w < 2; w++) {
+    nd_re_set out = {{0}};
+    for (int w = 0; w < ND_RE_WORDS; w++) {
         uint64_t m = s.w[w];
         while (m) {
             int i = w * 64 + __builtin_ctzll(m);
             m &= m - 1;
             int nx = re->st[i].next;
-            if (nx >= 0 && ((re->st[i].cls[0] & admit[0]) | (re->st[i].cls[1] & admit[1]))) {
-                out.w[0] |= re->closure[nx].w[0];
-                out.w[1] |= re->closure[nx].w[1];
-            }
+            if (nx >= 0 && ((re->st[i].cls[0] & admit[0]) | (re->st[i].cls[1] & admit[1])))
+                set_or(&out, &re->closure[nx]);
         }
     }
     return out;
@@ -594,7 +599,7 @@ int nd_re_len_min(const nd_regex *re, nd_re_set s, int lo, int hi)
     if (hi < lo)
         return -1;
     /* unbounded: the sets reachable in exactly t steps settle (or cycle)
-     * well within this many steps past lo for a 128-state automaton */
+     * well within this many steps past lo for a 320-state automaton */
     int limit = hi - lo > 1 << 16 ? lo + (1 << 16) : hi;
     for (int t = 0; t <= limit; t++) {
         if (t >= lo && set_has(&s, re->accept))
@@ -602,7 +607,7 @@ int nd_re_len_min(const nd_regex *re, nd_re_set s, int lo, int hi)
         nd_re_set n = any_step(re, s);
         if (nd_re_empty(n))
             return -1;
-        if (n.w[0] == s.w[0] && n.w[1] == s.w[1]) /* fixed point */
+        if (!memcmp(n.w, s.w, sizeof n.w)) /* fixed point */
             return set_has(&s, re->accept) && lo <= hi ? (t + 1 > lo ? t + 1 : lo) : -1;
         s = n;
     }

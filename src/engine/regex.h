@@ -1,5 +1,5 @@
 /* A small regex engine for JSON-schema "pattern" constraints: Thompson NFA
- * over ASCII characters with state sets as 128-bit masks, so a decoding
+ * over ASCII characters with state sets as 320-bit masks, so a decoding
  * state can carry "where the pattern is" by value.
  *
  * Supported: literals, escapes (\d \w \s \D \W \S \n \t \r \f \v and
@@ -20,10 +20,11 @@
 
 #include <stdint.h>
 
-#define ND_RE_MAX_STATES 128
+#define ND_RE_MAX_STATES 320
+#define ND_RE_WORDS (ND_RE_MAX_STATES / 64)
 
 typedef struct {
-    uint64_t w[2];
+    uint64_t w[ND_RE_WORDS];
 } nd_re_set;
 
 typedef struct {

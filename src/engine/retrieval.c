@@ -301,8 +301,7 @@ static int cmp_int(const void *a, const void *b)
 }
 
 int nd_retrieval_select(nd_retrieval *r, const nd_embedder *e, const nd_pj *tools,
-                        const char *query, int require_call, nd_buf *tools_text, nd_grammar **gram,
-                        const nd_grammar *keep)
+                        const char *query, int require_call, nd_buf *tools_text, nd_grammar **gram)
 {
     int dim = r->index.dim, sel[ND_RETRIEVAL_TOP_K];
     float *q = malloc((size_t)dim * sizeof *q);
@@ -318,28 +317,51 @@ int nd_retrieval_select(nd_retrieval *r, const nd_embedder *e, const nd_pj *tool
     free(q);
     /* rendered in declaration order, like a plain tool list */
     qsort(sel, (size_t)k, sizeof sel[0], cmp_int);
-    if (r->n_sel == k && !memcmp(sel, r->sel, (size_t)k * sizeof sel[0]))
+    if (r->n_sel == k && *gram && !memcmp(sel, r->sel, (size_t)k * sizeof sel[0]))
         return ND_OK;
-    nd_pj *items[ND_RETRIEVAL_TOP_K];
-    for (int i = 0; i < k; i++)
-        items[i] = tools->items[sel[i]];
-    nd_pj subset = {0};
-    subset.type = ND_PJ_ARRAY;
-    subset.len = (size_t)k;
-    subset.items = items;
-    nd_grammar *g = NULL;
-    nd_buf text = {0};
-    if ((rc = nd_gram_compile(&subset, &g)) || (rc = nd_pj_dump(&subset, 1, &text))) {
-        nd_gram_free(g);
-        nd_buf_free(&text);
-        return rc;
+    /* a subset rendered before: its grammar from the cache */
+    int slot = -1, lru = 0;
+    for (int i = 0; i < ND_RETRIEVAL_CACHE; i++) {
+        if (r->cache[i].gram && r->cache[i].k == k &&
+            !memcmp(r->cache[i].sel, sel, (size_t)k * sizeof sel[0]))
+            slot = i;
+        if (!r->cache[i].gram || (r->cache[lru].gram && r->cache[i].used < r->cache[lru].used))
+            lru = i;
     }
-    nd_gram_require_call(g, require_call);
-    if (*gram != keep)
-        nd_gram_free(*gram);
-    *gram = g;
+    if (slot < 0) {
+        nd_pj *items[ND_RETRIEVAL_TOP_K];
+        for (int i = 0; i < k; i++)
+            items[i] = tools->items[sel[i]];
+        nd_pj subset = {0};
+        subset.type = ND_PJ_ARRAY;
+        subset.len = (size_t)k;
+        subset.items = items;
+        nd_grammar *g = NULL;
+        nd_buf text = {0};
+        if ((rc = nd_gram_compile(&subset, &g)) || (rc = nd_pj_dump(&subset, 1, &text))) {
+            nd_gram_free(g);
+            nd_buf_free(&text);
+            return rc;
+        }
+        r->compiled++;
+        /* the least recently used entry goes (never the one in use: that
+         * is the most recent) */
+        slot = lru;
+        nd_gram_free(r->cache[slot].gram);
+        nd_buf_free(&r->cache[slot].text);
+        r->cache[slot].gram = g;
+        r->cache[slot].text = text;
+        r->cache[slot].k = k;
+        memcpy(r->cache[slot].sel, sel, sizeof sel);
+    }
+    nd_buf copy = {0};
+    if ((rc = nd_buf_put(&copy, r->cache[slot].text.p, r->cache[slot].text.n)))
+        return rc;
+    r->cache[slot].used = ++r->clock;
+    nd_gram_require_call(r->cache[slot].gram, require_call);
+    *gram = r->cache[slot].gram;
     nd_buf_free(tools_text);
-    *tools_text = text;
+    *tools_text = copy;
     memcpy(r->sel, sel, sizeof sel);
     r->n_sel = k;
     return ND_OK;
@@ -348,4 +370,9 @@ int nd_retrieval_select(nd_retrieval *r, const nd_embedder *e, const nd_pj *tool
 void nd_retrieval_free(nd_retrieval *r)
 {
     nd_tool_index_free(&r->index);
+    for (int i = 0; i < ND_RETRIEVAL_CACHE; i++) {
+        nd_gram_free(r->cache[i].gram);
+        r->cache[i].gram = NULL;
+        nd_buf_free(&r->cache[i].text);
+    }
 }

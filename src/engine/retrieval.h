@@ -72,12 +72,23 @@ void nd_tool_index_free(nd_tool_index *ix);
  * scores keep declaration order. */
 void nd_tool_index_top(const nd_tool_index *ix, const float *q, int k, int *sel);
 
+/* grammars of recently rendered subsets kept per session */
+#define ND_RETRIEVAL_CACHE 8
+
 /* A session's retrieval state. */
 typedef struct {
     int on; /* more than ND_RETRIEVAL_TOP_K tools and a contrastive head */
     nd_tool_index index;
     int sel[ND_RETRIEVAL_TOP_K], n_sel; /* the subset in the context, declaration order */
     char note[600];                     /* for the session's warnings, or "" */
+    struct {
+        int sel[ND_RETRIEVAL_TOP_K], k;
+        long used; /* last use, for eviction */
+        nd_grammar *gram;
+        nd_buf text;
+    } cache[ND_RETRIEVAL_CACHE];
+    long clock;
+    long compiled; /* subset grammars compiled (tests: the cache spares work) */
 } nd_retrieval;
 
 /* Set up retrieval for the declared tools (a JSON array): off for at most
@@ -88,11 +99,12 @@ int nd_retrieval_init(nd_retrieval *r, const nd_embedder *e, const nd_pj *tools,
                       const char *index_path);
 /* Choose the tools for `query`. When the subset differs from the one in
  * the context, *tools_text is replaced by its compact JSON and *gram by its
- * grammar (the old one is freed unless it is `keep`); require_call carries
- * over. */
+ * grammar, compiled for those tools only and kept in the cache (owned by
+ * r: the last ND_RETRIEVAL_CACHE subsets; never the whole catalogue);
+ * require_call carries over. */
 int nd_retrieval_select(nd_retrieval *r, const nd_embedder *e, const nd_pj *tools,
-                        const char *query, int require_call, nd_buf *tools_text, nd_grammar **gram,
-                        const nd_grammar *keep);
+                        const char *query, int require_call, nd_buf *tools_text,
+                        nd_grammar **gram);
 void nd_retrieval_free(nd_retrieval *r);
 
 #endif

@@ -85,10 +85,35 @@ static nd_embedder embedder(const needle_model *M)
     return e;
 }
 
-/* the grammar's warnings, then retrieval's note */
-static int join_warnings(needle_session *S)
+/* The one message for a tools block that does not fit the context, the
+ * same from needle_session_new (all tools rendered) and from a retrieved
+ * set's first turn: how many tokens it takes, how many fit, and what to
+ * do about it. */
+static int context_error(const needle_session *S, int tokens, int max_len)
 {
-    const char *g = nd_gram_warnings(S->gram);
+    int n_tools = (int)nd_pj_root(S->tools_doc)->len;
+    char hint[256];
+    if (S->rt.on)
+        snprintf(hint, sizeof hint,
+                 "even the %d tools retrieval picked do not fit: shorten their descriptions or "
+                 "schemas",
+                 S->rt.n_sel);
+    else if (n_tools > ND_RETRIEVAL_TOP_K)
+        snprintf(hint, sizeof hint,
+                 "the archive has no retrieval head, so all %d tools are rendered: declare "
+                 "fewer tools or use an archive with a contrastive head",
+                 n_tools);
+    else
+        snprintf(hint, sizeof hint, "shorten the tools' descriptions or schemas, or declare fewer");
+    return nd_error(ND_ELIMIT,
+                    "the tools do not fit the context: the system prompt and tools take %d "
+                    "tokens, at most %d fit (max_seq_len %d less %d for the query and answer); %s",
+                    tokens, max_len - ND_SESSION_ROOM, max_len, ND_SESSION_ROOM, hint);
+}
+
+/* the grammar's warnings, then retrieval's note */
+static int join_warnings(needle_session *S, const char *g)
+{
     size_t n = strlen(g) + strlen(S->rt.note) + 2;
     if (!(S->warnings = malloc(n)))
         return nd_error(ND_ENOMEM, "out of memory");
@@ -120,14 +145,19 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
     S->model = M;
     int V = M->m.dims.V, rc;
     nd_pj_doc *doc = NULL;
-    nd_buf pre = {0};
+    nd_buf pre = {0}, gwarn = {0};
     nd_idvec ids = {0};
     size_t col;
     if ((rc = nd_pj_parse(tools_json, strlen(tools_json), &doc, &col))) {
         nd_error_prefix(rc, "tools JSON");
         goto fail;
     }
-    if ((rc = nd_gram_compile(nd_pj_root(doc), &S->gram)))
+    /* A catalogue larger than retrieval's pick is checked tool by tool
+     * (errors and warnings for every tool now) but gets no grammar of its
+     * own: the tools rendered for a query get theirs when chosen. */
+    const nd_pj *root = nd_pj_root(doc);
+    int big = root && root->type == ND_PJ_ARRAY && root->len > ND_RETRIEVAL_TOP_K;
+    if (big ? (rc = nd_gram_validate(root, &gwarn)) : (rc = nd_gram_compile(root, &S->gram)))
         goto fail;
     S->active = S->gram;
     S->tools_doc = doc;
@@ -135,7 +165,8 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
     nd_embedder emb = embedder(M);
     if ((rc = nd_retrieval_init(&S->rt, &emb, nd_pj_root(S->tools_doc), tool_index_path)))
         goto fail;
-    if (S->rt.note[0] && (rc = join_warnings(S)))
+    if ((big || S->rt.note[0]) &&
+        (rc = join_warnings(S, big ? (gwarn.p ? gwarn.p : "") : nd_gram_warnings(S->gram))))
         goto fail;
     if (!S->rt.on && (rc = nd_pj_dump(nd_pj_root(S->tools_doc), 1, &S->tools)))
         goto fail;
@@ -159,12 +190,15 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
     if ((rc = render_prefix(S, &pre, !S->rt.on)) || (rc = nd_idvec_push(&ids, M->id_bos)) ||
         (rc = nd_tokenizer_encode(M->tok, pre.p, pre.n, &ids)))
         goto fail;
-    if ((long)ids.n + 8 > M->m.cfg.max_seq_len) {
-        rc = nd_error(ND_ELIMIT,
-                      "the system prompt and tools are %zu tokens; max_seq_len is %d and leaves "
-                      "no room for a query",
-                      ids.n, M->m.cfg.max_seq_len);
+    if ((long)ids.n + ND_SESSION_ROOM > M->m.cfg.max_seq_len) {
+        rc = context_error(S, (int)ids.n, M->m.cfg.max_seq_len);
         goto fail;
+    }
+    /* every tool rendered (no retrieval head): one grammar over them all */
+    if (!S->gram && !S->rt.on) {
+        if ((rc = nd_gram_compile(nd_pj_root(S->tools_doc), &S->gram)))
+            goto fail;
+        S->active = S->gram;
     }
     /* a prefix seen before (same system + tools) skips its prefill */
     if (!nd_prefix_cache_lookup(&M->pc, ids.v, (int)ids.n, &S->kv)) {
@@ -178,11 +212,13 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
     nd_kv_slide(&S->kv, S->prefix_len);
     nd_pj_free(doc);
     nd_buf_free(&pre);
+    nd_buf_free(&gwarn);
     nd_idvec_free(&ids);
     return S;
 fail:
     nd_pj_free(doc);
     nd_buf_free(&pre);
+    nd_buf_free(&gwarn);
     nd_idvec_free(&ids);
     needle_session_free(S);
     return NULL;
@@ -193,9 +229,7 @@ void needle_session_free(needle_session *S)
     if (!S)
         return;
     nd_kv_free(&S->kv);
-    if (S->active != S->gram)
-        nd_gram_free(S->active);
-    nd_gram_free(S->gram);
+    nd_gram_free(S->gram); /* active is gram or in retrieval's cache */
     nd_pj_free(S->tools_doc);
     nd_retrieval_free(&S->rt);
     free(S->warnings);
@@ -258,8 +292,9 @@ int needle_session_require_call(needle_session *S, int on)
     if (!S)
         return NEEDLE_EARG;
     S->require_call = on;
-    nd_gram_require_call(S->gram, on);
-    if (S->active != S->gram)
+    if (S->gram)
+        nd_gram_require_call(S->gram, on);
+    if (S->active && S->active != S->gram)
         nd_gram_require_call(S->active, on);
     return NEEDLE_OK;
 }
@@ -503,7 +538,7 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
     if (S->turn == 0) {
         nd_embedder emb = embedder(M);
         if (S->rt.on && (rc = nd_retrieval_select(&S->rt, &emb, nd_pj_root(S->tools_doc), text,
-                                                  S->require_call, &S->tools, &S->active, S->gram)))
+                                                  S->require_call, &S->tools, &S->active)))
             goto fail;
         if ((rc = render_prefix(S, &seg, 1)) || (rc = nd_buf_put(&seg, text, strlen(text))) ||
             (rc = nd_buf_put(&seg, "<|im_end|>\n<|im_start|>assistant\n", 33)) ||
@@ -529,11 +564,8 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
             lcp++;
         if (lcp >= (int)ids.n)
             lcp = (int)ids.n - 1;
-        if (sinks + 16 > max_len) {
-            rc = nd_error(ND_ELIMIT,
-                          "the system prompt and tools are %d tokens; max_seq_len %d leaves no "
-                          "room for an answer",
-                          sinks, max_len);
+        if (sinks + ND_SESSION_ROOM > max_len) {
+            rc = context_error(S, sinks, max_len);
             goto fail;
         }
         /* a retrieved tool set seen before: its prefix's rows from the cache */
@@ -567,7 +599,7 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
 
     /* 2. generate */
     /* the window slides: only max_seq_len past the sinks bounds a turn */
-    int budget = max_len - S->kv.n_sink - 16, room = budget;
+    int budget = max_len - S->kv.n_sink - ND_SESSION_ROOM, room = budget;
     if (budget > max_new_tokens)
         budget = max_new_tokens;
     int gen = 0;

@@ -490,6 +490,7 @@ int main(int argc, char **argv)
     bo_cases_forward();
     bo_cases_backward();
     bo_cases_chains();
+    bo_cases_v3();
     case_free();
     bo_model_check(tgt);
     bo_use(0);

@@ -85,6 +85,7 @@ extern const int bo_orders3[3];
 void bo_cases_forward(void);
 void bo_cases_backward(void);
 void bo_cases_chains(void);
+void bo_cases_hada3(void); /* backend_ops_hada3.c */
 void bo_cases_v3(void); /* backend_ops_v3.c: the Needle 3 ops */
 void bo_model_check(const nd_backend *tgt);
 

@@ -489,6 +489,7 @@ int main(int argc, char **argv)
     nd_rng_seed(&bo_rng, 20261203);
     bo_cases_forward();
     bo_cases_backward();
+    bo_cases_hada3();
     bo_cases_chains();
     bo_cases_v3();
     case_free();

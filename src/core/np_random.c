@@ -71,3 +71,40 @@ double nd_np_random_gauss(nd_np_random *r)
     r->has_gauss = 1;
     return f * x2;
 }
+
+uint64_t nd_np_random_interval(nd_np_random *r, uint64_t max)
+{
+    if (max == 0)
+        return 0;
+    uint64_t mask = max;
+    mask |= mask >> 1;
+    mask |= mask >> 2;
+    mask |= mask >> 4;
+    mask |= mask >> 8;
+    mask |= mask >> 16;
+    mask |= mask >> 32;
+    uint64_t value;
+    if (max <= 0xffffffffu) {
+        do
+            value = nd_np_random_u32(r) & mask;
+        while (value > max);
+    } else {
+        do {
+            uint64_t hi = nd_np_random_u32(r);
+            value = ((hi << 32) | nd_np_random_u32(r)) & mask;
+        } while (value > max);
+    }
+    return value;
+}
+
+void nd_np_random_permutation(nd_np_random *r, int32_t *out, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++)
+        out[i] = i;
+    for (int32_t i = n - 1; i >= 1; i--) {
+        int32_t j = (int32_t)nd_np_random_interval(r, (uint64_t)i);
+        int32_t t = out[i];
+        out[i] = out[j];
+        out[j] = t;
+    }
+}

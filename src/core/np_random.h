@@ -22,5 +22,11 @@ uint32_t nd_np_random_u32(nd_np_random *r);
 double nd_np_random_double(nd_np_random *r);
 /* randn() / standard_normal() of the legacy generator. */
 double nd_np_random_gauss(nd_np_random *r);
+/* random_interval(max): a uniform integer in [0, max] by masked rejection
+ * (the smallest all-ones mask >= max; 32-bit draws while max < 2^32). */
+uint64_t nd_np_random_interval(nd_np_random *r, uint64_t max);
+/* permutation(n) of the legacy generator: arange(n) shuffled in place by
+ * Fisher-Yates from the end (i = n-1 .. 1 swaps with interval(i)). */
+void nd_np_random_permutation(nd_np_random *r, int32_t *out, int32_t n);
 
 #endif

@@ -4,16 +4,8 @@
 
 #include "core/status.h"
 
-/* model/hada3.{c,h} (the 3.x Hadamard MLP) come from their own branch;
- * until it is merged the Needle 3 layer reports that it is missing */
-#if __has_include("model/hada3.h")
-#define SAN_HAVE_HADA3 1
 #include "model/hada3.h"
-#else
-#define SAN_HAVE_HADA3 0
-#endif
 
-#if SAN_HAVE_HADA3
 /* One layer's slices of the Needle 3 Hadamard MLP weights. */
 static void hada3_slices(const san_model *m, const san_weights *w, int l, san_hada3_w *hw)
 {
@@ -140,14 +132,6 @@ static int layer_forward3(const san_block *b, san_layer_acts *A, int l, int N, c
     be->lanes_update(be, Xn, A->M, X, A->hpost, A->y, N, n, d);
     return ND_OK;
 }
-#else
-static int layer_forward3(const san_block *b, san_layer_acts *A, int l, int N, const float *X,
-                          float *Xn)
-{
-    (void)b, (void)A, (void)l, (void)N, (void)X, (void)Xn;
-    return nd_error(ND_EUNSUPPORTED, "this build has no Needle 3 Hadamard MLP (model/hada3.c)");
-}
-#endif
 
 int san_layer_forward(const san_block *b, san_layer_acts *A, int l, int N, const float *X,
                       float *Xn)

@@ -6,12 +6,7 @@
 
 #include "core/status.h"
 
-#if __has_include("model/hada3.h") /* see block.c */
-#define SAN_HAVE_HADA3 1
 #include "model/hada3.h"
-#else
-#define SAN_HAVE_HADA3 0
-#endif
 
 void san_rope_tables(float *cos_t, float *sin_t, int T, int hd, double theta)
 {
@@ -74,7 +69,6 @@ int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, 
     int np = 0;
     int gen3 = m->cfg.generation == 3, taps = gen3 && m->cfg.qkv_conv_taps;
     size_t hsaved_row = 0;
-#if SAN_HAVE_HADA3
     san_hada3_geom *h3 = NULL;
     if (gen3) {
         h3 = calloc(1, sizeof *h3);
@@ -85,7 +79,6 @@ int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, 
         }
         hsaved_row = san_hada3_saved_per_row(h3);
     }
-#endif
     /* keep_layers = k: every san_layer_acts field is allocated for layers
      * 0..k-1, plus one scratch set when the others are recomputed */
     if (keep_layers < 0)
@@ -173,14 +166,12 @@ int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, 
     for (int i = 0; i < np; i++)
         total += (plan[i].count * plan[i].elt * (IS_LAYER(i) ? copies : 1) + 63) & ~(size_t)63;
     char *blk = be->alloc(be, total);
-#if SAN_HAVE_HADA3
     if (!blk && h3) {
         san_hada3_geom_free(h3);
         free(h3);
         h3 = NULL;
     }
     a->hada3 = h3;
-#endif
     if (!blk)
         return nd_error(ND_ENOMEM,
                         "out of memory: activations for %ld rows (%d sequences, positions < %d) "
@@ -255,12 +246,10 @@ void san_acts_free(san_acts *a)
     if (a) {
         free(a->layer_sets);
         nd_layout_buf_free(&a->lay);
-#if SAN_HAVE_HADA3
         if (a->hada3) {
             san_hada3_geom_free(a->hada3);
             free(a->hada3);
         }
-#endif
     }
     if (a && a->block)
         a->be->free(a->be, a->block);

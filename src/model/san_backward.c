@@ -5,12 +5,7 @@
 
 #include "core/status.h"
 
-#if __has_include("model/hada3.h") /* see block.c */
-#define SAN_HAVE_HADA3 1
 #include "model/hada3.h"
-#else
-#define SAN_HAVE_HADA3 0
-#endif
 
 int san_grad_acts_create(san_grad_acts *g, const nd_backend *be, const san_model *m, long rows,
                          long logit_rows, int lora_rank)
@@ -304,7 +299,6 @@ static void layer_backward(const san_model *m, const san_weights *w, san_acts *a
     layer_backward_tail(m, w, a, g, tgt, l, X);
 }
 
-#if SAN_HAVE_HADA3
 /* Needle 3's layer (model/block.c layer_forward3), backward. */
 static void layer_backward3(const san_model *m, const san_weights *w, san_acts *a, san_grad_acts *g,
                             const san_grad_target *tgt, int l, const float *X)
@@ -417,7 +411,6 @@ static void layer_backward3(const san_model *m, const san_weights *w, san_acts *
                          1);
     layer_backward_tail(m, w, a, g, tgt, l, X);
 }
-#endif
 
 static int san_backward_hidden(const san_model *m, const san_weights *w, san_acts *a,
                                san_grad_acts *g, const san_grad_target *tgt, const int32_t *tokens);
@@ -491,16 +484,10 @@ static int san_backward_hidden(const san_model *m, const san_weights *w, san_act
             if (rc)
                 return rc;
         }
-        if (m->cfg.generation == 3) {
-#if SAN_HAVE_HADA3
+        if (m->cfg.generation == 3)
             layer_backward3(m, w, a, g, tgt, l, X);
-#else
-            return nd_error(ND_EUNSUPPORTED,
-                            "this build has no Needle 3 Hadamard MLP (model/hada3.c)");
-#endif
-        } else {
+        else
             layer_backward(m, w, a, g, tgt, l, X);
-        }
         float *t = g->dX;
         g->dX = g->dXn;
         g->dXn = t;

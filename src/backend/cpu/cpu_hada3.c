@@ -1,0 +1,272 @@
+/* CPU ops of Needle 3's Hadamard MLP (model/hada3.c): the element-wise
+ * stage hada3_mix with its backward, and the row softmax of the cond
+ * logits. See backend/ops.def for the meaning of every parameter. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "core/threadpool.h"
+
+/* ---- hada3_mix ---- */
+
+typedef struct {
+    float *dst, *dsrc, *dcond, *dscale, *dbias;
+    const float *src, *ddst, *scale, *p, *cu, *bias;
+    const int32_t *doff, *soff;
+    int drs, srs, rank, silu, cols;
+    long N;
+} mix_args;
+
+/* g[m - m0] = 1 + sum_q p[q] cu[q*cols + m] for m in [m0, m1) */
+static void mix_gain(float *g, const float *p, const float *cu, int rank, int cols, int m0, int m1)
+{
+    for (int m = m0; m < m1; m++)
+        g[m - m0] = 1.0f;
+    for (int q = 0; q < rank; q++) {
+        float pq = p[q];
+        const float *u = cu + (size_t)q * (size_t)cols;
+        for (int m = m0; m < m1; m++)
+            g[m - m0] += pq * u[m];
+    }
+}
+
+/* Features are handled in chunks of MIX_CHUNK: gathered into contiguous
+ * buffers, computed in straight loops that vectorise, scattered back. */
+#define MIX_CHUNK 256
+
+/* v[k] = src feature m0 + k of row r (0 where its offset is negative) */
+static void mix_gather(float *v, const float *src, const int32_t *off, long base, int m0, int m1)
+{
+    for (int m = m0; m < m1; m++)
+        v[m - m0] = off[m] < 0 ? 0.0f : src[off[m] + base];
+}
+
+static void mix_rows(void *ctx, long r0, long r1, int tid)
+{
+    (void)tid;
+    const mix_args *a = ctx;
+    int cols = a->cols;
+    float g[MIX_CHUNK], v[MIX_CHUNK];
+    for (long r = r0; r < r1; r++)
+        for (int m0 = 0; m0 < cols; m0 += MIX_CHUNK) {
+            int m1 = m0 + MIX_CHUNK < cols ? m0 + MIX_CHUNK : cols, w = m1 - m0;
+            const float *sc = a->scale + m0;
+            mix_gather(v, a->src, a->soff, r * a->srs, m0, m1);
+            if (a->p) {
+                mix_gain(g, a->p + r * a->rank, a->cu, a->rank, cols, m0, m1);
+                for (int k = 0; k < w; k++)
+                    v[k] *= sc[k] * g[k];
+            } else
+                for (int k = 0; k < w; k++)
+                    v[k] *= sc[k];
+            if (a->bias)
+                for (int k = 0; k < w; k++)
+                    v[k] += a->bias[m0 + k];
+            if (a->silu)
+                for (int k = 0; k < w; k++)
+                    v[k] = san_silu(v[k]);
+            float *dst = a->dst + r * a->drs;
+            const int32_t *doff = a->doff + m0;
+            for (int k = 0; k < w; k++)
+                if (doff[k] >= 0)
+                    dst[doff[k]] = v[k];
+        }
+}
+
+void cpu_hada3_mix(const nd_backend *be, float *dst, const int32_t *doff, int drs, const float *src,
+                   const int32_t *soff, int srs, const float *scale, const float *p,
+                   const float *cu, int rank, const float *bias, int silu, long N, int cols)
+{
+    (void)be;
+    mix_args a = {.dst = dst,
+                  .src = src,
+                  .scale = scale,
+                  .p = p,
+                  .cu = cu,
+                  .bias = bias,
+                  .doff = doff,
+                  .soff = soff,
+                  .drs = drs,
+                  .srs = srs,
+                  .rank = rank,
+                  .silu = silu,
+                  .cols = cols,
+                  .N = N};
+    nd_parallel_for(N, 16, mix_rows, &a);
+}
+
+/* The backward runs over row shares; dscale / dbias sum per-thread
+ * partials (double) in thread order, so a given thread count always gives
+ * the same bits. */
+typedef struct {
+    const mix_args *a;
+    double *part; /* nt slices of 2 * cols: dscale, dbias */
+    int nt;
+} mix_bwd_ctx;
+
+static void mix_bwd_share(void *ctx, int tid, int team)
+{
+    const mix_bwd_ctx *C = ctx;
+    const mix_args *a = C->a;
+    int cols = a->cols;
+    long r0, r1;
+    nd_share(a->N, tid, team, &r0, &r1);
+    double *ss = C->part ? C->part + (size_t)tid * 2 * (size_t)cols : NULL;
+    double *sb = ss ? ss + cols : NULL;
+    float g[MIX_CHUNK], v[MIX_CHUNK], e[MIX_CHUNK], t[MIX_CHUNK];
+    for (long r = r0; r < r1; r++)
+        for (int m0 = 0; m0 < cols; m0 += MIX_CHUNK) {
+            int m1 = m0 + MIX_CHUNK < cols ? m0 + MIX_CHUNK : cols, w = m1 - m0;
+            const float *sc = a->scale + m0;
+            mix_gather(e, a->ddst, a->doff, r * a->drs, m0, m1);
+            if (a->src)
+                mix_gather(v, a->src, a->soff, r * a->srs, m0, m1);
+            else
+                memset(v, 0, sizeof(float) * (size_t)w);
+            if (a->p)
+                mix_gain(g, a->p + r * a->rank, a->cu, a->rank, cols, m0, m1);
+            else
+                for (int k = 0; k < w; k++)
+                    g[k] = 1.0f;
+            if (a->silu) /* e *= silu'(h) */
+                for (int k = 0; k < w; k++) {
+                    float h = sc[k] * g[k] * v[k] + (a->bias ? a->bias[m0 + k] : 0.0f);
+                    float s = san_sigmoid(h);
+                    e[k] *= s * (1.0f + h * (1.0f - s));
+                }
+            if (a->dsrc) {
+                for (int k = 0; k < w; k++)
+                    t[k] = e[k] * sc[k] * g[k];
+                float *dsrc = a->dsrc + r * a->srs;
+                const int32_t *soff = a->soff + m0;
+                for (int k = 0; k < w; k++)
+                    if (soff[k] >= 0)
+                        dsrc[soff[k]] = t[k];
+            }
+            if (a->dcond) {
+                float *dc = a->dcond + r * cols + m0;
+                for (int k = 0; k < w; k++)
+                    dc[k] = e[k] * sc[k] * v[k];
+            }
+            if (ss) {
+                double *s1 = ss + m0, *s2 = sb + m0;
+                for (int k = 0; k < w; k++) {
+                    s1[k] += (double)(e[k] * g[k] * v[k]);
+                    s2[k] += (double)e[k];
+                }
+            }
+        }
+}
+
+void cpu_hada3_mix_backward(const nd_backend *be, float *dsrc, float *dcond, float *dscale,
+                            float *dbias, const float *ddst, const int32_t *doff, int drs,
+                            const float *src, const int32_t *soff, int srs, const float *scale,
+                            const float *p, const float *cu, int rank, const float *bias, int silu,
+                            long N, int cols)
+{
+    (void)be;
+    if (N <= 0)
+        return;
+    mix_args a = {.dsrc = dsrc,
+                  .dcond = dcond,
+                  .dscale = dscale,
+                  .dbias = dbias,
+                  .ddst = ddst,
+                  .src = src,
+                  .scale = scale,
+                  .p = p,
+                  .cu = cu,
+                  .bias = bias,
+                  .doff = doff,
+                  .soff = soff,
+                  .drs = drs,
+                  .srs = srs,
+                  .rank = rank,
+                  .silu = silu,
+                  .cols = cols,
+                  .N = N};
+    /* a team no larger than the rows (16 at least each) and the partials */
+    int nt = nd_get_threads();
+    if (nt > (N + 15) / 16)
+        nt = (int)((N + 15) / 16);
+    mix_bwd_ctx C = {.a = &a, .nt = nt};
+    int sums = dscale || dbias;
+    if (sums)
+        C.part = cpu_xalloc(sizeof(double) * (size_t)nt * 2 * (size_t)cols);
+    nd_parallel_region(nt, mix_bwd_share, &C);
+    if (sums)
+        for (int m = 0; m < cols; m++) {
+            double s = 0.0, b = 0.0;
+            for (int t = 0; t < nt; t++) {
+                s += C.part[(size_t)t * 2 * cols + m];
+                b += C.part[(size_t)t * 2 * cols + cols + m];
+            }
+            if (dscale)
+                dscale[m] += (float)s;
+            if (dbias)
+                dbias[m] += (float)b;
+        }
+    free(C.part);
+}
+
+/* ---- softmax_rows ---- */
+
+typedef struct {
+    float *x;
+    const float *dy, *y;
+    int k;
+} smx_args;
+
+static void softmax_rows_body(void *ctx, long r0, long r1, int tid)
+{
+    (void)tid;
+    const smx_args *a = ctx;
+    int k = a->k;
+    for (long r = r0; r < r1; r++) {
+        float *x = a->x + r * k;
+        float mx = x[0];
+        for (int i = 1; i < k; i++)
+            mx = x[i] > mx ? x[i] : mx;
+        float s = 0.0f;
+        for (int i = 0; i < k; i++) {
+            x[i] = expf(x[i] - mx);
+            s += x[i];
+        }
+        float inv = 1.0f / s;
+        for (int i = 0; i < k; i++)
+            x[i] *= inv;
+    }
+}
+
+void cpu_softmax_rows(const nd_backend *be, float *x, long N, int k)
+{
+    (void)be;
+    smx_args a = {.x = x, .k = k};
+    nd_parallel_for(N, 256, softmax_rows_body, &a);
+}
+
+static void softmax_bwd_body(void *ctx, long r0, long r1, int tid)
+{
+    (void)tid;
+    const smx_args *a = ctx;
+    int k = a->k;
+    for (long r = r0; r < r1; r++) {
+        const float *y = a->y + r * k, *dy = a->dy + r * k;
+        float *dx = a->x + r * k;
+        float s = 0.0f;
+        for (int i = 0; i < k; i++)
+            s += y[i] * dy[i];
+        for (int i = 0; i < k; i++)
+            dx[i] = y[i] * (dy[i] - s);
+    }
+}
+
+void cpu_softmax_rows_backward(const nd_backend *be, float *dx, const float *dy, const float *y,
+                               long N, int k)
+{
+    (void)be;
+    smx_args a = {.x = dx, .dy = dy, .y = y, .k = k};
+    nd_parallel_for(N, 256, softmax_bwd_body, &a);
+}

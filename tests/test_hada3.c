@@ -1,0 +1,477 @@
+/* Needle 3's Hadamard MLP (src/model/hada3.c) against a plain double
+ * reference written here: every factor pair as the full n x n operator
+ * (kron(wa, wb) for shared, the block_untied coefficients wa[j,i,k] wb[k,j,l]
+ * otherwise) multiplied row by row.
+ *
+ * - forward: shared and block_untied, d a power of two or not (padding),
+ *   split permutations or not, against the reference;
+ * - backward: dx and every weight gradient against central differences of
+ *   the double reference (loss = sum(y * R)); accumulation (+=), frozen
+ *   weights (gw NULL), saved NULL (recomputed);
+ * - permutations: numpy RandomState(s).permutation(n) values quoted from
+ *   numpy 1.24 (tests/test_hada3_numpy.py compares many more directly).
+ *
+ * Modes for tests/test_hada3_numpy.py:
+ *   test_hada3 perm SEED N        one line: RandomState(SEED).permutation(N)
+ *   test_hada3 geom D SPLIT       n ba bb, then perm1 and perm2 lines
+ *   test_hada3 dump FILE D UNTIED SPLIT N SEED
+ *       int32 d n ba bb untied split N, then float32 x, w1a, w1b, w2a, w2b,
+ *       w3a, w3b, d1, d2, b2, d3, d4, cond_v, cond_u, y (our forward) */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/np_random.h"
+#include "core/rng.h"
+#include "core/status.h"
+#include "model/hada3.h"
+#include "testutil.h"
+
+enum {
+    T_X,
+    T_W1A,
+    T_W1B,
+    T_W2A,
+    T_W2B,
+    T_W3A,
+    T_W3B,
+    T_D1,
+    T_D2,
+    T_B2,
+    T_D3,
+    T_D4,
+    T_CV,
+    T_CU,
+    T_N
+};
+static const char *tname[T_N] = {"x",  "w1a", "w1b", "w2a", "w2b", "w3a",    "w3b",
+                                 "d1", "d2",  "b2",  "d3",  "d4",  "cond_v", "cond_u"};
+
+typedef struct {
+    san_hada3_geom g;
+    long N;
+    size_t off[T_N + 1]; /* tensor t is P[off[t] .. off[t+1]) */
+    double *P;           /* every tensor, x first */
+} prob;
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "test_hada3: out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static int prob_init(prob *pr, int d, int untied, int split, long N, uint64_t seed)
+{
+    memset(pr, 0, sizeof *pr);
+    int rc = san_hada3_geom_init(&pr->g, d, untied, split);
+    if (rc != ND_OK)
+        return rc;
+    const san_hada3_geom *g = &pr->g;
+    size_t n = (size_t)g->n, ba = (size_t)g->ba, bb = (size_t)g->bb;
+    size_t len[T_N];
+    len[T_X] = (size_t)N * (size_t)d;
+    for (int s = 0; s < 3; s++) {
+        len[T_W1A + 2 * s] = untied ? bb * ba * ba : ba * ba;
+        len[T_W1B + 2 * s] = untied ? ba * bb * bb : bb * bb;
+    }
+    len[T_D1] = len[T_D2] = len[T_B2] = len[T_D3] = len[T_D4] = n;
+    len[T_CV] = (size_t)d * SAN_HADA3_COND_RANK;
+    len[T_CU] = SAN_HADA3_COND_RANK * n;
+    pr->off[0] = 0;
+    for (int t = 0; t < T_N; t++)
+        pr->off[t + 1] = pr->off[t] + len[t];
+    pr->N = N;
+    pr->P = xmalloc(sizeof(double) * pr->off[T_N]);
+    nd_rng r;
+    nd_rng_seed(&r, seed);
+    for (int t = 0; t < T_N; t++) {
+        /* factor entries ~ 1/sqrt(block) keep the products O(1) */
+        double sc = 1.0;
+        if (t >= T_W1A && t <= T_W3B)
+            sc = 1.0 / sqrt((double)((t - T_W1A) % 2 == 0 ? ba : bb));
+        for (size_t i = pr->off[t]; i < pr->off[t + 1]; i++) {
+            double v = nd_rng_normal(&r) * sc;
+            if (t == T_D1 || t == T_D2 || t == T_D3)
+                v = 1.0 + 0.3 * v;
+            else if (t == T_B2 || t == T_D4)
+                v *= 0.5;
+            pr->P[i] = v;
+        }
+    }
+    return ND_OK;
+}
+
+static void prob_free(prob *pr)
+{
+    san_hada3_geom_free(&pr->g);
+    free(pr->P);
+}
+
+/* ---- the double reference ---- */
+
+/* op[(i*bb+j)*n + k*bb+l]: the coefficient of input feature (i,j) in output (k,l) */
+static void dense_op(const san_hada3_geom *g, const double *wa, const double *wb, double *op)
+{
+    int n = g->n, ba = g->ba, bb = g->bb;
+    for (int i = 0; i < ba; i++)
+        for (int j = 0; j < bb; j++)
+            for (int k = 0; k < ba; k++)
+                for (int l = 0; l < bb; l++) {
+                    double a = g->untied ? wa[((size_t)j * ba + i) * ba + k] : wa[i * ba + k];
+                    double b = g->untied ? wb[((size_t)k * bb + j) * bb + l] : wb[j * bb + l];
+                    op[(size_t)(i * bb + j) * n + (k * bb + l)] = a * b;
+                }
+}
+
+static void vec_op(const double *z, const double *op, int n, double *out)
+{
+    for (int o = 0; o < n; o++)
+        out[o] = 0.0;
+    for (int m = 0; m < n; m++)
+        for (int o = 0; o < n; o++)
+            out[o] += z[m] * op[(size_t)m * n + o];
+}
+
+/* y [N, d] = HadamardMLP(x) in double */
+static void ref_forward(const prob *pr, const double *P, double *y)
+{
+    const san_hada3_geom *g = &pr->g;
+    int n = g->n, d = g->d, R = SAN_HADA3_COND_RANK;
+    double *ops = xmalloc(sizeof(double) * 3 * (size_t)n * n);
+    for (int s = 0; s < 3; s++)
+        dense_op(g, P + pr->off[T_W1A + 2 * s], P + pr->off[T_W1B + 2 * s],
+                 ops + (size_t)s * n * n);
+    double *z = xmalloc(sizeof(double) * n), *t = xmalloc(sizeof(double) * n),
+           *cond = xmalloc(sizeof(double) * n);
+    const double *d1 = P + pr->off[T_D1], *d2 = P + pr->off[T_D2], *b2 = P + pr->off[T_B2],
+                 *d3 = P + pr->off[T_D3], *d4 = P + pr->off[T_D4], *cv = P + pr->off[T_CV],
+                 *cu = P + pr->off[T_CU];
+    for (long r = 0; r < pr->N; r++) {
+        const double *x = P + pr->off[T_X] + r * d;
+        double lg[SAN_HADA3_COND_RANK], mx = -INFINITY, sum = 0.0;
+        for (int q = 0; q < R; q++) {
+            lg[q] = 0.0;
+            for (int k = 0; k < d; k++)
+                lg[q] += x[k] * cv[k * R + q];
+            mx = lg[q] > mx ? lg[q] : mx;
+        }
+        for (int q = 0; q < R; q++)
+            sum += (lg[q] = exp(lg[q] - mx));
+        for (int m = 0; m < n; m++) {
+            cond[m] = 1.0;
+            for (int q = 0; q < R; q++)
+                cond[m] += lg[q] / sum * cu[q * n + m];
+        }
+        for (int m = 0; m < n; m++)
+            z[m] = d1[m] * (m < d ? x[m] : 0.0);
+        vec_op(z, ops, n, t);
+        for (int m = 0; m < n; m++) {
+            double h = d2[m] * cond[m] * t[g->perm1[m]] + b2[m];
+            z[m] = h / (1.0 + exp(-h));
+        }
+        vec_op(z, ops + (size_t)n * n, n, t);
+        for (int m = 0; m < n; m++)
+            z[m] = d3[m] * t[g->perm2[m]];
+        vec_op(z, ops + 2 * (size_t)n * n, n, t);
+        for (int m = 0; m < d; m++)
+            y[r * d + m] = d4[m] * t[m];
+    }
+    free(ops);
+    free(z);
+    free(t);
+    free(cond);
+}
+
+/* ---- the module under test ---- */
+
+typedef struct {
+    float *f; /* float copies of every tensor, same offsets */
+    san_hada3_w w;
+} fparams;
+
+static void to_float(const prob *pr, fparams *fp)
+{
+    fp->f = xmalloc(sizeof(float) * pr->off[T_N]);
+    for (size_t i = 0; i < pr->off[T_N]; i++)
+        fp->f[i] = (float)pr->P[i];
+    const float *b = fp->f;
+    fp->w = (san_hada3_w){b + pr->off[T_W1A], b + pr->off[T_W1B], b + pr->off[T_W2A],
+                          b + pr->off[T_W2B], b + pr->off[T_W3A], b + pr->off[T_W3B],
+                          b + pr->off[T_D1],  b + pr->off[T_D2],  b + pr->off[T_B2],
+                          b + pr->off[T_D3],  b + pr->off[T_D4],  b + pr->off[T_CV],
+                          b + pr->off[T_CU]};
+}
+
+static san_hada3_grad grad_view(const prob *pr, float *G)
+{
+    return (san_hada3_grad){G + pr->off[T_W1A], G + pr->off[T_W1B], G + pr->off[T_W2A],
+                            G + pr->off[T_W2B], G + pr->off[T_W3A], G + pr->off[T_W3B],
+                            G + pr->off[T_D1],  G + pr->off[T_D2],  G + pr->off[T_B2],
+                            G + pr->off[T_D3],  G + pr->off[T_D4],  G + pr->off[T_CV],
+                            G + pr->off[T_CU]};
+}
+
+static const nd_backend *be;
+
+static double max_abs_d(const double *a, size_t n)
+{
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++)
+        m = fabs(a[i]) > m ? fabs(a[i]) : m;
+    return m;
+}
+
+static void check_forward(int d, int untied, int split, long N)
+{
+    prob pr;
+    CHECK(prob_init(&pr, d, untied, split, N, 1000 + (uint64_t)d * 7 + untied * 3 + split) ==
+          ND_OK);
+    fparams fp;
+    to_float(&pr, &fp);
+    size_t nd = (size_t)N * d;
+    double *yr = xmalloc(sizeof(double) * nd);
+    float *y = xmalloc(sizeof(float) * nd), *y2 = xmalloc(sizeof(float) * nd);
+    float *saved = xmalloc(sizeof(float) * (size_t)N * san_hada3_saved_per_row(&pr.g));
+    ref_forward(&pr, pr.P, yr);
+    CHECK(san_hada3_forward(be, &pr.g, &fp.w, fp.f + pr.off[T_X], N, y, saved) == ND_OK);
+    CHECK(san_hada3_forward(be, &pr.g, &fp.w, fp.f + pr.off[T_X], N, y2, NULL) == ND_OK);
+    double scale = max_abs_d(yr, nd), err = 0.0;
+    for (size_t i = 0; i < nd; i++)
+        err = fmax(err, fabs((double)y[i] - yr[i]));
+    err /= scale;
+    CHECK_MSG(err < 2e-5 && scale > 1e-3,
+              "forward d %d (n %d ba %d bb %d) %s%s: rel err %.3g (max |y| %.3g)", d, pr.g.n,
+              pr.g.ba, pr.g.bb, untied ? "block_untied" : "shared", split ? " split" : "", err,
+              scale);
+    CHECK_MSG(!memcmp(y, y2, sizeof(float) * nd), "forward with and without saved differ");
+    printf("forward  d %4d n %4d (%2d x %2d) %-12s %-5s rel err %.2e\n", d, pr.g.n, pr.g.ba,
+           pr.g.bb, untied ? "block_untied" : "shared", split ? "split" : "", err);
+    free(yr);
+    free(y);
+    free(y2);
+    free(saved);
+    free(fp.f);
+    prob_free(&pr);
+}
+
+/* loss(P) = sum(ref_forward(P) * R) */
+static double ref_loss(const prob *pr, const double *P, const double *R, double *y)
+{
+    ref_forward(pr, P, y);
+    double s = 0.0;
+    for (long i = 0; i < pr->N * pr->g.d; i++)
+        s += y[i] * R[i];
+    return s;
+}
+
+static void check_backward(int d, int untied, int split, long N)
+{
+    prob pr;
+    CHECK(prob_init(&pr, d, untied, split, N, 2000 + (uint64_t)d * 7 + untied * 3 + split) ==
+          ND_OK);
+    fparams fp;
+    to_float(&pr, &fp);
+    /* the forward in double at the float-rounded point, so FD and the float
+     * backward see the same function */
+    for (size_t i = 0; i < pr.off[T_N]; i++)
+        pr.P[i] = (double)fp.f[i];
+    size_t nd = (size_t)N * d, np = pr.off[T_N];
+    nd_rng r;
+    nd_rng_seed(&r, 77 + (uint64_t)d);
+    double *R = xmalloc(sizeof(double) * nd), *yb = xmalloc(sizeof(double) * nd);
+    float *dy = xmalloc(sizeof(float) * nd), *y = xmalloc(sizeof(float) * nd);
+    for (size_t i = 0; i < nd; i++)
+        dy[i] = (float)(R[i] = nd_rng_normal(&r));
+    float *saved = xmalloc(sizeof(float) * (size_t)N * san_hada3_saved_per_row(&pr.g));
+    CHECK(san_hada3_forward(be, &pr.g, &fp.w, fp.f + pr.off[T_X], N, y, saved) == ND_OK);
+    /* gradients land in G at the tensors' offsets (dx at x's): pre-filled
+     * with 0.25 to check that they accumulate */
+    float *G = xmalloc(sizeof(float) * np), *dx2 = xmalloc(sizeof(float) * nd),
+          *dx3 = xmalloc(sizeof(float) * nd);
+    float *G3 = xmalloc(sizeof(float) * np);
+    for (size_t i = 0; i < np; i++)
+        G[i] = G3[i] = 0.25f;
+    san_hada3_grad gw = grad_view(&pr, G), gw3 = grad_view(&pr, G3);
+    float *dx = G + pr.off[T_X];
+    const float *x = fp.f + pr.off[T_X];
+    CHECK(san_hada3_backward(be, &pr.g, &fp.w, x, N, saved, dy, dx, &gw) == ND_OK);
+    CHECK(san_hada3_backward(be, &pr.g, &fp.w, x, N, NULL, dy, dx2, NULL) == ND_OK);
+    CHECK(san_hada3_backward(be, &pr.g, &fp.w, x, N, NULL, dy, dx3, &gw3) == ND_OK);
+    CHECK_MSG(!memcmp(dx, dx2, sizeof(float) * nd), "dx with frozen weights differs");
+    CHECK_MSG(!memcmp(dx, dx3, sizeof(float) * nd), "dx without saved differs");
+    CHECK_MSG(!memcmp(G + pr.off[T_W1A], G3 + pr.off[T_W1A], sizeof(float) * (np - pr.off[T_W1A])),
+              "weight gradients without saved differ");
+    double worst = 0.0;
+    for (int t = 0; t < T_N; t++) {
+        size_t n = pr.off[t + 1] - pr.off[t];
+        double *num = xmalloc(sizeof(double) * n);
+        for (size_t i = 0; i < n; i++) {
+            double *p = pr.P + pr.off[t] + i, keep = *p, h = 1e-5 * fmax(1.0, fabs(keep));
+            *p = keep + h;
+            double lp = ref_loss(&pr, pr.P, R, yb);
+            *p = keep - h;
+            double lm = ref_loss(&pr, pr.P, R, yb);
+            *p = keep;
+            num[i] = (lp - lm) / (2 * h);
+        }
+        double sc = max_abs_d(num, n), err = 0.0;
+        for (size_t i = 0; i < n; i++) {
+            double an = (double)G[pr.off[t] + i] - (t == T_X ? 0.0 : 0.25);
+            err = fmax(err, fabs(an - num[i]));
+        }
+        err /= fmax(sc, 1e-6);
+        worst = fmax(worst, err);
+        CHECK_MSG(err < 2e-4 && sc > 1e-6, "backward d %d %s%s: d%s rel err %.3g (max %.3g)", d,
+                  untied ? "block_untied" : "shared", split ? " split" : "", tname[t], err, sc);
+        free(num);
+    }
+    printf("backward d %4d n %4d (%2d x %2d) %-12s %-5s worst rel err %.2e\n", d, pr.g.n, pr.g.ba,
+           pr.g.bb, untied ? "block_untied" : "shared", split ? "split" : "", worst);
+    free(R);
+    free(yb);
+    free(dy);
+    free(y);
+    free(saved);
+    free(G);
+    free(G3);
+    free(dx2);
+    free(dx3);
+    free(fp.f);
+    prob_free(&pr);
+}
+
+static void check_geometry(void)
+{
+    /* n, ba, bb of upstream's _hada_blocks for a few d */
+    static const int cases[][4] = {{1, 1, 1, 1},      {2, 2, 1, 2},        {3, 4, 2, 2},
+                                   {12, 16, 4, 4},    {24, 32, 4, 8},      {32, 32, 4, 8},
+                                   {100, 128, 8, 16}, {768, 1024, 32, 32}, {1000, 1024, 32, 32}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        san_hada3_geom g;
+        CHECK(san_hada3_geom_init(&g, cases[c][0], 0, 0) == ND_OK);
+        CHECK_MSG(g.n == cases[c][1] && g.ba == cases[c][2] && g.bb == cases[c][3],
+                  "d %d: n %d ba %d bb %d", cases[c][0], g.n, g.ba, g.bb);
+        san_hada3_geom_free(&g);
+    }
+    san_hada3_geom g;
+    CHECK(san_hada3_geom_init(&g, 0, 0, 0) == ND_EARG);
+    CHECK(san_hada3_geom_init(&g, 8, 2, 0) == ND_EARG);
+    /* numpy 1.24: RandomState(11).permutation(16), RandomState(13).permutation(8) */
+    static const int32_t p11[16] = {8, 3, 6, 10, 15, 4, 5, 14, 2, 13, 12, 7, 1, 11, 0, 9};
+    static const int32_t p13[8] = {1, 4, 3, 5, 6, 7, 0, 2};
+    CHECK(san_hada3_geom_init(&g, 16, 0, 0) == ND_OK);
+    CHECK(!memcmp(g.perm1, p11, sizeof p11));
+    san_hada3_geom_free(&g);
+    CHECK(san_hada3_geom_init(&g, 8, 1, 0) == ND_OK);
+    CHECK(!memcmp(g.perm2, p13, sizeof p13));
+    san_hada3_geom_free(&g);
+    /* split halves are permutations of their own half */
+    CHECK(san_hada3_geom_init(&g, 700, 0, 1) == ND_OK);
+    int seen[1024] = {0};
+    for (int m = 0; m < g.n; m++) {
+        int half = m >= g.n / 2;
+        CHECK(g.perm1[m] >= half * g.n / 2 && g.perm1[m] < (half + 1) * g.n / 2);
+        seen[g.perm1[m]]++;
+    }
+    for (int m = 0; m < g.n; m++)
+        CHECK(seen[m] == 1);
+    san_hada3_geom_free(&g);
+}
+
+/* ---- modes for tests/test_hada3_numpy.py ---- */
+
+static int mode_perm(long seed, long n)
+{
+    if (seed < 0 || seed > 0xffffffffL || n < 0 || n > (1L << 24))
+        return 2;
+    int32_t *p = xmalloc(sizeof(int32_t) * (size_t)n);
+    nd_np_random rs;
+    nd_np_random_seed(&rs, (uint32_t)seed);
+    nd_np_random_permutation(&rs, p, (int32_t)n);
+    for (long i = 0; i < n; i++)
+        printf("%s%d", i ? " " : "", p[i]);
+    printf("\n");
+    free(p);
+    return 0;
+}
+
+static int mode_geom(int d, int split)
+{
+    san_hada3_geom g;
+    if (san_hada3_geom_init(&g, d, 0, split) != ND_OK)
+        return 2;
+    printf("%d %d %d\n", g.n, g.ba, g.bb);
+    for (int s = 0; s < 2; s++) {
+        const int32_t *p = s ? g.perm2 : g.perm1;
+        for (int i = 0; i < g.n; i++)
+            printf("%s%d", i ? " " : "", p[i]);
+        printf("\n");
+    }
+    san_hada3_geom_free(&g);
+    return 0;
+}
+
+static int mode_dump(const char *path, int d, int untied, int split, long N, long seed)
+{
+    prob pr;
+    if (N < 1 || prob_init(&pr, d, untied, split, N, (uint64_t)seed) != ND_OK)
+        return 2;
+    fparams fp;
+    to_float(&pr, &fp);
+    float *y = xmalloc(sizeof(float) * (size_t)N * d);
+    int rc = san_hada3_forward(be, &pr.g, &fp.w, fp.f + pr.off[T_X], N, y, NULL);
+    FILE *f = rc == ND_OK ? fopen(path, "wb") : NULL;
+    int ok = f != NULL;
+    if (f) {
+        int32_t hdr[7] = {d, pr.g.n, pr.g.ba, pr.g.bb, untied, split, (int32_t)N};
+        ok = fwrite(hdr, sizeof hdr, 1, f) == 1 &&
+             fwrite(fp.f, sizeof(float), pr.off[T_N], f) == pr.off[T_N] &&
+             fwrite(y, sizeof(float), (size_t)N * d, f) == (size_t)N * d;
+        ok = (fclose(f) == 0) && ok;
+    }
+    free(y);
+    free(fp.f);
+    prob_free(&pr);
+    if (!ok)
+        fprintf(stderr, "test_hada3: dump to %s failed\n", path);
+    return ok ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    be = nd_backend_get("cpu", 0);
+    if (!be) {
+        fprintf(stderr, "test_hada3: no cpu backend: %s\n", nd_last_error());
+        return 1;
+    }
+    if (argc == 4 && !strcmp(argv[1], "perm"))
+        return mode_perm(atol(argv[2]), atol(argv[3]));
+    if (argc == 4 && !strcmp(argv[1], "geom"))
+        return mode_geom(atoi(argv[2]), atoi(argv[3]));
+    if (argc == 8 && !strcmp(argv[1], "dump"))
+        return mode_dump(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), atol(argv[6]),
+                         atol(argv[7]));
+    if (argc != 1) {
+        fprintf(stderr, "usage: test_hada3 [perm SEED N | geom D SPLIT | dump FILE D UNTIED "
+                        "SPLIT N SEED]\n");
+        return 2;
+    }
+    check_geometry();
+    static const int dims[] = {2, 3, 12, 16, 24, 32, 100};
+    for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
+        for (int untied = 0; untied < 2; untied++)
+            for (int split = 0; split < 2; split++)
+                check_forward(dims[i], untied, split, 7);
+    static const int bdims[] = {3, 12, 24, 32};
+    for (size_t i = 0; i < sizeof bdims / sizeof *bdims; i++)
+        for (int untied = 0; untied < 2; untied++)
+            for (int split = 0; split < 2; split++)
+                check_backward(bdims[i], untied, split, 5);
+    return tu_finish("test_hada3");
+}

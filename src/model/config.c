@@ -85,7 +85,7 @@ int san_config_preset(san_config *c, const char *name)
         c->num_heads = 4;
         c->num_kv_heads = 2;
         c->num_layers = 4;
-        c->max_seq_len = 64;
+        c->max_seq_len = 256;
         c->engram_slots = 64;
         c->mhc_lanes = 2;
         c->embedding_dim = 16;

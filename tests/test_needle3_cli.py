@@ -15,7 +15,9 @@ Checks, written from upstream 3.x architecture.py (not from our C code):
     layer, d1 = d2 = d3 = 1, b2 = 0, d4 = 0.02, cond_u = 0, heads' gain 1,
     row_bias 0, log_temp log 10, bias -10;
   * `needle inspect` prints "Needle 3" and the 3.x fields for them, and
-    "Needle 2" for a tiny Needle 2 checkpoint.
+    "Needle 2" for a tiny Needle 2 checkpoint; a non-adjacent CLA pair is
+    refused naming cla_pairs; `needle build` refuses a Needle 3 checkpoint
+    (the archive and the engine are Needle 2's) and writes nothing.
 """
 import math
 import os
@@ -201,6 +203,11 @@ def main():
         r = run([needle, "inspect", bad])
         check("non-adjacent CLA pair refused", r.returncode != 0 and "cla_pairs" in r.stderr,
               r.stderr[-200:])
+        # the .cact archive and the engine are Needle 2's: build refuses, writes nothing
+        out = os.path.join(tmp, "t3.cact")
+        r = run([needle, "build", t3, "--no-tokenizer", "--out", out])
+        check("build refuses a Needle 3 checkpoint", r.returncode != 0 and "Needle 3" in r.stderr
+              and not os.path.exists(out), r.stderr[-200:])
     for name in os.listdir(tmp):
         os.unlink(os.path.join(tmp, name))
     os.rmdir(tmp)

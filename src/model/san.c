@@ -233,11 +233,13 @@ size_t san_layer_acts_bytes(const san_model *m, long rows)
     size_t per_row = n * d + 1 + 2 * (2 * n + n * n) + 2 * d + s + 3 * d + 2 + 3 * D->q_dim +
                      2 * D->kv_dim + D->q_dim + D->kv_dim + D->H + D->G + D->q_dim + D->H +
                      D->q_dim + 3 * d + 1 + d + d + 1 + D->hada_n + d;
-    if (m->cfg.generation == 3) /* o_dim-sized att/o, conv outputs, MLP output and saves */
-        per_row += 2 * (size_t)(D->o_dim - D->q_dim) + (D->v_dim - D->kv_dim) +
-                   (D->gate_dim - D->q_dim) - D->hada_n +
-                   (m->cfg.qkv_conv_taps ? D->q_dim + D->k_dim + D->v_dim : 0) + d +
-                   (8 + 2 * (size_t)D->hada_n);
+    if (m->cfg.generation == 3) { /* o_dim-sized att/o, conv outputs, MLP output and saves */
+        long delta = 2L * (D->o_dim - D->q_dim) + (D->v_dim - D->kv_dim) +
+                     (D->gate_dim - D->q_dim) - D->hada_n +
+                     (m->cfg.qkv_conv_taps ? D->q_dim + D->k_dim + D->v_dim : 0) + (long)d + 8 +
+                     2L * D->hada_n;
+        per_row = (size_t)((long)per_row + delta);
+    }
     return N * per_row * sizeof(float);
 }
 

@@ -363,14 +363,8 @@ static void fill_table(nd_backend *t)
     t->sync = cuda_sync;
     t->alloc = cuda_alloc;
     t->free = cuda_free;
-/* no device kernels yet for Needle 3's Hadamard MLP ops: NULL entries,
- * which nd_backend_get runs on the CPU (declined, see registry.c) */
-#define cuda_hada3_mix NULL
-#define cuda_hada3_mix_backward NULL
-#define cuda_softmax_rows NULL
-#define cuda_softmax_rows_backward NULL
-/* nor yet for the rest of Needle 3's block (attention with separate head dims
- * and a window, the q/k/v conv, the headwise gate, the seeded engram hash) */
+/* no device kernels yet for the rest of Needle 3's block (attention with
+ * separate head dims and a window, the q/k/v conv, the headwise gate, the seeded engram hash) */
 #define cuda_attention_ext NULL
 #define cuda_qkv_taps NULL
 #define cuda_gate_heads NULL
@@ -378,13 +372,10 @@ static void fill_table(nd_backend *t)
 #define cuda_attention_ext_backward NULL
 #define cuda_qkv_taps_backward NULL
 #define cuda_gate_heads_backward NULL
+/* (NULL entries: nd_backend_get runs them on the CPU, see registry.c) */
 #define ND_OP(name, kind, ...) t->name = cuda_##name;
 #include "backend/ops.def"
 #undef ND_OP
-#undef cuda_hada3_mix
-#undef cuda_hada3_mix_backward
-#undef cuda_softmax_rows
-#undef cuda_softmax_rows_backward
 }
 
 #define MAX_DEVICES 64

@@ -83,6 +83,26 @@
 
 #include <stddef.h>
 
+/* NEEDLE_API marks the library's exported functions: libneedle is built
+ * with hidden visibility, so these declarations are the whole of what
+ * libneedle.so exports (tests/test_exports.py holds the two to each other).
+ * On Windows the library's own build (NEEDLE_BUILDING) exports them from
+ * the DLL; callers need no import attribute for functions. A caller may
+ * define NEEDLE_API itself before including this header. */
+#ifndef NEEDLE_API
+#if defined(_WIN32) || defined(__CYGWIN__)
+#ifdef NEEDLE_BUILDING
+#define NEEDLE_API __declspec(dllexport)
+#else
+#define NEEDLE_API
+#endif
+#elif defined(__GNUC__) || defined(__clang__)
+#define NEEDLE_API __attribute__((visibility("default")))
+#else
+#define NEEDLE_API
+#endif
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -106,56 +126,58 @@ typedef struct needle_session needle_session;
 /* Load a .cact (dequantised to float32 at load). NULL on failure: see
  * needle_thread_error(). The buffer variant copies what it needs; the
  * caller may free `data` afterwards. */
-needle_model *needle_model_load(const char *path);
-needle_model *needle_model_load_buffer(const void *data, size_t len);
-void needle_model_free(needle_model *m);
+NEEDLE_API needle_model *needle_model_load(const char *path);
+NEEDLE_API needle_model *needle_model_load_buffer(const void *data, size_t len);
+NEEDLE_API void needle_model_free(needle_model *m);
 /* The built-in base model (upstream's engine answers with its base when no
  * weights are loaded): $NEEDLE_BASE_WEIGHTS if set, else needle-nano.cact
  * beside libneedle (or the program linking it statically), then in
  * ../share/needle from there, then in the installed data directory.
  * needle_default_weights_path writes the path it would load into buf. */
-needle_model *needle_model_load_default(void);
-int needle_default_weights_path(char *buf, size_t n);
+NEEDLE_API needle_model *needle_model_load_default(void);
+NEEDLE_API int needle_default_weights_path(char *buf, size_t n);
 /* Model geometry: max_seq_len and vocabulary size. */
-int needle_model_max_seq_len(const needle_model *m);
-const char *needle_model_error(const needle_model *m);
+NEEDLE_API int needle_model_max_seq_len(const needle_model *m);
+NEEDLE_API const char *needle_model_error(const needle_model *m);
 
 /* A session on `m` (which must outlive it). system may be NULL or "";
  * tools_json is any valid JSON text holding an array of tools
  * ({"name", "description", "parameters": JSON schema}). The system + tools
  * prefix is prefilled here. NULL on failure: see needle_thread_error(). */
-needle_session *needle_session_new(needle_model *m, const char *system, const char *tools_json);
+NEEDLE_API needle_session *needle_session_new(needle_model *m, const char *system,
+                                              const char *tools_json);
 /* The same with upstream's tool_index_path (NULL: embeddings in memory
  * only; see "Tool retrieval" above). */
-needle_session *needle_session_new_with_index(needle_model *m, const char *system,
-                                              const char *tools_json, const char *tool_index_path);
-void needle_session_free(needle_session *s);
+NEEDLE_API needle_session *needle_session_new_with_index(needle_model *m, const char *system,
+                                                         const char *tools_json,
+                                                         const char *tool_index_path);
+NEEDLE_API void needle_session_free(needle_session *s);
 /* One turn; see above. max_new_tokens <= 0 means 256. */
-int needle_session_complete(needle_session *s, const char *text, int max_new_tokens, char *buf,
-                            int buf_len);
+NEEDLE_API int needle_session_complete(needle_session *s, const char *text, int max_new_tokens,
+                                       char *buf, int buf_len);
 /* Rewind the conversation to just after the tools (kept cached). */
-int needle_session_reset(needle_session *s);
+NEEDLE_API int needle_session_reset(needle_session *s);
 /* Tokens of the cached system + tools prefix. */
-int needle_session_context_tokens(const needle_session *s);
+NEEDLE_API int needle_session_context_tokens(const needle_session *s);
 /* Bytes the session holds (KV cache at its current size, decoder scratch,
  * per-turn buffers), and the most it can ever hold: the cache is a window
  * of kv_window positions (plus the pinned system + tools prefix) that
  * slides, so a conversation never runs out of context. */
-long long needle_session_memory_bytes(const needle_session *s);
-long long needle_session_memory_bound(const needle_session *s);
+NEEDLE_API long long needle_session_memory_bytes(const needle_session *s);
+NEEDLE_API long long needle_session_memory_bound(const needle_session *s);
 /* Newline-separated warnings from compiling the tools' schemas (ignored
  * keywords, unsupported patterns), or "". */
-const char *needle_session_warnings(const needle_session *s);
-const char *needle_session_error(const needle_session *s);
+NEEDLE_API const char *needle_session_warnings(const needle_session *s);
+NEEDLE_API const char *needle_session_error(const needle_session *s);
 /* on != 0: the answer must be at least one call (no [] refusal), like
  * tool_choice "required"; off by default. */
-int needle_session_require_call(needle_session *s, int on);
+NEEDLE_API int needle_session_require_call(needle_session *s, int on);
 /* Tools the session embedded with the model when it was made (those taken
  * from a matching tool index are not counted); 0 without retrieval. */
-int needle_session_tools_embedded(const needle_session *s);
+NEEDLE_API int needle_session_tools_embedded(const needle_session *s);
 /* Compact JSON array of the tools in the current context: all declared
  * tools, or the retrieved subset of the last first turn ("" before it). */
-const char *needle_session_context_tools(const needle_session *s);
+NEEDLE_API const char *needle_session_context_tools(const needle_session *s);
 
 /* The archive's probe heads directly (on error: needle_thread_error()).
  * needle_model_embed: the retrieval embedding of `text` (unit length);
@@ -163,23 +185,24 @@ const char *needle_session_context_tools(const needle_session *s);
  * without a contrastive head. needle_model_head_confidence: the confidence
  * head's probability for the token ids[0..n) (a whole rendered sequence,
  * BOS first); 0 or NEEDLE_EUNSUPPORTED without the head. */
-int needle_model_embed(const needle_model *m, const char *text, float *out, int out_len);
-int needle_model_head_confidence(const needle_model *m, const int *ids, int n, double *p);
+NEEDLE_API int needle_model_embed(const needle_model *m, const char *text, float *out, int out_len);
+NEEDLE_API int needle_model_head_confidence(const needle_model *m, const int *ids, int n,
+                                            double *p);
 
 /* The calling thread's last error (after a NULL from a constructor). */
-const char *needle_thread_error(void);
+NEEDLE_API const char *needle_thread_error(void);
 
 /* ---- upstream ABI (one global model and session) ---- */
 
 /* 0 on success. Replaces any loaded model (and drops its session). */
-int needle_load(const unsigned char *cact, unsigned long long n);
+NEEDLE_API int needle_load(const unsigned char *cact, unsigned long long n);
 /* >= 0: tokens of the tool context (with tool retrieval: of the part
  * before the tools); < 0: error. tool_index_path: see "Tool retrieval". */
-int needle_init(const char *system, const char *tools_json, const char *tool_index_path);
-int needle_complete(const char *text, int max_new_tokens, char *buf, int buf_len);
-void needle_reset(void);
+NEEDLE_API int needle_init(const char *system, const char *tools_json, const char *tool_index_path);
+NEEDLE_API int needle_complete(const char *text, int max_new_tokens, char *buf, int buf_len);
+NEEDLE_API void needle_reset(void);
 /* Message of the last failed global call ("" if none). */
-const char *needle_last_error(void);
+NEEDLE_API const char *needle_last_error(void);
 
 #ifdef __cplusplus
 }

@@ -96,6 +96,60 @@ static void test_reply_envelope(void)
     CHECK(clean(err, key) && strstr(err, "***") != NULL);
 }
 
+/* no 4 bytes in a row of key anywhere in s (a piece from its middle too) */
+static int no_piece(const char *s, const char *key)
+{
+    size_t kn = strlen(key);
+    for (size_t i = 0; i + 4 <= kn; i++) {
+        char piece[5];
+        memcpy(piece, key + i, 4);
+        piece[4] = 0;
+        if (strstr(s, piece))
+            return 0;
+    }
+    return 1;
+}
+
+/* The envelope through the library's own JSON parser (text/pyjson.c; the
+ * library does not link jansson): where a body stops being JSON is said as
+ * line and column with the text before it quoted, redacted as a whole. */
+static void test_reply_not_json(void)
+{
+    const char *key = "sk-test-KEY-0001";
+    char *content, err[320];
+    size_t len;
+    const char multi[] = "{\n  \"choices\": [\n  oops]}";
+    CHECK(nd_chat_parse_reply(multi, sizeof multi - 1, key, &content, &len, err, sizeof err) == 0);
+    CHECK(!content && strncmp(err, "the reply is not JSON (line 3 column 3: ", 40) == 0);
+    CHECK(strstr(err, " near '{   \"choices\": [   o')") != NULL);
+    /* the key 30 bytes before the bad byte: a 40-byte quote of the raw body
+     * would start inside it; quoted from the redacted body it shows "***" */
+    char body[128];
+    snprintf(body, sizeof body, "{\"choices\": \"%s%030d\x01\"}", key, 0);
+    CHECK(nd_chat_parse_reply(body, strlen(body), key, &content, &len, err, sizeof err) == 0);
+    CHECK(strncmp(err, "the reply is not JSON (line 1 column 60: ", 41) == 0);
+    CHECK(strstr(err, "***000") != NULL && no_piece(err, key));
+    /* a bad UTF-8 byte is not quoted (the quote stays valid UTF-8) */
+    const char bad[] = "{\"a\": \"\xc3\xa9\xff\"}";
+    CHECK(nd_chat_parse_reply(bad, sizeof bad - 1, key, &content, &len, err, sizeof err) == 0);
+    CHECK(strstr(err, "line 1 column 10: ") != NULL && strstr(err, "near '{\"a\": \"\xc3\xa9')"));
+    CHECK(nd_chat_parse_reply("", 0, key, &content, &len, err, sizeof err) == 0);
+    CHECK(strncmp(err, "the reply is not JSON (line 1 column 1: ", 40) == 0);
+    CHECK(nd_chat_parse_reply(NULL, 0, key, &content, &len, err, sizeof err) == 0 && !content);
+    /* content for the example parser holds no NUL */
+    const char nul[] = "{\"choices\":[{\"message\":{\"content\":\"[1]\\u0000\"}}]}";
+    CHECK(nd_chat_parse_reply(nul, sizeof nul - 1, key, &content, &len, err, sizeof err) == 0);
+    CHECK(!content && strstr(err, "\\u0000") != NULL);
+    /* escapes decoded; the first choice; "error": null next to no content */
+    const char esc[] = "{\"choices\":[{\"message\":{\"content\":\"\\u00e9\\n\\\"\"}},"
+                       "{\"message\":{\"content\":\"x\"}}],\"error\":null}";
+    CHECK(nd_chat_parse_reply(esc, sizeof esc - 1, key, &content, &len, err, sizeof err) == 1);
+    CHECK(len == 4 && strcmp(content, "\xc3\xa9\n\"") == 0);
+    free(content);
+    CHECK(nd_chat_parse_reply("{\"error\":null}", 14, key, &content, &len, err, sizeof err) == 0);
+    CHECK(strcmp(err, "the service answered an error: (no message)") == 0);
+}
+
 int main(void)
 {
     nd_pj_doc *doc;
@@ -189,5 +243,6 @@ int main(void)
     nd_pj_free(doc);
     test_redaction();
     test_reply_envelope();
+    test_reply_not_json();
     return tu_finish("test_gen_examples");
 }

@@ -98,6 +98,18 @@ int main(int argc, char **argv)
     CHECK(fails("\"\xed\xa0\x80\"")); /* UTF-8-encoded surrogate */
     CHECK(fails("[1] 2"));
     CHECK(fails("{'a':1}"));
+    /* err_col is the message's column: the bad byte inside a string, not
+     * where the string starts */
+    {
+        nd_pj_doc *d;
+        size_t col = 0;
+        CHECK(nd_pj_parse("[\"ab\x01\"]", 7, &d, &col) == ND_EFORMAT);
+        CHECK(col == 5 && !strncmp(nd_last_error(), "column 5: ", 10));
+        CHECK(nd_pj_parse("{\"a\": \"\\q\"}", 11, &d, &col) == ND_EFORMAT);
+        CHECK(col == 8 && !strncmp(nd_last_error(), "column 8: ", 10));
+        CHECK(nd_pj_parse("[1,\n x]", 7, &d, &col) == ND_EFORMAT);
+        CHECK(col == 6 && !strncmp(nd_last_error(), "column 6: ", 10));
+    }
 
     char deep[3001];
     memset(deep, '[', 1500);

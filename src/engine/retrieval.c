@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,13 +17,6 @@
 #define INDEX_VERSION 1u
 #define INDEX_HEADER 88
 #define DIGEST 32
-
-static atomic_long g_embed_count;
-
-long nd_retrieval_embed_count(void)
-{
-    return atomic_load(&g_embed_count);
-}
 
 int nd_embed_text(const nd_embedder *e, const char *text, size_t len, float *emb)
 {
@@ -41,8 +33,6 @@ int nd_embed_text(const nd_embedder *e, const char *text, size_t len, float *emb
     else
         rc = nd_head_embed(e->m, e->be, e->heads, ids.v, T, emb);
     nd_idvec_free(&ids);
-    if (!rc)
-        atomic_fetch_add(&g_embed_count, 1);
     return rc;
 }
 

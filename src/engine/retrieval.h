@@ -95,7 +95,4 @@ int nd_retrieval_select(nd_retrieval *r, const nd_embedder *e, const nd_pj *tool
                         const nd_grammar *keep);
 void nd_retrieval_free(nd_retrieval *r);
 
-/* Process-wide count of texts embedded (tests: the index spares work). */
-long nd_retrieval_embed_count(void);
-
 #endif

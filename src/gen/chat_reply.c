@@ -1,10 +1,12 @@
 /* Chat-completions reply bodies and redaction (chat_reply.h). */
 #include "gen/chat_reply.h"
 
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "core/status.h"
+#include "text/pyjson.h"
 
 /* Bytes of s[0..n) that agree with the start of key[0..kn). */
 static size_t common_prefix(const char *s, size_t n, const char *key, size_t kn)
@@ -107,6 +109,43 @@ void nd_redact(char *s, const char *key)
     nd_redact_into(s, n + 1, s, n, key, n);
 }
 
+/* err = why the body is not JSON: the parser stopped at byte `at` (0-based)
+ * saying `what` (pyjson's "column C: problem", whose column counts from the
+ * start of the body). Said as line and column, with the text up to that
+ * byte quoted. The quote is cut from the body redacted as a whole, so it
+ * never starts inside a key it leaves out. */
+static void say_not_json(const char *body, size_t len, size_t at, const char *what, const char *key,
+                         char *err, size_t err_n)
+{
+    size_t line = 1, line_start = 0;
+    if (at > len)
+        at = len;
+    for (size_t i = 0; i < at; i++)
+        if (body[i] == '\n') {
+            line++;
+            line_start = i + 1;
+        }
+    const char *colon = strncmp(what, "column ", 7) == 0 ? strstr(what, ": ") : NULL;
+    if (colon)
+        what = colon + 2;
+    char problem[128], near[80] = "";
+    nd_redact_into(problem, sizeof problem, what, strlen(what), key, 100);
+    /* the byte itself when ASCII: before it the body is valid UTF-8 (pyjson
+     * checks that first), so the quote stays whole characters */
+    size_t end = at < len && (unsigned char)body[at] < 0x80 ? at + 1 : at;
+    char *red = end ? malloc(end + 1) : NULL;
+    if (red) {
+        size_t n = nd_redact_into(red, end + 1, body, end, key, end);
+        size_t from = n > 40 ? n - 40 : 0;
+        while (from < n && ((unsigned char)red[from] & 0xC0) == 0x80)
+            from++; /* not inside a UTF-8 sequence */
+        snprintf(near, sizeof near, " near '%s'", red + from);
+        free(red);
+    }
+    snprintf(err, err_n, "the reply is not JSON (line %zu column %zu: %s%s)", line,
+             at - line_start + 1, problem, near);
+}
+
 int nd_chat_parse_reply(const char *body, size_t len, const char *key, char **content,
                         size_t *content_len, char *err, size_t err_n)
 {
@@ -114,43 +153,54 @@ int nd_chat_parse_reply(const char *body, size_t len, const char *key, char **co
     *content_len = 0;
     if (err_n)
         err[0] = 0;
-    char quoted[208];
-    json_error_t je;
-    json_t *root = json_loadb(body ? body : "", body ? len : 0, 0, &je);
-    if (!root) {
-        nd_redact_into(quoted, sizeof quoted, je.text, strlen(je.text), key, 160);
-        snprintf(err, err_n, "the reply is not JSON (line %d column %d: %s)", je.line, je.column,
-                 quoted);
+    if (!body) {
+        body = "";
+        len = 0;
+    }
+    nd_pj_doc *doc;
+    size_t col = 0;
+    int rc = nd_pj_parse(body, len, &doc, &col);
+    if (rc == ND_ENOMEM) {
+        snprintf(err, err_n, "out of memory");
+        return -1;
+    }
+    if (rc) {
+        say_not_json(body, len, col ? col - 1 : 0, nd_last_error(), key, err, err_n);
         return 0;
     }
-    json_t *choice = json_array_get(json_object_get(root, "choices"), 0);
-    json_t *text = json_object_get(json_object_get(choice, "message"), "content");
-    json_t *error = json_object_get(root, "error");
+    const nd_pj *root = nd_pj_root(doc);
+    const nd_pj *choices = nd_pj_get(root, "choices");
+    const nd_pj *choice =
+        choices && choices->type == ND_PJ_ARRAY && choices->len ? choices->items[0] : NULL;
+    const nd_pj *text = nd_pj_get(nd_pj_get(choice, "message"), "content");
+    const nd_pj *error = nd_pj_get(root, "error");
+    char quoted[208];
     int ok = 0;
-    if (json_is_string(text)) {
-        size_t n = json_string_length(text);
-        *content = malloc(n + 1);
-        if (!*content) {
-            json_decref(root);
+    if (text && text->type == ND_PJ_STRING) {
+        if (memchr(text->str, 0, text->len)) {
+            /* the content is text for the example parser: no NULs in it */
+            snprintf(err, err_n, "choices[0].message.content holds a \\u0000 character");
+        } else if (!(*content = malloc(text->len + 1))) {
+            nd_pj_free(doc);
             snprintf(err, err_n, "out of memory");
             return -1;
+        } else {
+            memcpy(*content, text->str, text->len);
+            (*content)[text->len] = 0;
+            *content_len = text->len;
+            ok = 1;
         }
-        memcpy(*content, json_string_value(text), n);
-        (*content)[n] = 0;
-        *content_len = n;
-        ok = 1;
     } else if (error) {
         /* {"error": {"message": "..."}}, or {"error": "..."} */
-        json_t *msg = json_is_string(error) ? error : json_object_get(error, "message");
-        if (json_is_string(msg))
-            nd_redact_into(quoted, sizeof quoted, json_string_value(msg), json_string_length(msg),
-                           key, 200);
+        const nd_pj *msg = error->type == ND_PJ_STRING ? error : nd_pj_get(error, "message");
+        if (msg && msg->type == ND_PJ_STRING)
+            nd_redact_into(quoted, sizeof quoted, msg->str, msg->len, key, 200);
         else
             snprintf(quoted, sizeof quoted, "(no message)");
         snprintf(err, err_n, "the service answered an error: %s", quoted);
     } else {
         snprintf(err, err_n, "the reply has no choices[0].message.content string");
     }
-    json_decref(root);
+    nd_pj_free(doc);
     return ok;
 }

@@ -193,8 +193,10 @@ int cq_codebook(int bits, int group, float *out)
         out[2] = (float)(ternary_c / s);
         return 3;
     }
-    const double *lv;
-    int n, rc = cq_lloyd_max(bits, &lv, &n);
+    /* (initialised: inlined here, gcc cannot see that a nonzero rc is the
+     * only way out without them) */
+    const double *lv = NULL;
+    int n = 0, rc = cq_lloyd_max(bits, &lv, &n);
     if (rc)
         return rc;
     for (int i = 0; i < n; i++)

@@ -113,10 +113,12 @@ typedef struct {
     nd_pj_member *mstack; /* pending object members */
     size_t mn, mcap;
     int depth;
+    const unsigned char *err_at; /* where perr's message points */
 } parser;
 
 static int perr(parser *p, const unsigned char *at, int code, const char *what)
 {
+    p->err_at = at;
     return nd_error(code, "column %zu: %s", (size_t)(at - p->base) + 1, what);
 }
 
@@ -531,7 +533,7 @@ int nd_pj_parse(const char *text, size_t len, nd_pj_doc **doc, size_t *err_col)
     nd_pj_doc *d = calloc(1, sizeof *d);
     if (!d)
         return nd_error(ND_ENOMEM, "out of memory parsing JSON");
-    parser p = {s, s + len, s, d, NULL, 0, 0, NULL, 0, 0, 0};
+    parser p = {s, s + len, s, d, NULL, 0, 0, NULL, 0, 0, 0, NULL};
     int rc = parse_value(&p, &d->root);
     if (!rc) {
         skip_ws(&p);
@@ -541,8 +543,8 @@ int nd_pj_parse(const char *text, size_t len, nd_pj_doc **doc, size_t *err_col)
     free(p.stack);
     free(p.mstack);
     if (rc) {
-        if (err_col)
-            *err_col = (size_t)(p.s - s) + 1;
+        if (err_col) /* the message's column (a string's bad byte, not its start) */
+            *err_col = (size_t)((p.err_at ? p.err_at : p.s) - s) + 1;
         nd_pj_free(d);
         return rc;
     }

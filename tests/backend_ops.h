@@ -86,6 +86,7 @@ void bo_cases_forward(void);
 void bo_cases_backward(void);
 void bo_cases_chains(void);
 void bo_cases_hada3(void); /* backend_ops_hada3.c */
+void bo_cases_v3(void); /* backend_ops_v3.c: the Needle 3 ops */
 void bo_model_check(const nd_backend *tgt);
 
 /* NEEDLE_TEST_BREAK: a copy of `real` whose ops forward to it, with op

@@ -491,6 +491,7 @@ int main(int argc, char **argv)
     bo_cases_backward();
     bo_cases_hada3();
     bo_cases_chains();
+    bo_cases_v3();
     case_free();
     bo_model_check(tgt);
     bo_use(0);

@@ -60,11 +60,11 @@ static double check_dir(nd_trainer *tr, float *p, const float *g, size_t n, cons
     return err;
 }
 
-int main(void)
+/* the check on one config; returns the worst relative error */
+static double check_model(const san_config *cfgp, const char *label)
 {
-    nd_rng_seed(&rng, 99);
-    san_config cfg;
-    tu_small_config(&cfg);
+    san_config cfg = *cfgp;
+    printf("== %s\n", label);
     san_model m;
     CHECK(san_model_create(&m, &cfg) == 0);
     san_model_init_random(&m, 5);
@@ -122,11 +122,28 @@ int main(void)
         CHECK_MSG(e < 2e-2, "%s rel err %g", t->name, e);
         worst = fmax(worst, e);
     }
-    printf("worst relative error %.2e\n", worst);
+    printf("%s: worst relative error %.2e\n", label, worst);
     free(gl);
     free(gf);
     nd_trainer_free(&tr);
     san_lora_free(&lora);
     san_model_free(&m);
+    return worst;
+}
+
+int main(void)
+{
+    nd_rng_seed(&rng, 99);
+    san_config cfg;
+    tu_small_config(&cfg);
+    check_model(&cfg, "Needle 2 (small config)");
+    /* Needle 3: every new piece (conv taps masked by the window, local and
+     * global layers, separate head dims, CLA, engram banks with seed heads,
+     * elementwise gate, shared factors), then headwise gate, block_untied
+     * factors and out_vocab; sequences longer than the windows */
+    san_config_preset(&cfg, "tiny3");
+    check_model(&cfg, "Needle 3 tiny3");
+    san_config_preset(&cfg, "tiny3b");
+    check_model(&cfg, "Needle 3 tiny3b");
     return tu_finish("test_grad_model");
 }

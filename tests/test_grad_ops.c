@@ -1142,6 +1142,191 @@ static void test_threads(void)
     tfree_all();
 }
 
+/* ================= Needle 3: attention_ext, qkv_taps, gate_heads ================= */
+
+static struct {
+    int H, G, hd, vd, window;
+    const nd_layout *L;
+    double *q, *k, *v;
+} AX;
+
+/* keys of the row's sequence at positions j with pos - j < window */
+static void ax_fwd(double *out)
+{
+    int H = AX.H, G = AX.G, hd = AX.hd, vd = AX.vd, rep = H / G;
+    double *s = malloc(sizeof(double) * 4096), sc = 1 / sqrt((double)hd);
+    for (long r = 0; r < AX.L->N; r++) {
+        int n = seq_rows(AX.L, r, seqbuf);
+        int lo = AX.window && n - AX.window > 0 ? n - AX.window : 0;
+        for (int h = 0; h < H; h++) {
+            const double *q = AX.q + ((size_t)r * H + h) * hd;
+            double mx = -INFINITY, sum = 0;
+            for (int j = lo; j < n; j++) {
+                const double *k = AX.k + ((size_t)seqbuf[j] * G + h / rep) * hd;
+                double dot = 0;
+                for (int i = 0; i < hd; i++)
+                    dot += q[i] * k[i];
+                s[j] = dot * sc;
+                mx = fmax(mx, s[j]);
+            }
+            for (int j = lo; j < n; j++)
+                sum += (s[j] = exp(s[j] - mx));
+            double *o = out + ((size_t)r * H + h) * vd;
+            for (int i = 0; i < vd; i++)
+                o[i] = 0;
+            for (int j = lo; j < n; j++) {
+                const double *v = AX.v + ((size_t)seqbuf[j] * G + h / rep) * vd;
+                for (int i = 0; i < vd; i++)
+                    o[i] += s[j] / sum * v[i];
+            }
+        }
+    }
+    free(s);
+}
+
+static void test_attention_ext(const nd_layout *L, int H, int G, int hd, int vd, int window)
+{
+    long N = L->N, nq = N * H * hd, nk = N * G * hd, nv = N * G * vd, no = N * H * vd;
+    float *q = fvec(nq, 1.0), *k = fvec(nk, 1.0), *v = fvec(nv, 1.0);
+    AX.L = L;
+    AX.H = H;
+    AX.G = G;
+    AX.hd = hd;
+    AX.vd = vd;
+    AX.window = window;
+    AX.q = dvec(q, nq);
+    AX.k = dvec(k, nk);
+    AX.v = dvec(v, nv);
+    const float *R;
+    char name[96];
+    snprintf(name, sizeof name, "attention_ext(N=%ld,segs=%d,hd=%d,vd=%d,w=%d)", N, L->n_seg, hd,
+             vd, window);
+    objective o = obj_new(name, ax_fwd, no, &R);
+    float *out = fzero(no), *lse = fzero(N * H);
+    be->attention_ext(be, out, lse, q, k, v, L, H, G, hd, vd, window);
+    check_ref(&o, out, 1e-5);
+    float *dq = fvec(nq, 1.0), *dk = fvec(nk, 1.0), *dv = fvec(nv, 1.0); /* all set */
+    be->attention_ext_backward(be, dq, dk, dv, R, q, k, v, out, lse, L, H, G, hd, vd, window);
+    fd_check(&o, "q", AX.q, nq, dq);
+    fd_check(&o, "k", AX.k, nk, dk);
+    fd_check(&o, "v", AX.v, nv, dv);
+    long rowq = (N - 1) * H * hd;
+    fd_check(&o, "q[last]", AX.q + rowq, H * hd, dq + rowq);
+    fd_check(&o, "k[first]", AX.k, G * hd, dk);
+    fd_check(&o, "v[first]", AX.v, G * vd, dv);
+    const nd_backend *b1 = nd_backend_cpu(1);
+    float *dq1 = fzero(nq), *dk1 = fzero(nk), *dv1 = fzero(nv);
+    b1->attention_ext_backward(b1, dq1, dk1, dv1, R, q, k, v, out, lse, L, H, G, hd, vd, window);
+    CHECK(same_bits(dk, dk1, nk) && same_bits(dv, dv1, nv) && same_bits(dq, dq1, nq));
+    if (hd == vd && !window) { /* the same function as attention */
+        float *o2 = fzero(no), *l2 = fzero(N * H);
+        be->attention(be, o2, l2, q, k, v, L, H, G, hd);
+        CHECK(same_bits(o2, out, no) && same_bits(l2, lse, N * H));
+    }
+    tfree_all();
+}
+
+static struct {
+    int w, nt, window;
+    const nd_layout *L;
+    double *x, *taps;
+} QT;
+
+static void qt_fwd(double *out)
+{
+    int w = QT.w;
+    for (long r = 0; r < QT.L->N; r++) {
+        int n = seq_rows(QT.L, r, seqbuf);
+        double *y = out + (size_t)r * w;
+        for (int i = 0; i < w; i++)
+            y[i] = 0;
+        for (int j = 0; j < QT.nt; j++) {
+            if (n - 1 - j < 0 || (QT.window && j >= QT.window))
+                continue;
+            const double *x = QT.x + (size_t)seqbuf[n - 1 - j] * w;
+            for (int i = 0; i < w; i++)
+                y[i] += QT.taps[(size_t)j * w + i] * x[i];
+        }
+    }
+}
+
+static void test_qkv_taps(const nd_layout *L, int w, int nt, int window)
+{
+    long N = L->N, n = N * w;
+    float *x = fvec(n, 1.0), *taps = fvec((long)nt * w, 1.0);
+    QT.L = L;
+    QT.w = w;
+    QT.nt = nt;
+    QT.window = window;
+    QT.x = dvec(x, n);
+    QT.taps = dvec(taps, (long)nt * w);
+    const float *R;
+    char name[96];
+    snprintf(name, sizeof name, "qkv_taps(N=%ld,segs=%d,taps=%d,w=%d)", N, L->n_seg, nt, window);
+    objective o = obj_new(name, qt_fwd, n, &R);
+    float *y = fzero(n);
+    be->qkv_taps(be, y, x, taps, L, w, nt, window);
+    check_ref(&o, y, 1e-6);
+    float *dx = fvec(n, 1.0), *dt = fzero((long)nt * w);
+    be->qkv_taps_backward(be, dx, dt, R, x, taps, L, w, nt, window);
+    fd_check(&o, "x", QT.x, n, dx);
+    fd_check(&o, "taps", QT.taps, (long)nt * w, dt);
+    /* dtaps accumulates; NULL dtaps leaves dx the same */
+    float *dt2 = fcopy(dt, (long)nt * w), *dx2 = fzero(n);
+    be->qkv_taps_backward(be, dx2, dt2, R, x, taps, L, w, nt, window);
+    int acc_ok = 1;
+    for (long i = 0; i < (long)nt * w; i++)
+        acc_ok &= fabsf(dt2[i] - 2 * dt[i]) <= 1e-5f * (1 + fabsf(dt[i]));
+    CHECK_MSG(acc_ok, "qkv_taps_backward: dtaps does not accumulate");
+    float *dx3 = fzero(n);
+    be->qkv_taps_backward(be, dx3, NULL, R, x, taps, L, w, nt, window);
+    CHECK(same_bits(dx3, dx, n));
+    tfree_all();
+}
+
+static struct {
+    long N;
+    int H, hd;
+    double *att, *g;
+} GH;
+
+static void gh_fwd(double *out)
+{
+    for (long r = 0; r < GH.N; r++)
+        for (int h = 0; h < GH.H; h++) {
+            double s = 1 / (1 + exp(-GH.g[r * GH.H + h]));
+            for (int i = 0; i < GH.hd; i++) {
+                size_t k = ((size_t)r * GH.H + h) * GH.hd + i;
+                out[k] = GH.att[k] * s;
+            }
+        }
+}
+
+static void test_gate_heads(long N, int H, int hd)
+{
+    long n = N * H * hd;
+    float *att = fvec(n, 1.0), *g = fvec(N * H, 2.0);
+    GH.N = N;
+    GH.H = H;
+    GH.hd = hd;
+    GH.att = dvec(att, n);
+    GH.g = dvec(g, N * H);
+    const float *R;
+    objective o = obj_new("gate_heads", gh_fwd, n, &R);
+    float *y = fzero(n);
+    be->gate_heads(be, y, att, g, N, H, hd);
+    check_ref(&o, y, 1e-6);
+    float *datt = fzero(n), *dg = fzero(N * H);
+    be->gate_heads_backward(be, datt, dg, R, att, g, N, H, hd);
+    fd_check(&o, "att", GH.att, n, datt);
+    fd_check(&o, "g", GH.g, N * H, dg);
+    /* datt may alias dout */
+    float *alias = fcopy(R, n), *dg2 = fzero(N * H);
+    be->gate_heads_backward(be, alias, dg2, alias, att, g, N, H, hd);
+    CHECK(same_bits(alias, datt, n) && same_bits(dg2, dg, N * H));
+    tfree_all();
+}
+
 int main(void)
 {
     nd_rng_seed(&rng, 20240607);
@@ -1178,6 +1363,17 @@ int main(void)
     /* a prefix longer than a query block, children of 1, 66 (two blocks),
      * 5 and 12 rows, and a standalone sequence */
     test_attention(make_layout(1, 0, 9, 70, kids, 4), 4, 2, 8);
+    /* Needle 3: separate head dims, sliding windows (inside a query
+     * block, across a prefix, wider than the sequence) */
+    test_attention_ext(make_layout(0, 2, 80, 0, NULL, 0), 4, 2, 8, 6, 5);
+    test_attention_ext(make_layout(0, 1, 3, 0, NULL, 0), 2, 1, 4, 4, 0);
+    test_attention_ext(make_layout(1, 0, 9, 70, kids, 4), 4, 2, 6, 10, 7);
+    test_attention_ext(make_layout(1, 0, 9, 70, kids, 4), 4, 4, 8, 8, 100);
+    test_qkv_taps(make_layout(0, 2, 11, 0, NULL, 0), 13, 3, 0);
+    test_qkv_taps(make_layout(0, 2, 11, 0, NULL, 0), 13, 3, 2);
+    test_qkv_taps(make_layout(1, 0, 4, 13, kids, 4), 70, 3, 0);
+    test_qkv_taps(make_layout(1, 0, 2, 2, kids + 2, 2), 5, 4, 1);
+    test_gate_heads(7, 3, 5);
     test_elementwise();
     test_hadamard(4, 6, 8);
     test_hadamard(3, 12, 16);

@@ -120,12 +120,18 @@ static int eval_jsonl(const jsonl_args *a, san_model *m, const nd_backend *be)
         cli_fail(NULL);
         goto done;
     }
-    if (nd_tokenizer_vocab_size(tok) != m->dims.V) {
+    /* the chat template and tokenizer rules follow the model's generation */
+    if (m->cfg.generation == 3) {
+        if (nd_render_check_vocab(tok, 3, m->dims.V, tpath)) {
+            cli_fail(NULL);
+            goto done;
+        }
+    } else if (nd_tokenizer_vocab_size(tok) != m->dims.V) {
         fprintf(stderr, "needle: tokenizer %s has %d pieces but the checkpoint's vocab is %d\n",
                 tpath, nd_tokenizer_vocab_size(tok), m->dims.V);
         goto done;
     }
-    nd_jsonl_opts jo = {0};
+    nd_jsonl_opts jo = {.generation = m->cfg.generation};
     if (nd_jsonl_load(a->data, &jo, &ds)) {
         cli_fail(NULL);
         goto done;

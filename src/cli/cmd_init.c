@@ -8,14 +8,20 @@
 #include "io/checkpoint.h"
 
 static const char *init_help =
-    "usage: needle init OUT.pkl [--preset tiny|needle2] [shape options] [--seed N]\n"
+    "usage: needle init OUT.pkl [--preset tiny|needle2|tiny3|tiny3b|needle3] [shape options]\n"
+    "                   [--seed N]\n"
     "\n"
     "Write a fresh random base checkpoint (format_version 2 pickle, float32) with\n"
     "upstream's initialisers, readable by upstream needle and by `needle eval`.\n"
     "\n"
     "  --preset NAME        tiny (upstream's test shape: vocab 8192, d 64, 4 heads,\n"
     "                       2 kv heads, 2 layers, seq 128, engram layer 1, 64 slots,\n"
-    "                       2 lanes) or needle2 (the released base; default)\n"
+    "                       2 lanes), needle2 (the released base; default), needle3\n"
+    "                       (Needle 3's released shape: d 768, 12 heads, 2 kv heads,\n"
+    "                       20 layers, qk/v head dims 48/64, sliding window 1024 with\n"
+    "                       global layers 4,9,14,19, q/k/v conv taps 3, engram layers\n"
+    "                       3,7,11,15,19, context 8192), tiny3 or tiny3b (every Needle 3\n"
+    "                       feature at a test size)\n"
     "  --vocab N  --d-model N  --attn-dim N  --heads N  --kv-heads N  --layers N\n"
     "  --max-seq-len N  --lanes N  --engram-layers A,B  --engram-orders A,B\n"
     "  --engram-slots N  --engram-heads N  --rope-theta X\n"
@@ -118,8 +124,11 @@ int cli_init(int argc, char **argv)
     }
     if (!out)
         return cli_usage_error("init", "missing output path");
-    if (!attn_set)
+    if (!attn_set && cfg.generation != 3)
         cfg.attn_dim = cfg.d_model;
+    if (attn_set && cfg.generation == 3)
+        return cli_usage_error("init", "--attn-dim is a Needle 2 field (Needle 3 presets have "
+                                       "qk/v head dims)");
     for (int i = 0; i < cfg.n_orders; i++)
         if (cfg.engram_orders[i] < 1)
             return cli_usage_error("init", "--engram-orders values must be >= 1");

@@ -16,12 +16,16 @@
 
 static const char *inspect_help =
     "usage: needle inspect X.cact|X.safetensors [--dequant NAME [--out FILE]]\n"
+    "       needle inspect CKPT.pkl\n"
     "\n"
     "Validate a .cact archive and print its header geometry, codebooks and the\n"
     "tensor table (index, name, dtype, shape, bits, group, offset, bytes).\n"
     "A safetensors file (checkpoint or adapter, told by its content) is\n"
     "validated the same way and shown as its metadata (key = value) and its\n"
     "tensor table (index, name, dtype, shape, offset, bytes).\n"
+    "A pickle checkpoint is loaded as `needle eval` loads it: its generation\n"
+    "(Needle 2 or 3, from the content), its config as the model reads it and the\n"
+    "model's tensors (name, shape).\n"
     "\n"
     "  --dequant NAME   write tensor NAME (an export name such as layer00.q_proj,\n"
     "                   a safetensors tensor name, or #INDEX) as little-endian\n"
@@ -174,6 +178,65 @@ static void print_table(const cact_file *f)
     }
 }
 
+static void print_ints(const char *key, const int *v, int n)
+{
+    printf("  %-20s (", key);
+    for (int i = 0; i < n; i++)
+        printf("%s%d", i ? ", " : "", v[i]);
+    printf(")\n");
+}
+
+/* a checkpoint: generation, the config as read, the tensor table */
+static int inspect_checkpoint(const char *path)
+{
+    san_model m;
+    if (ckpt_load(path, &m, NULL))
+        return cli_fail(NULL);
+    const san_config *c = &m.cfg;
+    const san_dims *D = &m.dims;
+    printf("file            %s\n", path);
+    printf("generation      Needle %d\n", c->generation);
+    printf("parameters      %.2fM in %d tensors\n", (double)m.numel / 1e6, m.n_tensors);
+    printf("config\n");
+    printf("  %-20s %d\n  %-20s %d\n  %-20s %d\n  %-20s %d\n  %-20s %d\n", "vocab_size",
+           c->vocab_size, "d_model", c->d_model, "num_heads", c->num_heads, "num_kv_heads",
+           c->num_kv_heads, "num_layers", c->num_layers);
+    printf("  %-20s %d\n  %-20s %d\n  %-20s %d\n", "max_seq_len", c->max_seq_len, "mhc_lanes",
+           c->mhc_lanes, "engram_slots", c->engram_slots);
+    print_ints("engram_orders", c->engram_orders, c->n_orders);
+    print_ints("engram_layers", c->engram_layers, c->n_sites);
+    if (c->generation == 3) {
+        printf("  %-20s %d (head dims: qk %d, v %d)\n", "qk_head_dim", c->qk_head_dim, D->hd,
+               D->v_hd);
+        printf("  %-20s %d\n", "v_head_dim", c->v_head_dim);
+        printf("  %-20s %d\n", "sliding_window", c->sliding_window);
+        print_ints("global_layers", c->global_layers, c->n_global);
+        printf("  %-20s %d\n  %-20s %d\n  %-20s %d\n", "qkv_conv_taps", c->qkv_conv_taps,
+               "out_vocab", c->out_vocab, "engram_seed_heads", c->engram_seed_heads);
+        printf("  %-20s %s\n  %-20s %s\n", "attention_gate",
+               c->attention_gate == SAN_GATE_HEADWISE ? "headwise" : "elementwise",
+               "hada_factor_mode",
+               c->hada_factor_mode == SAN_HADA_BLOCK_UNTIED ? "block_untied" : "shared");
+        print_ints("engram_bank_ids", c->engram_bank_ids, c->n_bank_ids);
+        printf("  %-20s (", "cla_pairs");
+        for (int i = 0; i < c->n_cla; i++)
+            printf("%s(%d, %d)", i ? ", " : "", c->cla_pairs[i][0], c->cla_pairs[i][1]);
+        printf(")\n");
+    } else {
+        printf("  %-20s %d\n", "attn_dim", c->attn_dim);
+    }
+    printf("tensors\n");
+    for (int i = 0; i < m.n_tensors; i++) {
+        const san_tensor *t = &m.tensors[i];
+        printf("  %-52s (", t->name);
+        for (int k = 0; k < t->ndim; k++)
+            printf("%s%lld", k ? ", " : "", (long long)t->shape[k]);
+        printf(")\n");
+    }
+    san_model_free(&m);
+    return 0;
+}
+
 int cli_inspect(int argc, char **argv)
 {
     const char *path = NULL, *deq = NULL, *out = NULL;
@@ -207,6 +270,16 @@ int cli_inspect(int argc, char **argv)
         out = NULL; /* stdout */
     if (cli_check_output(out, "archive", path, (const char *)NULL))
         return 1;
+    /* a pickle (protocol 2+ starts with 0x80) is a checkpoint */
+    FILE *fp = fopen(path, "rb");
+    int first = fp ? fgetc(fp) : EOF;
+    if (fp)
+        fclose(fp);
+    if (first == 0x80) {
+        if (deq)
+            return cli_usage_error("inspect", "--dequant reads .cact archives, not checkpoints");
+        return inspect_checkpoint(path);
+    }
     float *w;
     size_t n;
     int rc;

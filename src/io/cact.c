@@ -260,6 +260,12 @@ static int make_plan(const san_model *m, const pv *params, const cact_write_opts
     const san_config *c = &m->cfg;
     const san_dims *D = &m->dims;
     int rc;
+    /* the archive and the engine are Needle 2's: a Needle 3 model would be
+     * written with the wrong layout and run with the wrong block */
+    if (c->generation == 3)
+        return nd_error(ND_EUNSUPPORTED,
+                        "Needle 3 models cannot be exported to .cact or run by the engine yet "
+                        "(fine-tuning and eval take them)");
     p->group = o->group ? o->group : CQ_GROUP;
     if (o->bits_map && *o->bits_map) {
         rc = cq_bits_map_parse(o->bits_map, &p->map);

@@ -121,7 +121,18 @@ int ckpt_from_tree(const pv *root, const char *what, san_model *m)
                         "(eval, build) or --resume (finetune), and the base it was trained on "
                         "with --checkpoint",
                         what);
-    if (!ver || ver->kind != PV_INT || ver->u.i != SAN_CHECKPOINT_FORMAT) {
+    const pv *params = pv_dict_get(root, "params");
+    /* the generation from the content: 3.x's Kronecker-factored Hadamard
+     * MLP tensors make it Needle 3 whatever the config says; otherwise
+     * the config's keys decide (san_config_generation) */
+    int gen = params && params->kind == PV_DICT &&
+                      ckpt_tree_get(params, "stack/layers/block/hadamard_mlp/w1a")
+                  ? 3
+                  : 0;
+    if (!gen && san_config_generation(pv_dict_get(root, "config")) == 3)
+        gen = 3;
+    if (!ver || ver->kind != PV_INT ||
+        (ver->u.i != SAN_CHECKPOINT_FORMAT && !(gen == 3 && ver->u.i == 3))) {
         char got[48];
         if (ver && ver->kind == PV_INT)
             snprintf(got, sizeof got, "format_version=%lld", (long long)ver->u.i);
@@ -134,11 +145,10 @@ int ckpt_from_tree(const pv *root, const char *what, san_model *m)
                         what, SAN_CHECKPOINT_FORMAT, got);
     }
     const pv *cfgv = pv_dict_get(root, "config");
-    const pv *params = pv_dict_get(root, "params");
     if (!params || params->kind != PV_DICT)
         return nd_error(ND_EFORMAT, "%s: checkpoint has no 'params' dict", what);
     san_config cfg;
-    int rc = san_config_from_pv(&cfg, cfgv);
+    int rc = san_config_from_pv_gen(&cfg, cfgv, gen);
     if (rc)
         return nd_error_prefix(rc, "%s", what);
     rc = san_model_layout(m, &cfg);
@@ -396,6 +406,24 @@ pv *ckpt_fresh_tree(const san_model *m, uint64_t seed)
     const san_dims *D = &m->dims;
     int64_t d = D->d;
     float res_std = (float)(0.02 / sqrt(2.0 * D->L));
+    if (m->cfg.generation == 3) {
+        /* 3.x's model.init: the probe heads (no mtp_*) */
+        san_tensor ex[32];
+        int ne = san_model_extra_tensors(m, ex, 32);
+        for (int i = 0; i < ne && i < 32; i++) {
+            pv *a = pv_ndarray(ND_F32, ex[i].ndim, ex[i].shape, NULL);
+            nd_rng rng;
+            nd_rng_seed(&rng, seed * 0x100000001B3ull + 0x5A5A5A5Aull +
+                                  (uint64_t)i * 0x9E3779B97F4A7C15ull);
+            if (!a || ckpt_tree_set(params, ex[i].name, a)) {
+                pv_decref(root);
+                nd_error(ND_ENOMEM, "out of memory");
+                return NULL;
+            }
+            san_tensor_init(&ex[i], a->u.nd.data, &rng);
+        }
+        return root;
+    }
     /* the multi-token-prediction head upstream's model.init creates: one
      * Block without the layer axis plus two norms and a combiner */
     const struct {

@@ -35,17 +35,23 @@ typedef struct {
     float *pn, *pn_rstd;              /* zcrms(o2, post_norm) */
     float *x1;                        /* after the attention residual */
     float *z, *z_rstd;                /* zcrms(x1, pre_hada) */
-    float *h1;                        /* fwht(d1 * z) [N, hada_n] */
+    float *h1;                        /* fwht(d1 * z) [N, hada_n] (Needle 2) */
     float *y;                         /* Block(bx) - u [N, d] */
+    /* Needle 3: q/k/v after the causal conv (they alias q, k, v when the
+     * config has no conv taps), the MLP's output and what it keeps for
+     * the backward (san_hada3_saved_per_row floats a row) */
+    float *qc, *kc, *vc;
+    float *mlp, *hsaved;
 } san_layer_acts;
 
 /* The block's matrix products, each a group of matrices reading one input
  * (an implementation may run a group as one product). Outputs are dense
- * [rows, out] arrays:
+ * [rows, out] arrays (dims of san_dims; for Needle 2 k_dim = v_dim =
+ * kv_dim and gate_dim = o_dim = q_dim):
  *   SAN_W_PHI:  x = nx [rows, n*d]  -> y[0] pre [n], y[1] post [n], y[2] res [n*n]
- *   SAN_W_QKVG: x = a  [rows, d]    -> y[0] q [q_dim], y[1] k, y[2] v [kv_dim],
- *                                      y[3] gate [q_dim]
- *   SAN_W_OUT:  x = o  [rows, q_dim] -> y[0] o2 [d] */
+ *   SAN_W_QKVG: x = a  [rows, d]    -> y[0] q [q_dim], y[1] k [k_dim], y[2] v [v_dim],
+ *                                      y[3] gate [gate_dim]
+ *   SAN_W_OUT:  x = o  [rows, o_dim] -> y[0] o2 [d] */
 typedef enum { SAN_W_PHI, SAN_W_QKVG, SAN_W_OUT } san_wgroup;
 
 typedef struct san_wview san_wview;
@@ -79,6 +85,11 @@ typedef struct {
     const san_attn_src *attn; /* the attention */
     /* engram key and value rows [rows, d] of each site, for these rows */
     const float *eng_k[SAN_MAX_SITES], *eng_v[SAN_MAX_SITES];
+    /* Needle 3: the Hadamard MLP's geometry (model/hada3.h); for a CLA
+     * consumer layer, the producer's k (normalised, rotated) and v (after
+     * the conv), which its attention reads instead of its own */
+    const void *hada3; /* const san_hada3_geom * */
+    const float *cla_k, *cla_v;
 } san_block;
 
 /* Layer l of the block over N rows: lanes X [N, n, d] -> Xn, the
@@ -86,5 +97,11 @@ typedef struct {
  * or the attention. */
 int san_layer_forward(const san_block *b, san_layer_acts *A, int l, int N, const float *X,
                       float *Xn);
+
+/* Needle 3: layer l's slices of the Hadamard MLP weights (hw: a
+ * san_hada3_w of model/hada3.h) or of their gradients (hg: a
+ * san_hada3_grad; g bound to the gradient buffer). */
+void san_hada3_slices(const san_model *m, const san_weights *w, int l, void *hw);
+void san_hada3_grad_slices(const san_model *m, san_weights *g, int l, void *hg);
 
 #endif

@@ -11,7 +11,7 @@ int san_eval(const san_model *m, const nd_backend *be, const token_seqs *seqs, i
              san_logits_sink sink, void *sink_ctx, san_eval_result *res)
 {
     memset(res, 0, sizeof *res);
-    int V = m->dims.V, count = seqs->count, maxT = 0;
+    int V = m->dims.V_out, count = seqs->count, maxT = 0; /* logit columns (3.x out_vocab) */
     for (int i = 0; i < count; i++) {
         int len = (int)(seqs->start[i + 1] - seqs->start[i]);
         if (len > maxT)
@@ -53,6 +53,13 @@ int san_eval(const san_model *m, const nd_backend *be, const token_seqs *seqs, i
             for (int t = 0; t < T; t++) {
                 tok[b * T + t] = t < len ? ids[t] : m->cfg.pad_token_id;
                 tgt[b * T + t] = t + 1 < len ? ids[t + 1] : 0;
+                if (tgt[b * T + t] >= V) {
+                    rc = nd_error(ND_EARG,
+                                  "sequence %d, position %d: token %d has no logit (the model's "
+                                  "out_vocab is %d)",
+                                  s0 + b, t + 1, tgt[b * T + t], V);
+                    goto done;
+                }
             }
         }
         double t0 = nd_wtime();

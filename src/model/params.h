@@ -23,8 +23,14 @@ typedef struct {
     float *b_pre, *b_post, *b_res;       /* (L, n), (L, n), (L, n, n) */
     float *a_pre, *a_post, *a_res;       /* (L) */
     float *final_norm;                   /* (d) */
+    /* Needle 3 only (NULL for generation 2) */
+    float *q_taps, *k_taps, *v_taps;          /* (L, taps, q_dim | k_dim | v_dim) */
+    float *w1a, *w1b, *w2a, *w2b, *w3a, *w3b; /* Kronecker factors (hadamard_mlp) */
+    float *b2, *d4;                           /* (L, hada_n) */
+    float *cond_v, *cond_u;                   /* (L, d, 8), (L, 8, hada_n) */
+    float *bank[SAN_MAX_SITES];               /* engram_banks_<b>/embedding */
     struct {
-        float *table; /* (K, slots, sub) */
+        float *table; /* (K, slots, sub); with engram banks: its bank's table */
         float *wk;    /* (K*sub, d) */
         float *wv;    /* (K*sub, d) */
         float *taps;  /* (4, d) */
@@ -38,6 +44,7 @@ typedef enum {
     INIT_NORMAL,  /* N(0, value^2) */
     INIT_RES_EYE, /* 4 * I per leading index (mhc_b_res) */
     INIT_TAPS,    /* row 0 ones, other rows zero (identity conv) */
+    INIT_WALSH,   /* the last two axes: the orthonormal Walsh matrix, per leading index */
 } san_init_kind;
 
 typedef struct {
@@ -71,7 +78,8 @@ void san_model_free(san_model *m);
  * no-op for the CPU), so ops read them in place; the host still reads and
  * writes them after nd_backend_sync(). */
 int san_model_to_backend(san_model *m, const struct nd_backend *be);
-/* Point a san_weights at `mem` (a buffer of m->numel floats). */
+/* Point a san_weights at `mem` (a buffer of m->numel floats). With engram
+ * banks (3.x), eng[s].table points at bank engram_bank_ids[s]. */
 void san_weights_bind(const san_model *m, float *mem, san_weights *w);
 /* ND_ENUMERIC naming the first tensor (and element) that is NaN or Inf;
  * `what` (e.g. the file) starts the message. */
@@ -83,5 +91,11 @@ void san_model_init_random(san_model *m, uint64_t seed);
 /* Initialise one tensor's data per its init kind (shared with the
  * initialiser of extra tensors such as mtp_*). */
 void san_tensor_init(const san_tensor *t, float *data, void *rng);
+/* Tensors a fresh checkpoint has beside the model's own (upstream's
+ * model.init): 3.x's probe heads (embedding_head, confidence_head,
+ * router_head), which fine-tuning reads and preserves but does not use.
+ * Fills up to cap entries (name, shape, init; offsets unused); returns the
+ * count, 0 for generation 2 (its mtp_* extras live in the checkpoint code). */
+int san_model_extra_tensors(const san_model *m, san_tensor *out, int cap);
 
 #endif

@@ -6,6 +6,8 @@
 
 #include "core/status.h"
 
+#include "model/hada3.h"
+
 void san_rope_tables(float *cos_t, float *sin_t, int T, int hd, double theta)
 {
     int half = hd / 2;
@@ -63,8 +65,20 @@ int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, 
         void **p;
         size_t count;
         size_t elt;
-    } plan[64];
+    } plan[80 + 2 * SAN_MAX_CLA];
     int np = 0;
+    int gen3 = m->cfg.generation == 3, taps = gen3 && m->cfg.qkv_conv_taps;
+    size_t hsaved_row = 0;
+    san_hada3_geom *h3 = NULL;
+    if (gen3) {
+        h3 = calloc(1, sizeof *h3);
+        if (!h3 || san_hada3_geom_init(h3, D->d, m->cfg.hada_factor_mode == SAN_HADA_BLOCK_UNTIED,
+                                       m->cfg.n_ladder_widths > 0)) {
+            free(h3);
+            return nd_error(ND_ENOMEM, "out of memory (Hadamard MLP geometry)");
+        }
+        hsaved_row = san_hada3_saved_per_row(h3);
+    }
     /* keep_layers = k: every san_layer_acts field is allocated for layers
      * 0..k-1, plus one scratch set when the others are recomputed */
     if (keep_layers < 0)
@@ -105,23 +119,37 @@ int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, 
     P(l->a, N * d);
     P(l->a_rstd, N);
     P(l->q, N * D->q_dim);
-    P(l->k, N * D->kv_dim);
-    P(l->v, N * D->kv_dim);
-    P(l->g, N * D->q_dim);
+    P(l->k, N * D->k_dim);
+    P(l->v, N * D->v_dim);
+    P(l->g, N * D->gate_dim);
     P(l->qn, N * D->q_dim);
-    P(l->kn, N * D->kv_dim);
+    P(l->kn, N * D->k_dim);
     P(l->q_rstd, N * D->H);
     P(l->k_rstd, N * D->G);
-    P(l->att, N * D->q_dim);
+    P(l->att, N * D->o_dim);
     P(l->lse, N * D->H);
-    P(l->o, N * D->q_dim);
+    P(l->o, N * D->o_dim);
+    if (taps) {
+        P(l->qc, N * D->q_dim);
+        P(l->kc, N * D->k_dim);
+        P(l->vc, N * D->v_dim);
+    }
+    if (gen3) {
+        P(l->mlp, N * d);
+        P(l->hsaved, N * hsaved_row);
+        for (int i = 0; i < m->cfg.n_cla; i++) {
+            P(a->cla_k[i], N * D->k_dim);
+            P(a->cla_v[i], N * D->v_dim);
+        }
+    }
     P(l->o2, N * d);
     P(l->pn, N * d);
     P(l->pn_rstd, N);
     P(l->x1, N * d);
     P(l->z, N * d);
     P(l->z_rstd, N);
-    P(l->h1, N * hn);
+    if (!gen3)
+        P(l->h1, N * hn);
     P(l->y, N * d);
     P(a->xm, N * d);
     P(a->hf, N * d);
@@ -138,6 +166,12 @@ int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, 
     for (int i = 0; i < np; i++)
         total += (plan[i].count * plan[i].elt * (IS_LAYER(i) ? copies : 1) + 63) & ~(size_t)63;
     char *blk = be->alloc(be, total);
+    if (!blk && h3) {
+        san_hada3_geom_free(h3);
+        free(h3);
+        h3 = NULL;
+    }
+    a->hada3 = h3;
     if (!blk)
         return nd_error(ND_ENOMEM,
                         "out of memory: activations for %ld rows (%d sequences, positions < %d) "
@@ -151,7 +185,9 @@ int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, 
     if (keep_layers) {
         a->layer_sets = malloc(sizeof *a->layer_sets * (size_t)nsets);
         if (!a->layer_sets) {
-            be->free(be, blk);
+            a->block = blk;
+            a->be = be;
+            san_acts_free(a);
             return nd_error(ND_ENOMEM, "out of memory");
         }
         for (int l = 0; l < nsets; l++) {
@@ -165,6 +201,13 @@ int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, 
         }
     }
 #undef IS_LAYER
+    if (gen3 && !taps) { /* no conv: its outputs are q, k, v themselves */
+        a->l.qc = a->l.q, a->l.kc = a->l.k, a->l.vc = a->l.v;
+        for (int l = 0; keep_layers && l < nsets; l++) {
+            san_layer_acts *s = &a->layer_sets[l];
+            s->qc = s->q, s->kc = s->k, s->vc = s->v;
+        }
+    }
     a->n_kept = keep_layers;
     if (keep_layers && keep_layers < D->L)
         a->l = a->layer_sets[keep_layers]; /* the scratch set */
@@ -190,6 +233,13 @@ size_t san_layer_acts_bytes(const san_model *m, long rows)
     size_t per_row = n * d + 1 + 2 * (2 * n + n * n) + 2 * d + s + 3 * d + 2 + 3 * D->q_dim +
                      2 * D->kv_dim + D->q_dim + D->kv_dim + D->H + D->G + D->q_dim + D->H +
                      D->q_dim + 3 * d + 1 + d + d + 1 + D->hada_n + d;
+    if (m->cfg.generation == 3) { /* o_dim-sized att/o, conv outputs, MLP output and saves */
+        long delta = 2L * (D->o_dim - D->q_dim) + (D->v_dim - D->kv_dim) +
+                     (D->gate_dim - D->q_dim) - D->hada_n +
+                     (m->cfg.qkv_conv_taps ? D->q_dim + D->k_dim + D->v_dim : 0) + (long)d + 8 +
+                     2L * D->hada_n;
+        per_row = (size_t)((long)per_row + delta);
+    }
     return N * per_row * sizeof(float);
 }
 
@@ -198,6 +248,10 @@ void san_acts_free(san_acts *a)
     if (a) {
         free(a->layer_sets);
         nd_layout_buf_free(&a->lay);
+        if (a->hada3) {
+            san_hada3_geom_free(a->hada3);
+            free(a->hada3);
+        }
     }
     if (a && a->block)
         a->be->free(a->be, a->block);
@@ -214,8 +268,12 @@ void san_engram_forward(const san_model *m, const san_weights *w, san_acts *a,
     if (!c->n_sites)
         return;
     const nd_layout *L = &a->lay.L;
-    be->engram_hash(be, a->eng_idx, tokens, L, c->engram_orders, c->n_orders, D->eng_heads,
-                    c->engram_slots);
+    if (c->engram_seed_heads) /* 3.x: the hash's seed stride */
+        be->engram_hash_seeded(be, a->eng_idx, tokens, L, c->engram_orders, c->n_orders,
+                               D->eng_heads, c->engram_slots, c->engram_seed_heads);
+    else
+        be->engram_hash(be, a->eng_idx, tokens, L, c->engram_orders, c->n_orders, D->eng_heads,
+                        c->engram_slots);
     for (int s = 0; s < c->n_sites; s++) {
         be->engram_gather(be, a->eng_e, w->eng[s].table, a->eng_idx, L, c->engram_orders,
                           c->n_orders, D->eng_heads, c->engram_slots, D->eng_sub);
@@ -243,7 +301,8 @@ static int batch_apply(const san_wview *v, int l, san_wgroup grp, const float *x
     const san_weights *w = bv->w;
     const san_dims *D = &bv->m->dims;
     const nd_backend *be = bv->a->be;
-    int d = D->d, n = D->n, nd = n * d, qd = D->q_dim, kvd = D->kv_dim;
+    int d = D->d, n = D->n, nd = n * d, qd = D->q_dim, kd = D->k_dim, vd = D->v_dim;
+    int gd = D->gate_dim, od = D->o_dim;
     switch (grp) {
     case SAN_W_PHI: {
         /* the three projections of nx as one GEMM against [phi_pre|phi_post|phi_res] */
@@ -261,15 +320,13 @@ static int batch_apply(const san_wview *v, int l, san_wgroup grp, const float *x
     }
     case SAN_W_QKVG:
         be->matmul(be, 0, 0, N, qd, d, 1.0f, x, d, w->wq + (size_t)l * d * qd, qd, 0.0f, y[0], qd);
-        be->matmul(be, 0, 0, N, kvd, d, 1.0f, x, d, w->wk + (size_t)l * d * kvd, kvd, 0.0f, y[1],
-                   kvd);
-        be->matmul(be, 0, 0, N, kvd, d, 1.0f, x, d, w->wv + (size_t)l * d * kvd, kvd, 0.0f, y[2],
-                   kvd);
-        be->matmul(be, 0, 0, N, qd, d, 1.0f, x, d, w->wgate + (size_t)l * d * qd, qd, 0.0f, y[3],
-                   qd);
+        be->matmul(be, 0, 0, N, kd, d, 1.0f, x, d, w->wk + (size_t)l * d * kd, kd, 0.0f, y[1], kd);
+        be->matmul(be, 0, 0, N, vd, d, 1.0f, x, d, w->wv + (size_t)l * d * vd, vd, 0.0f, y[2], vd);
+        be->matmul(be, 0, 0, N, gd, d, 1.0f, x, d, w->wgate + (size_t)l * d * gd, gd, 0.0f, y[3],
+                   gd);
         return ND_OK;
     case SAN_W_OUT:
-        be->matmul(be, 0, 0, N, d, qd, 1.0f, x, qd, w->wout + (size_t)l * qd * d, d, 0.0f, y[0], d);
+        be->matmul(be, 0, 0, N, d, od, 1.0f, x, od, w->wout + (size_t)l * od * d, d, 0.0f, y[0], d);
         return ND_OK;
     }
     return nd_error(ND_EARG, "unknown weight group %d", (int)grp);
@@ -279,16 +336,20 @@ static int batch_apply(const san_wview *v, int l, san_wgroup grp, const float *x
 typedef struct {
     san_attn_src base;
     const nd_backend *be;
-    const san_dims *D;
+    const san_model *m;
 } batch_attn;
 
 static int batch_attend(const san_attn_src *src, int l, const float *q, const float *k,
                         const float *v, float *att, float *lse)
 {
-    (void)l;
     const batch_attn *ba = (const batch_attn *)src;
-    const san_dims *D = ba->D;
-    ba->be->attention(ba->be, att, lse, q, k, v, src->L, D->H, D->G, D->hd);
+    const san_config *c = &ba->m->cfg;
+    const san_dims *D = &ba->m->dims;
+    if (c->generation == 3) /* separate head dims; local layers see a window */
+        ba->be->attention_ext(ba->be, att, lse, q, k, v, src->L, D->H, D->G, D->hd, D->v_hd,
+                              san_layer_is_local(c, l) ? c->sliding_window : 0);
+    else
+        ba->be->attention(ba->be, att, lse, q, k, v, src->L, D->H, D->G, D->hd);
     return ND_OK;
 }
 
@@ -296,13 +357,30 @@ int san_layer_forward_batch(const san_model *m, const san_weights *w, san_acts *
                             const float *X, float *Xn)
 {
     batch_wview wv = {{batch_apply}, m, w, a};
-    batch_attn at = {{&a->lay.L, a->rope_cos, a->rope_sin, batch_attend}, a->be, &m->dims};
-    san_block b = {m, w, a->be, &wv.base, &at.base, {0}, {0}};
+    batch_attn at = {{&a->lay.L, a->rope_cos, a->rope_sin, batch_attend}, a->be, m};
+    san_block b = {m, w, a->be, &wv.base, &at.base, {0}, {0}, a->hada3, NULL, NULL};
     for (int s = 0; s < m->cfg.n_sites; s++) {
         b.eng_k[s] = a->eng_k[s];
         b.eng_v[s] = a->eng_v[s];
     }
-    return san_layer_forward(&b, &a->l, l, (int)a->N, X, Xn);
+    const san_config *c = &m->cfg;
+    for (int i = 0; i < c->n_cla; i++)
+        if (c->cla_pairs[i][1] == l) { /* a consumer reads its producer's k, v */
+            b.cla_k = a->cla_k[i];
+            b.cla_v = a->cla_v[i];
+        }
+    int rc = san_layer_forward(&b, &a->l, l, (int)a->N, X, Xn);
+    if (rc)
+        return rc;
+    long N = a->N;
+    for (int i = 0; i < c->n_cla; i++)
+        if (c->cla_pairs[i][0] == l) { /* a producer hands over its k, v */
+            a->be->copy2d(a->be, a->cla_k[i], m->dims.k_dim, a->l.kn, m->dims.k_dim, N,
+                          m->dims.k_dim);
+            a->be->copy2d(a->be, a->cla_v[i], m->dims.v_dim, a->l.vc, m->dims.v_dim, N,
+                          m->dims.v_dim);
+        }
+    return ND_OK;
 }
 
 int san_forward_hidden(const san_model *m, const san_weights *w, san_acts *a, const int32_t *tokens)
@@ -348,8 +426,9 @@ int san_forward(const san_model *m, const san_weights *w, san_acts *a, const int
     int rc = san_forward_hidden(m, w, a, tokens);
     if (rc)
         return rc;
-    a->be->matmul(a->be, 0, 1, (int)a->N, D->V, D->d, 1.0f, a->hf, D->d, w->emb, D->d, 0.0f,
-                  a->logits, D->V);
+    /* logits over the first V_out embedding rows (3.x out_vocab; else all) */
+    a->be->matmul(a->be, 0, 1, (int)a->N, D->V_out, D->d, 1.0f, a->hf, D->d, w->emb, D->d, 0.0f,
+                  a->logits, D->V_out);
     return ND_OK;
 }
 
@@ -366,7 +445,7 @@ int san_logits_rows(const san_model *m, const san_weights *w, san_acts *a, const
     if (n == 0)
         return ND_OK;
     be->gather_rows(be, a->hsel, a->hf, rows, n, D->d);
-    be->matmul(be, 0, 1, (int)n, D->V, D->d, 1.0f, a->hsel, D->d, w->emb, D->d, 0.0f, a->logits,
-               D->V);
+    be->matmul(be, 0, 1, (int)n, D->V_out, D->d, 1.0f, a->hsel, D->d, w->emb, D->d, 0.0f, a->logits,
+               D->V_out);
     return ND_OK;
 }

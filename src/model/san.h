@@ -34,8 +34,12 @@ typedef struct {
     san_layer_acts *layer_sets; /* optional: layers 0..n_kept-1's activations kept */
     int n_kept;
     san_layer_acts l_scratch; /* the set recomputed layers use */
-    size_t bytes;             /* size of the allocation */
-    void *block;              /* the one allocation */
+    /* Needle 3: the Hadamard MLP geometry (a san_hada3_geom), and the k/v
+     * each CLA pair's producer hands its consumer [N, k_dim], [N, v_dim] */
+    void *hada3;
+    float *cla_k[SAN_MAX_CLA], *cla_v[SAN_MAX_CLA];
+    size_t bytes; /* size of the allocation */
+    void *block;  /* the one allocation */
     const nd_backend *be;
 } san_acts;
 

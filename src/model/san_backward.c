@@ -5,6 +5,8 @@
 
 #include "core/status.h"
 
+#include "model/hada3.h"
+
 int san_grad_acts_create(san_grad_acts *g, const nd_backend *be, const san_model *m, long rows,
                          long logit_rows, int lora_rank)
 {
@@ -14,7 +16,7 @@ int san_grad_acts_create(san_grad_acts *g, const nd_backend *be, const san_model
     struct grad_plan {
         float **p;
         size_t count;
-    } plan[48];
+    } plan[64 + 2 * SAN_MAX_CLA];
     int np = 0;
 #define P(ptr, cnt) plan[np++] = (struct grad_plan){&(ptr), (size_t)(cnt)}
     P(g->dX, N * n * d);
@@ -30,14 +32,23 @@ int san_grad_acts_create(san_grad_acts *g, const nd_backend *be, const san_model
     P(g->do2, N * d);
     P(g->du, N * d);
     P(g->da, N * d);
-    P(g->do_, N * D->q_dim);
-    P(g->datt, N * D->q_dim);
-    P(g->dg, N * D->q_dim);
+    P(g->do_, N * D->o_dim);
+    P(g->datt, N * D->o_dim);
+    P(g->dg, N * D->gate_dim);
     P(g->dqn, N * D->q_dim);
     P(g->dq, N * D->q_dim);
-    P(g->dkn, N * D->kv_dim);
-    P(g->dk, N * D->kv_dim);
-    P(g->dv, N * D->kv_dim);
+    P(g->dkn, N * D->k_dim);
+    P(g->dk, N * D->k_dim);
+    P(g->dv, N * D->v_dim);
+    if (m->cfg.generation == 3) {
+        P(g->dqc, N * D->q_dim);
+        P(g->dkc, N * D->k_dim);
+        P(g->dvc, N * D->v_dim);
+        for (int i = 0; i < m->cfg.n_cla; i++) {
+            P(g->cla_dk[i], N * D->k_dim);
+            P(g->cla_dv[i], N * D->v_dim);
+        }
+    }
     P(g->dhpre, N * n);
     P(g->dhpost, N * n);
     P(g->dM, N * n * n);
@@ -158,6 +169,61 @@ static void lora_grads_shared_input(const nd_backend *be, const san_grad_target 
 
 #define GP(field, off) (F ? F->field + (off) : NULL)
 
+/* The part of a layer's backward that Needle 2 and 3 share: from dbx (the
+ * block input's gradient, in g->dbx) and dy through the engram gates and
+ * the hyper-connections to dX. */
+static void layer_backward_tail(const san_model *m, const san_weights *w, san_acts *a,
+                                san_grad_acts *g, const san_grad_target *tgt, int l, const float *X)
+{
+    const nd_backend *be = a->be;
+    const san_dims *D = &m->dims;
+    san_layer_acts *A = &a->l;
+    san_weights *F = tgt->full;
+    int N = (int)a->N, d = D->d, n = D->n, nd = n * d;
+    long Nd = (long)N * d;
+    const float *phi_pre_l = w->phi_pre + (size_t)l * nd * n;
+    const float *phi_post_l = w->phi_post + (size_t)l * nd * n;
+    const float *phi_res_l = w->phi_res + (size_t)l * nd * n * n;
+
+    /* bx = u + sum_s alpha_s v_s; y's "- u" term */
+    be->copy2d(be, g->du, (int)Nd, g->dbx, (int)Nd, 1, (int)Nd);
+    be->add(be, g->du, g->dy, -1.0f, Nd);
+    for (int s = 0; s < m->cfg.n_sites; s++)
+        if (m->cfg.engram_layers[s] == l)
+            be->engram_gate_backward(be, g->du, g->deng_k[s], g->deng_v[s], g->dbx, A->u,
+                                     a->eng_k[s], a->eng_v[s], A->alpha + (size_t)s * N, N, d);
+
+    /* u = sum_i hpre_i X_i; hyper-connection coefficients from nx */
+    be->lanes_combine_backward(be, g->dhpre, g->dX, g->du, A->hpre, X, N, n, d);
+    be->hyper_coeffs_backward(be, g->dpre, g->dpost, g->dres, GP(a_pre, l), GP(a_post, l),
+                              GP(a_res, l), GP(b_pre, (size_t)l * n), GP(b_post, (size_t)l * n),
+                              GP(b_res, (size_t)l * n * n), g->dhpre, g->dhpost, g->dM, A->pre,
+                              A->post, A->res, A->hpre, A->hpost, w->a_pre[l], w->a_post[l],
+                              w->a_res[l], w->b_res + (size_t)l * n * n, N, n);
+    /* dnx through the fused projection [phi_pre|phi_post|phi_res] */
+    int K = 2 * n + n * n;
+    be->copy2d(be, a->phi_cat, K, phi_pre_l, n, nd, n);
+    be->copy2d(be, a->phi_cat + n, K, phi_post_l, n, nd, n);
+    be->copy2d(be, a->phi_cat + 2 * n, K, phi_res_l, n * n, nd, n * n);
+    be->copy2d(be, a->proj, K, g->dpre, n, N, n);
+    be->copy2d(be, a->proj + n, K, g->dpost, n, N, n);
+    be->copy2d(be, a->proj + 2 * n, K, g->dres, n * n, N, n * n);
+    be->matmul(be, 0, 1, N, nd, K, 1.0f, a->proj, K, a->phi_cat, K, 0.0f, g->dnx, nd);
+    if (F) {
+        /* dphi_cat = nx^T dproj, then scatter into the three tensors */
+        be->matmul(be, 1, 0, nd, K, N, 1.0f, A->nx, nd, a->proj, K, 0.0f, a->phi_cat, K);
+        float *gp = F->phi_pre + (size_t)l * nd * n, *gq = F->phi_post + (size_t)l * nd * n;
+        float *gr = F->phi_res + (size_t)l * nd * n * n;
+        be->copy2d(be, g->dnx_tmp, n, a->phi_cat, K, nd, n);
+        be->add(be, gp, g->dnx_tmp, 1.0f, (long)nd * n);
+        be->copy2d(be, g->dnx_tmp, n, a->phi_cat + n, K, nd, n);
+        be->add(be, gq, g->dnx_tmp, 1.0f, (long)nd * n);
+        be->copy2d(be, g->dnx_tmp, n * n, a->phi_cat + 2 * n, K, nd, n * n);
+        be->add(be, gr, g->dnx_tmp, 1.0f, (long)nd * n * n);
+    }
+    be->rmsnorm_backward(be, g->dX, NULL, g->dnx, X, A->nx_rstd, NULL, N, nd, 1);
+}
+
 /* dXn (gradient of the layer's output lanes) -> dX (of its input lanes),
  * with the layer's activations freshly recomputed in a->l. */
 static void layer_backward(const san_model *m, const san_weights *w, san_acts *a, san_grad_acts *g,
@@ -167,13 +233,10 @@ static void layer_backward(const san_model *m, const san_weights *w, san_acts *a
     const san_dims *D = &m->dims;
     san_layer_acts *A = &a->l;
     san_weights *F = tgt->full;
-    int N = (int)a->N, d = D->d, n = D->n, nd = n * d, hd = D->hd;
+    int N = (int)a->N, d = D->d, n = D->n, hd = D->hd;
     int qd = D->q_dim, kvd = D->kv_dim, hn = D->hada_n;
     size_t Ld = (size_t)l * d, Lh = (size_t)l * hn;
     long Nd = (long)N * d;
-    const float *phi_pre_l = w->phi_pre + (size_t)l * nd * n;
-    const float *phi_post_l = w->phi_post + (size_t)l * nd * n;
-    const float *phi_res_l = w->phi_res + (size_t)l * nd * n * n;
 
     /* X_new = M X + hpost y */
     be->lanes_update_backward(be, g->dX, g->dM, g->dhpost, g->dy, g->dXn, A->M, X, A->hpost, A->y,
@@ -233,43 +296,120 @@ static void layer_backward(const san_model *m, const san_weights *w, san_acts *a
     be->rmsnorm_backward(be, g->dbx, GP(norm_in, Ld), g->da, bx, A->a_rstd, w->norm_in + Ld, N, d,
                          1);
 
-    /* bx = u + sum_s alpha_s v_s; y's "- u" term */
-    be->copy2d(be, g->du, (int)Nd, g->dbx, (int)Nd, 1, (int)Nd);
-    be->add(be, g->du, g->dy, -1.0f, Nd);
-    for (int s = 0; s < m->cfg.n_sites; s++)
-        if (m->cfg.engram_layers[s] == l)
-            be->engram_gate_backward(be, g->du, g->deng_k[s], g->deng_v[s], g->dbx, A->u,
-                                     a->eng_k[s], a->eng_v[s], A->alpha + (size_t)s * N, N, d);
+    layer_backward_tail(m, w, a, g, tgt, l, X);
+}
 
-    /* u = sum_i hpre_i X_i; hyper-connection coefficients from nx */
-    be->lanes_combine_backward(be, g->dhpre, g->dX, g->du, A->hpre, X, N, n, d);
-    be->hyper_coeffs_backward(be, g->dpre, g->dpost, g->dres, GP(a_pre, l), GP(a_post, l),
-                              GP(a_res, l), GP(b_pre, (size_t)l * n), GP(b_post, (size_t)l * n),
-                              GP(b_res, (size_t)l * n * n), g->dhpre, g->dhpost, g->dM, A->pre,
-                              A->post, A->res, A->hpre, A->hpost, w->a_pre[l], w->a_post[l],
-                              w->a_res[l], w->b_res + (size_t)l * n * n, N, n);
-    /* dnx through the fused projection [phi_pre|phi_post|phi_res] */
-    int K = 2 * n + n * n;
-    be->copy2d(be, a->phi_cat, K, phi_pre_l, n, nd, n);
-    be->copy2d(be, a->phi_cat + n, K, phi_post_l, n, nd, n);
-    be->copy2d(be, a->phi_cat + 2 * n, K, phi_res_l, n * n, nd, n * n);
-    be->copy2d(be, a->proj, K, g->dpre, n, N, n);
-    be->copy2d(be, a->proj + n, K, g->dpost, n, N, n);
-    be->copy2d(be, a->proj + 2 * n, K, g->dres, n * n, N, n * n);
-    be->matmul(be, 0, 1, N, nd, K, 1.0f, a->proj, K, a->phi_cat, K, 0.0f, g->dnx, nd);
-    if (F) {
-        /* dphi_cat = nx^T dproj, then scatter into the three tensors */
-        be->matmul(be, 1, 0, nd, K, N, 1.0f, A->nx, nd, a->proj, K, 0.0f, a->phi_cat, K);
-        float *gp = F->phi_pre + (size_t)l * nd * n, *gq = F->phi_post + (size_t)l * nd * n;
-        float *gr = F->phi_res + (size_t)l * nd * n * n;
-        be->copy2d(be, g->dnx_tmp, n, a->phi_cat, K, nd, n);
-        be->add(be, gp, g->dnx_tmp, 1.0f, (long)nd * n);
-        be->copy2d(be, g->dnx_tmp, n, a->phi_cat + n, K, nd, n);
-        be->add(be, gq, g->dnx_tmp, 1.0f, (long)nd * n);
-        be->copy2d(be, g->dnx_tmp, n * n, a->phi_cat + 2 * n, K, nd, n * n);
-        be->add(be, gr, g->dnx_tmp, 1.0f, (long)nd * n * n);
+/* Needle 3's layer (model/block.c layer_forward3), backward. */
+static void layer_backward3(const san_model *m, const san_weights *w, san_acts *a, san_grad_acts *g,
+                            const san_grad_target *tgt, int l, const float *X)
+{
+    const nd_backend *be = a->be;
+    const san_config *c = &m->cfg;
+    const san_dims *D = &m->dims;
+    const nd_layout *Lay = &a->lay.L;
+    san_layer_acts *A = &a->l;
+    san_weights *F = tgt->full;
+    int N = (int)a->N, d = D->d, n = D->n, hd = D->hd, T = c->qkv_conv_taps;
+    int qd = D->q_dim, kd = D->k_dim, vd = D->v_dim, gd = D->gate_dim, od = D->o_dim;
+    size_t Ld = (size_t)l * d;
+    long Nd = (long)N * d;
+    int window = san_layer_is_local(c, l) ? c->sliding_window : 0;
+    int cons = -1, prod = -1; /* CLA pair index where l consumes / produces */
+    for (int i = 0; i < c->n_cla; i++) {
+        if (c->cla_pairs[i][1] == l)
+            cons = i;
+        if (c->cla_pairs[i][0] == l)
+            prod = i;
     }
-    be->rmsnorm_backward(be, g->dX, NULL, g->dnx, X, A->nx_rstd, NULL, N, nd, 1);
+
+    be->lanes_update_backward(be, g->dX, g->dM, g->dhpost, g->dy, g->dXn, A->M, X, A->hpost, A->y,
+                              N, n, d);
+
+    /* y = (x1 + HadamardMLP(z)) - u */
+    san_hada3_w hw;
+    san_hada3_grad hg;
+    san_hada3_slices(m, w, l, &hw);
+    if (F)
+        san_hada3_grad_slices(m, F, l, &hg);
+    san_hada3_backward(be, a->hada3, &hw, A->z, N, A->hsaved, g->dy, g->dz, F ? &hg : NULL);
+    be->copy2d(be, g->dx1, (int)Nd, g->dy, (int)Nd, 1, (int)Nd);
+    be->rmsnorm_backward(be, g->dx1, GP(pre_hada, Ld), g->dz, A->x1, A->z_rstd, w->pre_hada + Ld, N,
+                         d, 1);
+
+    /* x1 = bx + sigmoid(gate) * zcrms(o2, post_norm) */
+    const float *bx = A->u;
+    for (int s = 0; s < c->n_sites; s++)
+        if (c->engram_layers[s] == l)
+            bx = A->bx;
+    be->residual_scaled_backward(be, g->dpn, GP(attn_gate, l), g->dx1, A->pn, w->attn_gate[l], Nd);
+    be->copy2d(be, g->dbx, (int)Nd, g->dx1, (int)Nd, 1, (int)Nd);
+    be->rmsnorm_backward(be, g->do2, GP(post_norm, Ld), g->dpn, A->o2, A->pn_rstd,
+                         w->post_norm + Ld, N, d, 0);
+
+    /* o2 = o @ Wout; o = gate(att, g) */
+    be->matmul(be, 0, 1, N, od, d, 1.0f, g->do2, d, w->wout + (size_t)l * od * d, d, 0.0f, g->do_,
+               od);
+    linear_param_grads(be, tgt, g, LORA_OUT, F ? F->wout : NULL, l, N, od, d, A->o, g->do2);
+    if (c->attention_gate == SAN_GATE_HEADWISE)
+        be->gate_heads_backward(be, g->datt, g->dg, g->do_, A->att, A->g, N, D->H, D->v_hd);
+    else
+        be->gate_sigmoid_backward(be, g->datt, g->dg, g->do_, A->att, A->g, (long)N * od);
+
+    /* attention over this layer's k/v, or a consumer's producer's */
+    const float *ku = cons >= 0 ? a->cla_k[cons] : A->kn, *vu = cons >= 0 ? a->cla_v[cons] : A->vc;
+    float *dku = cons >= 0 ? g->cla_dk[cons] : g->dkn, *dvu = cons >= 0 ? g->cla_dv[cons] : g->dvc;
+    be->attention_ext_backward(be, g->dqn, dku, dvu, g->datt, A->qn, ku, vu, A->att, A->lse, Lay,
+                               D->H, D->G, hd, D->v_hd, window);
+    be->rope_backward(be, g->dqn, a->rope_cos, a->rope_sin, Lay, D->H, hd);
+    float *dqc = T ? g->dqc : g->dq;
+    be->rmsnorm_backward(be, dqc, GP(q_norm, (size_t)l * hd), g->dqn, A->qc, A->q_rstd,
+                         w->q_norm + (size_t)l * hd, (long)N * D->H, hd, 0);
+    if (T)
+        be->qkv_taps_backward(be, g->dq, GP(q_taps, (size_t)l * T * qd), dqc, A->q,
+                              w->q_taps + (size_t)l * T * qd, Lay, qd, T, window);
+    if (cons >= 0) {
+        /* the layer's own k and v feed nothing */
+        nd_backend_sync(be);
+        memset(g->dk, 0, sizeof(float) * (size_t)N * kd);
+        memset(g->dv, 0, sizeof(float) * (size_t)N * vd);
+    } else {
+        if (prod >= 0) { /* plus what the consumer's attention sent */
+            be->add(be, g->dkn, g->cla_dk[prod], 1.0f, (long)N * kd);
+            be->add(be, g->dvc, g->cla_dv[prod], 1.0f, (long)N * vd);
+        }
+        be->rope_backward(be, g->dkn, a->rope_cos, a->rope_sin, Lay, D->G, hd);
+        float *dkc = T ? g->dkc : g->dk;
+        be->rmsnorm_backward(be, dkc, GP(k_norm, (size_t)l * hd), g->dkn, A->kc, A->k_rstd,
+                             w->k_norm + (size_t)l * hd, (long)N * D->G, hd, 0);
+        if (T) {
+            be->qkv_taps_backward(be, g->dk, GP(k_taps, (size_t)l * T * kd), dkc, A->k,
+                                  w->k_taps + (size_t)l * T * kd, Lay, kd, T, window);
+            be->qkv_taps_backward(be, g->dv, GP(v_taps, (size_t)l * T * vd), g->dvc, A->v,
+                                  w->v_taps + (size_t)l * T * vd, Lay, vd, T, window);
+        } else {
+            be->copy2d(be, g->dv, vd, g->dvc, vd, N, vd);
+        }
+    }
+
+    /* the four projections of a = zcrms(bx, norm_in) */
+    be->matmul(be, 0, 1, N, d, qd, 1.0f, g->dq, qd, w->wq + (size_t)l * d * qd, qd, 0.0f, g->da, d);
+    be->matmul(be, 0, 1, N, d, kd, 1.0f, g->dk, kd, w->wk + (size_t)l * d * kd, kd, 1.0f, g->da, d);
+    be->matmul(be, 0, 1, N, d, vd, 1.0f, g->dv, vd, w->wv + (size_t)l * d * vd, vd, 1.0f, g->da, d);
+    be->matmul(be, 0, 1, N, d, gd, 1.0f, g->dg, gd, w->wgate + (size_t)l * d * gd, gd, 1.0f, g->da,
+               d);
+    if (F) {
+        linear_param_grads(be, tgt, g, LORA_Q, F->wq, l, N, d, qd, A->a, g->dq);
+        linear_param_grads(be, tgt, g, LORA_K, F->wk, l, N, d, kd, A->a, g->dk);
+        linear_param_grads(be, tgt, g, LORA_V, F->wv, l, N, d, vd, A->a, g->dv);
+        linear_param_grads(be, tgt, g, LORA_GATE, F->wgate, l, N, d, gd, A->a, g->dg);
+    } else {
+        const int targets[4] = {LORA_Q, LORA_K, LORA_V, LORA_GATE}, outs[4] = {qd, kd, vd, gd};
+        const float *dys[4] = {g->dq, g->dk, g->dv, g->dg};
+        lora_grads_shared_input(be, tgt, g, targets, dys, outs, l, N, d, A->a);
+    }
+    be->rmsnorm_backward(be, g->dbx, GP(norm_in, Ld), g->da, bx, A->a_rstd, w->norm_in + Ld, N, d,
+                         1);
+    layer_backward_tail(m, w, a, g, tgt, l, X);
 }
 
 static int san_backward_hidden(const san_model *m, const san_weights *w, san_acts *a,
@@ -281,8 +421,8 @@ int san_backward(const san_model *m, const san_weights *w, san_acts *a, san_grad
     const nd_backend *be = a->be;
     const san_dims *D = &m->dims;
     san_weights *F = tgt->full;
-    int N = (int)a->N, d = D->d, V = D->V;
-    /* logits = hf @ E^T (tied) */
+    int N = (int)a->N, d = D->d, V = D->V_out;
+    /* logits = hf @ E^T (tied; the first V_out rows) */
     be->matmul(be, 0, 0, N, d, V, 1.0f, a->logits, V, w->emb, d, 0.0f, g->dhf, d);
     if (F)
         be->matmul(be, 1, 0, V, d, N, 1.0f, a->logits, V, a->hf, d, 1.0f, F->emb, d);
@@ -296,7 +436,7 @@ int san_backward_rows(const san_model *m, const san_weights *w, san_acts *a, san
     const nd_backend *be = a->be;
     const san_dims *D = &m->dims;
     san_weights *F = tgt->full;
-    int d = D->d, V = D->V;
+    int d = D->d, V = D->V_out;
     nd_backend_sync(be); /* the host zeroes backend memory earlier ops may use */
     memset(g->dhf, 0, sizeof(float) * (size_t)a->N * d);
     if (n > 0) {
@@ -324,11 +464,15 @@ static int san_backward_hidden(const san_model *m, const san_weights *w, san_act
                          d, 0);
     be->lanes_mean_backward(be, g->dXn, g->dxm, N, n, d);
 
-    if (m->cfg.n_sites)
+    if (m->cfg.n_sites || m->cfg.n_cla)
         nd_backend_sync(be); /* host zeroing below */
     for (int s = 0; s < m->cfg.n_sites; s++) {
         memset(g->deng_k[s], 0, sizeof(float) * (size_t)N * d);
         memset(g->deng_v[s], 0, sizeof(float) * (size_t)N * d);
+    }
+    for (int i = 0; i < m->cfg.n_cla; i++) {
+        memset(g->cla_dk[i], 0, sizeof(float) * (size_t)N * D->k_dim);
+        memset(g->cla_dv[i], 0, sizeof(float) * (size_t)N * D->v_dim);
     }
     for (int l = D->L - 1; l >= 0; l--) {
         const float *X = a->X_saved + (size_t)l * lane_sz;
@@ -340,7 +484,10 @@ static int san_backward_hidden(const san_model *m, const san_weights *w, san_act
             if (rc)
                 return rc;
         }
-        layer_backward(m, w, a, g, tgt, l, X);
+        if (m->cfg.generation == 3)
+            layer_backward3(m, w, a, g, tgt, l, X);
+        else
+            layer_backward(m, w, a, g, tgt, l, X);
         float *t = g->dX;
         g->dX = g->dXn;
         g->dXn = t;

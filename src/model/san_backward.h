@@ -22,6 +22,10 @@ typedef struct {
     float *deng_k[SAN_MAX_SITES], *deng_v[SAN_MAX_SITES]; /* [N, d] */
     float *deng_vp, *deng_e;                              /* [N, d], [N, eng_dim] */
     float *lora_tmp;                                      /* [N, rank] */
+    /* Needle 3: gradients after the q/k/v conv (before it: dq, dk, dv) and
+     * what each CLA consumer's attention sends its producer's k and v */
+    float *dqc, *dkc, *dvc;
+    float *cla_dk[SAN_MAX_CLA], *cla_dv[SAN_MAX_CLA];
     void *block;
     const nd_backend *be;
 } san_grad_acts;

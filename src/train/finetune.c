@@ -333,7 +333,7 @@ int nd_finetune(const nd_finetune_opts *o)
     if ((rc = nd_tokenizer_load(o->tokenizer, &tok)))
         goto done;
     /* the template follows the base model's generation */
-    int generation = o->generation ? o->generation : ND_RENDER_GEN_DEFAULT;
+    int generation = o->generation ? o->generation : m.cfg.generation;
     if ((rc = nd_render_check_vocab(tok, generation, m.dims.V, o->tokenizer)))
         goto done;
     nd_jsonl_opts jo = {.skip_bad = o->skip_bad, .generation = generation};

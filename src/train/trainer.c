@@ -280,7 +280,7 @@ int nd_trainer_step(nd_trainer *tr, const int32_t *ids, const float *mask, int r
                     double *loss, double *masked)
 {
     const nd_backend *be = tr->be;
-    int B = tr->B, T = tr->T, V = tr->m->dims.V;
+    int B = tr->B, T = tr->T, V = tr->m->dims.V_out; /* logit columns (3.x out_vocab) */
     long N = (long)B * T;
     if (tr->packed)
         return nd_error(ND_EARG, "nd_trainer_step on a packed trainer");
@@ -292,6 +292,14 @@ int nd_trainer_step(nd_trainer *tr, const int32_t *ids, const float *mask, int r
             float wgt = b < rows && t + 1 < T ? mask[r + 1] : 0.0f;
             tr->row_w[r] = wgt;
             tr->tgt[r] = t + 1 < T ? ids[r + 1] : 0;
+            if (tr->tgt[r] >= V) {
+                if (wgt != 0.0f)
+                    return nd_error(ND_EARG,
+                                    "row %d, position %d: target token %d has no logit "
+                                    "(out_vocab %d)",
+                                    b, t + 1, tr->tgt[r], V);
+                tr->tgt[r] = 0; /* weight 0: any valid column */
+            }
             total += wgt;
         }
     double denom = total > 1.0 ? total : 1.0;
@@ -343,7 +351,7 @@ static int micro_step(nd_trainer *tr, const nd_seq_example *ex, int g0, int g1, 
                       int grad, double denom, double *sum)
 {
     const nd_backend *be = tr->be;
-    int V = tr->m->dims.V;
+    int V = tr->m->dims.V_out;
     if (nd_pack_layout(&tr->plan, ex, g0, g1, &tr->acts.lay, tr->ptok, tr->row_of))
         return nd_error(ND_ENOMEM, "packing a batch failed");
     int rc = san_acts_use_layout(&tr->acts);
@@ -409,6 +417,11 @@ int nd_trainer_step_examples(nd_trainer *tr, const nd_seq_example *ex, int count
                     continue;
                 tr->item_pos[n] = (int32_t)(tr->ex_off[b] + t);
                 tr->item_tgt[n] = ex[b].ids[t + 1];
+                if (tr->item_tgt[n] >= tr->m->dims.V_out)
+                    return nd_error(ND_EARG,
+                                    "example %d, position %d: target token %d has no logit "
+                                    "(out_vocab %d)",
+                                    b, t + 1, tr->item_tgt[n], tr->m->dims.V_out);
                 tr->item_ex[n] = b;
                 tr->item_w[n] = w;
                 total += w;

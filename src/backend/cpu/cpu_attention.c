@@ -67,15 +67,23 @@ typedef struct {
     const nd_layout *L;
     const attn_block *blocks;
     float **scratch; /* one score matrix per thread, made on first use */
-    int H, rep, hd, qs, ks, maxkeys;
+    int H, rep, hd, vd, qs, ks, vs, os, maxkeys, window;
     float scale;
 } attn_fwd_args;
+
+/* First visible key of a query whose own key index is `last` (keys are
+ * indexed by position): everything with a window of 0, else the keys
+ * less than `window` positions back. */
+static inline int first_key(int last, int window)
+{
+    return window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
+}
 
 static void attn_fwd_tasks(void *p, long lo, long hi, int tid)
 {
     const attn_fwd_args *a = p;
     const nd_layout *L = a->L;
-    int H = a->H, hd = a->hd, qs = a->qs, ks = a->ks;
+    int H = a->H, hd = a->hd, vd = a->vd, qs = a->qs, ks = a->ks, vs = a->vs, os = a->os;
     float scale = a->scale;
     if (!a->scratch[tid])
         a->scratch[tid] = cpu_xalloc((size_t)SAN_ATTN_QBLOCK * a->maxkeys * sizeof(float));
@@ -91,9 +99,9 @@ static void attn_fwd_tasks(void *p, long lo, long hi, int tid)
         long r0 = (long)sg->start + t0;
         const float *Q = a->q + (size_t)r0 * qs + (size_t)h * hd;
         const float *Ks = a->k + (size_t)sg->start * ks + (size_t)g * hd;
-        const float *Vs = a->v + (size_t)sg->start * ks + (size_t)g * hd;
+        const float *Vs = a->v + (size_t)sg->start * vs + (size_t)g * vd;
         const float *Kp = a->k + (size_t)p0 * ks + (size_t)g * hd;
-        const float *Vp = a->v + (size_t)p0 * ks + (size_t)g * hd;
+        const float *Vp = a->v + (size_t)p0 * vs + (size_t)g * vd;
         if (plen)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, plen, hd, scale, Q, qs, Kp,
                         ks, 0.0f, S, keys);
@@ -101,29 +109,32 @@ static void attn_fwd_tasks(void *p, long lo, long hi, int tid)
                     0.0f, S + plen, keys);
         for (int r = 0; r < rows; r++) {
             float *s = S + (size_t)r * keys;
-            int last = plen + t0 + r; /* keys 0..last are visible */
+            int last = plen + t0 + r; /* keys lo..last are visible */
+            int lo = first_key(last, a->window);
             float mx = -FLT_MAX;
-            for (int j = 0; j <= last; j++)
+            for (int j = lo; j <= last; j++)
                 mx = s[j] > mx ? s[j] : mx;
             float sum = 0.0f;
-            for (int j = 0; j <= last; j++) {
+            for (int j = 0; j < lo; j++)
+                s[j] = 0.0f;
+            for (int j = lo; j <= last; j++) {
                 s[j] = san_expf(s[j] - mx);
                 sum += s[j];
             }
             float inv = 1.0f / sum;
-            for (int j = 0; j <= last; j++)
+            for (int j = lo; j <= last; j++)
                 s[j] *= inv;
             for (int j = last + 1; j < keys; j++)
                 s[j] = 0.0f;
             if (a->lse)
                 a->lse[(size_t)(r0 + r) * H + h] = mx + logf(sum);
         }
-        float *O = a->out + (size_t)r0 * qs + (size_t)h * hd;
+        float *O = a->out + (size_t)r0 * os + (size_t)h * vd;
         if (plen)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, plen, 1.0f, S, keys,
-                        Vp, ks, 0.0f, O, qs);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, t1, 1.0f, S + plen, keys,
-                    Vs, ks, plen ? 1.0f : 0.0f, O, qs);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, vd, plen, 1.0f, S, keys,
+                        Vp, vs, 0.0f, O, os);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, vd, t1, 1.0f, S + plen, keys,
+                    Vs, vs, plen ? 1.0f : 0.0f, O, os);
     }
 }
 
@@ -147,6 +158,12 @@ static void scratch_free(float **s, int count)
 void cpu_attention(const nd_backend *be, float *out, float *lse, const float *q, const float *k,
                    const float *v, const nd_layout *L, int H, int G, int hd)
 {
+    cpu_attention_ext(be, out, lse, q, k, v, L, H, G, hd, hd, 0);
+}
+
+void cpu_attention_ext(const nd_backend *be, float *out, float *lse, const float *q, const float *k,
+                       const float *v, const nd_layout *L, int H, int G, int hd, int vd, int window)
+{
     (void)be;
     long nb;
     int maxkeys, nscratch;
@@ -164,9 +181,13 @@ void cpu_attention(const nd_backend *be, float *out, float *lse, const float *q,
                        .H = H,
                        .rep = H / G,
                        .hd = hd,
+                       .vd = vd,
                        .qs = H * hd,
                        .ks = G * hd,
+                       .vs = G * vd,
+                       .os = H * vd,
                        .maxkeys = maxkeys,
+                       .window = window,
                        .scale = 1.0f / sqrtf((float)hd)};
     nd_parallel_for_dynamic(nb * H, 1, attn_fwd_tasks, &a);
     scratch_free(a.scratch, nscratch);
@@ -179,7 +200,7 @@ typedef struct {
     const nd_layout *L;
     const size_t *poff;
     float **scratch; /* P, dP and D per thread, made on first use */
-    int H, G, rep, hd, qs, ks, maxkeys;
+    int H, G, rep, hd, vd, qs, ks, vs, os, maxkeys, window;
     float scale;
 } attn_bwd_args;
 
@@ -188,7 +209,8 @@ static void attn_bwd_tasks(void *p, long lo, long hi, int tid)
 {
     const attn_bwd_args *a = p;
     const nd_layout *L = a->L;
-    int H = a->H, G = a->G, rep = a->rep, hd = a->hd, qs = a->qs, ks = a->ks;
+    int H = a->H, G = a->G, rep = a->rep, hd = a->hd, vd = a->vd, qs = a->qs, ks = a->ks;
+    int vs = a->vs, os = a->os;
     float scale = a->scale;
     const float *q = a->q, *k = a->k, *v = a->v, *lse = a->lse;
     float *dq = a->dq;
@@ -201,26 +223,29 @@ static void attn_bwd_tasks(void *p, long lo, long hi, int tid)
         const nd_segment *sg = &L->seg[s];
         int plen = parent_len(L, sg), p0 = plen ? L->seg[sg->parent].start : 0, T = sg->len;
         size_t kv0 = (size_t)sg->start * ks + (size_t)g * hd;
-        const float *Ks = k + kv0, *Vs = v + kv0;
+        size_t vv0 = (size_t)sg->start * vs + (size_t)g * vd;
+        const float *Ks = k + kv0, *Vs = v + vv0;
         const float *Kp = k + (size_t)p0 * ks + (size_t)g * hd;
-        const float *Vp = v + (size_t)p0 * ks + (size_t)g * hd;
-        float *dKs = a->dk + kv0, *dVs = a->dv + kv0;
-        float *dKp = plen ? a->pbuf + a->poff[s] + (size_t)2 * plen * hd * g : NULL;
+        const float *Vp = v + (size_t)p0 * vs + (size_t)g * vd;
+        float *dKs = a->dk + kv0, *dVs = a->dv + vv0;
+        float *dKp = plen ? a->pbuf + a->poff[s] + (size_t)plen * (hd + vd) * g : NULL;
         float *dVp = plen ? dKp + (size_t)plen * hd : NULL;
-        for (int t = 0; t < T; t++)
-            for (int i = 0; i < hd; i++) {
+        for (int t = 0; t < T; t++) {
+            for (int i = 0; i < hd; i++)
                 dKs[(size_t)t * ks + i] = 0.0f;
-                dVs[(size_t)t * ks + i] = 0.0f;
-            }
+            for (int i = 0; i < vd; i++)
+                dVs[(size_t)t * vs + i] = 0.0f;
+        }
         if (plen)
-            memset(dKp, 0, sizeof(float) * 2 * (size_t)plen * hd);
+            memset(dKp, 0, sizeof(float) * (size_t)plen * (hd + vd));
         for (int h = g * rep; h < (g + 1) * rep; h++)
             for (int t0 = 0; t0 < T; t0 += SAN_ATTN_QBLOCK) {
                 int t1 = t0 + SAN_ATTN_QBLOCK < T ? t0 + SAN_ATTN_QBLOCK : T;
                 int rows = t1 - t0, keys = plen + t1;
                 long r0 = (long)sg->start + t0;
                 size_t qo = (size_t)r0 * qs + (size_t)h * hd;
-                const float *Q = q + qo, *dO = a->dout + qo, *O = a->out + qo;
+                size_t oo = (size_t)r0 * os + (size_t)h * vd;
+                const float *Q = q + qo, *dO = a->dout + oo, *O = a->out + oo;
                 /* P = exp(scale * Q [Kp|Ks]^T - lse), causal in the own span */
                 if (plen)
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, plen, hd, scale, Q,
@@ -229,28 +254,30 @@ static void attn_bwd_tasks(void *p, long lo, long hi, int tid)
                             ks, 0.0f, Pb + plen, keys);
                 for (int r = 0; r < rows; r++) {
                     float *pr = Pb + (size_t)r * keys, l = lse[(size_t)(r0 + r) * H + h];
-                    int last = plen + t0 + r;
-                    for (int j = 0; j <= last; j++)
+                    int last = plen + t0 + r, lo = first_key(last, a->window);
+                    for (int j = 0; j < lo; j++)
+                        pr[j] = 0.0f;
+                    for (int j = lo; j <= last; j++)
                         pr[j] = san_expf(pr[j] - l);
                     for (int j = last + 1; j < keys; j++)
                         pr[j] = 0.0f;
-                    const float *x = dO + (size_t)r * qs, *y = O + (size_t)r * qs;
+                    const float *x = dO + (size_t)r * os, *y = O + (size_t)r * os;
                     float acc = 0.0f;
-                    for (int i = 0; i < hd; i++)
+                    for (int i = 0; i < vd; i++)
                         acc += x[i] * y[i];
                     Dr[r] = acc;
                 }
                 /* dV += P^T dO; dP = dO V^T */
                 if (plen) {
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, plen, hd, rows, 1.0f, Pb,
-                                keys, dO, qs, 1.0f, dVp, hd);
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, plen, hd, 1.0f, dO,
-                                qs, Vp, ks, 0.0f, dP, keys);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, plen, vd, rows, 1.0f, Pb,
+                                keys, dO, os, 1.0f, dVp, vd);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, plen, vd, 1.0f, dO,
+                                os, Vp, vs, 0.0f, dP, keys);
                 }
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t1, hd, rows, 1.0f, Pb + plen,
-                            keys, dO, qs, 1.0f, dVs, ks);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, t1, hd, 1.0f, dO, qs, Vs,
-                            ks, 0.0f, dP + plen, keys);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t1, vd, rows, 1.0f, Pb + plen,
+                            keys, dO, os, 1.0f, dVs, vs);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, t1, vd, 1.0f, dO, os, Vs,
+                            vs, 0.0f, dP + plen, keys);
                 /* dS = P * (dP - rowsum(dO*O)); masked entries have P = 0 */
                 for (int r = 0; r < rows; r++) {
                     float *ds = dP + (size_t)r * keys;
@@ -282,7 +309,7 @@ static void attn_bwd_parents(void *p, int tid, int team)
 {
     const attn_bwd_args *a = p;
     const nd_layout *L = a->L;
-    int G = a->G, hd = a->hd, ks = a->ks;
+    int G = a->G, hd = a->hd, vd = a->vd, ks = a->ks, vs = a->vs;
     for (int s = 0; s < L->n_seg; s++) {
         const nd_segment *sg = &L->seg[s];
         int plen = parent_len(L, sg);
@@ -293,13 +320,15 @@ static void attn_bwd_parents(void *p, int tid, int team)
         nd_share((long)plen * G, tid, team, &x0, &x1);
         for (long x = x0; x < x1; x++) {
             int t = (int)(x / G), g = (int)(x % G);
-            const float *src = a->pbuf + a->poff[s] + (size_t)2 * plen * hd * g + (size_t)t * hd;
+            const float *srck = a->pbuf + a->poff[s] + (size_t)plen * (hd + vd) * g;
+            const float *src = srck + (size_t)t * hd,
+                        *srcv = srck + (size_t)plen * hd + (size_t)t * vd;
             float *dK = a->dk + (size_t)(p0 + t) * ks + (size_t)g * hd;
-            float *dV = a->dv + (size_t)(p0 + t) * ks + (size_t)g * hd;
-            for (int i = 0; i < hd; i++) {
+            float *dV = a->dv + (size_t)(p0 + t) * vs + (size_t)g * vd;
+            for (int i = 0; i < hd; i++)
                 dK[i] += src[i];
-                dV[i] += src[(size_t)plen * hd + i];
-            }
+            for (int i = 0; i < vd; i++)
+                dV[i] += srcv[i];
         }
     }
 }
@@ -315,6 +344,14 @@ void cpu_attention_backward(const nd_backend *be, float *dq, float *dk, float *d
                             const float *out, const float *lse, const nd_layout *L, int H, int G,
                             int hd)
 {
+    cpu_attention_ext_backward(be, dq, dk, dv, dout, q, k, v, out, lse, L, H, G, hd, hd, 0);
+}
+
+void cpu_attention_ext_backward(const nd_backend *be, float *dq, float *dk, float *dv,
+                                const float *dout, const float *q, const float *k, const float *v,
+                                const float *out, const float *lse, const nd_layout *L, int H,
+                                int G, int hd, int vd, int window)
+{
     (void)be;
     int maxkeys = 1, nscratch;
     /* private parent-gradient buffers: [dK | dV] of plen x hd per (child, g) */
@@ -325,7 +362,7 @@ void cpu_attention_backward(const nd_backend *be, float *dq, float *dk, float *d
     for (int s = 0; s < L->n_seg; s++) {
         int plen = parent_len(L, &L->seg[s]);
         poff[s] = ptotal;
-        ptotal += (size_t)2 * plen * hd * G;
+        ptotal += (size_t)plen * (hd + vd) * G;
         int kk = plen + L->seg[s].len;
         maxkeys = kk > maxkeys ? kk : maxkeys;
     }
@@ -346,9 +383,13 @@ void cpu_attention_backward(const nd_backend *be, float *dq, float *dk, float *d
                        .G = G,
                        .rep = H / G,
                        .hd = hd,
+                       .vd = vd,
                        .qs = H * hd,
                        .ks = G * hd,
+                       .vs = G * vd,
+                       .os = H * vd,
                        .maxkeys = maxkeys,
+                       .window = window,
                        .scale = 1.0f / sqrtf((float)hd)};
     nd_parallel_for_dynamic((long)L->n_seg * G, 1, attn_bwd_tasks, &a);
     scratch_free(a.scratch, nscratch);

@@ -210,7 +210,7 @@ typedef struct {
     const int32_t *tok;
     const nd_layout *L;
     const int *orders;
-    int heads, slots, K, omax;
+    int heads, slots, K, omax, stride;
 } engram_hash_args;
 
 static void engram_hash_rows(void *p, long r0, long r1, int tid)
@@ -226,7 +226,8 @@ static void engram_hash_rows(void *p, long r0, long r1, int tid)
         }
         for (int k = 0; k < K; k++) {
             int o = a->orders[k / heads] < omax ? a->orders[k / heads] : omax;
-            a->idx[r * K + k] = (int32_t)san_engram_index_hist(hist, o, k, a->slots);
+            int seed_k = (k / heads) * a->stride + k % heads;
+            a->idx[r * K + k] = (int32_t)san_engram_index_hist(hist, o, seed_k, a->slots);
         }
     }
 }
@@ -234,12 +235,19 @@ static void engram_hash_rows(void *p, long r0, long r1, int tid)
 void cpu_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *tok, const nd_layout *L,
                      const int *orders, int n_orders, int heads, int slots)
 {
+    cpu_engram_hash_seeded(be, idx, tok, L, orders, n_orders, heads, slots, heads);
+}
+
+void cpu_engram_hash_seeded(const nd_backend *be, int32_t *idx, const int32_t *tok,
+                            const nd_layout *L, const int *orders, int n_orders, int heads,
+                            int slots, int stride)
+{
     (void)be;
     int K = n_orders * heads, omax = 0;
     for (int o = 0; o < n_orders; o++)
         omax = orders[o] > omax ? orders[o] : omax;
     omax = omax < SAN_MAX_ORDER ? omax : SAN_MAX_ORDER;
-    engram_hash_args a = {idx, tok, L, orders, heads, slots, K, omax};
+    engram_hash_args a = {idx, tok, L, orders, heads, slots, K, omax, stride};
     nd_parallel_for(L->N, 1, engram_hash_rows, &a);
 }
 

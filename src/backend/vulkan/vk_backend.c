@@ -67,19 +67,9 @@ __attribute__((visibility("default"))) const nd_backend *nd_plugin_open(int abi,
     vk_table.alloc = vkb_alloc;
     vk_table.free = vkb_free;
     vk_table.sync = vkb_sync;
-/* no device kernels yet for Needle 3's Hadamard MLP ops: NULL entries,
- * which nd_backend_get runs on the CPU (declined, see registry.c) */
-#define vk_hada3_mix NULL
-#define vk_hada3_mix_backward NULL
-#define vk_softmax_rows NULL
-#define vk_softmax_rows_backward NULL
 #define ND_OP(name, kind, ...) vk_table.name = vk_##name;
 #include "backend/ops.def"
 #undef ND_OP
-#undef vk_hada3_mix
-#undef vk_hada3_mix_backward
-#undef vk_softmax_rows
-#undef vk_softmax_rows_backward
     S->opened = dev;
     return &vk_table;
 }

@@ -363,19 +363,9 @@ static void fill_table(nd_backend *t)
     t->sync = cuda_sync;
     t->alloc = cuda_alloc;
     t->free = cuda_free;
-/* no device kernels yet for Needle 3's Hadamard MLP ops: NULL entries,
- * which nd_backend_get runs on the CPU (declined, see registry.c) */
-#define cuda_hada3_mix NULL
-#define cuda_hada3_mix_backward NULL
-#define cuda_softmax_rows NULL
-#define cuda_softmax_rows_backward NULL
 #define ND_OP(name, kind, ...) t->name = cuda_##name;
 #include "backend/ops.def"
 #undef ND_OP
-#undef cuda_hada3_mix
-#undef cuda_hada3_mix_backward
-#undef cuda_softmax_rows
-#undef cuda_softmax_rows_backward
 }
 
 #define MAX_DEVICES 64

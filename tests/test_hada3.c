@@ -11,7 +11,8 @@
  * - permutations: numpy RandomState(s).permutation(n) values quoted from
  *   numpy 1.24 (tests/test_hada3_numpy.py compares many more directly).
  *
- * Modes for tests/test_hada3_numpy.py:
+ * `test_hada3 DEVICE` runs the checks on another backend (vulkan:0, cuda;
+ * exit 77 when it is absent). Modes for tests/test_hada3_numpy.py:
  *   test_hada3 perm SEED N        one line: RandomState(SEED).permutation(N)
  *   test_hada3 geom D SPLIT       n ba bb, then perm1 and perm2 lines
  *   test_hada3 dump FILE D UNTIED SPLIT N SEED
@@ -190,6 +191,25 @@ static void ref_forward(const prob *pr, const double *P, double *y)
 
 /* ---- the module under test ---- */
 
+static const nd_backend *be;
+
+/* memory handed to the module: the backend's (a device backend's ops write
+ * only there); filled and read on the host, which the module's sync allows */
+static float *balloc(size_t n)
+{
+    float *p = be->alloc(be, sizeof(float) * (n ? n : 1));
+    if (!p) {
+        fprintf(stderr, "test_hada3: out of backend memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static void bfree(void *p)
+{
+    be->free(be, p);
+}
+
 typedef struct {
     float *f; /* float copies of every tensor, same offsets */
     san_hada3_w w;
@@ -197,7 +217,7 @@ typedef struct {
 
 static void to_float(const prob *pr, fparams *fp)
 {
-    fp->f = xmalloc(sizeof(float) * pr->off[T_N]);
+    fp->f = balloc(pr->off[T_N]);
     for (size_t i = 0; i < pr->off[T_N]; i++)
         fp->f[i] = (float)pr->P[i];
     const float *b = fp->f;
@@ -217,8 +237,6 @@ static san_hada3_grad grad_view(const prob *pr, float *G)
                             G + pr->off[T_CU]};
 }
 
-static const nd_backend *be;
-
 static double max_abs_d(const double *a, size_t n)
 {
     double m = 0.0;
@@ -236,8 +254,8 @@ static void check_forward(int d, int untied, int split, long N)
     to_float(&pr, &fp);
     size_t nd = (size_t)N * d;
     double *yr = xmalloc(sizeof(double) * nd);
-    float *y = xmalloc(sizeof(float) * nd), *y2 = xmalloc(sizeof(float) * nd);
-    float *saved = xmalloc(sizeof(float) * (size_t)N * san_hada3_saved_per_row(&pr.g));
+    float *y = balloc(nd), *y2 = balloc(nd);
+    float *saved = balloc((size_t)N * san_hada3_saved_per_row(&pr.g));
     ref_forward(&pr, pr.P, yr);
     CHECK(san_hada3_forward(be, &pr.g, &fp.w, fp.f + pr.off[T_X], N, y, saved) == ND_OK);
     CHECK(san_hada3_forward(be, &pr.g, &fp.w, fp.f + pr.off[T_X], N, y2, NULL) == ND_OK);
@@ -253,10 +271,10 @@ static void check_forward(int d, int untied, int split, long N)
     printf("forward  d %4d n %4d (%2d x %2d) %-12s %-5s rel err %.2e\n", d, pr.g.n, pr.g.ba,
            pr.g.bb, untied ? "block_untied" : "shared", split ? "split" : "", err);
     free(yr);
-    free(y);
-    free(y2);
-    free(saved);
-    free(fp.f);
+    bfree(y);
+    bfree(y2);
+    bfree(saved);
+    bfree(fp.f);
     prob_free(&pr);
 }
 
@@ -285,16 +303,15 @@ static void check_backward(int d, int untied, int split, long N)
     nd_rng r;
     nd_rng_seed(&r, 77 + (uint64_t)d);
     double *R = xmalloc(sizeof(double) * nd), *yb = xmalloc(sizeof(double) * nd);
-    float *dy = xmalloc(sizeof(float) * nd), *y = xmalloc(sizeof(float) * nd);
+    float *dy = balloc(nd), *y = balloc(nd);
     for (size_t i = 0; i < nd; i++)
         dy[i] = (float)(R[i] = nd_rng_normal(&r));
-    float *saved = xmalloc(sizeof(float) * (size_t)N * san_hada3_saved_per_row(&pr.g));
+    float *saved = balloc((size_t)N * san_hada3_saved_per_row(&pr.g));
     CHECK(san_hada3_forward(be, &pr.g, &fp.w, fp.f + pr.off[T_X], N, y, saved) == ND_OK);
     /* gradients land in G at the tensors' offsets (dx at x's): pre-filled
      * with 0.25 to check that they accumulate */
-    float *G = xmalloc(sizeof(float) * np), *dx2 = xmalloc(sizeof(float) * nd),
-          *dx3 = xmalloc(sizeof(float) * nd);
-    float *G3 = xmalloc(sizeof(float) * np);
+    float *G = balloc(np), *dx2 = balloc(nd), *dx3 = balloc(nd);
+    float *G3 = balloc(np);
     for (size_t i = 0; i < np; i++)
         G[i] = G3[i] = 0.25f;
     san_hada3_grad gw = grad_view(&pr, G), gw3 = grad_view(&pr, G3);
@@ -335,14 +352,14 @@ static void check_backward(int d, int untied, int split, long N)
            pr.g.bb, untied ? "block_untied" : "shared", split ? "split" : "", worst);
     free(R);
     free(yb);
-    free(dy);
-    free(y);
-    free(saved);
-    free(G);
-    free(G3);
-    free(dx2);
-    free(dx3);
-    free(fp.f);
+    bfree(dy);
+    bfree(y);
+    bfree(saved);
+    bfree(G);
+    bfree(G3);
+    bfree(dx2);
+    bfree(dx3);
+    bfree(fp.f);
     prob_free(&pr);
 }
 
@@ -424,7 +441,7 @@ static int mode_dump(const char *path, int d, int untied, int split, long N, lon
         return 2;
     fparams fp;
     to_float(&pr, &fp);
-    float *y = xmalloc(sizeof(float) * (size_t)N * d);
+    float *y = balloc((size_t)N * d);
     int rc = san_hada3_forward(be, &pr.g, &fp.w, fp.f + pr.off[T_X], N, y, NULL);
     FILE *f = rc == ND_OK ? fopen(path, "wb") : NULL;
     int ok = f != NULL;
@@ -435,8 +452,8 @@ static int mode_dump(const char *path, int d, int untied, int split, long N, lon
              fwrite(y, sizeof(float), (size_t)N * d, f) == (size_t)N * d;
         ok = (fclose(f) == 0) && ok;
     }
-    free(y);
-    free(fp.f);
+    bfree(y);
+    bfree(fp.f);
     prob_free(&pr);
     if (!ok)
         fprintf(stderr, "test_hada3: dump to %s failed\n", path);
@@ -445,10 +462,12 @@ static int mode_dump(const char *path, int d, int untied, int split, long N, lon
 
 int main(int argc, char **argv)
 {
-    be = nd_backend_get("cpu", 0);
+    /* test_hada3 DEVICE: the same checks on another backend (77: absent) */
+    const char *dev = argc == 2 ? argv[1] : "cpu";
+    be = nd_backend_get(dev, 0);
     if (!be) {
-        fprintf(stderr, "test_hada3: no cpu backend: %s\n", nd_last_error());
-        return 1;
+        fprintf(stderr, "test_hada3: no %s backend: %s\n", dev, nd_last_error());
+        return strcmp(dev, "cpu") ? 77 : 1;
     }
     if (argc == 4 && !strcmp(argv[1], "perm"))
         return mode_perm(atol(argv[2]), atol(argv[3]));
@@ -457,11 +476,12 @@ int main(int argc, char **argv)
     if (argc == 8 && !strcmp(argv[1], "dump"))
         return mode_dump(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), atol(argv[6]),
                          atol(argv[7]));
-    if (argc != 1) {
-        fprintf(stderr, "usage: test_hada3 [perm SEED N | geom D SPLIT | dump FILE D UNTIED "
-                        "SPLIT N SEED]\n");
+    if (argc > 2) {
+        fprintf(stderr, "usage: test_hada3 [DEVICE | perm SEED N | geom D SPLIT | dump FILE D "
+                        "UNTIED SPLIT N SEED]\n");
         return 2;
     }
+    printf("backend: %s\n", be->name);
     check_geometry();
     static const int dims[] = {2, 3, 12, 16, 24, 32, 100};
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)

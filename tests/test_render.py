@@ -38,7 +38,26 @@ def render(ex):
     return prompt, target
 
 
-def reference(path, sp, cap):
+def render3(ex):
+    """Needle 3 (3.x finetune.py render_example): system/reasoning via
+    (x or "").strip(), <think> only for non-empty reasoning, with newlines
+    inside, JSON without ensure_ascii."""
+    def js(v):
+        return v if isinstance(v, str) else json.dumps(v, separators=(",", ":"),
+                                                       ensure_ascii=False)
+    tools_s = js(ex.get("tools", []))
+    answers_s = js(ex.get("answers", ex.get("function_calls", [])))
+    reasoning = (ex.get("reasoning") or "").strip()
+    system = (ex.get("system") or "").strip()
+    prompt = ("<|im_start|>system\n" + system + "<|im_end|>\n" if system else "")
+    prompt += ("<|im_start|>user\n<tools>" + tools_s + "</tools>\n" + ex["query"]
+               + "<|im_end|>\n<|im_start|>assistant\n")
+    think = "<think>\n" + reasoning + "\n</think>\n" if reasoning else ""
+    target = think + "<tool_call>" + answers_s + "</tool_call><|im_end|>"
+    return prompt, target
+
+
+def reference(path, sp, cap, gen=2):
     examples = []
     with open(path, encoding="utf-8") as f:
         for i, line in enumerate(f, 1):
@@ -51,7 +70,7 @@ def reference(path, sp, cap):
             examples.append((i, ex))
     encs = []
     for i, ex in examples:
-        p, t = render(ex)
+        p, t = render3(ex) if gen == 3 else render(ex)
         pi, ti = sp.encode(p), sp.encode(t)
         encs.append((i, p, t, pi, ti))
     longest = max([len(pi) + len(ti) + 2 for _, _, _, pi, ti in encs] or [0])
@@ -95,6 +114,9 @@ def examples():
          "answers": []},
         {"query": "falsy system", "system": None, "answers": "[]"},
         {"query": "  spaces  inside   query  ", "reasoning": "multi\nline\nreasoning"},
+        {"query": "stripped", "system": " \u3000 sys \t\n", "reasoning": "\n  why \u00a0",
+         "answers": [{"name": "say", "arguments": {"text": "\u00e9\u2028\x7f"}}]},
+        {"query": "blank reasoning", "system": " ", "reasoning": " \n\t "},
         {"query": "dup keys", "answers": [{"name": "a", "arguments": {"k": 1}}]},
         {"no_query": True},
         {"query": "long " * 400, "tools": TOOLS},
@@ -119,24 +141,27 @@ def check_parity(tmp):
     crlf = os.path.join(tmp, "crlf.jsonl")
     with open(crlf, "wb") as f:
         f.write(examples().replace("\n", "\r\n").encode())
-    for data in (path, crlf):
-        for cap in (1024, 256, 100):
-            r = run(["render", data, "--tokenizer", MODEL, "--json", "--max-len", str(cap)])
+    for data, cap, gen in [(d, c, g) for d in (path, crlf) for c in (1024, 256, 100)
+                           for g in (2, 3)]:
+        if True:
+            gen_args = ["--generation", "3"] if gen == 3 else []
+            r = run(["render", data, "--tokenizer", MODEL, "--json", "--max-len", str(cap)]
+                    + gen_args)
             if r.returncode:
                 fail(f"render {data} exited {r.returncode}: {r.stderr.decode()}")
                 continue
             got = [json.loads(l) for l in r.stdout.decode().splitlines()]
-            want = reference(path, sp, cap)
+            want = reference(path, sp, cap, gen)
             if len(got) != len(want):
                 fail(f"{len(got)} examples vs {len(want)} expected")
             for g, w in zip(got, want):
                 for k in ("line", "prompt", "target", "ids", "mask"):
                     if g[k] != w[k]:
-                        fail(f"cap {cap} line {w['line']} {k}:\n  ours: {str(g[k])[:300]}\n"
+                        fail(f"v{gen} cap {cap} line {w['line']} {k}:\n  ours: {str(g[k])[:300]}\n"
                              f"  want: {str(w[k])[:300]}")
             if cap == 100 and b"truncated" not in r.stderr:
                 fail("no truncation count reported")
-    print(f"render parity: OK ({len(want)} examples)")
+    print(f"render parity: OK ({len(want)} examples, generations 2 and 3)")
 
 
 def expect_error(tmp, name, content, needle_in_msg, extra=()):
@@ -160,6 +185,18 @@ def check_bad(tmp):
     expect_error(tmp, "ttype.jsonl", b'{"query": "a", "tools": 7}\n', "tools must be")
     expect_error(tmp, "rtype.jsonl", b'{"query": "a", "reasoning": null}\n',
                  "reasoning must be a string")
+    # Needle 3: (reasoning or "") accepts null, not a truthy non-string
+    r = run(["render", os.path.join(tmp, "rtype.jsonl"), "--generation", "3"])
+    if r.returncode != 0:
+        fail(f"v3 null reasoning: rc {r.returncode} {r.stderr[:300]!r}")
+    expect_error(tmp, "rtype3.jsonl", b'{"query": "a", "reasoning": {"x": 1}}\n',
+                 "rtype3.jsonl:1: reasoning must be a string", ["--generation", "3"])
+    expect_error(tmp, "sur3.jsonl", b'{"query": "a", "answers": ["\\udfff"]}\n',
+                 "sur3.jsonl:1: answers contains a lone surrogate", ["--generation", "3"])
+    for bad_gen in ("1", "4", "two"):
+        r = run(["render", os.path.join(tmp, "rtype.jsonl"), "--generation", bad_gen])
+        if r.returncode != 2 or b"--generation" not in r.stderr:
+            fail(f"--generation {bad_gen}: rc {r.returncode} {r.stderr[:300]!r}")
     expect_error(tmp, "stype.jsonl", b'{"query": "a", "system": ["x"]}\n',
                  "system must be a string")
     expect_error(tmp, "utf8.jsonl", good + b'{"query": "caf\xe9"}\n', "utf8.jsonl:2:")

@@ -10,6 +10,7 @@
 
 #include "cli/cli.h"
 #include "core/status.h"
+#include "io/checkpoint.h"
 #include "engine/base.h"
 #include "io/pickle.h"
 
@@ -55,7 +56,7 @@ int cli_adapter_base(const char *adapter, char *buf, size_t n)
 {
     buf[0] = 0;
     pv *ad = NULL;
-    if (pickle_load_file(adapter, &ad))
+    if (ckpt_file_load(adapter, &ad))
         return cli_fail(NULL);
     const pv *st = ad->kind == PV_DICT ? pv_dict_get(ad, "needle_c_state") : NULL;
     const pv *base = st && st->kind == PV_DICT ? pv_dict_get(st, "base_checkpoint") : NULL;

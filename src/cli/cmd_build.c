@@ -88,7 +88,7 @@ static void adapter_qat_scheme(const char *path, char *buf, size_t cap)
 {
     buf[0] = 0;
     pv *ad = NULL;
-    if (pickle_load_file(path, &ad))
+    if (ckpt_file_load(path, &ad))
         return;
     const pv *st = ad->kind == PV_DICT ? pv_dict_get(ad, "needle_c_state") : NULL;
     const pv *qat = st && st->kind == PV_DICT ? pv_dict_get(st, "qat") : NULL;

@@ -1,5 +1,6 @@
-/* needle convert: a checkpoint's params to float16 or float32, and its
- * recommended fine-tune settings (train/recommend.h). */
+/* needle convert: a checkpoint's params to float16 or float32, its
+ * recommended fine-tune settings (train/recommend.h), and pickle <->
+ * safetensors (by the output's name). */
 #include <stdio.h>
 #include <string.h>
 
@@ -9,13 +10,17 @@
 #include "train/recommend.h"
 
 static const char *convert_help =
-    "usage: needle convert IN.pkl OUT.pkl [--dtype float16|float32]\n"
+    "usage: needle convert IN OUT [--dtype float16|float32]\n"
     "                      [--recommend KEY=VALUE,...|none]\n"
     "\n"
     "Rewrite a checkpoint with every floating-point tensor under params in the\n"
     "given dtype (round to nearest even, as numpy's astype), keeping config, step,\n"
     "run and the tensors we do not use (mtp_*). float16 is the format of\n"
     "upstream's published checkpoints; upstream's Python and our tools load both.\n"
+    "IN is a pickle or a safetensors file (told by its content); OUT is written\n"
+    "as safetensors when its name ends in .safetensors, else as a pickle, so\n"
+    "`needle convert needle2.pkl needle2.safetensors` changes the file format\n"
+    "alone (safetensors input: BF16 tensors are read as float32).\n"
     "The optimiser state of a stopped --full run (needle_c_state) is dropped: the\n"
     "output is a plain checkpoint.\n"
     "\n"
@@ -28,7 +33,8 @@ static const char *convert_help =
     "                     checkpoint's record; `none` removes it. Stored as the\n"
     "                     top-level key needle_c_recommended (upstream's loader\n"
     "                     reads only format_version, params and config)\n"
-    "At least one of --dtype and --recommend is needed.\n";
+    "At least one of --dtype and --recommend is needed unless IN and OUT differ\n"
+    "in file format.\n";
 
 int cli_convert(int argc, char **argv)
 {
@@ -58,9 +64,12 @@ int cli_convert(int argc, char **argv)
             return cli_usage_error("convert", "unknown option '%s'", a);
     }
     if (!in || !out)
-        return cli_usage_error("convert", "expected IN.pkl OUT.pkl");
-    if (!dtype && !recommend)
-        return cli_usage_error("convert", "nothing to do: give --dtype and/or --recommend");
+        return cli_usage_error("convert", "expected IN OUT");
+    int same_format = ckpt_file_is_safetensors(in) == ckpt_path_is_safetensors(out);
+    if (!dtype && !recommend && same_format)
+        return cli_usage_error("convert",
+                               "nothing to do: give --dtype and/or --recommend, or an OUT of the "
+                               "other file format (.safetensors or not)");
     if (dtype && strcmp(dtype, "float16") && strcmp(dtype, "float32"))
         return cli_usage_error("convert", "--dtype must be float16 or float32");
     nd_recommend rec = {0};
@@ -95,10 +104,12 @@ int cli_convert(int argc, char **argv)
         rc = r ? pv_dict_set(plain, ND_RECOMMEND_KEY, r) : nd_error(ND_ENOMEM, "out of memory");
     }
     if (!rc)
-        rc = pickle_dump_file(plain, out);
+        rc = ckpt_file_save(plain, out);
     pv_decref(plain);
     if (rc)
         return cli_fail(NULL);
+    if (!same_format)
+        printf("%s: %s\n", out, ckpt_path_is_safetensors(out) ? "safetensors" : "pickle");
     if (dtype)
         printf("%s: %s params\n", out, dtype);
     if (drop_rec)

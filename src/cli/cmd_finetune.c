@@ -11,6 +11,7 @@
 #include "cli/cli.h"
 #include "core/fileio.h"
 #include "core/status.h"
+#include "io/checkpoint.h"
 #include "train/batch.h"
 #include "train/finetune.h"
 #include "train/recommend.h"
@@ -45,7 +46,9 @@ static const char *finetune_help =
     "                       DATA.augmented.jsonl (default 0 = off)\n"
     "  --model NAME         chat model for --generate (default deepseek/deepseek-v4-flash)\n"
     "  --workers N          concurrent requests for --generate (default 8)\n"
-    "  --out PATH           adapter path (default D/needle_lora.pkl)\n"
+    "  --out PATH           adapter path (default D/needle_lora.pkl, or\n"
+    "                       D/needle_lora.safetensors for a safetensors base); a name\n"
+    "                       ending in .safetensors is written in upstream 3.x's format\n"
     "  --save-every N       also write the adapter every N steps (crash safety)\n"
     "  --resume ADAPTER     continue from an adapter (and its optimiser state); the run\n"
     "                       must use the settings recorded in it (base checkpoint,\n"
@@ -385,7 +388,10 @@ int cli_finetune(int argc, char **argv)
         o.data = genbuf;
     }
     if (!out) {
-        snprintf(outbuf, sizeof outbuf, "%s/needle_lora.pkl", ckdir);
+        /* a safetensors base (by content, or by name before a download)
+         * gets a safetensors adapter, as upstream 3.x writes */
+        int st = ckpt_file_is_safetensors(o.checkpoint) || ckpt_path_is_safetensors(o.checkpoint);
+        snprintf(outbuf, sizeof outbuf, "%s/needle_lora.%s", ckdir, st ? "safetensors" : "pkl");
         /* upstream's os.makedirs(exist_ok=True), but only once the adapter
          * is written: a run that fails early leaves no empty directory */
         o.out_dir = ckdir;

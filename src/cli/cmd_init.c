@@ -129,7 +129,7 @@ int cli_init(int argc, char **argv)
         return cli_fail(NULL);
     san_model_init_random(&m, (uint64_t)seed);
     pv *tree = ckpt_fresh_tree(&m, (uint64_t)seed);
-    int rc = tree ? pickle_dump_file(tree, out) : ND_ENOMEM;
+    int rc = tree ? ckpt_file_save(tree, out) : ND_ENOMEM;
     pv_decref(tree);
     if (rc) {
         san_model_free(&m);

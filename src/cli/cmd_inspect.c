@@ -1,5 +1,6 @@
 /* needle inspect: print a .cact archive's header, codebooks and tensor
- * table, or dump one tensor dequantised to float32. */
+ * table, or a safetensors file's metadata and tensor table; or dump one
+ * tensor (dequantised) as float32. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,16 +10,22 @@
 #include "core/fileio.h"
 #include "core/status.h"
 #include "io/cact.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "model/cq.h"
 
 static const char *inspect_help =
-    "usage: needle inspect X.cact [--dequant NAME [--out FILE]]\n"
+    "usage: needle inspect X.cact|X.safetensors [--dequant NAME [--out FILE]]\n"
     "\n"
     "Validate a .cact archive and print its header geometry, codebooks and the\n"
     "tensor table (index, name, dtype, shape, bits, group, offset, bytes).\n"
+    "A safetensors file (checkpoint or adapter, told by its content) is\n"
+    "validated the same way and shown as its metadata (key = value) and its\n"
+    "tensor table (index, name, dtype, shape, offset, bytes).\n"
     "\n"
     "  --dequant NAME   write tensor NAME (an export name such as layer00.q_proj,\n"
-    "                   or #INDEX) as little-endian float32 to stdout\n"
+    "                   a safetensors tensor name, or #INDEX) as little-endian\n"
+    "                   float32 to stdout (safetensors: F32, F16, BF16, F64)\n"
     "  --out FILE       with --dequant: write to FILE (atomically) instead; - is\n"
     "                   stdout. FILE must be a regular file (or new), not the archive\n";
 
@@ -66,6 +73,82 @@ static void print_header(const cact_file *f, const char *path)
         printf("codebook extra  %u floats\n", h->codebook_len - o);
     printf("codebooks       %s\n",
            std ? "standard (Lloyd-Max N(0,1) / sqrt(128), as upstream)" : "NON-STANDARD");
+}
+
+static void shape_text(char *shape, size_t cap, int ndim, const int64_t *dims)
+{
+    size_t n = (size_t)snprintf(shape, cap, "(");
+    for (int k = 0; k < ndim && n < cap; k++)
+        n += (size_t)snprintf(shape + n, cap - n, "%s%lld", k ? ", " : "", (long long)dims[k]);
+    if (n < cap)
+        snprintf(shape + n, cap - n, ndim == 1 ? ",)" : ")");
+}
+
+static void print_st(const st_file *f, const char *path)
+{
+    printf("file            %s  (%zu bytes)\n", path, f->len);
+    printf("format          safetensors\n");
+    printf("header_bytes    %llu\n", (unsigned long long)f->header_len);
+    printf("kind            %s\n",
+           st_meta_get(f, "scale") && !st_meta_get(f, "format_version") ? "adapter" : "checkpoint");
+    printf("num_tensors     %zu\n", f->n);
+    printf("metadata        %zu\n", f->n_meta);
+    for (size_t i = 0; i < f->n_meta; i++) {
+        /* one line each: long values (a config) are cut, control
+         * characters shown as '?' */
+        printf("  %s = ", f->meta[i].key);
+        size_t n = f->meta[i].val_len;
+        for (size_t k = 0; k < n && k < 400; k++) {
+            unsigned char c = (unsigned char)f->meta[i].val[k];
+            putchar(c < 0x20 || c == 0x7f ? '?' : c);
+        }
+        printf("%s\n", n > 400 ? " ..." : "");
+    }
+    printf("\n%5s  %-50s %-7s %-22s %12s %12s\n", "#", "name", "dtype", "shape", "offset", "bytes");
+    for (size_t i = 0; i < f->n; i++) {
+        const st_tensor *t = &f->t[i];
+        char shape[200];
+        shape_text(shape, sizeof shape, t->ndim, t->shape);
+        printf("%5zu  %-50s %-7s %-22s %12llu %12llu\n", i, t->name, st_dtype_name(t->dtype), shape,
+               (unsigned long long)t->begin, (unsigned long long)t->nbytes);
+    }
+}
+
+/* `needle inspect` of a safetensors file: the table, or one tensor as
+ * float32 into *w (malloc'd, *n floats). */
+static int inspect_st(const char *path, const char *deq, float **w, size_t *n)
+{
+    st_file f;
+    if (st_open(path, &f))
+        return -1;
+    if (!deq) {
+        print_st(&f, path);
+        st_close(&f);
+        return 1;
+    }
+    const st_tensor *t = st_find(&f, deq);
+    if (!t && deq[0] == '#') {
+        char *end;
+        unsigned long long k = strtoull(deq + 1, &end, 10);
+        if (!*end && deq[1] && k < f.n)
+            t = &f.t[k];
+    }
+    if (!t) {
+        nd_error(ND_EARG, "%s has no tensor '%s' (see `needle inspect %s`)", path, deq, path);
+        st_close(&f);
+        return -1;
+    }
+    *n = (size_t)t->numel;
+    *w = malloc((*n ? *n : 1) * sizeof **w);
+    int rc = *w ? st_to_f32(t, *w) : nd_error(ND_ENOMEM, "out of memory");
+    if (rc)
+        nd_error_prefix(rc, "%s", path);
+    st_close(&f);
+    if (rc) {
+        free(*w);
+        return -1;
+    }
+    return 0;
 }
 
 static void print_table(const cact_file *f)
@@ -124,6 +207,17 @@ int cli_inspect(int argc, char **argv)
         out = NULL; /* stdout */
     if (cli_check_output(out, "archive", path, (const char *)NULL))
         return 1;
+    float *w;
+    size_t n;
+    int rc;
+    if (ckpt_file_is_safetensors(path) || ckpt_path_is_safetensors(path)) {
+        rc = inspect_st(path, deq, &w, &n);
+        if (rc < 0)
+            return cli_fail(NULL);
+        if (rc > 0)
+            return 0;
+        goto write_floats;
+    }
     cact_file f;
     if (cact_read_file(path, &f))
         return cli_fail(NULL);
@@ -140,12 +234,11 @@ int cli_inspect(int argc, char **argv)
         cact_free(&f);
         return 1;
     }
-    float *w;
-    size_t n;
-    int rc = cact_dequant(&f, idx, &w, &n);
+    rc = cact_dequant(&f, idx, &w, &n);
     cact_free(&f);
     if (rc)
         return cli_fail(NULL);
+write_floats:;
     /* the host is little-endian on every platform we build for; write
      * bytes explicitly anyway */
     unsigned char *b = malloc(n * 4 + 1);

@@ -13,7 +13,7 @@
 static void help(FILE *f)
 {
     fprintf(f, "usage: needle render DATA.jsonl [--tokenizer M.model] [--line N] [--max-len N]\n"
-               "                     [--skip-bad] [--json]\n"
+               "                     [--generation 2|3] [--skip-bad] [--json]\n"
                "\n"
                "Prints each example's rendered prompt and target (the chat template used\n"
                "for fine-tuning) and, with a tokenizer, its token ids and loss mask exactly\n"
@@ -22,6 +22,9 @@ static void help(FILE *f)
                "\n"
                "  --tokenizer PATH  .model or tokenizer blob (default: $NEEDLE_TOKENIZER;\n"
                "                    without one only the text is shown)\n"
+               "  --generation G    the model generation whose template to use: 2 (Needle 2,\n"
+               "                    the default) or 3 (Needle 3: <think> only with reasoning,\n"
+               "                    system/reasoning stripped, raw non-ASCII in the JSON)\n"
                "  --line N          only the example on line N of the file\n"
                "  --max-len N       cap for the sequence length (default 1024)\n"
                "  --skip-bad        skip and count invalid lines instead of failing\n"
@@ -93,7 +96,7 @@ static void print_example(const nd_example *ex, const nd_tokenizer *tok, const n
 int cli_render(int argc, char **argv)
 {
     const char *data = NULL, *tok_path = NULL;
-    long long line = 0, cap = 1024;
+    long long line = 0, cap = 1024, gen = 2;
     int skip_bad = 0, json = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -106,6 +109,9 @@ int cli_render(int argc, char **argv)
                 return 2;
         } else if (!strcmp(argv[i], "--max-len") && i + 1 < argc) {
             if (cli_parse_int("--max-len", argv[++i], 1, 1 << 24, &cap))
+                return 2;
+        } else if (!strcmp(argv[i], "--generation") && i + 1 < argc) {
+            if (cli_parse_int("--generation", argv[++i], 2, 3, &gen))
                 return 2;
         } else if (!strcmp(argv[i], "--skip-bad")) {
             skip_bad = 1;
@@ -127,7 +133,7 @@ int cli_render(int argc, char **argv)
     nd_tokenizer *tok = NULL;
     if (tok_path && nd_tokenizer_load(tok_path, &tok))
         return cli_fail(NULL);
-    nd_jsonl_opts opts = {.skip_bad = skip_bad};
+    nd_jsonl_opts opts = {.skip_bad = skip_bad, .generation = (int)gen};
     nd_dataset ds;
     if (nd_jsonl_load(data, &opts, &ds)) {
         nd_tokenizer_free(tok);
@@ -145,7 +151,7 @@ int cli_render(int argc, char **argv)
         size_t len = 0, n_prompt = 0;
         if (tok) { /* re-encode for the untruncated length (cheap; display only) */
             nd_idvec iv = {0};
-            if (nd_render_encode(tok, NULL, &ds.ex[i], &iv, &n_prompt))
+            if (nd_render_encode(tok, NULL, ds.generation, &ds.ex[i], &iv, &n_prompt))
                 rc = cli_fail(data);
             len = iv.n;
             nd_idvec_free(&iv);

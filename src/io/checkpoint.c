@@ -9,6 +9,7 @@
 #include "core/mem.h"
 #include "core/rng.h"
 #include "core/status.h"
+#include "io/safetensors.h"
 
 const pv *ckpt_tree_get(const pv *node, const char *path)
 {
@@ -166,12 +167,57 @@ int ckpt_from_tree(const pv *root, const char *what, san_model *m)
     return ND_OK;
 }
 
+int ckpt_path_is_safetensors(const char *path)
+{
+    size_t n = strlen(path), k = strlen(".safetensors");
+    return n >= k && !strcmp(path + n - k, ".safetensors");
+}
+
+int ckpt_file_is_safetensors(const char *path)
+{
+    unsigned char head[9];
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return 0;
+    size_t n = fread(head, 1, sizeof head, fp);
+    fclose(fp);
+    return st_sniff(head, n);
+}
+
+int ckpt_file_load(const char *path, pv **out)
+{
+    *out = NULL;
+    unsigned char head[9];
+    size_t n = 0;
+    FILE *fp = fopen(path, "rb");
+    if (fp) {
+        n = fread(head, 1, sizeof head, fp);
+        fclose(fp);
+    }
+    if (fp &&
+        (st_sniff(head, n) || (ckpt_path_is_safetensors(path) && !(n >= 2 && head[0] == 0x80))))
+        return st_tree_load(path, out);
+    int rc = pickle_load_file(path, out);
+    if (rc && fp && !(n >= 1 && head[0] == 0x80)) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", nd_last_error());
+        rc = nd_error(rc, "%s; nor is it a safetensors file (no 8-byte header length, then '{')",
+                      why);
+    }
+    return rc;
+}
+
+int ckpt_file_save(const pv *root, const char *path)
+{
+    return ckpt_path_is_safetensors(path) ? st_tree_save(root, path) : pickle_dump_file(root, path);
+}
+
 int ckpt_load(const char *path, san_model *m, pv **tree_out)
 {
     pv *root = NULL;
     if (tree_out)
         *tree_out = NULL;
-    int rc = pickle_load_file(path, &root);
+    int rc = ckpt_file_load(path, &root);
     if (rc)
         return rc;
     rc = ckpt_from_tree(root, path, m);
@@ -272,7 +318,7 @@ int ckpt_save(const char *path, const san_model *m, const pv *base)
     pv *root = ckpt_to_tree(m, base);
     if (!root)
         return ND_ENOMEM;
-    int rc = pickle_dump_file(root, path);
+    int rc = ckpt_file_save(root, path);
     pv_decref(root);
     return rc;
 }

@@ -1,4 +1,4 @@
-/* Upstream checkpoint files (pickle, format_version 2) <-> san_model.
+/* Upstream checkpoint files (pickle or safetensors) <-> san_model.
  *
  * The whole pickle tree is kept beside the model so that tensors we do not
  * use (mtp_*, probe heads) and metadata (step, run) survive a round trip. */
@@ -11,6 +11,20 @@
 #include "model/params.h"
 
 #define SAN_CHECKPOINT_FORMAT 2
+
+/* Read a checkpoint or adapter file into the pickle-shaped tree, the
+ * generation told by content, not name: a safetensors file (8-byte header
+ * length, then '{'; io/safetensors.h) or a pickle (protocol byte 0x80).
+ * A name ending in .safetensors is read as safetensors whatever it holds,
+ * so that a damaged one gets the safetensors reader's message. */
+int ckpt_file_load(const char *path, pv **out);
+/* Write a tree atomically: safetensors when path ends in .safetensors
+ * (upstream 3.x's rule), else a pickle. */
+int ckpt_file_save(const pv *root, const char *path);
+int ckpt_path_is_safetensors(const char *path);
+/* Whether the file's first bytes are a safetensors header (0: a pickle,
+ * anything else, or unreadable). */
+int ckpt_file_is_safetensors(const char *path);
 
 /* Load `path` into a freshly created model (float16/64 -> float32).
  * If tree_out is non-NULL it receives the parsed pickle (caller decrefs).

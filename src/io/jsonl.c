@@ -60,8 +60,8 @@ int nd_lines_open(const char *path, size_t max_line, nd_lines **out)
     return 0;
 }
 
-int nd_lines_open_mem(const void *data, size_t n, const char *name, size_t max_line,
-                      size_t chunk, nd_lines **out)
+int nd_lines_open_mem(const void *data, size_t n, const char *name, size_t max_line, size_t chunk,
+                      nd_lines **out)
 {
     *out = NULL;
     nd_lines *r = lines_new(name, max_line);
@@ -238,7 +238,7 @@ void nd_dataset_free(nd_dataset *d)
 }
 
 /* Parse and render one stripped line. Returns 1 if it has no "query". */
-static int load_line(const char *s, size_t n, nd_example *ex)
+static int load_line(const char *s, size_t n, int generation, nd_example *ex)
 {
     nd_pj_doc *doc;
     int rc = nd_pj_parse(s, n, &doc, NULL);
@@ -250,7 +250,7 @@ static int load_line(const char *s, size_t n, nd_example *ex)
         return 1;
     }
     nd_buf p = {0}, t = {0};
-    rc = nd_render_example(root, &p, &t);
+    rc = nd_render_example_gen(root, generation, &p, &t);
     nd_pj_free(doc);
     if (rc) {
         nd_buf_free(&p);
@@ -268,6 +268,10 @@ static int load_line(const char *s, size_t n, nd_example *ex)
 static int load_lines(nd_lines *r, const char *path, const nd_jsonl_opts *opts, nd_dataset *out)
 {
     int rc = ND_OK;
+    if ((out->generation = nd_render_generation(opts->generation)) < 0) {
+        nd_lines_close(r);
+        return nd_error(ND_EARG, "unknown model generation %d (2 or 3)", opts->generation);
+    }
     size_t cap = 0;
     for (;;) {
         const char *line;
@@ -309,7 +313,7 @@ static int load_lines(nd_lines *r, const char *path, const nd_jsonl_opts *opts, 
         nd_example *ex = &out->ex[out->n];
         memset(ex, 0, sizeof *ex);
         ex->line = lineno;
-        int lr = load_line((const char *)u, len, ex);
+        int lr = load_line((const char *)u, len, out->generation, ex);
         if (lr == 1) {
             out->no_query++;
         } else if (lr == 0) {
@@ -332,7 +336,7 @@ static int load_lines(nd_lines *r, const char *path, const nd_jsonl_opts *opts, 
 
 int nd_jsonl_load(const char *path, const nd_jsonl_opts *opts, nd_dataset *out)
 {
-    nd_jsonl_opts def = {0, 0, 0};
+    nd_jsonl_opts def = {0};
     if (!opts)
         opts = &def;
     memset(out, 0, sizeof *out);
@@ -346,7 +350,7 @@ int nd_jsonl_load(const char *path, const nd_jsonl_opts *opts, nd_dataset *out)
 int nd_jsonl_load_mem(const void *data, size_t n, const char *name, const nd_jsonl_opts *opts,
                       nd_dataset *out)
 {
-    nd_jsonl_opts def = {0, 0, 0};
+    nd_jsonl_opts def = {0};
     if (!opts)
         opts = &def;
     memset(out, 0, sizeof *out);

@@ -40,12 +40,14 @@ typedef struct {
     size_t no_query;     /* objects without "query": skipped, as upstream */
     size_t bad;          /* invalid lines skipped under skip_bad */
     char first_bad[512]; /* message for the first of them */
+    int generation;      /* the chat template the examples were rendered with (render.h) */
 } nd_dataset;
 
 typedef struct {
     int skip_bad;    /* count invalid lines instead of failing */
     size_t max_line; /* bytes; 0 = 16 MiB */
     size_t read_chunk; /* memory input only: bytes per read, 0 = default */
+    int generation;    /* chat template: 2 (Needle 2), 3 (Needle 3), 0 = 2 */
 } nd_jsonl_opts;
 
 /* Load and render every example. Errors read "PATH:LINE: problem". */

@@ -57,7 +57,9 @@ typedef struct {
 } san_hada3_grad; /* accumulated (+=); the struct pointer may be NULL (frozen weights: only dx) */
 
 /* Floats the forward keeps per row for the backward (8 + 2n: the softmax
- * of the cond logits and the outputs of F1 and F2). */
+ * of the cond logits and the outputs of F1 and F2). The N rows' floats are
+ * laid out together (blocks of N rows, not row after row), so a backward
+ * must get the same x, N and saved as the forward that filled it. */
 size_t san_hada3_saved_per_row(const san_hada3_geom *g);
 
 /* y [N, d] from x [N, d]; saved: N * saved_per_row floats, or NULL. y must

@@ -9,6 +9,7 @@
 #include "core/fp16.h"
 #include "core/rng.h"
 #include "core/status.h"
+#include "io/checkpoint.h"
 
 static const char *target_names[LORA_NTARGETS] = {
     "stack/layers/block/self_attn/q_proj/kernel",   "stack/layers/block/self_attn/k_proj/kernel",
@@ -149,7 +150,7 @@ int san_lora_save(const san_lora *lo, const char *path, pv *extra)
     }
     if (extra)
         pv_dict_set(root, "needle_c_state", extra);
-    int rc = pickle_dump_file(root, path);
+    int rc = ckpt_file_save(root, path);
     pv_decref(root);
     return rc;
 }
@@ -291,7 +292,7 @@ int san_lora_load(san_lora *lo, const san_model *m, const char *path, pv **root_
     if (root_out)
         *root_out = NULL;
     pv *root;
-    int rc = pickle_load_file(path, &root);
+    int rc = ckpt_file_load(path, &root);
     if (rc)
         return rc;
     rc = san_lora_from_tree(lo, m, root, path);

@@ -200,7 +200,7 @@ int lora_merge(san_model *m, const pv *params, const pv *adapter, const char *wh
 int lora_merge_file(san_model *m, const pv *params, const char *adapter_path, lora_merge_info *info)
 {
     pv *ad = NULL;
-    int rc = pickle_load_file(adapter_path, &ad);
+    int rc = ckpt_file_load(adapter_path, &ad);
     if (rc)
         return rc;
     rc = lora_merge(m, params, ad, adapter_path, info);

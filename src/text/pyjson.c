@@ -662,9 +662,12 @@ int nd_pj_float_repr(double x, char *out)
 
 /* ---- serialiser ---- */
 
-/* ensure_ascii string escaping; input is (generalised) UTF-8 from the
- * parser, so lone surrogates come out as \udXXX like Python. */
-static int dump_string(const char *s, size_t n, nd_buf *out)
+/* String escaping; input is (generalised) UTF-8 from the parser. With
+ * ensure_ascii, non-ASCII and DEL become \uXXXX (surrogate pairs above
+ * U+FFFF) and lone surrogates come out as \udXXX like Python; without it
+ * only '"', '\\' and the C0 controls are escaped (Python's ESCAPE set) and
+ * every other byte, DEL and lone surrogates included, is copied. */
+static int dump_string(const char *s, size_t n, int ensure_ascii, nd_buf *out)
 {
     static const char hx[] = "0123456789abcdef";
     int rc = nd_buf_put(out, "\"", 1);
@@ -673,7 +676,7 @@ static int dump_string(const char *s, size_t n, nd_buf *out)
     char esc[16];
     while (i < n && !rc) {
         unsigned c = u[i];
-        if (c >= 0x20 && c < 0x7F && c != '"' && c != '\\') {
+        if (c >= 0x20 && (c < 0x7F || !ensure_ascii) && c != '"' && c != '\\') {
             run++;
             i++;
             continue;
@@ -726,7 +729,7 @@ static int dump_string(const char *s, size_t n, nd_buf *out)
     return rc ? rc : nd_buf_put(out, "\"", 1);
 }
 
-static int dump(const nd_pj *v, int compact, nd_buf *out, int depth)
+static int dump(const nd_pj *v, int compact, int ascii, nd_buf *out, int depth)
 {
     const char *isep = compact ? "," : ", ", *ksep = compact ? ":" : ": ";
     size_t isl = compact ? 1 : 2;
@@ -740,14 +743,14 @@ static int dump(const nd_pj *v, int compact, nd_buf *out, int depth)
     case ND_PJ_FALSE: return nd_buf_put(out, "false", 5);
     case ND_PJ_INT: return nd_buf_put(out, v->str, v->len);
     case ND_PJ_FLOAT: return nd_buf_put(out, num, (size_t)nd_pj_float_repr(v->num, num));
-    case ND_PJ_STRING: return dump_string(v->str, v->len, out);
+    case ND_PJ_STRING: return dump_string(v->str, v->len, ascii, out);
     case ND_PJ_ARRAY:
         rc = nd_buf_put(out, "[", 1);
         for (size_t i = 0; i < v->len && !rc; i++) {
             if (i)
                 rc = nd_buf_put(out, isep, isl);
             if (!rc)
-                rc = dump(v->items[i], compact, out, depth + 1);
+                rc = dump(v->items[i], compact, ascii, out, depth + 1);
         }
         return rc ? rc : nd_buf_put(out, "]", 1);
     case ND_PJ_OBJECT:
@@ -756,11 +759,11 @@ static int dump(const nd_pj *v, int compact, nd_buf *out, int depth)
             if (i)
                 rc = nd_buf_put(out, isep, isl);
             if (!rc)
-                rc = dump_string(v->obj[i].key, v->obj[i].key_len, out);
+                rc = dump_string(v->obj[i].key, v->obj[i].key_len, ascii, out);
             if (!rc)
                 rc = nd_buf_put(out, ksep, isl);
             if (!rc)
-                rc = dump(v->obj[i].val, compact, out, depth + 1);
+                rc = dump(v->obj[i].val, compact, ascii, out, depth + 1);
         }
         return rc ? rc : nd_buf_put(out, "}", 1);
     }
@@ -769,5 +772,48 @@ static int dump(const nd_pj *v, int compact, nd_buf *out, int depth)
 
 int nd_pj_dump(const nd_pj *v, int compact, nd_buf *out)
 {
-    return dump(v, compact, out, 0);
+    return dump(v, compact, 1, out, 0);
+}
+
+int nd_pj_dump_ex(const nd_pj *v, int compact, int ensure_ascii, nd_buf *out)
+{
+    return dump(v, compact, ensure_ascii != 0, out, 0);
+}
+
+/* ---- str.strip() ---- */
+
+/* Length of the str.isspace() character starting at s[0] (at_end = 0) or
+ * ending at s[n-1] (at_end = 1), 0 if none. The set (Python 3.11): U+0009..
+ * U+000D, U+001C..U+0020, U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028,
+ * U+2029, U+202F, U+205F, U+3000. */
+static size_t py_space_len(const unsigned char *s, size_t n, int at_end)
+{
+    static const char *const wide[] = {
+        "\xC2\x85",     "\xC2\xA0",     "\xE1\x9A\x80", "\xE2\x80\x80", "\xE2\x80\x81",
+        "\xE2\x80\x82", "\xE2\x80\x83", "\xE2\x80\x84", "\xE2\x80\x85", "\xE2\x80\x86",
+        "\xE2\x80\x87", "\xE2\x80\x88", "\xE2\x80\x89", "\xE2\x80\x8A", "\xE2\x80\xA8",
+        "\xE2\x80\xA9", "\xE2\x80\xAF", "\xE2\x81\x9F", "\xE3\x80\x80"};
+    if (!n)
+        return 0;
+    unsigned c = at_end ? s[n - 1] : s[0];
+    if ((c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20))
+        return 1;
+    for (size_t k = 0; k < sizeof wide / sizeof *wide; k++) {
+        size_t l = strlen(wide[k]);
+        if (n >= l && !memcmp(at_end ? s + n - l : s, wide[k], l))
+            return l;
+    }
+    return 0;
+}
+
+void nd_py_strip(const char **s, size_t *n)
+{
+    const unsigned char *u = (const unsigned char *)*s;
+    size_t len = *n, k;
+    while ((k = py_space_len(u, len, 0)) != 0)
+        u += k, len -= k;
+    while ((k = py_space_len(u, len, 1)) != 0)
+        len -= k;
+    *s = (const char *)u;
+    *n = len;
 }

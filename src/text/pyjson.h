@@ -1,6 +1,6 @@
 /* JSON with Python's semantics: parse like json.loads and serialise like
- * json.dumps(v, ensure_ascii=True), which is what upstream's training data
- * rendering depends on byte for byte.
+ * json.dumps(v, ensure_ascii=True) (or ensure_ascii=False, Needle 3), which
+ * is what upstream's training data rendering depends on byte for byte.
  *
  * - Object key order is kept; a repeated key keeps its first position and
  *   takes the last value (Python dict assignment).
@@ -73,6 +73,14 @@ void nd_buf_free(nd_buf *b);
 /* Append json.dumps(v) to out: compact = separators (",", ":"), otherwise
  * Python's default (", ", ": "). */
 int nd_pj_dump(const nd_pj *v, int compact, nd_buf *out);
+
+/* json.dumps(v, ensure_ascii=...): with ensure_ascii = 0 non-ASCII text is
+ * written as raw UTF-8 (Needle 3's rendering); nd_pj_dump is ensure_ascii=1. */
+int nd_pj_dump_ex(const nd_pj *v, int compact, int ensure_ascii, nd_buf *out);
+
+/* Python's str.strip() with no argument, on UTF-8 text: narrows [*s, *s+*n)
+ * to drop leading and trailing str.isspace() characters. */
+void nd_py_strip(const char **s, size_t *n);
 
 /* Python repr() of a double into buf (>= 32 bytes); returns the length. */
 int nd_pj_float_repr(double x, char *buf);

@@ -12,10 +12,15 @@
 #define BLOB_HDR 24 /* "<IIIIIBBH" */
 #define BLOB_REC 7  /* "<fBH" */
 
+/* Upstream's CHAT_MARKERS: the first ten are Needle 2's (tokenizer.py 2.x),
+ * all 24 Needle 3's (3.x); the blob types exactly these USER_DEFINED. */
 static const char *const chat_markers[] = {
-    "<|im_start|>", "<|im_end|>",  "<think>",      "</think>",      "<tools>",
-    "</tools>",     "<tool_call>", "</tool_call>", "<tool_result>", "</tool_result>",
+    "<|im_start|>", "<|im_end|>",   "<think>",       "</think>",       "<tools>",   "</tools>",
+    "<tool_call>",  "</tool_call>", "<tool_result>", "</tool_result>", "<context>", "</context>",
+    "<image>",      "</image>",     "<speech>",      "</speech>",      "<tts>",     "</tts>",
+    "<imagen>",     "</imagen>",    "<extract>",     "</extract>",     "<schema>",  "</schema>",
 };
+#define N_MARKERS_V2 10
 
 int nd_idvec_push(nd_idvec *iv, int32_t id)
 {
@@ -421,6 +426,15 @@ static void wr32(unsigned char *p, uint32_t v)
 
 int nd_tokenizer_write_blob(const nd_tokenizer *t, unsigned char **blob, size_t *len)
 {
+    return nd_tokenizer_write_blob_gen(t, 2, blob, len);
+}
+
+int nd_tokenizer_write_blob_gen(const nd_tokenizer *t, int generation, unsigned char **blob,
+                                size_t *len)
+{
+    if (generation != 2 && generation != 3)
+        return nd_error(ND_EARG, "unknown model generation %d (2 or 3)", generation);
+    size_t n_markers = generation == 3 ? sizeof chat_markers / sizeof *chat_markers : N_MARKERS_V2;
     size_t total = BLOB_HDR;
     for (int i = 0; i < t->n; i++) {
         if (t->plen[i] > 0xffff)
@@ -432,10 +446,11 @@ int nd_tokenizer_write_blob(const nd_tokenizer *t, unsigned char **blob, size_t 
     if (!b)
         return nd_error(ND_ENOMEM, "out of memory for the tokenizer blob");
     wr32(b, (uint32_t)t->n);
-    wr32(b + 4, (uint32_t)t->pad_id);
-    wr32(b + 8, (uint32_t)t->eos_id);
-    wr32(b + 12, (uint32_t)t->bos_id);
-    wr32(b + 16, (uint32_t)t->unk_id);
+    /* 3.x's exporter writes its fixed PAD/EOS/BOS/UNK = 0/1/2/3 */
+    wr32(b + 4, generation == 3 ? 0u : (uint32_t)t->pad_id);
+    wr32(b + 8, generation == 3 ? 1u : (uint32_t)t->eos_id);
+    wr32(b + 12, generation == 3 ? 2u : (uint32_t)t->bos_id);
+    wr32(b + 16, generation == 3 ? 3u : (uint32_t)t->unk_id);
     b[20] = (unsigned char)(t->add_dummy_prefix != 0);
     b[21] = (unsigned char)(t->byte_fallback != 0);
     b[22] = b[23] = 0;
@@ -449,7 +464,7 @@ int nd_tokenizer_write_blob(const nd_tokenizer *t, unsigned char **blob, size_t 
         else if (t->type[i] == ND_SPM_BYTE)
             ty = ND_TK_BYTE;
         else
-            for (size_t k = 0; k < sizeof chat_markers / sizeof *chat_markers; k++)
+            for (size_t k = 0; k < n_markers; k++)
                 if (strlen(chat_markers[k]) == t->plen[i] &&
                     !memcmp(chat_markers[k], t->piece[i], t->plen[i]))
                     ty = ND_TK_USER_DEFINED;

@@ -48,6 +48,12 @@ void nd_tokenizer_free(nd_tokenizer *t);
 /* Serialise as a .cact tokenizer blob (malloc'd; caller frees), typed the
  * way upstream's exporter does: only the ten chat markers are USER_DEFINED. */
 int nd_tokenizer_write_blob(const nd_tokenizer *t, unsigned char **blob, size_t *len);
+/* The same as a given model generation's exporter writes it: 2 as above; 3
+ * types all 24 of 3.x's chat markers USER_DEFINED (the ten plus <context>,
+ * <image>, <speech>, <tts>, <imagen>, <extract>, <schema> and their closing
+ * tags) and writes 3.x's fixed special ids PAD 0, EOS 1, BOS 2, UNK 3. */
+int nd_tokenizer_write_blob_gen(const nd_tokenizer *t, int generation, unsigned char **blob,
+                                size_t *len);
 
 int nd_tokenizer_vocab_size(const nd_tokenizer *t);
 int nd_tokenizer_pad_id(const nd_tokenizer *t); /* -1 if the model has none */

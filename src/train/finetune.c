@@ -200,6 +200,23 @@ static int check_resume(const nd_finetune_opts *o, const san_model *m, const pv 
  * "needle_c_state", which upstream's load_checkpoint ignores (it reads only
  * format_version, params and config); the final one is float32 or, with
  * save_f16, float16 as upstream's own, and has no such key. */
+/* The run settings without the optimiser moments (st is consumed). */
+static pv *without_moments(pv *st)
+{
+    pv *copy = pv_dict();
+    for (size_t i = 0; copy && i < st->u.dict.n; i++) {
+        const pv *k = st->u.dict.keys[i];
+        if (k->kind == PV_STR && (!strcmp(k->u.str.s, "mu") || !strcmp(k->u.str.s, "nu")))
+            continue;
+        if (pv_dict_set_key(copy, k, pv_incref(st->u.dict.vals[i]))) {
+            pv_decref(copy);
+            copy = NULL;
+        }
+    }
+    pv_decref(st);
+    return copy;
+}
+
 static int save_output(const nd_finetune_opts *o, const san_model *m, const pv *base_tree,
                        const san_lora *lora, const nd_adamw *opt, const char *qat, int final)
 {
@@ -207,8 +224,15 @@ static int save_output(const nd_finetune_opts *o, const san_model *m, const pv *
     int rc = ND_OK;
     if (o->out_dir && (rc = nd_mkdirs(o->out_dir, "checkpoint directory")))
         return rc;
-    if (!o->full)
-        return san_lora_save(lora, o->out, optimizer_state(o, opt, qat));
+    if (!o->full) {
+        pv *st = optimizer_state(o, opt, qat);
+        /* a finished safetensors adapter keeps upstream 3.x's layout: its
+         * read_adapter would take the moments' tensors for weight groups
+         * (the settings ride in the metadata, which it ignores) */
+        if (st && final && ckpt_path_is_safetensors(o->out))
+            st = without_moments(st);
+        return san_lora_save(lora, o->out, st);
+    }
     pv *root = ckpt_to_tree(m, base_tree);
     if (!root)
         return ND_ENOMEM;
@@ -219,7 +243,7 @@ static int save_output(const nd_finetune_opts *o, const san_model *m, const pv *
         rc = ckpt_tree_params_to_dtype(root, ND_F16);
     }
     if (!rc)
-        rc = pickle_dump_file(root, o->out);
+        rc = ckpt_file_save(root, o->out);
     pv_decref(root);
     return rc;
 }
@@ -308,12 +332,11 @@ int nd_finetune(const nd_finetune_opts *o)
     }
     if ((rc = nd_tokenizer_load(o->tokenizer, &tok)))
         goto done;
-    if (nd_tokenizer_vocab_size(tok) != m.dims.V) {
-        rc = nd_error(ND_EARG, "tokenizer %s has %d pieces but the checkpoint's vocab_size is %d",
-                      o->tokenizer, nd_tokenizer_vocab_size(tok), m.dims.V);
+    /* the template follows the base model's generation */
+    int generation = o->generation ? o->generation : ND_RENDER_GEN_DEFAULT;
+    if ((rc = nd_render_check_vocab(tok, generation, m.dims.V, o->tokenizer)))
         goto done;
-    }
-    nd_jsonl_opts jo = {.skip_bad = o->skip_bad};
+    nd_jsonl_opts jo = {.skip_bad = o->skip_bad, .generation = generation};
     if ((rc = nd_jsonl_load(o->data, &jo, &ds)))
         goto done;
     /* like upstream, only --max-len caps the length (max_seq_len sizes the

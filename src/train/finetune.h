@@ -29,6 +29,8 @@ typedef struct {
     const char *loss_log; /* JSONL per step (and per validation), or NULL */
     int qat;              /* train through build's quantise-dequantise (train/qat.h) */
     int bits;             /* --qat width as build's --bits; 0 = config map, else 4 */
+    int generation;       /* chat template and tokenizer rules (text/render.h): 2 or 3; 0 = the
+                           * base model's generation (Needle 2 until configs carry one) */
     const nd_backend *be;
     /* progress: complete lines ("  step      3/30  loss 2.1234") and a live
      * status (called often; may be NULL) */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/status.h"
+#include "io/checkpoint.h"
 
 static const struct {
     const char *key, *flag;
@@ -137,7 +138,7 @@ int nd_recommend_read(const char *path, nd_recommend *r)
 {
     memset(r, 0, sizeof *r);
     pv *root = NULL;
-    int rc = pickle_load_file(path, &root);
+    int rc = ckpt_file_load(path, &root);
     if (!rc)
         rc = nd_recommend_from_tree(root, path, r);
     pv_decref(root);

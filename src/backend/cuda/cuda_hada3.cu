@@ -46,12 +46,10 @@ __global__ void k_hada3_mix(float *dst, const int32_t *doff, int drs, const floa
 
 /* Floats of the array read or written through `off` with row stride rs
  * over N rows: (N-1)*rs + max(off) + 1, 0 when no feature is placed. Only
- * needed to stage a host array; offset tables in the backend's memory are
- * read after the ops issued before have run. */
-static size_t mix_extent(cuda_ctx *C, const int32_t *off, int cols, long N, int rs)
+ * needed to stage a host array; the host reads the table at issue
+ * (ops.def: host memory, or alloc memory the host may read then). */
+static size_t mix_extent(const int32_t *off, int cols, long N, int rs)
 {
-    if (!cuda_is_host(off))
-        CUDA_CHECK(cudaStreamSynchronize(C->stream));
     long mx = -1;
     for (int m = 0; m < cols; m++)
         mx = off[m] > mx ? off[m] : mx;
@@ -65,7 +63,7 @@ static const float *stage_mixed(cuda_ctx *C, const float *a, const int32_t *off,
 {
     if (!a || !cuda_is_host(a))
         return a;
-    size_t n = mix_extent(C, off, cols, N, rs);
+    size_t n = mix_extent(off, cols, N, rs);
     return n ? STAGE(C, a, n) : NULL;
 }
 

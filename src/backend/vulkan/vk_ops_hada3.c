@@ -6,7 +6,10 @@
 
 /* Bytes of the array a hada3_mix reads or writes through `off` with row
  * stride rs over N rows: up to the largest placed element, (N-1)*rs +
- * max(off) + 1 floats; 0 when no feature is placed (off all negative). */
+ * max(off) + 1 floats; 0 when no feature is placed (off all negative).
+ * The host reads the table at issue (ops.def: host memory, or alloc memory
+ * the host may read then), for the bytes to stage and the ranges the
+ * hazard tracker sees. */
 static size_t mix_extent(const int32_t *off, int cols, long N, int rs)
 {
     long mx = -1;
@@ -18,16 +21,6 @@ static size_t mix_extent(const int32_t *off, int cols, long N, int rs)
     return (size_t)vk_i32(mx + 1 + (N - 1) * (long)rs) * 4;
 }
 
-/* The host reads the offset tables to size the arrays; tables in the
- * backend's memory may have been written by an issued op, so wait for
- * those first. Before anything of the op is staged (a sync recycles the
- * staging ring). */
-static void mix_offsets_ready(const int32_t *a, const int32_t *b)
-{
-    if (vk_is_alloc(a) || vk_is_alloc(b))
-        vk_sync();
-}
-
 void vk_hada3_mix(const nd_backend *be, float *dst, const int32_t *doff, int drs, const float *src,
                   const int32_t *soff, int srs, const float *scale, const float *p, const float *cu,
                   int rank, const float *bias, int silu, long N, int cols)
@@ -35,7 +28,6 @@ void vk_hada3_mix(const nd_backend *be, float *dst, const int32_t *doff, int drs
     (void)be;
     if (N <= 0 || cols <= 0)
         return;
-    mix_offsets_ready(doff, soff);
     size_t dst_bytes = mix_extent(doff, cols, N, drs), src_bytes = mix_extent(soff, cols, N, srs);
     if (!dst_bytes)
         return; /* nothing is written */
@@ -80,7 +72,6 @@ void vk_hada3_mix_backward(const nd_backend *be, float *dsrc, float *dcond, floa
     long blocks = (N + rpb - 1) / rpb;
     size_t part_floats = want ? (size_t)2 * cols * blocks : 0;
     float *part = want ? vk_scratch(part_floats * 4) : NULL; /* before any staging */
-    mix_offsets_ready(doff, soff);
     size_t ddst_bytes = mix_extent(doff, cols, N, drs), src_bytes = mix_extent(soff, cols, N, srs);
     struct {
         uint64_t dsrc, dcond, part, ddst, doff, src, soff, scale, p, cu, bias;

@@ -717,11 +717,6 @@ uint64_t vk_out_opt(void *p, size_t bytes)
     return p ? vk_out(p, bytes) : 0;
 }
 
-int vk_is_alloc(const void *p)
-{
-    return p && find_block(p, 1) != NULL;
-}
-
 uint64_t vk_layout(const nd_layout *L)
 {
     size_t nseg = (size_t)L->n_seg * 3, n = (size_t)L->N;

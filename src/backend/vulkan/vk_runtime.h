@@ -50,8 +50,6 @@ uint64_t vk_in_opt(const void *p, size_t bytes);
  * must come from vk_alloc; anything else is a caller bug (abort). */
 uint64_t vk_out(void *p, size_t bytes);
 uint64_t vk_out_opt(void *p, size_t bytes);
-/* Whether p lies in memory from vk_alloc. */
-int vk_is_alloc(const void *p);
 /* A layout staged for the shaders: seg[n_seg] (start, len, parent),
  * row_seg[N], pos[N], as int32 in one block. Reused while unchanged. */
 uint64_t vk_layout(const nd_layout *L);

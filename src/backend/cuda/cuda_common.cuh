@@ -213,7 +213,7 @@ __device__ __forceinline__ float block_max(float v, float *sh)
 
 /* ---- the ops, one per entry of backend/ops.def (semantics there) ----
  * cuda_<name> in cuda_ops.cu, cuda_backward.cu, cuda_mix.cu,
- * cuda_attention.cu and (matmul) cuda_backend.cu */
+ * cuda_attention.cu, cuda_hada3.cu and (matmul) cuda_backend.cu */
 #define ND_OP(name, kind, ...) void cuda_##name(const nd_backend *be, ND_OP_PARAMS(__VA_ARGS__));
 #include "backend/ops.def"
 #undef ND_OP

@@ -1,126 +1,70 @@
-/* Needle 3's Hadamard MLP ops on CUDA: hada3_mix and its backward,
- * softmax_rows and its backward. Semantics: backend/ops.def; reference:
- * src/backend/cpu/cpu_hada3.c (the same order of operations). dscale /
- * dbias sum rows in fixed chunks (cuda_reduce_partials), so a given row
- * count always gives the same bits. */
+/* Needle 3's Hadamard MLP ops on CUDA: hada3_mix and its backward (the
+ * element-wise stages, read and written through per-feature offset
+ * tables) and softmax_rows and its backward (the cond logits). Semantics
+ * in backend/ops.def; reference src/backend/cpu/cpu_hada3.c, whose float
+ * operations every element repeats (the parameter-gradient sums run over
+ * fixed row chunks in double, then in chunk order). */
 #include "cuda_common.cuh"
 
-/* Floats reachable through offsets off[0..cols) with row stride rs over N
- * rows (0 when no offset is in use); off is read on the host (it is host
- * memory or host-visible alloc memory, synced by the caller). */
-static size_t mix_extent(const int32_t *off, int cols, int rs, long N)
-{
-    long hi = -1;
-    for (int m = 0; m < cols; m++)
-        hi = off[m] > hi ? off[m] : hi;
-    return hi < 0 ? 0 : (size_t)hi + (size_t)(N - 1) * (size_t)rs + 1;
-}
+/* ---- hada3_mix ---- */
 
-struct mix_in {
-    const int32_t *doff, *soff;
-    const float *src, *scale, *p, *cu, *bias;
-    int drs, srs, rank, silu, cols;
-    long N;
-};
-
-__device__ __forceinline__ float mix_gain(const mix_in &a, long r, int m)
+/* 1 + sum_q p[r*rank + q] * cu[q*cols + m], in q order; 1 without p */
+__device__ __forceinline__ float mix_gain(const float *p, const float *cu, int rank, int cols,
+                                          long r, int m)
 {
     float g = 1.0f;
-    if (a.p)
-        for (int q = 0; q < a.rank; q++)
-            g += a.p[r * a.rank + q] * a.cu[(long)q * a.cols + m];
+    if (!p)
+        return g;
+    for (int q = 0; q < rank; q++)
+        g += p[r * rank + q] * cu[(size_t)q * cols + m];
     return g;
 }
 
-__global__ void k_hada3_mix(float *dst, mix_in a)
+/* one thread per (row, feature) */
+__global__ void k_hada3_mix(float *dst, const int32_t *doff, int drs, const float *src,
+                            const int32_t *soff, int srs, const float *scale, const float *p,
+                            const float *cu, int rank, const float *bias, int silu, long N,
+                            int cols)
 {
-    long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= a.N * a.cols)
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N * cols)
         return;
-    long r = idx / a.cols;
-    int m = (int)(idx - r * a.cols);
-    int od = a.doff[m], os = a.soff[m];
-    if (od < 0)
+    long r = i / cols;
+    int m = (int)(i - r * cols);
+    int dof = doff[m];
+    if (dof < 0)
         return;
-    float v = os < 0 ? 0.0f : a.src[os + r * a.srs];
-    float g = mix_gain(a, r, m);
-    float h = v * (a.scale[m] * g);
-    if (a.bias)
-        h += a.bias[m];
-    dst[od + r * a.drs] = a.silu ? h * dev_sigmoid(h) : h;
+    int sof = soff[m];
+    float v = src && sof >= 0 ? src[sof + r * srs] : 0.0f;
+    float h = v * (scale[m] * mix_gain(p, cu, rank, cols, r, m));
+    if (bias)
+        h += bias[m];
+    if (silu)
+        h = h * dev_sigmoid(h);
+    dst[dof + r * drs] = h;
 }
 
-/* e = ddst * silu'(h) for feature m of row r; *v the source value */
-__device__ __forceinline__ float mix_e(const mix_in &a, const float *ddst, long r, int m, float g,
-                                       float *v)
+/* Floats of the array read or written through `off` with row stride rs
+ * over N rows: (N-1)*rs + max(off) + 1, 0 when no feature is placed. Only
+ * needed to stage a host array; the host reads the table at issue
+ * (ops.def: host memory, or alloc memory the host may read then). */
+static size_t mix_extent(const int32_t *off, int cols, long N, int rs)
 {
-    int od = a.doff[m], os = a.soff[m];
-    float e = od < 0 ? 0.0f : ddst[od + r * a.drs];
-    *v = (a.src && os >= 0) ? a.src[os + r * a.srs] : 0.0f;
-    if (a.silu) {
-        float h = a.scale[m] * g * *v;
-        if (a.bias)
-            h += a.bias[m];
-        float s = dev_sigmoid(h);
-        e *= s * (1.0f + h * (1.0f - s));
-    }
-    return e;
+    long mx = -1;
+    for (int m = 0; m < cols; m++)
+        mx = off[m] > mx ? off[m] : mx;
+    return mx < 0 ? 0 : (size_t)(mx + 1 + (N - 1) * (long)rs);
 }
 
-__global__ void k_hada3_mix_bwd(float *dsrc, float *dcond, const float *ddst, mix_in a)
+/* a host input read through offsets: its staged copy (NULL when nothing
+ * of it is read); device memory as it is */
+static const float *stage_mixed(cuda_ctx *C, const float *a, const int32_t *off, int cols, long N,
+                                int rs)
 {
-    long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= a.N * a.cols)
-        return;
-    long r = idx / a.cols;
-    int m = (int)(idx - r * a.cols);
-    float g = mix_gain(a, r, m), v;
-    float e = mix_e(a, ddst, r, m, g, &v), sc = a.scale[m];
-    int os = a.soff[m];
-    if (dsrc && os >= 0)
-        dsrc[os + r * a.srs] = e * sc * g;
-    if (dcond)
-        dcond[idx] = e * sc * v;
-}
-
-/* partials[p][m] (dscale) and partials[p][cols + m] (dbias) over chunk p's rows */
-__global__ void k_hada3_mix_sum(double *partials, const float *ddst, mix_in a, int chunks)
-{
-    int m = blockIdx.x * blockDim.x + threadIdx.x, p = blockIdx.y;
-    if (m >= a.cols)
-        return;
-    long r0 = a.N * p / chunks, r1 = a.N * (p + 1) / chunks;
-    double ss = 0.0, sb = 0.0;
-    for (long r = r0; r < r1; r++) {
-        float g = mix_gain(a, r, m), v;
-        float e = mix_e(a, ddst, r, m, g, &v);
-        ss += (double)(e * g * v);
-        sb += (double)e;
-    }
-    partials[(size_t)p * 2 * a.cols + m] = ss;
-    partials[(size_t)p * 2 * a.cols + a.cols + m] = sb;
-}
-
-static mix_in mix_stage(cuda_ctx *C, const int32_t *doff, int drs, const float *src,
-                        const int32_t *soff, int srs, const float *scale, const float *p,
-                        const float *cu, int rank, const float *bias, int silu, long N, int cols)
-{
-    mix_in a;
-    size_t es = mix_extent(soff, cols, srs, N);
-    a.doff = STAGE(C, doff, cols);
-    a.soff = STAGE(C, soff, cols);
-    a.src = src && es ? STAGE(C, src, es) : NULL;
-    a.scale = STAGE(C, scale, cols);
-    a.p = p ? STAGE(C, p, N * rank) : NULL;
-    a.cu = p ? STAGE(C, cu, (long)rank * cols) : NULL;
-    a.bias = bias ? STAGE(C, bias, cols) : NULL;
-    a.drs = drs;
-    a.srs = srs;
-    a.rank = p ? rank : 0;
-    a.silu = silu;
-    a.cols = cols;
-    a.N = N;
-    return a;
+    if (!a || !cuda_is_host(a))
+        return a;
+    size_t n = mix_extent(off, cols, N, rs);
+    return n ? STAGE(C, a, n) : NULL;
 }
 
 void cuda_hada3_mix(const nd_backend *be, float *dst, const int32_t *doff, int drs,
@@ -131,71 +75,109 @@ void cuda_hada3_mix(const nd_backend *be, float *dst, const int32_t *doff, int d
     if (N <= 0 || cols <= 0)
         return;
     cuda_ctx *C = cuda_op_begin(be);
-    mix_in a = mix_stage(C, doff, drs, src, soff, srs, scale, p, cu, rank, bias, silu, N, cols);
-    k_hada3_mix<<<cuda_blocks(N * cols, 256), 256, 0, C->stream>>>(dst, a);
+    const float *dsrc = stage_mixed(C, src, soff, cols, N, srs);
+    const int32_t *ddo = STAGE(C, doff, cols), *dso = STAGE(C, soff, cols);
+    const float *dsc = STAGE(C, scale, cols), *db = STAGE(C, bias, cols);
+    int has_p = p && rank > 0;
+    const float *dp = has_p ? STAGE(C, p, N * rank) : NULL;
+    const float *dcu = has_p ? STAGE(C, cu, (long)rank * cols) : NULL;
+    k_hada3_mix<<<cuda_blocks(N * cols, 256), 256, 0, C->stream>>>(
+        dst, ddo, drs, dsrc, dso, srs, dsc, dp, dcu, has_p ? rank : 0, db, silu, N, cols);
     CUDA_LAUNCHED();
+}
+
+/* Thread = feature m (x), block row = row chunk c (y) of `chunks`: rows
+ * [N*c/chunks, N*(c+1)/chunks) in order. dsrc, dcond set; the chunk's
+ * sums of e*g*v and e go to partials[c*2*cols + m] and [... + cols + m]. */
+__global__ void k_hada3_mix_backward(float *dsrc, float *dcond, double *partials,
+                                     const float *ddst, const int32_t *doff, int drs,
+                                     const float *src, const int32_t *soff, int srs,
+                                     const float *scale, const float *p, const float *cu, int rank,
+                                     const float *bias, int silu, long N, int cols, int chunks)
+{
+    int m = blockIdx.x * blockDim.x + threadIdx.x;
+    if (m >= cols)
+        return;
+    long r0 = N * blockIdx.y / chunks, r1 = N * (blockIdx.y + 1) / chunks;
+    int dof = doff[m], sof = soff[m];
+    float sc = scale[m], b = bias ? bias[m] : 0.0f;
+    double ss = 0.0, sb = 0.0;
+    for (long r = r0; r < r1; r++) {
+        float e = dof >= 0 ? ddst[dof + r * drs] : 0.0f;
+        float v = src && sof >= 0 ? src[sof + r * srs] : 0.0f;
+        float g = mix_gain(p, cu, rank, cols, r, m);
+        if (silu) { /* silu'(h) = s*(1 + h*(1 - s)) */
+            float h = sc * g * v + b;
+            float s = dev_sigmoid(h);
+            e *= s * (1.0f + h * (1.0f - s));
+        }
+        if (dsrc && sof >= 0)
+            dsrc[sof + r * srs] = e * sc * g;
+        if (dcond)
+            dcond[r * cols + m] = e * sc * v;
+        ss += (double)(e * g * v);
+        sb += (double)e;
+    }
+    if (partials) {
+        double *pp = partials + (size_t)blockIdx.y * 2 * cols;
+        pp[m] = ss;
+        pp[cols + m] = sb;
+    }
 }
 
 void cuda_hada3_mix_backward(const nd_backend *be, float *dsrc, float *dcond, float *dscale,
                              float *dbias, const float *ddst, const int32_t *doff, int drs,
                              const float *src, const int32_t *soff, int srs, const float *scale,
-                             const float *p, const float *cu, int rank, const float *bias, int silu,
-                             long N, int cols)
+                             const float *p, const float *cu, int rank, const float *bias,
+                             int silu, long N, int cols)
 {
     if (N <= 0 || cols <= 0)
         return;
     cuda_ctx *C = cuda_op_begin(be);
-    mix_in a = mix_stage(C, doff, drs, src, soff, srs, scale, p, cu, rank, bias, silu, N, cols);
-    size_t ed = mix_extent(doff, cols, drs, N);
-    int chunks = cuda_row_chunks(N), sums = dscale || dbias;
-    /* one scratch block (valid for this op): the partials, then a zero for
-     * when no gradient reaches any feature */
-    size_t np = sums ? (size_t)chunks * 2 * cols : 0;
-    double *scratch = (double *)cuda_scratch(C, sizeof(double) * (np + 1));
-    const float *dd = ed ? STAGE(C, ddst, ed) : NULL;
-    if (!dd) {
-        CUDA_CHECK(cudaMemsetAsync(scratch + np, 0, sizeof(double), C->stream));
-        dd = (const float *)(scratch + np);
-    }
-    if (sums) {
-        dim3 grid(cuda_blocks(cols, 128), (unsigned)chunks);
-        k_hada3_mix_sum<<<grid, 128, 0, C->stream>>>(scratch, dd, a, chunks);
-        CUDA_LAUNCHED();
-        cuda_reduce_partials(C, dscale, scratch, chunks, 2 * cols, 0, cols);
-        cuda_reduce_partials(C, dbias, scratch, chunks, 2 * cols, cols, cols);
-    }
-    if (dsrc || dcond) {
-        k_hada3_mix_bwd<<<cuda_blocks(N * cols, 256), 256, 0, C->stream>>>(dsrc, dcond, dd, a);
-        CUDA_LAUNCHED();
+    const float *dd = stage_mixed(C, ddst, doff, cols, N, drs);
+    const float *dsr = stage_mixed(C, src, soff, cols, N, srs);
+    const int32_t *ddo = STAGE(C, doff, cols), *dso = STAGE(C, soff, cols);
+    const float *dsc = STAGE(C, scale, cols), *db = STAGE(C, bias, cols);
+    int has_p = p && rank > 0;
+    const float *dp = has_p ? STAGE(C, p, N * rank) : NULL;
+    const float *dcu = has_p ? STAGE(C, cu, (long)rank * cols) : NULL;
+    /* with sums: the fixed row chunks of cuda_row_chunks; without, rows
+     * spread over as many chunks as the grid's y allows */
+    int want = dscale || dbias;
+    int chunks = want ? cuda_row_chunks(N) : (int)(N < 65535 ? N : 65535);
+    double *partials =
+        want ? (double *)cuda_scratch(C, sizeof(double) * (size_t)chunks * 2 * cols) : NULL;
+    dim3 grid(cuda_blocks(cols, 64), (unsigned)chunks);
+    k_hada3_mix_backward<<<grid, 64, 0, C->stream>>>(dsrc, dcond, partials, dd, ddo, drs, dsr, dso,
+                                                    srs, dsc, dp, dcu, has_p ? rank : 0, db, silu,
+                                                    N, cols, chunks);
+    CUDA_LAUNCHED();
+    if (want) {
+        cuda_reduce_partials(C, dscale, partials, chunks, 2 * cols, 0, cols);
+        cuda_reduce_partials(C, dbias, partials, chunks, 2 * cols, cols, cols);
     }
 }
 
-__global__ void k_softmax_rows(float *x, const float *dy, const float *y, long N, int k, int bwd)
+/* ---- softmax_rows ---- */
+
+/* one thread per row, the CPU's operations in its order */
+__global__ void k_softmax_rows(float *x, long N, int k)
 {
     long r = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= N)
         return;
-    long b = r * k;
-    if (bwd) {
-        float s = 0.0f;
-        for (int i = 0; i < k; i++)
-            s += y[b + i] * dy[b + i];
-        for (int i = 0; i < k; i++)
-            x[b + i] = y[b + i] * (dy[b + i] - s);
-        return;
-    }
-    float mx = x[b];
+    float *xr = x + r * k;
+    float mx = xr[0];
     for (int i = 1; i < k; i++)
-        mx = fmaxf(mx, x[b + i]);
+        mx = xr[i] > mx ? xr[i] : mx;
     float s = 0.0f;
     for (int i = 0; i < k; i++) {
-        float e = expf(x[b + i] - mx);
-        x[b + i] = e;
-        s += e;
+        xr[i] = san_expf(xr[i] - mx);
+        s += xr[i];
     }
     float inv = 1.0f / s;
     for (int i = 0; i < k; i++)
-        x[b + i] *= inv;
+        xr[i] *= inv;
 }
 
 void cuda_softmax_rows(const nd_backend *be, float *x, long N, int k)
@@ -203,9 +185,23 @@ void cuda_softmax_rows(const nd_backend *be, float *x, long N, int k)
     if (N <= 0 || k <= 0)
         return;
     cuda_ctx *C = cuda_op_begin(be);
-    k_softmax_rows<<<cuda_blocks(N, 128), 128, 0, C->stream>>>(x, (const float *)NULL,
-                                                               (const float *)NULL, N, k, 0);
+    k_softmax_rows<<<cuda_blocks(N, 128), 128, 0, C->stream>>>(x, N, k);
     CUDA_LAUNCHED();
+}
+
+/* dx = y*(dy - <y, dy>), one thread per row; dx may alias dy */
+__global__ void k_softmax_rows_backward(float *dx, const float *dy, const float *y, long N, int k)
+{
+    long r = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= N)
+        return;
+    const float *yr = y + r * k, *gr = dy + r * k;
+    float *dr = dx + r * k;
+    float s = 0.0f;
+    for (int i = 0; i < k; i++)
+        s += yr[i] * gr[i];
+    for (int i = 0; i < k; i++)
+        dr[i] = yr[i] * (gr[i] - s);
 }
 
 void cuda_softmax_rows_backward(const nd_backend *be, float *dx, const float *dy, const float *y,
@@ -214,7 +210,7 @@ void cuda_softmax_rows_backward(const nd_backend *be, float *dx, const float *dy
     if (N <= 0 || k <= 0)
         return;
     cuda_ctx *C = cuda_op_begin(be);
-    const float *ddy = STAGE(C, dy, N * k), *dyy = STAGE(C, y, N * k);
-    k_softmax_rows<<<cuda_blocks(N, 128), 128, 0, C->stream>>>(dx, ddy, dyy, N, k, 1);
+    const float *ddy = STAGE(C, dy, N * k), *dyv = STAGE(C, y, N * k);
+    k_softmax_rows_backward<<<cuda_blocks(N, 128), 128, 0, C->stream>>>(dx, ddy, dyv, N, k);
     CUDA_LAUNCHED();
 }

@@ -22,9 +22,17 @@ static inline int32_t vk_i32(long v)
  * gate_sigmoid), vk_ops_engram.c (embed, engram_*, gather/scatter rows,
  * cross-entropy, and their backwards), vk_ops_lanes.c (hyper-connections,
  * lanes, residual, Hadamard MLP, norm/gate backwards), vk_ops_attention.c
- * (rope and attention, forward and backward). */
+ * (rope and attention, forward and backward), vk_ops_hada3.c (Needle 3's
+ * hada3_mix and softmax_rows, forward and backward). */
 #define ND_OP(name, kind, ...) void vk_##name(const nd_backend *be, ND_OP_PARAMS(__VA_ARGS__));
 #include "backend/ops.def"
 #undef ND_OP
+
+/* Shared by the groups (vk_ops_lanes.c): device scratch of at least
+ * `bytes`, one buffer for every op (ask before staging any input: growing
+ * it syncs); and the second stage of the deterministic row reductions,
+ * dst[k] += scale * sum_t part[k*T + t] for k < K (dst NULL: nothing). */
+float *vk_scratch(size_t bytes);
+void vk_colsum(float *dst, const float *part, int T, int K, float scale);
 
 #endif

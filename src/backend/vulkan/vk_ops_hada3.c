@@ -1,40 +1,24 @@
-/* Needle 3's Hadamard MLP ops on Vulkan: hada3_mix and its backward,
- * softmax_rows and its backward (shaders hada3_mix*.comp, softmax_rows.comp). */
+/* Needle 3's Hadamard MLP ops on Vulkan: hada3_mix and its backward (the
+ * element-wise stages, read and written through per-feature offset
+ * tables), softmax_rows and its backward (the cond logits). Semantics in
+ * backend/ops.def; the float operations follow cpu_hada3.c. */
 #include "backend/vulkan/vk_ops.h"
 
-/* Floats reachable through offsets off[0..cols) with row stride rs over N
- * rows (0 when no offset is in use). */
-static size_t mix_extent(const int32_t *off, int cols, int rs, long N)
+/* Bytes of the array a hada3_mix reads or writes through `off` with row
+ * stride rs over N rows: up to the largest placed element, (N-1)*rs +
+ * max(off) + 1 floats; 0 when no feature is placed (off all negative).
+ * The host reads the table at issue (ops.def: host memory, or alloc memory
+ * the host may read then), for the bytes to stage and the ranges the
+ * hazard tracker sees. */
+static size_t mix_extent(const int32_t *off, int cols, long N, int rs)
 {
-    long hi = -1;
+    long mx = -1;
     for (int m = 0; m < cols; m++)
-        hi = off[m] > hi ? off[m] : hi;
-    return hi < 0 ? 0 : (size_t)hi + (size_t)(N - 1) * (size_t)rs + 1;
-}
-
-typedef struct {
-    uint64_t out0, out1, in, doff, src, soff, scale, p, cu, bias;
-    int32_t drs, srs, rank, silu, N, cols;
-} mix_args;
-
-static void mix_common(mix_args *a, const int32_t *doff, int drs, const float *src,
-                       const int32_t *soff, int srs, const float *scale, const float *p,
-                       const float *cu, int rank, const float *bias, int silu, long N, int cols)
-{
-    size_t es = mix_extent(soff, cols, srs, N);
-    a->doff = vk_in(doff, (size_t)cols * 4);
-    a->soff = vk_in(soff, (size_t)cols * 4);
-    a->src = src && es ? vk_in(src, es * 4) : 0;
-    a->scale = vk_in(scale, (size_t)cols * 4);
-    a->p = p ? vk_in(p, (size_t)N * (size_t)rank * 4) : 0;
-    a->cu = p ? vk_in(cu, (size_t)rank * (size_t)cols * 4) : 0;
-    a->bias = vk_in_opt(bias, (size_t)cols * 4);
-    a->drs = drs;
-    a->srs = srs;
-    a->rank = p ? rank : 0;
-    a->silu = silu;
-    a->N = vk_i32(N);
-    a->cols = cols;
+        mx = off[m] > mx ? off[m] : mx;
+    if (mx < 0)
+        return 0;
+    vk_i32(rs);
+    return (size_t)vk_i32(mx + 1 + (N - 1) * (long)rs) * 4;
 }
 
 void vk_hada3_mix(const nd_backend *be, float *dst, const int32_t *doff, int drs, const float *src,
@@ -44,20 +28,29 @@ void vk_hada3_mix(const nd_backend *be, float *dst, const int32_t *doff, int drs
     (void)be;
     if (N <= 0 || cols <= 0)
         return;
-    vk_i32(N * cols);
-    mix_args a = {0};
-    size_t ed = mix_extent(doff, cols, drs, N);
-    if (!ed)
-        return;
-    mix_common(&a, doff, drs, src, soff, srs, scale, p, cu, rank, bias, silu, N, cols);
-    a.out0 = vk_out(dst, ed * 4);
-    /* the shader's argument block: dst first, then from doff on */
+    size_t dst_bytes = mix_extent(doff, cols, N, drs), src_bytes = mix_extent(soff, cols, N, srs);
+    if (!dst_bytes)
+        return; /* nothing is written */
+    vk_i32(N * (long)cols);
     struct {
         uint64_t dst, doff, src, soff, scale, p, cu, bias;
         int32_t drs, srs, rank, silu, N, cols;
-    } s = {a.out0, a.doff, a.src, a.soff, a.scale, a.p, a.cu,
-           a.bias, a.drs,  a.srs, a.rank, a.silu,  a.N, a.cols};
-    vk_dispatch("hada3_mix", &s, sizeof s, vk_groups(N * cols, 256), 1, 1);
+    } a;
+    a.doff = vk_in(doff, (size_t)cols * 4);
+    a.soff = vk_in(soff, (size_t)cols * 4);
+    a.src = src && src_bytes ? vk_in(src, src_bytes) : 0;
+    a.scale = vk_in(scale, (size_t)cols * 4);
+    a.p = p && rank > 0 ? vk_in(p, (size_t)N * rank * 4) : 0;
+    a.cu = a.p ? vk_in(cu, (size_t)rank * cols * 4) : 0;
+    a.bias = vk_in_opt(bias, (size_t)cols * 4);
+    a.dst = vk_out(dst, dst_bytes);
+    a.drs = drs;
+    a.srs = srs;
+    a.rank = a.p ? rank : 0;
+    a.silu = silu;
+    a.N = vk_i32(N);
+    a.cols = cols;
+    vk_dispatch("hada3_mix", &a, sizeof a, vk_groups(N * (long)cols, 256), 1, 1);
 }
 
 void vk_hada3_mix_backward(const nd_backend *be, float *dsrc, float *dcond, float *dscale,
@@ -69,63 +62,79 @@ void vk_hada3_mix_backward(const nd_backend *be, float *dsrc, float *dcond, floa
     (void)be;
     if (N <= 0 || cols <= 0)
         return;
-    vk_i32(N * cols);
-    mix_args a = {0};
-    mix_common(&a, doff, drs, src, soff, srs, scale, p, cu, rank, bias, silu, N, cols);
-    size_t ed = mix_extent(doff, cols, drs, N), es = mix_extent(soff, cols, srs, N);
-    uint64_t in = ed ? vk_in(ddst, ed * 4) : 0;
-    if (!ed) { /* no gradient reaches any feature: e = 0 everywhere, read nothing */
-        static const float zero = 0.0f;
-        in = vk_in(&zero, 4);
-    }
+    vk_i32(N * (long)cols);
+    /* row blocks: with sums, at least 32 rows and at most 512 blocks (the
+     * split depends only on N); without, as many blocks as the grid has */
+    int want = dscale || dbias;
+    long rpb = want ? (N + 511) / 512 : (N + 65534) / 65535;
+    if (want && rpb < 32)
+        rpb = 32;
+    long blocks = (N + rpb - 1) / rpb;
+    size_t part_floats = want ? (size_t)2 * cols * blocks : 0;
+    float *part = want ? vk_scratch(part_floats * 4) : NULL; /* before any staging */
+    size_t ddst_bytes = mix_extent(doff, cols, N, drs), src_bytes = mix_extent(soff, cols, N, srs);
     struct {
-        uint64_t o0, o1, ddst, doff, src, soff, scale, p, cu, bias;
-        int32_t drs, srs, rank, silu, N, cols;
-    } s = {0,    0,      in,    a.doff, a.src,  a.soff, a.scale, a.p,
-           a.cu, a.bias, a.drs, a.srs,  a.rank, a.silu, a.N,     a.cols};
-    if (dsrc || dcond) {
-        s.o0 = dsrc && es ? vk_out(dsrc, es * 4) : 0;
-        s.o1 = dcond ? vk_out(dcond, (size_t)N * (size_t)cols * 4) : 0;
-        if (s.o0 || s.o1)
-            vk_dispatch("hada3_mix_bwd", &s, sizeof s, vk_groups(N * cols, 256), 1, 1);
-    }
-    if (dscale || dbias) {
-        s.o0 = vk_out_opt(dscale, (size_t)cols * 4);
-        s.o1 = vk_out_opt(dbias, (size_t)cols * 4);
-        vk_dispatch("hada3_mix_sum", &s, sizeof s, vk_groups(cols, 64), 1, 1);
-    }
-}
-
-static void softmax_dispatch(float *x, const float *dy, const float *y, long N, int k, int bwd)
-{
-    if (N <= 0 || k <= 0)
-        return;
-    size_t bytes = (size_t)N * (size_t)k * 4;
-    vk_i32(N * k);
-    struct {
-        uint64_t x, dy, y;
-        int32_t N, k, bwd;
-    } a = {0};
-    if (bwd) {
-        a.dy = vk_in(dy, bytes);
-        a.y = vk_in(y, bytes);
-    }
-    a.x = vk_out(x, bytes);
+        uint64_t dsrc, dcond, part, ddst, doff, src, soff, scale, p, cu, bias;
+        int32_t drs, srs, rank, silu, N, cols, rows_per_block, blocks, want_scale, want_bias;
+    } a;
+    a.doff = vk_in(doff, (size_t)cols * 4);
+    a.soff = vk_in(soff, (size_t)cols * 4);
+    a.ddst = ddst_bytes ? vk_in(ddst, ddst_bytes) : 0;
+    a.src = src && src_bytes ? vk_in(src, src_bytes) : 0;
+    a.scale = vk_in(scale, (size_t)cols * 4);
+    a.p = p && rank > 0 ? vk_in(p, (size_t)N * rank * 4) : 0;
+    a.cu = a.p ? vk_in(cu, (size_t)rank * cols * 4) : 0;
+    a.bias = vk_in_opt(bias, (size_t)cols * 4);
+    a.dsrc = dsrc && src_bytes ? vk_out(dsrc, src_bytes) : 0;
+    a.dcond = vk_out_opt(dcond, (size_t)N * cols * 4);
+    a.part = vk_out_opt(part, part_floats * 4);
+    a.drs = drs;
+    a.srs = srs;
+    a.rank = a.p ? rank : 0;
+    a.silu = silu;
     a.N = vk_i32(N);
-    a.k = k;
-    a.bwd = bwd;
-    vk_dispatch("softmax_rows", &a, sizeof a, vk_groups(N, 64), 1, 1);
+    a.cols = cols;
+    a.rows_per_block = (int32_t)rpb;
+    a.blocks = (int32_t)blocks;
+    a.want_scale = dscale != NULL;
+    a.want_bias = dbias != NULL;
+    vk_dispatch("hada3_mix_bwd", &a, sizeof a, (uint32_t)((cols + 63) / 64), (uint32_t)blocks, 1);
+    if (want) {
+        vk_colsum(dscale, part, (int)blocks, cols, 1.0f);
+        vk_colsum(dbias, part + (size_t)cols * blocks, (int)blocks, cols, 1.0f);
+    }
 }
 
 void vk_softmax_rows(const nd_backend *be, float *x, long N, int k)
 {
     (void)be;
-    softmax_dispatch(x, NULL, NULL, N, k, 0);
+    if (N <= 0 || k <= 0)
+        return;
+    struct {
+        uint64_t x;
+        int32_t N, k;
+    } a;
+    a.x = vk_out(x, (size_t)vk_i32(N * (long)k) * 4);
+    a.N = vk_i32(N);
+    a.k = k;
+    vk_dispatch("softmax_rows", &a, sizeof a, vk_groups(N, 64), 1, 1);
 }
 
 void vk_softmax_rows_backward(const nd_backend *be, float *dx, const float *dy, const float *y,
                               long N, int k)
 {
     (void)be;
-    softmax_dispatch(dx, dy, y, N, k, 1);
+    if (N <= 0 || k <= 0)
+        return;
+    size_t bytes = (size_t)vk_i32(N * (long)k) * 4;
+    struct {
+        uint64_t dx, dy, y;
+        int32_t N, k;
+    } a;
+    a.dy = vk_in(dy, bytes);
+    a.y = vk_in(y, bytes);
+    a.dx = vk_out(dx, bytes);
+    a.N = vk_i32(N);
+    a.k = k;
+    vk_dispatch("softmax_rows_bwd", &a, sizeof a, vk_groups(N, 64), 1, 1);
 }

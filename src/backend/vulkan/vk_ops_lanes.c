@@ -54,6 +54,16 @@ static void colsum(float *dst, const float *part, int T, int K, float scale)
     vk_dispatch("lanes_colsum", &a, sizeof a, vk_groups(K, 1), 1, 1);
 }
 
+float *vk_scratch(size_t bytes)
+{
+    return scratch(bytes);
+}
+
+void vk_colsum(float *dst, const float *part, int T, int K, float scale)
+{
+    colsum(dst, part, T, K, scale);
+}
+
 /* ---- hyper-connection coefficients ---- */
 
 void vk_hyper_coeffs(const nd_backend *be, float *hpre, float *hpost, float *M, const float *pre,

@@ -5,7 +5,8 @@ one value a prefix of others), an integer enum whose values are prefixes
 of each other, and an object with 150 properties compile; `needle grammar
 --sample` call lists validate with python3-jsonschema; a tiny model answers
 through the grammar over the ABI (ctypes) and its calls validate too; an
-object past the per-object bound is refused naming the tool and path."""
+object with more than 320 properties compiles with a warning naming the
+tool and path (its keys in declaration order) and its samples validate."""
 import ctypes
 import json
 import os
@@ -117,13 +118,23 @@ def cli():
     strict[1]["parameters"]["properties"]["coin"]["enum"] = ["USD", "USDT"]
     check(any(Checker(strict).errors(ln) for ln in lines), "a narrower enum found no sample invalid")
 
-    # past the per-object bound: refused, naming the tool and the path
+    # past the frame's 320 written-key bits: keys in declaration order, with
+    # a warning naming the tool and the path; the samples still validate
     big = [tool("wide", {"type": "object", "properties": {
-        "inner": {"type": "object", "properties": {"k%d" % i: {"type": "integer"}
-                                                   for i in range(400)}}}})]
-    r = grammar(big)
-    check(r.returncode == 1 and "wide.parameters.inner: more than 320 properties" in r.stderr,
+        "inner": {"type": "object", "required": ["k7", "k390"],
+                  "properties": {"k%d" % i: {"type": "integer", "maximum": i}
+                                 for i in range(400)}}}, "required": ["inner"]})]
+    lines, r = [], grammar(big, "--sample", "100", "--seed", "3", "--require-call")
+    check(r.returncode == 0 and "needle: warning: wide.parameters.inner: 400 properties: more "
+          "than 320, so the keys are admitted in declaration order only" in r.stderr,
           "400 properties: exit %d %r" % (r.returncode, r.stderr))
+    lines = r.stdout.split("\n")[:-1]
+    bad = [ln for ln in lines if Checker(big).errors(ln)]
+    check(len(lines) == 100 and not bad, "400 properties: %d lines, invalid %r"
+          % (len(lines), bad[:1]))
+    order = [list(c["arguments"]["inner"]) for ln in lines for c in json.loads(ln)]
+    check(all(o == sorted(o, key=lambda k: int(k[1:])) for o in order)
+          and max(len(o) for o in order) > 5, "400 properties: keys not in order %r" % order[:2])
 
 
 def engine():

@@ -489,25 +489,54 @@ static void test_large_lists(void)
     }
     test_dist_walks(g);
     free(params);
-    /* the per-object bound: refused with the tool and path named */
+    /* past the frame's 320 written-key bits: keys in declaration order,
+     * with a warning naming tool and path */
     params = large_params(400);
-    if (params) {
-        tools = malloc(strlen(params) + 64);
-        if (tools) {
-            sprintf(tools, "[{\"name\": \"big\", \"parameters\": %s}]", params);
-            nd_pj_doc *doc;
-            CHECK(nd_pj_parse(tools, strlen(tools), &doc, NULL) == 0);
-            nd_grammar *bg = NULL;
-            int rc = nd_gram_compile(nd_pj_root(doc), &bg);
-            CHECK_MSG(rc == ND_ELIMIT && strstr(nd_last_error(), "big.parameters: more than 320 "
-                                                                 "properties"),
-                      "rc %d: %s", rc, nd_last_error());
-            nd_gram_free(bg);
-            nd_pj_free(doc);
-            free(tools);
+    tools = params ? malloc(strlen(params) + 64) : NULL;
+    if (tools)
+        sprintf(tools, "[{\"name\": \"f\", \"parameters\": %s}]", params);
+    g = tools ? compile(tools) : NULL;
+    free(tools);
+    free(params);
+    CHECK_MSG(g != NULL, "400 properties refused: %s", nd_last_error());
+    if (!g)
+        return;
+    CHECK_MSG(strstr(nd_gram_warnings(g), "f.parameters: 400 properties: more than 320, so the "
+                                          "keys are admitted in declaration order only"),
+              "%s", nd_gram_warnings(g));
+    CHECK(accepts_args(g, "{\"cur\":\"USD\",\"p140\":1}"));
+    CHECK(accepts_args(g, "{\"cur\":\"USDC\",\"lvl\":1,\"p0\":1,\"p140\":2,\"p397\":5}"));
+    CHECK(accepts_args(g, "{\"cur\":\"USD\",\"p139\":0,\"p140\":1,\"p141\":1}"));
+    CHECK(!accepts_args(g, "{\"p140\":1,\"cur\":\"USD\"}"));            /* out of order */
+    CHECK(!accepts_args(g, "{\"cur\":\"USD\",\"p140\":1,\"p3\":1}"));   /* backwards */
+    CHECK(!accepts_args(g, "{\"cur\":\"USD\",\"p141\":1,\"p140\":1}")); /* skips p140 */
+    CHECK(!accepts_args(g, "{\"cur\":\"USD\",\"p140\":1,\"p140\":2}")); /* twice */
+    CHECK(!accepts_args(g, "{\"cur\":\"USD\",\"p398\":1,\"p140\":1}")); /* undeclared */
+    CHECK(!accepts_args(g, "{\"cur\":\"USD\"}"));                       /* p140 required */
+    CHECK(!accepts_args(g, "{\"cur\":\"USD\",\"p140\":1,\"lvl\":3}"));
+    {
+        size_t cap = 1 << 14;
+        char *all = malloc(cap);
+        if (all) {
+            int n = snprintf(all, cap, "{\"cur\":\"USD\",\"lvl\":2");
+            for (int p = 0; p < 398; p++)
+                n += snprintf(all + n, cap - (size_t)n, ",\"p%d\":%d", p, p);
+            snprintf(all + n, cap - (size_t)n, "}");
+            CHECK_MSG(accepts_args(g, all), "all 400 properties in order");
+            all[strlen(all) - 1] = ',';
+            nd_gram_state s;
+            nd_gram_init(g, &s);
+            const char *pre = "[{\"name\":\"f\",\"arguments\":";
+            int ok = 1;
+            for (const char *p = pre; *p && ok; p++)
+                ok = nd_gram_feed(g, &s, (unsigned char)*p);
+            for (const char *p = all; *p && ok; p++)
+                ok = nd_gram_feed(g, &s, (unsigned char)*p);
+            CHECK_MSG(!ok, "a comma after the last property");
+            free(all);
         }
-        free(params);
     }
+    test_dist_walks(g);
 }
 
 int main(void)

@@ -110,27 +110,59 @@ static void range_narrow(char *const *str, const int *ord, int pos, unsigned cha
     *hi = c;
 }
 
-static int used_has(const nd_gram_frame *f, int i)
+/* An object frame's written keys: a bit per property in re[], or, for an
+ * ordered object (more properties than those bits), re[0] = 1 + the index
+ * of the last key written (0: none). */
+static int obj_last(const nd_gram_frame *f)
 {
+    return (int)f->re[0] - 1;
+}
+
+/* property i written, or (ordered) passed over */
+static int used_has(const gnode *n, const nd_gram_frame *f, int i)
+{
+    if (n->ordered)
+        return i <= obj_last(f);
     return f->re[i >> 6] >> (i & 63) & 1;
+}
+
+/* property i may be written next */
+static int key_free(const gnode *n, const nd_gram_frame *f, int i)
+{
+    if (n->ordered) /* after the last one, skipping no required one */
+        return i > obj_last(f) && i <= n->next_req[obj_last(f) + 1];
+    return !used_has(n, f, i);
+}
+
+static void key_mark(const gnode *n, nd_gram_frame *f, int i)
+{
+    if (n->ordered)
+        f->re[0] = (uint64_t)i + 1;
+    else
+        f->re[i >> 6] |= 1ull << (i & 63);
 }
 
 static int req_has(const gnode *n, int i)
 {
-    return n->required[i >> 6] >> (i & 63) & 1;
+    return n->req[i];
 }
 
 /* a required property not written yet */
 static int obj_missing(const gnode *n, const nd_gram_frame *f)
 {
+    if (n->ordered)
+        return n->next_req[obj_last(f) + 1] < n->nprops;
     for (int w = 0; w < ND_GRAM_PROP_WORDS; w++)
         if (n->required[w] & ~f->re[w])
             return 1;
     return 0;
 }
 
+/* no key may follow */
 static int obj_all_used(const gnode *n, const nd_gram_frame *f)
 {
+    if (n->ordered)
+        return obj_last(f) >= n->nprops - 1;
     int c = 0;
     for (int w = 0; w < ND_GRAM_PROP_WORDS; w++)
         c += __builtin_popcountll(f->re[w]);
@@ -144,7 +176,7 @@ static int key_narrow(const gnode *n, nd_gram_frame *f, unsigned char b, int lo,
     range_narrow(n->key, n->ord, f->count, b, &lo, &hi);
     int free_key = 0;
     for (int k = lo; k < hi && !free_key; k++)
-        free_key = !used_has(f, n->ord[k]);
+        free_key = key_free(n, f, n->ord[k]);
     if (!free_key)
         return 0;
     f->count++;
@@ -153,7 +185,7 @@ static int key_narrow(const gnode *n, nd_gram_frame *f, unsigned char b, int lo,
     if (hi - lo == 1 && n->keylen[n->ord[lo]] == f->count) {
         int i = n->ord[lo];
         f->cur = i;
-        f->re[i >> 6] |= 1ull << (i & 63);
+        key_mark(n, f, i);
         f->phase = 3;
     }
     return 1;
@@ -586,7 +618,7 @@ static int obj_rest(const nd_grammar *g, const gnode *n, const nd_gram_frame *f)
 {
     int m = 1;
     for (int i = 0; i < n->nprops; i++)
-        if (req_has(n, i) && !used_has(f, i))
+        if (req_has(n, i) && !used_has(n, f, i))
             m += 1 + prop_min(g, n, i);
     return m;
 }
@@ -642,7 +674,7 @@ static int frame_dist(const nd_grammar *g, const nd_gram_frame *f)
             int best = 1 << 29, lo, hi, rest = obj_rest(g, n, f);
             range_unpack(f->mask, &lo, &hi);
             for (int k = lo; k < hi; k++)
-                if (!used_has(f, n->ord[k])) {
+                if (key_free(n, f, n->ord[k])) {
                     int v = obj_with(g, n, n->ord[k], f->count, rest);
                     best = v < best ? v : best;
                 }
@@ -653,7 +685,7 @@ static int frame_dist(const nd_grammar *g, const nd_gram_frame *f)
         case 7: {
             int best = 1 << 29, rest = obj_rest(g, n, f);
             for (int i = 0; i < n->nprops; i++)
-                if (!used_has(f, i)) {
+                if (key_free(n, f, i)) {
                     int v = obj_with(g, n, i, 0, rest);
                     best = v < best ? v : best;
                 }

@@ -24,9 +24,10 @@
  * one" cannot be enforced by a grammar and is read as anyOf).
  *
  * Enums may have any number of values (sorted when compiled: the decoder
- * narrows the candidates by binary search, byte by byte); an object may
- * declare up to ND_GRAM_MAX_PROPS (320) properties, the keys a frame can
- * mark as written; more are refused (ND_ELIMIT) naming tool and path.
+ * narrows the candidates by binary search, byte by byte), and objects any
+ * number of properties: up to ND_GRAM_MAX_PROPS (320, the keys a frame can
+ * mark as written) in any order, more in declaration order only, with a
+ * warning naming tool and path.
  *
  * Objects with declared properties admit only those. An object without
  * properties, or a value without a type, admits any JSON value. Numbers

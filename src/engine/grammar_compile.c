@@ -635,11 +635,8 @@ static int compile_object_in(nd_grammar *g, const sview *v, const char *path, in
                        !memcmp(mb[j]->key, props->obj[k].key, mb[j]->key_len);
             if (dup)
                 continue;
-            if (np >= ND_GRAM_MAX_PROPS)
-                return nd_error(ND_ELIMIT,
-                                "%s: more than %d properties (a decoding state tracks at most "
-                                "%d written keys per object)",
-                                path, ND_GRAM_MAX_PROPS, ND_GRAM_MAX_PROPS);
+            if (np >= (1 << 24))
+                return nd_error(ND_ELIMIT, "%s: more than %d properties", path, 1 << 24);
             if (np == cap) {
                 cap = cap ? 2 * cap : 16;
                 const nd_pj_member **m2 = realloc(mb, (size_t)cap * sizeof *m2);
@@ -691,11 +688,18 @@ static int compile_object_in(nd_grammar *g, const sview *v, const char *path, in
     char **key = calloc((size_t)np + 1, sizeof *key);
     int *keylen = calloc((size_t)np + 1, sizeof *keylen),
         *prop = calloc((size_t)np + 1, sizeof *prop);
+    uint8_t *reqd = calloc((size_t)np + 1, 1);
+    g->nodes[id].req = reqd;
     g->nodes[id].key = key;
     g->nodes[id].keylen = keylen;
     g->nodes[id].prop = prop;
-    if (!key || !keylen || !prop)
+    if (!key || !keylen || !prop || !reqd)
         return nd_error(ND_ENOMEM, "out of memory");
+    if (np > ND_GRAM_MAX_PROPS)
+        warnf(g,
+              "%s: %d properties: more than %d, so the keys are admitted in declaration "
+              "order only",
+              path, np, ND_GRAM_MAX_PROPS);
     for (int i = 0; i < np; i++) {
         nd_pj ks = {0};
         ks.type = ND_PJ_STRING;
@@ -756,7 +760,7 @@ static int compile_object_in(nd_grammar *g, const sview *v, const char *path, in
                     warnf(g, "%s: required property %.64s is not declared; ignored", path,
                           k->type == ND_PJ_STRING ? k->str : "(not a string)");
                 else
-                    g->nodes[id].required[found >> 6] |= 1ull << (found & 63);
+                    reqd[found] = 1;
             }
         } else if (req) {
             warnf(g, "%s: 'required' is not an array; ignored", path);
@@ -1419,7 +1423,7 @@ static int node_minlen(nd_grammar *g, int id)
     case K_OBJ: {
         int m = 2, k = 0;
         for (int i = 0; i < n->nprops; i++)
-            if (n->required[i >> 6] >> (i & 63) & 1) {
+            if (n->req[i]) {
                 m += (k++ ? 1 : 0) + n->keylen[i] + 1 + node_minlen(g, n->prop[i]);
             }
         return m;
@@ -1468,6 +1472,21 @@ static int sort_lists(nd_grammar *g)
             ord[k] = it[k].idx;
         if (n->kind == K_OBJ) {
             n->ord = ord;
+            if (cnt > ND_GRAM_MAX_PROPS) {
+                n->ordered = 1;
+                n->next_req = malloc((size_t)(cnt + 1) * sizeof *n->next_req);
+                if (!n->next_req) {
+                    free(it);
+                    return nd_error(ND_ENOMEM, "out of memory");
+                }
+                n->next_req[cnt] = cnt;
+                for (int k = cnt - 1; k >= 0; k--)
+                    n->next_req[k] = n->req[k] ? k : n->next_req[k + 1];
+            } else {
+                for (int k = 0; k < cnt; k++)
+                    if (n->req[k])
+                        n->required[k >> 6] |= 1ull << (k & 63);
+            }
         } else {
             for (int k = 0; k < cnt; k++) {
                 n->lit[k] = it[k].s;
@@ -1660,6 +1679,8 @@ void nd_gram_free(nd_grammar *g)
         free(n->keylen);
         free(n->prop);
         free(n->ord);
+        free(n->req);
+        free(n->next_req);
         for (int k = 0; k < n->nlit; k++)
             free(n->lit[k]);
         free(n->lit);

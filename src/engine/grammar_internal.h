@@ -24,7 +24,8 @@ enum { R_REJ, R_ACC, R_ACC_POP, R_POP, R_RETRY };
 #define ND_GRAM_MAX_WARN 100      /* warning lines kept */
 #define MAX_DIGITS 15
 /* an object frame keeps the set of properties already written in its
- * (otherwise string-only) pattern words: the bound on declared properties */
+ * (otherwise string-only) pattern words; an object with more properties
+ * admits its keys in declaration order (the frame keeps the last one) */
 #define ND_GRAM_PROP_WORDS ((int)(sizeof(((nd_gram_frame *)0)->re) / sizeof(uint64_t)))
 #define ND_GRAM_MAX_PROPS (ND_GRAM_PROP_WORDS * 64)
 
@@ -34,8 +35,13 @@ typedef struct {
     int nprops;
     char **key; /* serialised with quotes (no key is a prefix of another) */
     int *keylen, *prop;
-    int *ord; /* property indices in byte order of their keys */
-    uint64_t required[sizeof(((nd_gram_frame *)0)->re) / sizeof(uint64_t)];
+    int *ord;     /* property indices in byte order of their keys */
+    uint8_t *req; /* req[i]: property i is required */
+    uint64_t required[sizeof(((nd_gram_frame *)0)->re) / sizeof(uint64_t)]; /* req as bits */
+    /* more than ND_GRAM_MAX_PROPS properties: keys in declaration order;
+     * next_req[k] = the first required index >= k, else nprops */
+    int ordered;
+    int *next_req;
     /* string */
     int min_len, max_len;
     nd_regex *re;

@@ -412,6 +412,133 @@ static void test_bad_tools(void)
     }
 }
 
+/* enums and objects beyond the old 64-entry limits: a 250-value currency
+ * enum (USD, USDC and USDT: one value a prefix of others), an integer enum
+ * whose values are prefixes of each other, an object with 150 properties
+ * (any order, each at most once, the required ones enforced); past the
+ * per-object bound a refusal names the tool and path */
+static char *large_params(int nprops)
+{
+    size_t cap = 1 << 16;
+    char *b = malloc(cap);
+    if (!b)
+        return NULL;
+    int n = snprintf(b, cap,
+                     "{\"type\": \"object\", \"properties\": {\"cur\": {\"type\": "
+                     "\"string\", \"enum\": [\"USD\", \"USDC\", \"USDT\"");
+    for (int i = 0; n < (int)cap - 64 && i < 247; i++)
+        n += snprintf(b + n, cap - (size_t)n, ", \"%c%c%c\"", 'A' + i / 26 % 26, 'A' + i % 26,
+                      'A' + (i * 7) % 26);
+    n += snprintf(b + n, cap - (size_t)n, "]}, \"lvl\": {\"enum\": [100, 1, 12, 10, 2]}");
+    for (int p = 0; n < (int)cap - 64 && p < nprops - 2; p++)
+        n += snprintf(b + n, cap - (size_t)n, ", \"p%d\": {\"type\": \"integer\"}", p);
+    snprintf(b + n, cap - (size_t)n, "}, \"required\": [\"cur\", \"p140\"]}");
+    return b;
+}
+
+static void test_large_lists(void)
+{
+    char *params = large_params(152);
+    char *tools = params ? malloc(strlen(params) + 64) : NULL;
+    if (tools)
+        sprintf(tools, "[{\"name\": \"f\", \"parameters\": %s}]", params);
+    nd_grammar *g = tools ? compile(tools) : NULL;
+    free(tools);
+    CHECK_MSG(g != NULL, "250-value enum / 152 properties refused: %s", nd_last_error());
+    if (g) {
+        CHECK(accepts_args(g, "{\"cur\":\"USD\",\"p140\":1}"));
+        CHECK(accepts_args(g, "{\"p140\":1,\"cur\":\"USDC\"}"));
+        CHECK(accepts_args(g, "{\"cur\":\"USDT\",\"p149\":3,\"p140\":1,\"p0\":2,\"lvl\":1}"));
+        CHECK(accepts_args(g, "{\"cur\":\"AAA\",\"p140\":1,\"lvl\":10}"));
+        CHECK(accepts_args(g, "{\"cur\":\"JMG\",\"p140\":1,\"lvl\":100}"));
+        CHECK(accepts_args(g, "{\"cur\":\"USD\",\"lvl\":12,\"p140\":1}"));
+        CHECK(!accepts_args(g, "{\"cur\":\"US\",\"p140\":1}"));
+        CHECK(!accepts_args(g, "{\"cur\":\"USDX\",\"p140\":1}"));
+        CHECK(!accepts_args(g, "{\"cur\":\"USDCC\",\"p140\":1}"));
+        CHECK(!accepts_args(g, "{\"cur\":\"usd\",\"p140\":1}"));
+        CHECK(!accepts_args(g, "{\"cur\":\"USD\",\"p140\":1,\"lvl\":11}"));
+        CHECK(!accepts_args(g, "{\"cur\":\"USD\",\"p140\":1,\"lvl\":1000}"));
+        CHECK(!accepts_args(g, "{\"cur\":\"USD\",\"p140\":1,\"lvl\":3}"));
+        CHECK(!accepts_args(g, "{\"cur\":\"USD\"}"));                       /* p140 required */
+        CHECK(!accepts_args(g, "{\"cur\":\"USD\",\"p150\":1,\"p140\":1}")); /* undeclared */
+        CHECK(!accepts_args(g, "{\"cur\":\"USD\",\"p140\":1,\"p140\":2}")); /* twice */
+        CHECK(!accepts_args(g, "{\"cur\":\"USD\",\"p14\":1,\"p14\":2,\"p140\":1}"));
+        /* every property once: 152 entries, then no comma */
+        size_t cap = 1 << 14;
+        char *all = malloc(cap);
+        if (all) {
+            int n = snprintf(all, cap, "{\"cur\":\"EUR\",\"lvl\":2");
+            for (int p = 149; p >= 0; p--)
+                n += snprintf(all + n, cap - (size_t)n, ",\"p%d\":%d", p, p);
+            snprintf(all + n, cap - (size_t)n, "}");
+            CHECK_MSG(!accepts_args(g, all), "EUR is not in the enum");
+            memcpy(all + 8, "USD", 3);
+            CHECK_MSG(accepts_args(g, all), "all 152 properties");
+            all[strlen(all) - 1] = ',';
+            nd_gram_state s;
+            nd_gram_init(g, &s);
+            const char *pre = "[{\"name\":\"f\",\"arguments\":";
+            int ok = 1;
+            for (const char *p = pre; *p && ok; p++)
+                ok = nd_gram_feed(g, &s, (unsigned char)*p);
+            for (const char *p = all; *p && ok; p++)
+                ok = nd_gram_feed(g, &s, (unsigned char)*p);
+            CHECK_MSG(!ok, "a comma after every property was written");
+            free(all);
+        }
+    }
+    test_dist_walks(g);
+    free(params);
+    /* past the frame's 320 written-key bits: keys in declaration order,
+     * with a warning naming tool and path */
+    params = large_params(400);
+    tools = params ? malloc(strlen(params) + 64) : NULL;
+    if (tools)
+        sprintf(tools, "[{\"name\": \"f\", \"parameters\": %s}]", params);
+    g = tools ? compile(tools) : NULL;
+    free(tools);
+    free(params);
+    CHECK_MSG(g != NULL, "400 properties refused: %s", nd_last_error());
+    if (!g)
+        return;
+    CHECK_MSG(strstr(nd_gram_warnings(g), "f.parameters: 400 properties: more than 320, so the "
+                                          "keys are admitted in declaration order only"),
+              "%s", nd_gram_warnings(g));
+    CHECK(accepts_args(g, "{\"cur\":\"USD\",\"p140\":1}"));
+    CHECK(accepts_args(g, "{\"cur\":\"USDC\",\"lvl\":1,\"p0\":1,\"p140\":2,\"p397\":5}"));
+    CHECK(accepts_args(g, "{\"cur\":\"USD\",\"p139\":0,\"p140\":1,\"p141\":1}"));
+    CHECK(!accepts_args(g, "{\"p140\":1,\"cur\":\"USD\"}"));            /* out of order */
+    CHECK(!accepts_args(g, "{\"cur\":\"USD\",\"p140\":1,\"p3\":1}"));   /* backwards */
+    CHECK(!accepts_args(g, "{\"cur\":\"USD\",\"p141\":1,\"p140\":1}")); /* skips p140 */
+    CHECK(!accepts_args(g, "{\"cur\":\"USD\",\"p140\":1,\"p140\":2}")); /* twice */
+    CHECK(!accepts_args(g, "{\"cur\":\"USD\",\"p398\":1,\"p140\":1}")); /* undeclared */
+    CHECK(!accepts_args(g, "{\"cur\":\"USD\"}"));                       /* p140 required */
+    CHECK(!accepts_args(g, "{\"cur\":\"USD\",\"p140\":1,\"lvl\":3}"));
+    {
+        size_t cap = 1 << 14;
+        char *all = malloc(cap);
+        if (all) {
+            int n = snprintf(all, cap, "{\"cur\":\"USD\",\"lvl\":2");
+            for (int p = 0; p < 398; p++)
+                n += snprintf(all + n, cap - (size_t)n, ",\"p%d\":%d", p, p);
+            snprintf(all + n, cap - (size_t)n, "}");
+            CHECK_MSG(accepts_args(g, all), "all 400 properties in order");
+            all[strlen(all) - 1] = ',';
+            nd_gram_state s;
+            nd_gram_init(g, &s);
+            const char *pre = "[{\"name\":\"f\",\"arguments\":";
+            int ok = 1;
+            for (const char *p = pre; *p && ok; p++)
+                ok = nd_gram_feed(g, &s, (unsigned char)*p);
+            for (const char *p = all; *p && ok; p++)
+                ok = nd_gram_feed(g, &s, (unsigned char)*p);
+            CHECK_MSG(!ok, "a comma after the last property");
+            free(all);
+        }
+    }
+    test_dist_walks(g);
+}
+
 int main(void)
 {
     test_regex();
@@ -422,5 +549,6 @@ int main(void)
     for (size_t c = 0; c < sizeof SCHEMA_CASES / sizeof SCHEMA_CASES[0]; c++)
         test_dist_walks(compile_params(SCHEMA_CASES[c].params));
     test_bad_tools();
+    test_large_lists();
     return tu_finish("test_grammar_unit");
 }

@@ -38,7 +38,7 @@ static void frame_set(const nd_grammar *g, nd_gram_frame *f, int node)
     f->kind = (uint8_t)frame_kind(g, node);
     const gnode *n = &g->nodes[node];
     if (f->kind == FR_LIT)
-        f->mask = n->nlit >= 64 ? ~0ull : (1ull << n->nlit) - 1;
+        f->mask = (uint64_t)(uint32_t)n->nlit << 32; /* the range [0, nlit) */
     if (f->kind == FR_STR && n->re) {
         nd_re_set r = nd_re_initial(n->re);
         memcpy(f->re, r.w, sizeof f->re);
@@ -69,6 +69,126 @@ int nd_gram_done(const nd_gram_state *s)
 static uint64_t all_bits(int n)
 {
     return n >= 64 ? ~0ull : (1ull << n) - 1;
+}
+
+/* a candidate range [lo, hi) of a sorted list, kept in a frame's mask */
+static uint64_t range_pack(int lo, int hi)
+{
+    return (uint64_t)(uint32_t)lo | (uint64_t)(uint32_t)hi << 32;
+}
+
+static void range_unpack(uint64_t m, int *lo, int *hi)
+{
+    *lo = (int)(uint32_t)m;
+    *hi = (int)(uint32_t)(m >> 32);
+}
+
+/* Within [lo, hi) of strings sorted by bytes that share their first pos
+ * bytes and are all longer than pos: the sub-range whose byte pos is b
+ * (binary search). ord maps a rank to the string's index (NULL: itself). */
+static void range_narrow(char *const *str, const int *ord, int pos, unsigned char b, int *lo,
+                         int *hi)
+{
+    int a = *lo, z = *hi;
+    while (a < z) { /* first rank whose byte is >= b */
+        int m = a + (z - a) / 2;
+        if ((unsigned char)str[ord ? ord[m] : m][pos] < b)
+            a = m + 1;
+        else
+            z = m;
+    }
+    int c = a;
+    z = *hi;
+    while (c < z) { /* first rank whose byte is > b */
+        int m = c + (z - c) / 2;
+        if ((unsigned char)str[ord ? ord[m] : m][pos] <= b)
+            c = m + 1;
+        else
+            z = m;
+    }
+    *lo = a;
+    *hi = c;
+}
+
+/* An object frame's written keys: a bit per property in re[], or, for an
+ * ordered object (more properties than those bits), re[0] = 1 + the index
+ * of the last key written (0: none). */
+static int obj_last(const nd_gram_frame *f)
+{
+    return (int)f->re[0] - 1;
+}
+
+/* property i written, or (ordered) passed over */
+static int used_has(const gnode *n, const nd_gram_frame *f, int i)
+{
+    if (n->ordered)
+        return i <= obj_last(f);
+    return f->re[i >> 6] >> (i & 63) & 1;
+}
+
+/* property i may be written next */
+static int key_free(const gnode *n, const nd_gram_frame *f, int i)
+{
+    if (n->ordered) /* after the last one, skipping no required one */
+        return i > obj_last(f) && i <= n->next_req[obj_last(f) + 1];
+    return !used_has(n, f, i);
+}
+
+static void key_mark(const gnode *n, nd_gram_frame *f, int i)
+{
+    if (n->ordered)
+        f->re[0] = (uint64_t)i + 1;
+    else
+        f->re[i >> 6] |= 1ull << (i & 63);
+}
+
+static int req_has(const gnode *n, int i)
+{
+    return n->req[i];
+}
+
+/* a required property not written yet */
+static int obj_missing(const gnode *n, const nd_gram_frame *f)
+{
+    if (n->ordered)
+        return n->next_req[obj_last(f) + 1] < n->nprops;
+    for (int w = 0; w < ND_GRAM_PROP_WORDS; w++)
+        if (n->required[w] & ~f->re[w])
+            return 1;
+    return 0;
+}
+
+/* no key may follow */
+static int obj_all_used(const gnode *n, const nd_gram_frame *f)
+{
+    if (n->ordered)
+        return obj_last(f) >= n->nprops - 1;
+    int c = 0;
+    for (int w = 0; w < ND_GRAM_PROP_WORDS; w++)
+        c += __builtin_popcountll(f->re[w]);
+    return c >= n->nprops;
+}
+
+/* object key bytes: narrow the frame's key range by b (pos = bytes so far);
+ * 0 when no unwritten key is left in it */
+static int key_narrow(const gnode *n, nd_gram_frame *f, unsigned char b, int lo, int hi)
+{
+    range_narrow(n->key, n->ord, f->count, b, &lo, &hi);
+    int free_key = 0;
+    for (int k = lo; k < hi && !free_key; k++)
+        free_key = key_free(n, f, n->ord[k]);
+    if (!free_key)
+        return 0;
+    f->count++;
+    f->mask = range_pack(lo, hi);
+    /* keys are prefix-free: a complete one is alone in its range */
+    if (hi - lo == 1 && n->keylen[n->ord[lo]] == f->count) {
+        int i = n->ord[lo];
+        f->cur = i;
+        key_mark(n, f, i);
+        f->phase = 3;
+    }
+    return 1;
 }
 
 /* one character of string content (ASCII ch, or -1 for a non-ASCII / \u
@@ -219,24 +339,18 @@ static int step_num(const nd_grammar *g, nd_gram_frame *f, unsigned char b)
 static int step_lit(const nd_grammar *g, nd_gram_frame *f, unsigned char b)
 {
     const gnode *n = &g->nodes[f->node];
-    uint64_t nm = 0;
-    int complete_now = 0, longer = 0;
-    for (int i = 0; i < n->nlit; i++) {
-        if (!(f->mask >> i & 1))
-            continue;
-        if (n->litlen[i] == f->count)
-            complete_now = 1;
-        else if ((unsigned char)n->lit[i][f->count] == b) {
-            nm |= 1ull << i;
-            if (n->litlen[i] > f->count + 1)
-                longer = 1;
-        }
-    }
-    if (!nm)
+    int lo, hi;
+    range_unpack(f->mask, &lo, &hi);
+    /* sorted and without duplicates: a candidate equal to the bytes so far
+     * (e.g. "1" while "10" is possible) comes first in the range */
+    int complete_now = lo < hi && n->litlen[lo] == f->count;
+    lo += complete_now;
+    range_narrow(n->lit, NULL, f->count, b, &lo, &hi);
+    if (lo == hi)
         return complete_now ? R_POP : R_REJ;
-    f->mask = nm;
+    f->mask = range_pack(lo, hi);
     f->count++;
-    return longer ? R_ACC : R_ACC_POP;
+    return hi - lo > 1 || n->litlen[lo] > f->count ? R_ACC : R_ACC_POP;
 }
 
 static int step(const nd_grammar *g, nd_gram_state *s, nd_gram_frame *f, unsigned char b)
@@ -322,7 +436,6 @@ static int step(const nd_grammar *g, nd_gram_state *s, nd_gram_frame *f, unsigne
         default: return R_REJ;
         }
     case FR_OBJ: {
-        uint64_t used = f->re[0], missing = n->required & ~used;
         switch (f->phase) {
         case 0:
             if (b != '{')
@@ -332,36 +445,18 @@ static int step(const nd_grammar *g, nd_gram_state *s, nd_gram_frame *f, unsigne
         case 1:
         case 7:
             if (b == '}' && f->phase == 1)
-                return missing ? R_REJ : R_ACC_POP;
-            f->mask = 0;
-            for (int i = 0; i < n->nprops; i++)
-                if (!(used >> i & 1) && (unsigned char)n->key[i][0] == b)
-                    f->mask |= 1ull << i;
-            if (!f->mask)
-                return R_REJ;
-            f->count = 1;
+                return obj_missing(n, f) ? R_REJ : R_ACC_POP;
+            f->count = 0;
             f->phase = 2;
-            return R_ACC;
-        case 2: {
-            uint64_t nm = 0;
-            int done = -1;
-            for (int i = 0; i < n->nprops; i++)
-                if ((f->mask >> i & 1) && n->keylen[i] > f->count &&
-                    (unsigned char)n->key[i][f->count] == b) {
-                    nm |= 1ull << i;
-                    if (n->keylen[i] == f->count + 1)
-                        done = i;
-                }
-            if (!nm)
+            if (!key_narrow(n, f, b, 0, n->nprops)) {
+                f->phase = 1;
                 return R_REJ;
-            f->mask = nm;
-            f->count++;
-            if (done >= 0) {
-                f->cur = done;
-                f->re[0] |= 1ull << done;
-                f->phase = 3;
             }
             return R_ACC;
+        case 2: {
+            int lo, hi;
+            range_unpack(f->mask, &lo, &hi);
+            return key_narrow(n, f, b, lo, hi) ? R_ACC : R_REJ;
         }
         case 3:
             if (b != ':')
@@ -375,8 +470,8 @@ static int step(const nd_grammar *g, nd_gram_state *s, nd_gram_frame *f, unsigne
             return R_RETRY;
         case 6:
             if (b == '}')
-                return missing ? R_REJ : R_ACC_POP;
-            if (b == ',' && (used != all_bits(n->nprops))) {
+                return obj_missing(n, f) ? R_REJ : R_ACC_POP;
+            if (b == ',' && !obj_all_used(n, f)) {
                 f->phase = 7;
                 return R_ACC;
             }
@@ -511,13 +606,28 @@ int nd_gram_feed(const nd_grammar *g, nd_gram_state *s, unsigned char b)
 
 /* ---- distance to completion ---- */
 
-static int obj_rest(const nd_grammar *g, const gnode *n, uint64_t used)
+/* property i written whole: "key":<shortest value> */
+static int prop_min(const nd_grammar *g, const gnode *n, int i)
+{
+    return n->keylen[i] + 1 + g->nodes[n->prop[i]].minlen;
+}
+
+/* the closing brace and a comma and entry for every required property not
+ * written yet */
+static int obj_rest(const nd_grammar *g, const gnode *n, const nd_gram_frame *f)
 {
     int m = 1;
     for (int i = 0; i < n->nprops; i++)
-        if ((n->required >> i & 1) && !(used >> i & 1))
-            m += 1 + n->keylen[i] + 1 + g->nodes[n->prop[i]].minlen;
+        if (req_has(n, i) && !used_has(n, f, i))
+            m += 1 + prop_min(g, n, i);
     return m;
+}
+
+/* fewest bytes after choosing to write property i (from pos bytes of its
+ * key), given rest = obj_rest before it */
+static int obj_with(const nd_grammar *g, const gnode *n, int i, int pos, int rest)
+{
+    return prop_min(g, n, i) - pos + rest - (req_has(n, i) ? 1 + prop_min(g, n, i) : 0);
 }
 
 static int call_min(const nd_grammar *g, uint64_t mask, int pos)
@@ -557,33 +667,31 @@ static int frame_dist(const nd_grammar *g, const nd_gram_frame *f)
         default: return 1;
         }
     case FR_OBJ: {
-        uint64_t used = f->re[0];
         switch (f->phase) {
         case 0: return n->minlen;
         case 1: return n->minlen - 1;
         case 2: {
-            int best = 1 << 29;
-            for (int i = 0; i < n->nprops; i++)
-                if (f->mask >> i & 1) {
-                    int v = n->keylen[i] - f->count + 1 + g->nodes[n->prop[i]].minlen +
-                            obj_rest(g, n, used | 1ull << i);
+            int best = 1 << 29, lo, hi, rest = obj_rest(g, n, f);
+            range_unpack(f->mask, &lo, &hi);
+            for (int k = lo; k < hi; k++)
+                if (key_free(n, f, n->ord[k])) {
+                    int v = obj_with(g, n, n->ord[k], f->count, rest);
                     best = v < best ? v : best;
                 }
             return best;
         }
-        case 3: return 1 + g->nodes[n->prop[f->cur]].minlen + obj_rest(g, n, used);
-        case 4: return g->nodes[n->prop[f->cur]].minlen + obj_rest(g, n, used);
+        case 3: return 1 + g->nodes[n->prop[f->cur]].minlen + obj_rest(g, n, f);
+        case 4: return g->nodes[n->prop[f->cur]].minlen + obj_rest(g, n, f);
         case 7: {
-            int best = 1 << 29;
+            int best = 1 << 29, rest = obj_rest(g, n, f);
             for (int i = 0; i < n->nprops; i++)
-                if (!(used >> i & 1)) {
-                    int v = n->keylen[i] + 1 + g->nodes[n->prop[i]].minlen +
-                            obj_rest(g, n, used | 1ull << i);
+                if (key_free(n, f, i)) {
+                    int v = obj_with(g, n, i, 0, rest);
                     best = v < best ? v : best;
                 }
             return best;
         }
-        default: return obj_rest(g, n, used);
+        default: return obj_rest(g, n, f);
         }
     }
     case FR_GOBJ: {
@@ -664,9 +772,10 @@ static int frame_dist(const nd_grammar *g, const nd_gram_frame *f)
         return v < 0 ? 1 << 20 : v;
     }
     case FR_LIT: {
-        int best = 1 << 29;
-        for (int i = 0; i < n->nlit; i++)
-            if ((f->mask >> i & 1) && n->litlen[i] - f->count < best)
+        int best = 1 << 29, lo, hi;
+        range_unpack(f->mask, &lo, &hi);
+        for (int i = lo; i < hi; i++)
+            if (n->litlen[i] - f->count < best)
                 best = n->litlen[i] - f->count;
         return best;
     }

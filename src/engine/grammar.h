@@ -23,6 +23,12 @@
  * followed two levels deep), anyOf / oneOf (alternatives; oneOf's "exactly
  * one" cannot be enforced by a grammar and is read as anyOf).
  *
+ * Enums may have any number of values (sorted when compiled: the decoder
+ * narrows the candidates by binary search, byte by byte), and objects any
+ * number of properties: up to ND_GRAM_MAX_PROPS (320, the keys a frame can
+ * mark as written) in any order, more in declaration order only, with a
+ * warning naming tool and path.
+ *
  * Objects with declared properties admit only those. An object without
  * properties, or a value without a type, admits any JSON value. Numbers
  * are written without exponent, at most 15 digits. Alternatives are told
@@ -46,7 +52,7 @@
 #include "text/pyjson.h"
 
 #define ND_GRAM_DEPTH 24
-#define ND_GRAM_MAX_ALT 64 /* tools, enum values, object properties */
+#define ND_GRAM_MAX_ALT 64 /* tools, anyOf/oneOf alternatives */
 
 typedef struct nd_grammar nd_grammar;
 
@@ -55,8 +61,8 @@ typedef struct {
     uint8_t kind, phase;
     int32_t count;  /* literal/key position, string chars, array items */
     int32_t cur;    /* object: current property; call: chosen tool */
-    uint64_t mask;  /* literal/key candidates; object: used properties */
-    uint64_t re[5]; /* string pattern state (ND_RE_WORDS) */
+    uint64_t mask;  /* call: tool candidates; literal/key: candidate range */
+    uint64_t re[5]; /* string pattern state (ND_RE_WORDS); object: used properties */
     uint8_t esc;    /* string: 1 after '\\', 2..5 = \u hex digits left + 1 */
     uint8_t u8left; /* string: UTF-8 continuation bytes still expected */
     uint8_t u8lo, u8hi;

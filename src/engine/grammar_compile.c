@@ -74,8 +74,13 @@ static char *dump_value(const nd_pj *v, int *len)
 static int add_lit(nd_grammar *g, int node, const char *s, int len)
 {
     gnode *n = &g->nodes[node];
-    if (n->nlit >= ND_GRAM_MAX_ALT)
-        return nd_error(ND_ELIMIT, "more than %d enum values", ND_GRAM_MAX_ALT);
+    /* any number of values (the runtime finds candidates by binary search
+     * in the sorted list); duplicates are kept once */
+    for (int i = 0; i < n->nlit; i++)
+        if (n->litlen[i] == len && !memcmp(n->lit[i], s, (size_t)len))
+            return ND_OK;
+    if (n->nlit >= INT_MAX / 2)
+        return nd_error(ND_ELIMIT, "more than %d enum values", INT_MAX / 2);
     char **l = realloc(n->lit, (size_t)(n->nlit + 1) * sizeof *l);
     if (l)
         n->lit = l;
@@ -89,11 +94,6 @@ static int add_lit(nd_grammar *g, int node, const char *s, int len)
     }
     memcpy(c, s, (size_t)len);
     c[len] = 0;
-    for (int i = 0; i < n->nlit; i++)
-        if (n->litlen[i] == len && !memcmp(n->lit[i], c, (size_t)len)) {
-            free(c);
-            return ND_OK;
-        }
     n->lit[n->nlit] = c;
     n->litlen[n->nlit++] = len;
     return ND_OK;
@@ -598,7 +598,9 @@ static int make_alt(nd_grammar *g, int *ids, int n, const char *path, sview *bas
     return id;
 }
 
-static int compile_object(nd_grammar *g, const sview *v, const char *path, int depth)
+/* *mbp: the property list, kept by the caller to free */
+static int compile_object_in(nd_grammar *g, const sview *v, const char *path, int depth,
+                             const nd_pj_member ***mbp)
 {
     long long iv;
     int minp = 0, maxp = -1;
@@ -615,8 +617,8 @@ static int compile_object(nd_grammar *g, const sview *v, const char *path, int d
         maxp = -1;
     }
     /* the union of the parts' properties, in order of first appearance */
-    const nd_pj_member *mb[ND_GRAM_MAX_ALT];
-    int np = 0, any_props = 0;
+    const nd_pj_member **mb = NULL;
+    int np = 0, cap = 0, any_props = 0;
     for (int i = 0; i < v->n; i++) {
         const nd_pj *props = nd_pj_get(v->p[i], "properties");
         if (!props)
@@ -633,8 +635,15 @@ static int compile_object(nd_grammar *g, const sview *v, const char *path, int d
                        !memcmp(mb[j]->key, props->obj[k].key, mb[j]->key_len);
             if (dup)
                 continue;
-            if (np >= ND_GRAM_MAX_ALT)
-                return nd_error(ND_ELIMIT, "%s: more than %d properties", path, ND_GRAM_MAX_ALT);
+            if (np >= (1 << 24))
+                return nd_error(ND_ELIMIT, "%s: more than %d properties", path, 1 << 24);
+            if (np == cap) {
+                cap = cap ? 2 * cap : 16;
+                const nd_pj_member **m2 = realloc(mb, (size_t)cap * sizeof *m2);
+                if (!m2)
+                    return nd_error(ND_ENOMEM, "out of memory");
+                *mbp = mb = m2;
+            }
             mb[np++] = &props->obj[k];
         }
     }
@@ -679,11 +688,18 @@ static int compile_object(nd_grammar *g, const sview *v, const char *path, int d
     char **key = calloc((size_t)np + 1, sizeof *key);
     int *keylen = calloc((size_t)np + 1, sizeof *keylen),
         *prop = calloc((size_t)np + 1, sizeof *prop);
+    uint8_t *reqd = calloc((size_t)np + 1, 1);
+    g->nodes[id].req = reqd;
     g->nodes[id].key = key;
     g->nodes[id].keylen = keylen;
     g->nodes[id].prop = prop;
-    if (!key || !keylen || !prop)
+    if (!key || !keylen || !prop || !reqd)
         return nd_error(ND_ENOMEM, "out of memory");
+    if (np > ND_GRAM_MAX_PROPS)
+        warnf(g,
+              "%s: %d properties: more than %d, so the keys are admitted in declaration "
+              "order only",
+              path, np, ND_GRAM_MAX_PROPS);
     for (int i = 0; i < np; i++) {
         nd_pj ks = {0};
         ks.type = ND_PJ_STRING;
@@ -744,13 +760,21 @@ static int compile_object(nd_grammar *g, const sview *v, const char *path, int d
                     warnf(g, "%s: required property %.64s is not declared; ignored", path,
                           k->type == ND_PJ_STRING ? k->str : "(not a string)");
                 else
-                    g->nodes[id].required |= 1ull << found;
+                    reqd[found] = 1;
             }
         } else if (req) {
             warnf(g, "%s: 'required' is not an array; ignored", path);
         }
     }
     return id;
+}
+
+static int compile_object(nd_grammar *g, const sview *v, const char *path, int depth)
+{
+    const nd_pj_member **mb = NULL;
+    int rc = compile_object_in(g, v, path, depth, &mb);
+    free(mb);
+    return rc;
 }
 
 /* common "format"s as patterns (ASCII) */
@@ -1399,13 +1423,80 @@ static int node_minlen(nd_grammar *g, int id)
     case K_OBJ: {
         int m = 2, k = 0;
         for (int i = 0; i < n->nprops; i++)
-            if (n->required >> i & 1) {
+            if (n->req[i]) {
                 m += (k++ ? 1 : 0) + n->keylen[i] + 1 + node_minlen(g, n->prop[i]);
             }
         return m;
     }
     }
     return 1;
+}
+
+/* ---- sorted literal and key lists ---- */
+
+typedef struct {
+    char *s;
+    int len, idx;
+} sitem;
+
+static int cmp_sitem(const void *a, const void *b)
+{
+    const sitem *x = a, *y = b;
+    int c = memcmp(x->s, y->s, (size_t)(x->len < y->len ? x->len : y->len));
+    return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+/* a node's literals sorted by bytes (a value that is a prefix of another,
+ * 1 before 10, comes first); an object's keys get an index in byte order */
+static int sort_lists(nd_grammar *g)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        gnode *n = &g->nodes[i];
+        int cnt = n->kind == K_LIT ? n->nlit : n->kind == K_OBJ ? n->nprops : 0;
+        if (n->kind != K_OBJ && cnt < 2)
+            continue;
+        sitem *it = malloc((size_t)(cnt + 1) * sizeof *it);
+        int *ord = malloc((size_t)(cnt + 1) * sizeof *ord);
+        if (!it || !ord) {
+            free(it);
+            free(ord);
+            return nd_error(ND_ENOMEM, "out of memory");
+        }
+        for (int k = 0; k < cnt; k++) {
+            it[k].s = n->kind == K_LIT ? n->lit[k] : n->key[k];
+            it[k].len = n->kind == K_LIT ? n->litlen[k] : n->keylen[k];
+            it[k].idx = k;
+        }
+        qsort(it, (size_t)cnt, sizeof *it, cmp_sitem);
+        for (int k = 0; k < cnt; k++)
+            ord[k] = it[k].idx;
+        if (n->kind == K_OBJ) {
+            n->ord = ord;
+            if (cnt > ND_GRAM_MAX_PROPS) {
+                n->ordered = 1;
+                n->next_req = malloc((size_t)(cnt + 1) * sizeof *n->next_req);
+                if (!n->next_req) {
+                    free(it);
+                    return nd_error(ND_ENOMEM, "out of memory");
+                }
+                n->next_req[cnt] = cnt;
+                for (int k = cnt - 1; k >= 0; k--)
+                    n->next_req[k] = n->req[k] ? k : n->next_req[k + 1];
+            } else {
+                for (int k = 0; k < cnt; k++)
+                    if (n->req[k])
+                        n->required[k >> 6] |= 1ull << (k & 63);
+            }
+        } else {
+            for (int k = 0; k < cnt; k++) {
+                n->lit[k] = it[k].s;
+                n->litlen[k] = it[k].len;
+            }
+            free(ord);
+        }
+        free(it);
+    }
+    return ND_OK;
 }
 
 /* tools->items[first .. first + count) into one grammar (messages name
@@ -1499,6 +1590,9 @@ static int compile_range(const nd_pj *tools, size_t first, size_t count, nd_gram
             gt->args = id;
         }
     }
+    /* literals and keys in byte order, for the runtime's range search */
+    if ((rc = sort_lists(g)))
+        goto fail;
     /* minimum serialised lengths (node_minlen recurses into children) */
     for (int i = 0; i < g->n_nodes; i++)
         g->nodes[i].minlen = node_minlen(g, i);
@@ -1584,6 +1678,9 @@ void nd_gram_free(nd_grammar *g)
         free(n->key);
         free(n->keylen);
         free(n->prop);
+        free(n->ord);
+        free(n->req);
+        free(n->next_req);
         for (int k = 0; k < n->nlit; k++)
             free(n->lit[k]);
         free(n->lit);

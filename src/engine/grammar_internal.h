@@ -23,21 +23,33 @@ enum { R_REJ, R_ACC, R_ACC_POP, R_POP, R_RETRY };
 #define ND_GRAM_MAX_PATTERNS 1024 /* compiled patterns (about 8 KB each) */
 #define ND_GRAM_MAX_WARN 100      /* warning lines kept */
 #define MAX_DIGITS 15
+/* an object frame keeps the set of properties already written in its
+ * (otherwise string-only) pattern words; an object with more properties
+ * admits its keys in declaration order (the frame keeps the last one) */
+#define ND_GRAM_PROP_WORDS ((int)(sizeof(((nd_gram_frame *)0)->re) / sizeof(uint64_t)))
+#define ND_GRAM_MAX_PROPS (ND_GRAM_PROP_WORDS * 64)
 
 typedef struct {
     int kind, minlen;
     /* object */
     int nprops;
-    char **key; /* serialised with quotes */
+    char **key; /* serialised with quotes (no key is a prefix of another) */
     int *keylen, *prop;
-    uint64_t required;
+    int *ord;     /* property indices in byte order of their keys */
+    uint8_t *req; /* req[i]: property i is required */
+    uint64_t required[sizeof(((nd_gram_frame *)0)->re) / sizeof(uint64_t)]; /* req as bits */
+    /* more than ND_GRAM_MAX_PROPS properties: keys in declaration order;
+     * next_req[k] = the first required index >= k, else nprops */
+    int ordered;
+    int *next_req;
     /* string */
     int min_len, max_len;
     nd_regex *re;
     /* number */
     double lo, hi;
     int lo_ex, hi_ex;
-    /* literal */
+    /* literal (sorted by bytes once compiled: the candidates that share a
+     * prefix are a range, found by binary search) */
     int nlit;
     char **lit;
     int *litlen;

@@ -363,10 +363,6 @@ static void fill_table(nd_backend *t)
     t->sync = cuda_sync;
     t->alloc = cuda_alloc;
     t->free = cuda_free;
-/* no device kernels yet for attention with separate head dims and a window */
-#define cuda_attention_ext NULL
-#define cuda_attention_ext_backward NULL
-/* (NULL entries: nd_backend_get runs them on the CPU, see registry.c) */
 #define ND_OP(name, kind, ...) t->name = cuda_##name;
 #include "backend/ops.def"
 #undef ND_OP

@@ -363,16 +363,6 @@ static void fill_table(nd_backend *t)
     t->sync = cuda_sync;
     t->alloc = cuda_alloc;
     t->free = cuda_free;
-/* no device kernels yet for the rest of Needle 3's block (attention with
- * separate head dims and a window, the q/k/v conv, the headwise gate, the seeded engram hash) */
-#define cuda_attention_ext NULL
-#define cuda_qkv_taps NULL
-#define cuda_gate_heads NULL
-#define cuda_engram_hash_seeded NULL
-#define cuda_attention_ext_backward NULL
-#define cuda_qkv_taps_backward NULL
-#define cuda_gate_heads_backward NULL
-/* (NULL entries: nd_backend_get runs them on the CPU, see registry.c) */
 #define ND_OP(name, kind, ...) t->name = cuda_##name;
 #include "backend/ops.def"
 #undef ND_OP

@@ -86,7 +86,7 @@ static order_list read_orders(const int *orders, int n_orders)
 }
 
 __global__ void k_engram_hash(int32_t *idx, const int32_t *tok, dev_layout L, order_list o,
-                              int heads, int slots, int omax)
+                              int heads, int slots, int omax, int stride)
 {
     long r = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= L.N)
@@ -100,7 +100,8 @@ __global__ void k_engram_hash(int32_t *idx, const int32_t *tok, dev_layout L, or
     for (int k = 0; k < K; k++) {
         int ord = o.order[k / heads] < omax ? o.order[k / heads] : omax;
         /* san_engram_index_hist */
-        uint32_t acc = SAN_ENGRAM_SEED * (uint32_t)(k + 1);
+        int seed_k = (k / heads) * stride + k % heads; /* stride = heads: engram_hash */
+        uint32_t acc = SAN_ENGRAM_SEED * (uint32_t)(seed_k + 1);
         for (int j = 0; j < ord; j++)
             acc = (acc ^ hist[j]) * SAN_ENGRAM_PRIME;
         acc ^= acc >> 15;
@@ -110,6 +111,13 @@ __global__ void k_engram_hash(int32_t *idx, const int32_t *tok, dev_layout L, or
 
 void cuda_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *tok, const nd_layout *L,
                       const int *orders, int n_orders, int heads, int slots)
+{
+    cuda_engram_hash_seeded(be, idx, tok, L, orders, n_orders, heads, slots, heads);
+}
+
+void cuda_engram_hash_seeded(const nd_backend *be, int32_t *idx, const int32_t *tok,
+                             const nd_layout *L, const int *orders, int n_orders, int heads,
+                             int slots, int stride)
 {
     if (L->N <= 0)
         return;
@@ -121,8 +129,8 @@ void cuda_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *tok, co
     cuda_ctx *C = cuda_op_begin(be);
     const int32_t *dt = STAGE(C, tok, L->N);
     dev_layout dl = cuda_layout(C, L);
-    k_engram_hash<<<cuda_blocks(L->N, 128), 128, 0, C->stream>>>(idx, dt, dl, o, heads, slots,
-                                                                 omax);
+    k_engram_hash<<<cuda_blocks(L->N, 128), 128, 0, C->stream>>>(idx, dt, dl, o, heads, slots, omax,
+                                                                 stride);
     CUDA_LAUNCHED();
 }
 

@@ -67,16 +67,6 @@ __attribute__((visibility("default"))) const nd_backend *nd_plugin_open(int abi,
     vk_table.alloc = vkb_alloc;
     vk_table.free = vkb_free;
     vk_table.sync = vkb_sync;
-/* no device kernels yet for the rest of Needle 3's block (attention with
- * separate head dims and a window, the q/k/v conv, the headwise gate, the seeded engram hash) */
-#define vk_attention_ext NULL
-#define vk_qkv_taps NULL
-#define vk_gate_heads NULL
-#define vk_engram_hash_seeded NULL
-#define vk_attention_ext_backward NULL
-#define vk_qkv_taps_backward NULL
-#define vk_gate_heads_backward NULL
-/* (NULL entries: nd_backend_get runs them on the CPU, see registry.c) */
 #define ND_OP(name, kind, ...) vk_table.name = vk_##name;
 #include "backend/ops.def"
 #undef ND_OP

@@ -22,8 +22,9 @@ static inline int32_t vk_i32(long v)
  * gate_sigmoid), vk_ops_engram.c (embed, engram_*, gather/scatter rows,
  * cross-entropy, and their backwards), vk_ops_lanes.c (hyper-connections,
  * lanes, residual, Hadamard MLP, norm/gate backwards), vk_ops_attention.c
- * (rope and attention, forward and backward), vk_ops_hada3.c (Needle 3's
- * hada3_mix and softmax_rows, forward and backward). */
+ * (rope and attention, attention_ext, forward and backward), vk_ops_hada3.c
+ * (Needle 3's hada3_mix and softmax_rows, forward and backward), vk_ops_v3.c
+ * (Needle 3's gate_heads and qkv_taps, forward and backward). */
 #define ND_OP(name, kind, ...) void vk_##name(const nd_backend *be, ND_OP_PARAMS(__VA_ARGS__));
 #include "backend/ops.def"
 #undef ND_OP

@@ -167,29 +167,42 @@ static void attn_tables(const nd_layout *L)
 void vk_attention(const nd_backend *be, float *out, float *lse, const float *q, const float *k,
                   const float *v, const nd_layout *L, int H, int G, int hd)
 {
+    vk_attention_ext(be, out, lse, q, k, v, L, H, G, hd, hd, 0);
+}
+
+static void attn_check(int H, int G, int hd, int vd)
+{
+    if (hd > 128 || vd > 128 || hd <= 0 || vd <= 0 || G <= 0 || H % G) {
+        fprintf(stderr, "needle: vulkan attention: needs head dims in 1..128 and H %% G == 0\n");
+        abort();
+    }
+}
+
+void vk_attention_ext(const nd_backend *be, float *out, float *lse, const float *q, const float *k,
+                      const float *v, const nd_layout *L, int H, int G, int hd, int vd, int window)
+{
     (void)be;
     if (L->N <= 0 || H <= 0)
         return;
-    if (hd > 128 || G <= 0 || H % G) {
-        fprintf(stderr, "needle: vulkan attention: needs hd <= 128 and H %% G == 0\n");
-        abort();
-    }
+    attn_check(H, G, hd, vd);
     attn_tables(L);
     if (!T.n_blocks)
         return;
     size_t nq = (size_t)L->N * H * hd, nk = (size_t)L->N * G * hd;
+    size_t no = (size_t)L->N * H * vd, nv = (size_t)L->N * G * vd;
     vk_i32((long)nq); /* the shaders index with int32 */
+    vk_i32((long)no);
     struct {
         uint64_t out, lse, q, k, v, lay, blocks;
-        int32_t N, n_seg, n_blocks, H, G, hd;
+        int32_t N, n_seg, n_blocks, H, G, hd, vd, window;
         float scale;
     } a;
     a.q = vk_in(q, nq * 4);
     a.k = vk_in(k, nk * 4);
-    a.v = vk_in(v, nk * 4);
+    a.v = vk_in(v, nv * 4);
     a.lay = vk_layout(L);
     a.blocks = vk_in(T.qblocks, (size_t)T.n_blocks * 2 * 4);
-    a.out = vk_out(out, nq * 4);
+    a.out = vk_out(out, no * 4);
     a.lse = vk_out_opt(lse, (size_t)L->N * H * 4);
     a.N = vk_i32(L->N);
     a.n_seg = L->n_seg;
@@ -197,6 +210,8 @@ void vk_attention(const nd_backend *be, float *out, float *lse, const float *q, 
     a.H = H;
     a.G = G;
     a.hd = hd;
+    a.vd = vd;
+    a.window = window > 0 ? window : 0;
     a.scale = 1.0f / sqrtf((float)hd);
     vk_dispatch("attn_fwd", &a, sizeof a, vk_groups(T.n_blocks, 1), (uint32_t)H, 1);
 }
@@ -209,18 +224,26 @@ void vk_attention_backward(const nd_backend *be, float *dq, float *dk, float *dv
                            const float *q, const float *k, const float *v, const float *out,
                            const float *lse, const nd_layout *L, int H, int G, int hd)
 {
+    vk_attention_ext_backward(be, dq, dk, dv, dout, q, k, v, out, lse, L, H, G, hd, hd, 0);
+}
+
+void vk_attention_ext_backward(const nd_backend *be, float *dq, float *dk, float *dv,
+                               const float *dout, const float *q, const float *k, const float *v,
+                               const float *out, const float *lse, const nd_layout *L, int H, int G,
+                               int hd, int vd, int window)
+{
     (void)be;
     if (L->N <= 0 || H <= 0)
         return;
-    if (hd > 128 || G <= 0 || H % G) {
-        fprintf(stderr, "needle: vulkan attention: needs hd <= 128 and H %% G == 0\n");
-        abort();
-    }
+    attn_check(H, G, hd, vd);
     attn_tables(L);
     if (!T.n_blocks)
         return;
     size_t nq = (size_t)L->N * H * hd, nk = (size_t)L->N * G * hd, nl = (size_t)L->N * H;
+    size_t no = (size_t)L->N * H * vd, nv = (size_t)L->N * G * vd;
     vk_i32((long)nq); /* the shaders index with int32 */
+    vk_i32((long)no);
+    window = window > 0 ? window : 0;
     if (nl * 4 > attn_delta_bytes) {
         vk_free(attn_delta); /* syncs: recorded dispatches may still use it */
         attn_delta_bytes = nl * 4 * 2;
@@ -236,22 +259,22 @@ void vk_attention_backward(const nd_backend *be, float *dq, float *dk, float *dv
         uint64_t delta, dout, out;
         int32_t rows, hd;
     } d;
-    d.dout = vk_in(dout, nq * 4);
-    d.out = vk_in(out, nq * 4);
+    d.dout = vk_in(dout, no * 4);
+    d.out = vk_in(out, no * 4);
     d.delta = vk_out(attn_delta, nl * 4);
     d.rows = vk_i32((long)nl);
-    d.hd = hd;
+    d.hd = vd;
     vk_dispatch("attn_bwd_delta", &d, sizeof d, vk_groups((long)nl, 256), 1, 1);
 
     struct {
         uint64_t dq, dout, q, k, v, lse, delta, lay, blocks;
-        int32_t N, n_seg, n_blocks, H, G, hd;
+        int32_t N, n_seg, n_blocks, H, G, hd, vd, window;
         float scale;
     } a;
-    a.dout = vk_in(dout, nq * 4);
+    a.dout = vk_in(dout, no * 4);
     a.q = vk_in(q, nq * 4);
     a.k = vk_in(k, nk * 4);
-    a.v = vk_in(v, nk * 4);
+    a.v = vk_in(v, nv * 4);
     a.lse = vk_in(lse, nl * 4);
     a.delta = vk_in(attn_delta, nl * 4);
     a.lay = vk_layout(L);
@@ -263,18 +286,20 @@ void vk_attention_backward(const nd_backend *be, float *dq, float *dk, float *dv
     a.H = H;
     a.G = G;
     a.hd = hd;
+    a.vd = vd;
+    a.window = window;
     a.scale = scale;
     vk_dispatch("attn_bwd_dq", &a, sizeof a, vk_groups(T.n_blocks, 1), (uint32_t)H, 1);
 
     struct {
         uint64_t dk, dv, dout, q, k, v, lse, delta, lay, blocks, child_off, child_list;
-        int32_t N, n_seg, n_blocks, H, G, hd;
+        int32_t N, n_seg, n_blocks, H, G, hd, vd, window;
         float scale;
     } b;
-    b.dout = vk_in(dout, nq * 4);
+    b.dout = vk_in(dout, no * 4);
     b.q = vk_in(q, nq * 4);
     b.k = vk_in(k, nk * 4);
-    b.v = vk_in(v, nk * 4);
+    b.v = vk_in(v, nv * 4);
     b.lse = vk_in(lse, nl * 4);
     b.delta = vk_in(attn_delta, nl * 4);
     b.lay = vk_layout(L);
@@ -282,13 +307,15 @@ void vk_attention_backward(const nd_backend *be, float *dq, float *dk, float *dv
     b.child_off = vk_in(T.child_off, (size_t)(L->n_seg + 1) * 4);
     b.child_list = vk_in(T.child_list, (size_t)(T.n_children ? T.n_children : 1) * 4);
     b.dk = vk_out(dk, nk * 4);
-    b.dv = vk_out(dv, nk * 4);
+    b.dv = vk_out(dv, nv * 4);
     b.N = vk_i32(L->N);
     b.n_seg = L->n_seg;
     b.n_blocks = vk_i32(T.n_blocks);
     b.H = H;
     b.G = G;
     b.hd = hd;
+    b.vd = vd;
+    b.window = window;
     b.scale = scale;
     vk_dispatch("attn_bwd_dkdv", &b, sizeof b, vk_groups(T.n_blocks, 1), (uint32_t)G, 1);
 }

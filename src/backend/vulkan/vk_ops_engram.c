@@ -177,6 +177,13 @@ void vk_scatter_add_rows(const nd_backend *be, float *dst, const float *src, con
 void vk_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *tok, const nd_layout *L,
                     const int *orders, int n_orders, int heads, int slots)
 {
+    vk_engram_hash_seeded(be, idx, tok, L, orders, n_orders, heads, slots, heads);
+}
+
+void vk_engram_hash_seeded(const nd_backend *be, int32_t *idx, const int32_t *tok,
+                           const nd_layout *L, const int *orders, int n_orders, int heads,
+                           int slots, int stride)
+{
     (void)be;
     long N = L->N;
     int K = n_orders * heads, omax = 0;
@@ -187,7 +194,7 @@ void vk_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *tok, cons
     omax = omax < ENGRAM_MAX_ORDER ? omax : ENGRAM_MAX_ORDER;
     struct {
         uint64_t idx, tok, lay, orders;
-        int32_t N, n_seg, n_orders, heads, slots, omax;
+        int32_t N, n_seg, n_orders, heads, slots, omax, stride;
     } a;
     a.tok = vk_in(tok, (size_t)N * 4);
     a.orders = vk_in(orders, (size_t)n_orders * 4);
@@ -199,6 +206,7 @@ void vk_engram_hash(const nd_backend *be, int32_t *idx, const int32_t *tok, cons
     a.heads = heads;
     a.slots = slots;
     a.omax = omax;
+    a.stride = stride;
     vk_i32(N * (long)K);
     vk_dispatch("engram_hash", &a, sizeof a, vk_groups(N, 64), 1, 1);
 }

@@ -7,12 +7,13 @@
 // time, in a fixed order: for each head of the group, the segment's own
 // rows from the block's first row on (causal), then every row of each
 // child segment (children in index order). No other workgroup writes these
-// rows, so no atomics: dv = sum p dout, dk = scale * sum ds q.
+// rows, so no atomics: dv = sum p dout, dk = scale * sum ds q. q/k head
+// dim hd, v/dout vd; window > 0: a query sees only its last `window` keys.
 layout(local_size_x = 64) in;
 layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer Args {
     F32 dk; F32 dv; F32 dout; F32 q; F32 k; F32 v; F32 lse; F32 delta; I32 lay; I32 blocks;
     I32 child_off; I32 child_list;
-    int N, n_seg, n_blocks, H, G, hd; float scale;
+    int N, n_seg, n_blocks, H, G, hd, vd, window; float scale;
 };
 layout(push_constant) uniform PC { Args a; };
 
@@ -26,7 +27,7 @@ shared float part_dp[ROWS][BQ][LANES]; // and of v.dout
 void main() {
     int tid = int(gl_LocalInvocationID.x), r = tid / LANES, lane = tid % LANES;
     int hd = a.hd, g = int(gl_WorkGroupID.y), rep = a.H / a.G;
-    int qs = a.H * hd, ks = a.G * hd;
+    int vd = a.vd, qs = a.H * hd, ks = a.G * hd, vs = a.G * vd, os = a.H * vd;
     for (uint b = gl_WorkGroupID.x; b < uint(a.n_blocks); b += gl_NumWorkGroups.x) {
         int s = a.blocks.v[2 * b], t0 = a.blocks.v[2 * b + 1];
         int start = SEG_START(s), len = SEG_LEN(s);
@@ -36,9 +37,8 @@ void main() {
         float kr[COLS], vr[COLS], dkr[COLS], dvr[COLS];
         for (int j = 0; j < COLS; j++) {
             int c = lane + LANES * j;
-            bool in_ = live && c < hd;
-            kr[j] = in_ ? a.k.v[krow * ks + g * hd + c] : 0.0;
-            vr[j] = in_ ? a.v.v[krow * ks + g * hd + c] : 0.0;
+            kr[j] = live && c < hd ? a.k.v[krow * ks + g * hd + c] : 0.0;
+            vr[j] = live && c < vd ? a.v.v[krow * vs + g * vd + c] : 0.0;
             dkr[j] = 0.0;
             dvr[j] = 0.0;
         }
@@ -49,17 +49,19 @@ void main() {
                 bool own = sp < c0;
                 int cs = own ? s : a.child_list.v[sp];
                 int qstart = SEG_START(cs), qlen = SEG_LEN(cs);
-                for (int i0 = own ? t0 : 0; i0 < qlen; i0 += BQ) {
+                // a query's key index: its row (own) or len + its row (child);
+                // the block's keys t0..t1-1 are within the window of queries
+                // whose index is below t1 - 1 + window (an upper bound here)
+                int qend = qlen;
+                if (a.window > 0) qend = min(qlen, max(0, t1 - 1 + a.window - (own ? 0 : len)));
+                for (int i0 = own ? t0 : 0; i0 < qend; i0 += BQ) {
                     for (int e = tid; e < BQ * hd; e += 64) {
                         int ii = e / hd, c = e % hd, i = i0 + ii;
-                        float qv = 0.0, dv = 0.0;
-                        if (i < qlen) {
-                            int off = (qstart + i) * qs + h * hd + c;
-                            qv = a.q.v[off];
-                            dv = a.dout.v[off];
-                        }
-                        Qs[ii][c] = qv;
-                        dOs[ii][c] = dv;
+                        Qs[ii][c] = i < qlen ? a.q.v[(qstart + i) * qs + h * hd + c] : 0.0;
+                    }
+                    for (int e = tid; e < BQ * vd; e += 64) {
+                        int ii = e / vd, c = e % vd, i = i0 + ii;
+                        dOs[ii][c] = i < qlen ? a.dout.v[(qstart + i) * os + h * vd + c] : 0.0;
                     }
                     if (tid < BQ) {
                         int i = i0 + tid;
@@ -71,10 +73,8 @@ void main() {
                         float ps = 0.0, pd = 0.0;
                         for (int j = 0; j < COLS; j++) {
                             int c = lane + LANES * j;
-                            if (c < hd) {
-                                ps += Qs[ii][c] * kr[j];
-                                pd += dOs[ii][c] * vr[j];
-                            }
+                            if (c < hd) ps += Qs[ii][c] * kr[j];
+                            if (c < vd) pd += dOs[ii][c] * vr[j];
                         }
                         part_s[r][ii][lane] = ps;
                         part_dp[r][ii][lane] = pd;
@@ -85,6 +85,8 @@ void main() {
                             int i = i0 + ii;
                             if (i >= qlen) break;
                             if (own && i < t) continue; // causal: this query is before the key
+                            // window: the query's key index minus the key's
+                            if (a.window > 0 && (own ? i - t : len + i - t) >= a.window) continue;
                             float x = 0.0, dp = 0.0;
                             for (int ln = 0; ln < LANES; ln++) {
                                 x += part_s[r][ii][ln];
@@ -94,10 +96,8 @@ void main() {
                             float ds = p * (dp - delta_s[ii]);
                             for (int j = 0; j < COLS; j++) {
                                 int c = lane + LANES * j;
-                                if (c < hd) {
-                                    dvr[j] += p * dOs[ii][c];
-                                    dkr[j] += ds * Qs[ii][c];
-                                }
+                                if (c < vd) dvr[j] += p * dOs[ii][c];
+                                if (c < hd) dkr[j] += ds * Qs[ii][c];
                             }
                         }
                     }
@@ -108,10 +108,8 @@ void main() {
         if (live)
             for (int j = 0; j < COLS; j++) {
                 int c = lane + LANES * j;
-                if (c < hd) {
-                    a.dk.v[krow * ks + g * hd + c] = a.scale * dkr[j];
-                    a.dv.v[krow * ks + g * hd + c] = dvr[j];
-                }
+                if (c < hd) a.dk.v[krow * ks + g * hd + c] = a.scale * dkr[j];
+                if (c < vd) a.dv.v[krow * vs + g * vd + c] = dvr[j];
             }
     }
 }

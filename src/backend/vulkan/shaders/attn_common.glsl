@@ -13,3 +13,7 @@
 #define SEG_START(s) a.lay.v[3 * (s)]
 #define SEG_LEN(s) a.lay.v[3 * (s) + 1]
 #define SEG_PARENT(s) a.lay.v[3 * (s) + 2]
+
+// the first key (in key order: parent rows, then own rows) a query whose
+// last visible key is `last` sees under a sliding window (0: no limit)
+int first_key(int last, int window) { return window > 0 ? max(last - window + 1, 0) : 0; }

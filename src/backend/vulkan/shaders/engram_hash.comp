@@ -7,6 +7,7 @@ layout(local_size_x = 64) in;
 layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer Args {
     I32 idx; I32 tok; I32 lay; I32 orders;
     int N, n_seg, n_orders, heads, slots, omax; // omax: longest order, at most 8
+    int stride; // seed index of table k = (order oi, head h): oi*stride + h (+1 below)
 };
 layout(push_constant) uniform PC { Args a; };
 const uint SEED = 0x9E3779B9u, PRIME = 0x01000193u;
@@ -20,7 +21,8 @@ void main() {
         }
         for (int k = 0; k < K; k++) {
             int o = min(a.orders.v[k / a.heads], a.omax);
-            uint acc = SEED * uint(k + 1);
+            int seed_k = (k / a.heads) * a.stride + k % a.heads;
+            uint acc = SEED * uint(seed_k + 1);
             for (int j = 0; j < o; j++) acc = (acc ^ hist[j]) * PRIME;
             acc ^= acc >> 15;
             a.idx.v[r * uint(K) + uint(k)] = int(acc % uint(a.slots));

@@ -143,27 +143,6 @@ int bo_missing(const char *op)
     return 0;
 }
 
-/* Needle 3 ops a GPU plugin does not implement yet (issue 31: its kernels
- * are being written): on that target they run on the CPU and their rows
- * read PENDING, which does not fail the run. The lists must be exact: an op
- * listed here that the target runs itself fails the run (remove it), and
- * any other declined op fails as before. */
-static const char *const vulkan_pending[] = {
-    "attention_ext", "attention_ext_backward", "qkv_taps",           "qkv_taps_backward",
-    "gate_heads",    "gate_heads_backward",    "engram_hash_seeded", NULL};
-static const char *const cuda_pending[] = {
-    "attention_ext", "attention_ext_backward", "qkv_taps",           "qkv_taps_backward",
-    "gate_heads",    "gate_heads_backward",    "engram_hash_seeded", NULL};
-static const char *const *tgt_pending;
-
-static int pending(const char *op)
-{
-    for (int i = 0; tgt_pending && tgt_pending[i]; i++)
-        if (!strcmp(tgt_pending[i], op))
-            return 1;
-    return 0;
-}
-
 /* Whether the target declines op (it runs on the CPU): its row is not
  * compared (that would compare the CPU with itself) but reads DECLINED. */
 static int declined(const char *op)
@@ -430,7 +409,7 @@ static void print_table(void)
         printf("%-38s %5d %10.2e %10.2e %8.0e  %-6s %s\n", r->op, r->cases, r->max_abs, r->max_rel,
                r->tol,
                r->missing    ? "MISSING"
-               : r->declined ? (pending(r->op) ? "PENDING" : "DECLINED")
+               : r->declined ? "DECLINED"
                : r->fail     ? "FAIL"
                              : "ok",
                r->nondet  ? "NO"
@@ -492,10 +471,6 @@ int main(int argc, char **argv)
         printf("skipped: %s\n", nd_last_error());
         return 77;
     }
-    if (!strncmp(name, "vulkan", 6))
-        tgt_pending = vulkan_pending;
-    else if (!strncmp(name, "cuda", 4))
-        tgt_pending = cuda_pending;
     const char *brk = getenv("NEEDLE_TEST_BREAK");
     if (brk && *brk) {
         const nd_backend *b = bo_break(tgt, brk);
@@ -530,18 +505,9 @@ int main(int argc, char **argv)
             failures++;
         }
     /* declined ops ran on the CPU: named, and a failure unless accepted */
-    for (int i = 0; tgt_pending && tgt_pending[i]; i++)
-        for (int j = 0; j < n_rows; j++)
-            if (!strcmp(rows[j].op, tgt_pending[i]) && !rows[j].declined) {
-                printf("FAIL: %s runs on %s but is listed as pending in "
-                       "tests/test_backend_ops.c: remove it from the list\n",
-                       rows[j].op, name);
-                failures++;
-                break;
-            }
     int n_declined = 0;
     for (int i = 0; i < n_rows; i++)
-        if (rows[i].declined && !pending(rows[i].op))
+        if (rows[i].declined)
             printf("%s %s",
                    n_declined++ ? "," : "declined by the target (run on the CPU):", rows[i].op);
     if (n_declined) {

@@ -497,7 +497,26 @@ int nd_finetune(const nd_finetune_opts *o)
         goto done;
     nd_trainer *tr = &bt.tr;
     float *G = o->full ? tr->full_g : tr->lora_g;
-    if (o->qat) {
+    if (m.cfg.generation == 3) {
+        /* 3.x fine-tunes through its deployed numerics; --no-qat: float */
+        if (o->qat && o->no_qat)
+            rc = nd_error(ND_EARG, "--qat and --no-qat together");
+        else if (o->bits)
+            rc = nd_error(ND_EARG, "--bits: a Needle 3 base trains at 3.x's fixed 4-bit CQ "
+                                   "weights (give no --bits)");
+        if (rc)
+            goto done;
+        if (!o->no_qat) {
+            double tq = nd_wtime();
+            if ((rc = nd_trainer_set_quant3(tr)))
+                goto done;
+            emitf(o,
+                  "  %-9s Needle 3 numerics: CQ 4-bit weights, A%d activations, KV %d, straight-"
+                  "through gradients (%.0f ms; --no-qat for float)",
+                  "qat", tr->fq3.act_bits, tr->fq3.kv_bits, (nd_wtime() - tq) * 1e3);
+        } else
+            emitf(o, "  %-9s float (--no-qat)", "qat");
+    } else if (o->qat) {
         double tq = nd_wtime();
         if ((rc = nd_trainer_set_qat(tr, o->bits)))
             goto done;
@@ -554,7 +573,7 @@ int nd_finetune(const nd_finetune_opts *o)
             }
             if (rc)
                 break;
-            if ((!o->full || o->qat) && (rc = nd_trainer_merge(tr)))
+            if ((!o->full || o->qat || tr->quant3) && (rc = nd_trainer_merge(tr)))
                 break;
             last = loss;
             if (llog.f && nd_loss_log_step(&llog, step + 1, epoch + 1, lr_used, loss)) {

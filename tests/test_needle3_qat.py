@@ -13,13 +13,16 @@
     boundary rounds differently in float32 (ours) and float64 (the
     reference), a one-step change of that element which then propagates.
     So: the quantised logits are compared as a whole (relative L2 error <=
-    2e-3, at least 20 times below the float-vs-quantised difference, which
-    is what the numerics do) and element by element (>= 99% of the logits
-    within 1e-3 of the largest |logit|), and the mean loss to 1e-4.
+    5e-4: leaving out any one rounding site -- engram lookup, v, gated
+    output, final hidden -- gives 5e-3 to 8e-3 on tiny3, the whole
+    float-vs-quantised difference is ~0.1, and this build agrees to ~1e-7)
+    and element by element (>= 99% of the logits within 1e-3 of the
+    largest |logit|), and the mean loss to 1e-4.
   * finetune and eval follow the same flags: on a tiny3 base, the first
     step's training loss (one batch holding every example, --val-split 0)
     equals `needle eval`'s loss by default (quantised), and with --no-qat
-    the float one; the two differ. `--grad-norms` follows too (quantised
+    the float one; the two differ; the adapter records which (a --resume
+    with the other is refused). `--grad-norms` follows too (quantised
     by default, --no-qat float; the straight-through gradients are finite
     and close to the float ones).
 """
@@ -116,8 +119,8 @@ def parity(check, needle, tmp):
               "within 1e-3 of max, loss %.7f vs reference %.7f (float %.7f)"
               % (tag, err, eff, 100 * close, loss_q, ref_loss, loss_f))
         check(tag + ": quantised logits differ from the float ones", eff >= 1e-3, "%.3g" % eff)
-        check(tag + ": quantised logits vs reference (rel L2 <= 2e-3, 20x below the effect)",
-              err <= 2e-3 and err * 20 <= eff, "%.3g vs %.3g" % (err, eff))
+        check(tag + ": quantised logits vs reference (rel L2 <= 5e-4)",
+              err <= 5e-4 and err * 20 <= eff, "%.3g vs %.3g" % (err, eff))
         check(tag + ": >= 99% of quantised logits within 1e-3 of max|logit|", close >= 0.99,
               "%.4f" % close)
         check(tag + ": quantised loss vs reference to 1e-4",
@@ -151,7 +154,15 @@ def train_eval(check, needle, tmp):
         if ok:
             with open(log) as f:
                 lines = [json.loads(x) for x in f if x.strip()]
-        for p in (log, out):
+        if not flags and os.path.exists(out):
+            # the adapter records its numerics: resuming it in float is a
+            # changed setting, refused unless --resume-override
+            r2 = run([needle, "finetune", data, "--checkpoint", ck, "--out", out + "2",
+                      "--resume", out, "--epochs", "2", "--batch-size", "12", "--val-split", "0",
+                      *common, "--no-qat"])
+            check("--resume of a quantised run with --no-qat is refused",
+                  r2.returncode != 0 and "--no-qat" in r2.stderr, r2.stderr[-300:])
+        for p in (log, out, out + "2"):
             if os.path.exists(p):
                 os.unlink(p)
         steps = [x for x in lines if "loss" in x]

@@ -90,6 +90,8 @@ static pv *optimizer_state(const nd_finetune_opts *o, const nd_adamw *opt, const
     pv_dict_set(st, "lr", pv_float(o->lr));
     /* --qat: the scheme build must use to get what training saw ("W2") */
     pv_dict_set(st, "qat", pv_int(o->qat));
+    /* a Needle 3 base: 1 = trained in float, 0 = through 3.x's numerics */
+    pv_dict_set(st, "no_qat", pv_int(o->no_qat));
     if (o->qat && qat)
         pv_dict_set(st, "qat_scheme", pv_str(qat));
     return st;
@@ -137,15 +139,17 @@ static int check_resume(const nd_finetune_opts *o, const san_model *m, const pv 
     } ints[] = {{"seed", "--seed"},           {"batch_size", "--batch-size"},
                 {"epochs", "--epochs"},       {"max_len", "--max-len"},
                 {"lora_rank", "--lora-rank"}, {"group_by_tools", "--group-by-tools (1 = on)"},
-                {"qat", "--qat (1 = on)"}};
+                {"qat", "--qat (1 = on)"},    {"no_qat", "--no-qat (1 = on)"}};
     long long now[] = {(long long)o->seed, o->batch_size, o->epochs, o->max_len, o->rank,
-                       o->group_by_tools,  o->qat};
+                       o->group_by_tools,  o->qat,        o->no_qat};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         if (o->full && !strncmp(ints[i].key, "lora_", 5))
             continue; /* no adapter in a --full run */
         v = pv_dict_get(st, ints[i].key);
         if (!v && !strcmp(ints[i].key, "qat") && !o->qat)
             continue; /* adapters from before --qat: trained without it */
+        if (!v && !strcmp(ints[i].key, "no_qat") && !o->no_qat)
+            continue; /* adapters from before --no-qat */
         if (!v || v->kind != PV_INT || v->u.i != now[i]) {
             char was[32];
             if (v && v->kind == PV_INT)

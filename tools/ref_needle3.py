@@ -63,6 +63,9 @@ import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fq3_ref import ref_cq_ste, ref_cq_ste_leaf, ref_fake_quant  # noqa: E402
+
 M32 = 0xFFFFFFFF
 ENGRAM_SEED = 0x9E3779B9
 ENGRAM_PRIME = 0x01000193
@@ -484,10 +487,47 @@ def conv_taps(z, taps, ok):
 
 # ---------------------------------------------------------------- the model
 
-class Model:
-    """The 3.x forward for one Config and parameter dict (float64)."""
+class Quant:
+    """3.x's quant=True numerics (quantize.py; finetune's loss): the
+    quantisers in float32 (tools/fq3_ref.py), their outputs carried on in
+    float64. act/kv bits from the config (3.x defaults 8), weights CQ at
+    WEIGHT_BITS 4, group 128; q at 8 bits; k/v: 0 none, >= 8 the 8-bit
+    rule, 2/3/4 CQ with group 64 along the head."""
 
-    def __init__(self, P, cfg, rope_f32=True):
+    def __init__(self, cfg):
+        self.act_bits = int(cfg.raw.get("act_bits", 8))
+        self.kv_bits = int(cfg.raw.get("kv_bits", 8))
+        if not 2 <= self.act_bits <= 16 or self.kv_bits not in (0, 2, 3, 4) and self.kv_bits < 8:
+            raise RefError("config: act_bits %d / kv_bits %d not trainable"
+                           % (self.act_bits, self.kv_bits))
+
+    @staticmethod
+    def weights(P):
+        return {k: ref_cq_ste_leaf(k, np.asarray(v, np.float32), 4, 128).astype(np.float64)
+                for k, v in P.items()}
+
+    def act(self, x):
+        return ref_fake_quant(x, x.shape[-1], self.act_bits).astype(np.float64)
+
+    def query(self, q):
+        return ref_fake_quant(q, q.shape[-1], 8).astype(np.float64)
+
+    def kv(self, x):
+        if self.kv_bits == 0:
+            return x
+        if self.kv_bits >= 8:
+            return ref_fake_quant(x, x.shape[-1], 8).astype(np.float64)
+        return ref_cq_ste(x, self.kv_bits, 64).astype(np.float64)
+
+
+class Model:
+    """The 3.x forward for one Config and parameter dict (float64); with
+    quant, 3.x's quant=True forward on cq_ste(P) (class Quant)."""
+
+    def __init__(self, P, cfg, rope_f32=True, quant=False):
+        self.q = Quant(cfg) if quant else None
+        if quant:
+            P = Quant.weights(P)
         self.P, self.cfg, self.rope_f32 = P, cfg, rope_f32
         c = cfg
         d, L, n, H, G, qk, vd = c.d, c.L, c.n, c.H, c.G, c.qk, c.vd
@@ -554,6 +594,10 @@ class Model:
                                            taps=s(r + "taps", (ENGRAM_CONV_TAPS, d))))
 
     # §6.5
+    def aq(self, x):
+        """_aq: the A8 activation rounding (identity in float)."""
+        return self.q.act(x) if self.q else x
+
     def engram_kv(self, tokens, mask, trace=None):
         c = self.cfg
         if not c.engram_layers:
@@ -568,7 +612,7 @@ class Model:
         out = []
         for site in self.sites:
             rows = site["table"][np.arange(K)[None, :], idx]          # (T, K, sub)
-            e = (rows * ngram_ok[..., None]).reshape(T, K * c.esub)
+            e = self.aq((rows * ngram_ok[..., None]).reshape(T, K * c.esub))
             k = e @ site["wk"]
             v0 = e @ site["wv"]
             v = sum(site["taps"][j] * shift_right(v0, j * dil) * tap_ok[j][:, None]
@@ -590,6 +634,8 @@ class Model:
         q = apply_rope(zcrms(q.reshape(T, c.H, c.qk), b["q_norm"][l]), cos, sin)
         k = apply_rope(zcrms(k.reshape(T, c.G, c.qk), b["k_norm"][l]), cos, sin)
         v = v.reshape(T, c.G, c.vd)
+        if self.q:
+            q, k, v = self.q.query(q), self.q.kv(k), self.q.kv(v)
         produced = (k, v)
         if is_cons:
             k, v = cla_in
@@ -599,7 +645,7 @@ class Model:
             o = o.reshape(T, c.H * c.vd)
         else:
             o = o.reshape(T, c.H * c.vd) * sigmoid(a @ b["wg"][l])
-        return o @ b["wo"][l], produced
+        return self.aq(o) @ b["wo"][l], produced
 
     # §6.6 - §6.10
     def block(self, l, u, mask, rope, ekv, cla_in, is_cons):
@@ -610,7 +656,8 @@ class Model:
                 ek, ev = ekv[si]
                 alpha = sigmoid(np.sum(rms_unit(u) * rms_unit(ek), -1) / math.sqrt(c.d))
                 x = x + alpha[:, None] * ev
-        attn, produced = self.attention(l, zcrms(x, b["norm_in"][l]), mask, rope, cla_in, is_cons)
+        attn, produced = self.attention(l, self.aq(zcrms(x, b["norm_in"][l])), mask, rope, cla_in,
+                                        is_cons)
         x = x + sigmoid(b["attn_gate"][l]) * zcrms(attn, b["post_norm"][l])
         mp = {k: w[l] for k, w in self.mlp.items()}
         x = x + hadamard_mlp(zcrms(x, b["pre_hada"][l]), mp, c.factor_mode, self.perms)
@@ -638,7 +685,7 @@ class Model:
         T, X = st["T"], st["X"]
         mask = st["full"] if (not c.window or l in c.global_layers) else st["local"]
         lane = np.eye(c.n)[l % c.n]
-        nx = rms_unit(X.reshape(T, c.n * c.d))
+        nx = self.aq(rms_unit(X.reshape(T, c.n * c.d)))
         hpre = sigmoid(m["a_pre"][l] * (nx @ m["phi_pre"][l]) + m["b_pre"][l] + 8 * lane - 4)
         u = np.einsum("ti,tic->tc", hpre, X)
         consumer = any(q == l for _, q in c.cla_pairs)
@@ -656,7 +703,7 @@ class Model:
 
     def finish(self, st):
         """§6.10: logits (T, Vout)."""
-        h = zcrms(st["X"].mean(axis=1), self.final_norm)
+        h = self.aq(zcrms(st["X"].mean(axis=1), self.final_norm))
         return h @ self.E[:self.cfg.vout].T
 
     def forward(self, tokens, trace=None):
@@ -854,6 +901,9 @@ def main(argv=None):
     ap.add_argument("--fd-step", type=float, default=1e-5)
     ap.add_argument("--trace")
     ap.add_argument("--rope", choices=["f32", "f64"], default="f32")
+    ap.add_argument("--quant", action="store_true",
+                    help="3.x's quant=True forward (finetune's numerics): CQ 4-bit weights, "
+                         "A8 activations, 8-bit q, kv_bits k/v")
     ap.add_argument("--check-logits", metavar="FILE")
     ap.add_argument("--check-loss", type=float, metavar="VALUE")
     ap.add_argument("--check-grads", metavar="FILE")
@@ -891,7 +941,9 @@ def main(argv=None):
         lora, scale = {}, 1.0
         if args.adapter:
             lora, scale, _ = load_adapter(args.adapter, cfg, params)
-        model = Model(merge_lora(params, lora, scale), cfg, args.rope == "f32")
+        if args.quant and (args.grads or args.check_grads):
+            raise RefError("--quant: finite differences do not apply across rounding")
+        model = Model(merge_lora(params, lora, scale), cfg, args.rope == "f32", args.quant)
         trace = {} if args.trace else None
         logits = [model.forward(s, trace) for s in seqs]
         if args.logits:

@@ -23,8 +23,9 @@
 static const char *eval_help =
     "usage: needle eval --checkpoint CKPT.pkl DATA.jsonl [--tokenizer M] [--max-len N]\n"
     "                   [--lora ADAPTER] [--grad-norms [--lora-rank R --seed S]] [--json]\n"
-    "                   [--qat [--bits N]]\n"
+    "                   [--qat [--bits N] | --no-qat]\n"
     "       needle eval --checkpoint CKPT.pkl --tokens FILE [--json] [--logits OUT.bin]\n"
+    "                   [--qat (Needle 3)]\n"
     "                   [--batching shared|packed|padded]\n"
     "       common: [--batch-size B] [--threads N] [--device D] [--precision P]\n"
     "\n"
@@ -36,7 +37,12 @@ static const char *eval_help =
     "  --lora ADAPTER   apply an adapter (ours or upstream's) to the base\n"
     "  --qat            evaluate the weights the archive holds: the (merged) weights\n"
     "                   through `needle build`'s CQ quantise-dequantise and FP16\n"
-    "                   rounding, as `needle finetune --qat` trains them (JSONL)\n"
+    "                   rounding, as `needle finetune --qat` trains them (JSONL).\n"
+    "                   A Needle 3 model: 3.x's deployed numerics (CQ 4-bit weights,\n"
+    "                   8-bit activations and q/k/v), which its JSONL loss and\n"
+    "                   --grad-norms use by default, as finetune trains; with\n"
+    "                   --tokens/--logits it asks for them (default there: float)\n"
+    "  --no-qat         Needle 3 model: JSONL loss and --grad-norms in float\n"
     "  --bits N         --qat width 2, 3 or 4 (build's --bits; default: the config's\n"
     "                   weight_bits map, else 4)\n"
     "  --grad-norms     also report the L2 norm of the gradient of the overall loss\n"
@@ -99,6 +105,7 @@ typedef struct {
     const char *ckpt, *data, *tok_flag, *lora_path;
     int json, grad_norms, batch, max_len, rank, batching;
     int qat, bits; /* --qat: the archive's weights at build's --bits */
+    int no_qat;    /* --no-qat: a Needle 3 model's loss in float (default: 3.x's numerics) */
     double alpha;
     long long seed;
 } jsonl_args;
@@ -180,7 +187,8 @@ static int eval_jsonl(const jsonl_args *a, san_model *m, const nd_backend *be)
     }
     if (nd_batcher_create(&bt, m, be, have_lora ? &lora : NULL, &ts, B, a->batching, 0, max_rows,
                           max_items, max_group, ND_ACT_BUDGET_MB) ||
-        (a->qat && nd_trainer_set_qat(&bt.tr, a->bits)) ||
+        (m->cfg.generation == 3 ? !a->no_qat && nd_trainer_set_quant3(&bt.tr)
+                                : a->qat && nd_trainer_set_qat(&bt.tr, a->bits)) ||
         nd_eval_masked(&bt, a->grad_norms, &ev)) {
         cli_fail(a->data);
         goto done;
@@ -259,6 +267,10 @@ int cli_eval(int argc, char **argv)
             ja.qat = 1;
             continue;
         }
+        if (!strcmp(a, "--no-qat")) {
+            ja.no_qat = 1;
+            continue;
+        }
         if (a[0] != '-') {
             if (ja.data)
                 return cli_usage_error("eval", "unexpected argument '%s'", a);
@@ -320,10 +332,10 @@ int cli_eval(int argc, char **argv)
         return cli_usage_error("eval", "--logits works with --tokens input");
     if (tokens && ja.grad_norms)
         return cli_usage_error("eval", "--grad-norms works with JSONL input");
-    if (tokens && ja.qat)
-        return cli_usage_error("eval", "--qat works with JSONL input");
     if (ja.bits && !ja.qat)
         return cli_usage_error("eval", "--bits is the --qat width: give --qat too");
+    if (ja.qat && ja.no_qat)
+        return cli_usage_error("eval", "--qat and --no-qat together");
 
     if (cli_check_output(logits_path, "checkpoint", ckpt, "token file", tokens, "adapter",
                          ja.lora_path, (const char *)NULL))
@@ -342,6 +354,16 @@ int cli_eval(int argc, char **argv)
     }
     char bl[512];
     fprintf(stderr, "  %-9s %s\n", "backend", nd_backend_line(be, bl, sizeof bl));
+    const char *bad = NULL;
+    if (m.cfg.generation == 3 && ja.bits)
+        bad = "--bits: a Needle 3 model's numerics use 3.x's fixed 4-bit CQ weights";
+    else if (m.cfg.generation != 3 && tokens && ja.qat)
+        bad = "--qat works with JSONL input (or a Needle 3 model's --tokens)";
+    if (bad) {
+        pv_decref(tree);
+        san_model_free(&m);
+        return cli_usage_error("eval", "%s", bad);
+    }
     if (ja.data) {
         ja.ckpt = ckpt;
         ja.json = json;
@@ -372,7 +394,22 @@ int cli_eval(int argc, char **argv)
         return cli_fail(NULL);
     }
     san_eval_result r;
-    int rc = san_eval(&m, be, &seqs, (int)batch, logits_path ? write_logits : NULL, &lo, &r);
+    /* Needle 3 --qat: 3.x's quant=True forward on cq_ste(weights) (after
+     * any --lora merge); without flags the float forward */
+    nd_fq3_numerics fq3;
+    int quant3 = m.cfg.generation == 3 && ja.qat;
+    int rc = ND_OK;
+    if (quant3) {
+        nd_fq3_defaults(&fq3);
+        fq3.act_bits = m.cfg.act_bits;
+        fq3.kv_bits = m.cfg.kv_bits;
+        nd_backend_sync(be);
+        if (!(rc = nd_fq3_validate(&fq3)))
+            rc = nd_fq3_model_weights(&m, &fq3, m.mem, m.mem);
+    }
+    if (!rc)
+        rc = san_eval_quant(&m, &m.w, quant3 ? &fq3 : NULL, be, &seqs, (int)batch,
+                            logits_path ? write_logits : NULL, &lo, &r);
     if (logits_path) {
         if (rc) {
             nd_atomic_abort(&lo.af);

@@ -76,7 +76,11 @@ static const char *finetune_help =
     "  --qat                quantisation-aware: every step trains through the CQ\n"
     "                       quantise-dequantise (and FP16 rounding) `needle build`\n"
     "                       applies, gradients straight through, so the archive\n"
-    "                       keeps what the fine-tune learned\n"
+    "                       keeps what the fine-tune learned. A Needle 3 base\n"
+    "                       always trains through 3.x's deployed numerics (CQ 4-bit\n"
+    "                       weights, 8-bit activations and q/k/v, gradients straight\n"
+    "                       through), --qat or not\n"
+    "  --no-qat             Needle 3 base: fine-tune in float instead\n"
     "  --bits N             --qat width 2, 3 or 4 (build's --bits; default: the\n"
     "                       config's weight_bits map, else 4); build the archive\n"
     "                       at the same width\n"
@@ -268,6 +272,10 @@ int cli_finetune(int argc, char **argv)
             o.qat = 1;
             continue;
         }
+        if (!strcmp(a, "--no-qat")) {
+            o.no_qat = 1;
+            continue;
+        }
         if (!strcmp(a, "--resume-override")) {
             o.resume_override = 1;
             continue;
@@ -380,6 +388,8 @@ int cli_finetune(int argc, char **argv)
     }
     if (o.bits && !o.qat)
         return cli_usage_error("finetune", "--bits is the --qat width: give --qat too");
+    if (o.qat && o.no_qat)
+        return cli_usage_error("finetune", "--qat and --no-qat together");
     char outbuf[4096], tokbuf[4096], genbuf[4096];
     if (generate > 0) {
         if (cli_generate_augment(o.data, (long)generate, gen_model, (int)workers, genbuf,

@@ -266,7 +266,7 @@ static int forward_chunk(nd_kv_state *s, const int32_t *tok, int n, float *logit
     kv_wview wv = {{kv_apply}, s};
     kv_attn at = {{&s->lay.L, NULL, NULL, kv_attend}, s, p0, n};
     rope_rows(s, p0, n, &at.base.rope_cos, &at.base.rope_sin);
-    san_block blk = {m, &m->w, be, &wv.base, &at.base, {0}, {0}, NULL, NULL, NULL};
+    san_block blk = {m, &m->w, be, &wv.base, &at.base, {0}, {0}, NULL, NULL, NULL, NULL};
     for (int site = 0; site < m->cfg.n_sites; site++) {
         blk.eng_k[site] = s->eng_k + (size_t)site * n * d;
         blk.eng_v[site] = s->eng_v + (size_t)site * n * d;

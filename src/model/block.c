@@ -54,6 +54,21 @@ void san_hada3_grad_slices(const san_model *m, san_weights *g, int l, void *hg)
     o->cond_u = (float *)s.cond_u;
 }
 
+/* 3.x's quant=True rounding of rows x rows of dim floats in place (kind
+ * 0 the A8 activation rule, 1 the query rule, 2 the k/v rule); a no-op
+ * in the float forward. The quantisers run on the host. */
+static int fq(const san_block *b, int kind, float *x, long rows, int dim)
+{
+    if (!b->quant)
+        return ND_OK;
+    nd_backend_sync(b->be);
+    if (kind == 0)
+        return nd_fq3_act(b->quant, x, x, rows, dim);
+    if (kind == 1)
+        return nd_fq3_query(b->quant, x, x, rows, dim);
+    return nd_fq3_kv(b->quant, x, x, rows, dim);
+}
+
 /* Needle 3's layer: the v2 skeleton with separate q/k and v head dims,
  * the causal q/k/v conv (masked like the layer's attention), a sliding
  * window on local layers, cross-layer k/v sharing, the headwise or
@@ -72,9 +87,11 @@ static int layer_forward3(const san_block *b, san_layer_acts *A, int l, int N, c
     int window = san_layer_is_local(c, l) ? c->sliding_window : 0;
 
     be->rmsnorm(be, A->nx, A->nx_rstd, X, NULL, N, nd);
-    float *const phi_out[3] = {A->pre, A->post, A->res};
-    int rc = b->wv->apply(b->wv, l, SAN_W_PHI, A->nx, N, phi_out);
+    int rc = fq(b, 0, A->nx, N, nd); /* mHC input before phi_* */
     if (rc)
+        return rc;
+    float *const phi_out[3] = {A->pre, A->post, A->res};
+    if ((rc = b->wv->apply(b->wv, l, SAN_W_PHI, A->nx, N, phi_out)))
         return rc;
     be->hyper_coeffs(be, A->hpre, A->hpost, A->M, A->pre, A->post, A->res, w->a_pre[l],
                      w->a_post[l], w->a_res[l], w->b_pre + (size_t)l * n, w->b_post + (size_t)l * n,
@@ -89,6 +106,8 @@ static int layer_forward3(const san_block *b, san_layer_acts *A, int l, int N, c
         }
 
     be->rmsnorm(be, A->a, A->a_rstd, bx, w->norm_in + Ld, N, d);
+    if ((rc = fq(b, 0, A->a, N, d))) /* attention input */
+        return rc;
     float *const qkvg[4] = {A->q, A->k, A->v, A->g};
     if ((rc = b->wv->apply(b->wv, l, SAN_W_QKVG, A->a, N, qkvg)))
         return rc;
@@ -105,6 +124,11 @@ static int layer_forward3(const san_block *b, san_layer_acts *A, int l, int N, c
     const san_attn_src *src = b->attn;
     be->rope(be, A->qn, src->rope_cos, src->rope_sin, src->L, D->H, hd);
     be->rope(be, A->kn, src->rope_cos, src->rope_sin, src->L, D->G, hd);
+    /* q after q_norm + RoPE, k after k_norm + RoPE, v after its taps (a
+     * CLA consumer reads its producer's, quantised there) */
+    if ((rc = fq(b, 1, A->qn, (long)N * D->H, hd)) || (rc = fq(b, 2, A->kn, (long)N * D->G, hd)) ||
+        (rc = fq(b, 2, A->vc, (long)N * (D->v_dim / D->v_hd), D->v_hd)))
+        return rc;
     const float *ku = b->cla_k ? b->cla_k : A->kn, *vu = b->cla_v ? b->cla_v : A->vc;
     if ((rc = src->attend(src, l, A->qn, ku, vu, A->att, A->lse)))
         return rc;
@@ -112,6 +136,8 @@ static int layer_forward3(const san_block *b, san_layer_acts *A, int l, int N, c
         be->gate_heads(be, A->o, A->att, A->g, N, D->H, D->v_hd);
     else
         be->gate_sigmoid(be, A->o, A->att, A->g, (long)N * D->o_dim);
+    if ((rc = fq(b, 0, A->o, N, D->o_dim))) /* gated output before out_proj */
+        return rc;
     float *const out[1] = {A->o2};
     if ((rc = b->wv->apply(b->wv, l, SAN_W_OUT, A->o, N, out)))
         return rc;

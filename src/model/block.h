@@ -15,6 +15,7 @@
 #define ND_BLOCK_H
 
 #include "backend/backend.h"
+#include "model/fake_quant.h"
 #include "model/params.h"
 
 /* Activations of one layer. Forward-only runs reuse one set for every
@@ -90,6 +91,12 @@ typedef struct {
      * the conv), which its attention reads instead of its own */
     const void *hada3; /* const san_hada3_geom * */
     const float *cla_k, *cla_v;
+    /* Needle 3 training numerics (model/fake_quant.h): NULL is the float
+     * forward; else the activations, q, k and v go through 3.x's
+     * quant=True fake quantisation (in place, on the host, so the
+     * backward's weight gradients read the quantised values and its input
+     * gradients pass straight through). Needle 2 layers ignore it. */
+    const nd_fq3_numerics *quant;
 } san_block;
 
 /* Layer l of the block over N rows: lanes X [N, n, d] -> Xn, the

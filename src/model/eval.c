@@ -10,6 +10,13 @@
 int san_eval(const san_model *m, const nd_backend *be, const token_seqs *seqs, int batch,
              san_logits_sink sink, void *sink_ctx, san_eval_result *res)
 {
+    return san_eval_quant(m, &m->w, NULL, be, seqs, batch, sink, sink_ctx, res);
+}
+
+int san_eval_quant(const san_model *m, const san_weights *w, const nd_fq3_numerics *quant,
+                   const nd_backend *be, const token_seqs *seqs, int batch, san_logits_sink sink,
+                   void *sink_ctx, san_eval_result *res)
+{
     memset(res, 0, sizeof *res);
     int V = m->dims.V_out, count = seqs->count, maxT = 0; /* logit columns (3.x out_vocab) */
     for (int i = 0; i < count; i++) {
@@ -44,6 +51,7 @@ int san_eval(const san_model *m, const nd_backend *be, const token_seqs *seqs, i
             rc = san_acts_create(&acts, be, m, B, T, 0, 0);
             if (rc)
                 goto done;
+            acts.quant = quant;
             acts_T = T;
             acts_B = B;
         }
@@ -63,7 +71,7 @@ int san_eval(const san_model *m, const nd_backend *be, const token_seqs *seqs, i
             }
         }
         double t0 = nd_wtime();
-        rc = san_forward(m, &m->w, &acts, tok);
+        rc = san_forward(m, w, &acts, tok);
         if (rc)
             goto done;
         be->cross_entropy(be, loss, acts.logits, tgt, (long)B * T, V);

@@ -292,3 +292,16 @@ void nd_fq3_ste_backward(const float *dy, float *dx, size_t n, int accumulate)
     for (size_t i = 0; i < n; i++)
         dx[i] += dy[i];
 }
+
+int nd_fq3_model_weights(const san_model *m, const nd_fq3_numerics *n, const float *src_mem,
+                         float *dst_mem)
+{
+    for (int i = 0; i < m->n_tensors; i++) {
+        const san_tensor *t = &m->tensors[i];
+        int rc = nd_fq3_cq_ste_leaf(t->name, t->shape, t->ndim, src_mem + t->offset,
+                                    dst_mem + t->offset, n->weight_bits, ND_FQ3_WEIGHT_GROUP);
+        if (rc < 0)
+            return rc;
+    }
+    return ND_OK;
+}

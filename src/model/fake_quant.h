@@ -47,6 +47,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/params.h"
+
 /* configure_deploy's globals as finetune sets them. */
 typedef struct {
     int act_bits;    /* ACT_BITS = config.act_bits (3.x default 8) */
@@ -135,5 +137,14 @@ int nd_fq3_cq_ste_leaf(const char *path, const int64_t *shape, int ndim, const f
 /* The backward of every function above (straight through): dx = dy, or
  * dx += dy with accumulate. dx may equal dy when not accumulating. */
 void nd_fq3_ste_backward(const float *dy, float *dx, size_t n, int accumulate);
+
+/* cq_ste_params over a whole model (model/params.h): dst_mem = every
+ * tensor of m through nd_fq3_cq_ste_leaf (by its flax path and shape) at
+ * n->weight_bits, group 128 (3.x CQ_GROUP_SIZE), from src_mem (both in
+ * m's layout, m->numel floats; they may be the same). */
+int nd_fq3_model_weights(const san_model *m, const nd_fq3_numerics *n, const float *src_mem,
+                         float *dst_mem);
+
+#define ND_FQ3_WEIGHT_GROUP 128
 
 #endif

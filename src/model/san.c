@@ -259,6 +259,20 @@ void san_acts_free(san_acts *a)
         memset(a, 0, sizeof *a);
 }
 
+/* 3.x's quant=True rounding of rows x dim floats in place (A8 rule) */
+static int quant_act(const san_model *m, san_acts *a, float *x, long rows, int dim)
+{
+    if (!a->quant || m->cfg.generation != 3)
+        return ND_OK;
+    nd_backend_sync(a->be);
+    return nd_fq3_act(a->quant, x, x, rows, dim);
+}
+
+int san_engram_quant(const san_model *m, san_acts *a)
+{
+    return quant_act(m, a, a->eng_e, a->N, m->dims.eng_dim);
+}
+
 void san_engram_forward(const san_model *m, const san_weights *w, san_acts *a,
                         const int32_t *tokens)
 {
@@ -277,6 +291,7 @@ void san_engram_forward(const san_model *m, const san_weights *w, san_acts *a,
     for (int s = 0; s < c->n_sites; s++) {
         be->engram_gather(be, a->eng_e, w->eng[s].table, a->eng_idx, L, c->engram_orders,
                           c->n_orders, D->eng_heads, c->engram_slots, D->eng_sub);
+        san_engram_quant(m, a); /* rows and widths checked by the config: cannot fail */
         be->matmul(be, 0, 0, (int)a->N, D->d, D->eng_dim, 1.0f, a->eng_e, D->eng_dim, w->eng[s].wk,
                    D->d, 0.0f, a->eng_k[s], D->d);
         be->matmul(be, 0, 0, (int)a->N, D->d, D->eng_dim, 1.0f, a->eng_e, D->eng_dim, w->eng[s].wv,
@@ -358,7 +373,9 @@ int san_layer_forward_batch(const san_model *m, const san_weights *w, san_acts *
 {
     batch_wview wv = {{batch_apply}, m, w, a};
     batch_attn at = {{&a->lay.L, a->rope_cos, a->rope_sin, batch_attend}, a->be, m};
-    san_block b = {m, w, a->be, &wv.base, &at.base, {0}, {0}, a->hada3, NULL, NULL};
+    san_block b = {m, w, a->be, &wv.base, &at.base, {0}, {0}, a->hada3, NULL, NULL, NULL};
+    if (m->cfg.generation == 3)
+        b.quant = a->quant;
     for (int s = 0; s < m->cfg.n_sites; s++) {
         b.eng_k[s] = a->eng_k[s];
         b.eng_v[s] = a->eng_v[s];
@@ -415,7 +432,7 @@ int san_forward_hidden(const san_model *m, const san_weights *w, san_acts *a, co
                    (int)lane_sz);
     be->lanes_mean(be, a->xm, a->X, N, n, d);
     be->rmsnorm(be, a->hf, a->hf_rstd, a->xm, w->final_norm, N, d);
-    return ND_OK;
+    return quant_act(m, a, a->hf, N, d); /* the final hidden before the head */
 }
 
 int san_forward(const san_model *m, const san_weights *w, san_acts *a, const int32_t *tokens)

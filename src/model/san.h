@@ -38,6 +38,12 @@ typedef struct {
      * each CLA pair's producer hands its consumer [N, k_dim], [N, v_dim] */
     void *hada3;
     float *cla_k[SAN_MAX_CLA], *cla_v[SAN_MAX_CLA];
+    /* Needle 3 training numerics (model/fake_quant.h): NULL (the default)
+     * is the float forward; else 3.x's quant=True forward (the engram
+     * lookups, the layers' activations, q, k, v and the final hidden are
+     * fake-quantised; the weights are whatever w holds). Needle 2 models
+     * ignore it. */
+    const nd_fq3_numerics *quant;
     size_t bytes; /* size of the allocation */
     void *block;  /* the one allocation */
     const nd_backend *be;
@@ -79,6 +85,9 @@ int san_logits_rows(const san_model *m, const san_weights *w, san_acts *a, const
 void san_rope_tables(float *cos_t, float *sin_t, int T, int hd, double theta);
 void san_engram_forward(const san_model *m, const san_weights *w, san_acts *a,
                         const int32_t *tokens);
+/* a->eng_e after a gather: with a->quant on a Needle 3 model, 3.x's A8
+ * rounding of each row (the lookup before key_proj/value_proj). */
+int san_engram_quant(const san_model *m, san_acts *a);
 /* Layer `layer` of the block (model/block.h) over the layout's rows into
  * a->l: float products through the backend's matmul, full causal attention
  * over the layout. */

@@ -502,6 +502,9 @@ static int san_backward_hidden(const san_model *m, const san_weights *w, san_act
     for (int s = 0; s < c->n_sites; s++) {
         be->engram_gather(be, a->eng_e, w->eng[s].table, a->eng_idx, Lay, c->engram_orders,
                           c->n_orders, D->eng_heads, c->engram_slots, D->eng_sub);
+        int qrc = san_engram_quant(m, a); /* the lookup the forward used (STE) */
+        if (qrc)
+            return qrc;
         be->matmul(be, 0, 0, N, d, D->eng_dim, 1.0f, a->eng_e, D->eng_dim, w->eng[s].wv, d, 0.0f,
                    a->eng_vp, d);
         be->engram_taps_backward(be, g->deng_vp, F->eng[s].taps, g->deng_v[s], a->eng_vp,

@@ -90,6 +90,8 @@ static pv *optimizer_state(const nd_finetune_opts *o, const nd_adamw *opt, const
     pv_dict_set(st, "lr", pv_float(o->lr));
     /* --qat: the scheme build must use to get what training saw ("W2") */
     pv_dict_set(st, "qat", pv_int(o->qat));
+    /* a Needle 3 base: 1 = trained in float, 0 = through 3.x's numerics */
+    pv_dict_set(st, "no_qat", pv_int(o->no_qat));
     if (o->qat && qat)
         pv_dict_set(st, "qat_scheme", pv_str(qat));
     return st;
@@ -137,15 +139,17 @@ static int check_resume(const nd_finetune_opts *o, const san_model *m, const pv 
     } ints[] = {{"seed", "--seed"},           {"batch_size", "--batch-size"},
                 {"epochs", "--epochs"},       {"max_len", "--max-len"},
                 {"lora_rank", "--lora-rank"}, {"group_by_tools", "--group-by-tools (1 = on)"},
-                {"qat", "--qat (1 = on)"}};
+                {"qat", "--qat (1 = on)"},    {"no_qat", "--no-qat (1 = on)"}};
     long long now[] = {(long long)o->seed, o->batch_size, o->epochs, o->max_len, o->rank,
-                       o->group_by_tools,  o->qat};
+                       o->group_by_tools,  o->qat,        o->no_qat};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         if (o->full && !strncmp(ints[i].key, "lora_", 5))
             continue; /* no adapter in a --full run */
         v = pv_dict_get(st, ints[i].key);
         if (!v && !strcmp(ints[i].key, "qat") && !o->qat)
             continue; /* adapters from before --qat: trained without it */
+        if (!v && !strcmp(ints[i].key, "no_qat") && !o->no_qat)
+            continue; /* adapters from before --no-qat */
         if (!v || v->kind != PV_INT || v->u.i != now[i]) {
             char was[32];
             if (v && v->kind == PV_INT)
@@ -497,7 +501,26 @@ int nd_finetune(const nd_finetune_opts *o)
         goto done;
     nd_trainer *tr = &bt.tr;
     float *G = o->full ? tr->full_g : tr->lora_g;
-    if (o->qat) {
+    if (m.cfg.generation == 3) {
+        /* 3.x fine-tunes through its deployed numerics; --no-qat: float */
+        if (o->qat && o->no_qat)
+            rc = nd_error(ND_EARG, "--qat and --no-qat together");
+        else if (o->bits)
+            rc = nd_error(ND_EARG, "--bits: a Needle 3 base trains at 3.x's fixed 4-bit CQ "
+                                   "weights (give no --bits)");
+        if (rc)
+            goto done;
+        if (!o->no_qat) {
+            double tq = nd_wtime();
+            if ((rc = nd_trainer_set_quant3(tr)))
+                goto done;
+            emitf(o,
+                  "  %-9s Needle 3 numerics: CQ 4-bit weights, A%d activations, KV %d, straight-"
+                  "through gradients (%.0f ms; --no-qat for float)",
+                  "qat", tr->fq3.act_bits, tr->fq3.kv_bits, (nd_wtime() - tq) * 1e3);
+        } else
+            emitf(o, "  %-9s float (--no-qat)", "qat");
+    } else if (o->qat) {
         double tq = nd_wtime();
         if ((rc = nd_trainer_set_qat(tr, o->bits)))
             goto done;
@@ -554,7 +577,7 @@ int nd_finetune(const nd_finetune_opts *o)
             }
             if (rc)
                 break;
-            if ((!o->full || o->qat) && (rc = nd_trainer_merge(tr)))
+            if ((!o->full || o->qat || tr->quant3) && (rc = nd_trainer_merge(tr)))
                 break;
             last = loss;
             if (llog.f && nd_loss_log_step(&llog, step + 1, epoch + 1, lr_used, loss)) {

@@ -29,6 +29,8 @@ typedef struct {
     const char *loss_log; /* JSONL per step (and per validation), or NULL */
     int qat;              /* train through build's quantise-dequantise (train/qat.h) */
     int bits;             /* --qat width as build's --bits; 0 = config map, else 4 */
+    int no_qat;           /* Needle 3 base: train in float instead of 3.x's deployed
+                           * numerics (nd_trainer_set_quant3), which are the default */
     int generation;       /* chat template and tokenizer rules (text/render.h): 2 or 3; 0 = the
                            * base model's generation (its config, model/config.h) */
     const nd_backend *be;

@@ -211,9 +211,57 @@ static int qat_requantise(nd_trainer *tr)
     return rc;
 }
 
+/* the tensor that starts at float offset off, or NULL */
+static const san_tensor *tensor_at(const san_model *m, size_t off)
+{
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->tensors[i].offset == off)
+            return &m->tensors[i];
+    return NULL;
+}
+
+/* Needle 3: qmem = cq_ste_params(weights): every tensor (base, or with
+ * LoRA the merged targets only, read from their merged slots) */
+static int quant3_requantise(nd_trainer *tr, int all)
+{
+    const san_model *m = tr->m;
+    int bits = tr->fq3.weight_bits;
+    if (all || !tr->lora) {
+        int rc = nd_fq3_model_weights(m, &tr->fq3, m->mem, tr->qmem);
+        if (rc || !tr->lora)
+            return rc;
+    }
+    san_weights base = m->w;
+    for (int t = 0; t < LORA_NTARGETS; t++) {
+        if (!tr->lora->t[t].present)
+            continue;
+        size_t off = (size_t)(san_lora_weight_slot(&base, t) - m->mem);
+        const san_tensor *ten = tensor_at(m, off);
+        if (!ten)
+            return nd_error(ND_ESHAPE, "LoRA target %d: no tensor at its offset", t);
+        int rc = nd_fq3_cq_ste_leaf(ten->name, ten->shape, ten->ndim, merged_slot(tr, t),
+                                    tr->qmem + off, bits, ND_FQ3_WEIGHT_GROUP);
+        if (rc < 0)
+            return rc;
+    }
+    return ND_OK;
+}
+
+static int quant3_merge(nd_trainer *tr, int all)
+{
+    nd_backend_sync(tr->be); /* the host reads the (merged) weights */
+    double t0 = nd_wtime();
+    int rc = quant3_requantise(tr, all);
+    tr->quant3_seconds += nd_wtime() - t0;
+    tr->quant3_calls++;
+    return rc;
+}
+
 int nd_trainer_merge(nd_trainer *tr)
 {
     san_lora *lo = tr->lora;
+    if (!lo && tr->quant3)
+        return quant3_merge(tr, 1);
     if (!lo && tr->qat) {
         double t0 = nd_wtime();
         int rc = qat_requantise(tr);
@@ -238,6 +286,8 @@ int nd_trainer_merge(nd_trainer *tr)
                            san_lora_B(lo, lo->mem, t) + (size_t)l * r * out, out, 1.0f,
                            E + (size_t)l * in * out, out);
     }
+    if (tr->quant3)
+        return quant3_merge(tr, 0);
     if (!tr->qat)
         return ND_OK;
     nd_backend_sync(tr->be); /* the host reads the merged weights */
@@ -272,6 +322,32 @@ int nd_trainer_set_qat(nd_trainer *tr, int bits)
     /* the base once (in LoRA training only the targets change) */
     memcpy(tr->qmem, m->mem, m->numel * sizeof(float));
     if ((rc = nd_qat_apply(tr->qat, m->mem, tr->qmem, 0, m->numel)))
+        return rc;
+    return nd_trainer_merge(tr);
+}
+
+int nd_trainer_set_quant3(nd_trainer *tr)
+{
+    const san_model *m = tr->m;
+    if (m->cfg.generation != 3)
+        return nd_error(ND_EARG, "the Needle 3 training numerics need a Needle 3 model");
+    if (tr->qat || tr->quant3)
+        return nd_error(ND_EARG, "quantised training is already on");
+    nd_fq3_defaults(&tr->fq3);
+    tr->fq3.act_bits = m->cfg.act_bits;
+    tr->fq3.kv_bits = m->cfg.kv_bits;
+    int rc = nd_fq3_validate(&tr->fq3);
+    if (rc)
+        return rc;
+    nd_backend_sync(tr->be);
+    tr->qmem = tr->be->alloc(tr->be, (m->numel ? m->numel : 1) * sizeof(float));
+    if (!tr->qmem)
+        return nd_error(ND_ENOMEM, "out of memory for the quantised weights");
+    san_weights_bind(m, tr->qmem, &tr->w);
+    tr->quant3 = 1;
+    tr->acts.quant = &tr->fq3;
+    /* the base once (in LoRA training only the targets change after) */
+    if ((rc = quant3_requantise(tr, 1)))
         return rc;
     return nd_trainer_merge(tr);
 }

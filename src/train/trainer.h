@@ -20,10 +20,16 @@ typedef struct {
     float *lora_g;  /* lora->numel */
     float *merged;  /* merged projection weights */
     nd_qat *qat;    /* --qat: the forward sees Q(weights) (train/qat.h) */
-    float *qmem;    /* --qat: the quantised model, m->numel floats */
-    int full;       /* gradients for every base tensor */
-    san_weights w;  /* effective weights for the forward */
-    float *full_g;  /* m->numel when full gradients are on */
+    float *qmem;    /* --qat / Needle 3 numerics: the quantised model, m->numel floats */
+    /* Needle 3 training numerics (nd_trainer_set_quant3): the forward's
+     * activations through fq3 (acts.quant), the weights cq_ste'd into qmem */
+    int quant3;
+    nd_fq3_numerics fq3;
+    double quant3_seconds;
+    long quant3_calls;
+    int full;      /* gradients for every base tensor */
+    san_weights w; /* effective weights for the forward */
+    float *full_g; /* m->numel when full gradients are on */
     san_weights gw;
     float *row_loss, *row_w;
     int32_t *tgt;
@@ -66,6 +72,12 @@ int nd_trainer_merge(nd_trainer *tr);
  * else 4), exactly what `needle build` writes; gradients pass straight
  * through Q to the adapter or the base weights. */
 int nd_trainer_set_qat(nd_trainer *tr, int bits);
+/* Needle 3 training numerics (model/fake_quant.h, 3.x finetune's loss):
+ * from now on the forward runs 3.x's quant=True numerics (act_bits and
+ * kv_bits from the config, 8-bit q) on cq_ste(merged weights, 4 bits,
+ * group 128); the backward passes gradients straight through every
+ * quantiser. Refused on a Needle 2 model and together with --qat. */
+int nd_trainer_set_quant3(nd_trainer *tr);
 /* Loss of B rows of T ids with loss mask (row-major [B, T]); rows beyond
  * `rows` are ignored (treated as fully masked). With `grad`, gradients are
  * SET into tr->lora_g / tr->full_g. *masked returns the number of

@@ -49,6 +49,34 @@ static int add(san_model *m, int *cap, size_t slot, san_init_kind init, float va
 
 static int layout3(san_model *m, int *cap);
 
+/* The stack's own tensors, the same in both generations: the hyper-
+ * connection parameters and the final norm (in the checkpoint's order). */
+static int add_stack(san_model *m, int *cap)
+{
+    const san_dims *D = &m->dims;
+    int64_t L = D->L, d = D->d, n = D->n, nd = (int64_t)D->n * D->d;
+    float std = 0.02f;
+    int rc;
+#define ADD(slot, init, val, nd_, shape, ...)                                                      \
+    do {                                                                                           \
+        rc = add(m, cap, slot, init, val, nd_, shape, __VA_ARGS__);                                \
+        if (rc)                                                                                    \
+            return rc;                                                                             \
+    } while (0)
+    ADD(SLOT(phi_pre), INIT_NORMAL, std, 3, S(L, nd, n), "stack/mhc_phi_pre");
+    ADD(SLOT(phi_post), INIT_NORMAL, std, 3, S(L, nd, n), "stack/mhc_phi_post");
+    ADD(SLOT(phi_res), INIT_NORMAL, std, 3, S(L, nd, n * n), "stack/mhc_phi_res");
+    ADD(SLOT(b_pre), INIT_ZEROS, 0, 2, S(L, n), "stack/mhc_b_pre");
+    ADD(SLOT(b_post), INIT_ZEROS, 0, 2, S(L, n), "stack/mhc_b_post");
+    ADD(SLOT(b_res), INIT_RES_EYE, 4, 3, S(L, n, n), "stack/mhc_b_res");
+    ADD(SLOT(a_pre), INIT_CONST, 0.01f, 1, S(L), "stack/mhc_a_pre");
+    ADD(SLOT(a_post), INIT_CONST, 0.01f, 1, S(L), "stack/mhc_a_post");
+    ADD(SLOT(a_res), INIT_CONST, 0.01f, 1, S(L), "stack/mhc_a_res");
+    ADD(SLOT(final_norm), INIT_ZEROS, 0, 1, S(d), "stack/final_norm/scale");
+#undef ADD
+    return ND_OK;
+}
+
 int san_model_layout(san_model *m, const san_config *cfg)
 {
     memset(m, 0, sizeof *m);
@@ -66,7 +94,7 @@ int san_model_layout(san_model *m, const san_config *cfg)
         return rc;
     }
     const san_dims *D = &m->dims;
-    int64_t L = D->L, d = D->d, n = D->n, nd = (int64_t)D->n * D->d;
+    int64_t L = D->L, d = D->d;
     float std = 0.02f, res_std = (float)(0.02 / sqrt(2.0 * L));
     int cap = 0;
     const char *blk = "stack/layers/block";
@@ -92,16 +120,9 @@ int san_model_layout(san_model *m, const san_config *cfg)
     ADD(SLOT(d1), INIT_ONES, 1, 2, S(L, D->hada_n), "%s/hadamard_mlp/d1", blk);
     ADD(SLOT(d2), INIT_ONES, 1, 2, S(L, D->hada_n), "%s/hadamard_mlp/d2", blk);
     ADD(SLOT(d3), INIT_CONST, 0.02f, 2, S(L, D->hada_n), "%s/hadamard_mlp/d3", blk);
-    ADD(SLOT(phi_pre), INIT_NORMAL, std, 3, S(L, nd, n), "stack/mhc_phi_pre");
-    ADD(SLOT(phi_post), INIT_NORMAL, std, 3, S(L, nd, n), "stack/mhc_phi_post");
-    ADD(SLOT(phi_res), INIT_NORMAL, std, 3, S(L, nd, n * n), "stack/mhc_phi_res");
-    ADD(SLOT(b_pre), INIT_ZEROS, 0, 2, S(L, n), "stack/mhc_b_pre");
-    ADD(SLOT(b_post), INIT_ZEROS, 0, 2, S(L, n), "stack/mhc_b_post");
-    ADD(SLOT(b_res), INIT_RES_EYE, 4, 3, S(L, n, n), "stack/mhc_b_res");
-    ADD(SLOT(a_pre), INIT_CONST, 0.01f, 1, S(L), "stack/mhc_a_pre");
-    ADD(SLOT(a_post), INIT_CONST, 0.01f, 1, S(L), "stack/mhc_a_post");
-    ADD(SLOT(a_res), INIT_CONST, 0.01f, 1, S(L), "stack/mhc_a_res");
-    ADD(SLOT(final_norm), INIT_ZEROS, 0, 1, S(d), "stack/final_norm/scale");
+    rc = add_stack(m, &cap);
+    if (rc)
+        goto fail;
     for (int s = 0; s < cfg->n_sites; s++) {
         ADD(SLOT(eng[s].table), INIT_NORMAL, std, 3,
             S(D->eng_tables, cfg->engram_slots, D->eng_sub), "engrams_%d/embedding", s);
@@ -124,7 +145,7 @@ static int layout3(san_model *m, int *cap)
 {
     const san_config *cfg = &m->cfg;
     const san_dims *D = &m->dims;
-    int64_t L = D->L, d = D->d, n = D->n, nd = (int64_t)D->n * D->d, hn = D->hada_n;
+    int64_t L = D->L, d = D->d, hn = D->hada_n;
     int64_t ba = D->hada_ba, bb = D->hada_bb, T = cfg->qkv_conv_taps;
     float std = 0.02f, res_std = (float)(0.02 / sqrt(2.0 * L));
     int rc;
@@ -174,16 +195,9 @@ static int layout3(san_model *m, int *cap)
         blk);
     ADD(SLOT(cond_u), INIT_ZEROS, 0, 3, S(L, SAN_HADA_COND_RANK, hn), "%s/hadamard_mlp/cond_u",
         blk);
-    ADD(SLOT(phi_pre), INIT_NORMAL, std, 3, S(L, nd, n), "stack/mhc_phi_pre");
-    ADD(SLOT(phi_post), INIT_NORMAL, std, 3, S(L, nd, n), "stack/mhc_phi_post");
-    ADD(SLOT(phi_res), INIT_NORMAL, std, 3, S(L, nd, n * n), "stack/mhc_phi_res");
-    ADD(SLOT(b_pre), INIT_ZEROS, 0, 2, S(L, n), "stack/mhc_b_pre");
-    ADD(SLOT(b_post), INIT_ZEROS, 0, 2, S(L, n), "stack/mhc_b_post");
-    ADD(SLOT(b_res), INIT_RES_EYE, 4, 3, S(L, n, n), "stack/mhc_b_res");
-    ADD(SLOT(a_pre), INIT_CONST, 0.01f, 1, S(L), "stack/mhc_a_pre");
-    ADD(SLOT(a_post), INIT_CONST, 0.01f, 1, S(L), "stack/mhc_a_post");
-    ADD(SLOT(a_res), INIT_CONST, 0.01f, 1, S(L), "stack/mhc_a_res");
-    ADD(SLOT(final_norm), INIT_ZEROS, 0, 1, S(d), "stack/final_norm/scale");
+    rc = add_stack(m, cap);
+    if (rc)
+        return rc;
     int64_t K = D->eng_tables, slots = cfg->engram_slots, sub = D->eng_sub;
     if (D->n_banks) {
         for (int b = 0; b < D->n_banks; b++)

@@ -186,6 +186,8 @@ NEEDLE_API const char *needle_session_context_tools(const needle_session *s);
  * head's probability for the token ids[0..n) (a whole rendered sequence,
  * BOS first); 0 or NEEDLE_EUNSUPPORTED without the head. */
 NEEDLE_API int needle_model_embed(const needle_model *m, const char *text, float *out, int out_len);
+/* The dimension needle_model_embed returns, without running it. */
+NEEDLE_API int needle_model_embed_dim(const needle_model *m);
 NEEDLE_API int needle_model_head_confidence(const needle_model *m, const int *ids, int n,
                                             double *p);
 
@@ -201,6 +203,11 @@ NEEDLE_API int needle_load(const unsigned char *cact, unsigned long long n);
 NEEDLE_API int needle_init(const char *system, const char *tools_json, const char *tool_index_path);
 NEEDLE_API int needle_complete(const char *text, int max_new_tokens, char *buf, int buf_len);
 NEEDLE_API void needle_reset(void);
+/* Upstream 3.x's embedding call: the loaded archive's embedding of `text`
+ * (unit length). With out NULL and dim 0 it returns the dimension only;
+ * else writes min(dim, dimension) floats and returns the dimension.
+ * NEEDLE_EUNSUPPORTED when the archive has no embedding head. */
+NEEDLE_API int needle_embed(const char *text, float *out, int dim);
 /* Message of the last failed global call ("" if none). */
 NEEDLE_API const char *needle_last_error(void);
 

@@ -18,6 +18,12 @@ for f in bin/needle "$LIBDIR/libneedle.so" "$LIBDIR/libneedle.a" include/needle.
     [ -f "$ROOT/$f" ] || fail "not installed: $PREFIX/$f"
     echo "ok   installed $PREFIX/$f"
 done
+# upstream 3.x's names for the per-generation engines: links to ours
+for g in 2 3; do
+    [ "$(readlink "$ROOT/$LIBDIR/libneedle$g.so")" = libneedle.so ] ||
+        fail "$LIBDIR/libneedle$g.so is not a link to libneedle.so"
+    echo "ok   $LIBDIR/libneedle$g.so -> libneedle.so"
+done
 for p in "$BUILD"/libneedle_*.so; do
     [ -e "$p" ] || continue
     [ -f "$ROOT/$LIBDIR/needle/$(basename "$p")" ] || fail "plugin $(basename "$p") not installed"

@@ -182,6 +182,8 @@ def bind():
         "needle_init": ([cp, cp, cp], i),
         "needle_complete": ([cp, i, cp, i], i),
         "needle_last_error": ([], cp),
+        "needle_embed": ([cp, ctypes.POINTER(ctypes.c_float), i], i),
+        "needle_model_embed_dim": ([vp], i),
     }
     for name, (args, res) in sig.items():
         f = getattr(lib, name)
@@ -219,6 +221,29 @@ def c_embed(lib, model, text):
     dim = lib.needle_model_embed(model, text.encode(), out, 512)
     check(dim == 128, "needle_model_embed: %d %r" % (dim, lib.needle_thread_error()))
     return np.array(out[:dim], np.float64)
+
+
+def abi_embed(lib, arch, want):
+    """Upstream 3.x's embed() through the global ABI: the size call with no
+    buffer, then the call with room; a model without the head says so."""
+    check(lib.needle_embed(QUERY.encode(), None, 0) == -11,
+          "needle_embed before any needle_load: %r" % lib.needle_last_error())
+    data = open(arch["A"], "rb").read()
+    check(lib.needle_load(data, len(data)) == 0, "needle_load A: %r" % lib.needle_last_error())
+    dim = lib.needle_embed(QUERY.encode(), None, 0)
+    out = (ctypes.c_float * dim)() if dim > 0 else None
+    rc = lib.needle_embed(QUERY.encode(), out, dim) if out else dim
+    check(dim == 128 and rc == dim, "needle_embed: dim %d rc %d %r" % (
+        dim, rc, lib.needle_last_error()))
+    if out:
+        got = np.array(out[:], np.float64)
+        check(np.abs(got - want).max() < 1e-6, "needle_embed == needle_model_embed: %.3g"
+              % np.abs(got - want).max())
+    data = open(arch["C"], "rb").read()
+    check(lib.needle_load(data, len(data)) == 0, "needle_load C: %r" % lib.needle_last_error())
+    rc = lib.needle_embed(QUERY.encode(), None, 0)
+    msg = lib.needle_last_error().decode()
+    check(rc == -9 and "head" in msg, "needle_embed without a head: %d %r" % (rc, msg))
 
 
 def stat(path):
@@ -338,6 +363,9 @@ def run_all(tmp):
     check(lib.needle_model_head_confidence(mC, ids, len(seq), ctypes.byref(p)) == -9,
           "no confidence head: NEEDLE_EUNSUPPORTED")
     check(lib.needle_model_embed(mC, b"x", None, 0) == -9, "no contrastive head")
+    check(lib.needle_model_embed_dim(mA) == 128 and lib.needle_model_embed_dim(mC) == -9,
+          "needle_model_embed_dim")
+    abi_embed(lib, arch, q_q)
 
     # ---- retrieval picks the numpy top 5 ----
     s = Session(lib, mA, TOOLS)

@@ -122,6 +122,30 @@ int needle_complete(const char *text, int max_new_tokens, char *buf, int buf_len
     return rc;
 }
 
+/* Upstream 3.x's embed(): called once with out NULL for the size, then
+ * with room for it; both return the dimension. */
+int needle_embed(const char *text, float *out, int dim)
+{
+    pthread_mutex_lock(&g_lock);
+    int rc;
+    if (!g_model) {
+        if (g_load_called)
+            load_failed_error();
+        else
+            snprintf(g_err, sizeof g_err, "no model loaded: call needle_load first");
+        rc = NEEDLE_ESTATE;
+    } else if (!text || dim < 0 || (!out && dim > 0)) {
+        snprintf(g_err, sizeof g_err, "needle_embed: NULL text or no room for %d floats", dim);
+        rc = NEEDLE_EARG;
+    } else {
+        rc = out ? needle_model_embed(g_model, text, out, dim) : needle_model_embed_dim(g_model);
+        if (rc < 0)
+            snprintf(g_err, sizeof g_err, "%s", needle_thread_error());
+    }
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
 void needle_reset(void)
 {
     pthread_mutex_lock(&g_lock);

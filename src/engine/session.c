@@ -807,6 +807,15 @@ int needle_model_embed(const needle_model *M, const char *text, float *out, int 
     return rc ? rc : dim;
 }
 
+int needle_model_embed_dim(const needle_model *M)
+{
+    if (!M)
+        return nd_error(ND_EARG, "needle_model_embed_dim: NULL model");
+    if (!M->heads.contrastive.present)
+        return nd_error(ND_EUNSUPPORTED, "the archive has no contrastive head");
+    return M->heads.contrastive.out_dim;
+}
+
 int needle_model_head_confidence(const needle_model *M, const int *ids, int n, double *p)
 {
     if (!M || !ids || !p)

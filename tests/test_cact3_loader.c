@@ -457,6 +457,9 @@ static void test_hostile(const unsigned char *good, size_t len, const cact_file 
             put32(b + f->t[p1].offset + 4, get_u32(good + f->t[p1].offset))),
            "permutation");
     MUTATE("a head code 7", put32(b + f->t[man].offset, 0x4700u /* fp16 7.0 */), "head code");
+    MUTATE("a manifest of two heads before three heads' tensors",
+           (put32(b + rec_at((uint32_t)man) + 4, 2), put64(b + rec_at((uint32_t)man) + 28, 4)),
+           "no head uses");
     MUTATE("an unknown dtype", b[rec_at(3)] = 9, "dtype");
     free(b);
 }

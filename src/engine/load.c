@@ -649,6 +649,9 @@ static int heads3(const cact_file *f, const cact3_layout *lay, const san_dims *D
         hd->out = pj->ndim == 2 ? (int)pj->shape[0] : 0;
         int64_t k = hd->k, qn = hd->q, out = hd->out;
         int rc;
+        if (qn < 1 || out < 1)
+            return nd_error(ND_ESHAPE, "cact: head %d (code %d) has %lld queries and %lld outputs",
+                            h, code, (long long)qn, (long long)out);
         if ((rc = qmat_one(f, (int)i, &hd->probes, L1 * k, d, pr->name)) ||
             (rc = expect3(f, i + 1, CACT_FP16, 2, S3(L1, k))) ||
             (rc = qmat_one(f, (int)i + 2, &hd->query, qn, d, qu->name)) ||
@@ -657,9 +660,6 @@ static int heads3(const cact_file *f, const cact3_layout *lay, const san_dims *D
             (rc = expect3(f, i + 5, CACT_FP16, 1, S3(out))) ||
             (code == 3 && (rc = expect3(f, i + 6, CACT_FP16, 1, S3(3)))))
             return rc;
-        if (!qn || !out)
-            return nd_error(ND_ESHAPE, "cact: head %d has %lld queries and %lld outputs", h,
-                            (long long)qn, (long long)out);
         hd->gain = fp16_copy(f, i + 1);
         hd->row_bias = fp16_copy(f, i + 3);
         hd->bias = fp16_copy(f, i + 5);

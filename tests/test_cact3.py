@@ -20,6 +20,7 @@ tests/test_cact.py does for v2):
 """
 import json
 import os
+import pickle
 import struct
 import subprocess
 import sys
@@ -243,6 +244,25 @@ def main():
            h4["qkv_conv_taps"], h4["out_vocab"], h4["engram_seed_heads"], h4["num_tensors"],
            h4["rope_theta"]) == (96, 4, 0, 0, 0, 0, 2, 89, 500000.0),
           "variant header %r" % h4)
+
+    # ---- a pickle checkpoint of float64 arrays (FP16 rounded once from
+    # float64, CQ from the float32 values, as numpy does) ----
+    cfg5 = F.config_for("tiny3b")
+    p5 = F.random_params(cfg5, np.random.default_rng(4))
+    tree = {}
+    for name, a in p5.items():
+        node = tree
+        parts = name.split("/")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = np.asarray(a, np.float64)
+    ck5 = os.path.join(tmp, "f64.pkl")
+    with open(ck5, "wb") as f:
+        pickle.dump({"params": tree, "config": cfg5, "format_version": 2}, f, protocol=2)
+    out5 = os.path.join(tmp, "f64.cact")
+    run("build", ck5, "--tokenizer-blob", bp, "--out", out5)
+    ref5, names5 = R3.build3(p5, cfg5, 4, blob)
+    same_bytes("tiny3b from a float64 pickle", open(out5, "rb").read(), ref5, names5)
 
     # ---- hostile archives and the engine's refusal ----
     for n in (0, 100, 196, 300, len(ours) // 2, len(ours) - 1):

@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
 #if defined(__x86_64__) && defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -518,6 +521,15 @@ static void select_kernels(void)
 #endif
 #if defined(__aarch64__)
     kernels[n_kernels++] = (nd_qkernel){"neon", nd_qgemm_neon, 0};
+    /* Linux says which extensions user space may run */
+#if defined(__linux__) && defined(ND_QNEON_DOT)
+    if (getauxval(AT_HWCAP) & (1ul << 20)) /* HWCAP_ASIMDDP */
+        kernels[n_kernels++] = (nd_qkernel){"neondot", nd_qgemm_neondot, 0};
+#endif
+#if defined(__linux__) && defined(ND_QNEON_I8MM)
+    if (getauxval(AT_HWCAP2) & (1ul << 13)) /* HWCAP2_I8MM */
+        kernels[n_kernels++] = (nd_qkernel){"neoni8mm", nd_qgemm_neoni8mm, 0};
+#endif
 #endif
     best_kernel = &kernels[n_kernels - 1];
     const char *want = getenv("NEEDLE_QKERNEL");

@@ -139,6 +139,17 @@ void nd_qact_place_vbmi(const int8_t *natural, const uint8_t inv[ND_QGROUP], int
 #endif
 #if defined(__aarch64__)
 void nd_qgemm_neon(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
+/* The sdot and smmla kernels: gcc compiles them into any build (a target
+ * attribute per function); clang's arm_neon.h (14) offers their intrinsics
+ * only when the whole build targets the extension (-march=...+dotprod). */
+#if !defined(__clang__) || defined(__ARM_FEATURE_DOTPROD)
+#define ND_QNEON_DOT 1
+void nd_qgemm_neondot(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
+#endif
+#if !defined(__clang__) || defined(__ARM_FEATURE_MATMUL_INT8)
+#define ND_QNEON_I8MM 1
+void nd_qgemm_neoni8mm(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
+#endif
 #endif
 
 #endif

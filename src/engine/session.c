@@ -85,10 +85,6 @@ static nd_embedder embedder(const needle_model *M)
     return e;
 }
 
-/* The one message for a tools block that does not fit the context, the
- * same from needle_session_new (all tools rendered) and from a retrieved
- * set's first turn: how many tokens it takes, how many fit, and what to
- * do about it. */
 /* $NEEDLE_KV_WINDOW (`needle run --kv-window N` sets it): the number of
  * recent positions the session's cache keeps and attends to, in place of
  * the archive header's kv_window (256 is upstream's small-memory choice);
@@ -107,6 +103,10 @@ static int kv_window_env(int *kvw)
     return ND_OK;
 }
 
+/* The one message for a tools block that does not fit the context, the
+ * same from needle_session_new (all tools rendered) and from a retrieved
+ * set's first turn: how many tokens it takes, how many fit, and what to
+ * do about it. */
 static int context_error(const needle_session *S, int tokens, int max_len)
 {
     int n_tools = (int)nd_pj_root(S->tools_doc)->len;

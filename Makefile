@@ -75,7 +75,7 @@ fuzz: test-deps
 # wrapper that runs the aarch64 needle under qemu). ARM64_TESTS is the
 # portable subset that fits the time CI can give emulation
 # (docs/platforms.md says what is left out and why).
-ARM64_TESTS ?= ^(test_grad_ops|test_engine|test_qkernels|test_threads|test_fileio|test_grad_model|test_grad_model_remat|test_pack|test_san_parts|test_cq|test_tokenizer|test_pickle|test_pyjson|test_grammar_unit|test_callscore|test_gen_examples|fuzz_.*_replay|test_forward_ref|test_init|test_tokenizer_parity|test_render|test_checkpoint|test_pipeline_smoke)$$
+ARM64_TESTS ?= ^(test_grad_ops|test_engine|test_qkernels|test_qkernels_neon|test_qkernels_neondot|test_qkernels_neoni8mm|test_threads|test_fileio|test_grad_model|test_grad_model_remat|test_pack|test_san_parts|test_cq|test_tokenizer|test_pickle|test_pyjson|test_grammar_unit|test_callscore|test_gen_examples|fuzz_.*_replay|test_forward_ref|test_init|test_tokenizer_parity|test_render|test_checkpoint|test_pipeline_smoke)$$
 arm64-deps:
 	@bash tools/deps.sh --arm64
 

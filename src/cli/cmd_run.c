@@ -1,5 +1,6 @@
 /* needle run: load a .cact, declare tools, answer a query with a
  * grammar-constrained tool call; print the envelope JSON. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +12,8 @@
 
 static const char *run_help =
     "usage: needle run [--weights X.cact] --tools tools.json [--system S]\n"
-    "                  [--tool-index PATH] [--max-new-tokens N] [--interactive] [QUERY]\n"
+    "                  [--tool-index PATH] [--max-new-tokens N] [--kv-window N]\n"
+    "                  [--interactive] [QUERY]\n"
     "       needle run --checkpoint X.pkl [--query TEXT] [--max-len N] ...\n"
     "                  (upstream's plain greedy continuation; see\n"
     "                  `needle run --checkpoint X --help`)\n"
@@ -30,6 +32,10 @@ static const char *run_help =
     "                      retrieval in this file (reused while the tools and\n"
     "                      the model match, else rebuilt)\n"
     "  --max-new-tokens N  generation budget per turn (default 256)\n"
+    "  --kv-window N       keep and attend to the last N positions (plus the\n"
+    "                      pinned system + tools prefix) instead of the\n"
+    "                      archive's kv_window: 256 is the small-memory choice\n"
+    "                      (sets $NEEDLE_KV_WINDOW, which the library reads)\n"
     "  --interactive       keep the session: read follow-ups from stdin, one per\n"
     "                      line (after a call, a line is the tool result);\n"
     "                      ':reset' rewinds to the tools, ':quit' or EOF ends\n"
@@ -90,6 +96,14 @@ int cli_run(int argc, char **argv)
         else if (!strcmp(a, "--max-new-tokens")) {
             if (cli_parse_int(a, v, 1, 1 << 20, &max_new))
                 return 2;
+        } else if (!strcmp(a, "--kv-window")) {
+            long long kvw;
+            if (cli_parse_int(a, v, 1, 1 << 24, &kvw))
+                return 2;
+            char num[32];
+            snprintf(num, sizeof num, "%lld", kvw);
+            if (setenv("NEEDLE_KV_WINDOW", num, 1))
+                return cli_usage_error("run", "cannot set NEEDLE_KV_WINDOW");
         } else
             return cli_usage_error("run", "unknown option '%s'", a);
     }

@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
 #if defined(__x86_64__) && defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -418,7 +421,7 @@ void nd_qgemm_ref(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, 
 
 /* ---- selection ---- */
 
-static nd_qkernel kernels[6];
+static nd_qkernel kernels[8];
 static int n_kernels;
 static const nd_qkernel *best_kernel;
 static pthread_once_t sel_once = PTHREAD_ONCE_INIT;
@@ -480,14 +483,32 @@ int nd_amx_bf16_usable(void)
 }
 #endif
 
+#if defined(__x86_64__) || defined(__i386__)
+/* AVX-VNNI (VEX-encoded 256-bit vpdpbusd): CPUID leaf 7 subleaf 1, EAX
+ * bit 4 (asked directly: not every compiler's __builtin_cpu_supports
+ * knows the name); the caller has checked AVX2 (and so the OS's YMM state) */
+static int cpu_avxvnni(void)
+{
+    unsigned a, b, c, d;
+    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+    if (a < 7)
+        return 0;
+    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
+    return (a >> 4) & 1;
+}
+#endif
+
 static void select_kernels(void)
 {
     pthread_once(&cb_once, cb_compute);
     kernels[n_kernels++] = (nd_qkernel){"ref", nd_qgemm_ref, 0};
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         kernels[n_kernels++] = (nd_qkernel){"avx2", nd_qgemm_avx2, 0};
+        if (cpu_avxvnni())
+            kernels[n_kernels++] = (nd_qkernel){"avxvnni", nd_qgemm_avxvnni, 1};
+    }
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl")) {
         kernels[n_kernels++] = (nd_qkernel){"avx512", nd_qgemm_avx512, 0};
@@ -500,6 +521,15 @@ static void select_kernels(void)
 #endif
 #if defined(__aarch64__)
     kernels[n_kernels++] = (nd_qkernel){"neon", nd_qgemm_neon, 0};
+    /* Linux says which extensions user space may run */
+#if defined(__linux__) && defined(ND_QNEON_DOT)
+    if (getauxval(AT_HWCAP) & (1ul << 20)) /* HWCAP_ASIMDDP */
+        kernels[n_kernels++] = (nd_qkernel){"neondot", nd_qgemm_neondot, 0};
+#endif
+#if defined(__linux__) && defined(ND_QNEON_I8MM)
+    if (getauxval(AT_HWCAP2) & (1ul << 13)) /* HWCAP2_I8MM */
+        kernels[n_kernels++] = (nd_qkernel){"neoni8mm", nd_qgemm_neoni8mm, 0};
+#endif
 #endif
     best_kernel = &kernels[n_kernels - 1];
     const char *want = getenv("NEEDLE_QKERNEL");

@@ -13,8 +13,9 @@
  * packed codes unpack in SIMD registers (nibble / crumb planes), so the
  * kernels never shuffle activations; the reference reads the same layout.
  *
- * Kernels: a plain C reference (the ground truth) and AVX2, AVX-512 (VNNI)
- * and NEON variants selected at run time; see nd_qkernel_*. */
+ * Kernels: a plain C reference (the ground truth) and AVX2, AVX-VNNI
+ * (256-bit), AVX-512 (VNNI), AMX and NEON (dot product, i8mm) variants
+ * selected at run time; see nd_qkernel_*. */
 #ifndef ND_QMAT_H
 #define ND_QMAT_H
 
@@ -128,6 +129,7 @@ void nd_qact_group_ref(const float *v, int8_t *q, float *amax, int32_t *sum);
 void nd_qgemm_ref(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
 #if defined(__x86_64__) || defined(__i386__)
 void nd_qgemm_avx2(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
+void nd_qgemm_avxvnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
 void nd_qgemm_avx512(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
 void nd_qgemm_avx512vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
 void nd_qgemm_amx(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
@@ -137,6 +139,17 @@ void nd_qact_place_vbmi(const int8_t *natural, const uint8_t inv[ND_QGROUP], int
 #endif
 #if defined(__aarch64__)
 void nd_qgemm_neon(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
+/* The sdot and smmla kernels: gcc compiles them into any build (a target
+ * attribute per function); clang's arm_neon.h (14) offers their intrinsics
+ * only when the whole build targets the extension (-march=...+dotprod). */
+#if !defined(__clang__) || defined(__ARM_FEATURE_DOTPROD)
+#define ND_QNEON_DOT 1
+void nd_qgemm_neondot(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
+#endif
+#if !defined(__clang__) || defined(__ARM_FEATURE_MATMUL_INT8)
+#define ND_QNEON_I8MM 1
+void nd_qgemm_neoni8mm(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
+#endif
 #endif
 
 #endif

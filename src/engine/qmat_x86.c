@@ -147,6 +147,223 @@ T_AVX2 void nd_qgemm_avx2(const nd_qmat *w, const nd_qact *x, int r0, int r1, fl
 }
 
 /* ------------------------------------------------------------------ */
+/* AVX-VNNI (256-bit dpbusd, VEX: Alder Lake and later laptops, Zen 5)   */
+
+#define T_AVXVNNI __attribute__((target("avxvnni,avx2,fma,f16c")))
+
+/* (w + 128) . a over 128 values onto start (lane 0: -128 * sum(a)): the
+ * exact w . a as int32 lanes; w holds the codes + 128 as unsigned bytes */
+T_AVXVNNI static inline __m256i dot_avxvnni(const __m256i wu[4], const int8_t *a, __m256i start)
+{
+    for (int i = 0; i < 4; i++)
+        start = _mm256_dpbusd_avx_epi32(start, wu[i],
+                                        _mm256_loadu_si256((const __m256i *)(a + 32 * i)));
+    return start;
+}
+
+/* Batches too small for token tiles: four tokens share one unpack of a
+ * row group, one dpbusd per 32 products (AVX2 needs four instructions) */
+T_AVXVNNI static void small_avxvnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y,
+                                    int ldy, __m256i lut_u8, const int8_t lut16[16], float inv)
+{
+    const int ng = w->ng, n = x->n;
+    int8_t lut_u8_16[16];
+    for (int i = 0; i < 16; i++)
+        lut_u8_16[i] = (int8_t)(lut16[i] ^ 0x80);
+    for (int r = r0; r < r1; r++)
+        for (int t = 0; t < n; t += 4) {
+            int tn = n - t < 4 ? n - t : 4;
+            __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                             _mm256_setzero_ps()};
+            for (int g = 0; g < ng; g++) {
+                __m256i v[4];
+                unpack_avx2(w, r, g, lut_u8, lut_u8_16, v);
+                float nr = norm_f16c(w, r, g);
+                for (int k = 0; k < tn; k++) {
+                    size_t tg = (size_t)(t + k) * ng + (size_t)g;
+                    __m256i start = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-128 * x->sum[tg]));
+                    __m256i i = dot_avxvnni(v, x->q + tg * ND_QGROUP, start);
+                    acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i),
+                                             _mm256_set1_ps(nr * x->scale[tg]), acc[k]);
+                }
+            }
+            for (int k = 0; k < tn; k++)
+                y[(size_t)(t + k) * ldy + (size_t)r] = hsum_avx2(acc[k]) * inv;
+        }
+}
+
+/* One token, at most 16 groups, 2- or 4-bit codes (decode): as the
+ * AVX-512 matvec, each group's offset correction (-128 x the activations'
+ * sum) and the row's norms x activation scales are computed once per row,
+ * leaving the unpack, four dpbusd and one fma per group; rows are fetched
+ * ahead of the hardware prefetcher. */
+T_AVXVNNI static inline __attribute__((always_inline)) void
+matvec_avxvnni_rows(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, __m256i lut,
+                    float inv, int sb)
+{
+    const int ng = w->ng;
+    const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
+    __m256i start[16];
+    for (int g = 0; g < ng; g++)
+        start[g] = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-128 * x->sum[g]));
+    const size_t rb = w->row_bytes;
+    const size_t ahead = 1024 > 4 * rb ? 1024 : 4 * rb;
+    const int8_t *a = x->q;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *p = w->codes + (size_t)r * rb;
+        for (size_t off = 0; off < rb; off += 64)
+            _mm_prefetch((const char *)p + ahead + off, _MM_HINT_T0);
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+        for (int g = 0; g < ng; g++) {
+            __m256i v[4];
+            if (sb == 2) {
+                __m256i b = _mm256_loadu_si256((const __m256i *)(p + 32 * g));
+                v[0] = _mm256_shuffle_epi8(lut, _mm256_and_si256(b, low2));
+                v[1] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b, 2), low2));
+                v[2] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b, 4), low2));
+                v[3] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b, 6), low2));
+            } else {
+                __m256i b0 = _mm256_loadu_si256((const __m256i *)(p + 64 * g));
+                __m256i b1 = _mm256_loadu_si256((const __m256i *)(p + 64 * g + 32));
+                v[0] = _mm256_shuffle_epi8(lut, _mm256_and_si256(b0, low4));
+                v[1] = _mm256_shuffle_epi8(lut, _mm256_and_si256(b1, low4));
+                v[2] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b0, 4), low4));
+                v[3] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b1, 4), low4));
+            }
+            __m256i i = dot_avxvnni(v, a + 128 * g, start[g]);
+            __m256 sc = _mm256_set1_ps(norm_f16c(w, r, g) * x->scale[g]);
+            if (g & 1)
+                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), sc, acc1);
+            else
+                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), sc, acc0);
+        }
+        y[r] = hsum_avx2(_mm256_add_ps(acc0, acc1)) * inv;
+    }
+}
+
+T_AVXVNNI static void matvec_avxvnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y,
+                                     __m256i lut_u8, float inv)
+{
+    if (stored_bits(w->bits) == 2)
+        matvec_avxvnni_rows(w, x, r0, r1, y, lut_u8, inv, 2);
+    else
+        matvec_avxvnni_rows(w, x, r0, r1, y, lut_u8, inv, 4);
+}
+
+/* Token tiles (x->tiles) on 256-bit registers: a tile's 16 tokens are two
+ * vectors of 8 int32 lanes; TV_R rows unpacked to int8 once serve every
+ * tile, each (row, half) an accumulator: 2 x TV_R + two activation vectors
+ * + one broadcast fit the 16 registers (with six rows gcc spills). Each group's int32 sums start at
+ * -128 x the row group's code sum (the unsigned activations' correction)
+ * and are scaled by norm x activation scale into float sums kept in L1. */
+#define TV_R 4
+
+T_AVXVNNI static void tiles_avxvnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y,
+                                    int ldy, __m256i lut_s8, const int8_t lut16[16], float inv)
+{
+    const int ng = w->ng, n = x->n, tiles = x->tiles;
+    _Alignas(32) int8_t ws[TV_R][16][ND_QGROUP];
+    int32_t wsum[TV_R][16];
+    float wn[TV_R][16];
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int rb = r0; rb < r1; rb += TV_R) {
+        int nr = r1 - rb < TV_R ? r1 - rb : TV_R;
+        for (int i = 0; i < TV_R; i++)
+            for (int g = 0; g < ng; g++) {
+                __m256i v[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+                                _mm256_setzero_si256(), _mm256_setzero_si256()};
+                if (i < nr)
+                    unpack_avx2(w, rb + i, g, lut_s8, lut16, v);
+                __m256i c = _mm256_setzero_si256();
+                for (int k = 0; k < 4; k++) {
+                    _mm256_store_si256((__m256i *)(ws[i][g] + 32 * k), v[k]);
+                    c = _mm256_dpbusd_avx_epi32(c, ones, v[k]);
+                }
+                _Alignas(32) int32_t cs[8];
+                _mm256_store_si256((__m256i *)cs, c);
+                wsum[i][g] = cs[0] + cs[1] + cs[2] + cs[3] + cs[4] + cs[5] + cs[6] + cs[7];
+                wn[i][g] = i < nr ? norm_f16c(w, rb + i, g) * inv : 0.0f;
+            }
+        for (int tile = 0; tile < tiles; tile++) {
+            _Alignas(32) float f[TV_R][ND_QTILE];
+            memset(f, 0, sizeof f);
+            for (int g = 0; g < ng; g++) {
+                const uint8_t *a = x->qt + ((size_t)tile * ng + g) * ND_QTILE * ND_QGROUP;
+                __m256i c00 = _mm256_set1_epi32(-128 * wsum[0][g]), c01 = c00;
+                __m256i c10 = _mm256_set1_epi32(-128 * wsum[1][g]), c11 = c10;
+                __m256i c20 = _mm256_set1_epi32(-128 * wsum[2][g]), c21 = c20;
+                __m256i c30 = _mm256_set1_epi32(-128 * wsum[3][g]), c31 = c30;
+                const int8_t *w0 = ws[0][g], *w1 = ws[1][g], *w2 = ws[2][g], *w3 = ws[3][g];
+                /* one asm block per step: gcc, given the 32 registers of
+                 * an AVX-512 build but told "x" (VEX reaches registers 0-15
+                 * only), would spill the activations; here they and the
+                 * broadcast use the three registers left to the block */
+                for (int k4 = 0; k4 < ND_QGROUP / 4; k4++)
+                    __asm__("vmovdqu (%[a]), %%ymm13\n\t"
+                            "vmovdqu 32(%[a]), %%ymm14\n\t"
+                            "vpbroadcastd (%[w0]), %%ymm15\n\t"
+                            "%{vex%} vpdpbusd %%ymm15, %%ymm13, %[c00]\n\t"
+                            "%{vex%} vpdpbusd %%ymm15, %%ymm14, %[c01]\n\t"
+                            "vpbroadcastd (%[w1]), %%ymm15\n\t"
+                            "%{vex%} vpdpbusd %%ymm15, %%ymm13, %[c10]\n\t"
+                            "%{vex%} vpdpbusd %%ymm15, %%ymm14, %[c11]\n\t"
+                            "vpbroadcastd (%[w2]), %%ymm15\n\t"
+                            "%{vex%} vpdpbusd %%ymm15, %%ymm13, %[c20]\n\t"
+                            "%{vex%} vpdpbusd %%ymm15, %%ymm14, %[c21]\n\t"
+                            "vpbroadcastd (%[w3]), %%ymm15\n\t"
+                            "%{vex%} vpdpbusd %%ymm15, %%ymm13, %[c30]\n\t"
+                            "%{vex%} vpdpbusd %%ymm15, %%ymm14, %[c31]"
+                            : [c00] "+x"(c00), [c01] "+x"(c01), [c10] "+x"(c10), [c11] "+x"(c11),
+                              [c20] "+x"(c20), [c21] "+x"(c21), [c30] "+x"(c30), [c31] "+x"(c31)
+                            : [a] "r"(a + k4 * 64), [w0] "r"(w0 + 4 * k4), [w1] "r"(w1 + 4 * k4),
+                              [w2] "r"(w2 + 4 * k4), [w3] "r"(w3 + 4 * k4),
+                              "m"(*(const char(*)[2048])a), "m"(*(const char(*)[ND_QGROUP])w0),
+                              "m"(*(const char(*)[ND_QGROUP])w1),
+                              "m"(*(const char(*)[ND_QGROUP])w2), "m"(*(const char(*)[ND_QGROUP])w3)
+                            : "xmm13", "xmm14", "xmm15");
+                const float *st = x->st + ((size_t)tile * ng + g) * ND_QTILE;
+                __m256 s0 = _mm256_loadu_ps(st), s1 = _mm256_loadu_ps(st + 8);
+                __m256i acc[TV_R][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
+                for (int i = 0; i < TV_R; i++) {
+                    __m256 nv = _mm256_set1_ps(wn[i][g]);
+                    _mm256_store_ps(f[i],
+                                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i][0]),
+                                                    _mm256_mul_ps(s0, nv), _mm256_load_ps(f[i])));
+                    _mm256_store_ps(f[i] + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i][1]),
+                                                              _mm256_mul_ps(s1, nv),
+                                                              _mm256_load_ps(f[i] + 8)));
+                }
+            }
+            int t0 = tile * ND_QTILE, nt = n - t0 < ND_QTILE ? n - t0 : ND_QTILE;
+            for (int i = 0; i < nr; i++)
+                for (int lane = 0; lane < nt; lane++)
+                    y[(size_t)(t0 + lane) * ldy + (size_t)(rb + i)] = f[i][lane];
+        }
+    }
+}
+
+T_AVXVNNI void nd_qgemm_avxvnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y,
+                                int ldy)
+{
+    int8_t lut16[16], lut_u8[16];
+    float inv;
+    nd_qcodebook(w->bits, lut16, &inv);
+    for (int i = 0; i < 16; i++)
+        lut_u8[i] = (int8_t)(lut16[i] ^ 0x80); /* + 128 as an unsigned byte */
+    if (x->tiles > 0 && w->ng <= 16) {
+        const __m256i lut_s8 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lut16));
+        tiles_avxvnni(w, x, r0, r1, y, ldy, lut_s8, lut16, inv);
+        return;
+    }
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lut_u8));
+    if (x->n == 1 && w->ng <= 16 && (stored_bits(w->bits) == 2 || stored_bits(w->bits) == 4)) {
+        matvec_avxvnni(w, x, r0, r1, y, lut, inv);
+        return;
+    }
+    small_avxvnni(w, x, r0, r1, y, ldy, lut, lut16, inv);
+}
+
+/* ------------------------------------------------------------------ */
 /* AVX-512                                                              */
 
 /* the group's 128 values as two 64-byte vectors in layout order, each

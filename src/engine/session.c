@@ -85,6 +85,24 @@ static nd_embedder embedder(const needle_model *M)
     return e;
 }
 
+/* $NEEDLE_KV_WINDOW (`needle run --kv-window N` sets it): the number of
+ * recent positions the session's cache keeps and attends to, in place of
+ * the archive header's kv_window (256 is upstream's small-memory choice);
+ * the system + tools prefix stays pinned either way. */
+static int kv_window_env(int *kvw)
+{
+    const char *e = getenv("NEEDLE_KV_WINDOW");
+    if (!e || !*e)
+        return ND_OK;
+    char *end;
+    long v = strtol(e, &end, 10);
+    if (*end || v < 1 || v > (1L << 24))
+        return nd_error(ND_EARG, "NEEDLE_KV_WINDOW='%s': expected a number of positions, 1 .. %ld",
+                        e, 1L << 24);
+    *kvw = (int)v;
+    return ND_OK;
+}
+
 /* The one message for a tools block that does not fit the context, the
  * same from needle_session_new (all tools rendered) and from a retrieved
  * set's first turn: how many tokens it takes, how many fit, and what to
@@ -182,7 +200,9 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
         rc = nd_error(ND_ENOMEM, "out of memory");
         goto fail;
     }
-    if ((rc = nd_kv_init(&S->kv, &M->m, M->be, ND_SESSION_CHUNK, M->kv_window)))
+    int kvw = M->kv_window;
+    if ((rc = kv_window_env(&kvw)) ||
+        (rc = nd_kv_init(&S->kv, &M->m, M->be, ND_SESSION_CHUNK, kvw)))
         goto fail;
     if (M->quant)
         nd_kv_use_quant(&S->kv, &M->qw);

@@ -16,7 +16,8 @@
 #include "io/pickle.h"
 
 static const char *build_help =
-    "usage: needle build [CKPT.pkl] [--lora ADAPTER.pkl] [--out X.cact] [--bits 2|3|4]\n"
+    "usage: needle build [CKPT.pkl|CKPT.safetensors] [--lora ADAPTER] [--out X.cact]\n"
+    "                    [--bits 2|3|4]\n"
     "                    [--tokenizer M | --tokenizer-blob FILE | --no-tokenizer]\n"
     "\n"
     "Without CKPT: the base the adapter records it was trained on (--lora, adapters\n"
@@ -27,6 +28,10 @@ static const char *build_help =
     "Export a checkpoint to the .cact archive the Needle engine loads (upstream's\n"
     "format, byte for byte): CQ-quantised matrices, FP16 norms and gates, the\n"
     "probe heads when the checkpoint has them, and the tokenizer blob last.\n"
+    "A Needle 3 checkpoint (cactus-needle 3.x) gives the Needle 3 archive (tag\n"
+    "0x05E12A84, 3.x's export.py layout: W4 unless --bits says otherwise, the\n"
+    "kv_window of 3.x's effective_kv_window, the embedding, confidence and router\n"
+    "heads when present).\n"
     "\n"
     "  --lora FILE          merge this adapter first: W += scale * A @ B (in the\n"
     "                       checkpoint's stored dtype)\n"
@@ -38,6 +43,7 @@ static const char *build_help =
     "  --tokenizer-blob FILE\n"
     "                       RAW tokenizer blob (export.py layout) stored as the last\n"
     "                       tensor; its piece count must equal the config vocab\n"
+    "                       (Needle 3: at most the vocab, as 3.x checks)\n"
     "  --tokenizer FILE     SentencePiece .model (or blob) to embed (default\n"
     "                       $NEEDLE_TOKENIZER, else tokenizer.model beside the checkpoint);\n"
     "                       without one the build fails: the engine cannot run an\n"
@@ -256,11 +262,20 @@ int cli_build(int argc, char **argv)
     }
 
     cact_write_opts o = {0};
-    const char *map = (!bits && m.cfg.weight_bits[0]) ? m.cfg.weight_bits : NULL;
+    int gen3 = m.cfg.generation == 3;
+    /* 3.x's build writes W4 (WEIGHT_BITS) and has no weight_bits map */
+    const char *map = (!gen3 && !bits && m.cfg.weight_bits[0]) ? m.cfg.weight_bits : NULL;
     o.bits = bits ? (int)bits : 4;
     o.bits_map = map;
     o.group = CQ_GROUP;
-    o.kv_window = san_effective_kv_window(&m.cfg);
+    o.kv_window = gen3 ? cact3_effective_kv_window(&m.cfg) : san_effective_kv_window(&m.cfg);
+    if (gen3 && (m.cfg.n_cla || m.cfg.n_bank_ids))
+        fprintf(stderr,
+                "needle build: note: the Needle 3 archive header has no field for %s%s%s; the "
+                "archive is laid out as 3.x's exporter lays out a model without them%s\n",
+                m.cfg.n_cla ? "cla_pairs" : "", m.cfg.n_cla && m.cfg.n_bank_ids ? " or " : "",
+                m.cfg.n_bank_ids ? "engram_bank_ids" : "",
+                m.cfg.n_bank_ids ? " (each engram site gets its bank's tables)" : "");
     o.tokenizer = blob;
     o.tokenizer_len = blob_len;
     cact_write_info info;

@@ -33,8 +33,61 @@ static const char *inspect_help =
     "  --out FILE       with --dequant: write to FILE (atomically) instead; - is\n"
     "                   stdout. FILE must be a regular file (or new), not the archive\n";
 
+static void print_codebooks(const cact_file *f);
+
+/* the v3 header (export.py 3.x), every field in file order */
+static void print_header3(const cact_file *f, const char *path)
+{
+    const cact_header3 *h = &f->h3;
+    printf("file            %s  (%zu bytes)\n", path, f->len);
+    printf("generation      Needle 3\n");
+    printf("tag             0x%08X\n", h->tag);
+    printf("num_tensors     %u\n", h->num_tensors);
+    printf("kv_window       %u\n", h->kv_window);
+    printf("kv_bits         %u\n", h->kv_bits);
+    printf("vocab           %u\n", h->vocab);
+    printf("out_vocab       %u\n", h->out_vocab);
+    printf("d_model         %u\n", h->d_model);
+    printf("num_heads       %u\n", h->num_heads);
+    printf("num_kv_heads    %u\n", h->num_kv_heads);
+    printf("num_layers      %u\n", h->num_layers);
+    printf("qk_head_dim     %u\n", h->qk_head_dim);
+    printf("v_head_dim      %u\n", h->v_head_dim);
+    printf("max_seq_len     %u\n", h->max_seq_len);
+    printf("hada_n          %u\n", h->hada_n);
+    printf("mhc_lanes       %u\n", h->mhc_lanes);
+    printf("sliding_window  %u\n", h->sliding_window);
+    printf("global_mask     0x%08X%08X\n", h->global_mask_hi, h->global_mask_lo);
+    printf("global_layers   [");
+    uint64_t gm = (uint64_t)h->global_mask_hi << 32 | h->global_mask_lo;
+    for (int i = 0, k = 0; i < 64; i++)
+        if (gm >> i & 1)
+            printf("%s%d", k++ ? ", " : "", i);
+    printf("]\n");
+    printf("qkv_conv_taps   %u\n", h->qkv_conv_taps);
+    printf("engram_slots    %u\n", h->engram_slots);
+    printf("engram_sub_dim  %u\n", h->engram_sub_dim);
+    printf("engram_tables   %u\n", h->num_engram_tables);
+    printf("conv_taps       %u\n", h->engram_conv_taps);
+    printf("conv_dilation   %u\n", h->engram_conv_dilation);
+    printf("seed_heads      %u\n", h->engram_seed_heads);
+    printf("engram_orders   [");
+    for (uint32_t i = 0; i < h->num_engram_orders && i < 4; i++)
+        printf("%s%u", i ? ", " : "", h->engram_orders[i]);
+    printf("]\nengram_sites    [");
+    for (uint32_t i = 0; i < h->num_engram_sites && i < CACT3_MAX_SITES; i++)
+        printf("%s%u", i ? ", " : "", h->engram_sites[i]);
+    printf("]\nrope_theta      %.9g\n", (double)h->rope_theta);
+    printf("codebook_len    %u\n", h->codebook_len);
+    print_codebooks(f);
+}
+
 static void print_header(const cact_file *f, const char *path)
 {
+    if (f->generation == 3) {
+        print_header3(f, path);
+        return;
+    }
     const cact_header *h = &f->hdr;
     printf("file            %s  (%zu bytes)\n", path, f->len);
     printf("tag             0x%08X\n", h->tag);
@@ -63,6 +116,12 @@ static void print_header(const cact_file *f, const char *path)
         printf("%s%u", i ? ", " : "", h->engram_sites[i]);
     printf("]\nrope_theta      %.9g\n", (double)h->rope_theta);
     printf("codebook_len    %u\n", h->codebook_len);
+    print_codebooks(f);
+}
+
+static void print_codebooks(const cact_file *f)
+{
+    const cact_header *h = &f->hdr;
     float ref[CQ_HEADER_CODEBOOK_LEN];
     int std = h->codebook_len == CQ_HEADER_CODEBOOK_LEN && !cq_header_codebooks(CQ_GROUP, ref) &&
               !memcmp(ref, f->codebook, sizeof ref);

@@ -1,14 +1,24 @@
 /* .cact archive -> san_model: float32 (dequantise at load) or, for the
  * quantised path, small tensors in float and CQ matrices read in place. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/fp16.h"
 #include "core/status.h"
 #include "engine/engine.h"
+#include "engine/model_internal.h"
+#include "io/cact_bytes.h"
+#include "model/hada3.h"
 
 int nd_cact_config(const cact_file *f, san_config *c)
 {
     const cact_header *h = &f->hdr;
+    if (f->generation == 3)
+        return nd_error(ND_EUNSUPPORTED,
+                        "cact: a Needle 3 archive (tag 0x%08X) read as Needle 2's: use the v3 "
+                        "loader (nd_cact3_config)",
+                        h->tag);
     san_config_default(c);
 #define LIM(field, lo, hi)                                                                         \
     do {                                                                                           \
@@ -328,12 +338,507 @@ int nd_cact_tokenizer(const cact_file *f, nd_tokenizer **tok)
     int rc = nd_tokenizer_from_blob(f->data + t->offset, (size_t)t->nbytes, tok);
     if (rc)
         return nd_error_prefix(rc, "cact tokenizer");
-    if (nd_tokenizer_vocab_size(*tok) != (int)f->hdr.vocab) {
-        int v = nd_tokenizer_vocab_size(*tok);
+    /* 3.x's exporter allows fewer pieces than the vocabulary (code rows) */
+    int v = nd_tokenizer_vocab_size(*tok);
+    if (f->generation == 3 ? v > (int)f->hdr.vocab : v != (int)f->hdr.vocab) {
         nd_tokenizer_free(*tok);
         *tok = NULL;
         return nd_error(ND_ESHAPE, "cact: tokenizer has %d pieces, the model's vocab is %u", v,
                         f->hdr.vocab);
     }
     return ND_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Needle 3 archives (tag 0x05E12A84): 3.x export.py's layout          */
+
+/* index of layer l's tensor k in the per-layer order (k as with taps) */
+enum {
+    L3_NORM_IN,
+    L3_Q,
+    L3_K,
+    L3_V,
+    L3_QT,
+    L3_KT,
+    L3_VT,
+    L3_Q_NORM,
+    L3_K_NORM,
+    L3_GATE,
+    L3_OUT,
+    L3_POST,
+    L3_ATTN_GATE,
+    L3_PRE_HADA,
+    L3_D1,
+    L3_D2,
+    L3_B2,
+    L3_D3,
+    L3_D4,
+    L3_W1A,
+    L3_W1B,
+    L3_W2A,
+    L3_W2B,
+    L3_W3A,
+    L3_W3B,
+    L3_COND_V,
+    L3_COND_U,
+};
+
+static uint32_t l3_index(const cact3_layout *lay, int l, int k)
+{
+    if (lay->per_layer == 24 && k > L3_V)
+        k -= 3;
+    return 1 + lay->per_layer * (uint32_t)l + (uint32_t)k;
+}
+
+static int shape_is(const cact_tensor *t, int ndim, const int64_t *s)
+{
+    if (t->ndim != ndim)
+        return 0;
+    for (int i = 0; i < ndim; i++)
+        if ((int64_t)t->shape[i] != s[i])
+            return 0;
+    return 1;
+}
+
+static void shape_str(char *b, size_t cap, int ndim, const int64_t *s)
+{
+    size_t n = (size_t)snprintf(b, cap, "(");
+    for (int i = 0; i < ndim && n < cap; i++)
+        n += (size_t)snprintf(b + n, cap - n, "%s%lld", i ? ", " : "", (long long)s[i]);
+    if (n < cap)
+        snprintf(b + n, cap - n, ")");
+}
+
+/* tensor idx must be `dtype` of exactly this shape */
+static int expect3(const cact_file *f, uint32_t idx, int dtype, int ndim, const int64_t *s)
+{
+    if (idx >= f->hdr.num_tensors)
+        return nd_error(ND_EFORMAT, "cact: the archive ends before tensor %u", idx);
+    const cact_tensor *t = &f->t[idx];
+    if (t->dtype != dtype || !shape_is(t, ndim, s)) {
+        char want[96], got[96];
+        int64_t g[4];
+        for (int i = 0; i < 4; i++)
+            g[i] = t->shape[i];
+        shape_str(want, sizeof want, ndim, s);
+        shape_str(got, sizeof got, t->ndim < 4 ? t->ndim : 4, g);
+        return nd_error(ND_ESHAPE,
+                        "cact: tensor %u (%s) is %s %s, the header's geometry needs %s %s", idx,
+                        t->name, cact_dtype_name(t->dtype), got, cact_dtype_name(dtype), want);
+    }
+    return ND_OK;
+}
+
+#define S3(...) ((const int64_t[]){__VA_ARGS__})
+
+static void fp16_into(const cact_file *f, uint32_t idx, float *dst)
+{
+    const cact_tensor *t = &f->t[idx];
+    const unsigned char *p = f->data + t->offset;
+    for (uint64_t i = 0; i < t->nbytes / 2; i++)
+        dst[i] = nd_half_to_float((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
+}
+
+int nd_cact3_config(const cact_file *f, san_config *c)
+{
+    if (f->generation != 3)
+        return nd_error(ND_EFORMAT, "cact: not a Needle 3 archive (tag 0x%08X)", f->hdr.tag);
+    const cact_header3 *h = &f->h3;
+    san_config_default3(c);
+#define LIM(field, lo, hi)                                                                         \
+    do {                                                                                           \
+        if ((long long)h->field < (lo) || (long long)h->field > (hi))                              \
+            return nd_error(ND_EFORMAT, "cact header: %s = %u is outside [%lld, %lld]", #field,    \
+                            h->field, (long long)(lo), (long long)(hi));                           \
+    } while (0)
+    LIM(vocab, 16, 1 << 20);
+    LIM(out_vocab, 0, h->vocab);
+    LIM(d_model, 2, 1 << 14);
+    LIM(num_heads, 1, 1024);
+    LIM(num_kv_heads, 1, h->num_heads);
+    LIM(num_layers, 1, 64);
+    LIM(qk_head_dim, 2, 4096);
+    LIM(v_head_dim, 1, 4096);
+    LIM(max_seq_len, 2, 1 << 20);
+    LIM(mhc_lanes, 1, 64);
+    LIM(sliding_window, 0, 1 << 20);
+    LIM(qkv_conv_taps, 0, SAN_MAX_QKV_TAPS);
+    LIM(num_engram_orders, 1, 4);
+    LIM(num_engram_sites, 0, SAN_MAX_SITES);
+    LIM(engram_seed_heads, 0, 1 << 16);
+    LIM(kv_bits, 1, 8);
+    LIM(engram_conv_taps, SAN_CONV_TAPS, SAN_CONV_TAPS);
+#undef LIM
+    if (h->qk_head_dim % 2)
+        return nd_error(ND_EFORMAT, "cact header: qk_head_dim %u must be even for RoPE",
+                        h->qk_head_dim);
+    c->vocab_size = (int)h->vocab;
+    c->out_vocab = (int)h->out_vocab;
+    c->d_model = (int)h->d_model;
+    c->num_heads = (int)h->num_heads;
+    c->num_kv_heads = (int)h->num_kv_heads;
+    c->num_layers = (int)h->num_layers;
+    c->qk_head_dim = (int)h->qk_head_dim;
+    c->v_head_dim = (int)h->v_head_dim;
+    c->max_seq_len = (int)h->max_seq_len;
+    c->mhc_lanes = (int)h->mhc_lanes;
+    c->sliding_window = (int)h->sliding_window;
+    c->qkv_conv_taps = (int)h->qkv_conv_taps;
+    c->engram_seed_heads = (int)h->engram_seed_heads;
+    c->rope_theta = h->rope_theta;
+    c->kv_window = (int)h->kv_window;
+    c->kv_bits = (int)h->kv_bits;
+    uint64_t gm = (uint64_t)h->global_mask_hi << 32 | h->global_mask_lo;
+    if (h->num_layers < 64 && gm >> h->num_layers)
+        return nd_error(ND_EFORMAT, "cact header: global_mask 0x%016llX marks layers past %u",
+                        (unsigned long long)gm, h->num_layers);
+    c->n_global = 0;
+    for (int i = 0; i < 64; i++)
+        if (gm >> i & 1)
+            c->global_layers[c->n_global++] = i;
+    c->n_orders = (int)h->num_engram_orders;
+    for (int i = 0; i < c->n_orders; i++) {
+        if (h->engram_orders[i] < 1 || h->engram_orders[i] > 64)
+            return nd_error(ND_EFORMAT, "cact header: engram order %u unsupported",
+                            h->engram_orders[i]);
+        c->engram_orders[i] = (int)h->engram_orders[i];
+    }
+    c->n_sites = (int)h->num_engram_sites;
+    for (int i = 0; i < c->n_sites; i++)
+        c->engram_layers[i] = (int)h->engram_sites[i];
+    if (h->engram_slots < 1 || h->engram_slots > (1u << 28))
+        return nd_error(ND_EFORMAT, "cact header: engram_slots %u unsupported", h->engram_slots);
+    c->engram_slots = (int)h->engram_slots;
+    if (!h->num_engram_tables || h->num_engram_tables % h->num_engram_orders ||
+        h->num_engram_tables > 4096)
+        return nd_error(ND_EFORMAT, "cact header: %u engram tables for %u orders",
+                        h->num_engram_tables, h->num_engram_orders);
+    c->engram_heads = (int)(h->num_engram_tables / h->num_engram_orders);
+    c->n_cla = 0;
+    c->n_bank_ids = 0;
+    c->n_ladder_widths = 0;
+
+    /* what the header does not carry, the tensors say */
+    cact3_layout lay;
+    int rc = cact3_layout_of(f, &lay);
+    if (rc)
+        return rc;
+    int64_t H = c->num_heads, vhd = c->v_head_dim, d = c->d_model;
+    const cact_tensor *gate = &f->t[l3_index(&lay, 0, L3_GATE)];
+    if (gate->dtype == CACT_CQ && gate->ndim == 2 && gate->shape[0] == (uint32_t)(H * vhd))
+        c->attention_gate = SAN_GATE_ELEMENTWISE;
+    else if (gate->dtype == CACT_CQ && gate->ndim == 2 && gate->shape[0] == (uint32_t)H)
+        c->attention_gate = SAN_GATE_HEADWISE;
+    else
+        return nd_error(ND_ESHAPE,
+                        "cact: layer00.gate_proj (tensor %u) has %u rows: neither H * v_head_dim "
+                        "= %lld (elementwise gate) nor H = %lld (headwise)",
+                        l3_index(&lay, 0, L3_GATE), gate->shape[0], (long long)(H * vhd),
+                        (long long)H);
+    const cact_tensor *w1a = &f->t[l3_index(&lay, 0, L3_W1A)];
+    c->hada_factor_mode = w1a->ndim == 3 ? SAN_HADA_BLOCK_UNTIED : SAN_HADA_SHARED;
+    san_dims D;
+    if ((rc = san_config_dims(c, &D)))
+        return nd_error_prefix(rc, "cact header");
+    if ((uint32_t)D.hada_n != h->hada_n)
+        return nd_error(ND_EFORMAT, "cact header: hada_n %u, expected %d for d_model %lld",
+                        h->hada_n, D.hada_n, (long long)d);
+    if ((uint32_t)D.eng_sub != h->engram_sub_dim && c->n_sites)
+        return nd_error(ND_EFORMAT, "cact header: engram_sub_dim %u, the geometry gives %d",
+                        h->engram_sub_dim, D.eng_sub);
+    if ((uint32_t)D.eng_dilation != h->engram_conv_dilation && c->n_sites)
+        return nd_error(ND_EFORMAT, "cact header: engram_conv_dilation %u, max(orders) is %d",
+                        h->engram_conv_dilation, D.eng_dilation);
+    /* the Hadamard tables: 3.x's permutations, plain or split (ladder_widths) */
+    if ((rc = expect3(f, lay.first_perm, CACT_FP32, 1, S3(D.hada_n))) ||
+        (rc = expect3(f, lay.first_perm + 1, CACT_FP32, 1, S3(D.hada_n))))
+        return rc;
+    for (int split = 0; split < 2; split++) {
+        san_hada3_geom g;
+        if ((rc = san_hada3_geom_init(&g, c->d_model, c->hada_factor_mode == SAN_HADA_BLOCK_UNTIED,
+                                      split)))
+            return rc;
+        int same = 1;
+        for (int k = 0; k < 2 && same; k++) {
+            const unsigned char *p = f->data + f->t[lay.first_perm + (uint32_t)k].offset;
+            const int32_t *perm = k ? g.perm2 : g.perm1;
+            for (int i = 0; i < D.hada_n && same; i++)
+                same = get_f32(p + 4 * (size_t)i) == (float)perm[i];
+        }
+        san_hada3_geom_free(&g);
+        if (same) {
+            c->n_ladder_widths = split; /* split permutations: 3.x's hada_split */
+            if (split)
+                c->ladder_widths[0] = c->d_model / 2;
+            return ND_OK;
+        }
+    }
+    return nd_error(ND_EFORMAT,
+                    "cact: hada_p1 / hada_p2 (tensors %u, %u) are not the permutations 3.x's "
+                    "HadamardMLP derives for hada_n %d (RandomState(11 / 13), plain or split)",
+                    lay.first_perm, lay.first_perm + 1, D.hada_n);
+}
+
+void nd_qweights3_free(nd_qweights3 *q)
+{
+    if (!q)
+        return;
+    nd_qweights_free(&q->q);
+    free(q->perm1);
+    free(q->perm2);
+    for (int i = 0; i < 3; i++) {
+        free(q->head[i].gain);
+        free(q->head[i].row_bias);
+        free(q->head[i].bias);
+    }
+    memset(q, 0, sizeof *q);
+}
+
+static float *fp16_copy(const cact_file *f, uint32_t idx)
+{
+    float *w = malloc((size_t)(f->t[idx].nbytes / 2) * sizeof *w + 1);
+    if (w)
+        fp16_into(f, idx, w);
+    return w;
+}
+
+/* the probe heads after final_norm: heads.manifest, then per head probes,
+ * gain, query, row_bias, proj, bias (+ calibration for the router); the
+ * walk must use exactly the tensors before the tokenizer */
+static int heads3(const cact_file *f, const cact3_layout *lay, const san_dims *D, nd_qweights3 *q)
+{
+    if (lay->manifest < 0)
+        return ND_OK;
+    uint32_t n = f->hdr.num_tensors - (uint32_t)lay->tokenizer, i = (uint32_t)lay->manifest;
+    const cact_tensor *man = &f->t[i];
+    if (man->dtype != CACT_FP16 || man->ndim != 1 || man->shape[0] < 1 || man->shape[0] > 3)
+        return nd_error(ND_EFORMAT,
+                        "cact: tensor %u after final_norm must be heads.manifest, an FP16 list "
+                        "of 1 to 3 head codes",
+                        i);
+    int nh = (int)man->shape[0], seen = 0;
+    int64_t L1 = D->L + 1, d = D->d;
+    float codes[3];
+    fp16_into(f, i++, codes);
+    for (int h = 0; h < nh; h++) {
+        int code = (int)codes[h];
+        if ((float)code != codes[h] || code < 1 || code > 3 || (seen >> code & 1))
+            return nd_error(ND_EFORMAT,
+                            "cact: heads.manifest entry %d is %g, not a new head code "
+                            "1 (embedding), 2 (confidence) or 3 (router)",
+                            h, (double)codes[h]);
+        seen |= 1 << code;
+        nd_qhead3 *hd = &q->head[h];
+        hd->code = code;
+        uint32_t need = code == 3 ? 7 : 6;
+        if (i + need > n)
+            return nd_error(ND_EFORMAT, "cact: head %d (code %d) needs %u tensors, %u remain", h,
+                            code, need, n - i);
+        const cact_tensor *pr = &f->t[i], *qu = &f->t[i + 2], *pj = &f->t[i + 4];
+        if (pr->ndim != 2 || pr->shape[1] != (uint32_t)d || pr->shape[0] % (uint32_t)L1 ||
+            !pr->shape[0])
+            return nd_error(ND_ESHAPE,
+                            "cact: %s (tensor %u) must be [(L+1) * k, d] = [%lld * k, %lld]",
+                            pr->name, i, (long long)L1, (long long)d);
+        hd->k = (int)(pr->shape[0] / (uint32_t)L1);
+        hd->q = qu->ndim == 2 ? (int)qu->shape[0] : 0;
+        hd->out = pj->ndim == 2 ? (int)pj->shape[0] : 0;
+        int64_t k = hd->k, qn = hd->q, out = hd->out;
+        int rc;
+        if ((rc = qmat_one(f, (int)i, &hd->probes, L1 * k, d, pr->name)) ||
+            (rc = expect3(f, i + 1, CACT_FP16, 2, S3(L1, k))) ||
+            (rc = qmat_one(f, (int)i + 2, &hd->query, qn, d, qu->name)) ||
+            (rc = expect3(f, i + 3, CACT_FP16, 3, S3(qn, L1, k))) ||
+            (rc = qmat_one(f, (int)i + 4, &hd->proj, out, qn * d, pj->name)) ||
+            (rc = expect3(f, i + 5, CACT_FP16, 1, S3(out))) ||
+            (code == 3 && (rc = expect3(f, i + 6, CACT_FP16, 1, S3(3)))))
+            return rc;
+        if (!qn || !out)
+            return nd_error(ND_ESHAPE, "cact: head %d has %lld queries and %lld outputs", h,
+                            (long long)qn, (long long)out);
+        hd->gain = fp16_copy(f, i + 1);
+        hd->row_bias = fp16_copy(f, i + 3);
+        hd->bias = fp16_copy(f, i + 5);
+        if (!hd->gain || !hd->row_bias || !hd->bias)
+            return nd_error(ND_ENOMEM, "out of memory");
+        if (code == 3)
+            fp16_into(f, i + 6, hd->calibration);
+        i += need;
+        q->n_heads = h + 1;
+    }
+    if (i != n)
+        return nd_error(ND_EFORMAT,
+                        "cact: %u tensors between the probe heads and the tokenizer that no head "
+                        "uses",
+                        n - i);
+    return ND_OK;
+}
+
+/* Walk a v3 archive. q == NULL: dequantise every model tensor into m;
+ * else small tensors into m and the matrices as views (q->q). */
+/* One walk over the model tensors. m == NULL: only check every record
+ * against the geometry (before anything is allocated from the header's
+ * numbers); else convert into m (and q: views). */
+static int walk3(const cact_file *f, const san_config *cp, const san_dims *D,
+                 const cact3_layout *lp, san_model *m, nd_qweights3 *q)
+{
+    const san_config c = *cp;
+    const cact3_layout lay = *lp;
+    int rc = ND_OK;
+    nd_qweights3 unused; /* view targets when there is no q (never read) */
+    nd_qlayer unused_layer;
+    nd_qweights3 *qv = q ? q : &unused;
+    const san_weights *w = m ? &m->w : NULL;
+    int64_t d = D->d, hn = D->hada_n, n = D->n, L = D->L, T = c.qkv_conv_taps;
+    int64_t ba = D->hada_ba, bb = D->hada_bb, R = SAN_HADA_COND_RANK;
+    int untied = c.hada_factor_mode == SAN_HADA_BLOCK_UNTIED;
+    /* an FP16 tensor of exactly this shape into dst */
+#define SMALL(idx, dst, nd_, ...)                                                                  \
+    do {                                                                                           \
+        if ((rc = expect3(f, idx, CACT_FP16, nd_, S3(__VA_ARGS__))))                               \
+            return rc;                                                                             \
+        if (m)                                                                                     \
+            fp16_into(f, idx, dst);                                                                \
+    } while (0)
+    /* a CQ matrix stored [rows, in]: a view, or dequantised through map */
+#define MAT(idx, dst, qdst, rows, in, map, a, b, c_)                                               \
+    do {                                                                                           \
+        uint32_t ix_ = (idx);                                                                      \
+        if ((rc = expect3(f, ix_, CACT_CQ, 2, S3(rows, in))))                                      \
+            return rc;                                                                             \
+        if (m && q)                                                                                \
+            rc = qmat_one(f, (int)ix_, qdst, rows, in, f->t[ix_].name);                            \
+        else if (m)                                                                                \
+            rc = load_one(f, (int)ix_, dst, (size_t)(rows) * (size_t)(in), map, a, b, c_,          \
+                          f->t[ix_].name);                                                         \
+        if (rc)                                                                                    \
+            return rc;                                                                             \
+    } while (0)
+    MAT(0, w->emb, &qv->q.emb, D->V, d, MAP_DIRECT, 0, 0, 0);
+    for (int l = 0; l < L; l++) {
+        size_t li = (size_t)l;
+        nd_qlayer *ql = m && q ? &qv->q.layer[l] : &unused_layer;
+#define IX(k) l3_index(&lay, l, k)
+        SMALL(IX(L3_NORM_IN), w->norm_in + li * d, 1, d);
+        MAT(IX(L3_Q), w->wq + li * d * D->q_dim, &ql->wq, D->q_dim, d, MAP_KERNEL, d, D->q_dim, 0);
+        MAT(IX(L3_K), w->wk + li * d * D->k_dim, &ql->wk, D->k_dim, d, MAP_KERNEL, d, D->k_dim, 0);
+        MAT(IX(L3_V), w->wv + li * d * D->v_dim, &ql->wv, D->v_dim, d, MAP_KERNEL, d, D->v_dim, 0);
+        if (T) {
+            SMALL(IX(L3_QT), w->q_taps + li * T * D->q_dim, 2, T, D->q_dim);
+            SMALL(IX(L3_KT), w->k_taps + li * T * D->k_dim, 2, T, D->k_dim);
+            SMALL(IX(L3_VT), w->v_taps + li * T * D->v_dim, 2, T, D->v_dim);
+        }
+        SMALL(IX(L3_Q_NORM), w->q_norm + li * D->hd, 1, D->hd);
+        SMALL(IX(L3_K_NORM), w->k_norm + li * D->hd, 1, D->hd);
+        MAT(IX(L3_GATE), w->wgate + li * d * D->gate_dim, &ql->wgate, D->gate_dim, d, MAP_KERNEL, d,
+            D->gate_dim, 0);
+        MAT(IX(L3_OUT), w->wout + li * D->o_dim * d, &ql->wout, d, D->o_dim, MAP_KERNEL, D->o_dim,
+            d, 0);
+        SMALL(IX(L3_POST), w->post_norm + li * d, 1, d);
+        SMALL(IX(L3_ATTN_GATE), w->attn_gate + li, 1, 1);
+        SMALL(IX(L3_PRE_HADA), w->pre_hada + li * d, 1, d);
+        SMALL(IX(L3_D1), w->d1 + li * hn, 1, hn);
+        SMALL(IX(L3_D2), w->d2 + li * hn, 1, hn);
+        SMALL(IX(L3_B2), w->b2 + li * hn, 1, hn);
+        SMALL(IX(L3_D3), w->d3 + li * hn, 1, hn);
+        SMALL(IX(L3_D4), w->d4 + li * hn, 1, hn);
+        float *none[3] = {NULL, NULL, NULL};
+        float *const *fa = none, *const *fb = none;
+        float *wa[3], *wb[3];
+        if (m) {
+            wa[0] = w->w1a, wa[1] = w->w2a, wa[2] = w->w3a;
+            wb[0] = w->w1b, wb[1] = w->w2b, wb[2] = w->w3b;
+            fa = wa;
+            fb = wb;
+        }
+        for (int k = 0; k < 3; k++) {
+            if (untied) {
+                SMALL(IX(L3_W1A + 2 * k), fa[k] + li * bb * ba * ba, 3, bb, ba, ba);
+                SMALL(IX(L3_W1B + 2 * k), fb[k] + li * ba * bb * bb, 3, ba, bb, bb);
+            } else {
+                SMALL(IX(L3_W1A + 2 * k), fa[k] + li * ba * ba, 2, ba, ba);
+                SMALL(IX(L3_W1B + 2 * k), fb[k] + li * bb * bb, 2, bb, bb);
+            }
+        }
+        SMALL(IX(L3_COND_V), w->cond_v + li * d * R, 2, d, R);
+        SMALL(IX(L3_COND_U), w->cond_u + li * R * hn, 2, R, hn);
+#undef IX
+    }
+    uint32_t i = lay.first_mhc;
+    SMALL(i, w->a_pre, 1, L);
+    SMALL(i + 1, w->a_post, 1, L);
+    SMALL(i + 2, w->a_res, 1, L);
+    SMALL(i + 3, w->b_pre, 2, L, n);
+    SMALL(i + 4, w->b_post, 2, L, n);
+    SMALL(i + 5, w->b_res, 3, L, n, n);
+    MAT(i + 6, w->phi_pre, &qv->q.phi_pre, L * n, n * d, MAP_PHI, L, n * d, n);
+    MAT(i + 7, w->phi_post, &qv->q.phi_post, L * n, n * d, MAP_PHI, L, n * d, n);
+    MAT(i + 8, w->phi_res, &qv->q.phi_res, L * n * n, n * d, MAP_PHI, L, n * d, n * n);
+    if (m && q) { /* checked against 3.x's permutations by nd_cact3_config */
+        for (int k = 0; k < 2; k++) {
+            const unsigned char *p = f->data + f->t[lay.first_perm + (uint32_t)k].offset;
+            for (int64_t x = 0; x < hn; x++)
+                (k ? q->perm2 : q->perm1)[x] = (int32_t)get_f32(p + 4 * x);
+        }
+    }
+    for (int s = 0; s < c.n_sites; s++) {
+        uint32_t e = lay.first_engram + 4 * (uint32_t)s;
+        int64_t rows = (int64_t)D->eng_tables * c.engram_slots, ed = D->eng_dim;
+        MAT(e, w->eng[s].table, &qv->q.eng[s].table, rows, D->eng_sub, MAP_DIRECT, 0, 0, 0);
+        MAT(e + 1, w->eng[s].wk, &qv->q.eng[s].wk, d, ed, MAP_KERNEL, ed, d, 0);
+        MAT(e + 2, w->eng[s].wv, &qv->q.eng[s].wv, d, ed, MAP_KERNEL, ed, d, 0);
+        SMALL(e + 3, w->eng[s].taps, 2, SAN_CONV_TAPS, d);
+    }
+    SMALL(lay.final_norm, w->final_norm, 1, d);
+#undef SMALL
+#undef MAT
+    nd_qweights3 hq;
+    memset(&hq, 0, sizeof hq);
+    rc = heads3(f, &lay, D, m && q ? q : &hq);
+    nd_qweights3_free(&hq);
+    return rc;
+}
+
+static int cact3_load(const cact_file *f, san_model *m, nd_qweights3 *q)
+{
+    san_config c;
+    san_dims D;
+    cact3_layout lay;
+    int rc;
+    if ((rc = nd_cact3_config(f, &c)) || (rc = san_config_dims(&c, &D)) ||
+        (rc = cact3_layout_of(f, &lay)))
+        return rc;
+    /* every record against the geometry first: the allocations below are
+     * sized by the header, so they must be backed by the file's blobs */
+    if ((rc = walk3(f, &c, &D, &lay, NULL, NULL)))
+        return rc;
+    if ((rc = q ? create_small(m, &c) : san_model_create(m, &c)))
+        return rc;
+    if (q) {
+        memset(q, 0, sizeof *q);
+        q->q.layer = calloc((size_t)D.L, sizeof *q->q.layer);
+        q->perm1 = malloc((size_t)D.hada_n * sizeof *q->perm1);
+        q->perm2 = malloc((size_t)D.hada_n * sizeof *q->perm2);
+        if (!q->q.layer || !q->perm1 || !q->perm2) {
+            rc = nd_error(ND_ENOMEM, "out of memory");
+            goto fail;
+        }
+    }
+    if ((rc = walk3(f, &c, &m->dims, &lay, m, q)))
+        goto fail;
+    return ND_OK;
+fail:
+    san_model_free(m);
+    nd_qweights3_free(q);
+    return rc;
+}
+
+int nd_cact3_to_qmodel(const cact_file *f, san_model *m, nd_qweights3 *q)
+{
+    return cact3_load(f, m, q);
+}
+
+int nd_cact3_to_model(const cact_file *f, san_model *m)
+{
+    return cact3_load(f, m, NULL);
 }

@@ -18,6 +18,53 @@ typedef struct {
     unsigned char byte;
 } trie_node;
 
+/* ---- Needle 3 archives (tag 0x05E12A84, load.c) ----
+ *
+ * nd_cact3_config: the header as a generation-3 san_config (3.x semantics;
+ * attention_gate, hada_factor_mode and the split permutations are read
+ * from the tensors, which say them; the header has no field for cla_pairs
+ * or engram_bank_ids, so the model is one without them).
+ *
+ * nd_cact3_to_qmodel: the quantised view. m gets the small tensors in
+ * float (norms, q/k/v taps, attn_gate, the Hadamard MLP's d1 d2 b2 d3 d4,
+ * Kronecker factors w1a..w3b and cond_v / cond_u, the mHC gains and biases,
+ * the engram taps, final_norm), stacked along L as san_weights has them;
+ * its matrices stay NULL and q points into f, which must outlive q.
+ *
+ * nd_cact3_to_model: every tensor dequantised into a float san_model (the
+ * engine's float path; CQ rows back to (in, out) kernels). The archive may
+ * be freed afterwards. Both check every record's dtype and shape against
+ * the header's geometry first (hostile input), and the Hadamard tables
+ * against the permutations 3.x derives. */
+typedef struct {
+    int code;             /* 1 embedding, 2 confidence, 3 router */
+    int k, q, out;        /* probes per row (L+1 rows), queries, outputs */
+    nd_qmat probes;       /* [(L+1) * k, d] */
+    nd_qmat query;        /* [q, d] */
+    nd_qmat proj;         /* [out, q * d] */
+    float *gain;          /* (L+1, k) */
+    float *row_bias;      /* (q, L+1, k) */
+    float *bias;          /* (out) */
+    float calibration[3]; /* router only */
+} nd_qhead3;
+
+typedef struct {
+    /* emb [V, d] (its first out_vocab rows are the logits head when
+     * out_vocab > 0); layer[l]: wq [H*qk, d], wk [G*qk, d], wv [G*v, d],
+     * wgate [H*v or H (headwise), d], wout [d, H*v]; phi_pre / phi_post
+     * [L*n, n*d], phi_res [L*n*n, n*d]; eng[s]: table [K*slots, sub],
+     * wk / wv [d, K*sub] */
+    nd_qweights q;
+    int32_t *perm1, *perm2; /* hada_n entries: hada_p1 / hada_p2 */
+    int n_heads;            /* probe heads, in the manifest's order */
+    nd_qhead3 head[3];
+} nd_qweights3;
+
+int nd_cact3_config(const cact_file *f, san_config *c);
+int nd_cact3_to_qmodel(const cact_file *f, san_model *m, nd_qweights3 *q);
+int nd_cact3_to_model(const cact_file *f, san_model *m);
+void nd_qweights3_free(nd_qweights3 *q);
+
 struct needle_model {
     san_model m;
     cact_file arch; /* quantised path: the archive the matrices are read from */

@@ -23,6 +23,13 @@
 
 #define CACT_TAG 0x05E12A83u
 #define CACT_HEADER_SIZE 120
+/* Needle 3 (cactus-needle 3.x export.py): tag 0x05E12A84 and a 196-byte
+ * header (48 u32 fields and rope_theta as f32, struct "<48If"); the
+ * codebooks, the 44-byte records and the 64-byte alignment are v2's. */
+#define CACT3_TAG 0x05E12A84u
+#define CACT3_HEADER_SIZE 196
+#define CACT3_MAX_SITES 16
+#define CACT3_HEAD_BITS 4 /* quantize.py HEAD_BITS: probe-head matrices */
 #define CACT_REC_SIZE 44
 #define CACT_ALIGN 64
 
@@ -37,6 +44,23 @@ typedef struct {
     uint32_t num_engram_sites, engram_sites[4];
     float rope_theta;
 } cact_header;
+
+/* The v3 header, fields in file order (offset = 4 * position). */
+typedef struct {
+    uint32_t tag, num_tensors, codebook_len, kv_window, kv_bits;
+    uint32_t vocab, out_vocab, d_model, num_heads, num_kv_heads, num_layers;
+    uint32_t qk_head_dim, v_head_dim, max_seq_len, hada_n, mhc_lanes;
+    uint32_t sliding_window, global_mask_lo, global_mask_hi, qkv_conv_taps;
+    uint32_t engram_slots, engram_sub_dim, num_engram_tables, engram_conv_taps;
+    uint32_t engram_conv_dilation, engram_seed_heads;
+    uint32_t num_engram_orders, engram_orders[4];
+    uint32_t num_engram_sites, engram_sites[CACT3_MAX_SITES];
+    float rope_theta;
+} cact_header3;
+
+/* Pack / unpack the v3 header (CACT3_HEADER_SIZE bytes). */
+void cact3_encode_header(const cact_header3 *h, unsigned char *b);
+void cact3_decode_header(const unsigned char *b, cact_header3 *h);
 
 typedef struct {
     uint8_t dtype, ndim;
@@ -53,7 +77,8 @@ typedef struct {
     int bits;              /* 2, 3, 4 or CQ_TERNARY, used when bits_map is NULL/"" */
     const char *bits_map;  /* "name=bits,...,default=b" (config.weight_bits) */
     int group;             /* 0 = 128 */
-    int kv_window;         /* header kv_window (san_effective_kv_window) */
+    int kv_window;         /* header kv_window (san_effective_kv_window; v3:
+                              cact3_effective_kv_window) */
     const void *tokenizer; /* RAW tokenizer blob written last; NULL = none */
     size_t tokenizer_len;
 } cact_write_opts;
@@ -65,7 +90,11 @@ typedef struct {
 
 /* Export `m`. `params` is the checkpoint's params dict (for the probe
  * heads contrastive_head / confidence_head, written when present); NULL
- * means no heads. */
+ * means no heads. A generation-3 model is written as the v3 archive
+ * (tag 0x05E12A84, export.py of cactus-needle 3.x): its probe heads are
+ * embedding_head, confidence_head and router_head (CQ at CACT3_HEAD_BITS),
+ * the Hadamard permutations are stored as FP32 tables, bits_map is not
+ * used (3.x has none) and `bits` is 2, 3 or 4 (3.x writes 4 only). */
 int cact_write_file(const char *path, const san_model *m, const pv *params,
                     const cact_write_opts *o, cact_write_info *info);
 /* Same into a malloc'd buffer. */
@@ -88,6 +117,10 @@ typedef struct {
 int cact_model_tensors(const san_model *m, const cact_write_opts *o, cact_model_tensor **list,
                        int *n);
 
+/* 3.x architecture.py effective_kv_window (kv_budget_window with the
+ * sliding-window rule), the kv_window 3.x's build writes. */
+int cact3_effective_kv_window(const san_config *c);
+
 /* ---- reading ---- */
 
 typedef struct {
@@ -96,7 +129,10 @@ typedef struct {
     unsigned char *owned;
     void *map; /* read-only file mapping (cact_map_file) */
     size_t map_len;
-    cact_header hdr;
+    int generation;  /* 2 (tag 0x05E12A83) or 3 (tag 0x05E12A84) */
+    cact_header hdr; /* v2's header; for v3 only tag, num_tensors,
+                        codebook_len, kv_window, kv_bits and vocab are set */
+    cact_header3 h3; /* generation 3: the whole header */
     float *codebook; /* hdr.codebook_len floats */
     cact_tensor *t;  /* hdr.num_tensors records */
 } cact_file;
@@ -111,6 +147,16 @@ int cact_map_file(const char *path, cact_file *f);
 /* Parse a private copy of buf (for callers whose buffer may go away). */
 int cact_own_copy(const void *buf, size_t len, cact_file *f);
 void cact_free(cact_file *f);
+
+/* v3 layout facts the reader derives from the header: tensors per layer
+ * (24, or 27 with qkv conv taps), the index of final_norm, and the index
+ * of the first probe-head tensor (heads.manifest) or -1 without heads. */
+typedef struct {
+    uint32_t per_layer, first_mhc, first_perm, first_engram, final_norm;
+    int64_t manifest; /* -1: no heads */
+    int tokenizer;    /* 1 when the last tensor is the RAW tokenizer */
+} cact3_layout;
+int cact3_layout_of(const cact_file *f, cact3_layout *lay);
 
 /* Index of a tensor by export name ("layer00.q_proj") or "#N", or -1. */
 int cact_find(const cact_file *f, const char *name);

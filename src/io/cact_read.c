@@ -99,6 +99,130 @@ static void name_tensors(cact_file *f)
     }
 }
 
+/* 0, or 1 when the geometry is out of range, 2 when the archive has too few tensors */
+static int layout3(const cact_file *f, cact3_layout *lay)
+{
+    memset(lay, 0, sizeof *lay);
+    lay->manifest = -1;
+    const cact_header3 *h = &f->h3;
+    uint64_t n = h->num_tensors, L = h->num_layers, S = h->num_engram_sites;
+    if (L > 64 || S > CACT3_MAX_SITES)
+        return 1;
+    lay->per_layer = h->qkv_conv_taps ? 27 : 24;
+    lay->first_mhc = (uint32_t)(1 + lay->per_layer * L);
+    lay->first_perm = lay->first_mhc + 9;
+    lay->first_engram = lay->first_perm + 2;
+    lay->final_norm = (uint32_t)(lay->first_engram + 4 * S);
+    lay->tokenizer = n && f->t[n - 1].dtype == CACT_RAW;
+    if ((uint64_t)lay->final_norm + 1 + (uint64_t)lay->tokenizer > n)
+        return 2;
+    if (lay->final_norm + 1 + (uint64_t)lay->tokenizer < n)
+        lay->manifest = lay->final_norm + 1;
+    return 0;
+}
+
+int cact3_layout_of(const cact_file *f, cact3_layout *lay)
+{
+    if (f->generation != 3)
+        return nd_error(ND_EARG, "not a Needle 3 archive");
+    const cact_header3 *h = &f->h3;
+    switch (layout3(f, lay)) {
+    case 1:
+        return nd_error(ND_EFORMAT, "cact header: %u layers / %u engram sites (at most 64 / %d)",
+                        h->num_layers, h->num_engram_sites, CACT3_MAX_SITES);
+    case 2:
+        return nd_error(ND_EFORMAT,
+                        "cact: %u tensors, fewer than the header's geometry (%u layers, qkv "
+                        "taps %u, %u engram sites) needs",
+                        h->num_tensors, h->num_layers, h->qkv_conv_taps, h->num_engram_sites);
+    default: return ND_OK;
+    }
+}
+
+static const char *head3_key(float code)
+{
+    return code == 1.0f   ? "embedding_head"
+           : code == 2.0f ? "confidence_head"
+           : code == 3.0f ? "router_head"
+                          : NULL;
+}
+
+static float fp16_at(const cact_file *f, const cact_tensor *t, uint64_t i)
+{
+    const unsigned char *p = f->data + t->offset + 2 * i;
+    return nd_half_to_float((uint16_t)(p[0] | p[1] << 8));
+}
+
+/* export.py _tensors order (see cact.h) */
+static void name_tensors3(cact_file *f)
+{
+    static const char *per_layer[25] = {
+        "norm_in", "q_proj", "k_proj",    "v_proj",   "q_taps",    "k_taps",    "v_taps",
+        "q_norm",  "k_norm", "gate_proj", "out_proj", "post_norm", "attn_gate", "pre_hada",
+        "d1",      "d2",     "b2",        "d3",       "d4",        "w1a",       "w1b",
+        "w2a",     "w2b",    "w3a",       "w3b"}; /* + cond_v, cond_u */
+    static const char *mhc[9] = {"mhc_a_pre",   "mhc_a_post",   "mhc_a_res",
+                                 "mhc_b_pre",   "mhc_b_post",   "mhc_b_res",
+                                 "mhc_phi_pre", "mhc_phi_post", "mhc_phi_res"};
+    static const char *eng[4] = {"tables", "key_proj", "value_proj", "taps"};
+    static const char *part[7] = {"probes", "gain", "query",      "row_bias",
+                                  "proj",   "bias", "calibration"};
+    uint64_t n = f->h3.num_tensors;
+    cact3_layout lay;
+    int ok = !layout3(f, &lay);
+    uint64_t head_at = 0, head = 0, head_len = 0;
+    const char *hn = NULL;
+    for (uint64_t i = 0; i < n; i++) {
+        char *nm = f->t[i].name;
+        size_t cap = sizeof f->t[i].name;
+        if (!ok) {
+            snprintf(nm, cap, "#%llu", (unsigned long long)i);
+        } else if (i == 0) {
+            snprintf(nm, cap, "embedding");
+        } else if (i < lay.first_mhc) {
+            uint64_t k = (i - 1) % lay.per_layer, l = (i - 1) / lay.per_layer;
+            if (lay.per_layer == 24 && k >= 4)
+                k += 3; /* no taps */
+            snprintf(nm, cap, "layer%02llu.%s", (unsigned long long)l,
+                     k < 25    ? per_layer[k]
+                     : k == 25 ? "cond_v"
+                               : "cond_u");
+        } else if (i < lay.first_perm) {
+            snprintf(nm, cap, "%s", mhc[i - lay.first_mhc]);
+        } else if (i < lay.first_engram) {
+            snprintf(nm, cap, "hada_p%llu", (unsigned long long)(i - lay.first_perm + 1));
+        } else if (i < lay.final_norm) {
+            uint64_t k = i - lay.first_engram;
+            snprintf(nm, cap, "engram%llu.%s", (unsigned long long)(k / 4), eng[k % 4]);
+        } else if (i == lay.final_norm) {
+            snprintf(nm, cap, "final_norm");
+        } else if (lay.tokenizer && i == n - 1) {
+            snprintf(nm, cap, "tokenizer");
+        } else if ((int64_t)i == lay.manifest) {
+            snprintf(nm, cap, "heads.manifest");
+            head_at = i + 1;
+        } else {
+            /* heads in manifest order, each 6 tensors (the router 7) */
+            const cact_tensor *man = &f->t[lay.manifest];
+            if (i == head_at) {
+                hn = NULL;
+                if (man->dtype == CACT_FP16 && head < man->nbytes / 2)
+                    hn = head3_key(fp16_at(f, man, head));
+                head_len = hn && !strcmp(hn, "router_head") ? 7 : 6;
+                head++;
+            }
+            uint64_t k = i - head_at;
+            if (k + 1 == head_len)
+                head_at = i + 1;
+            if (hn)
+                snprintf(nm, cap, "%s.%s", hn, part[k < 7 ? k : 6]);
+            else
+                snprintf(nm, cap, "head%llu.%s", (unsigned long long)(head - 1),
+                         part[k < 7 ? k : 6]);
+        }
+    }
+}
+
 static int check_record(const cact_file *f, uint32_t i, uint64_t dir_end)
 {
     const cact_tensor *t = &f->t[i];
@@ -149,17 +273,23 @@ static int check_record(const cact_file *f, uint32_t i, uint64_t dir_end)
     return ND_OK;
 }
 
+static int parse_body(const unsigned char *b, size_t len, cact_file *f, size_t hsize);
+static int parse3(const unsigned char *b, size_t len, cact_file *f);
+
 int cact_parse(const void *buf, size_t len, cact_file *f)
 {
     memset(f, 0, sizeof *f);
     const unsigned char *b = buf;
     f->data = b;
     f->len = len;
+    if (len >= 4 && get_u32(b) == CACT3_TAG)
+        return parse3(b, len, f);
     if (len < CACT_HEADER_SIZE)
         return nd_error(ND_EFORMAT,
                         "not a .cact archive: %zu bytes, shorter than the %d-byte "
                         "header",
                         len, CACT_HEADER_SIZE);
+    f->generation = 2;
     cact_header *h = &f->hdr;
     uint32_t *fields[29] = {&h->tag,
                             &h->num_tensors,
@@ -194,16 +324,24 @@ int cact_parse(const void *buf, size_t len, cact_file *f)
         *fields[i] = get_u32(b + 4 * i);
     h->rope_theta = get_f32(b + 116);
     if (h->tag != CACT_TAG)
-        return nd_error(ND_EFORMAT, "not a .cact archive: tag 0x%08X, expected 0x%08X", h->tag,
-                        CACT_TAG);
+        return nd_error(ND_EFORMAT,
+                        "not a .cact archive: tag 0x%08X, expected 0x%08X (Needle 2) or "
+                        "0x%08X (Needle 3)",
+                        h->tag, CACT_TAG, CACT3_TAG);
     if (h->num_engram_orders > 4 || h->num_engram_sites > 4)
         return nd_error(ND_EFORMAT, "header: %u engram orders / %u sites, at most 4 each",
                         h->num_engram_orders, h->num_engram_sites);
-    if (h->codebook_len > MAX_CODEBOOK ||
-        (uint64_t)CACT_HEADER_SIZE + (uint64_t)h->codebook_len * 4 > len)
+    return parse_body(b, len, f, CACT_HEADER_SIZE);
+}
+
+/* the codebooks and the directory after a header of hsize bytes */
+static int parse_body(const unsigned char *b, size_t len, cact_file *f, size_t hsize)
+{
+    cact_header *h = &f->hdr;
+    if (h->codebook_len > MAX_CODEBOOK || (uint64_t)hsize + (uint64_t)h->codebook_len * 4 > len)
         return nd_error(ND_EFORMAT, "header: codebook of %u floats runs past the end (%zu bytes)",
                         h->codebook_len, len);
-    uint64_t dir = (uint64_t)CACT_HEADER_SIZE + (uint64_t)h->codebook_len * 4;
+    uint64_t dir = (uint64_t)hsize + (uint64_t)h->codebook_len * 4;
     if (h->num_tensors > MAX_TENSORS || (uint64_t)h->num_tensors * CACT_REC_SIZE > len - dir)
         return nd_error(ND_EFORMAT, "header: directory of %u records runs past the end (%zu bytes)",
                         h->num_tensors, len);
@@ -215,7 +353,7 @@ int cact_parse(const void *buf, size_t len, cact_file *f)
         return nd_error(ND_ENOMEM, "out of memory");
     }
     for (uint32_t i = 0; i < h->codebook_len; i++)
-        f->codebook[i] = get_f32(b + CACT_HEADER_SIZE + 4 * (size_t)i);
+        f->codebook[i] = get_f32(b + hsize + 4 * (size_t)i);
     for (uint32_t i = 0; i < h->num_tensors; i++) {
         const unsigned char *r = b + dir + (size_t)i * CACT_REC_SIZE;
         cact_tensor *t = &f->t[i];
@@ -234,8 +372,33 @@ int cact_parse(const void *buf, size_t len, cact_file *f)
             return rc;
         }
     }
-    name_tensors(f);
+    if (f->generation == 3)
+        name_tensors3(f);
+    else
+        name_tensors(f);
     return ND_OK;
+}
+
+static int parse3(const unsigned char *b, size_t len, cact_file *f)
+{
+    if (len < CACT3_HEADER_SIZE)
+        return nd_error(ND_EFORMAT,
+                        "not a Needle 3 .cact archive: %zu bytes, shorter than the %d-byte header",
+                        len, CACT3_HEADER_SIZE);
+    f->generation = 3;
+    cact_header3 *h3 = &f->h3;
+    cact3_decode_header(b, h3);
+    if (h3->num_engram_orders > 4 || h3->num_engram_sites > CACT3_MAX_SITES)
+        return nd_error(ND_EFORMAT, "header: %u engram orders / %u sites, at most 4 / %d",
+                        h3->num_engram_orders, h3->num_engram_sites, CACT3_MAX_SITES);
+    cact_header *h = &f->hdr;
+    h->tag = h3->tag;
+    h->num_tensors = h3->num_tensors;
+    h->codebook_len = h3->codebook_len;
+    h->kv_window = h3->kv_window;
+    h->kv_bits = h3->kv_bits;
+    h->vocab = h3->vocab;
+    return parse_body(b, len, f, CACT3_HEADER_SIZE);
 }
 
 int cact_read_file(const char *path, cact_file *f)

@@ -1,9 +1,12 @@
 /* libFuzzer target: cact_parse must refuse anything malformed cleanly;
  * whatever it accepts must dequantise (within a size budget) without
- * touching memory outside the buffer. */
+ * touching memory outside the buffer. A Needle 3 archive (tag 0x05E12A84)
+ * also goes through the engine's v3 loader: the quantised view, and for
+ * small inputs the dequantise-everything path. */
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "engine/model_internal.h"
 #include "io/cact.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -39,6 +42,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (f.hdr.num_tensors && cact_find(&f, f.t[0].name) != 0)
         abort();
+    if (f.generation == 3) {
+        san_model m;
+        nd_qweights3 q;
+        if (nd_cact3_to_qmodel(&f, &m, &q) == 0) {
+            san_model_free(&m);
+            nd_qweights3_free(&q);
+        }
+        if (size <= (1u << 16) && nd_cact3_to_model(&f, &m) == 0)
+            san_model_free(&m);
+    }
     cact_free(&f);
     return 0;
 }

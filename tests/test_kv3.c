@@ -15,7 +15,11 @@
  * The quantised path: a v3 archive (4 bits) run from its CQ matrices
  * (nd_cact3_to_qmodel's view, the v2 kernels) against the float forward of
  * the same archive dequantised: equal within the int8 activations' error,
- * and the same whether fed token by token or in chunks. */
+ * and the same whether fed token by token or in chunks.
+ *
+ * Long conversations: with the session's sliding window (pinned rows plus
+ * kv_window), a v3 state's memory stays within nd_kv_bytes_bound over a
+ * stream 30x its max_seq_len, and the logits stay finite. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -238,6 +242,43 @@ static void check_quant(const char *preset)
     san_model_free(&src);
 }
 
+static void check_slide(void)
+{
+    const nd_backend *be = nd_backend_cpu(0);
+    san_model m;
+    random_model(&m, "tiny3", -1, -1);
+    nd_kv_state s;
+    CHECK(nd_kv_init(&s, &m, be, 16, 24) == 0);
+    nd_kv_slide(&s, 6);
+    size_t bound = nd_kv_bytes_bound(&s), worst = 0;
+    int V = m.dims.V, bad = 0, total = 30 * m.cfg.max_seq_len, fed = 0;
+    float *lg = malloc(sizeof *lg * 9 * (size_t)V);
+    int32_t tok[9];
+    nd_rng r;
+    nd_rng_seed(&r, 9);
+    for (int k = 0; fed < total && !bad; k++) {
+        int n = 1 + k % 9;
+        for (int i = 0; i < n; i++)
+            tok[i] = 5 + (int)(nd_rng_next(&r) % 500);
+        if (nd_kv_forward(&s, tok, n, lg, 1)) {
+            CHECK_MSG(0, "slide: forward at %d: %s", fed, nd_last_error());
+            break;
+        }
+        fed += n;
+        for (long i = 0; i < (long)n * V; i++)
+            bad |= !isfinite(lg[i]);
+        size_t b = nd_kv_bytes(&s);
+        worst = b > worst ? b : worst;
+        CHECK(s.len <= m.cfg.max_seq_len);
+    }
+    CHECK_MSG(!bad, "slide: non-finite logits");
+    CHECK(s.evicted > total / 2);
+    CHECK_MSG(worst <= bound, "slide: %zu bytes held, bound %zu", worst, bound);
+    free(lg);
+    nd_kv_free(&s);
+    san_model_free(&m);
+}
+
 int main(void)
 {
     check_model("tiny3", "tiny3", -1, -1);
@@ -246,5 +287,6 @@ int main(void)
     check_model("tiny3 no taps", "tiny3", -1, 0);
     check_quant("tiny3");
     check_quant("tiny3b");
+    check_slide();
     return tu_finish("test_kv3");
 }

@@ -131,6 +131,35 @@ static void check_model(const char *name, const char *preset, int window, int ta
         nd_kv_free(&s2);
         nd_kv_free(&s);
     }
+    /* int8 K/V rows (an archive's kv_bits 8): within the rows' rounding
+     * of the float forward, the same in chunks as token by token, and
+     * smaller */
+    {
+        nd_kv_state s8, sf;
+        float *lg8 = malloc((size_t)T_SEQ * V * sizeof *lg8);
+        CHECK(nd_kv_init(&s8, &m, be, 8, 0) == 0);
+        nd_kv_set_bits(&s8, 8);
+        CHECK(s8.kv_int8 == 1);
+        for (int t = 0; t < T_SEQ; t++)
+            CHECK(nd_kv_forward(&s8, tok + t, 1, lg8 + (size_t)t * V, 0) == 0);
+        double e = rows_err(lg8, V, ref, Vo, T_SEQ, Vo);
+        printf("  %s: int8 K/V rows vs the float forward: rel err %.5f\n", name, e);
+        CHECK_MSG(e < 0.02 && e > 0, "%s: int8 K/V rel err %g", name, e);
+        CHECK(nd_kv_init(&sf, &m, be, 8, 0) == 0);
+        CHECK(nd_kv_forward(&sf, tok, T_SEQ, NULL, 0) == 0);
+        CHECK_MSG(nd_kv_bytes(&s8) < nd_kv_bytes(&sf), "%s: int8 rows %zu bytes, float %zu", name,
+                  nd_kv_bytes(&s8), nd_kv_bytes(&sf));
+        nd_kv_free(&sf);
+        nd_kv_free(&s8);
+        CHECK(nd_kv_init(&s8, &m, be, 16, 0) == 0);
+        nd_kv_set_bits(&s8, 8);
+        CHECK(nd_kv_forward(&s8, tok, 13, lg, 1) == 0);
+        CHECK(nd_kv_forward(&s8, tok + 13, T_SEQ - 13, lg + (size_t)13 * V, 1) == 0);
+        e = rows_err(lg, V, lg8, V, T_SEQ, Vo);
+        CHECK_MSG(e < 1e-5, "%s: int8 K/V, chunks vs token by token rel err %g", name, e);
+        nd_kv_free(&s8);
+        free(lg8);
+    }
     /* uneven chunks, all logits; chunk capacities that split them again */
     static const int pieces[] = {3, 1, 7, 2, 11, 5, 19};
     for (int cap = 4; cap <= 64; cap *= 4) {
@@ -242,13 +271,14 @@ static void check_quant(const char *preset)
     san_model_free(&src);
 }
 
-static void check_slide(void)
+static void check_slide(int bits)
 {
     const nd_backend *be = nd_backend_cpu(0);
     san_model m;
     random_model(&m, "tiny3", -1, -1);
     nd_kv_state s;
     CHECK(nd_kv_init(&s, &m, be, 16, 24) == 0);
+    nd_kv_set_bits(&s, bits);
     nd_kv_slide(&s, 6);
     size_t bound = nd_kv_bytes_bound(&s), worst = 0;
     int V = m.dims.V, bad = 0, total = 30 * m.cfg.max_seq_len, fed = 0;
@@ -271,9 +301,9 @@ static void check_slide(void)
         worst = b > worst ? b : worst;
         CHECK(s.len <= m.cfg.max_seq_len);
     }
-    CHECK_MSG(!bad, "slide: non-finite logits");
+    CHECK_MSG(!bad, "slide (%d-bit rows): non-finite logits", bits);
     CHECK(s.evicted > total / 2);
-    CHECK_MSG(worst <= bound, "slide: %zu bytes held, bound %zu", worst, bound);
+    CHECK_MSG(worst <= bound, "slide (%d-bit rows): %zu bytes held, bound %zu", bits, worst, bound);
     free(lg);
     nd_kv_free(&s);
     san_model_free(&m);
@@ -287,6 +317,7 @@ int main(void)
     check_model("tiny3 no taps", "tiny3", -1, 0);
     check_quant("tiny3");
     check_quant("tiny3b");
-    check_slide();
+    check_slide(32);
+    check_slide(8);
     return tu_finish("test_kv3");
 }

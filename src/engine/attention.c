@@ -254,7 +254,12 @@ static void attention3_tasks(void *ctx, long lo, long hi, int tid)
     int G = D->G, hd = D->hd, vhd = D->v_hd, rep = D->H / D->G;
     size_t kd = (size_t)D->k_dim, vd = (size_t)D->v_dim, sc = (size_t)a->slot * s->cap;
     size_t ml = (size_t)s->max_len;
-    const float *K = s->k + sc * kd, *V = s->v + sc * vd;
+    /* float rows, or int8 rows whose (row, kv head) scale multiplies the
+     * dot product (keys) and the weight (values) */
+    const float *K = s->kv_int8 ? NULL : s->k + sc * kd, *V = s->kv_int8 ? NULL : s->v + sc * vd;
+    const int8_t *K8 = s->kv_int8 ? s->k8 + sc * kd : NULL,
+                 *V8 = s->kv_int8 ? s->v8 + sc * vd : NULL;
+    const float *KS = s->kv_int8 ? s->ks + sc * G : NULL, *VS = s->kv_int8 ? s->vs + sc * G : NULL;
     float scale = 1.0f / sqrtf((float)hd);
     float *sc0 = s->att_s + (size_t)tid * ND_ATT_ROWS * rep * ml;
     for (long task = lo; task < hi; task++) {
@@ -272,10 +277,17 @@ static void attention3_tasks(void *ctx, long lo, long hi, int tid)
             float *w = sc0 + (size_t)r * ml, mx = -FLT_MAX, sum = 0.0f;
             for (int rr = 0; rr < 2; rr++)
                 for (int j = rng[rr][0]; j < rng[rr][1]; j++) {
-                    const float *k = K + (size_t)j * kd + (size_t)g * hd;
                     float dot = 0.0f;
-                    for (int e = 0; e < hd; e++)
-                        dot += q[e] * k[e];
+                    if (K8) {
+                        const int8_t *k = K8 + (size_t)j * kd + (size_t)g * hd;
+                        for (int e = 0; e < hd; e++)
+                            dot += q[e] * (float)k[e];
+                        dot *= KS[(size_t)j * G + g];
+                    } else {
+                        const float *k = K + (size_t)j * kd + (size_t)g * hd;
+                        for (int e = 0; e < hd; e++)
+                            dot += q[e] * k[e];
+                    }
                     w[j] = dot * scale;
                     mx = w[j] > mx ? w[j] : mx;
                 }
@@ -289,10 +301,17 @@ static void attention3_tasks(void *ctx, long lo, long hi, int tid)
                 o[e] = 0.0f;
             for (int rr = 0; rr < 2; rr++)
                 for (int j = rng[rr][0]; j < rng[rr][1]; j++) {
-                    const float *v = V + (size_t)j * vd + (size_t)g * vhd;
                     float wj = w[j] * inv;
-                    for (int e = 0; e < vhd; e++)
-                        o[e] = KV_MADD(wj, v[e], o[e]);
+                    if (V8) {
+                        const int8_t *v = V8 + (size_t)j * vd + (size_t)g * vhd;
+                        wj *= VS[(size_t)j * G + g];
+                        for (int e = 0; e < vhd; e++)
+                            o[e] = KV_MADD(wj, (float)v[e], o[e]);
+                    } else {
+                        const float *v = V + (size_t)j * vd + (size_t)g * vhd;
+                        for (int e = 0; e < vhd; e++)
+                            o[e] = KV_MADD(wj, v[e], o[e]);
+                    }
                 }
         }
     }

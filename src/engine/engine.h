@@ -130,8 +130,9 @@ typedef struct {
     /* the block's values for the chunk's rows (model/block.h): nothing kept
      * for a backward (rstd, lse NULL), q and k normalised in place */
     san_layer_acts la;
-    /* Needle 3 (config generation 3; float rows): layer l's K and V rows
-     * (k_dim, v_dim wide) live in cache slot kv_slot[l], a CLA consumer's
+    /* Needle 3 (config generation 3): layer l's K and V rows (k_dim, v_dim
+     * wide: k, v float; or k8, v8 [slot][cap][k_dim | v_dim] int8 with ks,
+     * vs [slot][cap][G] scales) live in cache slot kv_slot[l], a CLA consumer's
      * slot being its producer's (it stores none of its own); with conv taps
      * cv holds every layer's pre-conv q|k|v rows ([L][cap][q_dim + k_dim +
      * v_dim]) that the taps of later rows read; hada3 is the Hadamard MLP's

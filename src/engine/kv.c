@@ -161,9 +161,7 @@ void nd_kv_use_quant(nd_kv_state *s, const nd_qweights *q)
 
 void nd_kv_set_bits(nd_kv_state *s, int bits)
 {
-    if (!s->cap &&
-        !s->gen3) { /* Needle 3: float rows (no int8 format yet) */ /* the rows' format is fixed
-                                                                       once any are stored */
+    if (!s->cap) { /* the rows' format is fixed once any are stored */
         s->kv_int8 = bits == 8;
         s->vp_int8 = s->kv_int8 && s->m->dims.d % ND_VP_GROUP == 0;
     }
@@ -180,8 +178,12 @@ static size_t row_bytes(const nd_kv_state *s)
     const san_dims *D = &s->m->dims;
     if (s->gen3) {
         size_t conv = s->m->cfg.qkv_conv_taps ? (size_t)D->q_dim + D->k_dim + D->v_dim : 0;
-        return sizeof(int32_t) + sizeof(float) * ((size_t)s->kv_layers * (D->k_dim + D->v_dim) +
-                                                  D->L * conv + (size_t)s->m->cfg.n_sites * D->d);
+        size_t kv = s->kv_int8 ? (size_t)D->k_dim + D->v_dim + 2 * sizeof(float) * D->G
+                               : sizeof(float) * ((size_t)D->k_dim + D->v_dim);
+        size_t vp = s->vp_int8 ? (size_t)D->d + (size_t)D->d / ND_VP_GROUP * sizeof(float)
+                               : (size_t)D->d * sizeof(float);
+        return sizeof(int32_t) + (size_t)s->kv_layers * kv + sizeof(float) * D->L * conv +
+               (size_t)s->m->cfg.n_sites * vp;
     }
     size_t kvd = (size_t)D->kv_dim, G = (size_t)D->G;
     size_t kv = s->kv_int8 ? kvd + G * sizeof(float) : kvd * sizeof(float);
@@ -290,10 +292,17 @@ static int kv_arrays(nd_kv_state *s, kv_array *a)
     size_t L = (size_t)D->L, kvd = (size_t)D->kv_dim, G = (size_t)D->G, d = (size_t)D->d;
     int n = 0;
     a[n++] = (kv_array){(void **)&s->tokens, 1, sizeof(int32_t)};
-    if (s->gen3) {
+    if (s->gen3) { /* [slot][cap][k_dim | v_dim], int8 rows with [slot][cap][G] scales */
         size_t kl = (size_t)s->kv_layers;
-        a[n++] = (kv_array){(void **)&s->k, kl, (size_t)D->k_dim * sizeof(float)};
-        a[n++] = (kv_array){(void **)&s->v, kl, (size_t)D->v_dim * sizeof(float)};
+        if (s->kv_int8) {
+            a[n++] = (kv_array){(void **)&s->k8, kl, (size_t)D->k_dim};
+            a[n++] = (kv_array){(void **)&s->v8, kl, (size_t)D->v_dim};
+            a[n++] = (kv_array){(void **)&s->ks, kl, G * sizeof(float)};
+            a[n++] = (kv_array){(void **)&s->vs, kl, G * sizeof(float)};
+        } else {
+            a[n++] = (kv_array){(void **)&s->k, kl, (size_t)D->k_dim * sizeof(float)};
+            a[n++] = (kv_array){(void **)&s->v, kl, (size_t)D->v_dim * sizeof(float)};
+        }
         if (s->m->cfg.qkv_conv_taps)
             a[n++] = (kv_array){(void **)&s->cv, L,
                                 ((size_t)D->q_dim + D->k_dim + D->v_dim) * sizeof(float)};
@@ -489,10 +498,23 @@ const float *nd_kv_vp_row(nd_kv_state *s, int site, int r)
 void nd_kv_store_rows(nd_kv_state *s, int l, int p0, int n, const float *k, const float *v)
 {
     const san_dims *D = &s->m->dims;
-    if (s->gen3) { /* float rows in the layer's slot */
+    if (s->gen3) { /* rows in the layer's slot: float, or int8 per (row, kv head) */
         size_t kd = (size_t)D->k_dim, vd = (size_t)D->v_dim, sc = (size_t)s->kv_slot[l] * s->cap;
-        memcpy(s->k + (sc + (size_t)p0) * kd, k, (size_t)n * kd * sizeof(float));
-        memcpy(s->v + (sc + (size_t)p0) * vd, v, (size_t)n * vd * sizeof(float));
+        size_t G = (size_t)D->G, hd = (size_t)D->hd, vhd = (size_t)D->v_hd;
+        if (!s->kv_int8) {
+            memcpy(s->k + (sc + (size_t)p0) * kd, k, (size_t)n * kd * sizeof(float));
+            memcpy(s->v + (sc + (size_t)p0) * vd, v, (size_t)n * vd * sizeof(float));
+            return;
+        }
+        for (size_t i = 0; i < (size_t)n; i++) {
+            size_t row = sc + (size_t)p0 + i;
+            for (size_t g = 0; g < G; g++) {
+                s->ks[row * G + g] =
+                    quant_row_i8(k + i * kd + g * hd, s->k8 + row * kd + g * hd, hd);
+                s->vs[row * G + g] =
+                    quant_row_i8(v + i * vd + g * vhd, s->v8 + row * vd + g * vhd, vhd);
+            }
+        }
         return;
     }
     size_t kvd = (size_t)D->kv_dim, G = (size_t)D->G, hd = (size_t)D->hd;

@@ -10,7 +10,10 @@ ring, conv-tap state, CLA, engram seeds and banks, out_vocab head).
   * --tools FILE renders 3.x's chat template around the query (the
     `prompt:` line is its repr) and the continuation follows the rendered
     prompt; an empty tools list leaves the bare query;
-  * a tiny3b model never produces an id at or past out_vocab.
+  * a tiny3b model never produces an id at or past out_vocab;
+  * a v3 pickle checkpoint (`needle init --preset tiny3`) runs too, each
+    token the argmax of `needle eval --logits` (the trainer's float
+    forward) over the prefix.
 """
 import json
 import os
@@ -76,6 +79,26 @@ def ref_greedy(path, ids, steps):
     return gen, margin
 
 
+def greedy_by_eval(needle, tmp, ck, ids, steps):
+    """3.x's generate() with `needle eval --tokens --logits` (one full float
+    forward per step, argmax of the last row)."""
+    ids, gen = list(ids), []
+    tf, lf = os.path.join(tmp, "seq.txt"), os.path.join(tmp, "logits.bin")
+    for _ in range(steps):
+        with open(tf, "w") as f:
+            f.write(" ".join(map(str, ids)) + "\n")
+        p = run([needle, "eval", "--checkpoint", ck, "--tokens", tf, "--logits", lf,
+                 "--device", "cpu"])
+        if p.returncode:
+            raise SystemExit("eval failed: " + p.stderr)
+        nxt = int(np.argmax(np.fromfile(lf, dtype="<f4").reshape(len(ids), -1)[-1]))
+        if nxt == 1:
+            break
+        gen.append(nxt)
+        ids.append(nxt)
+    return gen
+
+
 def main():
     check = Checker()
     needle = find_needle()
@@ -131,6 +154,16 @@ def main():
         check(preset + ": an empty tools list keeps the bare query",
               r.returncode == 0 and r.stdout.startswith('prompt: "What\'s the weather'),
               r.stdout[:60])
+    pk = os.path.join(tmp, "init3.pkl")
+    r = run([needle, "init", pk, "--preset", "tiny3", "--seed", "4"])
+    if check("init --preset tiny3 (pickle)", r.returncode == 0, r.stderr[-300:]):
+        r = run([needle, "run", "--checkpoint", pk, "--query", query, "--max-len", "6",
+                 "--tokenizer", TOK])
+        head, _, got = r.stdout.partition("\n")
+        gen = greedy_by_eval(needle, tmp, pk, [2] + tokenize(needle, query), 6)
+        check("pickle: continuation = eval's greedy argmax",
+              r.returncode == 0 and got == decode(needle, gen) + "\n",
+              "%r vs %r %s" % (got[:60], decode(needle, gen)[:60], r.stderr[-200:]))
     r = run([needle, "run", "--checkpoint", os.path.join(tmp, "tiny3.safetensors"), "--query",
              query, "--tokenizer", TOK, "--tools", os.path.join(tmp, "none.json")])
     check("a missing tools file is named", r.returncode == 1 and "none.json" in r.stderr,

@@ -63,10 +63,10 @@ def tok_blob(pieces):
     return bytes(out)
 
 
-def fixture(tmp, preset, seed=1):
-    cfg = F.config_for(preset)
-    params = F.random_params(cfg, np.random.default_rng(seed))
-    path = os.path.join(tmp, preset + ".safetensors")
+def fixture(tmp, preset, seed=1, heads=True, tag="", **over):
+    cfg = F.config_for(preset, **over)
+    params = F.random_params(cfg, np.random.default_rng(seed), heads=heads)
+    path = os.path.join(tmp, preset + tag + ".safetensors")
     F.write_safetensors(path, params, F.checkpoint_metadata(cfg), dtype="F32")
     return path, cfg, {k: np.asarray(v, np.float32) for k, v in params.items()}
 
@@ -223,6 +223,26 @@ def main():
     buf3 = open(out3, "rb").read()
     same_bytes("tiny3 W4 (banks, split permutations)", buf3, ref3, names3)
     layout(buf3, cfg3, p3, names3)
+
+    # ---- no window (the v2 budget rule), no taps (24 tensors a layer), no
+    # heads, the config's kv_window and kv_bits, seed heads, rope_theta ----
+    ck4, cfg4, p4 = fixture(tmp, "tiny3b", seed=3, heads=False, tag="v", sliding_window=0,
+                            global_layers=[], qkv_conv_taps=0, out_vocab=0, kv_window=96,
+                            kv_bits=4, engram_seed_heads=2, rope_theta=500000.0)
+    out4 = os.path.join(tmp, "v.cact")
+    run("build", ck4, "--no-tokenizer", "--out", out4)
+    ref4, names4 = R3.build3(p4, cfg4, 4, None)
+    buf4 = open(out4, "rb").read()
+    same_bytes("tiny3b variant (no window, taps or heads)", buf4, ref4, names4)
+    h4 = R3.parse3(buf4)[0]
+    # by hand: no window, so per position 3 * 20 + 20 = 80 bytes, (12058624 //
+    # 80) // 32 * 32 = 150720 -> min(., 64) = 64 -> max(160, 64) = 160, then
+    # the config's kv_window 96 is smaller: 96; 1 + 3 * 24 + 9 + 2 + 4 + 1 = 89
+    # tensors
+    check((h4["kv_window"], h4["kv_bits"], h4["sliding_window"], h4["global_mask_lo"],
+           h4["qkv_conv_taps"], h4["out_vocab"], h4["engram_seed_heads"], h4["num_tensors"],
+           h4["rope_theta"]) == (96, 4, 0, 0, 0, 0, 2, 89, 500000.0),
+          "variant header %r" % h4)
 
     # ---- hostile archives and the engine's refusal ----
     for n in (0, 100, 196, 300, len(ours) // 2, len(ours) - 1):

@@ -214,7 +214,27 @@ static const san_tensor *find_like(const san_model *m, const char *name)
 }
 
 /* ---- round trip ---- */
-static void test_round_trip(const san_model *m, const cact_file *f, int banks)
+static double rel_l2(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t k = 0; k < n; k++) {
+        double e = (double)a[k] - b[k];
+        num += e * e;
+        den += (double)b[k] * b[k];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+/* a float32 array of the params tree */
+static const float *param_f32(const pv *params, const char *path, size_t n)
+{
+    const pv *a = ckpt_tree_get(params, path);
+    if (!a || a->kind != PV_NDARRAY || a->u.nd.dtype != ND_F32 || (size_t)pv_nd_numel(a) != n)
+        return NULL;
+    return a->u.nd.data;
+}
+
+static void test_round_trip(const san_model *m, const pv *params, const cact_file *f, int banks)
 {
     san_model r;
     int rc = nd_cact3_to_model(f, &r);
@@ -262,13 +282,7 @@ static void test_round_trip(const san_model *m, const cact_file *f, int banks)
         int matrix = strstr(t->name, "/kernel") || strstr(t->name, "embedding") ||
                      strstr(t->name, "mhc_phi");
         if (matrix) {
-            double num = 0, den = 0;
-            for (size_t k = 0; k < n; k++) {
-                double e = (double)got[k] - src[k];
-                num += e * e;
-                den += (double)src[k] * src[k];
-            }
-            double rel = sqrt(num / (den > 0 ? den : 1));
+            double rel = rel_l2(got, src, n);
             if (rel > worst)
                 worst = rel;
             CHECK_MSG(rel < 0.15, "%s: relative error %.3f after 4-bit CQ", t->name, rel);
@@ -341,6 +355,28 @@ static void test_round_trip(const san_model *m, const cact_file *f, int banks)
               q.head[0].out == m->cfg.embedding_dim);
         CHECK(q.head[1].out == 1 && q.head[2].out == 3 && q.head[2].k == m->cfg.router_probes);
         CHECK(q.head[0].bias[0] == 0.0f); /* the embedding head's proj has no bias */
+        /* the float head matrices (model/probe3.h's layouts) against the checkpoint */
+        static const char *hk[3] = {"embedding_head", "confidence_head", "router_head"};
+        for (int h = 0; h < 3; h++) {
+            const nd_qhead3 *hd = &q.head[h];
+            size_t L1 = (size_t)D->L + 1, dd = (size_t)D->d, k = (size_t)hd->k, qn = (size_t)hd->q,
+                   out = (size_t)hd->out;
+            char path[64];
+            snprintf(path, sizeof path, "%s/probes", hk[h]);
+            const float *sp = param_f32(params, path, L1 * k * dd);
+            snprintf(path, sizeof path, "%s/query", hk[h]);
+            const float *sq = param_f32(params, path, qn * dd);
+            snprintf(path, sizeof path, "%s/proj/kernel", hk[h]);
+            const float *sk = param_f32(params, path, qn * dd * out);
+            CHECK(sp && sq && sk && hd->probes_f && hd->query_f && hd->proj_f);
+            if (sp && sq && sk && hd->probes_f && hd->query_f && hd->proj_f) {
+                double e1 = rel_l2(hd->probes_f, sp, L1 * k * dd),
+                       e2 = rel_l2(hd->query_f, sq, qn * dd),
+                       e3 = rel_l2(hd->proj_f, sk, qn * dd * out);
+                CHECK_MSG(e1 < 0.15 && e2 < 0.15 && e3 < 0.15,
+                          "%s: probes %.3f query %.3f proj %.3f relative error", hk[h], e1, e2, e3);
+            }
+        }
         CHECK(q.head[2].calibration[0] == nd_half_to_float(nd_float_to_half(0.9f)) &&
               q.head[2].calibration[1] == 0.0f &&
               q.head[2].calibration[2] == nd_half_to_float(nd_float_to_half(0.6f)));
@@ -421,6 +457,9 @@ static void test_hostile(const unsigned char *good, size_t len, const cact_file 
             put32(b + f->t[p1].offset + 4, get_u32(good + f->t[p1].offset))),
            "permutation");
     MUTATE("a head code 7", put32(b + f->t[man].offset, 0x4700u /* fp16 7.0 */), "head code");
+    MUTATE("a manifest of two heads before three heads' tensors",
+           (put32(b + rec_at((uint32_t)man) + 4, 2), put64(b + rec_at((uint32_t)man) + 28, 4)),
+           "no head uses");
     MUTATE("an unknown dtype", b[rec_at(3)] = 9, "dtype");
     free(b);
 }
@@ -441,7 +480,7 @@ int main(void)
         if (!rc) {
             CHECK(f.generation == 3 && f.hdr.num_tensors == 145 && f.hdr.vocab == 8192);
             test_order(&f);
-            test_round_trip(&m, &f, 0);
+            test_round_trip(&m, params, &f, 0);
             test_hostile(buf, len, &f);
             /* the Needle 2 loader refuses it by name */
             san_config c;
@@ -487,7 +526,7 @@ int main(void)
         buf = write3(&m, pv_dict_get(root, "params"), 4, &len);
         cact_file f;
         if (buf && !cact_parse(buf, len, &f)) {
-            test_round_trip(&m, &f, 1);
+            test_round_trip(&m, pv_dict_get(root, "params"), &f, 1);
             cact_free(&f);
         }
         free(buf);

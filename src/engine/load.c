@@ -590,6 +590,9 @@ void nd_qweights3_free(nd_qweights3 *q)
         free(q->head[i].gain);
         free(q->head[i].row_bias);
         free(q->head[i].bias);
+        free(q->head[i].probes_f);
+        free(q->head[i].query_f);
+        free(q->head[i].proj_f);
     }
     memset(q, 0, sizeof *q);
 }
@@ -605,7 +608,8 @@ static float *fp16_copy(const cact_file *f, uint32_t idx)
 /* the probe heads after final_norm: heads.manifest, then per head probes,
  * gain, query, row_bias, proj, bias (+ calibration for the router); the
  * walk must use exactly the tensors before the tokenizer */
-static int heads3(const cact_file *f, const cact3_layout *lay, const san_dims *D, nd_qweights3 *q)
+static int heads3(const cact_file *f, const cact3_layout *lay, const san_dims *D, nd_qweights3 *q,
+                  int floats)
 {
     if (lay->manifest < 0)
         return ND_OK;
@@ -645,6 +649,9 @@ static int heads3(const cact_file *f, const cact3_layout *lay, const san_dims *D
         hd->out = pj->ndim == 2 ? (int)pj->shape[0] : 0;
         int64_t k = hd->k, qn = hd->q, out = hd->out;
         int rc;
+        if (qn < 1 || out < 1)
+            return nd_error(ND_ESHAPE, "cact: head %d (code %d) has %lld queries and %lld outputs",
+                            h, code, (long long)qn, (long long)out);
         if ((rc = qmat_one(f, (int)i, &hd->probes, L1 * k, d, pr->name)) ||
             (rc = expect3(f, i + 1, CACT_FP16, 2, S3(L1, k))) ||
             (rc = qmat_one(f, (int)i + 2, &hd->query, qn, d, qu->name)) ||
@@ -653,9 +660,6 @@ static int heads3(const cact_file *f, const cact3_layout *lay, const san_dims *D
             (rc = expect3(f, i + 5, CACT_FP16, 1, S3(out))) ||
             (code == 3 && (rc = expect3(f, i + 6, CACT_FP16, 1, S3(3)))))
             return rc;
-        if (!qn || !out)
-            return nd_error(ND_ESHAPE, "cact: head %d has %lld queries and %lld outputs", h,
-                            (long long)qn, (long long)out);
         hd->gain = fp16_copy(f, i + 1);
         hd->row_bias = fp16_copy(f, i + 3);
         hd->bias = fp16_copy(f, i + 5);
@@ -663,6 +667,23 @@ static int heads3(const cact_file *f, const cact3_layout *lay, const san_dims *D
             return nd_error(ND_ENOMEM, "out of memory");
         if (code == 3)
             fp16_into(f, i + 6, hd->calibration);
+        if (floats) { /* the float layouts model/probe3.h reads */
+            size_t nn;
+            float *pt = NULL;
+            if ((rc = cact_dequant(f, (int)i, &hd->probes_f, &nn)) ||
+                (rc = cact_dequant(f, (int)i + 2, &hd->query_f, &nn)) ||
+                (rc = cact_dequant(f, (int)i + 4, &pt, &nn)))
+                return rc;
+            hd->proj_f = malloc((size_t)(qn * d * out) * sizeof *hd->proj_f + 1);
+            if (!hd->proj_f) {
+                free(pt);
+                return nd_error(ND_ENOMEM, "out of memory");
+            }
+            for (int64_t o = 0; o < out; o++) /* [out, q*d] -> [q*d, out] */
+                for (int64_t x = 0; x < qn * d; x++)
+                    hd->proj_f[x * out + o] = pt[o * qn * d + x];
+            free(pt);
+        }
         i += need;
         q->n_heads = h + 1;
     }
@@ -794,7 +815,7 @@ static int walk3(const cact_file *f, const san_config *cp, const san_dims *D,
 #undef MAT
     nd_qweights3 hq;
     memset(&hq, 0, sizeof hq);
-    rc = heads3(f, &lay, D, m && q ? q : &hq);
+    rc = heads3(f, &lay, D, m && q ? q : &hq, m && q);
     nd_qweights3_free(&hq);
     return rc;
 }

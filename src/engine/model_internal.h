@@ -46,6 +46,10 @@ typedef struct {
     float *row_bias;      /* (q, L+1, k) */
     float *bias;          /* (out) */
     float calibration[3]; /* router only */
+    /* the matrices dequantised, in model/probe3.h's layouts */
+    float *probes_f; /* [L+1, k, d] */
+    float *query_f;  /* [q, d] */
+    float *proj_f;   /* [q * d, out] (the flax kernel's layout) */
 } nd_qhead3;
 
 typedef struct {

@@ -327,7 +327,7 @@ static void test_block(void)
     be->lanes_broadcast(be, a.X, a.x0, N, D->n, D->d);
     float *want = malloc(sizeof(float) * lanes);
     test_wview tv = {{tv_apply}, &m, be, {0}, 0, -1};
-    test_attn ta = {{&a.lay.L, a.rope_cos, a.rope_sin, ta_attend}, &tv, be, D, -1};
+    test_attn ta = {{&a.lay.L, a.rope_cos, a.rope_sin, ta_attend, NULL}, &tv, be, D, -1};
     san_block blk = {&m, &m.w, be, &tv.base, &ta.base, {0}, {0}, NULL, NULL, NULL, NULL};
     for (int s = 0; s < m.cfg.n_sites; s++) {
         blk.eng_k[s] = a.eng_k[s];

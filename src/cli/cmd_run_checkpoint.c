@@ -7,26 +7,35 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "core/fileio.h"
 #include "core/status.h"
+#include "engine/engine.h"
 #include "io/checkpoint.h"
 #include "io/token_file.h"
 #include "model/eval.h"
 #include "model/params.h"
+#include "text/pyjson.h"
+#include "text/render.h"
 #include "text/tokenizer.h"
 
 static const char *run_checkpoint_help =
-    "usage: needle run --checkpoint X.pkl [--query TEXT] [--max-len N] [--seed N]\n"
-    "                  [--tools JSON] [--no-constrained] [--tokenizer M]\n"
+    "usage: needle run --checkpoint X.pkl|X.safetensors [--query TEXT] [--max-len N]\n"
+    "                  [--seed N] [--tools JSON|FILE] [--no-constrained] [--tokenizer M]\n"
     "                  [--device D] [--threads N]\n"
     "\n"
     "Upstream's `needle run`: greedy plain-text continuation of TEXT (default \"The\n"
     "most surprising thing about\") from the checkpoint's float weights. Prints\n"
     "`prompt: '<TEXT>'`, then the continuation as it is decoded, then a newline;\n"
     "stops at EOS, after --max-len new tokens (default 512) or at the model's\n"
-    "max_seq_len. Each step runs the float forward over the whole prefix (as\n"
-    "upstream does), so long continuations of big models are slow.\n"
+    "max_seq_len. Needle 2: each step runs the float forward over the whole\n"
+    "prefix (as upstream does), so long continuations of big models are slow.\n"
+    "Needle 3 (on the CPU): the engine's incremental float forward (KV cache,\n"
+    "sliding-window and global layers, conv-tap state), the same logits.\n"
     "\n"
-    "  --seed, --tools, --no-constrained  accepted for upstream's command lines;\n"
+    "  --tools FILE         Needle 3 (3.x's run.py): the prompt becomes the 3.x\n"
+    "                       chat template of {query, tools} read from FILE (a\n"
+    "                       JSON list; empty: the bare query). Needle 2 ignores it\n"
+    "  --seed, --no-constrained  accepted for upstream's command lines;\n"
     "                       upstream's plain mode ignores them (greedy decoding\n"
     "                       draws nothing; tool calls: use --weights X.cact)\n"
     "  --tokenizer M        default $NEEDLE_TOKENIZER, else tokenizer.model beside\n"
@@ -58,6 +67,7 @@ static void print_py_repr(const char *s)
 
 typedef struct {
     float *last; /* logits of the last position [V] */
+    int V;       /* how many: the model's output vocabulary */
 } last_row;
 
 static int keep_last_row(void *ctx, int seq, const float *logits, int len, int V)
@@ -65,7 +75,38 @@ static int keep_last_row(void *ctx, int seq, const float *logits, int len, int V
     (void)seq;
     last_row *lr = ctx;
     memcpy(lr->last, logits + (size_t)(len - 1) * V, sizeof(float) * (size_t)V);
+    lr->V = V;
     return 0;
+}
+
+/* 3.x's build_prompt: the query alone when the tools file holds a falsy
+ * value, else render_example({"query", "tools"})'s prompt */
+static int tools_prompt(const char *query, const char *path, nd_buf *out)
+{
+    unsigned char *text = NULL;
+    size_t len = 0;
+    nd_pj_doc *doc = NULL;
+    int rc = nd_read_file(path, 0, &text, &len);
+    if (rc) /* the message names the file */
+        return nd_error_prefix(rc, "--tools");
+    if ((rc = nd_pj_parse((const char *)text, len, &doc, NULL))) {
+        free(text);
+        return nd_error_prefix(rc, "--tools %s", path);
+    }
+    const nd_pj *tools = nd_pj_root(doc);
+    if (nd_pj_truthy(tools)) {
+        nd_pj q = {ND_PJ_STRING, strlen(query), query, 0.0, NULL, NULL};
+        nd_pj_member mem[2] = {{"query", 5, &q}, {"tools", 5, (nd_pj *)tools}};
+        nd_pj ex = {ND_PJ_OBJECT, 2, NULL, 0.0, NULL, mem};
+        nd_buf target = {0};
+        rc = nd_render_example_gen(&ex, 3, out, &target);
+        nd_buf_free(&target);
+        if (rc)
+            nd_error_prefix(rc, "--tools %s", path);
+    }
+    nd_pj_free(doc);
+    free(text);
+    return rc;
 }
 
 /* jnp.argmax: the first index of the maximum */
@@ -80,7 +121,7 @@ static int argmax(const float *x, int n)
 
 int cli_run_checkpoint(int argc, char **argv)
 {
-    const char *ckpt = NULL, *query = NULL, *tok_flag = NULL, *device = "cpu";
+    const char *ckpt = NULL, *query = NULL, *tok_flag = NULL, *device = "cpu", *tools = NULL;
     long long max_len = 512, seed = 0, threads = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -103,7 +144,7 @@ int cli_run_checkpoint(int argc, char **argv)
         else if (!strcmp(a, "--query"))
             query = v;
         else if (!strcmp(a, "--tools"))
-            continue; /* upstream's plain mode ignores it */
+            tools = v; /* Needle 3 renders it; upstream 2.x's plain mode ignores it */
         else if (!strcmp(a, "--tokenizer"))
             tok_flag = v;
         else if (!strcmp(a, "--device"))
@@ -137,21 +178,37 @@ int cli_run_checkpoint(int argc, char **argv)
     san_model m;
     if (ckpt_load(ckpt, &m, NULL))
         return cli_fail(NULL);
+    int gen3 = m.cfg.generation == 3;
     nd_tokenizer *tok = NULL;
     nd_idvec enc = {0};
     int32_t *ids = NULL;
     float *row = NULL;
     char *text = NULL;
-    int status = 1;
+    nd_buf rendered = {0};
+    nd_kv_state kv;
+    int kv_on = 0, status = 1;
     if (san_model_to_backend(&m, be) || nd_tokenizer_load(tok_path, &tok)) {
         cli_fail(NULL);
         goto done;
     }
     int V = m.dims.V;
-    if (nd_tokenizer_vocab_size(tok) != V) {
+    if (gen3) { /* 3.x's get_tokenizer(vocab_size): at most vocab_size pieces */
+        if (nd_render_check_vocab(tok, 3, V, tok_path)) {
+            cli_fail(NULL);
+            goto done;
+        }
+    } else if (nd_tokenizer_vocab_size(tok) != V) {
         fprintf(stderr, "needle: tokenizer %s has %d pieces but %s has vocab_size %d\n", tok_path,
                 nd_tokenizer_vocab_size(tok), ckpt, V);
         goto done;
+    }
+    if (gen3 && tools) {
+        if (tools_prompt(prompt, tools, &rendered)) {
+            cli_fail(NULL);
+            goto done;
+        }
+        if (rendered.p)
+            prompt = rendered.p;
     }
     if (nd_tokenizer_encode(tok, prompt, strlen(prompt), &enc)) {
         cli_fail(NULL);
@@ -173,28 +230,46 @@ int cli_run_checkpoint(int argc, char **argv)
         fprintf(stderr, "needle: out of memory\n");
         goto done;
     }
-    ids[0] = nd_tokenizer_bos_id(tok);
+    /* 3.x uses its fixed special ids, not the tokenizer model's */
+    ids[0] = gen3 ? ND_V3_BOS_ID : nd_tokenizer_bos_id(tok);
     memcpy(ids + 1, enc.v, sizeof *ids * enc.n);
-    int eos = nd_tokenizer_eos_id(tok);
+    int eos = gen3 ? ND_V3_EOS_ID : nd_tokenizer_eos_id(tok);
+    /* Needle 3 on the host: the engine's incremental float forward (each
+     * step runs the new token only; the logits are the full forward's) */
+    if (gen3 && !be->device) {
+        if (nd_kv_init(&kv, &m, be, ND_SESSION_CHUNK, 0)) {
+            cli_fail(NULL);
+            goto done;
+        }
+        kv_on = 1;
+    }
 
     printf("prompt: ");
     print_py_repr(prompt);
     putchar('\n');
     fflush(stdout);
 
-    size_t n = n_prompt, printed = 0;
-    last_row lr = {row};
+    size_t n = n_prompt, printed = 0, fed = 0;
+    last_row lr = {row, m.dims.V_out};
     while (n < buf_len) {
-        size_t start[2] = {0, n};
-        int line = 1;
-        token_seqs one = {ids, start, &line, 1};
-        san_eval_result r;
-        if (san_eval(&m, be, &one, 1, keep_last_row, &lr, &r)) {
-            cli_fail(NULL);
-            goto done;
+        if (kv_on) { /* the tokens not run yet: the prompt, then the last one */
+            if (nd_kv_forward(&kv, ids + fed, (int)(n - fed), row, 0)) {
+                cli_fail(NULL);
+                goto done;
+            }
+            fed = n;
+        } else {
+            size_t start[2] = {0, n};
+            int line = 1;
+            token_seqs one = {ids, start, &line, 1};
+            san_eval_result r;
+            if (san_eval(&m, be, &one, 1, keep_last_row, &lr, &r)) {
+                cli_fail(NULL);
+                goto done;
+            }
+            san_eval_result_free(&r);
         }
-        san_eval_result_free(&r);
-        int next = argmax(row, V);
+        int next = argmax(row, lr.V);
         if (next == eos)
             break;
         ids[n++] = next;
@@ -216,6 +291,9 @@ int cli_run_checkpoint(int argc, char **argv)
     fflush(stdout);
     status = 0;
 done:
+    if (kv_on)
+        nd_kv_free(&kv);
+    nd_buf_free(&rendered);
     free(text);
     free(row);
     free(ids);

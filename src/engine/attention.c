@@ -235,3 +235,96 @@ void nd_kv_attention(const nd_kv_state *s, int l, int p0, int n, const float *q,
     nd_parallel_for(tasks, grain, cached_attention_tasks, &a);
     nd_set_serial(prev);
 }
+
+typedef struct {
+    const nd_kv_state *s;
+    const float *q; /* [n, q_dim] */
+    float *out;     /* [n, o_dim] */
+    int slot, p0, n, window;
+} attention3_args;
+
+/* tasks [lo, hi): (new row, kv head) pairs; each of the rep query heads
+ * sharing the kv head scores the keys the row sees, then sums their value
+ * rows with the softmax weights (float rows, one pass each) */
+static void attention3_tasks(void *ctx, long lo, long hi, int tid)
+{
+    const attention3_args *a = ctx;
+    const nd_kv_state *s = a->s;
+    const san_dims *D = &s->m->dims;
+    int G = D->G, hd = D->hd, vhd = D->v_hd, rep = D->H / D->G;
+    size_t kd = (size_t)D->k_dim, vd = (size_t)D->v_dim, sc = (size_t)a->slot * s->cap;
+    size_t ml = (size_t)s->max_len;
+    /* float rows, or int8 rows whose (row, kv head) scale multiplies the
+     * dot product (keys) and the weight (values) */
+    const float *K = s->kv_int8 ? NULL : s->k + sc * kd, *V = s->kv_int8 ? NULL : s->v + sc * vd;
+    const int8_t *K8 = s->kv_int8 ? s->k8 + sc * kd : NULL,
+                 *V8 = s->kv_int8 ? s->v8 + sc * vd : NULL;
+    const float *KS = s->kv_int8 ? s->ks + sc * G : NULL, *VS = s->kv_int8 ? s->vs + sc * G : NULL;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *sc0 = s->att_s + (size_t)tid * ND_ATT_ROWS * rep * ml;
+    for (long task = lo; task < hi; task++) {
+        int i = (int)(task / G), g = (int)(task % G), p = a->p0 + i, se, j0;
+        if (a->window > 0) {
+            se = 0;
+            j0 = p + 1 > a->window ? p + 1 - a->window : 0;
+        } else {
+            visible_keys(s, p, &se, &j0);
+        }
+        int rng[2][2] = {{0, se}, {j0, p + 1}};
+        for (int r = 0; r < rep; r++) {
+            int h = g * rep + r;
+            const float *q = a->q + (size_t)i * D->q_dim + (size_t)h * hd;
+            float *w = sc0 + (size_t)r * ml, mx = -FLT_MAX, sum = 0.0f;
+            for (int rr = 0; rr < 2; rr++)
+                for (int j = rng[rr][0]; j < rng[rr][1]; j++) {
+                    float dot = 0.0f;
+                    if (K8) {
+                        const int8_t *k = K8 + (size_t)j * kd + (size_t)g * hd;
+                        for (int e = 0; e < hd; e++)
+                            dot += q[e] * (float)k[e];
+                        dot *= KS[(size_t)j * G + g];
+                    } else {
+                        const float *k = K + (size_t)j * kd + (size_t)g * hd;
+                        for (int e = 0; e < hd; e++)
+                            dot += q[e] * k[e];
+                    }
+                    w[j] = dot * scale;
+                    mx = w[j] > mx ? w[j] : mx;
+                }
+            for (int rr = 0; rr < 2; rr++)
+                for (int j = rng[rr][0]; j < rng[rr][1]; j++) {
+                    w[j] = san_expf(w[j] - mx);
+                    sum += w[j];
+                }
+            float inv = 1.0f / sum, *o = a->out + (size_t)i * D->o_dim + (size_t)h * vhd;
+            for (int e = 0; e < vhd; e++)
+                o[e] = 0.0f;
+            for (int rr = 0; rr < 2; rr++)
+                for (int j = rng[rr][0]; j < rng[rr][1]; j++) {
+                    float wj = w[j] * inv;
+                    if (V8) {
+                        const int8_t *v = V8 + (size_t)j * vd + (size_t)g * vhd;
+                        wj *= VS[(size_t)j * G + g];
+                        for (int e = 0; e < vhd; e++)
+                            o[e] = KV_MADD(wj, (float)v[e], o[e]);
+                    } else {
+                        const float *v = V + (size_t)j * vd + (size_t)g * vhd;
+                        for (int e = 0; e < vhd; e++)
+                            o[e] = KV_MADD(wj, v[e], o[e]);
+                    }
+                }
+        }
+    }
+}
+
+void nd_kv_attention3(const nd_kv_state *s, int l, int p0, int n, const float *q, float *out,
+                      int window)
+{
+    const san_dims *D = &s->m->dims;
+    long tasks = (long)n * D->G;
+    attention3_args a = {s, q, out, s->kv_slot[l], p0, n, window};
+    long grain = (long)n * (p0 + n) > 128 && nd_get_threads() <= s->att_threads ? 1 : tasks;
+    int prev = nd_kv_big_parallel_begin(s);
+    nd_parallel_for(tasks, grain, attention3_tasks, &a);
+    nd_set_serial(prev);
+}

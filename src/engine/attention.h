@@ -54,4 +54,11 @@ void nd_att_block_amx(const nd_att_block *b);
 void nd_kv_attention(const nd_kv_state *s, int l, int p0, int n, const float *q, float *out,
                      int kernel);
 
+/* Needle 3 (float or int8 rows, separate q/k and v head dims): out [n, o_dim]
+ * from the rotated q [n, q_dim] of layer l over its cache slot's keys; a
+ * local layer (window > 0) sees the last `window` positions only (no
+ * sinks), a global one the keys nd_kv_attention's would. */
+void nd_kv_attention3(const nd_kv_state *s, int l, int p0, int n, const float *q, float *out,
+                      int window);
+
 #endif

@@ -130,6 +130,17 @@ typedef struct {
     /* the block's values for the chunk's rows (model/block.h): nothing kept
      * for a backward (rstd, lse NULL), q and k normalised in place */
     san_layer_acts la;
+    /* Needle 3 (config generation 3): layer l's K and V rows (k_dim, v_dim
+     * wide: k, v float; or k8, v8 [slot][cap][k_dim | v_dim] int8 with ks,
+     * vs [slot][cap][G] scales) live in cache slot kv_slot[l], a CLA consumer's
+     * slot being its producer's (it stores none of its own); with conv taps
+     * cv holds every layer's pre-conv q|k|v rows ([L][cap][q_dim + k_dim +
+     * v_dim]) that the taps of later rows read; hada3 is the Hadamard MLP's
+     * geometry (a san_hada3_geom) */
+    int gen3, kv_layers;
+    int *kv_slot;
+    float *cv;
+    void *hada3;
 } nd_kv_state;
 
 /* int8 cache row of position row j, layer l, kv head g (k8 or v8) */

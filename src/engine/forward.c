@@ -15,6 +15,10 @@
 #include "engine/kv_internal.h"
 #include "model/block.h"
 
+/* a logit no token past the model's out_vocab can win with (not -inf: a
+ * softmax, entropy or log-probability over the row stays finite) */
+#define ND_LOGIT_NEVER (-1e30f)
+
 /* base + off, NULL for a matrix the quantised path leaves in the archive */
 static const float *slice(const float *base, size_t off)
 {
@@ -82,8 +86,12 @@ static int engram_chunk(nd_kv_state *s, int p0, int n)
     int T = p0 + n - ws, off = p0 - ws, d = D->d;
     memcpy(s->win_tok, s->tokens + ws, (size_t)T * sizeof *s->win_tok);
     nd_layout_dense(&s->lay, 1, T);
-    be->engram_hash(be, s->eng_idx, s->win_tok, &s->lay.L, c->engram_orders, c->n_orders,
-                    D->eng_heads, c->engram_slots);
+    if (c->engram_seed_heads) /* 3.x: the hash's seed stride */
+        be->engram_hash_seeded(be, s->eng_idx, s->win_tok, &s->lay.L, c->engram_orders, c->n_orders,
+                               D->eng_heads, c->engram_slots, c->engram_seed_heads);
+    else
+        be->engram_hash(be, s->eng_idx, s->win_tok, &s->lay.L, c->engram_orders, c->n_orders,
+                        D->eng_heads, c->engram_slots);
     for (int site = 0; site < c->n_sites; site++) {
         const san_weights *w = &m->w;
         if (s->qw)
@@ -165,7 +173,9 @@ static int kv_apply(const san_wview *v, int l, san_wgroup grp, const float *x, i
     nd_kv_state *s = ((const kv_wview *)v)->s;
     const san_dims *D = &s->m->dims;
     const san_weights *w = &s->m->w;
-    int d = D->d, ln = D->n, nd = ln * d, qd = D->q_dim, kvd = D->kv_dim, rc;
+    /* Needle 2: k_dim = v_dim = kv_dim, gate_dim = o_dim = q_dim */
+    int d = D->d, ln = D->n, nd = ln * d, qd = D->q_dim, kd = D->k_dim, vd = D->v_dim, rc;
+    int gd = D->gate_dim, od = D->o_dim;
     const nd_qlayer *ql = s->qw ? &s->qw->layer[l] : NULL;
     switch (grp) {
     case SAN_W_PHI: {
@@ -189,7 +199,7 @@ static int kv_apply(const san_wview *v, int l, san_wgroup grp, const float *x, i
         if (s->qw) { /* one input, four products: one parallel region */
             const nd_qmat *ws[4] = {&ql->wq, &ql->wk, &ql->wv, &ql->wgate};
             float *ys[4] = {y[0], y[1], y[2], y[3]};
-            const int lds[4] = {qd, kvd, kvd, qd};
+            const int lds[4] = {qd, kd, vd, gd};
             rc = nd_qact_prepare(&s->qa, x, n, d, nd_qmat_layout(ws[0]));
             if (!rc) {
                 int prev = nd_kv_big_parallel_begin(s);
@@ -200,14 +210,14 @@ static int kv_apply(const san_wview *v, int l, san_wgroup grp, const float *x, i
         }
         rc = wmatmul(s, x, n, d, slice(w->wq, (size_t)l * d * qd), NULL, qd, y[0], qd, WM_FRESH);
         if (!rc)
-            rc = wmatmul(s, x, n, d, slice(w->wk, (size_t)l * d * kvd), NULL, kvd, y[1], kvd, 0);
+            rc = wmatmul(s, x, n, d, slice(w->wk, (size_t)l * d * kd), NULL, kd, y[1], kd, 0);
         if (!rc)
-            rc = wmatmul(s, x, n, d, slice(w->wv, (size_t)l * d * kvd), NULL, kvd, y[2], kvd, 0);
+            rc = wmatmul(s, x, n, d, slice(w->wv, (size_t)l * d * vd), NULL, vd, y[2], vd, 0);
         if (!rc)
-            rc = wmatmul(s, x, n, d, slice(w->wgate, (size_t)l * d * qd), NULL, qd, y[3], qd, 0);
+            rc = wmatmul(s, x, n, d, slice(w->wgate, (size_t)l * d * gd), NULL, gd, y[3], gd, 0);
         return rc;
     case SAN_W_OUT:
-        return wmatmul(s, x, n, qd, slice(w->wout, (size_t)l * qd * d), ql ? &ql->wout : NULL, d,
+        return wmatmul(s, x, n, od, slice(w->wout, (size_t)l * od * d), ql ? &ql->wout : NULL, d,
                        y[0], d, WM_FRESH | WM_BIG);
     }
     return nd_error(ND_EARG, "unknown weight group %d", (int)grp);
@@ -227,8 +237,53 @@ static int kv_attend(const san_attn_src *src, int l, const float *q, const float
     (void)lse; /* nothing is kept for a backward */
     const kv_attn *ka = (const kv_attn *)src;
     nd_kv_state *s = ka->s;
+    if (s->gen3) {
+        const san_config *c = &s->m->cfg;
+        /* a CLA consumer stores nothing: its slot is its producer's, whose
+         * rows of this chunk are already in */
+        if (san_cla_producer(c, l) < 0)
+            nd_kv_store_rows(s, l, ka->p0, ka->n, k, v);
+        int window = 0;
+        if (san_layer_is_local(c, l)) {
+            window = c->sliding_window;
+            if (s->kv_window && s->kv_window < window)
+                window = s->kv_window;
+        }
+        nd_kv_attention3(s, l, ka->p0, ka->n, q, att, window);
+        return ND_OK;
+    }
     nd_kv_store_rows(s, l, ka->p0, ka->n, k, v);
     nd_kv_attention(s, l, ka->p0, ka->n, q, att, s->att_force ? s->att_force - 1 : nd_att_kernel());
+    return ND_OK;
+}
+
+/* Needle 3's causal q/k/v conv over the cache: the chunk's pre-conv rows
+ * join the layer's history (cv), then row t sums taps[j] * row t - j, the
+ * earlier rows coming from the history (the trainer's qkv_taps over the
+ * whole sequence, one chunk at a time). */
+static int kv_conv(const san_attn_src *src, int l, int which, float *y, const float *x,
+                   const float *taps, int width, int ntaps, int window)
+{
+    const kv_attn *ka = (const kv_attn *)src;
+    nd_kv_state *s = ka->s;
+    const san_dims *D = &s->m->dims;
+    size_t cw = (size_t)D->q_dim + D->k_dim + D->v_dim;
+    size_t off = which == 0 ? 0 : which == 1 ? (size_t)D->q_dim : (size_t)D->q_dim + D->k_dim;
+    float *hist = s->cv + (size_t)l * s->cap * cw + off;
+    int p0 = ka->p0, n = ka->n;
+    for (int i = 0; i < n; i++)
+        memcpy(hist + (size_t)(p0 + i) * cw, x + (size_t)i * width, (size_t)width * sizeof *x);
+    int nt = window > 0 && window < ntaps ? window : ntaps;
+    for (int i = 0; i < n; i++) {
+        float *yr = y + (size_t)i * width;
+        for (int e = 0; e < width; e++)
+            yr[e] = 0.0f;
+        for (int j = 0; j < nt && p0 + i - j >= 0; j++) {
+            const float *xr = hist + (size_t)(p0 + i - j) * cw, *tj = taps + (size_t)j * width;
+            for (int e = 0; e < width; e++)
+                yr[e] += tj[e] * xr[e];
+        }
+    }
     return ND_OK;
 }
 
@@ -264,9 +319,13 @@ static int forward_chunk(nd_kv_state *s, const int32_t *tok, int n, float *logit
      * "sequence" of n rows) */
     nd_layout_dense(&s->lay, 1, n);
     kv_wview wv = {{kv_apply}, s};
-    kv_attn at = {{&s->lay.L, NULL, NULL, kv_attend}, s, p0, n};
+    kv_attn at = {
+        {&s->lay.L, NULL, NULL, kv_attend, s->gen3 && m->cfg.qkv_conv_taps ? kv_conv : NULL},
+        s,
+        p0,
+        n};
     rope_rows(s, p0, n, &at.base.rope_cos, &at.base.rope_sin);
-    san_block blk = {m, &m->w, be, &wv.base, &at.base, {0}, {0}, NULL, NULL, NULL, NULL};
+    san_block blk = {m, &m->w, be, &wv.base, &at.base, {0}, {0}, s->hada3, NULL, NULL, NULL};
     for (int site = 0; site < m->cfg.n_sites; site++) {
         blk.eng_k[site] = s->eng_k + (size_t)site * n * d;
         blk.eng_v[site] = s->eng_v + (size_t)site * n * d;
@@ -291,10 +350,19 @@ static int forward_chunk(nd_kv_state *s, const int32_t *tok, int n, float *logit
     const float *X = s->X + (size_t)r0 * D->n * d;
     be->lanes_mean(be, s->xm, X, rows, D->n, d);
     be->rmsnorm(be, s->hf, NULL, s->xm, m->w.final_norm, rows, d);
-    if (s->qw)
-        return wmatmul(s, s->hf, rows, d, NULL, &s->qw->emb, D->V, logits, D->V, WM_FRESH | WM_BIG);
-    be->matmul(be, 0, 1, rows, D->V, d, 1.0f, s->hf, d, m->w.emb, d, 0.0f, logits, D->V);
-    return ND_OK;
+    /* logits over the first V_out embedding rows (3.x out_vocab; else all);
+     * the tokens past them can never be produced */
+    int Vo = D->V_out;
+    if (s->qw) {
+        nd_qmat head = Vo < D->V ? nd_qmat_rows(&s->qw->emb, 0, Vo) : s->qw->emb;
+        rc = wmatmul(s, s->hf, rows, d, NULL, &head, Vo, logits, D->V, WM_FRESH | WM_BIG);
+    } else {
+        be->matmul(be, 0, 1, rows, Vo, d, 1.0f, s->hf, d, m->w.emb, d, 0.0f, logits, D->V);
+    }
+    for (int r = 0; r < rows && Vo < D->V; r++)
+        for (int t = Vo; t < D->V; t++)
+            logits[(size_t)r * D->V + t] = ND_LOGIT_NEVER;
+    return rc;
 }
 
 /* $NEEDLE_DECODE_THREADS=0: decode steps entirely on the calling thread

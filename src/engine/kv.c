@@ -11,6 +11,7 @@
 #include "engine/attention.h"
 #include "engine/engine.h"
 #include "engine/kv_internal.h"
+#include "model/hada3.h"
 #include "model/san.h"
 
 int nd_kv_max_order(const san_model *m)
@@ -36,13 +37,29 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     s->kv_window = kv_window > 0 ? kv_window : 0;
     s->n_sink = -1;
     s->chunk = chunk;
+    int gen3 = m->cfg.generation == 3, taps = gen3 ? m->cfg.qkv_conv_taps : 0;
+    if (gen3 && D->v_hd > ND_ATT_MAX_HD)
+        return nd_error(ND_ELIMIT, "value head dim %d is over the engine's %d", D->v_hd,
+                        ND_ATT_MAX_HD);
+    size_t hsaved_row = 0;
+    if (gen3) { /* the Hadamard MLP's geometry (permutations) */
+        san_hada3_geom *h3 = calloc(1, sizeof *h3);
+        if (!h3 || san_hada3_geom_init(h3, D->d, m->cfg.hada_factor_mode == SAN_HADA_BLOCK_UNTIED,
+                                       m->cfg.n_ladder_widths > 0)) {
+            free(h3);
+            return nd_error(ND_ENOMEM, "out of memory (Hadamard MLP geometry)");
+        }
+        s->hada3 = h3;
+        s->gen3 = 1;
+        hsaved_row = san_hada3_saved_per_row(h3);
+    }
     size_t N = (size_t)chunk, W = N + (size_t)nd_kv_max_order(m), d = (size_t)D->d,
            n = (size_t)D->n;
     size_t half = (size_t)D->hd / 2;
     struct plan_e {
         void **p;
         size_t bytes;
-    } plan[48];
+    } plan[64];
     int np = 0;
 #define P(ptr, cnt) plan[np++] = (struct plan_e){(void **)&(ptr), (size_t)(cnt) * sizeof(*(ptr))}
     P(s->rope_cos, (size_t)s->max_len * half);
@@ -70,17 +87,28 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     P(A->alpha, N * (size_t)(m->cfg.n_sites ? m->cfg.n_sites : 1));
     P(A->bx, N * d);
     P(A->a, N * d);
-    P(A->q, N * (size_t)D->q_dim);
-    P(A->k, N * (size_t)D->kv_dim);
-    P(A->v, N * (size_t)D->kv_dim);
-    P(A->g, N * (size_t)D->q_dim);
-    P(A->att, N * (size_t)D->q_dim);
-    P(A->o, N * (size_t)D->q_dim);
+    P(A->q, N * (size_t)D->q_dim); /* Needle 2: k, v kv_dim wide, gate, att, o q_dim */
+    P(A->k, N * (size_t)D->k_dim);
+    P(A->v, N * (size_t)D->v_dim);
+    P(A->g, N * (size_t)D->gate_dim);
+    P(A->att, N * (size_t)D->o_dim);
+    P(A->o, N * (size_t)D->o_dim);
+    if (taps) { /* the conv's outputs */
+        P(A->qc, N * (size_t)D->q_dim);
+        P(A->kc, N * (size_t)D->k_dim);
+        P(A->vc, N * (size_t)D->v_dim);
+    }
+    if (gen3) {
+        P(A->mlp, N * d);
+        P(A->hsaved, N * hsaved_row);
+        P(s->kv_slot, (size_t)D->L);
+    }
     P(A->o2, N * d);
     P(A->pn, N * d);
     P(A->x1, N * d);
     P(A->z, N * d);
-    P(A->h1, N * (size_t)D->hada_n);
+    if (!gen3)
+        P(A->h1, N * (size_t)D->hada_n);
     P(A->y, N * d);
     P(s->xm, N * d);
     P(s->hf, N * d);
@@ -91,9 +119,11 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     for (int i = 0; i < np; i++)
         total += (plan[i].bytes + 63) & ~(size_t)63;
     char *blk = calloc(1, total);
-    if (!blk)
+    if (!blk) {
+        nd_kv_free(s);
         return nd_error(ND_ENOMEM, "out of memory: decoder scratch needs %.1f MB",
                         (double)total / 1e6);
+    }
     size_t off = 0;
     for (int i = 0; i < np; i++) {
         *plan[i].p = blk + off;
@@ -103,6 +133,19 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     s->scratch_bytes = total;
     A->qn = A->q; /* q and k are normalised and rotated in place */
     A->kn = A->k;
+    if (gen3 && !taps) { /* no conv: its outputs are q, k, v themselves */
+        A->qc = A->q;
+        A->kc = A->k;
+        A->vc = A->v;
+    }
+    for (int l = 0; gen3 && l < D->L; l++) { /* cache slots: a CLA consumer reads its producer's */
+        int p = san_cla_producer(&m->cfg, l);
+        if (p >= l) {
+            nd_kv_free(s);
+            return nd_error(ND_EFORMAT, "config['cla_pairs']: layer %d reads layer %d's K/V", l, p);
+        }
+        s->kv_slot[l] = p >= 0 ? s->kv_slot[p] : s->kv_layers++;
+    }
     if (nd_layout_buf_init(&s->lay, (long)W, 1)) {
         nd_kv_free(s);
         return nd_error(ND_ENOMEM, "out of memory");
@@ -133,6 +176,15 @@ void nd_kv_slide(nd_kv_state *s, int n_sink)
 static size_t row_bytes(const nd_kv_state *s)
 {
     const san_dims *D = &s->m->dims;
+    if (s->gen3) {
+        size_t conv = s->m->cfg.qkv_conv_taps ? (size_t)D->q_dim + D->k_dim + D->v_dim : 0;
+        size_t kv = s->kv_int8 ? (size_t)D->k_dim + D->v_dim + 2 * sizeof(float) * D->G
+                               : sizeof(float) * ((size_t)D->k_dim + D->v_dim);
+        size_t vp = s->vp_int8 ? (size_t)D->d + (size_t)D->d / ND_VP_GROUP * sizeof(float)
+                               : (size_t)D->d * sizeof(float);
+        return sizeof(int32_t) + (size_t)s->kv_layers * kv + sizeof(float) * D->L * conv +
+               (size_t)s->m->cfg.n_sites * vp;
+    }
     size_t kvd = (size_t)D->kv_dim, G = (size_t)D->G;
     size_t kv = s->kv_int8 ? kvd + G * sizeof(float) : kvd * sizeof(float);
     size_t vp = s->vp_int8 ? (size_t)D->d + (size_t)D->d / ND_VP_GROUP * sizeof(float)
@@ -202,6 +254,11 @@ void nd_kv_free(nd_kv_state *s)
     free(s->v8);
     free(s->ks);
     free(s->vs);
+    free(s->cv);
+    if (s->hada3) {
+        san_hada3_geom_free(s->hada3);
+        free(s->hada3);
+    }
     for (int i = 0; i < SAN_MAX_SITES; i++) {
         free(s->vp[i]);
         free(s->vp8[i]);
@@ -235,7 +292,21 @@ static int kv_arrays(nd_kv_state *s, kv_array *a)
     size_t L = (size_t)D->L, kvd = (size_t)D->kv_dim, G = (size_t)D->G, d = (size_t)D->d;
     int n = 0;
     a[n++] = (kv_array){(void **)&s->tokens, 1, sizeof(int32_t)};
-    if (s->kv_int8) {
+    if (s->gen3) { /* [slot][cap][k_dim | v_dim], int8 rows with [slot][cap][G] scales */
+        size_t kl = (size_t)s->kv_layers;
+        if (s->kv_int8) {
+            a[n++] = (kv_array){(void **)&s->k8, kl, (size_t)D->k_dim};
+            a[n++] = (kv_array){(void **)&s->v8, kl, (size_t)D->v_dim};
+            a[n++] = (kv_array){(void **)&s->ks, kl, G * sizeof(float)};
+            a[n++] = (kv_array){(void **)&s->vs, kl, G * sizeof(float)};
+        } else {
+            a[n++] = (kv_array){(void **)&s->k, kl, (size_t)D->k_dim * sizeof(float)};
+            a[n++] = (kv_array){(void **)&s->v, kl, (size_t)D->v_dim * sizeof(float)};
+        }
+        if (s->m->cfg.qkv_conv_taps)
+            a[n++] = (kv_array){(void **)&s->cv, L,
+                                ((size_t)D->q_dim + D->k_dim + D->v_dim) * sizeof(float)};
+    } else if (s->kv_int8) {
         a[n++] = (kv_array){(void **)&s->k8, L * G, (size_t)D->hd};
         a[n++] = (kv_array){(void **)&s->v8, L * G, (size_t)D->hd};
         a[n++] = (kv_array){(void **)&s->ks, L, G * sizeof(float)};
@@ -427,6 +498,25 @@ const float *nd_kv_vp_row(nd_kv_state *s, int site, int r)
 void nd_kv_store_rows(nd_kv_state *s, int l, int p0, int n, const float *k, const float *v)
 {
     const san_dims *D = &s->m->dims;
+    if (s->gen3) { /* rows in the layer's slot: float, or int8 per (row, kv head) */
+        size_t kd = (size_t)D->k_dim, vd = (size_t)D->v_dim, sc = (size_t)s->kv_slot[l] * s->cap;
+        size_t G = (size_t)D->G, hd = (size_t)D->hd, vhd = (size_t)D->v_hd;
+        if (!s->kv_int8) {
+            memcpy(s->k + (sc + (size_t)p0) * kd, k, (size_t)n * kd * sizeof(float));
+            memcpy(s->v + (sc + (size_t)p0) * vd, v, (size_t)n * vd * sizeof(float));
+            return;
+        }
+        for (size_t i = 0; i < (size_t)n; i++) {
+            size_t row = sc + (size_t)p0 + i;
+            for (size_t g = 0; g < G; g++) {
+                s->ks[row * G + g] =
+                    quant_row_i8(k + i * kd + g * hd, s->k8 + row * kd + g * hd, hd);
+                s->vs[row * G + g] =
+                    quant_row_i8(v + i * vd + g * vhd, s->v8 + row * vd + g * vhd, vhd);
+            }
+        }
+        return;
+    }
     size_t kvd = (size_t)D->kv_dim, G = (size_t)D->G, hd = (size_t)D->hd;
     size_t lc = (size_t)l * s->cap;
     if (!s->kv_int8) {

@@ -111,7 +111,16 @@ static int layer_forward3(const san_block *b, san_layer_acts *A, int l, int N, c
     float *const qkvg[4] = {A->q, A->k, A->v, A->g};
     if ((rc = b->wv->apply(b->wv, l, SAN_W_QKVG, A->a, N, qkvg)))
         return rc;
-    if (T) {
+    if (T && b->attn->conv) { /* the source carries earlier rows */
+        const san_attn_src *cs = b->attn;
+        if ((rc = cs->conv(cs, l, 0, A->qc, A->q, w->q_taps + (size_t)l * T * D->q_dim, D->q_dim, T,
+                           window)) ||
+            (rc = cs->conv(cs, l, 1, A->kc, A->k, w->k_taps + (size_t)l * T * D->k_dim, D->k_dim, T,
+                           window)) ||
+            (rc = cs->conv(cs, l, 2, A->vc, A->v, w->v_taps + (size_t)l * T * D->v_dim, D->v_dim, T,
+                           window)))
+            return rc;
+    } else if (T) {
         be->qkv_taps(be, A->qc, A->q, w->q_taps + (size_t)l * T * D->q_dim, Lay, D->q_dim, T,
                      window);
         be->qkv_taps(be, A->kc, A->k, w->k_taps + (size_t)l * T * D->k_dim, Lay, D->k_dim, T,

@@ -73,6 +73,12 @@ struct san_attn_src {
      * keeps it; may be NULL) */
     int (*attend)(const san_attn_src *src, int layer, const float *q, const float *k,
                   const float *v, float *att, float *lse);
+    /* Needle 3's causal q/k/v conv of layer `layer` (which: 0 q, 1 k, 2 v):
+     * y [rows, width] from the rows' pre-conv values x, the taps reaching
+     * back over rows the source holds from earlier calls (the engine's
+     * decode state). NULL: the backend's qkv_taps over L. */
+    int (*conv)(const san_attn_src *src, int layer, int which, float *y, const float *x,
+                const float *taps, int width, int ntaps, int window);
 };
 
 /* Everything a layer's forward reads besides its input lanes. */

@@ -372,7 +372,7 @@ int san_layer_forward_batch(const san_model *m, const san_weights *w, san_acts *
                             const float *X, float *Xn)
 {
     batch_wview wv = {{batch_apply}, m, w, a};
-    batch_attn at = {{&a->lay.L, a->rope_cos, a->rope_sin, batch_attend}, a->be, m};
+    batch_attn at = {{&a->lay.L, a->rope_cos, a->rope_sin, batch_attend, NULL}, a->be, m};
     san_block b = {m, w, a->be, &wv.base, &at.base, {0}, {0}, a->hada3, NULL, NULL, NULL};
     if (m->cfg.generation == 3)
         b.quant = a->quant;

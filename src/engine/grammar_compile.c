@@ -509,20 +509,58 @@ static int generic_of(int k)
  * kind, with a warning -- wider than the schema, never narrower. */
 static int compile_view(nd_grammar *g, sview *v, const char *path, int depth);
 
-static int make_alt(nd_grammar *g, int *ids, int n, const char *path, sview *base, int depth)
+static int make_alt_in(nd_grammar *g, int *out, int m, const char *path, sview *base, int depth);
+
+static int make_alt(nd_grammar *g, const int *ids, int n, const char *path, sview *base, int depth)
 {
-    int fb = -1; /* base compiled without the alternatives, when needed */
-    int out[ND_GRAM_MAX_ALT], m = 0;
+    size_t cap = 0;
     for (int i = 0; i < n; i++) {
         const gnode *a = &g->nodes[ids[i]];
         if (a->kind == K_ANY)
             return N_ANY;
+        cap += a->kind == K_ALT ? (size_t)a->nalt : 1;
+    }
+    int *out = malloc((cap ? cap : 1) * sizeof *out), m = 0, lits = -1;
+    if (!out)
+        return nd_error(ND_ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        const gnode *a = &g->nodes[ids[i]];
         int na = a->kind == K_ALT ? a->nalt : 1;
-        if (m + na > ND_GRAM_MAX_ALT)
-            return nd_error(ND_ELIMIT, "%s: more than %d alternatives", path, ND_GRAM_MAX_ALT);
         for (int k = 0; k < na; k++) /* nested alternatives are flattened */
             out[m++] = a->kind == K_ALT ? a->alt[k] : ids[i];
     }
+    /* every literal alternative (consts, enums: a oneOf of const values
+     * is a common way to write an enum) in one node, in one pass */
+    int nl = 0;
+    for (int i = 0; i < m; i++)
+        nl += g->nodes[out[i]].kind == K_LIT;
+    for (int i = 0, w = 0; nl > 1 && i < m; i++) {
+        if (g->nodes[out[i]].kind != K_LIT) {
+            out[w++] = out[i];
+        } else {
+            if (lits < 0 && (lits = new_node(g, K_LIT)) < 0) {
+                free(out);
+                return lits;
+            }
+            for (int k = 0; k < g->nodes[out[i]].nlit; k++)
+                if (add_lit(g, lits, g->nodes[out[i]].lit[k], g->nodes[out[i]].litlen[k])) {
+                    free(out);
+                    return nd_error_prefix(ND_ELIMIT, "%s", path);
+                }
+        }
+        if (i == m - 1) {
+            out[w++] = lits;
+            m = w;
+        }
+    }
+    int id = make_alt_in(g, out, m, path, base, depth);
+    free(out);
+    return id;
+}
+
+static int make_alt_in(nd_grammar *g, int *out, int m, const char *path, sview *base, int depth)
+{
+    int fb = -1; /* base compiled without the alternatives, when needed */
     for (int i = 0; i < m; i++)
         first_set(g, out[i], g->nodes[out[i]].first);
     for (int i = 0; i < m; i++)
@@ -1316,30 +1354,37 @@ static int compile_view(nd_grammar *g, sview *v, const char *path, int depth)
             warnf(g, "%s: %s is not a non-empty array; ignored", path, al ? "anyOf" : "oneOf");
             continue;
         }
-        if (br->len > ND_GRAM_MAX_ALT)
-            return nd_error(ND_ELIMIT, "%s: more than %d alternatives", path, ND_GRAM_MAX_ALT);
-        int ids[ND_GRAM_MAX_ALT];
-        for (size_t k = 0; k < br->len; k++) {
+        /* any number of alternatives: each costs its nodes (bounded by
+         * ND_GRAM_MAX_NODES), and make_alt merges them in one pass */
+        if (br->len > INT_MAX / 2)
+            return nd_error(ND_ELIMIT, "%s: %zu alternatives", path, br->len);
+        int *ids = malloc(br->len * sizeof *ids), rc = ND_OK;
+        if (!ids)
+            return nd_error(ND_ENOMEM, "out of memory");
+        for (size_t k = 0; k < br->len && !rc; k++) {
             sview av = *v;
-            int rc = expand(g, br->items[k], path, &av, 0);
-            if (rc < 0)
-                return rc;
+            rc = expand(g, br->items[k], path, &av, 0);
             if (rc > 0) {
                 ids[k] = deep_node(av.deep);
+                rc = ND_OK;
                 continue;
             }
+            if (rc < 0)
+                break;
             int save = g->c_nrefs;
-            for (int r = v->nrefs; r < av.nrefs; r++) {
+            for (int r = v->nrefs; r < av.nrefs && !rc; r++) {
                 if (g->c_nrefs >= (int)(sizeof g->c_refs / sizeof g->c_refs[0]))
-                    return nd_error(ND_ELIMIT, "%s: too many nested $refs", path);
-                g->c_refs[g->c_nrefs++] = av.refs[r];
+                    rc = nd_error(ND_ELIMIT, "%s: too many nested $refs", path);
+                else
+                    g->c_refs[g->c_nrefs++] = av.refs[r];
             }
-            ids[k] = compile_view(g, &av, path, depth);
+            if (!rc && (ids[k] = compile_view(g, &av, path, depth)) < 0)
+                rc = ids[k];
             g->c_nrefs = save;
-            if (ids[k] < 0)
-                return ids[k];
         }
-        return make_alt(g, ids, (int)br->len, path, v, depth);
+        int id = rc ? rc : make_alt(g, ids, (int)br->len, path, v, depth);
+        free(ids);
+        return id;
     }
     int lit = -1;
     int rc = compile_enum(g, v, path, &lit);

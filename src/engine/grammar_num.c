@@ -113,6 +113,7 @@ int nd_gram_num_short(const gnode *n, const char *t, int len)
         b.lo_ex = 0;
     }
     int unbounded = isinf(n->lo) && isinf(n->hi);
+    int free_num = isinf(n->lo) || isinf(n->hi);
     int allow_frac = n->kind != K_INT;
     int lead0 = ni > 0 && t[is] == '0';
     for (int L = 0; L <= MAX_DIGITS + 2; L++) {
@@ -132,7 +133,7 @@ int nd_gram_num_short(const gnode *n, const char *t, int len)
                 continue;
             if (dot && ft < 1)
                 continue;
-            if (ni + e + ft > MAX_DIGITS)
+            if (ni + e + ft > MAX_DIGITS || (free_num && ni + e > ND_GRAM_FREE_INT_DIGITS))
                 continue;
             if (unbounded)
                 return L;
@@ -162,21 +163,31 @@ int nd_gram_num_short(const gnode *n, const char *t, int len)
 /* Is t[0..len) a syntactically possible number prefix for the node? */
 int nd_gram_num_syntax(const gnode *n, const char *t, int len)
 {
-    int i = 0, digits = 0;
+    int i = 0, digits = 0, run = 0;
+    int free_num = isinf(n->lo) || isinf(n->hi);
     if (i < len && t[i] == '-')
         i++;
     int is = i;
     while (i < len && t[i] >= '0' && t[i] <= '9') {
+        run = i > is && t[i] == t[i - 1] && t[i] != '0' ? run + 1 : 1;
+        if (free_num && run > ND_GRAM_MAX_RUN)
+            return 0;
         i++;
         digits++;
     }
     if (i - is > 1 && t[is] == '0')
         return 0;
+    if (free_num && i - is > ND_GRAM_FREE_INT_DIGITS)
+        return 0;
     if (i < len && t[i] == '.') {
         if (n->kind == K_INT || i == is)
             return 0;
         i++;
+        int fs = i;
         while (i < len && t[i] >= '0' && t[i] <= '9') {
+            run = i > fs && t[i] == t[i - 1] && t[i] != '0' ? run + 1 : 1;
+            if (free_num && run > ND_GRAM_MAX_RUN)
+                return 0;
             i++;
             digits++;
         }

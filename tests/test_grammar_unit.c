@@ -599,6 +599,17 @@ static void test_number_bounds(void)
     t = s;
     CHECK(nd_gram_feed(g, &t, '}'));
     test_dist_walks(g);
+    /* one bound past the cap: the cap widens to reach it */
+    g = compile_params("{\"type\": \"object\", \"properties\": {\"n\": {\"type\": "
+                       "\"integer\", \"minimum\": 100000000000000}}, \"required\": [\"n\"]}");
+    if (g) {
+        CHECK_MSG(!*nd_gram_warnings(g), "%s", nd_gram_warnings(g));
+        CHECK(accepts_args(g, "{\"n\":100000000000000}"));
+        CHECK(accepts_args(g, "{\"n\":123456789012345}"));
+        CHECK(!accepts_args(g, "{\"n\":99999999999999}"));
+        CHECK(!accepts_args(g, "{\"n\":111112345678901}"));
+        test_dist_walks(g);
+    }
 }
 
 /* anyOf / oneOf with more alternatives than the old limit of 64: a oneOf

@@ -27,7 +27,8 @@ enum { R_REJ, R_ACC, R_ACC_POP, R_POP, R_RETRY };
  * maximum): at most ND_GRAM_FREE_INT_DIGITS digits before the point, and
  * no non-zero digit more than ND_GRAM_MAX_RUN times in a row, so a model
  * that keeps repeating a digit ("21" -> 211111111111111) is stopped. Zeros
- * may repeat (1000000). */
+ * may repeat (1000000); a bound past 13 digits (minimum 1e14) widens the
+ * cap to reach it. */
 #define ND_GRAM_FREE_INT_DIGITS 13
 #define ND_GRAM_MAX_RUN 4
 /* an object frame keeps the set of properties already written in its

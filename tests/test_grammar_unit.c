@@ -657,6 +657,35 @@ static void test_many_alternatives(void)
     CHECK(!accepts_args(g, "{\"c\":\"C001\",\"o\":208}"));
     CHECK(!accepts_args(g, "{\"c\":\"C001\",\"o\":true}"));
     CHECK(!accepts_args(g, "{}"));
+    /* the 100 object shapes: one object with their keys, not any object */
+    CHECK(accepts_args(g, "{\"c\":\"C001\",\"o\":{\"k3\":1,\"k97\":2}}"));
+    CHECK(!accepts_args(g, "{\"c\":\"C001\",\"o\":{\"zz\":1}}"));
+    CHECK(!accepts_args(g, "{\"c\":\"C001\",\"o\":{\"k5\":\"x\"}}"));
+    const char *w = nd_gram_warnings(g);
+    CHECK_MSG(strstr(w, "f.parameters.o: anyOf/oneOf alternatives are two objects") &&
+                  strstr(w, "admitted as one object with the properties of both") &&
+                  !strstr(strstr(w, "properties of both") + 1, "properties of both"),
+              "one warning for the merged shapes: %s", w);
+    test_dist_walks(g);
+    /* two shapes sharing a key of different types; required: what both require */
+    g = compile_params(
+        "{\"type\": \"object\", \"properties\": {\"p\": {\"oneOf\": [{\"type\": "
+        "\"object\", \"properties\": {\"a\": {\"type\": \"string\"}, \"id\": {\"type\": "
+        "\"integer\"}}, \"required\": [\"a\", \"id\"], \"additionalProperties\": false}, "
+        "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}, \"id\": "
+        "{\"type\": \"integer\"}, \"b\": {\"type\": \"boolean\"}}, \"required\": "
+        "[\"id\"]}]}}, \"required\": [\"p\"]}");
+    if (!g)
+        return;
+    static const char *ok[] = {"{\"p\":{\"a\":\"x\",\"id\":1}}",
+                               "{\"p\":{\"a\":1,\"id\":2,\"b\":true}}", "{\"p\":{\"id\":3}}"};
+    static const char *bad[] = {"{\"p\":{}}", "{\"p\":{\"a\":\"x\"}}",
+                                "{\"p\":{\"id\":1,\"a\":true}}", "{\"p\":{\"id\":1,\"c\":1}}",
+                                "{\"p\":1}"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        CHECK_MSG(accepts_args(g, ok[i]), "object union: rejects %s", ok[i]);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK_MSG(!accepts_args(g, bad[i]), "object union: accepts %s", bad[i]);
     test_dist_walks(g);
 }
 

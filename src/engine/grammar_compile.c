@@ -558,9 +558,68 @@ static int make_alt(nd_grammar *g, const int *ids, int n, const char *path, svie
     return id;
 }
 
+/* Two object shapes a first byte cannot tell apart, as one object: the
+ * keys of both (a key in both takes either branch's value), required only
+ * what both require. Wider than the schema (keys of the two branches
+ * mixed), far narrower than any object. */
+static int union_objects(nd_grammar *g, int a, int b, const char *path, int depth)
+{
+    int na = g->nodes[a].nprops, nb = g->nodes[b].nprops;
+    int id = new_node(g, K_OBJ);
+    if (id < 0)
+        return id;
+    size_t cap = (size_t)na + (size_t)nb + 1;
+    char **key = calloc(cap, sizeof *key);
+    int *keylen = calloc(cap, sizeof *keylen), *prop = calloc(cap, sizeof *prop);
+    uint8_t *reqd = calloc(cap, 1);
+    gnode *n = &g->nodes[id];
+    n->key = key;
+    n->keylen = keylen;
+    n->prop = prop;
+    n->req = reqd;
+    if (!key || !keylen || !prop || !reqd)
+        return nd_error(ND_ENOMEM, "out of memory");
+    int np = 0;
+    for (int side = 0; side < 2; side++) {
+        int from = side ? b : a, other = side ? a : b;
+        for (int i = 0; i < g->nodes[from].nprops; i++) {
+            const gnode *f = &g->nodes[from], *o = &g->nodes[other];
+            int j = -1;
+            for (int k = 0; k < o->nprops && j < 0; k++)
+                if (o->keylen[k] == f->keylen[i] &&
+                    !memcmp(o->key[k], f->key[i], (size_t)f->keylen[i]))
+                    j = k;
+            if (side && j >= 0)
+                continue; /* taken with a's */
+            char *kc = malloc((size_t)f->keylen[i] + 1);
+            if (!kc)
+                return nd_error(ND_ENOMEM, "out of memory");
+            memcpy(kc, f->key[i], (size_t)f->keylen[i] + 1);
+            int req = j >= 0 && f->req[i] && o->req[j];
+            int v = f->prop[i];
+            if (j >= 0 && o->prop[j] != v) {
+                int two[2] = {v, o->prop[j]};
+                v = make_alt(g, two, 2, path, NULL, depth + 1);
+                if (v < 0) {
+                    free(kc);
+                    return v;
+                }
+            }
+            n = &g->nodes[id]; /* make_alt may have grown the node array */
+            n->key[np] = kc;
+            n->keylen[np] = f->keylen[i];
+            n->prop[np] = v;
+            n->req[np] = (uint8_t)req;
+            n->nprops = ++np;
+        }
+    }
+    return id;
+}
+
 static int make_alt_in(nd_grammar *g, int *out, int m, const char *path, sview *base, int depth)
 {
     int fb = -1; /* base compiled without the alternatives, when needed */
+    int warned_union = 0;
     for (int i = 0; i < m; i++)
         first_set(g, out[i], g->nodes[out[i]].first);
     for (int i = 0; i < m; i++)
@@ -603,6 +662,17 @@ static int make_alt_in(nd_grammar *g, int *out, int m, const char *path, sview *
                           "enforced",
                           path, kind_name(kind));
                     out[i] = fb;
+                } else if (a->kind == K_OBJ && b->kind == K_OBJ && depth < 16) {
+                    if (!warned_union++)
+                        warnf(g,
+                              "%s: anyOf/oneOf alternatives are two objects a grammar cannot tell "
+                              "apart by their first character; admitted as one object with the "
+                              "properties of both (required: what both require)",
+                              path);
+                    int u = union_objects(g, out[i], out[j], path, depth);
+                    if (u < 0)
+                        return u;
+                    out[i] = u;
                 } else {
                     warnf(g,
                           "%s: anyOf/oneOf alternatives are two %ss a grammar cannot tell apart "

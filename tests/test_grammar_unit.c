@@ -203,7 +203,23 @@ static const schema_case SCHEMA_CASES[] = {
      {"{\"a\":\"x\"}", "{\"b\":1}", "{}"},
      {"{\"a\":1}", "{\"b\":\"x\"}", "{\"c\":1}"},
      "f.parameters: anyOf/oneOf alternatives are two objects a grammar cannot tell apart by their "
-     "first character; only the schema outside anyOf/oneOf is enforced"},
+     "first character; admitted as one object with the properties of both"},
+    /* each alternative is the schema AND its branch: the union of the
+     * branches keeps what they add and what they all require (Vercel's
+     * createOrTransferDomain body) */
+    {"{\"type\": \"object\", \"properties\": {\"body\": {\"properties\": {\"method\": "
+     "{\"type\": \"string\"}}, \"oneOf\": [{\"additionalProperties\": false, \"properties\": "
+     "{\"method\": {\"type\": \"string\"}, \"name\": {\"type\": \"string\"}, \"token\": "
+     "{\"type\": \"string\"}}, \"required\": [\"method\", \"name\"], \"type\": \"object\"}, "
+     "{\"additionalProperties\": false, \"properties\": {\"name\": {\"type\": \"string\"}, "
+     "\"zone\": {\"type\": \"boolean\"}}, \"required\": [\"name\"], \"type\": "
+     "\"object\"}]}}, \"required\": [\"body\"]}",
+     {"{\"body\":{\"method\":\"add\",\"name\":\"a.com\"}}",
+      "{\"body\":{\"name\":\"a.com\",\"zone\":true}}",
+      "{\"body\":{\"name\":\"a.com\",\"token\":\"t\"}}"},
+     {"{\"body\":{}}", "{\"body\":{\"method\":\"add\"}}", "{\"body\":{\"name\":\"a\",\"x\":1}}",
+      "{\"body\":{\"name\":\"a\",\"zone\":1}}"},
+     "f.parameters.body: anyOf/oneOf alternatives are two objects"},
     {"{\"type\": \"object\", \"properties\": {\"d\": {\"type\": \"string\", \"format\": "
      "\"date\", \"pattern\": \"^2\"}, \"h\": {\"type\": \"string\", \"format\": \"hostname\"}}}",
      {"{\"d\":\"2x\",\"h\":\"any thing\"}"},

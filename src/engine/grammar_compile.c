@@ -648,13 +648,17 @@ static int make_alt_in(nd_grammar *g, int *out, int m, const char *path, sview *
                 /* what the schema says outside anyOf holds for every
                  * branch: when it is of this kind, it replaces them (e.g.
                  * an object whose anyOf only varies "required") */
-                int kind = a->kind;
-                if (base && fb == -1) {
-                    fb = compile_view(g, base, path, depth);
+                int kind = a->kind, shapes = a->kind == K_OBJ && b->kind == K_OBJ;
+                if (base && fb == -1 && !shapes) {
+                    fb = compile_view(g, base, path, depth); /* may move g->nodes */
                     if (fb < 0)
                         return fb;
                 }
-                if (fb >= 0 && g->nodes[fb].kind != K_ALT &&
+                /* two object shapes: their union, never the base (each
+                 * alternative already is the base AND its branch, so the
+                 * union is the tighter one; the base alone would refuse
+                 * keys the branches add, or be any object) */
+                if (!shapes && fb >= 0 && g->nodes[fb].kind != K_ALT &&
                     generic_of(g->nodes[fb].kind) == generic_of(kind)) {
                     warnf(g,
                           "%s: anyOf/oneOf alternatives are two %ss a grammar cannot tell apart "
@@ -662,7 +666,7 @@ static int make_alt_in(nd_grammar *g, int *out, int m, const char *path, sview *
                           "enforced",
                           path, kind_name(kind));
                     out[i] = fb;
-                } else if (a->kind == K_OBJ && b->kind == K_OBJ && depth < 16) {
+                } else if (shapes && depth < 16) {
                     if (!warned_union++)
                         warnf(g,
                               "%s: anyOf/oneOf alternatives are two objects a grammar cannot tell "

@@ -52,6 +52,19 @@ def main():
               "not on checkpoints/needle2.pkl" % nano in r.stderr and want in r.stderr,
               "nano adapter on needle2: exit %d, %r" % (r.returncode, r.stderr[-800:]))
         print(r.stderr.strip())
+        # a copy of the nano base under another name: the adapter fits, not refused
+        copy = os.path.join(tmp, "mybase.pkl")
+        shutil.copy(nano, copy)
+        r = build(tmp, "mybase.pkl", "--lora", "adapter.pkl", "--out", "x.cact")
+        check("nano base" not in r.stderr, "a copy of the nano base refused: %r" % r.stderr[-600:])
+        # another local checkpoint of other dimensions: refused
+        other = os.path.join(tmp, "other_base.pkl")
+        subprocess.run([NEEDLE, "init", other, "--preset", "tiny", "--seed", "1"],
+                       check=True, capture_output=True, timeout=120)
+        r = build(tmp, "other_base.pkl", "--lora", "adapter.pkl")
+        check(r.returncode == 1 and "was trained on the built-in nano base" in r.stderr,
+              "a tiny checkpoint with a nano adapter: exit %d, %r" % (r.returncode,
+                                                                    r.stderr[-600:]))
         # the recorded base gone: the nano base installed beside the program
         os.remove(nano)
         r = build(tmp, "checkpoints/needle2.pkl", "--lora", "adapter.pkl")

@@ -7,6 +7,7 @@
 #include "cli/adapter_base.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,8 @@
 
 #include "cli/cli.h"
 #include "engine/base.h"
+#include "io/checkpoint.h"
+#include "io/pickle.h"
 
 #ifndef PATH_MAX
 #define PATH_MAX 4096
@@ -35,6 +38,27 @@ static int same_file(const char *a, const char *b)
     return !strcmp(x, y);
 }
 
+/* the geometry a pickle checkpoint's config names (d_model, num_layers,
+ * vocab_size, num_heads); 0 when read */
+static int geometry(const char *path, int64_t g[4])
+{
+    static const char *const keys[4] = {"d_model", "num_layers", "vocab_size", "num_heads"};
+    pv *root = NULL;
+    if (access(path, R_OK) || ckpt_path_is_safetensors(path) || ckpt_file_load(path, &root))
+        return -1;
+    const pv *cfg = root->kind == PV_DICT ? pv_dict_get(root, "config") : NULL;
+    int rc = cfg && cfg->kind == PV_DICT ? 0 : -1;
+    for (int i = 0; i < 4 && !rc; i++) {
+        const pv *v = pv_dict_get(cfg, keys[i]);
+        if (v && v->kind == PV_INT)
+            g[i] = v->u.i;
+        else
+            rc = -1;
+    }
+    pv_decref(root);
+    return rc;
+}
+
 int cli_check_adapter_base(const char *ckpt, const char *adapter)
 {
     char rec[4096];
@@ -51,6 +75,13 @@ int cli_check_adapter_base(const char *ckpt, const char *adapter)
     if (access(rec, R_OK) &&
         nd_base_file_path(NANO_FILE, "NEEDLE_BASE_CHECKPOINT", nano, sizeof nano) == 0)
         use = nano;
+    /* a checkpoint here of the nano geometry (a copy, a full fine-tune of
+     * it): the adapter fits; only one that differs or must be fetched is
+     * refused */
+    int64_t gc[4], gn[4];
+    if (!access(ckpt, R_OK) &&
+        (geometry(use, gn) || (!geometry(ckpt, gc) && !memcmp(gc, gn, sizeof gc))))
+        return 0;
     fprintf(stderr,
             "needle build: %s was trained on the built-in nano base (%s), not on %s: its LoRA "
             "weights fit the nano model only. Build it with:\n"

@@ -203,7 +203,23 @@ static const schema_case SCHEMA_CASES[] = {
      {"{\"a\":\"x\"}", "{\"b\":1}", "{}"},
      {"{\"a\":1}", "{\"b\":\"x\"}", "{\"c\":1}"},
      "f.parameters: anyOf/oneOf alternatives are two objects a grammar cannot tell apart by their "
-     "first character; only the schema outside anyOf/oneOf is enforced"},
+     "first character; admitted as one object with the properties of both"},
+    /* each alternative is the schema AND its branch: the union of the
+     * branches keeps what they add and what they all require (Vercel's
+     * createOrTransferDomain body) */
+    {"{\"type\": \"object\", \"properties\": {\"body\": {\"properties\": {\"method\": "
+     "{\"type\": \"string\"}}, \"oneOf\": [{\"additionalProperties\": false, \"properties\": "
+     "{\"method\": {\"type\": \"string\"}, \"name\": {\"type\": \"string\"}, \"token\": "
+     "{\"type\": \"string\"}}, \"required\": [\"method\", \"name\"], \"type\": \"object\"}, "
+     "{\"additionalProperties\": false, \"properties\": {\"name\": {\"type\": \"string\"}, "
+     "\"zone\": {\"type\": \"boolean\"}}, \"required\": [\"name\"], \"type\": "
+     "\"object\"}]}}, \"required\": [\"body\"]}",
+     {"{\"body\":{\"method\":\"add\",\"name\":\"a.com\"}}",
+      "{\"body\":{\"name\":\"a.com\",\"zone\":true}}",
+      "{\"body\":{\"name\":\"a.com\",\"token\":\"t\"}}"},
+     {"{\"body\":{}}", "{\"body\":{\"method\":\"add\"}}", "{\"body\":{\"name\":\"a\",\"x\":1}}",
+      "{\"body\":{\"name\":\"a\",\"zone\":1}}"},
+     "f.parameters.body: anyOf/oneOf alternatives are two objects"},
     {"{\"type\": \"object\", \"properties\": {\"d\": {\"type\": \"string\", \"format\": "
      "\"date\", \"pattern\": \"^2\"}, \"h\": {\"type\": \"string\", \"format\": \"hostname\"}}}",
      {"{\"d\":\"2x\",\"h\":\"any thing\"}"},
@@ -539,6 +555,156 @@ static void test_large_lists(void)
     test_dist_walks(g);
 }
 
+/* numbers: the schema's bounds, else at most ND_GRAM_FREE_INT_DIGITS (13)
+ * integer digits and no non-zero digit more than 4 times in a row ("set
+ * it to 21 degrees" must not become 211111111111111) */
+static void test_number_bounds(void)
+{
+    nd_grammar *g = compile_params(
+        "{\"type\": \"object\", \"properties\": {\"t\": {\"type\": \"number\"}, \"i\": {\"type\": "
+        "\"integer\"}, \"pos\": {\"type\": \"integer\", \"minimum\": 0}, \"deg\": {\"type\": "
+        "\"integer\", \"minimum\": -50, \"maximum\": 60}, \"big\": {\"type\": \"integer\", "
+        "\"minimum\": 0, \"maximum\": 999999999999999}, \"any\": {}}}");
+    if (!g)
+        return;
+    static const char *ok[] = {
+        "{\"t\":21}",
+        "{\"t\":21.5}",
+        "{\"t\":-21}",
+        "{\"i\":1000000}",
+        "{\"i\":10000000000}",
+        "{\"t\":0.3333}",
+        "{\"i\":9999}",
+        "{\"i\":1733368000000}",
+        "{\"pos\":1111}",
+        "{\"deg\":21}",
+        "{\"deg\":-50}",
+        "{\"big\":111111111111111}",
+        "{\"big\":999999999999999}",
+        "{\"any\":21}",
+        "{\"any\":[1,2111]}",
+    };
+    static const char *bad[] = {
+        "{\"t\":211111111111111}", /* the issue's call: 15 digits, a run of 13 */
+        "{\"t\":211111}",          /* five 1s in a row */
+        "{\"i\":11111}",           /* five 1s */
+        "{\"i\":-99999}",          /* five 9s */
+        "{\"t\":0.33333}",         /* in the fraction too */
+        "{\"i\":10000000000000}",  /* 14 integer digits */
+        "{\"pos\":21111111}",      /* one side bounded: still capped */
+        "{\"deg\":211}",           /* the schema's bound */
+        "{\"deg\":-51}",
+        "{\"any\":211111}", /* a value of any type: the same cap */
+        "{\"any\":{\"x\":[211111]}}",
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        CHECK_MSG(accepts_args(g, ok[i]), "number: rejects %s", ok[i]);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK_MSG(!accepts_args(g, bad[i]), "number: accepts %s", bad[i]);
+    /* a decoder that keeps offering "1" after "21" is told to close the
+     * number within the run: the fifth 1 is refused, "}" is not */
+    nd_gram_state s;
+    nd_gram_init(g, &s);
+    const char *pre = "[{\"name\":\"f\",\"arguments\":{\"t\":2111";
+    int fed = 1;
+    for (const char *p = pre; *p && fed; p++)
+        fed = nd_gram_feed(g, &s, (unsigned char)*p);
+    CHECK(fed);
+    nd_gram_state t = s;
+    CHECK_MSG(!nd_gram_feed(g, &t, '1') || !nd_gram_feed(g, &t, '1'), "a run of five 1s");
+    t = s;
+    CHECK(nd_gram_feed(g, &t, '}'));
+    test_dist_walks(g);
+    /* one bound past the cap: the cap widens to reach it */
+    g = compile_params("{\"type\": \"object\", \"properties\": {\"n\": {\"type\": "
+                       "\"integer\", \"minimum\": 100000000000000}}, \"required\": [\"n\"]}");
+    if (g) {
+        CHECK_MSG(!*nd_gram_warnings(g), "%s", nd_gram_warnings(g));
+        CHECK(accepts_args(g, "{\"n\":100000000000000}"));
+        CHECK(accepts_args(g, "{\"n\":123456789012345}"));
+        CHECK(!accepts_args(g, "{\"n\":99999999999999}"));
+        CHECK(!accepts_args(g, "{\"n\":111112345678901}"));
+        test_dist_walks(g);
+    }
+}
+
+/* anyOf / oneOf with more alternatives than the old limit of 64: a oneOf
+ * of 150 consts (an enum written with a title per value), 100 object
+ * shapes, mixed kinds */
+static void test_many_alternatives(void)
+{
+    size_t cap = 1 << 16;
+    char *p = malloc(cap);
+    if (!p)
+        return;
+    int n = snprintf(p, cap, "{\"type\": \"object\", \"properties\": {\"c\": {\"oneOf\": [");
+    for (int i = 0; i < 150; i++)
+        n += snprintf(p + n, cap - (size_t)n, "%s{\"const\": \"C%03d\", \"title\": \"country %d\"}",
+                      i ? ", " : "", i, i);
+    n += snprintf(p + n, cap - (size_t)n, "]}, \"o\": {\"anyOf\": [");
+    for (int i = 0; i < 100; i++)
+        n +=
+            snprintf(p + n, cap - (size_t)n,
+                     "%s{\"type\": \"object\", \"properties\": {\"k%d\": {\"type\": \"integer\"}}}",
+                     i ? ", " : "", i);
+    n += snprintf(p + n, cap - (size_t)n, ", {\"type\": \"string\", \"maxLength\": 2}");
+    for (int i = 0; i < 70; i++)
+        n += snprintf(p + n, cap - (size_t)n, ", {\"const\": %d}", i * 3);
+    snprintf(p + n, cap - (size_t)n, "]}}, \"required\": [\"c\"]}");
+    char *tools = malloc(strlen(p) + 64);
+    if (tools)
+        sprintf(tools, "[{\"name\": \"f\", \"parameters\": %s}]", p);
+    nd_grammar *g = tools ? compile(tools) : NULL;
+    free(tools);
+    free(p);
+    CHECK_MSG(g != NULL, "anyOf/oneOf with more than 64 alternatives refused: %s", nd_last_error());
+    if (!g)
+        return;
+    CHECK(accepts_args(g, "{\"c\":\"C000\"}"));
+    CHECK(accepts_args(g, "{\"c\":\"C149\"}"));
+    CHECK(accepts_args(g, "{\"c\":\"C077\",\"o\":\"ab\"}"));
+    CHECK(accepts_args(g, "{\"c\":\"C064\",\"o\":207}"));
+    CHECK(accepts_args(g, "{\"c\":\"C001\",\"o\":0}"));
+    CHECK(accepts_args(g, "{\"c\":\"C001\",\"o\":{\"k99\":1}}"));
+    CHECK(!accepts_args(g, "{\"c\":\"C150\"}"));
+    CHECK(!accepts_args(g, "{\"c\":\"C00\"}"));
+    CHECK(!accepts_args(g, "{\"c\":1}"));
+    CHECK(!accepts_args(g, "{\"c\":\"C001\",\"o\":\"abc\"}"));
+    CHECK(!accepts_args(g, "{\"c\":\"C001\",\"o\":208}"));
+    CHECK(!accepts_args(g, "{\"c\":\"C001\",\"o\":true}"));
+    CHECK(!accepts_args(g, "{}"));
+    /* the 100 object shapes: one object with their keys, not any object */
+    CHECK(accepts_args(g, "{\"c\":\"C001\",\"o\":{\"k3\":1,\"k97\":2}}"));
+    CHECK(!accepts_args(g, "{\"c\":\"C001\",\"o\":{\"zz\":1}}"));
+    CHECK(!accepts_args(g, "{\"c\":\"C001\",\"o\":{\"k5\":\"x\"}}"));
+    const char *w = nd_gram_warnings(g);
+    CHECK_MSG(strstr(w, "f.parameters.o: anyOf/oneOf alternatives are two objects") &&
+                  strstr(w, "admitted as one object with the properties of both") &&
+                  !strstr(strstr(w, "properties of both") + 1, "properties of both"),
+              "one warning for the merged shapes: %s", w);
+    test_dist_walks(g);
+    /* two shapes sharing a key of different types; required: what both require */
+    g = compile_params(
+        "{\"type\": \"object\", \"properties\": {\"p\": {\"oneOf\": [{\"type\": "
+        "\"object\", \"properties\": {\"a\": {\"type\": \"string\"}, \"id\": {\"type\": "
+        "\"integer\"}}, \"required\": [\"a\", \"id\"], \"additionalProperties\": false}, "
+        "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}, \"id\": "
+        "{\"type\": \"integer\"}, \"b\": {\"type\": \"boolean\"}}, \"required\": "
+        "[\"id\"]}]}}, \"required\": [\"p\"]}");
+    if (!g)
+        return;
+    static const char *ok[] = {"{\"p\":{\"a\":\"x\",\"id\":1}}",
+                               "{\"p\":{\"a\":1,\"id\":2,\"b\":true}}", "{\"p\":{\"id\":3}}"};
+    static const char *bad[] = {"{\"p\":{}}", "{\"p\":{\"a\":\"x\"}}",
+                                "{\"p\":{\"id\":1,\"a\":true}}", "{\"p\":{\"id\":1,\"c\":1}}",
+                                "{\"p\":1}"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        CHECK_MSG(accepts_args(g, ok[i]), "object union: rejects %s", ok[i]);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK_MSG(!accepts_args(g, bad[i]), "object union: accepts %s", bad[i]);
+    test_dist_walks(g);
+}
+
 int main(void)
 {
     test_regex();
@@ -550,5 +716,7 @@ int main(void)
         test_dist_walks(compile_params(SCHEMA_CASES[c].params));
     test_bad_tools();
     test_large_lists();
+    test_number_bounds();
+    test_many_alternatives();
     return tu_finish("test_grammar_unit");
 }

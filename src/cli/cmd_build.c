@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "cli/adapter_base.h"
 #include "text/tokenizer.h"
 #include "core/fileio.h"
 #include "core/status.h"
@@ -173,6 +174,8 @@ int cli_build(int argc, char **argv)
             ckpt_given = 1; /* found, not a fallback */
         }
     }
+    if (ckpt && lora && cli_check_adapter_base(ckpt, lora)) /* a nano adapter on needle2 */
+        return 1;
     if (!ckpt)
         ckpt = cli_default_base(stdout, "needle build CKPT.pkl", basebuf, sizeof basebuf);
     char outbuf[4096];

@@ -45,6 +45,9 @@ static const char *run_help =
 static int turn(needle_session *s, const char *q, int max_new, char *buf, int cap)
 {
     int rc = needle_session_complete(s, q, max_new, buf, cap);
+    const char *note = strstr(needle_session_warnings(s), "tool retrieval: the ");
+    if (note) /* this query's retrieved tools did not all fit */
+        fprintf(stderr, "needle: warning: %.*s\n", (int)strcspn(note, "\n"), note);
     if (rc < 0) {
         if (buf[0])
             printf("%s\n", buf);

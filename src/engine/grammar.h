@@ -52,7 +52,7 @@
 #include "text/pyjson.h"
 
 #define ND_GRAM_DEPTH 24
-#define ND_GRAM_MAX_ALT 64 /* tools, anyOf/oneOf alternatives */
+#define ND_GRAM_MAX_ALT 64 /* tools in one grammar (anyOf/oneOf: any number) */
 
 typedef struct nd_grammar nd_grammar;
 

@@ -509,20 +509,117 @@ static int generic_of(int k)
  * kind, with a warning -- wider than the schema, never narrower. */
 static int compile_view(nd_grammar *g, sview *v, const char *path, int depth);
 
-static int make_alt(nd_grammar *g, int *ids, int n, const char *path, sview *base, int depth)
+static int make_alt_in(nd_grammar *g, int *out, int m, const char *path, sview *base, int depth);
+
+static int make_alt(nd_grammar *g, const int *ids, int n, const char *path, sview *base, int depth)
 {
-    int fb = -1; /* base compiled without the alternatives, when needed */
-    int out[ND_GRAM_MAX_ALT], m = 0;
+    size_t cap = 0;
     for (int i = 0; i < n; i++) {
         const gnode *a = &g->nodes[ids[i]];
         if (a->kind == K_ANY)
             return N_ANY;
+        cap += a->kind == K_ALT ? (size_t)a->nalt : 1;
+    }
+    int *out = malloc((cap ? cap : 1) * sizeof *out), m = 0, lits = -1;
+    if (!out)
+        return nd_error(ND_ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        const gnode *a = &g->nodes[ids[i]];
         int na = a->kind == K_ALT ? a->nalt : 1;
-        if (m + na > ND_GRAM_MAX_ALT)
-            return nd_error(ND_ELIMIT, "%s: more than %d alternatives", path, ND_GRAM_MAX_ALT);
         for (int k = 0; k < na; k++) /* nested alternatives are flattened */
             out[m++] = a->kind == K_ALT ? a->alt[k] : ids[i];
     }
+    /* every literal alternative (consts, enums: a oneOf of const values
+     * is a common way to write an enum) in one node, in one pass */
+    int nl = 0;
+    for (int i = 0; i < m; i++)
+        nl += g->nodes[out[i]].kind == K_LIT;
+    for (int i = 0, w = 0; nl > 1 && i < m; i++) {
+        if (g->nodes[out[i]].kind != K_LIT) {
+            out[w++] = out[i];
+        } else {
+            if (lits < 0 && (lits = new_node(g, K_LIT)) < 0) {
+                free(out);
+                return lits;
+            }
+            for (int k = 0; k < g->nodes[out[i]].nlit; k++)
+                if (add_lit(g, lits, g->nodes[out[i]].lit[k], g->nodes[out[i]].litlen[k])) {
+                    free(out);
+                    return nd_error_prefix(ND_ELIMIT, "%s", path);
+                }
+        }
+        if (i == m - 1) {
+            out[w++] = lits;
+            m = w;
+        }
+    }
+    int id = make_alt_in(g, out, m, path, base, depth);
+    free(out);
+    return id;
+}
+
+/* Two object shapes a first byte cannot tell apart, as one object: the
+ * keys of both (a key in both takes either branch's value), required only
+ * what both require. Wider than the schema (keys of the two branches
+ * mixed), far narrower than any object. */
+static int union_objects(nd_grammar *g, int a, int b, const char *path, int depth)
+{
+    int na = g->nodes[a].nprops, nb = g->nodes[b].nprops;
+    int id = new_node(g, K_OBJ);
+    if (id < 0)
+        return id;
+    size_t cap = (size_t)na + (size_t)nb + 1;
+    char **key = calloc(cap, sizeof *key);
+    int *keylen = calloc(cap, sizeof *keylen), *prop = calloc(cap, sizeof *prop);
+    uint8_t *reqd = calloc(cap, 1);
+    gnode *n = &g->nodes[id];
+    n->key = key;
+    n->keylen = keylen;
+    n->prop = prop;
+    n->req = reqd;
+    if (!key || !keylen || !prop || !reqd)
+        return nd_error(ND_ENOMEM, "out of memory");
+    int np = 0;
+    for (int side = 0; side < 2; side++) {
+        int from = side ? b : a, other = side ? a : b;
+        for (int i = 0; i < g->nodes[from].nprops; i++) {
+            const gnode *f = &g->nodes[from], *o = &g->nodes[other];
+            int j = -1;
+            for (int k = 0; k < o->nprops && j < 0; k++)
+                if (o->keylen[k] == f->keylen[i] &&
+                    !memcmp(o->key[k], f->key[i], (size_t)f->keylen[i]))
+                    j = k;
+            if (side && j >= 0)
+                continue; /* taken with a's */
+            char *kc = malloc((size_t)f->keylen[i] + 1);
+            if (!kc)
+                return nd_error(ND_ENOMEM, "out of memory");
+            memcpy(kc, f->key[i], (size_t)f->keylen[i] + 1);
+            int req = j >= 0 && f->req[i] && o->req[j];
+            int v = f->prop[i];
+            if (j >= 0 && o->prop[j] != v) {
+                int two[2] = {v, o->prop[j]};
+                v = make_alt(g, two, 2, path, NULL, depth + 1);
+                if (v < 0) {
+                    free(kc);
+                    return v;
+                }
+            }
+            n = &g->nodes[id]; /* make_alt may have grown the node array */
+            n->key[np] = kc;
+            n->keylen[np] = f->keylen[i];
+            n->prop[np] = v;
+            n->req[np] = (uint8_t)req;
+            n->nprops = ++np;
+        }
+    }
+    return id;
+}
+
+static int make_alt_in(nd_grammar *g, int *out, int m, const char *path, sview *base, int depth)
+{
+    int fb = -1; /* base compiled without the alternatives, when needed */
+    int warned_union = 0;
     for (int i = 0; i < m; i++)
         first_set(g, out[i], g->nodes[out[i]].first);
     for (int i = 0; i < m; i++)
@@ -551,13 +648,17 @@ static int make_alt(nd_grammar *g, int *ids, int n, const char *path, sview *bas
                 /* what the schema says outside anyOf holds for every
                  * branch: when it is of this kind, it replaces them (e.g.
                  * an object whose anyOf only varies "required") */
-                int kind = a->kind;
-                if (base && fb == -1) {
-                    fb = compile_view(g, base, path, depth);
+                int kind = a->kind, shapes = a->kind == K_OBJ && b->kind == K_OBJ;
+                if (base && fb == -1 && !shapes) {
+                    fb = compile_view(g, base, path, depth); /* may move g->nodes */
                     if (fb < 0)
                         return fb;
                 }
-                if (fb >= 0 && g->nodes[fb].kind != K_ALT &&
+                /* two object shapes: their union, never the base (each
+                 * alternative already is the base AND its branch, so the
+                 * union is the tighter one; the base alone would refuse
+                 * keys the branches add, or be any object) */
+                if (!shapes && fb >= 0 && g->nodes[fb].kind != K_ALT &&
                     generic_of(g->nodes[fb].kind) == generic_of(kind)) {
                     warnf(g,
                           "%s: anyOf/oneOf alternatives are two %ss a grammar cannot tell apart "
@@ -565,6 +666,17 @@ static int make_alt(nd_grammar *g, int *ids, int n, const char *path, sview *bas
                           "enforced",
                           path, kind_name(kind));
                     out[i] = fb;
+                } else if (shapes && depth < 16) {
+                    if (!warned_union++)
+                        warnf(g,
+                              "%s: anyOf/oneOf alternatives are two objects a grammar cannot tell "
+                              "apart by their first character; admitted as one object with the "
+                              "properties of both (required: what both require)",
+                              path);
+                    int u = union_objects(g, out[i], out[j], path, depth);
+                    if (u < 0)
+                        return u;
+                    out[i] = u;
                 } else {
                     warnf(g,
                           "%s: anyOf/oneOf alternatives are two %ss a grammar cannot tell apart "
@@ -1316,30 +1428,37 @@ static int compile_view(nd_grammar *g, sview *v, const char *path, int depth)
             warnf(g, "%s: %s is not a non-empty array; ignored", path, al ? "anyOf" : "oneOf");
             continue;
         }
-        if (br->len > ND_GRAM_MAX_ALT)
-            return nd_error(ND_ELIMIT, "%s: more than %d alternatives", path, ND_GRAM_MAX_ALT);
-        int ids[ND_GRAM_MAX_ALT];
-        for (size_t k = 0; k < br->len; k++) {
+        /* any number of alternatives: each costs its nodes (bounded by
+         * ND_GRAM_MAX_NODES), and make_alt merges them in one pass */
+        if (br->len > INT_MAX / 2)
+            return nd_error(ND_ELIMIT, "%s: %zu alternatives", path, br->len);
+        int *ids = malloc(br->len * sizeof *ids), rc = ND_OK;
+        if (!ids)
+            return nd_error(ND_ENOMEM, "out of memory");
+        for (size_t k = 0; k < br->len && !rc; k++) {
             sview av = *v;
-            int rc = expand(g, br->items[k], path, &av, 0);
-            if (rc < 0)
-                return rc;
+            rc = expand(g, br->items[k], path, &av, 0);
             if (rc > 0) {
                 ids[k] = deep_node(av.deep);
+                rc = ND_OK;
                 continue;
             }
+            if (rc < 0)
+                break;
             int save = g->c_nrefs;
-            for (int r = v->nrefs; r < av.nrefs; r++) {
+            for (int r = v->nrefs; r < av.nrefs && !rc; r++) {
                 if (g->c_nrefs >= (int)(sizeof g->c_refs / sizeof g->c_refs[0]))
-                    return nd_error(ND_ELIMIT, "%s: too many nested $refs", path);
-                g->c_refs[g->c_nrefs++] = av.refs[r];
+                    rc = nd_error(ND_ELIMIT, "%s: too many nested $refs", path);
+                else
+                    g->c_refs[g->c_nrefs++] = av.refs[r];
             }
-            ids[k] = compile_view(g, &av, path, depth);
+            if (!rc && (ids[k] = compile_view(g, &av, path, depth)) < 0)
+                rc = ids[k];
             g->c_nrefs = save;
-            if (ids[k] < 0)
-                return ids[k];
         }
-        return make_alt(g, ids, (int)br->len, path, v, depth);
+        int id = rc ? rc : make_alt(g, ids, (int)br->len, path, v, depth);
+        free(ids);
+        return id;
     }
     int lit = -1;
     int rc = compile_enum(g, v, path, &lit);

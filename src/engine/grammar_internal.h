@@ -23,6 +23,14 @@ enum { R_REJ, R_ACC, R_ACC_POP, R_POP, R_RETRY };
 #define ND_GRAM_MAX_PATTERNS 1024 /* compiled patterns (about 8 KB each) */
 #define ND_GRAM_MAX_WARN 100      /* warning lines kept */
 #define MAX_DIGITS 15
+/* A number the schema does not bound on both sides (no minimum, or no
+ * maximum): at most ND_GRAM_FREE_INT_DIGITS digits before the point, and
+ * no non-zero digit more than ND_GRAM_MAX_RUN times in a row, so a model
+ * that keeps repeating a digit ("21" -> 211111111111111) is stopped. Zeros
+ * may repeat (1000000); a bound past 13 digits (minimum 1e14) widens the
+ * cap to reach it. */
+#define ND_GRAM_FREE_INT_DIGITS 13
+#define ND_GRAM_MAX_RUN 4
 /* an object frame keeps the set of properties already written in its
  * (otherwise string-only) pattern words; an object with more properties
  * admits its keys in declaration order (the frame keeps the last one) */

@@ -78,6 +78,23 @@ static int range_feasible(const mag_bounds *b, int64_t Klo, int64_t Khi, int ft)
     return ok_hi(b, decimal_value(K, ft));
 }
 
+/* Integer digits a number may have: MAX_DIGITS when the schema bounds it
+ * on both sides, else ND_GRAM_FREE_INT_DIGITS, or more when its one bound
+ * needs them (minimum 1e14: a cap of 13 would admit nothing). */
+static int int_digit_cap(const gnode *n)
+{
+    if (!isinf(n->lo) && !isinf(n->hi))
+        return MAX_DIGITS;
+    double b = !isinf(n->lo) ? fabs(n->lo) : !isinf(n->hi) ? fabs(n->hi) : 0;
+    int need = 1;
+    while (need < MAX_DIGITS && b >= (double)P10[need])
+        need++;
+    need++; /* a bound's own digits, and room to pass it */
+    if (need < ND_GRAM_FREE_INT_DIGITS)
+        need = ND_GRAM_FREE_INT_DIGITS;
+    return need > MAX_DIGITS ? MAX_DIGITS : need;
+}
+
 /* Fewest characters to append to the number prefix t[0..len) so that it
  * becomes a number the node admits (no exponent, <= MAX_DIGITS digits);
  * -1 if none. */
@@ -113,6 +130,7 @@ int nd_gram_num_short(const gnode *n, const char *t, int len)
         b.lo_ex = 0;
     }
     int unbounded = isinf(n->lo) && isinf(n->hi);
+    int int_cap = int_digit_cap(n);
     int allow_frac = n->kind != K_INT;
     int lead0 = ni > 0 && t[is] == '0';
     for (int L = 0; L <= MAX_DIGITS + 2; L++) {
@@ -132,7 +150,7 @@ int nd_gram_num_short(const gnode *n, const char *t, int len)
                 continue;
             if (dot && ft < 1)
                 continue;
-            if (ni + e + ft > MAX_DIGITS)
+            if (ni + e + ft > MAX_DIGITS || ni + e > int_cap)
                 continue;
             if (unbounded)
                 return L;
@@ -162,21 +180,31 @@ int nd_gram_num_short(const gnode *n, const char *t, int len)
 /* Is t[0..len) a syntactically possible number prefix for the node? */
 int nd_gram_num_syntax(const gnode *n, const char *t, int len)
 {
-    int i = 0, digits = 0;
+    int i = 0, digits = 0, run = 0;
+    int free_num = isinf(n->lo) || isinf(n->hi);
     if (i < len && t[i] == '-')
         i++;
     int is = i;
     while (i < len && t[i] >= '0' && t[i] <= '9') {
+        run = i > is && t[i] == t[i - 1] && t[i] != '0' ? run + 1 : 1;
+        if (free_num && run > ND_GRAM_MAX_RUN)
+            return 0;
         i++;
         digits++;
     }
     if (i - is > 1 && t[is] == '0')
         return 0;
+    if (i - is > int_digit_cap(n))
+        return 0;
     if (i < len && t[i] == '.') {
         if (n->kind == K_INT || i == is)
             return 0;
         i++;
+        int fs = i;
         while (i < len && t[i] >= '0' && t[i] <= '9') {
+            run = i > fs && t[i] == t[i - 1] && t[i] != '0' ? run + 1 : 1;
+            if (free_num && run > ND_GRAM_MAX_RUN)
+                return 0;
             i++;
             digits++;
         }

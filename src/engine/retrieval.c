@@ -300,6 +300,82 @@ static int cmp_int(const void *a, const void *b)
     return *(const int *)a - *(const int *)b;
 }
 
+/* a JSON array of the tools tools[sel[0..k)] (borrowed items) */
+static nd_pj subset_of(const nd_pj *tools, const int *sel, int k, nd_pj **items)
+{
+    for (int i = 0; i < k; i++)
+        items[i] = tools->items[sel[i]];
+    nd_pj subset = {0};
+    subset.type = ND_PJ_ARRAY;
+    subset.len = (size_t)k;
+    subset.items = items;
+    return subset;
+}
+
+/* tokens of BOS + head + the k tools + "</tools>\n", as the session
+ * renders them */
+static int prompt_tokens(const nd_retrieval *r, const nd_pj *tools, const int *sel, int k, int *len)
+{
+    nd_pj *items[ND_RETRIEVAL_TOP_K];
+    nd_pj subset = subset_of(tools, sel, k, items);
+    nd_buf text = {0};
+    nd_idvec ids = {0};
+    int rc = nd_buf_put(&text, r->head.p ? r->head.p : "", r->head.n);
+    rc = rc ? rc : nd_pj_dump(&subset, 1, &text);
+    rc = rc ? rc : nd_buf_put(&text, "</tools>\n", 9);
+    rc = rc ? rc : nd_tokenizer_encode(r->tok, text.p, text.n, &ids);
+    *len = 1 + (int)ids.n;
+    nd_buf_free(&text);
+    nd_idvec_free(&ids);
+    return rc;
+}
+
+/* r->warn: the session's warnings, and which tools this turn left out */
+static int turn_note(nd_retrieval *r, const nd_pj *tools, const int *ranked, int k, int k_all,
+                     int first_len, int limit)
+{
+    r->dropped = k_all - k;
+    if (!r->tok)
+        return ND_OK;
+    r->warn.n = 0;
+    int rc = nd_buf_put(&r->warn, r->base_warn.p ? r->base_warn.p : "", r->base_warn.n);
+    if (rc || !r->dropped)
+        return rc ? rc : nd_buf_put(&r->warn, "", 0);
+    char line[512];
+    int n = snprintf(line, sizeof line,
+                     "%stool retrieval: the %d best tools for this query take %d tokens of "
+                     "prompt, at most %d fit with room for the query and answer: rendered "
+                     "the best %d, left out %d (",
+                     r->warn.n ? "\n" : "", k_all, first_len, limit, k, r->dropped);
+    rc = nd_buf_put(&r->warn, line, (size_t)n);
+    for (int i = k; i < k_all && !rc; i++) {
+        const nd_pj *name = nd_pj_get(tools->items[ranked[i]], "name");
+        const char *s = name && name->type == ND_PJ_STRING ? name->str : "?";
+        size_t len = name && name->type == ND_PJ_STRING ? name->len : 1;
+        rc = nd_buf_put(&r->warn, i > k ? ", " : "", i > k ? 2 : 0);
+        rc = rc ? rc : nd_buf_put(&r->warn, s, len);
+    }
+    return rc ? rc : nd_buf_put(&r->warn, ")", 1);
+}
+
+int nd_retrieval_fit(nd_retrieval *r, const nd_tokenizer *tok, const char *head, size_t head_len,
+                     int max_tokens, const char *warnings)
+{
+    r->tok = tok;
+    r->max_tokens = max_tokens;
+    r->head.n = r->base_warn.n = r->warn.n = 0;
+    int rc = nd_buf_put(&r->head, head, head_len);
+    rc = rc ? rc
+            : nd_buf_put(&r->base_warn, warnings ? warnings : "", warnings ? strlen(warnings) : 0);
+    rc = rc ? rc : nd_buf_put(&r->warn, r->base_warn.p, r->base_warn.n);
+    return rc;
+}
+
+const char *nd_retrieval_warnings(const nd_retrieval *r)
+{
+    return r->tok && r->warn.p ? r->warn.p : NULL;
+}
+
 int nd_retrieval_select(nd_retrieval *r, const nd_embedder *e, const nd_pj *tools,
                         const char *query, int require_call, nd_buf *tools_text, nd_grammar **gram)
 {
@@ -315,8 +391,27 @@ int nd_retrieval_select(nd_retrieval *r, const nd_embedder *e, const nd_pj *tool
     int k = r->index.n < ND_RETRIEVAL_TOP_K ? r->index.n : ND_RETRIEVAL_TOP_K;
     nd_tool_index_top(&r->index, q, k, sel);
     free(q);
+    int ranked[ND_RETRIEVAL_TOP_K], k_all = k, first_len = 0;
+    memcpy(ranked, sel, sizeof sel);
+    /* the best-ranked tools that fit the context (at least the best one:
+     * when even it does not fit, the session says so) */
+    int limit = r->max_tokens - ND_RETRIEVAL_ANSWER_TOKENS;
+    for (; r->max_tokens > 0 && k > 1; k--) {
+        int len;
+        memcpy(sel, ranked, sizeof sel);
+        qsort(sel, (size_t)k, sizeof sel[0], cmp_int);
+        if ((rc = prompt_tokens(r, tools, sel, k, &len)))
+            return rc;
+        if (k == k_all)
+            first_len = len;
+        if (len <= limit)
+            break;
+    }
+    memcpy(sel, ranked, sizeof sel);
     /* rendered in declaration order, like a plain tool list */
     qsort(sel, (size_t)k, sizeof sel[0], cmp_int);
+    if ((rc = turn_note(r, tools, ranked, k, k_all, first_len, limit)))
+        return rc;
     if (r->n_sel == k && *gram && !memcmp(sel, r->sel, (size_t)k * sizeof sel[0]))
         return ND_OK;
     /* a subset rendered before: its grammar from the cache */
@@ -330,12 +425,7 @@ int nd_retrieval_select(nd_retrieval *r, const nd_embedder *e, const nd_pj *tool
     }
     if (slot < 0) {
         nd_pj *items[ND_RETRIEVAL_TOP_K];
-        for (int i = 0; i < k; i++)
-            items[i] = tools->items[sel[i]];
-        nd_pj subset = {0};
-        subset.type = ND_PJ_ARRAY;
-        subset.len = (size_t)k;
-        subset.items = items;
+        nd_pj subset = subset_of(tools, sel, k, items);
         nd_grammar *g = NULL;
         nd_buf text = {0};
         if ((rc = nd_gram_compile(&subset, &g)) || (rc = nd_pj_dump(&subset, 1, &text))) {
@@ -370,6 +460,9 @@ int nd_retrieval_select(nd_retrieval *r, const nd_embedder *e, const nd_pj *tool
 void nd_retrieval_free(nd_retrieval *r)
 {
     nd_tool_index_free(&r->index);
+    nd_buf_free(&r->head);
+    nd_buf_free(&r->base_warn);
+    nd_buf_free(&r->warn);
     for (int i = 0; i < ND_RETRIEVAL_CACHE; i++) {
         nd_gram_free(r->cache[i].gram);
         r->cache[i].gram = NULL;

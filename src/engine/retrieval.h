@@ -29,6 +29,11 @@
 /* Texts are cut to this many tokens before embedding, as upstream's
  * encode_for_retrieval does (max_len=256). */
 #define ND_RETRIEVAL_MAX_TOKENS 256
+/* When the best ND_RETRIEVAL_TOP_K tools do not fit, fewer are rendered,
+ * leaving this many tokens of the context for the answer (the reasoning
+ * and the call) beyond the session's own room; the best tool alone is
+ * kept whatever it takes (the session says when even it does not fit). */
+#define ND_RETRIEVAL_ANSWER_TOKENS 64
 
 /* What happened to the index file. */
 typedef enum {
@@ -89,6 +94,13 @@ typedef struct {
     } cache[ND_RETRIEVAL_CACHE];
     long clock;
     long compiled; /* subset grammars compiled (tests: the cache spares work) */
+    /* context fit (nd_retrieval_fit): the prompt text before the tools,
+     * the most tokens BOS + head + tools + "</tools>\n" may take, the
+     * session's warnings before any turn and with this turn's note */
+    nd_buf head, base_warn, warn;
+    const nd_tokenizer *tok;
+    int max_tokens;
+    int dropped; /* of the top ND_RETRIEVAL_TOP_K, left out to fit (last select) */
 } nd_retrieval;
 
 /* Set up retrieval for the declared tools (a JSON array): off for at most
@@ -103,8 +115,18 @@ int nd_retrieval_init(nd_retrieval *r, const nd_embedder *e, const nd_pj *tools,
  * r: the last ND_RETRIEVAL_CACHE subsets; never the whole catalogue);
  * require_call carries over. */
 int nd_retrieval_select(nd_retrieval *r, const nd_embedder *e, const nd_pj *tools,
-                        const char *query, int require_call, nd_buf *tools_text,
-                        nd_grammar **gram);
+                        const char *query, int require_call, nd_buf *tools_text, nd_grammar **gram);
+/* Make nd_retrieval_select keep the rendered prompt within max_tokens:
+ * `head` is the prompt before the tools block's contents (BOS not
+ * included, one token is counted for it); `warnings` the session's
+ * warnings so far, which nd_retrieval_warnings extends with the note of
+ * the last turn that left tools out. Without this call nothing is left
+ * out. */
+int nd_retrieval_fit(nd_retrieval *r, const nd_tokenizer *tok, const char *head, size_t head_len,
+                     int max_tokens, const char *warnings);
+/* The session's warnings with the last select's note (NULL when
+ * nd_retrieval_fit was not called). */
+const char *nd_retrieval_warnings(const nd_retrieval *r);
 void nd_retrieval_free(nd_retrieval *r);
 
 #endif

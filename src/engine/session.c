@@ -214,6 +214,10 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
         rc = context_error(S, (int)ids.n, M->m.cfg.max_seq_len);
         goto fail;
     }
+    /* retrieval renders the best-ranked tools that fit (and warns) */
+    if (S->rt.on && (rc = nd_retrieval_fit(&S->rt, M->tok, pre.p, pre.n,
+                                           M->m.cfg.max_seq_len - ND_SESSION_ROOM, S->warnings)))
+        goto fail;
     /* every tool rendered (no retrieval head): one grammar over them all */
     if (!S->gram && !S->rt.on) {
         if ((rc = nd_gram_compile(nd_pj_root(S->tools_doc), &S->gram)))
@@ -302,6 +306,8 @@ const nd_kv_state *nd_session_kv(const needle_session *S)
 
 const char *needle_session_warnings(const needle_session *S)
 {
+    if (S && nd_retrieval_warnings(&S->rt))
+        return nd_retrieval_warnings(&S->rt);
     if (S && S->warnings)
         return S->warnings;
     return S && S->gram ? nd_gram_warnings(S->gram) : "";

@@ -17,6 +17,8 @@
 #include <unistd.h>
 
 #include "cli/playground/playground.h"
+#include "train/finetune.h"
+#include "train/recommend.h"
 
 extern char **environ;
 
@@ -363,9 +365,69 @@ static int write_tools(const char *tools_json, char *why, size_t why_len)
     return 0;
 }
 
+/* `needle finetune`'s defaults with the base's recommendation over them;
+ * from[i]: 1 where the base recommends setting i */
+static void base_settings(nd_recommend *out, int from[ND_REC_N])
+{
+    nd_finetune_opts o;
+    nd_finetune_defaults(&o);
+    const double dflt[ND_REC_N] = {[ND_REC_LR] = o.lr,
+                                   [ND_REC_LORA_RANK] = o.rank,
+                                   [ND_REC_LORA_ALPHA] = o.alpha,
+                                   [ND_REC_EPOCHS] = o.epochs,
+                                   [ND_REC_BATCH_SIZE] = o.batch_size};
+    /* read once: the base does not change while the server runs (and
+     * needle2.pkl is large) */
+    static pthread_mutex_t once = PTHREAD_MUTEX_INITIALIZER;
+    static int have;
+    static nd_recommend rec;
+    pthread_mutex_lock(&once);
+    if (!have) {
+        memset(&rec, 0, sizeof rec);
+        if (!job_cfg.base || nd_recommend_read(job_cfg.base, &rec))
+            memset(&rec, 0, sizeof rec); /* unreadable: finetune will say why */
+        have = 1;
+    }
+    pthread_mutex_unlock(&once);
+    for (int i = 0; i < ND_REC_N; i++) {
+        from[i] = rec.has[i];
+        out->has[i] = 1;
+        out->value[i] = rec.has[i] ? rec.value[i] : dflt[i];
+    }
+}
+
+char *pg_job_defaults_json(void)
+{
+    nd_recommend r;
+    int from[ND_REC_N];
+    base_settings(&r, from);
+    json_t *o = json_object(), *src = json_object();
+    for (int i = 0; o && src && i < ND_REC_N; i++) {
+        const char *k = nd_recommend_key(i);
+        json_object_set_new(o, k,
+                            i == ND_REC_LR || i == ND_REC_LORA_ALPHA
+                                ? json_real(r.value[i])
+                                : json_integer((json_int_t)r.value[i]));
+        json_object_set_new(src, k, json_string(from[i] ? "base" : "finetune default"));
+    }
+    json_object_set_new(o, "base", job_cfg.base ? json_string(job_cfg.base) : json_null());
+    json_object_set_new(o, "source", src);
+    char *out = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    return out;
+}
+
 int pg_job_start(const char *jsonl, const char *tools_json, const char *api_key, int samples,
                  int epochs, int batch_size, double lr, int max_len, char *why, size_t why_len)
 {
+    if (epochs <= 0 || batch_size <= 0 || !(lr > 0)) { /* the form left them to the base */
+        nd_recommend r;
+        int from[ND_REC_N];
+        base_settings(&r, from);
+        epochs = epochs > 0 ? epochs : (int)r.value[ND_REC_EPOCHS];
+        batch_size = batch_size > 0 ? batch_size : (int)r.value[ND_REC_BATCH_SIZE];
+        lr = lr > 0 ? lr : r.value[ND_REC_LR];
+    }
     pthread_mutex_lock(&job_lock);
     if (job_running) {
         pthread_mutex_unlock(&job_lock);

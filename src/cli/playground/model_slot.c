@@ -189,6 +189,9 @@ char *pg_slot_complete(const char *tools_json, const char *query, int require_ca
         if (!buf)
             break;
         int rc = needle_session_complete(slot_session, query, slot_max_new, buf, cap);
+        /* with this query's note (retrieved tools left out to fit) */
+        json_decref(warnings);
+        warnings = session_warnings(slot_session, &unsat);
         if (rc == NEEDLE_EBUFFER) {
             free(buf);
             continue;

@@ -65,6 +65,12 @@ void pg_job_configure(const struct pg_job_config *cfg);
  * is running; 400: bad request (why). */
 int pg_job_start(const char *jsonl, const char *tools_json, const char *api_key, int samples,
                  int epochs, int batch_size, double lr, int max_len, char *why, size_t why_len);
+/* epochs, batch_size or lr <= 0 above: the base's recommended setting
+ * (pg_job_defaults_json). */
+/* The settings the fine-tune form starts from: the base checkpoint's
+ * recommended lr, lora_rank, lora_alpha, epochs, batch_size over `needle
+ * finetune`'s own defaults, each with where it came from; caller frees. */
+char *pg_job_defaults_json(void);
 /* upstream's status object plus progress; caller frees. */
 char *pg_job_status_json(void);
 /* Whether NAME is a file this playground wrote (and may be served). */

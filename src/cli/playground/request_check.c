@@ -443,7 +443,7 @@ int pg_parse_finetune(const char *body, size_t len, struct pg_finetune_req *out,
                       size_t why_len)
 {
     memset(out, 0, sizeof *out);
-    out->lr = 1e-4;
+    out->lr = 0; /* 0 (also epochs, batch_size): the base's recommended setting */
     json_t *b = parse_body(body, len, why, why_len);
     if (!b)
         return 400;
@@ -451,8 +451,8 @@ int pg_parse_finetune(const char *body, size_t len, struct pg_finetune_req *out,
     json_t *lrv = json_object_get(b, "lr");
     json_t *ex = json_object_get(b, "examples");
     json_t *key = json_object_get(b, "api_key");
-    if (int_field(b, "epochs", 3, 1, 1000, &out->epochs, why, why_len) ||
-        int_field(b, "batch_size", 16, 1, 4096, &out->batch_size, why, why_len) ||
+    if (int_field(b, "epochs", 0, 1, 1000, &out->epochs, why, why_len) ||
+        int_field(b, "batch_size", 0, 1, 4096, &out->batch_size, why, why_len) ||
         int_field(b, "max_len", 1024, 16, 1 << 16, &out->max_len, why, why_len))
         goto out;
     if (lrv &&

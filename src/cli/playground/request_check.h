@@ -59,7 +59,7 @@ struct pg_finetune_req {
     char *tools;   /* generate flow: compact JSON text of a non-empty array */
     char *api_key; /* generate flow */
     int samples, epochs, batch_size, max_len;
-    double lr;
+    double lr; /* epochs, batch_size, lr: 0 when not given (pg_job_start uses the base's) */
 };
 /* 0, or the HTTP status to answer (400, 500 out of memory) with the
  * reason in `why`. */

@@ -501,6 +501,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return send_json_owned(c, 200, pg_slot_info_json());
         if (!strcmp(url, "/finetune/status"))
             return send_json_owned(c, 200, pg_job_status_json());
+        if (!strcmp(url, "/finetune/defaults"))
+            return send_json_owned(c, 200, pg_job_defaults_json());
         if (!strncmp(url, "/download/", 10))
             return serve_download(c, url + 10);
     } else if (is_post) {

@@ -125,7 +125,8 @@ def main():
               set(ref["tensors"]) <= set(ours["tensors"]),
               sorted(set(ref["tensors"]) - set(ours["tensors"])))
         if entries == "all":
-            check(tag + ": every adapter entry compared", n_cmp == n_all, "%d of %d" % (n_cmp, n_all))
+            check(tag + ": every adapter entry compared", n_cmp == n_all,
+                  "%d of %d" % (n_cmp, n_all))
         lerr = abs(ours["loss"] - ref["loss"]) / abs(ref["loss"])
         check(tag + ": loss vs reference (1e-6)", lerr <= 1e-6,
               "%r vs %r (%.3g)" % (ours["loss"], ref["loss"], lerr))
@@ -162,8 +163,9 @@ def main():
             qerr = abs(qd["loss"] - ql) / abs(ql)
             check(tag + ": quantised loss vs reference (1e-4)", qerr <= 1e-4,
                   "%r vs %r (%.3g)" % (qd["loss"], ql, qerr))
-        gq = np.concatenate([np.asarray(qd["tensors"][k]["grad"]) for k in sorted(ours["tensors"])])
-        gf = np.concatenate([np.asarray(ours["tensors"][k]["grad"]) for k in sorted(ours["tensors"])])
+        names = sorted(ours["tensors"])
+        gq = np.concatenate([np.asarray(qd["tensors"][k]["grad"]) for k in names])
+        gf = np.concatenate([np.asarray(ours["tensors"][k]["grad"]) for k in names])
         rel = float(np.linalg.norm(gq - gf) / np.linalg.norm(gf))
         print("  %s: quantised vs float gradients rel L2 %.3g" % (tag, rel))
         check(tag + ": quantised gradients finite", bool(np.all(np.isfinite(gq))))

@@ -228,8 +228,20 @@ int cli_bench(int argc, char **argv)
             rc = san_forward(&m, &m.w, &acts, tok);
         }
         nd_backend_sync(be);
+        double dt = nd_wtime() - t0;
         if (i >= 0)
-            sec[i] = nd_wtime() - t0;
+            sec[i] = dt;
+        if (!rc) { /* progress: a needle3-shape step can take minutes */
+            struct rusage ru_now;
+            char label[48];
+            getrusage(RUSAGE_SELF, &ru_now);
+            if (i < 0)
+                snprintf(label, sizeof label, "warm-up");
+            else
+                snprintf(label, sizeof label, "%lld of %lld", i + 1, iters);
+            fprintf(stderr, "  %-9s %s: %.3f s, peak RSS so far %.1f MB\n", "step", label, dt,
+                    nd_maxrss_mb(ru_now.ru_maxrss));
+        }
     }
     if (!rc) {
         /* Model FLOPs of a LoRA step: the forward plus the input-gradient

@@ -58,9 +58,15 @@ static void is_hash_seeded(const nd_backend *be, const bo_case *c, void *const *
 
 void bo_cases_v3(void)
 {
-    /* layout, H, G, hd, vd, window */
-    static const int a[][6] = {{0, 4, 2, 16, 24, 0}, {1, 8, 4, 48, 64, 5}, {3, 4, 1, 32, 8, 1},
-                               {4, 8, 4, 64, 64, 7}, {5, 3, 3, 10, 6, 2},  {7, 4, 2, 48, 64, 33}};
+    /* layout, H, G, hd, vd, window; the last three have sequences much longer
+     * than the window, so a query block's keys start past its sequence's
+     * first row (the CPU computes only that span): 8 x 300 rows with window
+     * 70 (not a multiple of the 64-query block), the shared prefixes with
+     * window 100 (a child's span starts inside its 130-row prefix), and a
+     * 200-row prefix with a 64-row window */
+    static const int a[][6] = {{0, 4, 2, 16, 24, 0}, {1, 8, 4, 48, 64, 5},  {3, 4, 1, 32, 8, 1},
+                               {4, 8, 4, 64, 64, 7}, {5, 3, 3, 10, 6, 2},   {7, 4, 2, 48, 64, 33},
+                               {6, 4, 2, 16, 8, 70}, {4, 4, 2, 8, 12, 100}, {7, 2, 1, 48, 64, 64}};
     for (size_t k = 0; k < sizeof a / sizeof *a; k++) {
         const nd_layout *L = bo_layouts(a[k][0]);
         int H = a[k][1], G = a[k][2], hd = a[k][3], vd = a[k][4], w = a[k][5];

@@ -1369,6 +1369,9 @@ int main(void)
     test_attention_ext(make_layout(0, 1, 3, 0, NULL, 0), 2, 1, 4, 4, 0);
     test_attention_ext(make_layout(1, 0, 9, 70, kids, 4), 4, 2, 6, 10, 7);
     test_attention_ext(make_layout(1, 0, 9, 70, kids, 4), 4, 4, 8, 8, 100);
+    /* a sequence of four query blocks and a window of 70: blocks whose keys
+     * start inside the sequence, not at a block boundary */
+    test_attention_ext(make_layout(0, 1, 200, 0, NULL, 0), 2, 1, 4, 6, 70);
     test_qkv_taps(make_layout(0, 2, 11, 0, NULL, 0), 13, 3, 0);
     test_qkv_taps(make_layout(0, 2, 11, 0, NULL, 0), 13, 3, 2);
     test_qkv_taps(make_layout(1, 0, 4, 13, kids, 4), 70, 3, 0);

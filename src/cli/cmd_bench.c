@@ -17,10 +17,11 @@
 #include "train/trainer.h"
 
 static const char *bench_help =
-    "usage: needle bench forward|train|decode|finetune [--preset tiny|needle2] [--batch B]\n"
-    "                            [--seq T]\n"
+    "usage: needle bench forward|train|decode|finetune\n"
+    "                            [--preset tiny|needle2|tiny3|tiny3b|needle3]\n"
+    "                            [--batch B] [--seq T]\n"
     "                            [--iters|--steps N] [--threads N] [--device D]\n"
-    "                            [--precision fp32|tf32|bf16] [--qat-bits N]\n"
+    "                            [--precision fp32|tf32|bf16] [--qat-bits N] [--quant]\n"
     "\n"
     "forward: times the float32 forward pass (logits included) on random weights.\n"
     "decode:  engine prefill/decode tokens/s on a .cact (needle bench decode --help).\n"
@@ -28,7 +29,11 @@ static const char *bench_help =
     "train:   times a full LoRA training step (merge, forward, loss, backward with\n"
     "         layer recomputation, AdamW), rank 16, every position a target.\n"
     "Prints min/median seconds, tokens/s, achieved GFLOP/s counting matmul and\n"
-    "attention FLOPs, and peak RSS. Defaults: needle2, batch 16, seq 128, 5 iters.\n";
+    "attention FLOPs, and peak RSS. Defaults: needle2, batch 16, seq 128, 5 iters.\n"
+    "Needle 3 presets (needle3 is the released shape, random weights) run the\n"
+    "float numerics (finetune --no-qat); --quant runs 3.x's training numerics\n"
+    "(finetune's default on a Needle 3 base: fake-quantised forward,\n"
+    "straight-through backward). --qat-bits is for Needle 2 presets.\n";
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -36,10 +41,53 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Query-key pairs of one causal sequence of T rows, a query seeing at most
+ * `window` keys (0: all). */
+static double attn_pairs(int T, int window)
+{
+    if (window <= 0 || window >= T)
+        return (double)T * (T + 1) / 2.0;
+    return (double)window * (window + 1) / 2.0 + (double)(T - window) * window;
+}
+
+/* The attention part of forward_flops (q.k and p.v over each query's keys). */
+static double attention_flops(const san_model *m, int B, int T)
+{
+    const san_dims *D = &m->dims;
+    const san_config *c = &m->cfg;
+    if (c->generation != 3)
+        return 2.0 * (double)B * D->H * ((double)T * (T + 1) / 2.0) * D->hd * 2.0 * D->L;
+    double attn = 0;
+    for (int l = 0; l < D->L; l++)
+        attn += (double)B * D->H * attn_pairs(T, san_layer_is_local(c, l) ? c->sliding_window : 0) *
+                (D->hd + D->v_hd);
+    return 2.0 * attn;
+}
+
+/* Needle 3 (model/block.c layer_forward3): the mHC projections, q/k/v/gate
+ * and out, the q/k/v conv taps, the Hadamard MLP's three Kronecker factor
+ * pairs (n * (ba + bb) each) and its rank-8 cond, attention over each
+ * layer's span (sliding window on local layers; q.k at qk head dim, p.v at
+ * the value head dim), the engram projections and the logits (V_out). */
+static double forward_flops3(const san_model *m, int B, int T)
+{
+    const san_dims *D = &m->dims;
+    const san_config *c = &m->cfg;
+    double N = (double)B * T, d = D->d, n = D->n;
+    double per_layer =
+        n * d * (2 * n + n * n) + d * ((double)D->q_dim + D->k_dim + D->v_dim + D->gate_dim) +
+        (double)D->o_dim * d + (double)c->qkv_conv_taps * (D->q_dim + D->k_dim + D->v_dim) +
+        3.0 * D->hada_n * (D->hada_ba + D->hada_bb) + (double)SAN_HADA_COND_RANK * (d + D->hada_n);
+    double eng = c->n_sites * 2.0 * D->eng_dim * d;
+    return 2.0 * N * (per_layer * D->L + eng + d * D->V_out) + attention_flops(m, B, T);
+}
+
 /* Multiply-adds x2 of every GEMM and of attention (causal: ~T^2/2 pairs). */
 static double forward_flops(const san_model *m, int B, int T)
 {
     const san_dims *D = &m->dims;
+    if (m->cfg.generation == 3)
+        return forward_flops3(m, B, T);
     double N = (double)B * T, d = D->d, n = D->n;
     double per_layer =
         d * (2.0 * D->q_dim + 2.0 * D->kv_dim) + (double)D->q_dim * d + n * d * (2 * n + n * n);
@@ -52,6 +100,7 @@ int cli_bench(int argc, char **argv)
 {
     const char *what = NULL, *preset = "needle2", *device = "auto", *precision = NULL;
     long long B = 16, T = 128, iters = 5, threads = 0, qat_bits = 0;
+    int quant3 = 0;
     if (argc > 1 && !strcmp(argv[1], "decode"))
         return cli_bench_decode(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "finetune"))
@@ -61,6 +110,10 @@ int cli_bench(int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             fputs(bench_help, stdout);
             return 0;
+        }
+        if (!strcmp(a, "--quant")) {
+            quant3 = 1;
+            continue;
         }
         if (a[0] != '-') {
             if (what)
@@ -101,6 +154,10 @@ int cli_bench(int argc, char **argv)
     san_config cfg;
     if (san_config_preset(&cfg, preset))
         return cli_usage_error("bench", "%s", nd_last_error());
+    if (quant3 && (!train || cfg.generation != 3))
+        return cli_usage_error("bench", "--quant is for train on a Needle 3 preset");
+    if (qat_bits && cfg.generation == 3)
+        return cli_usage_error("bench", "--qat-bits is for Needle 2 presets (Needle 3: --quant)");
     const nd_backend *be = cli_backend("bench", device, precision, (int)threads);
     if (!be)
         return 1;
@@ -121,6 +178,7 @@ int cli_bench(int argc, char **argv)
         if (san_lora_create(&lora, &m, 16, 32.0f) || san_lora_to_backend(&lora, be) ||
             nd_trainer_create(&tr, &m, be, &lora, (int)B, (int)T, 0, -1) ||
             (qat_bits && nd_trainer_set_qat(&tr, (int)qat_bits)) ||
+            (quant3 && nd_trainer_set_quant3(&tr)) ||
             nd_adamw_init(&opt, lora.numel, 1e-4f, 1000)) {
             san_model_free(&m);
             return cli_fail(NULL);
@@ -152,6 +210,8 @@ int cli_bench(int argc, char **argv)
             "bench", what, preset, B, T, (double)m.numel / 1e6, iters);
     int rc = !sec ? nd_error(ND_ENOMEM, "out of memory") : 0;
     double first_qat = tr.qat ? tr.qat->seconds : 0;
+    double first_q3 = tr.quant3_seconds;
+    long first_q3_calls = tr.quant3_calls;
     for (long long i = -1; i < iters && !rc; i++) { /* i = -1: warm-up (page faults, BLAS) */
         /* the CPU's peak right now, so drift on a shared host cancels (a
          * device backend's peak is not measured here) */
@@ -168,8 +228,20 @@ int cli_bench(int argc, char **argv)
             rc = san_forward(&m, &m.w, &acts, tok);
         }
         nd_backend_sync(be);
+        double dt = nd_wtime() - t0;
         if (i >= 0)
-            sec[i] = nd_wtime() - t0;
+            sec[i] = dt;
+        if (!rc) { /* progress: a needle3-shape step can take minutes */
+            struct rusage ru_now;
+            char label[48];
+            getrusage(RUSAGE_SELF, &ru_now);
+            if (i < 0)
+                snprintf(label, sizeof label, "warm-up");
+            else
+                snprintf(label, sizeof label, "%lld of %lld", i + 1, iters);
+            fprintf(stderr, "  %-9s %s: %.3f s, peak RSS so far %.1f MB\n", "step", label, dt,
+                    nd_maxrss_mb(ru_now.ru_maxrss));
+        }
     }
     if (!rc) {
         /* Model FLOPs of a LoRA step: the forward plus the input-gradient
@@ -202,9 +274,15 @@ int cli_bench(int argc, char **argv)
                "peak RSS %.1f MB\n",
                what, preset, B, T, where, sec[0], med, (double)(B * T) / med, flops / med / 1e9,
                hw / med / 1e9, train ? keep : "", nd_maxrss_mb(ru.ru_maxrss));
+        printf("  model FLOPs a %s: %.9g (attention %.9g)\n", train ? "step" : "forward", flops,
+               (train ? 2 : 1) * attention_flops(&m, (int)B, (int)T));
         if (tr.qat && tr.qat->calls > 1) /* the first call quantised the whole base */
             printf("  qat W%lld: %.1f ms a step requantising the adapted projections\n", qat_bits,
                    (tr.qat->seconds - first_qat) / (double)(tr.qat->calls - 1) * 1e3);
+        if (tr.quant3 && tr.quant3_calls > first_q3_calls) /* set_quant3 did the whole base */
+            printf(
+                "  3.x training numerics: %.1f ms a step re-quantising the adapted projections\n",
+                (tr.quant3_seconds - first_q3) / (double)(tr.quant3_calls - first_q3_calls) * 1e3);
         if (ratio[iters / 2] > 0)
             printf("  fp32 FMA peak probed before each iteration (%s, %d threads): %.1f GFLOP/s "
                    "median; model FLOPs reach %.1f%% of it (median of per-iteration ratios; "

@@ -2,9 +2,12 @@
  * segment layout (backend/layout.h).
  *
  * A query row of segment s sees two key spans: all rows of s's parent (the
- * shared prefix, when there is one) and the rows of s up to itself. Work
- * is split over (segment, head, block of 64 queries); each block is small
- * GEMMs over the two spans, written side by side into one score matrix.
+ * shared prefix, when there is one) and the rows of s up to itself; with a
+ * sliding window only the last `window` positions of them. Work is split
+ * over (segment, head, block of 64 queries); each block is small GEMMs over
+ * the part of the two spans that some query of the block sees (for a
+ * window: at most window + 63 keys, whatever the sequence length), written
+ * side by side into one score matrix.
  * With the OpenMP build of OpenBLAS, a GEMM inside our parallel region runs
  * on the calling thread, so the two levels do not fight (without OpenMP,
  * cpu_backend.c gives OpenBLAS one thread: our pool is the only level). */
@@ -35,9 +38,37 @@ static int parent_len(const nd_layout *L, const nd_segment *s)
     return s->parent >= 0 ? L->seg[s->parent].len : 0;
 }
 
+/* First visible key of a query whose own key index is `last` (keys are
+ * indexed by position): everything with a window of 0, else the keys
+ * less than `window` positions back. */
+static inline int first_key(int last, int window)
+{
+    return window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
+}
+
+/* The keys a block of queries [t0, t1) of a segment with plen parent rows
+ * sees, as one span [kl, plen + t1) of key indices (parent rows first, then
+ * the segment's own): np of them in the parent (from parent row kl), the
+ * rest the own rows from o0. */
+typedef struct {
+    int kl, keys, np, o0, no;
+} key_span;
+
+static inline key_span block_span(int plen, int t0, int t1, int window)
+{
+    key_span s;
+    s.kl = first_key(plen + t0, window);
+    s.keys = plen + t1 - s.kl;
+    s.np = s.kl < plen ? plen - s.kl : 0;
+    s.o0 = s.kl > plen ? s.kl - plen : 0;
+    s.no = t1 - s.o0;
+    return s;
+}
+
 /* Query blocks of every segment, largest key count first (balances the
- * causal triangle under dynamic scheduling). *maxkeys: the widest score row. */
-static attn_block *attn_blocks(const nd_layout *L, long *count, int *maxkeys)
+ * causal triangle under dynamic scheduling). *maxkeys: the widest score row
+ * (a block's key span, block_span). */
+static attn_block *attn_blocks(const nd_layout *L, int window, long *count, int *maxkeys)
 {
     long n = 0;
     *maxkeys = 1;
@@ -52,8 +83,9 @@ static attn_block *attn_blocks(const nd_layout *L, long *count, int *maxkeys)
         int plen = parent_len(L, g);
         for (int t0 = 0; t0 < g->len; t0 += SAN_ATTN_QBLOCK) {
             int t1 = t0 + SAN_ATTN_QBLOCK < g->len ? t0 + SAN_ATTN_QBLOCK : g->len;
-            b[i++] = (attn_block){s, t0 / SAN_ATTN_QBLOCK, plen + t1};
-            *maxkeys = plen + t1 > *maxkeys ? plen + t1 : *maxkeys;
+            int keys = block_span(plen, t0, t1, window).keys;
+            b[i++] = (attn_block){s, t0 / SAN_ATTN_QBLOCK, keys};
+            *maxkeys = keys > *maxkeys ? keys : *maxkeys;
         }
     }
     qsort(b, (size_t)n, sizeof *b, by_keys_desc);
@@ -71,14 +103,6 @@ typedef struct {
     float scale;
 } attn_fwd_args;
 
-/* First visible key of a query whose own key index is `last` (keys are
- * indexed by position): everything with a window of 0, else the keys
- * less than `window` positions back. */
-static inline int first_key(int last, int window)
-{
-    return window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
-}
-
 static void attn_fwd_tasks(void *p, long lo, long hi, int tid)
 {
     const attn_fwd_args *a = p;
@@ -95,22 +119,25 @@ static void attn_fwd_tasks(void *p, long lo, long hi, int tid)
         int plen = parent_len(L, sg), p0 = plen ? L->seg[sg->parent].start : 0;
         int t0 = bk->blk * SAN_ATTN_QBLOCK;
         int t1 = t0 + SAN_ATTN_QBLOCK < sg->len ? t0 + SAN_ATTN_QBLOCK : sg->len;
-        int rows = t1 - t0, keys = plen + t1;
+        int rows = t1 - t0;
+        key_span sp = block_span(plen, t0, t1, a->window);
+        int keys = sp.keys, np = sp.np;
         long r0 = (long)sg->start + t0;
         const float *Q = a->q + (size_t)r0 * qs + (size_t)h * hd;
-        const float *Ks = a->k + (size_t)sg->start * ks + (size_t)g * hd;
-        const float *Vs = a->v + (size_t)sg->start * vs + (size_t)g * vd;
-        const float *Kp = a->k + (size_t)p0 * ks + (size_t)g * hd;
-        const float *Vp = a->v + (size_t)p0 * vs + (size_t)g * vd;
-        if (plen)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, plen, hd, scale, Q, qs, Kp,
-                        ks, 0.0f, S, keys);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, t1, hd, scale, Q, qs, Ks, ks,
-                    0.0f, S + plen, keys);
+        const float *Ks = a->k + (size_t)(sg->start + sp.o0) * ks + (size_t)g * hd;
+        const float *Vs = a->v + (size_t)(sg->start + sp.o0) * vs + (size_t)g * vd;
+        const float *Kp = a->k + (size_t)(p0 + sp.kl) * ks + (size_t)g * hd;
+        const float *Vp = a->v + (size_t)(p0 + sp.kl) * vs + (size_t)g * vd;
+        if (np)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, np, hd, scale, Q, qs, Kp, ks,
+                        0.0f, S, keys);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, sp.no, hd, scale, Q, qs, Ks, ks,
+                    0.0f, S + np, keys);
         for (int r = 0; r < rows; r++) {
             float *s = S + (size_t)r * keys;
-            int last = plen + t0 + r; /* keys lo..last are visible */
-            int lo = first_key(last, a->window);
+            /* span columns lo..last are visible */
+            int last = plen + t0 + r - sp.kl;
+            int lo = first_key(plen + t0 + r, a->window) - sp.kl;
             float mx = -FLT_MAX;
             for (int j = lo; j <= last; j++)
                 mx = s[j] > mx ? s[j] : mx;
@@ -130,11 +157,11 @@ static void attn_fwd_tasks(void *p, long lo, long hi, int tid)
                 a->lse[(size_t)(r0 + r) * H + h] = mx + logf(sum);
         }
         float *O = a->out + (size_t)r0 * os + (size_t)h * vd;
-        if (plen)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, vd, plen, 1.0f, S, keys,
-                        Vp, vs, 0.0f, O, os);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, vd, t1, 1.0f, S + plen, keys,
-                    Vs, vs, plen ? 1.0f : 0.0f, O, os);
+        if (np)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, vd, np, 1.0f, S, keys, Vp,
+                        vs, 0.0f, O, os);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, vd, sp.no, 1.0f, S + np, keys,
+                    Vs, vs, np ? 1.0f : 0.0f, O, os);
     }
 }
 
@@ -167,7 +194,7 @@ void cpu_attention_ext(const nd_backend *be, float *out, float *lse, const float
     (void)be;
     long nb;
     int maxkeys, nscratch;
-    attn_block *blocks = attn_blocks(L, &nb, &maxkeys);
+    attn_block *blocks = attn_blocks(L, window, &nb, &maxkeys);
     if (!blocks)
         abort(); /* a few bytes per block: nothing sensible to do without them */
     attn_fwd_args a = {.out = out,
@@ -241,20 +268,29 @@ static void attn_bwd_tasks(void *p, long lo, long hi, int tid)
         for (int h = g * rep; h < (g + 1) * rep; h++)
             for (int t0 = 0; t0 < T; t0 += SAN_ATTN_QBLOCK) {
                 int t1 = t0 + SAN_ATTN_QBLOCK < T ? t0 + SAN_ATTN_QBLOCK : T;
-                int rows = t1 - t0, keys = plen + t1;
+                int rows = t1 - t0;
+                key_span sp = block_span(plen, t0, t1, a->window);
+                int keys = sp.keys, np = sp.np, no = sp.no;
                 long r0 = (long)sg->start + t0;
+                /* the span's parent rows from kl, own rows from o0 */
+                const float *Kpb = Kp + (size_t)sp.kl * ks, *Vpb = Vp + (size_t)sp.kl * vs;
+                const float *Ksb = Ks + (size_t)sp.o0 * ks, *Vsb = Vs + (size_t)sp.o0 * vs;
+                float *dKpb = np ? dKp + (size_t)sp.kl * hd : NULL;
+                float *dVpb = np ? dVp + (size_t)sp.kl * vd : NULL;
+                float *dKsb = dKs + (size_t)sp.o0 * ks, *dVsb = dVs + (size_t)sp.o0 * vs;
                 size_t qo = (size_t)r0 * qs + (size_t)h * hd;
                 size_t oo = (size_t)r0 * os + (size_t)h * vd;
                 const float *Q = q + qo, *dO = a->dout + oo, *O = a->out + oo;
                 /* P = exp(scale * Q [Kp|Ks]^T - lse), causal in the own span */
-                if (plen)
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, plen, hd, scale, Q,
-                                qs, Kp, ks, 0.0f, Pb, keys);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, t1, hd, scale, Q, qs, Ks,
-                            ks, 0.0f, Pb + plen, keys);
+                if (np)
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, np, hd, scale, Q, qs,
+                                Kpb, ks, 0.0f, Pb, keys);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, no, hd, scale, Q, qs,
+                            Ksb, ks, 0.0f, Pb + np, keys);
                 for (int r = 0; r < rows; r++) {
                     float *pr = Pb + (size_t)r * keys, l = lse[(size_t)(r0 + r) * H + h];
-                    int last = plen + t0 + r, lo = first_key(last, a->window);
+                    int last = plen + t0 + r - sp.kl;
+                    int lo = first_key(plen + t0 + r, a->window) - sp.kl;
                     for (int j = 0; j < lo; j++)
                         pr[j] = 0.0f;
                     for (int j = lo; j <= last; j++)
@@ -268,16 +304,16 @@ static void attn_bwd_tasks(void *p, long lo, long hi, int tid)
                     Dr[r] = acc;
                 }
                 /* dV += P^T dO; dP = dO V^T */
-                if (plen) {
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, plen, vd, rows, 1.0f, Pb,
-                                keys, dO, os, 1.0f, dVp, vd);
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, plen, vd, 1.0f, dO,
-                                os, Vp, vs, 0.0f, dP, keys);
+                if (np) {
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, np, vd, rows, 1.0f, Pb,
+                                keys, dO, os, 1.0f, dVpb, vd);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, np, vd, 1.0f, dO, os,
+                                Vpb, vs, 0.0f, dP, keys);
                 }
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t1, vd, rows, 1.0f, Pb + plen,
-                            keys, dO, os, 1.0f, dVs, vs);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, t1, vd, 1.0f, dO, os, Vs,
-                            vs, 0.0f, dP + plen, keys);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, no, vd, rows, 1.0f, Pb + np,
+                            keys, dO, os, 1.0f, dVsb, vs);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, no, vd, 1.0f, dO, os,
+                            Vsb, vs, 0.0f, dP + np, keys);
                 /* dS = P * (dP - rowsum(dO*O)); masked entries have P = 0 */
                 for (int r = 0; r < rows; r++) {
                     float *ds = dP + (size_t)r * keys;
@@ -287,16 +323,16 @@ static void attn_bwd_tasks(void *p, long lo, long hi, int tid)
                         ds[j] = pr[j] * (ds[j] - D);
                 }
                 /* dQ = scale * dS K; dK += scale * dS^T Q */
-                if (plen) {
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, plen, scale,
-                                dP, keys, Kp, ks, 0.0f, dq + qo, qs);
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, plen, hd, rows, scale, dP,
-                                keys, Q, qs, 1.0f, dKp, hd);
+                if (np) {
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, np, scale, dP,
+                                keys, Kpb, ks, 0.0f, dq + qo, qs);
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, np, hd, rows, scale, dP,
+                                keys, Q, qs, 1.0f, dKpb, hd);
                 }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, t1, scale,
-                            dP + plen, keys, Ks, ks, plen ? 1.0f : 0.0f, dq + qo, qs);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t1, hd, rows, scale, dP + plen,
-                            keys, Q, qs, 1.0f, dKs, ks);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, no, scale, dP + np,
+                            keys, Ksb, ks, np ? 1.0f : 0.0f, dq + qo, qs);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, no, hd, rows, scale, dP + np,
+                            keys, Q, qs, 1.0f, dKsb, ks);
             }
     }
 }
@@ -364,6 +400,8 @@ void cpu_attention_ext_backward(const nd_backend *be, float *dq, float *dk, floa
         poff[s] = ptotal;
         ptotal += (size_t)plen * (hd + vd) * G;
         int kk = plen + L->seg[s].len;
+        if (window > 0 && kk > window + SAN_ATTN_QBLOCK - 1)
+            kk = window + SAN_ATTN_QBLOCK - 1; /* the widest block_span */
         maxkeys = kk > maxkeys ? kk : maxkeys;
     }
     attn_bwd_args a = {.dq = dq,

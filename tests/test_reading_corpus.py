@@ -192,7 +192,7 @@ def main():
         print("train:", json.dumps(seen))
         n = len(lines)
         for k, lo in (("multi", 0.1 * n), ("nocall", 0.06 * n), ("system_fact", 2), ("lower", 0.05 * n),
-                      ("words", 20), ("date_spoken", 5), ("email", 5), ("url", 10), ("money", 2),
+                      ("words", 20), ("date_spoken", 5), ("email", 5), ("url", 10), ("money", 1),
                       ("unit", 3), ("time", 1), ("preamble", 0.05 * n), ("question", 0.1 * n)):
             if seen[k] < lo:
                 fail(f"train: only {seen[k]} of {k!r} (want >= {lo:g})")

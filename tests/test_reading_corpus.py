@@ -2,7 +2,8 @@
 """tools/gen_reading_corpus.py on the committed real-API sample
 (tests/data/openapi_sample, no network): the same seed gives the same bytes
 and another seed other ones; every answer's arguments validate against its
-tool's schema (python3-jsonschema, tests/schema_check.py); every string and
+tool's schema (python3-jsonschema, tests/schema_check.py); every line renders (`needle
+render`, training's template) within 1024 tokens; every string and
 number argument can be read back from the query (or the system turn's
 facts): said verbatim, a number in digits, with thousands separators or in
 English words, a date as ISO or "March 4, 2026"; held-out API providers
@@ -24,6 +25,8 @@ from schema_check import UNCHECKED, Checker  # noqa: E402
 GEN = ["/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable,
        os.path.join(SRC, "tools", "gen_reading_corpus.py")]
 SETS = os.path.join(SRC, "tests", "data", "openapi_sample", "sets.jsonl")
+BUILD = os.environ.get("NEEDLE_BUILD") or os.path.join(SRC, "build")
+NEEDLE = os.environ.get("NEEDLE") or os.path.join(BUILD, "needle")
 failures = 0
 
 
@@ -191,13 +194,25 @@ def main():
         seen = check_lines(lines, "train")
         print("train:", json.dumps(seen))
         n = len(lines)
-        for k, lo in (("multi", 0.1 * n), ("nocall", 0.06 * n), ("system_fact", 2), ("lower", 0.05 * n),
+        for k, lo in (("multi", 0.1 * n), ("nocall", 0.06 * n), ("system_fact", 1), ("lower", 0.05 * n),
                       ("words", 20), ("date_spoken", 5), ("email", 5), ("url", 10), ("money", 1),
                       ("unit", 3), ("time", 1), ("preamble", 0.05 * n), ("question", 0.1 * n)):
             if seen[k] < lo:
                 fail(f"train: only {seen[k]} of {k!r} (want >= {lo:g})")
         if seen["unchecked"] > 0.01 * seen["calls"]:
             fail(f"{seen['unchecked']} call lists the validator could not check")
+
+        # every line renders (training's template and tokenizer) within 1024 tokens, uncut
+        r = subprocess.run([NEEDLE, "render", a, "--tokenizer",
+                            os.path.join(SRC, "models", "tokenizer.model"), "--json"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            fail(f"needle render: rc {r.returncode}: {r.stderr[-400:]}")
+        else:
+            rendered = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
+            cut = [x["line"] for x in rendered if x["truncated"]]
+            if len(rendered) != n or cut:
+                fail(f"render: {len(rendered)} examples, cut at 1024 tokens: lines {cut[:10]}")
 
         # held-out providers: not in the manifest of the train split, and no
         # held-out tool (its description) among the train split's tools

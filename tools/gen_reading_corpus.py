@@ -518,7 +518,9 @@ class Intent:
         self.segs, self.call, self.why = segs, call, why
 
 
-def make_intent(rng, tool, facts):
+def make_intent(rng, tool, facts, desc=None):
+    """desc: the description the request is worded from (the tool's own
+    before any re-description)"""
     props = tool["parameters"]["properties"]
     req = tool["parameters"].get("required", [])
     names = list(req) + [n for n in props if n not in req and rng.random() < 0.35]
@@ -539,7 +541,7 @@ def make_intent(rng, tool, facts):
         if said is not None:
             said_before.add(said)
         fact = facts.get(kind_of(n, s)) if facts is not None else None
-        if fact is not None and rng.random() < 0.6:
+        if fact is not None and rng.random() < 0.75:
             v, said = fact[0], fact[0]
             args[n] = v
             parts.append([(fact[1], False)])
@@ -549,7 +551,7 @@ def make_intent(rng, tool, facts):
         parts.append(param_phrase(rng, n, s, v, said))
         why.append(f"{n} {json.dumps(v)}" + (f' from "{said}"' if said not in (None, v) and
                                               not isinstance(v, str) else ""))
-    verb, clause = clause_of(tool["description"], rng)
+    verb, clause = clause_of(desc or tool["description"], rng)
     segs = [(clause, False)]
     if rng.random() < 0.5:
         rng.shuffle(parts)
@@ -677,6 +679,7 @@ class Reading:
     def tool_list(self, k):
         rng, a = self.rng, self.a
         prov, title, tools = self.sets[k]
+        self.orig = {}  # (name, description shown) -> the description it was worded from
         n = min(len(tools), rng.randint(1, 5))
         chosen = rng.sample(tools, n)
         targets, provs = [], {prov}
@@ -686,7 +689,9 @@ class Reading:
                      "parameters": t["parameters"]}
                 t = rename_params(rng, t)
             if rng.random() < a.redescribe_rate:
-                t = dict(t, description=redescribe(rng, t["description"], title))
+                shown = redescribe(rng, t["description"], title)
+                self.orig[(t["name"], shown)] = t["description"]
+                t = dict(t, description=shown)
             targets.append(t)
         names = {t["name"] for t in targets}
         distract = []
@@ -737,7 +742,11 @@ class Reading:
             if len(intents) == n_calls:
                 break
             pool = targets if rng.random() < 0.85 else tools
-            it = make_intent(rng, rng.choice(pool), facts)
+            if facts:  # a request the facts can serve, when there is one
+                pool = [t for t in pool if any(kind_of(n, s) for n, s in
+                                               t["parameters"]["properties"].items())] or pool
+            t = rng.choice(pool)
+            it = make_intent(rng, t, facts, self.orig.get((t["name"], t["description"])))
             if it is None:
                 continue
             vals = {json.dumps(v) for i in intents for v in i.call["arguments"].values()}
@@ -809,8 +818,12 @@ def main():
     ap.add_argument("--typo-rate", type=float, default=0.15, help="share of queries with typos")
     ap.add_argument("--preamble-rate", type=float, default=0.12,
                     help="share of queries with a long preamble")
-    ap.add_argument("--max-tools-bytes", type=int, default=2400,
-                    help="drop tools from a set until its JSON fits (default 2400)")
+    ap.add_argument("--max-tools-bytes", type=int, default=1800,
+                    help="drop tools from a set until its JSON fits (default 1800: with the "
+                         "query, under 1024 tokens)")
+    ap.add_argument("--max-chars", type=int, default=2300,
+                    help="redraw an example longer than this in characters (tools, query, "
+                         "system, reasoning, answers; default 2300: under 1024 tokens)")
     a = ap.parse_args()
     for flag in ("multi_rate", "nocall_rate", "system_rate", "synthetic_rate", "rename_rate",
                  "redescribe_rate", "distractor_rate", "lower_rate", "typo_rate", "preamble_rate"):
@@ -837,8 +850,14 @@ def main():
     gen = Reading(sets, a.seed, a)
     lines, man, used = [], [], set()
     n_multi = n_none = n_sys = 0
-    for _ in range(a.num):
-        ex, provs = gen.example()
+    for i in range(a.num):
+        for _ in range(100):  # a new draw until it fits the context
+            ex, provs = gen.example()
+            if example_chars(ex) <= a.max_chars:
+                break
+        else:
+            sys.exit(f"gen_reading_corpus: example {i + 1}: 100 draws, none under --max-chars "
+                     f"{a.max_chars}")
         n_multi += len(ex["answers"]) > 1
         n_none += not ex["answers"]
         n_sys += "system" in ex
@@ -856,6 +875,12 @@ def main():
           f"{100 * n_none / n:.1f}% no-call, {100 * n_sys / n:.1f}% with a system turn",
           file=sys.stderr)
     return 0
+
+
+def example_chars(ex):
+    return (len(json.dumps(ex["tools"], separators=(",", ":"))) + len(ex["query"])
+            + len(ex["reasoning"]) + len(ex.get("system", ""))
+            + len(json.dumps(ex["answers"], separators=(",", ":"))))
 
 
 def write_atomic(path, data):

@@ -457,6 +457,8 @@ def clause_of(desc, rng=None):
     first = ws[0].lower()
     if first in VERB_S:
         ws[0] = VERB_S[first]
+    elif first.endswith("s") and (first[:-1] in VERBS or first[:-2] in VERBS):
+        ws[0] = first[:-1] if first[:-1] in VERBS else first[:-2]
     elif first in VERBS:
         ws[0] = first
     else:
@@ -750,7 +752,8 @@ class Reading:
             if it is None:
                 continue
             vals = {json.dumps(v) for i in intents for v in i.call["arguments"].values()}
-            if any(json.dumps(v) in vals for v in it.call["arguments"].values()):
+            if any(json.dumps(v) in vals for v in it.call["arguments"].values()) or any(
+                    i.call["name"] == it.call["name"] and not it.call["arguments"] for i in intents):
                 continue  # two requests saying the same value read ambiguously
             intents.append(it)
         if not intents:

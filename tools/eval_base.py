@@ -21,8 +21,8 @@ scores them):
              per example (gen_reading_corpus.py --split heldout --seed 3,
              single call, no renaming, distractors or styles): the share
              whose first predicted call names the expected tool, over
-             examples and over API sets (a set counts when most of its
-             examples are right);
+             examples and over held-out providers (one counts when most
+             of its examples are right);
   upstream   upstream's tests/test_inference.py cases
              (tests/test_upstream_inference.py --json): upstream's
              assertions and the strict reading (right call and arguments);
@@ -130,20 +130,21 @@ def main():
         r = eval_calls(a, f("first.jsonl"), f("first.pred.jsonl"))
         exs = [json.loads(x) for x in open(f("first.jsonl"))]
         preds = [json.loads(x) for x in open(f("first.pred.jsonl"))]
-        by_set = collections.defaultdict(list)
+        mans = [json.loads(x)["providers"] for x in open(f("first.manifest.jsonl"))]
+        by_prov = collections.defaultdict(list)
         right = 0
-        for ex, p in zip(exs, preds):
+        for ex, p, m in zip(exs, preds, mans):
             ok = bool(p["predicted"]) and p["predicted"][0].get("name") == ex["answers"][0]["name"]
             right += ok
-            by_set[json.dumps(sorted(t["name"] for t in ex["tools"]))].append(ok)
-        # a set: the same tool list (one API's tools drawn for the example)
-        sets_ok = sum(sum(v) * 2 > len(v) for v in by_set.values())
+            by_prov[m[0] if m else "?"].append(ok)  # no distractors: one provider an example
+        # a provider counts when most of its examples are right
+        provs_ok = sum(sum(v) * 2 > len(v) for v in by_prov.values())
         scores["first_tool"] = {"examples": len(exs), "right": right,
-                                "rate": right / max(len(exs), 1), "tool_lists": len(by_set),
-                                "tool_lists_right": sets_ok, "eval_calls": r}
+                                "rate": right / max(len(exs), 1), "providers": len(by_prov),
+                                "providers_right": provs_ok, "eval_calls": r}
         rows.append(("first-tool choice, held-out real API sets", len(exs),
                      f"{pct(right / max(len(exs), 1))} of examples "
-                     f"({sets_ok} of {len(by_set)} tool lists); exact args "
+                     f"({provs_ok} of {len(by_prov)} providers); exact args "
                      f"{pct(r['all']['exact_args']['rate'])}"))
     if "upstream" in parts:
         if a.checkpoint or os.path.realpath(a.weights) != os.path.realpath(builtin):

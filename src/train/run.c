@@ -518,8 +518,8 @@ static int dist_check(nd_run *r, int rc)
     }
     static const char *what[CK_N] = {
         "", "training data (the tokenised examples of %s)",
-        "settings (seed, batch size, epochs, --max-len, LoRA shape, lr, --val-split, batching, "
-        "--full/--qat)",
+        ("settings (seed, batch size, epochs, --max-len, LoRA shape, lr, --val-split, batching, "
+         "--full/--qat)"),
         "base checkpoint weights (%s)", "resumed parameters or optimiser state (%s)"};
     int bad = -1, field = 0;
     for (int k = 0; k < n && bad < 0; k++)

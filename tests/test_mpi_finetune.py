@@ -12,6 +12,8 @@ at run time, src/dist), on loopback, against one process.
     an error naming rank 1, and write nothing;
   * a rank killed (SIGKILL) mid-run ends the job within 30 s, non-zero; the
     adapter on disk is a whole one (the last periodic save), no temp files;
+  * SIGTERM to rank 1 alone stops every rank at one step; rank 0 saves and
+    prints the resume command (with mpirun);
   * the same binary without a launcher runs as one process (no line).
 Skipped (77) only when mpirun is not installed.
 """
@@ -118,7 +120,7 @@ def main():
         d = rel_diff(f1, f2, "params")
         check("--full: 2 ranks == 1 process (<= 1e-5 relative)", d <= 1e-5, "%.3g" % d)
         check("--full: rank 0 alone prints the resume command",
-              r2.stderr.count("to continue: needle") == 1, r2.stderr[-600:])
+              r2.stderr.count("to continue: mpirun -np 2 needle finetune") == 1, r2.stderr[-600:])
 
     # resume: stop after 5 steps, resume, compare with the uninterrupted run
     ra = os.path.join(tmp, "ra.pkl")
@@ -145,51 +147,79 @@ def main():
           r.stderr[-800:])
     check("the mismatch writes nothing", not os.path.exists(bad))
 
+    def start_long(out):
+        cmd = MPIRUN + ["-np", "2", needle, "finetune", *common[:-1], "30", "--save-every", "1",
+                        "--out", out]
+        print("  $ " + " ".join(cmd), flush=True)
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=ENV)
+        t_end = time.time() + 120
+        while time.time() < t_end and p.poll() is None:
+            time.sleep(0.5)
+            if not os.path.exists(out):
+                continue  # wait for the first periodic save: the run is under way
+            for pid in os.listdir("/proc"):
+                if not pid.isdigit():
+                    continue
+                try:
+                    with open("/proc/%s/environ" % pid, "rb") as f:
+                        env = f.read().split(b"\0")
+                    with open("/proc/%s/cmdline" % pid, "rb") as f:
+                        argv = f.read().split(b"\0")
+                except OSError:
+                    continue
+                if b"OMPI_COMM_WORLD_RANK=1" in env and out.encode() in argv:
+                    return p, int(pid)
+        return p, None
+
+    def finish(p):
+        try:
+            _, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+        return err
+
+    def whole(path):
+        try:
+            with open(path, "rb") as f:
+                return "lora" in pickle.load(f)
+        except Exception as e:  # noqa: BLE001 - any failure to read is the failure
+            print("  unreadable adapter:", e)
+            return False
+
     # a killed rank
     kd = os.path.join(tmp, "kill")
     os.mkdir(kd)
     ka = os.path.join(kd, "a.pkl")
-    long_run = common[:-1] + ["30", "--save-every", "1", "--out", ka]
-    cmd = MPIRUN + ["-np", "2", needle, "finetune", *long_run]
-    print("  $ " + " ".join(cmd), flush=True)
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    victim, t_end = None, time.time() + 120
-    while victim is None and time.time() < t_end and p.poll() is None:
-        time.sleep(0.5)
-        if not os.path.exists(ka):
-            continue  # wait for the first periodic save: the run is under way
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                with open("/proc/%s/environ" % pid, "rb") as f:
-                    env = f.read().split(b"\0")
-                with open("/proc/%s/cmdline" % pid, "rb") as f:
-                    argv = f.read().split(b"\0")
-            except OSError:
-                continue
-            if b"OMPI_COMM_WORLD_RANK=1" in env and ka.encode() in argv:
-                victim = int(pid)
-    check("the rank to kill was found", victim is not None)
-    if victim is not None:
+    p, victim = start_long(ka)
+    if check("the rank to kill was found", victim is not None):
         t0 = time.time()
         os.kill(victim, signal.SIGKILL)
-        try:
-            p.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.communicate()
+        finish(p)
         dt = time.time() - t0
         check("a killed rank ends the job within 30 s, non-zero",
               p.returncode not in (0, None) and dt <= 30, "rc %s after %.1f s" % (p.returncode, dt))
-        try:
-            with open(ka, "rb") as f:
-                whole = "lora" in pickle.load(f)
-        except Exception as e:  # noqa: BLE001 - any failure to read is the failure
-            whole = False
-            print("  unreadable adapter:", e)
-        check("the adapter on disk is a whole one", whole)
+        check("the adapter on disk is a whole one", whole(ka))
         check("no temp files left", sorted(os.listdir(kd)) == ["a.pkl"], str(os.listdir(kd)))
+    else:
+        p.kill()
+        p.communicate()
+
+    # SIGTERM on rank 1 alone: every rank stops at one step, rank 0 saves
+    sd = os.path.join(tmp, "term")
+    os.mkdir(sd)
+    sa = os.path.join(sd, "a.pkl")
+    p, victim = start_long(sa)
+    if check("the rank to stop was found", victim is not None):
+        os.kill(victim, signal.SIGTERM)
+        err = finish(p)
+        check("SIGTERM on rank 1: the job stops, rank 0 saves and says how to resume",
+              p.returncode == 1 and "stopped on another rank: interrupted at step" in err and
+              "so far written to" in err and "to continue: mpirun -np 2 needle" in err,
+              err[-800:])
+        check("SIGTERM on rank 1: a whole adapter, no temp files",
+              whole(sa) and sorted(os.listdir(sd)) == ["a.pkl"], str(os.listdir(sd)))
     else:
         p.kill()
         p.communicate()

@@ -135,6 +135,7 @@ static const char *signal_name(int sig)
     case SIGTERM: return "SIGTERM";
     case SIGHUP: return "SIGHUP";
     case -1: return "--stop-after";
+    case 0: return "stopped on another rank";
     default: return "a signal";
     }
 }
@@ -161,9 +162,12 @@ static void put_shell_word(FILE *f, const char *w)
 }
 
 /* The command that continues a stopped run: this one with --resume OUT. */
-static void print_resume_command(int argc, char **argv, const char *out)
+static void print_resume_command(int argc, char **argv, const char *out, int ranks)
 {
-    fprintf(stderr, "needle: to continue: needle");
+    fprintf(stderr, "needle: to continue: ");
+    if (ranks > 1)
+        fprintf(stderr, "mpirun -np %d ", ranks);
+    fprintf(stderr, "needle");
     for (int i = 0; i < argc; i++) {
         /* --stop-after would stop the resumed run at once */
         if ((!strcmp(argv[i], "--resume") || !strcmp(argv[i], "--stop-after")) && i + 1 < argc) {
@@ -492,7 +496,7 @@ static int finetune_ranked(nd_finetune_opts *op, nd_dist *dist, int argc, char *
         return 1; /* rank 0 says it */
     if (rc == ND_EINTERRUPT) {
         fprintf(stderr, "needle: %s: %s\n", signal_name(stop_flag), nd_last_error());
-        print_resume_command(argc, argv, out);
+        print_resume_command(argc, argv, out, nd_dist_size(dist));
         return 1;
     }
     if (rank != 0)

@@ -8,9 +8,11 @@ set -euo pipefail
 # libcurl4-openssl-dev: needle generate-data's HTTPS requests and Hugging Face
 # downloads (needle download, automatic checkpoint/tokenizer fetches).
 # libmicrohttpd-dev: the HTTP server of `needle playground`; chromium: its
-# headless browser test (tests/test_playground_browser.py).
+# headless browser test (tests/test_playground_browser.py). openmpi-bin +
+# libopenmpi-dev: `mpirun -np 2` data-parallel finetune (tests/test_mpi_finetune.py;
+# needle loads libmpi at run time and links nothing of it).
 BUILD_PKGS="build-essential cmake pkg-config libopenblas-openmp-dev libjansson-dev libcurl4-openssl-dev libvulkan-dev glslc libmicrohttpd-dev"
-TEST_PKGS="python3 python3-jsonschema clang-format python3-numpy sentencepiece python3-sentencepiece clang libomp-dev mesa-vulkan-drivers vulkan-validationlayers chromium"
+TEST_PKGS="python3 python3-jsonschema clang-format python3-numpy sentencepiece python3-sentencepiece clang libomp-dev mesa-vulkan-drivers vulkan-validationlayers chromium openmpi-bin libopenmpi-dev"
 # --arm64: the aarch64 cross toolchain, qemu, and the arm64 multiarch
 # libraries the cross build links (make arm64-build / arm64-check).
 ARM64_PKGS="gcc-aarch64-linux-gnu qemu-user libc6:arm64 libopenblas-openmp-dev:arm64 libjansson-dev:arm64"

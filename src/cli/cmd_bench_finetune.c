@@ -9,28 +9,26 @@
 #include <sys/resource.h>
 
 #include "cli/cli.h"
-#include "core/rng.h"
 #include "core/status.h"
-#include "io/checkpoint.h"
-#include "io/jsonl.h"
-#include "model/lora.h"
-#include "text/render.h"
-#include "text/tokenizer.h"
 #include "train/batch.h"
-#include "train/optim.h"
+#include "train/finetune.h"
+#include "train/run.h"
 
 static const char *help =
     "usage: needle bench finetune DATA.jsonl --checkpoint CKPT.pkl [--tokenizer M]\n"
     "                             [--batching shared|packed|padded] [--group-by-tools]\n"
     "                             [--batch-size 16] [--steps 4] [--max-len 1024]\n"
     "                             [--seed 0] [--act-memory MB] [--threads N]\n"
+    "                             [--no-qat]\n"
     "\n"
     "Times the first --steps LoRA steps (rank 16: merge, forward, loss, backward,\n"
     "AdamW) of an epoch over DATA (shuffled by --seed as finetune does, no\n"
     "hold-out) and prints, for the whole epoch: real tokens, the tokens upstream's\n"
     "padded batches compute, the rows this batching computes; per step: seconds\n"
     "(min/median) and rows; the epoch's time projected from the measured seconds\n"
-    "per computed row; peak RSS. Run it once per --batching to compare (each run\n"
+    "per computed row; peak RSS. The steps are finetune's (train/run.h): a\n"
+    "Needle 3 base trains through 3.x's deployed numerics as finetune does\n"
+    "(--no-qat: float). Run it once per --batching to compare (each run\n"
     "is its own process, so peak RSS is per mode). Realistic data:\n"
     "  tools/gen_realistic_data.py /tmp/real.jsonl\n"
     "  needle init /tmp/n2.pkl --preset needle2\n"
@@ -48,7 +46,7 @@ int cli_bench_finetune(int argc, char **argv)
     const char *data = NULL, *ckpt = NULL, *tok_flag = NULL;
     long long B = 16, steps = 4, max_len = 1024, seed = 0, threads = 0;
     double act_mb = ND_ACT_BUDGET_MB;
-    int mode = ND_BATCH_SHARED, group = 0;
+    int mode = ND_BATCH_SHARED, group = 0, no_qat = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -57,6 +55,10 @@ int cli_bench_finetune(int argc, char **argv)
         }
         if (!strcmp(a, "--group-by-tools")) {
             group = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-qat")) {
+            no_qat = 1;
             continue;
         }
         if (a[0] != '-') {
@@ -105,90 +107,71 @@ int cli_bench_finetune(int argc, char **argv)
     const nd_backend *be = nd_backend_get("auto", (int)threads);
     if (!be)
         return cli_fail(NULL);
-    san_model m = {0};
-    nd_tokenizer *tok = NULL;
-    nd_dataset ds = {0};
-    nd_token_set ts = {0};
-    san_lora lora = {0};
-    nd_batcher bt = {0};
-    nd_adamw opt = {0};
-    size_t *order = NULL, *tmp = NULL;
-    int32_t *set_of = NULL;
+    /* finetune's run (train/run.h): one epoch, no hold-out, nothing saved;
+     * the same data, batches and numerics (Needle 3's unless --no-qat) */
+    nd_finetune_opts o;
+    nd_finetune_defaults(&o);
+    o.data = data;
+    o.checkpoint = ckpt;
+    o.tokenizer = tpath;
+    o.out = NULL;
+    o.epochs = 1;
+    o.batch_size = (int)B;
+    o.max_len = (int)max_len;
+    o.val_split = 0;
+    o.seed = (uint64_t)seed;
+    o.batching = mode;
+    o.group_by_tools = group;
+    o.act_budget_mb = act_mb;
+    o.no_qat = no_qat;
+    o.be = be;
+    nd_run *r = NULL;
     double *sec = NULL, *rows_of = NULL;
     int rc = 1;
-    nd_jsonl_opts jo = {0};
-    if (ckpt_load(ckpt, &m, NULL) || nd_tokenizer_load(tpath, &tok) ||
-        nd_jsonl_load(data, &jo, &ds) || nd_dataset_tokenize(&ds, tok, (size_t)max_len, &ts)) {
+    if (nd_run_open(&r, &o) || nd_run_plan(r)) {
         cli_fail(NULL);
         goto done;
     }
-    size_t n = ts.n;
-    if (n == 0 || (size_t)B > n) {
-        fprintf(stderr, "needle: %s: %zu examples for batches of %lld\n", data, n, B);
-        goto done;
-    }
-    long spe = (long)((n + (size_t)B - 1) / (size_t)B);
-    if (steps > spe)
-        steps = spe;
-    if (san_lora_create(&lora, &m, 16, 32.0f) || san_lora_to_backend(&lora, be) ||
-        san_model_to_backend(&m, be) || nd_adamw_init(&opt, lora.numel, 1e-4f, spe) ||
-        !(order = malloc(sizeof *order * n)) || !(tmp = malloc(sizeof *tmp * n))) {
-        cli_fail(NULL);
-        goto done;
-    }
-    set_of = group ? nd_tool_set_ids(&ds, n) : NULL;
-    for (size_t i = 0; i < n; i++)
-        order[i] = i;
-    nd_epoch_order(order, n, (int)B, (uint64_t)seed, 0, set_of, tmp);
-    long max_rows = 0, max_items = 0;
-    long max_group = 0;
-    double epoch_rows = 0;
-    if (nd_batch_caps(&ts, mode, order, n, (int)B, &max_rows, &max_items, &max_group,
-                      &epoch_rows) ||
-        nd_batcher_create(&bt, &m, be, &lora, &ts, (int)B, mode, 0, max_rows, max_items, max_group,
-                          act_mb)) {
-        cli_fail(NULL);
-        goto done;
-    }
-    san_lora_init(&lora, (uint64_t)seed);
-    nd_trainer_merge(&bt.tr);
+    if (steps > r->spe)
+        steps = r->spe;
     sec = malloc(sizeof *sec * (size_t)steps);
     rows_of = malloc(sizeof *rows_of * (size_t)steps);
-    if (!sec || !rows_of || (group && !set_of)) {
+    if (!sec || !rows_of) {
         fprintf(stderr, "needle: out of memory\n");
         goto done;
     }
-    double real = 0, padded = (double)spe * B * ts.max_len;
-    for (size_t i = 0; i < n; i++)
-        real += ts.len[i];
+    const nd_trainer *tr = &r->bt.tr;
+    double real = r->real_tokens, padded = r->padded_rows, epoch_rows = r->epoch_rows;
     char bl[512];
     printf("  %-9s %s\n", "backend", nd_backend_line(be, bl, sizeof bl));
     printf("  %-9s %s  d=%d L=%d  %zu examples, batch %lld, fit_max_len %zu, %ld steps an epoch\n",
-           "data", data, m.dims.d, m.dims.L, n, B, ts.max_len, spe);
+           "data", data, r->m.dims.d, r->m.dims.L, r->N, B, r->ts.max_len, r->spe);
     printf("  %-9s %s%s: epoch = %.0fk real tokens, %.0fk padded (upstream), %.0fk computed "
            "(%.2fx fewer than padded)\n",
            "batching", nd_batching_name(mode), group ? " + group-by-tools" : "", real / 1e3,
            padded / 1e3, epoch_rows / 1e3, padded / epoch_rows);
+    if (r->m.cfg.generation == 3)
+        printf("  %-9s %s\n", "numerics",
+               tr->quant3 ? "Needle 3 (CQ 4-bit weights, quantised activations and KV, as "
+                            "finetune; --no-qat for float)"
+                          : "float (--no-qat)");
     printf("  %-9s %d of %d layers' activations kept (%.0f MB of activations)\n", "memory",
-           bt.tr.kept_layers, m.dims.L, (double)bt.tr.acts.bytes / 1048576.0);
+           tr->kept_layers, r->m.dims.L, (double)tr->acts.bytes / 1048576.0);
     double t_sum = 0, r_sum = 0;
     for (long s = 0; s < steps; s++) {
-        size_t s0 = (size_t)s * (size_t)B;
-        int rows = n - s0 < (size_t)B ? (int)(n - s0) : (int)B;
-        double t0 = nd_wtime(), loss, masked, gn;
-        if (nd_batcher_step(&bt, order + s0, rows, 1, &loss, &masked) ||
-            nd_adamw_step(&opt, lora.mem, bt.tr.lora_g, &gn, NULL)) {
+        nd_run_step_info si;
+        double t0 = nd_wtime();
+        if (nd_run_step(r, &si)) {
             cli_fail(NULL);
             goto done;
         }
-        nd_trainer_merge(&bt.tr);
         sec[s] = nd_wtime() - t0;
         rows_of[s] =
-            mode == ND_BATCH_PADDED ? (double)B * (double)ts.max_len : (double)bt.tr.plan.rows;
+            mode == ND_BATCH_PADDED ? (double)B * (double)r->ts.max_len : (double)tr->plan.rows;
         t_sum += sec[s];
         r_sum += rows_of[s];
         printf("  %-9s %ld/%lld  %.2f s  %.0f rows  loss %.4f over %.0f targets\n", "step", s + 1,
-               steps, sec[s], rows_of[s], loss, masked);
+               steps, sec[s], rows_of[s], si.loss, si.masked);
         fflush(stdout);
     }
     qsort(sec, (size_t)steps, sizeof *sec, cmp_double);
@@ -202,17 +185,8 @@ int cli_bench_finetune(int argc, char **argv)
     printf("  %-9s %.0f MB peak RSS\n", "rss", nd_maxrss_mb(ru.ru_maxrss));
     rc = 0;
 done:
-    free(order);
-    free(tmp);
     free(sec);
     free(rows_of);
-    free(set_of);
-    nd_adamw_free(&opt);
-    nd_batcher_free(&bt);
-    san_lora_free(&lora);
-    nd_token_set_free(&ts);
-    nd_dataset_free(&ds);
-    nd_tokenizer_free(tok);
-    san_model_free(&m);
+    nd_run_close(r);
     return rc;
 }

@@ -13,6 +13,7 @@
 #include "core/status.h"
 #include "io/checkpoint.h"
 #include "train/batch.h"
+#include "dist/dist.h"
 #include "train/finetune.h"
 #include "train/recommend.h"
 
@@ -134,6 +135,7 @@ static const char *signal_name(int sig)
     case SIGTERM: return "SIGTERM";
     case SIGHUP: return "SIGHUP";
     case -1: return "--stop-after";
+    case 0: return "stopped on another rank";
     default: return "a signal";
     }
 }
@@ -160,9 +162,12 @@ static void put_shell_word(FILE *f, const char *w)
 }
 
 /* The command that continues a stopped run: this one with --resume OUT. */
-static void print_resume_command(int argc, char **argv, const char *out)
+static void print_resume_command(int argc, char **argv, const char *out, int ranks)
 {
-    fprintf(stderr, "needle: to continue: needle");
+    fprintf(stderr, "needle: to continue: ");
+    if (ranks > 1)
+        fprintf(stderr, "mpirun -np %d ", ranks);
+    fprintf(stderr, "needle");
     for (int i = 0; i < argc; i++) {
         /* --stop-after would stop the resumed run at once */
         if ((!strcmp(argv[i], "--resume") || !strcmp(argv[i], "--stop-after")) && i + 1 < argc) {
@@ -240,6 +245,12 @@ static int apply_recommended(nd_finetune_opts *o, const int given[ND_REC_N])
     fflush(stdout);
     return 0;
 }
+
+static int finetune_ranked(nd_finetune_opts *op, nd_dist *dist, int argc, char **argv,
+                           const char *tok_flag, const char *device, const char *precision,
+                           const char *ckdir, const char *out, long long threads,
+                           long long generate, long long workers, const char *gen_model,
+                           const char *save_dtype, int ckpt_given, const int *given);
 
 int cli_finetune(int argc, char **argv)
 {
@@ -373,6 +384,33 @@ int cli_finetune(int argc, char **argv)
     }
     if (!o.data)
         return cli_usage_error("finetune", "missing DATA.jsonl");
+    /* `mpirun -np N needle finetune ...`: one of N ranks (dist/dist.h) */
+    nd_dist *dist = NULL;
+    if (nd_dist_open(&dist))
+        return cli_fail(NULL);
+    int rc = finetune_ranked(&o, dist, argc, argv, tok_flag, device, precision, ckdir, out, threads,
+                             generate, workers, gen_model, save_dtype, ckpt_given, given);
+    if (dist && rc && !nd_dist_shared(dist))
+        nd_dist_abort(dist, rc); /* the other ranks would wait for this one */
+    nd_dist_close(dist);
+    return rc;
+}
+
+/* The rest of cli_finetune, on one rank (or the only process). */
+static int finetune_ranked(nd_finetune_opts *op, nd_dist *dist, int argc, char **argv,
+                           const char *tok_flag, const char *device, const char *precision,
+                           const char *ckdir, const char *out, long long threads,
+                           long long generate, long long workers, const char *gen_model,
+                           const char *save_dtype, int ckpt_given, const int *given)
+{
+    nd_finetune_opts o = *op;
+    int rank = nd_dist_rank(dist);
+    /* rank 0 alone prints; the others' errors still reach stderr */
+    if (rank != 0 && !freopen("/dev/null", "w", stdout)) {
+        fprintf(stderr, "needle: rank %d: cannot send its output to /dev/null\n", rank);
+        return 1;
+    }
+    o.dist = dist;
     char basebuf[4096];
     if (!ckpt_given)
         o.checkpoint = cli_default_base(stdout, "--checkpoint PATH", basebuf, sizeof basebuf);
@@ -442,7 +480,7 @@ int cli_finetune(int argc, char **argv)
     o.be = cli_backend("finetune", device, precision, (int)threads);
     if (!o.be)
         return 1;
-    int tty = isatty(fileno(stderr));
+    int tty = rank == 0 && isatty(fileno(stderr));
     o.emit = emit_line;
     o.status = status_bar;
     o.ctx = &tty;
@@ -454,10 +492,14 @@ int cli_finetune(int argc, char **argv)
     set_stop_handlers(0);
     if (!rc)
         return 0;
-    if (stop_flag) {
+    if (rank != 0 && nd_dist_shared(dist) == 1)
+        return 1; /* rank 0 says it */
+    if (rc == ND_EINTERRUPT) {
         fprintf(stderr, "needle: %s: %s\n", signal_name(stop_flag), nd_last_error());
-        print_resume_command(argc, argv, out);
+        print_resume_command(argc, argv, out, nd_dist_size(dist));
         return 1;
     }
-    return cli_fail(NULL);
+    if (rank != 0)
+        fprintf(stderr, "needle: rank %d: %s\n", rank, nd_last_error());
+    return rank != 0 ? 1 : cli_fail(NULL);
 }

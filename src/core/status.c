@@ -51,6 +51,7 @@ const char *nd_status_name(int code)
     case ND_EARG: return "ND_EARG";
     case ND_ENUMERIC: return "ND_ENUMERIC";
     case ND_EUNSUPPORTED: return "ND_EUNSUPPORTED";
+    case ND_EINTERRUPT: return "ND_EINTERRUPT";
     default: return "ND_E?";
     }
 }

@@ -19,6 +19,7 @@ enum {
     ND_EARG = -7,      /* bad argument from the caller */
     ND_ENUMERIC = -8,  /* NaN/Inf where a finite number is required */
     ND_EUNSUPPORTED = -9,
+    ND_EINTERRUPT = -10, /* stopped on request (a signal, --stop-after) */
 };
 
 /* Record a printf-style message for the calling thread and return `code`,

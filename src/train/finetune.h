@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "dist/dist.h"
 
 typedef struct {
     const char *data;       /* JSONL */
@@ -34,6 +35,7 @@ typedef struct {
     int generation;       /* chat template and tokenizer rules (text/render.h): 2 or 3; 0 = the
                            * base model's generation (its config, model/config.h) */
     const nd_backend *be;
+    nd_dist *dist; /* one of several ranks (`mpirun -np N`, dist/dist.h), or NULL */
     /* progress: complete lines ("  step      3/30  loss 2.1234") and a live
      * status (called often; may be NULL) */
     void (*emit)(void *ctx, const char *line);

@@ -378,7 +378,7 @@ int nd_trainer_step(nd_trainer *tr, const int32_t *ids, const float *mask, int r
             }
             total += wgt;
         }
-    double denom = total > 1.0 ? total : 1.0;
+    double denom = tr->denom > 0 ? tr->denom : total > 1.0 ? total : 1.0;
     int rc = san_forward(tr->m, &tr->w, &tr->acts, ids);
     if (rc)
         return rc;
@@ -507,7 +507,7 @@ int nd_trainer_step_examples(nd_trainer *tr, const nd_seq_example *ex, int count
     }
     tr->group_item0[p->n_groups] = n;
     tr->n_items = n;
-    double denom = total > 1.0 ? total : 1.0, sum = 0;
+    double denom = tr->denom > 0 ? tr->denom : total > 1.0 ? total : 1.0, sum = 0;
     if (grad)
         zero_grads(tr);
     /* micro-batches: as many whole groups as fit the activations; the

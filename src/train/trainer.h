@@ -46,6 +46,10 @@ typedef struct {
     int32_t *item_row, *item_tgt, *item_ex, *item_pos;
     float *item_w, *item_loss, *item_g;
     long *ex_off, *group_item0;
+    /* > 0: the loss and gradients are divided by this instead of the
+     * batch's own loss weight (a rank's share of a batch, divided as the
+     * whole batch is, so the ranks' gradients add up to the batch's) */
+    double denom;
 } nd_trainer;
 
 /* act_budget_mb: memory for kept layer activations (as many layers as fit

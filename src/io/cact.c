@@ -450,6 +450,36 @@ static int plan_heads3(plan *p, const pv *params)
 
 static void plan_free(plan *p);
 
+/* The engram geometry both generations' headers record: tables per order
+ * (3.x engram_geometry) and the taps' dilation (the largest order). */
+static int engram_table_heads(const san_config *c)
+{
+    int heads = c->engram_heads ? c->engram_heads : c->d_model / (c->n_orders * SAN_ENGRAM_SUB);
+    return heads < 1 ? 1 : heads;
+}
+
+static int engram_max_order(const san_config *c)
+{
+    int dil = 0;
+    for (int i = 0; i < c->n_orders; i++)
+        if (c->engram_orders[i] > dil)
+            dil = c->engram_orders[i];
+    return dil;
+}
+
+/* Blob offsets: after the header, the codebooks and the records, each
+ * blob on a CACT_ALIGN boundary in plan order. */
+static void plan_offsets(plan *p, uint64_t header_size)
+{
+    uint64_t pos =
+        header_size + (uint64_t)CQ_HEADER_CODEBOOK_LEN * 4 + (uint64_t)p->n * CACT_REC_SIZE;
+    for (int i = 0; i < p->n; i++) {
+        pos = (pos + CACT_ALIGN - 1) & ~(uint64_t)(CACT_ALIGN - 1);
+        p->e[i].rec.offset = pos;
+        pos += p->e[i].rec.nbytes;
+    }
+}
+
 static int make_plan3(const san_model *m, const pv *params, const cact_write_opts *o, plan *p)
 {
     const san_config *c = &m->cfg;
@@ -645,17 +675,11 @@ static int make_plan3(const san_model *m, const pv *params, const cact_write_opt
     h->global_mask_hi = (uint32_t)(gmask >> 32);
     h->qkv_conv_taps = (uint32_t)c->qkv_conv_taps;
     h->engram_slots = (uint32_t)c->engram_slots;
-    int heads = c->engram_heads ? c->engram_heads : c->d_model / (c->n_orders * SAN_ENGRAM_SUB);
-    if (heads < 1)
-        heads = 1;
+    int heads = engram_table_heads(c);
     h->engram_sub_dim = (uint32_t)(c->d_model / (c->n_orders * heads));
     h->num_engram_tables = (uint32_t)(c->n_orders * heads);
     h->engram_conv_taps = SAN_CONV_TAPS;
-    int dil = 0;
-    for (int i = 0; i < c->n_orders; i++)
-        if (c->engram_orders[i] > dil)
-            dil = c->engram_orders[i];
-    h->engram_conv_dilation = (uint32_t)dil;
+    h->engram_conv_dilation = (uint32_t)engram_max_order(c);
     h->engram_seed_heads = (uint32_t)c->engram_seed_heads;
     h->num_engram_orders = (uint32_t)c->n_orders;
     for (int i = 0; i < c->n_orders; i++)
@@ -665,13 +689,7 @@ static int make_plan3(const san_model *m, const pv *params, const cact_write_opt
         h->engram_sites[i] = (uint32_t)c->engram_layers[i];
     h->rope_theta = (float)c->rope_theta;
 
-    uint64_t pos =
-        CACT3_HEADER_SIZE + (uint64_t)CQ_HEADER_CODEBOOK_LEN * 4 + (uint64_t)p->n * CACT_REC_SIZE;
-    for (int i = 0; i < p->n; i++) {
-        pos = (pos + CACT_ALIGN - 1) & ~(uint64_t)(CACT_ALIGN - 1);
-        p->e[i].rec.offset = pos;
-        pos += p->e[i].rec.nbytes;
-    }
+    plan_offsets(p, CACT3_HEADER_SIZE);
     return ND_OK;
 fail:
     plan_free(p);
@@ -825,17 +843,11 @@ static int make_plan(const san_model *m, const pv *params, const cact_write_opts
     h->hada_n = (uint32_t)D->hada_n;
     h->mhc_lanes = (uint32_t)c->mhc_lanes;
     h->engram_slots = (uint32_t)c->engram_slots;
-    int heads = c->engram_heads ? c->engram_heads : c->d_model / (c->n_orders * SAN_ENGRAM_SUB);
-    if (heads < 1)
-        heads = 1;
+    int heads = engram_table_heads(c);
     h->engram_sub_dim = (uint32_t)(c->d_model / (c->n_orders * heads));
     h->num_engram_tables = (uint32_t)(c->n_orders * heads);
     h->engram_conv_taps = SAN_CONV_TAPS;
-    int dil = 0;
-    for (int i = 0; i < c->n_orders; i++)
-        if (c->engram_orders[i] > dil)
-            dil = c->engram_orders[i];
-    h->engram_conv_dilation = (uint32_t)dil;
+    h->engram_conv_dilation = (uint32_t)engram_max_order(c);
     h->num_engram_orders = (uint32_t)c->n_orders;
     for (int i = 0; i < c->n_orders; i++)
         h->engram_orders[i] = (uint32_t)c->engram_orders[i];
@@ -844,14 +856,7 @@ static int make_plan(const san_model *m, const pv *params, const cact_write_opts
         h->engram_sites[i] = (uint32_t)c->engram_layers[i];
     h->rope_theta = (float)c->rope_theta;
 
-    /* offsets */
-    uint64_t pos =
-        CACT_HEADER_SIZE + (uint64_t)CQ_HEADER_CODEBOOK_LEN * 4 + (uint64_t)p->n * CACT_REC_SIZE;
-    for (int i = 0; i < p->n; i++) {
-        pos = (pos + CACT_ALIGN - 1) & ~(uint64_t)(CACT_ALIGN - 1);
-        p->e[i].rec.offset = pos;
-        pos += p->e[i].rec.nbytes;
-    }
+    plan_offsets(p, CACT_HEADER_SIZE);
     return ND_OK;
 fail:
     plan_free(p);

@@ -10,8 +10,10 @@
  *     also for a text longer than one 256-row chunk of the pooling
  *     forward;
  *   - different texts embed differently; the same text the same;
+ *   - needle_model_head_confidence: the confidence head's probability,
+ *     the same on both paths within 0.01;
  *   - an archive exported without probe heads: NEEDLE_EUNSUPPORTED from
- *     both calls, the message naming the embedding head.
+ *     all three calls, the message naming the head.
  *
  * `test_embed3 dump ARCHIVE TEXT OUT.safetensors OUT.txt` (for
  * tests/test_embed3_numpy.py): loads ARCHIVE on the float path, embeds
@@ -188,6 +190,13 @@ static void test_embed(void)
         float part[2];
         CHECK(needle_model_embed(Mq, texts[0], part, 2) == dim && part[1] == v[0][1]);
         free(longtext);
+        /* the confidence head over a token sequence, both paths */
+        int ids[12] = {2, 4, 485, 24, 8, 8140, 8141, 9, 24, 1388, 5, 24};
+        double pq = -1, pf = -1;
+        CHECK_MSG(needle_model_head_confidence(Mq, ids, 12, &pq) == 0, "%s", nd_last_error());
+        CHECK(needle_model_head_confidence(Mf, ids, 12, &pf) == 0);
+        printf("  confidence head: quantised %.6f float %.6f\n", pq, pf);
+        CHECK(pq > 0 && pq < 1 && fabs(pq - pf) < 0.01);
     }
     needle_model_free(Mq);
     needle_model_free(Mf);
@@ -206,6 +215,11 @@ static void test_embed(void)
         rc = needle_model_embed(M, "hello", out, 8);
         CHECK_MSG(rc == NEEDLE_EUNSUPPORTED && strstr(nd_last_error(), "embedding head"),
                   "embed without a head: %d %s", rc, nd_last_error());
+        int ids[3] = {2, 400, 401};
+        double p;
+        rc = needle_model_head_confidence(M, ids, 3, &p);
+        CHECK_MSG(rc == NEEDLE_EUNSUPPORTED && strstr(nd_last_error(), "confidence head"),
+                  "confidence without a head: %d %s", rc, nd_last_error());
         needle_model_free(M);
     }
     free(buf);

@@ -929,6 +929,15 @@ int needle_model_head_confidence(const needle_model *M, const int *ids, int n, d
 {
     if (!M || !ids || !p)
         return nd_error(ND_EARG, "needle_model_head_confidence: NULL argument");
+    if (M->gen == 3) {
+        const nd_qhead3 *h = nd_model_head3(M, 2);
+        float logit;
+        int rc = h ? nd_head3_run(M, h, (const int32_t *)ids, n, &logit)
+                   : nd_error(ND_EUNSUPPORTED, "this Needle 3 archive has no confidence head");
+        if (!rc)
+            *p = 1.0 / (1.0 + exp(-(double)logit));
+        return rc;
+    }
     if (!M->heads.confidence.present)
         return nd_error(ND_EUNSUPPORTED, "the archive has no confidence head");
     return nd_head_confidence(&M->m, M->be, &M->heads, (const int32_t *)ids, n, p);

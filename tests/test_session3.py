@@ -240,7 +240,8 @@ def main():
     nano = os.path.join(BUILD, "needle-nano.cact")
     m2 = lib.needle_model_load(nano.encode())
     m3 = lib.needle_model_load(archives["heads"].encode())
-    check("v2 and v3 models loaded side by side", bool(m2) and bool(m3))
+    check("v2 (%s) and v3 models loaded side by side" % os.path.basename(nano), bool(m2) and bool(m3),
+          "" if os.path.exists(nano) else nano + " missing: build the needle_nano target")
     s2 = lib.needle_session_new(m2, None, json.dumps(TOOLS).encode())
     s3 = lib.needle_session_new(m3, SYSTEM.encode(), json.dumps(TOOLS).encode())
     lib.needle_session_require_call(s2, 1)

@@ -10,8 +10,8 @@
  *     quantised view (matrix views, small tensors, permutations, heads);
  *   - hostile archives: every truncation, lying sizes, shapes, header
  *     fields, permutation tables and head codes fail cleanly;
- *   - a session refuses a v3 archive with a clear error (the engine's v3
- *     forward is not wired to archives yet). */
+ *   - the session loader refuses this archive (it has no tokenizer) with a
+ *     clear error, no crash (tests/test_session3.py runs v3 archives). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -8,6 +8,8 @@
 #include "backend/layout.h"
 #include "core/status.h"
 #include "model/san.h"
+#include "engine/model_internal.h"
+#include "model/probe3.h"
 
 enum { HEAD_CONTRASTIVE = 1, HEAD_CONFIDENCE = 2 };
 
@@ -240,4 +242,87 @@ int nd_head_confidence(const san_model *m, const nd_backend *be, const nd_heads 
     if (!rc)
         *p = 1.0 / (1.0 + exp(-logit));
     return rc;
+}
+
+/* ---- Needle 3 probe heads (model/probe3.h) ---- */
+
+const nd_qhead3 *nd_model_head3(const needle_model *M, int code)
+{
+    if (!M || M->gen != 3)
+        return NULL;
+    for (int i = 0; i < M->qw3.n_heads; i++)
+        if (M->qw3.head[i].code == code && M->qw3.head[i].probes_f)
+            return &M->qw3.head[i];
+    return NULL;
+}
+
+typedef struct {
+    san_probe3_pool *pool;
+    const uint8_t *keep; /* [T] */
+} pool3_ctx;
+
+static void pool3_hook(void *ctx, int layer, int p0, const float *cells, int n)
+{
+    pool3_ctx *c = ctx;
+    san_probe3_add(c->pool, layer + 1, cells, n, c->keep + p0);
+}
+
+int nd_head3_run(const needle_model *M, const nd_qhead3 *h, const int32_t *t, int T, float *out)
+{
+    const san_model *m = &M->m;
+    const san_dims *D = &m->dims;
+    if (!h)
+        return nd_error(ND_EUNSUPPORTED, "the archive has no such probe head");
+    if (T < 1 || T > m->cfg.max_seq_len)
+        return nd_error(ND_ELIMIT, "probe head over %d tokens (max_seq_len %d)", T,
+                        m->cfg.max_seq_len);
+    san_probe3_head ph = {D->L + 1,
+                          h->k,
+                          h->q,
+                          D->d,
+                          h->out,
+                          h->probes_f,
+                          h->gain,
+                          h->query_f,
+                          h->row_bias,
+                          h->proj_f,
+                          h->code == 1 ? NULL : h->bias,
+                          h->code == 1};
+    uint8_t *keep = malloc((size_t)T);
+    if (!keep)
+        return nd_error(ND_ENOMEM, "out of memory");
+    for (int i = 0; i < T; i++) {
+        if (t[i] < 0 || t[i] >= D->V) {
+            free(keep);
+            return nd_error(ND_EARG, "token id %d outside the vocabulary", t[i]);
+        }
+        keep[i] = t[i] != 0; /* 3.x's PAD_ID */
+    }
+    san_probe3_pool pool;
+    int rc = san_probe3_begin(&pool, &ph);
+    if (rc) {
+        free(keep);
+        return rc;
+    }
+    nd_kv_state kv;
+    /* chunks of at most 256 rows; the pooling's softmax over tokens is
+     * online, so the chunks hand their cells over as they finish */
+    if ((rc = nd_kv_init(&kv, m, M->be, T < 256 ? T : 256, 0))) {
+        san_probe3_free(&pool);
+        free(keep);
+        return rc;
+    }
+    if (M->quant)
+        nd_kv_use_quant(&kv, &M->qw3.q);
+    pool3_ctx c = {&pool, keep};
+    kv.cells_hook = pool3_hook;
+    kv.cells_ctx = &c;
+    rc = nd_kv_forward(&kv, t, T, NULL, 0);
+    nd_kv_free(&kv);
+    free(keep);
+    if (rc) {
+        san_probe3_free(&pool);
+        return rc;
+    }
+    return san_probe3_finish(&pool, out);
 }

@@ -9,6 +9,7 @@
 #include "core/sha256.h"
 #include "core/status.h"
 #include "engine/model_internal.h"
+#include "text/render.h"
 
 int nd_piece_bytes(const nd_tokenizer *t, int id, unsigned char *out, int *len)
 {
@@ -99,21 +100,6 @@ static int marker(needle_model *M, const char *s, int *id)
 /* quant: the model takes f over (its matrices stay in the archive) */
 static needle_model *load_parsed(cact_file *f, int quant)
 {
-    if (f->generation == 3) {
-        /* check the whole archive (a damaged one says so), then decline:
-         * the engine's Needle 3 forward is not wired to archives yet */
-        san_model m;
-        nd_qweights3 q;
-        if (nd_cact3_to_qmodel(f, &m, &q))
-            return NULL;
-        san_model_free(&m);
-        nd_qweights3_free(&q);
-        nd_error(ND_EUNSUPPORTED,
-                 "this is a Needle 3 archive (tag 0x%08X, %u layers): the engine does not run "
-                 "Needle 3 archives yet; run the checkpoint with `needle run --checkpoint`",
-                 f->h3.tag, f->h3.num_layers);
-        return NULL;
-    }
     needle_model *M = calloc(1, sizeof *M);
     if (!M) {
         nd_error(ND_ENOMEM, "out of memory");
@@ -121,36 +107,76 @@ static needle_model *load_parsed(cact_file *f, int quant)
         return NULL;
     }
     nd_prefix_cache_init(&M->pc);
-    int rc = quant ? nd_cact_to_qmodel(f, &M->m, &M->qw) : nd_cact_to_model(f, &M->m);
-    if (quant) {
-        M->arch = *f;
-        M->quant = 1;
-        memset(f, 0, sizeof *f);
-        f = &M->arch;
+    M->gen = f->generation == 3 ? 3 : 2;
+    int rc;
+    if (M->gen == 3) {
+        /* quantised path: the model reads its matrices from the archive */
+        if (quant) {
+            M->arch = *f;
+            memset(f, 0, sizeof *f);
+            f = &M->arch;
+        }
+        M->quant = quant;
+        rc = nd_cact3_to_qmodel(f, &M->m, &M->qw3);
+        if (!rc && !quant) {
+            /* float path: the dequantised model; of the quantised view
+             * only the probe heads' float copies are kept */
+            san_model_free(&M->m);
+            nd_qweights_free(&M->qw3.q);
+            memset(&M->qw3.q, 0, sizeof M->qw3.q);
+            for (int i = 0; i < 3; i++) {
+                memset(&M->qw3.head[i].probes, 0, sizeof M->qw3.head[i].probes);
+                memset(&M->qw3.head[i].query, 0, sizeof M->qw3.head[i].query);
+                memset(&M->qw3.head[i].proj, 0, sizeof M->qw3.head[i].proj);
+            }
+            rc = nd_cact3_to_model(f, &M->m);
+        }
+        if (rc) {
+            nd_qweights3_free(&M->qw3);
+            cact_free(&M->arch);
+            free(M);
+            return NULL;
+        }
+        M->kv_window = (int)f->h3.kv_window;
+        M->be = nd_backend_cpu(0);
+    } else {
+        rc = quant ? nd_cact_to_qmodel(f, &M->m, &M->qw) : nd_cact_to_model(f, &M->m);
+        if (quant) {
+            M->arch = *f;
+            M->quant = 1;
+            memset(f, 0, sizeof *f);
+            f = &M->arch;
+        }
+        if (rc) {
+            cact_free(&M->arch);
+            free(M);
+            return NULL;
+        }
     }
-    if (rc) {
-        cact_free(&M->arch);
-        free(M);
-        return NULL;
+    if (M->gen == 2) {
+        M->kv_window = (int)f->hdr.kv_window;
+        M->be = nd_backend_cpu(0);
+        if ((rc = nd_heads_load(f, &M->m, &M->heads))) {
+            san_model_free(&M->m);
+            cact_free(&M->arch);
+            free(M);
+            return NULL;
+        }
+        M->heads.qw = quant ? &M->qw : NULL;
+        if (M->heads.contrastive.present) /* only retrieval's index needs it (~0.1 s / 25 MB) */
+            nd_sha256(f->data, f->len, M->digest);
     }
-    M->kv_window = (int)f->hdr.kv_window;
-    M->be = nd_backend_cpu(0);
-    if ((rc = nd_heads_load(f, &M->m, &M->heads))) {
-        san_model_free(&M->m);
-        free(M);
-        return NULL;
-    }
-    M->heads.qw = quant ? &M->qw : NULL;
-    if (M->heads.contrastive.present) /* only retrieval's index needs it (~0.1 s / 25 MB) */
-        nd_sha256(f->data, f->len, M->digest);
     int think;
     nd_idvec tmp = {0};
     if ((rc = nd_cact_tokenizer(f, &M->tok)) || (rc = build_trie(M)) ||
         (rc = marker(M, "<|im_end|>", &M->id_im_end)) ||
         (rc = marker(M, "</think>", &M->id_think_end)) || (rc = marker(M, "<think>", &think)) ||
-        (rc = marker(M, "</tool_call>", &M->id_tool_call_end)))
+        (rc = marker(M, "</tool_call>", &M->id_tool_call_end)) ||
+        (rc = marker(M, "<tool_call>", &M->id_tool_call)))
         goto fail;
-    M->id_bos = nd_tokenizer_bos_id(M->tok);
+    M->id_think = think;
+    /* 3.x's fixed BOS (tokenizer.py BOS_ID), whatever the tokenizer says */
+    M->id_bos = M->gen == 3 ? ND_V3_BOS_ID : nd_tokenizer_bos_id(M->tok);
     M->id_space = nd_tokenizer_piece_to_id(M->tok, "\xE2\x96\x81", 3);
     if (M->id_space == nd_tokenizer_unk_id(M->tok))
         M->id_space = -1;
@@ -243,6 +269,7 @@ void needle_model_free(needle_model *M)
         return;
     san_model_free(&M->m);
     nd_qweights_free(&M->qw);
+    nd_qweights3_free(&M->qw3);
     cact_free(&M->arch);
     nd_tokenizer_free(M->tok);
     free(M->trie);

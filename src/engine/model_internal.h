@@ -71,9 +71,14 @@ void nd_qweights3_free(nd_qweights3 *q);
 
 struct needle_model {
     san_model m;
-    cact_file arch; /* quantised path: the archive the matrices are read from */
+    cact_file arch; /* quantised path (and every Needle 3 model): the archive */
     nd_qweights qw;
     int quant;
+    /* 2 or 3: the archive's generation. A Needle 3 model's matrices are
+     * qw3.q (quantised path); qw3's probe heads (float copies) serve both
+     * paths, their CQ views only the quantised one. */
+    int gen;
+    nd_qweights3 qw3;
     nd_tokenizer *tok;
     const nd_backend *be;
     int kv_window;
@@ -82,13 +87,24 @@ struct needle_model {
     int *tok_next;
     uint8_t *reason_ok; /* tokens allowed while reasoning */
     int id_bos, id_im_end, id_think_end, id_tool_call_end, id_space;
-    nd_idvec think_open;      /* target start: "▁<think>" as training encodes it */
-    nd_idvec think_close;     /* "\n<tool_call>" after </think> */
-    nd_heads heads;           /* probe heads (retrieval, confidence), when exported */
-    unsigned char digest[32]; /* SHA-256 of the archive: keys the tool index */
-    nd_prefix_cache pc;       /* system + tools prefixes' KV rows, shared by sessions */
+    int id_think, id_tool_call; /* Needle 3: the model picks one after "\u2581" */
+    nd_idvec think_open;        /* target start: "▁<think>" as training encodes it */
+    nd_idvec think_close;       /* "\n<tool_call>" after </think> */
+    nd_heads heads;             /* probe heads (retrieval, confidence), when exported */
+    unsigned char digest[32];   /* SHA-256 of the archive: keys the tool index */
+    nd_prefix_cache pc;         /* system + tools prefixes' KV rows, shared by sessions */
     char err[1024];
 };
+
+/* Needle 3 probe head of the given code (1 embedding, 2 confidence, 3
+ * router), or NULL when the archive has none. */
+const nd_qhead3 *nd_model_head3(const struct needle_model *M, int code);
+/* Run the whole of t[0..T) through a fresh cache (full causal attention)
+ * and pool its cells with head h (model/probe3.h): out gets h->out floats
+ * (the embedding head's unit-length). Pad ids (0) are left out of the
+ * pooling. */
+int nd_head3_run(const struct needle_model *M, const nd_qhead3 *h, const int32_t *t, int T,
+                 float *out);
 
 /* the bytes a token stands for (U+2581 as ' ', byte pieces as their byte);
  * 0 for control and unknown pieces */

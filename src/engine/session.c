@@ -60,6 +60,12 @@ const char *needle_thread_error(void)
 /* ------------------------------------------------------------------ */
 /* session                                                             */
 
+/* the ASCII part of Python's str.isspace() (3.x strips the system text) */
+static int py_space(char c)
+{
+    return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f);
+}
+
 /* with_tools 0: stop after "<tools>" (the part retrieval never changes) */
 static int render_prefix(const needle_session *S, nd_buf *b, int with_tools)
 {
@@ -186,9 +192,20 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
     if ((big || S->rt.note[0]) &&
         (rc = join_warnings(S, big ? (gwarn.p ? gwarn.p : "") : nd_gram_warnings(S->gram))))
         goto fail;
-    if (!S->rt.on && (rc = nd_pj_dump(nd_pj_root(S->tools_doc), 1, &S->tools)))
+    /* Needle 3 writes the tools with ensure_ascii=False and strips the
+     * system text (the turn only when something is left) */
+    if (!S->rt.on && (rc = nd_pj_dump_ex(nd_pj_root(S->tools_doc), 1, M->gen != 3, &S->tools)))
         goto fail;
-    if (system && *system && !(S->system = strdup(system))) {
+    size_t sys_len = system ? strlen(system) : 0;
+    if (system && M->gen == 3) {
+        while (sys_len && py_space(system[sys_len - 1]))
+            sys_len--;
+        while (sys_len && py_space(system[0])) {
+            system++;
+            sys_len--;
+        }
+    }
+    if (sys_len && !(S->system = strndup(system, sys_len))) {
         rc = nd_error(ND_ENOMEM, "out of memory");
         goto fail;
     }
@@ -205,7 +222,7 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
         (rc = nd_kv_init(&S->kv, &M->m, M->be, ND_SESSION_CHUNK, kvw)))
         goto fail;
     if (M->quant)
-        nd_kv_use_quant(&S->kv, &M->qw);
+        nd_kv_use_quant(&S->kv, M->gen == 3 ? &M->qw3.q : &M->qw);
     nd_kv_set_bits(&S->kv, M->m.cfg.kv_bits);
     if ((rc = render_prefix(S, &pre, !S->rt.on)) || (rc = nd_idvec_push(&ids, M->id_bos)) ||
         (rc = nd_tokenizer_encode(M->tok, pre.p, pre.n, &ids)))
@@ -655,12 +672,30 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
                           budget, (int)M->think_open.n + reserve);
         goto fail;
     }
-    /* forced "▁<think>" */
-    if ((rc = run(S, M->think_open.v, (int)M->think_open.n, S->logits)))
-        goto fail;
-    gen += (int)M->think_open.n;
+    int thinking = 1;
+    if (M->gen == 3) {
+        /* 3.x's target: "\u2581", then "<think>\n" + reasoning + "\n</think>\n"
+         * only when the model reasons, else "<tool_call>" at once: the
+         * model picks between the two markers */
+        int lead = M->id_space >= 0 ? M->id_space : M->id_tool_call;
+        if (lead == M->id_space) {
+            if ((rc = run(S, &lead, 1, S->logits)))
+                goto fail;
+            gen++;
+        }
+        thinking = S->logits[M->id_think] > S->logits[M->id_tool_call];
+        int open = thinking ? M->id_think : M->id_tool_call;
+        if ((rc = run(S, &open, 1, S->logits)))
+            goto fail;
+        gen++;
+    } else {
+        /* forced "▁<think>" */
+        if ((rc = run(S, M->think_open.v, (int)M->think_open.n, S->logits)))
+            goto fail;
+        gen += (int)M->think_open.n;
+    }
     /* free reasoning */
-    for (;;) {
+    while (thinking) {
         int t;
         if (gen >= think_cap)
             t = M->id_think_end;
@@ -673,7 +708,7 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
             goto fail;
         gen++;
     }
-    {
+    if (thinking) {
         nd_idvec forced = {0};
         nd_idvec_push(&forced, M->id_think_end);
         for (size_t i = 0; i < M->think_close.n; i++)
@@ -736,7 +771,26 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
     e.prefill_tps = prefilled / (t1 - t0 > 1e-9 ? t1 - t0 : 1e-9);
     e.decode_tps = gen / (t2 - t1 > 1e-9 ? t2 - t1 : 1e-9);
     e.confidence = conf <= 1.0 ? conf : -1;
-    if (complete && M->heads.confidence.present) {
+    if (M->gen == 3) {
+        /* 3.x: the reasoning between "<think>\n" and "\n</think>" */
+        while (rlen && strchr(" \t\n\r\v\f", rtext[rlen - 1]))
+            rtext[--rlen] = 0;
+        while (rlen && strchr(" \t\n\r\v\f", e.reasoning[0])) {
+            e.reasoning++;
+            rlen--;
+        }
+        e.reasoning_len = rlen;
+        /* the confidence head's calibrated probability over the whole
+         * sequence where the archive has one, else null */
+        e.confidence = -1;
+        const nd_qhead3 *ch = nd_model_head3(M, 2);
+        if (complete && ch) {
+            float logit;
+            if ((rc = nd_head3_run(M, ch, S->kv.tokens, S->kv.len, &logit)))
+                goto fail;
+            e.confidence = 1.0 / (1.0 + exp(-(double)logit));
+        }
+    } else if (complete && M->heads.confidence.present) {
         /* upstream's signal: the minimum of the calibrated head over the
          * whole sequence and the decoding probability of the call */
         double head;
@@ -815,10 +869,38 @@ const char *needle_session_context_tools(const needle_session *S)
     return S && S->tools.p ? S->tools.p : "";
 }
 
+/* Needle 3: the embedding head over [BOS=2] + enc(text), the ids 3.x's
+ * run.py feeds a prompt with (no EOS, nothing rendered around the text) */
+static int embed3(const needle_model *M, const char *text, float *out, int out_len)
+{
+    const nd_qhead3 *h = nd_model_head3(M, 1);
+    if (!h)
+        return nd_error(ND_EUNSUPPORTED,
+                        "this Needle 3 archive has no embedding head (embedding_head was not "
+                        "exported): embed() needs one");
+    nd_idvec ids = {0};
+    float *v = malloc((size_t)h->out * sizeof *v);
+    int rc = v ? nd_idvec_push(&ids, M->id_bos) : nd_error(ND_ENOMEM, "out of memory");
+    if (!rc)
+        rc = nd_tokenizer_encode(M->tok, text, strlen(text), &ids);
+    if (!rc && (long)ids.n > M->m.cfg.max_seq_len)
+        rc = nd_error(ND_ELIMIT, "the text is %zu tokens with BOS; at most %d fit (max_seq_len)",
+                      ids.n, M->m.cfg.max_seq_len);
+    if (!rc)
+        rc = nd_head3_run(M, h, ids.v, (int)ids.n, v);
+    if (!rc && out)
+        memcpy(out, v, (size_t)(out_len < h->out ? out_len : h->out) * sizeof *v);
+    free(v);
+    nd_idvec_free(&ids);
+    return rc ? rc : h->out;
+}
+
 int needle_model_embed(const needle_model *M, const char *text, float *out, int out_len)
 {
     if (!M || !text || (!out && out_len > 0))
         return nd_error(ND_EARG, "needle_model_embed: NULL argument");
+    if (M->gen == 3)
+        return embed3(M, text, out, out_len);
     if (!M->heads.contrastive.present)
         return nd_error(ND_EUNSUPPORTED, "the archive has no contrastive head");
     int dim = M->heads.contrastive.out_dim;
@@ -837,6 +919,13 @@ int needle_model_embed_dim(const needle_model *M)
 {
     if (!M)
         return nd_error(ND_EARG, "needle_model_embed_dim: NULL model");
+    if (M->gen == 3) {
+        const nd_qhead3 *h = nd_model_head3(M, 1);
+        return h ? h->out
+                 : nd_error(ND_EUNSUPPORTED,
+                            "this Needle 3 archive has no embedding head "
+                            "(embedding_head was not exported): embed() needs one");
+    }
     if (!M->heads.contrastive.present)
         return nd_error(ND_EUNSUPPORTED, "the archive has no contrastive head");
     return M->heads.contrastive.out_dim;
@@ -846,6 +935,15 @@ int needle_model_head_confidence(const needle_model *M, const int *ids, int n, d
 {
     if (!M || !ids || !p)
         return nd_error(ND_EARG, "needle_model_head_confidence: NULL argument");
+    if (M->gen == 3) {
+        const nd_qhead3 *h = nd_model_head3(M, 2);
+        float logit;
+        int rc = h ? nd_head3_run(M, h, (const int32_t *)ids, n, &logit)
+                   : nd_error(ND_EUNSUPPORTED, "this Needle 3 archive has no confidence head");
+        if (!rc)
+            *p = 1.0 / (1.0 + exp(-(double)logit));
+        return rc;
+    }
     if (!M->heads.confidence.present)
         return nd_error(ND_EUNSUPPORTED, "the archive has no confidence head");
     return nd_head_confidence(&M->m, M->be, &M->heads, (const int32_t *)ids, n, p);

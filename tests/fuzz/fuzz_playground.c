@@ -77,10 +77,12 @@ static void check_finetune(const char *text, size_t n)
         require(!r.jsonl && !r.tools && !r.api_key, "a refused body leaves nothing allocated");
         return;
     }
-    require(r.epochs >= 1 && r.epochs <= 1000, "epochs in range");
-    require(r.batch_size >= 1 && r.batch_size <= 4096, "batch_size in range");
+    /* 0 for epochs, batch_size and lr: not given, the base's recommended
+     * setting applies (pg_job_start) */
+    require(r.epochs >= 0 && r.epochs <= 1000, "epochs in range");
+    require(r.batch_size >= 0 && r.batch_size <= 4096, "batch_size in range");
     require(r.max_len >= 16 && r.max_len <= 65536, "max_len in range");
-    require(r.lr > 0 && r.lr < 10, "lr in range");
+    require(r.lr >= 0 && r.lr < 10, "lr in range");
     if (!r.jsonl) {
         json_t *tools = json_loads(r.tools ? r.tools : "", 0, NULL);
         require(json_array_size(tools) > 0, "the generate flow has tools");

@@ -16,12 +16,14 @@ Checks, written from upstream 3.x architecture.py (not from our C code):
     row_bias 0, log_temp log 10, bias -10;
   * `needle inspect` prints "Needle 3" and the 3.x fields for them, and
     "Needle 2" for a tiny Needle 2 checkpoint; a non-adjacent CLA pair is
-    refused naming cla_pairs; `needle build` refuses a Needle 3 checkpoint
-    (the archive and the engine are Needle 2's) and writes nothing.
+    refused naming cla_pairs; `needle build` writes a Needle 3 archive, and
+    without a tokenizer (offline) names Needle 3's repository for it, not
+    Needle 2's.
 """
 import math
 import os
 import pickle
+import subprocess
 import sys
 import tempfile
 
@@ -212,6 +214,14 @@ def main():
             with open(out, "rb") as f:
                 ok = f.read(4) == b"\x84\x2a\xe1\x05"
         check("build writes a Needle 3 archive", ok, r.stderr[-200:])
+        env = dict(os.environ, HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9",
+                   NEEDLE_TOKENIZER="")
+        notok = os.path.join(tmp, "notok.cact")
+        r = subprocess.run([needle, "build", t3, "--out", notok], capture_output=True, text=True,
+                           timeout=120, env=env)
+        check("build without a tokenizer names Needle 3's repository",
+              r.returncode != 0 and "Cactus-Compute/needle3" in r.stderr
+              and "needle2" not in r.stderr and not os.path.exists(notok), r.stderr[-300:])
     for name in os.listdir(tmp):
         os.unlink(os.path.join(tmp, name))
     os.rmdir(tmp)

@@ -32,9 +32,11 @@ const char *cli_tokenizer_path(const char *flag_value, const char *checkpoint, c
  * upstream's load_checkpoint does; `resolved` gets the local path. Prints
  * the error and returns 1 when neither is there nor downloadable. */
 int cli_fetch_checkpoint(const char *path, char *resolved, size_t n);
-/* Upstream's tokenizer (tokenizer/tokenizer.model) to `dest`; 1 on error
- * (printed). */
-int cli_fetch_tokenizer(const char *dest);
+/* Upstream's tokenizer (tokenizer/tokenizer.model of the Needle 2 or
+ * Needle 3 repository, by `generation`) to `dest`; 1 on error (printed). */
+int cli_fetch_tokenizer(const char *dest, int generation);
+/* Upstream's Hugging Face repository of a model generation (2 or 3). */
+const char *cli_hf_repo(int generation);
 /* The base checkpoint a command uses when given none (`flag` says how to
  * give one: "--checkpoint PATH"): CLI_NEEDLE2_CHECKPOINT when present, else
  * the nano base (the lines saying so printed to `say`), else

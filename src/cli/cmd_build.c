@@ -238,7 +238,7 @@ int cli_build(int argc, char **argv)
             if (f) {
                 fclose(f);
                 tok_model = beside;
-            } else if (cli_fetch_tokenizer(beside) == 0) {
+            } else if (cli_fetch_tokenizer(beside, m.cfg.generation) == 0) {
                 tok_model = beside; /* upstream's, fetched as upstream's build does */
             }
         }
@@ -257,9 +257,9 @@ int cli_build(int argc, char **argv)
             rc = nd_error(ND_EARG,
                           "no tokenizer found (--tokenizer, $NEEDLE_TOKENIZER or tokenizer.model "
                           "beside %s): the engine cannot run an archive without one. Upstream's "
-                          "tokenizer: Hugging Face Cactus-Compute/needle2, "
-                          "tokenizer/tokenizer.model; or pass --no-tokenizer to build one anyway",
-                          ckpt);
+                          "tokenizer: Hugging Face %s, tokenizer/tokenizer.model; or pass "
+                          "--no-tokenizer to build one anyway",
+                          ckpt, cli_hf_repo(m.cfg.generation));
             goto fail;
         }
     }

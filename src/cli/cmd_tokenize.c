@@ -46,7 +46,7 @@ const char *cli_tokenizer_path(const char *flag_value, const char *checkpoint, c
             }
             /* upstream fetches its tokenizer when it has none: beside the
              * checkpoint, where the next run finds it */
-            if (cli_fetch_tokenizer(buf) == 0)
+            if (cli_fetch_tokenizer(buf, 2) == 0)
                 return buf;
         }
     }

@@ -53,12 +53,18 @@ int cli_fetch_checkpoint(const char *path, char *resolved, size_t n)
     return 1;
 }
 
-int cli_fetch_tokenizer(const char *dest)
+const char *cli_hf_repo(int generation)
 {
-    printf("  %-9s tokenizer  downloading from Hugging Face\n", "fetch");
+    return generation == 3 ? ND_HF_NEEDLE3_REPO : ND_HF_NEEDLE_REPO;
+}
+
+int cli_fetch_tokenizer(const char *dest, int generation)
+{
+    const char *repo = cli_hf_repo(generation);
+    printf("  %-9s tokenizer  downloading from Hugging Face %s\n", "fetch", repo);
     fflush(stdout);
     nd_hf_opts o = {NULL, stderr};
-    if (nd_hf_download(ND_HF_NEEDLE_REPO, "tokenizer/tokenizer.model", dest, &o, NULL) == ND_OK)
+    if (nd_hf_download(repo, "tokenizer/tokenizer.model", dest, &o, NULL) == ND_OK)
         return 0;
     fprintf(stderr, "needle: no tokenizer, and the download failed: %s\n", nd_last_error());
     return 1;

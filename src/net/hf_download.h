@@ -21,6 +21,7 @@
 #define ND_HF_DEFAULT_ENDPOINT "https://huggingface.co"
 /* upstream's model repository (needle/model/tokenizer.py HF_REPO) */
 #define ND_HF_NEEDLE_REPO "Cactus-Compute/needle2"
+#define ND_HF_NEEDLE3_REPO "Cactus-Compute/needle3"
 
 typedef struct {
     const char *revision; /* NULL: "main" */

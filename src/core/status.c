@@ -36,7 +36,10 @@ int nd_error_prefix(int code, const char *fmt, ...)
     return code;
 }
 
-const char *nd_last_error(void) { return nd_msg; }
+const char *nd_last_error(void)
+{
+    return nd_msg;
+}
 
 const char *nd_status_name(int code)
 {

@@ -10,14 +10,14 @@
 
 enum {
     ND_OK = 0,
-    ND_EIO = -1,       /* file could not be opened/read/written */
-    ND_EFORMAT = -2,   /* input is malformed or truncated */
-    ND_EUNSAFE = -3,   /* pickle asked for a global outside the whitelist */
-    ND_ELIMIT = -4,    /* a size, depth or count is beyond what we accept */
-    ND_ESHAPE = -5,    /* a tensor is missing or has the wrong shape */
-    ND_ENOMEM = -6,    /* allocation failed */
-    ND_EARG = -7,      /* bad argument from the caller */
-    ND_ENUMERIC = -8,  /* NaN/Inf where a finite number is required */
+    ND_EIO = -1,      /* file could not be opened/read/written */
+    ND_EFORMAT = -2,  /* input is malformed or truncated */
+    ND_EUNSAFE = -3,  /* pickle asked for a global outside the whitelist */
+    ND_ELIMIT = -4,   /* a size, depth or count is beyond what we accept */
+    ND_ESHAPE = -5,   /* a tensor is missing or has the wrong shape */
+    ND_ENOMEM = -6,   /* allocation failed */
+    ND_EARG = -7,     /* bad argument from the caller */
+    ND_ENUMERIC = -8, /* NaN/Inf where a finite number is required */
     ND_EUNSUPPORTED = -9,
     ND_EINTERRUPT = -10, /* stopped on request (a signal, --stop-after) */
 };

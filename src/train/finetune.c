@@ -25,35 +25,22 @@ void nd_finetune_defaults(nd_finetune_opts *o)
     o->act_budget_mb = ND_ACT_BUDGET_MB;
 }
 
-static void emitf(const nd_finetune_opts *o, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void emitf(const nd_finetune_opts *o, const char *fmt, ...)
-{
-    if (!o->emit)
-        return;
-    char line[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    o->emit(o->ctx, line);
-}
-
 /* The end of an epoch: the held-out loss, the epoch line. */
 static int end_epoch(nd_run *r, const nd_run_step_info *si)
 {
     const nd_finetune_opts *o = &r->o;
     if (!r->n_val || r->rank != 0) { /* several ranks: rank 0 alone validates */
-        emitf(o, "  %-9s %d/%d  loss %.4f", "epoch", si->epoch + 1, o->epochs, si->loss);
+        nd_run_emitf(o, "  %-9s %d/%d  loss %.4f", "epoch", si->epoch + 1, o->epochs, si->loss);
         return ND_OK;
     }
     double val;
     int rc = nd_run_validate(r, &val);
     if (rc)
         return rc;
-    emitf(o, "  %-9s %d/%d  loss %.4f  val %.4f", "epoch", si->epoch + 1, o->epochs, si->loss, val);
+    nd_run_emitf(o, "  %-9s %d/%d  loss %.4f  val %.4f", "epoch", si->epoch + 1, o->epochs,
+                 si->loss, val);
     if (r->llog.f && nd_loss_log_val(&r->llog, si->step, si->epoch + 1, val)) {
-        emitf(o, "  %-9s %s; the loss log stops here", "warning", nd_last_error());
+        nd_run_emitf(o, "  %-9s %s; the loss log stops here", "warning", nd_last_error());
         nd_loss_log_close(&r->llog);
     }
     return ND_OK;
@@ -80,29 +67,29 @@ static int finish(nd_run *r)
     if (tr->qat && tr->qat->calls > 1) {
         double per = tr->qat->seconds / (double)tr->qat->calls, el = nd_wtime() - r->t_start;
         long steps = r->step - r->start_step;
-        emitf(o, "  %-9s %.1f ms a step requantising (%.1f%% of the %.0f ms steps)", "qat",
-              per * 1e3, el > 0 && steps > 0 ? 100.0 * per * (double)steps / el : 0.0,
-              steps > 0 ? el / (double)steps * 1e3 : 0.0);
+        nd_run_emitf(o, "  %-9s %.1f ms a step requantising (%.1f%% of the %.0f ms steps)", "qat",
+                     per * 1e3, el > 0 && steps > 0 ? 100.0 * per * (double)steps / el : 0.0,
+                     steps > 0 ? el / (double)steps * 1e3 : 0.0);
     }
     if (r->dist && r->step > r->start_step) {
         double el = nd_wtime() - r->t_start, steps = (double)(r->step - r->start_step);
-        emitf(o,
-              "  distributed  %.1f ms a step summing gradients over %d ranks (%.1f%% of the "
-              "steps' time)",
-              r->comm_s / steps * 1e3, r->nranks, el > 0 ? 100.0 * r->comm_s / el : 0.0);
+        nd_run_emitf(o,
+                     "  distributed  %.1f ms a step summing gradients over %d ranks (%.1f%% of the "
+                     "steps' time)",
+                     r->comm_s / steps * 1e3, r->nranks, el > 0 ? 100.0 * r->comm_s / el : 0.0);
     }
     int rc = nd_run_save(r, 1);
     if (rc || !o->out)
         return rc;
     if (o->full) {
-        emitf(o, "  %-9s %s", "checkpoint", o->out);
-        emitf(o, "  %-9s needle finetune DATA.jsonl --checkpoint %s", "next", o->out);
+        nd_run_emitf(o, "  %-9s %s", "checkpoint", o->out);
+        nd_run_emitf(o, "  %-9s needle finetune DATA.jsonl --checkpoint %s", "next", o->out);
     } else {
-        emitf(o, "  %-9s %s", "adapter", o->out);
+        nd_run_emitf(o, "  %-9s %s", "adapter", o->out);
         char bits[32] = "";
         if (o->qat && o->bits) /* build at the width training saw */
             snprintf(bits, sizeof bits, " --bits %d", o->bits);
-        emitf(o, "  %-9s needle build %s --lora %s%s", "next", o->checkpoint, o->out, bits);
+        nd_run_emitf(o, "  %-9s needle build %s --lora %s%s", "next", o->checkpoint, o->out, bits);
     }
     return ND_OK;
 }

@@ -17,9 +17,7 @@
 #include "core/threadpool.h"
 #include "io/checkpoint.h"
 
-static void emitf(const nd_finetune_opts *o, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void emitf(const nd_finetune_opts *o, const char *fmt, ...)
+void nd_run_emitf(const nd_finetune_opts *o, const char *fmt, ...)
 {
     if (!o->emit)
         return;
@@ -95,11 +93,12 @@ static int check_resume(const nd_finetune_opts *o, const san_model *m, const pv 
     const pv *st = pv_dict_get(root, "needle_c_state");
     const pv *bs = st && st->kind == PV_DICT ? pv_dict_get(st, "batch_size") : NULL;
     if (!bs) {
-        emitf(o,
-              "  %-9s %s records no run settings (an upstream or older adapter): cannot check "
-              "that the base, seed, batch size, epochs, split, max_len and LoRA shape match "
-              "this run; continuing",
-              "warning", o->resume);
+        nd_run_emitf(
+            o,
+            "  %-9s %s records no run settings (an upstream or older adapter): cannot check "
+            "that the base, seed, batch size, epochs, split, max_len and LoRA shape match "
+            "this run; continuing",
+            "warning", o->resume);
         return ND_OK;
     }
     char diff[2048] = "";
@@ -171,7 +170,7 @@ static int check_resume(const nd_finetune_opts *o, const san_model *m, const pv 
                         "the same settings (the schedule and the train/validation split "
                         "depend on them), or pass --resume-override to continue anyway",
                         o->resume, diff);
-    emitf(o, "  %-9s --resume-override: continuing despite: %s", "warning", diff);
+    nd_run_emitf(o, "  %-9s --resume-override: continuing despite: %s", "warning", diff);
     return ND_OK;
 }
 
@@ -278,12 +277,12 @@ static int load_inputs(nd_run *r)
                         o->checkpoint);
     fclose(probe);
     char bl[512];
-    emitf(o, "  %-9s %s", "backend", nd_backend_line(r->be, bl, sizeof bl));
+    nd_run_emitf(o, "  %-9s %s", "backend", nd_backend_line(r->be, bl, sizeof bl));
     if (r->dist)
-        emitf(o,
-              "  distributed  mpi  %d ranks  %s; each computes its share of a batch, the "
-              "gradients summed in rank order",
-              r->nranks, nd_dist_impl(r->dist));
+        nd_run_emitf(o,
+                     "  distributed  mpi  %d ranks  %s; each computes its share of a batch, the "
+                     "gradients summed in rank order",
+                     r->nranks, nd_dist_impl(r->dist));
     /* --full --resume: the weights are the resumed checkpoint's, the base
      * (--checkpoint) only identifies the run in the settings check */
     const char *weights = o->full && o->resume ? o->resume : o->checkpoint;
@@ -319,12 +318,14 @@ static int load_inputs(nd_run *r)
     if (ts->n == 0)
         return nd_error(ND_EFORMAT, "%s: no usable examples (empty file, or no line has a query)",
                         o->data);
-    emitf(o, "  %-9s %zu examples  seq_len %zu  cap %d", "data", ts->n, ts->max_len, o->max_len);
+    nd_run_emitf(o, "  %-9s %zu examples  seq_len %zu  cap %d", "data", ts->n, ts->max_len,
+                 o->max_len);
     if (r->ds.no_query || r->ds.bad || ts->truncated)
-        emitf(o,
-              "  %-9s %zu lines without query skipped, %zu invalid lines skipped, %zu examples "
-              "truncated to %zu tokens",
-              "note", r->ds.no_query, r->ds.bad, ts->truncated, ts->max_len);
+        nd_run_emitf(
+            o,
+            "  %-9s %zu lines without query skipped, %zu invalid lines skipped, %zu examples "
+            "truncated to %zu tokens",
+            "note", r->ds.no_query, r->ds.bad, ts->truncated, ts->max_len);
     return ND_OK;
 }
 
@@ -351,7 +352,7 @@ static int split_data(nd_run *r)
     r->train = r->order + n_val;
     r->count = N - n_val;
     if (n_val)
-        emitf(o, "  %-9s %zu examples for validation", "holdout", n_val);
+        nd_run_emitf(o, "  %-9s %zu examples for validation", "holdout", n_val);
     if ((size_t)o->batch_size > r->count)
         return nd_error(ND_EARG,
                         "batch size %d is larger than the %zu training examples; use "
@@ -388,16 +389,16 @@ static int restore_moments(nd_run *r)
         memcpy(r->opt.mu, mu->u.nd.data, sizeof(float) * r->NP);
         memcpy(r->opt.nu, nu->u.nd.data, sizeof(float) * r->NP);
         r->opt.count = (long)cnt->u.i;
-        emitf(o, "  %-9s %s at step %ld/%ld (optimiser moments restored)", "resume", o->resume,
-              r->opt.count, r->total);
+        nd_run_emitf(o, "  %-9s %s at step %ld/%ld (optimiser moments restored)", "resume",
+                     o->resume, r->opt.count, r->total);
     } else if (o->full) {
         return nd_error(ND_EFORMAT,
                         "%s: needle_c_state does not match this model (moments of %zu "
                         "parameters and a step within %ld expected)",
                         o->resume, r->NP, r->total);
     } else {
-        emitf(o, "  %-9s %s (no optimiser state: moments start at zero, step 0)", "resume",
-              o->resume);
+        nd_run_emitf(o, "  %-9s %s (no optimiser state: moments start at zero, step 0)", "resume",
+                     o->resume);
     }
     return ND_OK;
 }
@@ -429,10 +430,10 @@ static int open_params(nd_run *r)
     for (int t = 0; t < LORA_NTARGETS; t++)
         groups += lora->t[t].present;
     if (o->full)
-        emitf(o, "  %-9s all %zu base parameters (full fine-tune)", "params", r->m.numel);
+        nd_run_emitf(o, "  %-9s all %zu base parameters (full fine-tune)", "params", r->m.numel);
     else
-        emitf(o, "  %-9s rank %d  alpha %g  %d weight groups", "lora", lora->rank,
-              (double)lora->scale * lora->rank, groups);
+        nd_run_emitf(o, "  %-9s rank %d  alpha %g  %d weight groups", "lora", lora->rank,
+                     (double)lora->scale * lora->rank, groups);
     r->P = o->full ? r->m.mem : lora->mem;
     r->NP = o->full ? r->m.numel : lora->numel;
     if ((rc = nd_adamw_init(&r->opt, r->NP, (float)o->lr, r->total)))
@@ -442,8 +443,8 @@ static int open_params(nd_run *r)
     /* the moments are copied: drop the tree's (twice the parameters) */
     pv_decref(r->resume_root);
     r->resume_root = NULL;
-    emitf(o, "  %-9s %ld steps  warmup %ld  cosine decay  clip 1.0", "schedule", r->total,
-          r->opt.warmup_steps);
+    nd_run_emitf(o, "  %-9s %ld steps  warmup %ld  cosine decay  clip 1.0", "schedule", r->total,
+                 r->opt.warmup_steps);
     return ND_OK;
 }
 
@@ -725,25 +726,25 @@ static int set_numerics(nd_run *r)
             return nd_error(ND_EARG, "--bits: a Needle 3 base trains at 3.x's fixed 4-bit CQ "
                                      "weights (give no --bits)");
         if (o->no_qat) {
-            emitf(o, "  %-9s float (--no-qat)", "qat");
+            nd_run_emitf(o, "  %-9s float (--no-qat)", "qat");
             return ND_OK;
         }
         double tq = nd_wtime();
         if ((rc = nd_trainer_set_quant3(tr)))
             return rc;
-        emitf(o,
-              "  %-9s Needle 3 numerics: CQ 4-bit weights, A%d activations, KV %d, straight-"
-              "through gradients (%.0f ms; --no-qat for float)",
-              "qat", tr->fq3.act_bits, tr->fq3.kv_bits, (nd_wtime() - tq) * 1e3);
+        nd_run_emitf(o,
+                     "  %-9s Needle 3 numerics: CQ 4-bit weights, A%d activations, KV %d, straight-"
+                     "through gradients (%.0f ms; --no-qat for float)",
+                     "qat", tr->fq3.act_bits, tr->fq3.kv_bits, (nd_wtime() - tq) * 1e3);
     } else if (o->qat) {
         double tq = nd_wtime();
         if ((rc = nd_trainer_set_qat(tr, o->bits)))
             return rc;
         snprintf(r->qat_scheme, sizeof r->qat_scheme, "%s", tr->qat->scheme);
-        emitf(o,
-              "  %-9s training through build's %s quantise-dequantise (%d tensors quantised "
-              "in %.0f ms)",
-              "qat", r->qat_scheme, tr->qat->n, (nd_wtime() - tq) * 1e3);
+        nd_run_emitf(o,
+                     "  %-9s training through build's %s quantise-dequantise (%d tensors quantised "
+                     "in %.0f ms)",
+                     "qat", r->qat_scheme, tr->qat->n, (nd_wtime() - tq) * 1e3);
     }
     return ND_OK;
 }
@@ -771,12 +772,13 @@ static int size_batches(nd_run *r, long *max_rows, long *max_items, long *max_gr
     if (r->n_val && nd_batch_caps(ts, o->batching, r->val, r->n_val, r->B, max_rows, max_items,
                                   max_group, NULL))
         return nd_error(ND_ENOMEM, "out of memory");
-    emitf(o,
-          "  %-9s %s: %.0fk real tokens an epoch (%.0fk padded), %.0fk computed (%.1fx less "
-          "than padded)%s",
-          "batching", nd_batching_name(o->batching), r->real_tokens / 1e3, r->padded_rows / 1e3,
-          r->epoch_rows / 1e3, r->padded_rows / (r->epoch_rows > 0 ? r->epoch_rows : 1),
-          r->set_of ? "; batches grouped by tool set (--group-by-tools)" : "");
+    nd_run_emitf(o,
+                 "  %-9s %s: %.0fk real tokens an epoch (%.0fk padded), %.0fk computed (%.1fx less "
+                 "than padded)%s",
+                 "batching", nd_batching_name(o->batching), r->real_tokens / 1e3,
+                 r->padded_rows / 1e3, r->epoch_rows / 1e3,
+                 r->padded_rows / (r->epoch_rows > 0 ? r->epoch_rows : 1),
+                 r->set_of ? "; batches grouped by tool set (--group-by-tools)" : "");
     return ND_OK;
 }
 
@@ -806,11 +808,12 @@ int nd_run_plan(nd_run *r)
         return rc;
     if ((rc = set_numerics(r)))
         return rc;
-    emitf(o,
-          "  %-9s %d of %d layers' activations kept, the rest recomputed in the backward (%.0f "
-          "MB of activations for up to %ld rows at a time; --act-memory)",
-          "memory", tr->kept_layers, r->m.dims.L, (double)tr->acts.bytes / 1048576.0,
-          tr->acts.cap_rows);
+    nd_run_emitf(
+        o,
+        "  %-9s %d of %d layers' activations kept, the rest recomputed in the backward (%.0f "
+        "MB of activations for up to %ld rows at a time; --act-memory)",
+        "memory", tr->kept_layers, r->m.dims.L, (double)tr->acts.bytes / 1048576.0,
+        tr->acts.cap_rows);
     r->every = r->total / 50 > 1 ? r->total / 50 : 1;
     r->start_step = r->opt.count;
     if (o->loss_log && (rc = nd_loss_log_open(&r->llog, o->loss_log, r->start_step)))
@@ -846,7 +849,8 @@ static int next_step(nd_run *r)
         r->s0 += (size_t)r->B;
         r->step++;
         if (r->s0 >= r->count)
-            emitf(o, "  %-9s %d/%d  done before the resume", "epoch", r->epoch + 1, o->epochs);
+            nd_run_emitf(o, "  %-9s %d/%d  done before the resume", "epoch", r->epoch + 1,
+                         o->epochs);
     }
 }
 
@@ -874,7 +878,7 @@ static void report_step(nd_run *r, int rows, double loss, double lr_used)
     long done = r->step + 1;
     if (r->llog.f && nd_loss_log_step(&r->llog, done, r->epoch + 1, lr_used, loss)) {
         /* the curve is a by-product: losing it must not stop a long run */
-        emitf(o, "  %-9s %s; the loss log stops here", "warning", nd_last_error());
+        nd_run_emitf(o, "  %-9s %s; the loss log stops here", "warning", nd_last_error());
         nd_loss_log_close(&r->llog);
     }
     for (int b = 0; b < rows; b++)
@@ -884,12 +888,12 @@ static void report_step(nd_run *r, int rows, double loss, double lr_used)
         o->status(o->ctx, done, r->total, loss, r->tokens_done / (el > 0 ? el : 1e-9),
                   el / done_steps * (double)(r->total - done));
     if (done % r->every == 0)
-        emitf(o, "  %-9s %ld/%ld  loss %.4f", "step", done, r->total, loss);
+        nd_run_emitf(o, "  %-9s %ld/%ld  loss %.4f", "step", done, r->total, loss);
     if (o->save_every && done % o->save_every == 0 && done < r->total) {
         /* a failed periodic save costs only its crash safety: go on */
         if (nd_run_save(r, 0))
-            emitf(o, "  %-9s periodic save at step %ld failed (%s); training continues", "warning",
-                  done, nd_last_error());
+            nd_run_emitf(o, "  %-9s periodic save at step %ld failed (%s); training continues",
+                         "warning", done, nd_last_error());
     }
 }
 

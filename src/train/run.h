@@ -98,4 +98,8 @@ int nd_run_validate(nd_run *r, double *val_loss);
 int nd_run_save(nd_run *r, int final);
 void nd_run_close(nd_run *r);
 
+/* One progress line through o->emit (nothing without one). */
+void nd_run_emitf(const nd_finetune_opts *o, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 #endif

@@ -480,6 +480,106 @@ static void plan_offsets(plan *p, uint64_t header_size)
     }
 }
 
+/* The stack's mHC mixing tensors: six fp16 ones, then the three phi
+ * projections as CQ (both generations). */
+static int plan_mhc(plan *p, const san_model *m, const pv *params)
+{
+    static const char *mhc[] = {"a_pre", "a_post", "a_res", "b_pre", "b_post", "b_res"};
+    static const char *phi[] = {"pre", "post", "res"};
+    char tn[48], name[48];
+    int rc;
+    for (int k = 0; k < 9; k++) {
+        if (k < 6)
+            snprintf(tn, sizeof tn, "stack/mhc_%s", mhc[k]);
+        else
+            snprintf(tn, sizeof tn, "stack/mhc_phi_%s", phi[k - 6]);
+        const san_tensor *t = san_model_find(m, tn);
+        if (!t)
+            return nd_error(ND_ESHAPE, "model has no tensor %s", tn);
+        snprintf(name, sizeof name, "%s", tn + strlen("stack/"));
+        rc = k < 6 ? add_fp16(p, m, params, tn, 0, name, t->ndim, t->shape)
+                   : add_cq(p, name, SRC_CQ_PHI, m->mem + t->offset, t->shape[0], t->shape[1],
+                            t->shape[2]);
+        if (rc)
+            return rc;
+    }
+    return ND_OK;
+}
+
+/* Each engram site's tables, key/value projections and conv taps, then the
+ * final norm. With engram banks (which 3.x's exporter cannot read: it looks
+ * for engrams_<s>/embedding) each site gets its bank's tables, the layout of
+ * the same model without banks. */
+static int plan_engrams(plan *p, const san_model *m, const pv *params)
+{
+    const san_config *c = &m->cfg;
+    const san_dims *D = &m->dims;
+    int64_t d = D->d;
+    char tn[96], name[64];
+    int rc = ND_OK;
+    for (int s = 0; s < c->n_sites && !rc; s++) {
+        snprintf(name, sizeof name, "engram%d.tables", s);
+        rc = add_cq(p, name, SRC_CQ_DIRECT, m->w.eng[s].table,
+                    (int64_t)D->eng_tables * c->engram_slots, D->eng_sub, 0);
+        snprintf(name, sizeof name, "engram%d.key_proj", s);
+        if (!rc)
+            rc = add_cq(p, name, SRC_CQ_KERNEL, m->w.eng[s].wk, D->eng_dim, d, 0);
+        snprintf(name, sizeof name, "engram%d.value_proj", s);
+        if (!rc)
+            rc = add_cq(p, name, SRC_CQ_KERNEL, m->w.eng[s].wv, D->eng_dim, d, 0);
+        snprintf(tn, sizeof tn, D->n_banks ? "engram_readers_%d/taps" : "engrams_%d/taps", s);
+        snprintf(name, sizeof name, "engram%d.taps", s);
+        if (!rc)
+            rc = add_fp16(p, m, params, tn, 0, name, 2, SH(SAN_CONV_TAPS, d));
+    }
+    if (rc)
+        return rc;
+    return add_fp16(p, m, params, "stack/final_norm/scale", 0, "final_norm", 1, SH(d));
+}
+
+/* The tokenizer's bytes as the last record, when the build has them. */
+static int plan_tokenizer(plan *p, const cact_write_opts *o)
+{
+    if (!o->tokenizer)
+        return ND_OK;
+    entry *e = push(p, "tokenizer", CACT_RAW, SRC_RAW);
+    if (!e)
+        return nd_error(ND_ENOMEM, "out of memory");
+    e->raw = o->tokenizer;
+    e->rec.nbytes = o->tokenizer_len;
+    return ND_OK;
+}
+
+/* The header fields both generations' headers share, from the config. */
+#define CACT_HEADER_COMMON(h, p, c, D, o)                                                          \
+    do {                                                                                           \
+        (h)->num_tensors = (uint32_t)(p)->n;                                                       \
+        (h)->codebook_len = CQ_HEADER_CODEBOOK_LEN;                                                \
+        (h)->kv_window = (uint32_t)((o)->kv_window > 0 ? (o)->kv_window : 0);                      \
+        (h)->kv_bits = (uint32_t)((c)->kv_bits ? (c)->kv_bits : 8);                                \
+        (h)->vocab = (uint32_t)(c)->vocab_size;                                                    \
+        (h)->d_model = (uint32_t)(c)->d_model;                                                     \
+        (h)->num_heads = (uint32_t)(c)->num_heads;                                                 \
+        (h)->num_kv_heads = (uint32_t)(c)->num_kv_heads;                                           \
+        (h)->num_layers = (uint32_t)(c)->num_layers;                                               \
+        (h)->max_seq_len = (uint32_t)(c)->max_seq_len;                                             \
+        (h)->hada_n = (uint32_t)(D)->hada_n;                                                       \
+        (h)->mhc_lanes = (uint32_t)(c)->mhc_lanes;                                                 \
+        (h)->engram_slots = (uint32_t)(c)->engram_slots;                                           \
+        int heads_ = engram_table_heads(c);                                                        \
+        (h)->engram_sub_dim = (uint32_t)((c)->d_model / ((c)->n_orders * heads_));                 \
+        (h)->num_engram_tables = (uint32_t)((c)->n_orders * heads_);                               \
+        (h)->engram_conv_taps = SAN_CONV_TAPS;                                                     \
+        (h)->engram_conv_dilation = (uint32_t)engram_max_order(c);                                 \
+        (h)->num_engram_orders = (uint32_t)(c)->n_orders;                                          \
+        for (int i_ = 0; i_ < (c)->n_orders; i_++)                                                 \
+            (h)->engram_orders[i_] = (uint32_t)(c)->engram_orders[i_];                             \
+        (h)->num_engram_sites = (uint32_t)(c)->n_sites;                                            \
+        for (int i_ = 0; i_ < (c)->n_sites; i_++)                                                  \
+            (h)->engram_sites[i_] = (uint32_t)(c)->engram_layers[i_];                              \
+        (h)->rope_theta = (float)(c)->rope_theta;                                                  \
+    } while (0)
+
 static int make_plan3(const san_model *m, const pv *params, const cact_write_opts *o, plan *p)
 {
     const san_config *c = &m->cfg;
@@ -588,28 +688,7 @@ static int make_plan3(const san_model *m, const pv *params, const cact_write_opt
 #undef FP16
 #undef KERNEL
     }
-    static const char *mhc[] = {"a_pre", "a_post", "a_res", "b_pre", "b_post", "b_res"};
-    for (int k = 0; k < 6; k++) {
-        snprintf(tn, sizeof tn, "stack/mhc_%s", mhc[k]);
-        snprintf(name, sizeof name, "mhc_%s", mhc[k]);
-        const san_tensor *t = san_model_find(m, tn);
-        if (!t) {
-            rc = nd_error(ND_ESHAPE, "model has no tensor %s", tn);
-            goto fail;
-        }
-        TRY(add_fp16(p, m, params, tn, 0, name, t->ndim, t->shape));
-    }
-    static const char *phi[] = {"pre", "post", "res"};
-    for (int k = 0; k < 3; k++) {
-        snprintf(tn, sizeof tn, "stack/mhc_phi_%s", phi[k]);
-        snprintf(name, sizeof name, "mhc_phi_%s", phi[k]);
-        const san_tensor *t = san_model_find(m, tn);
-        if (!t) {
-            rc = nd_error(ND_ESHAPE, "model has no tensor %s", tn);
-            goto fail;
-        }
-        TRY(add_cq(p, name, SRC_CQ_PHI, m->mem + t->offset, t->shape[0], t->shape[1], t->shape[2]));
-    }
+    TRY(plan_mhc(p, m, params));
     for (int k = 0; k < 2; k++) {
         entry *e = push(p, k ? "hada_p2" : "hada_p1", CACT_FP32, SRC_PERM);
         if (!e) {
@@ -620,52 +699,18 @@ static int make_plan3(const san_model *m, const pv *params, const cact_write_opt
         set_shape(e, 1, SH(hn));
         e->rec.nbytes = (uint64_t)hn * 4;
     }
-    for (int s = 0; s < c->n_sites; s++) {
-        /* with engram banks (which 3.x's exporter cannot read: it looks
-         * for engrams_<s>/embedding) each site gets its bank's tables,
-         * the layout of the same model without banks */
-        snprintf(name, sizeof name, "engram%d.tables", s);
-        TRY(add_cq(p, name, SRC_CQ_DIRECT, m->w.eng[s].table,
-                   (int64_t)D->eng_tables * c->engram_slots, D->eng_sub, 0));
-        snprintf(name, sizeof name, "engram%d.key_proj", s);
-        TRY(add_cq(p, name, SRC_CQ_KERNEL, m->w.eng[s].wk, D->eng_dim, d, 0));
-        snprintf(name, sizeof name, "engram%d.value_proj", s);
-        TRY(add_cq(p, name, SRC_CQ_KERNEL, m->w.eng[s].wv, D->eng_dim, d, 0));
-        snprintf(tn, sizeof tn, D->n_banks ? "engram_readers_%d/taps" : "engrams_%d/taps", s);
-        snprintf(name, sizeof name, "engram%d.taps", s);
-        TRY(add_fp16(p, m, params, tn, 0, name, 2, SH(SAN_CONV_TAPS, d)));
-    }
-    TRY(add_fp16(p, m, params, "stack/final_norm/scale", 0, "final_norm", 1, SH(d)));
+    TRY(plan_engrams(p, m, params));
     TRY(plan_heads3(p, params));
-    if (o->tokenizer) {
-        entry *e = push(p, "tokenizer", CACT_RAW, SRC_RAW);
-        if (!e) {
-            rc = nd_error(ND_ENOMEM, "out of memory");
-            goto fail;
-        }
-        e->raw = o->tokenizer;
-        e->rec.nbytes = o->tokenizer_len;
-    }
+    TRY(plan_tokenizer(p, o));
 #undef TRY
 
     /* header: export.py _pack_cact */
     cact_header3 *h = &p->h3;
     h->tag = CACT3_TAG;
-    h->num_tensors = (uint32_t)p->n;
-    h->codebook_len = CQ_HEADER_CODEBOOK_LEN;
-    h->kv_window = (uint32_t)(o->kv_window > 0 ? o->kv_window : 0);
-    h->kv_bits = (uint32_t)(c->kv_bits ? c->kv_bits : 8);
-    h->vocab = (uint32_t)c->vocab_size;
+    CACT_HEADER_COMMON(h, p, c, D, o);
     h->out_vocab = (uint32_t)(c->out_vocab > 0 ? c->out_vocab : 0);
-    h->d_model = (uint32_t)c->d_model;
-    h->num_heads = (uint32_t)c->num_heads;
-    h->num_kv_heads = (uint32_t)c->num_kv_heads;
-    h->num_layers = (uint32_t)c->num_layers;
     h->qk_head_dim = (uint32_t)D->hd;
     h->v_head_dim = (uint32_t)D->v_hd;
-    h->max_seq_len = (uint32_t)c->max_seq_len;
-    h->hada_n = (uint32_t)D->hada_n;
-    h->mhc_lanes = (uint32_t)c->mhc_lanes;
     h->sliding_window = (uint32_t)(c->sliding_window > 0 ? c->sliding_window : 0);
     uint64_t gmask = 0;
     for (int i = 0; i < c->n_global; i++)
@@ -674,20 +719,7 @@ static int make_plan3(const san_model *m, const pv *params, const cact_write_opt
     h->global_mask_lo = (uint32_t)gmask;
     h->global_mask_hi = (uint32_t)(gmask >> 32);
     h->qkv_conv_taps = (uint32_t)c->qkv_conv_taps;
-    h->engram_slots = (uint32_t)c->engram_slots;
-    int heads = engram_table_heads(c);
-    h->engram_sub_dim = (uint32_t)(c->d_model / (c->n_orders * heads));
-    h->num_engram_tables = (uint32_t)(c->n_orders * heads);
-    h->engram_conv_taps = SAN_CONV_TAPS;
-    h->engram_conv_dilation = (uint32_t)engram_max_order(c);
     h->engram_seed_heads = (uint32_t)c->engram_seed_heads;
-    h->num_engram_orders = (uint32_t)c->n_orders;
-    for (int i = 0; i < c->n_orders; i++)
-        h->engram_orders[i] = (uint32_t)c->engram_orders[i];
-    h->num_engram_sites = (uint32_t)c->n_sites;
-    for (int i = 0; i < c->n_sites; i++)
-        h->engram_sites[i] = (uint32_t)c->engram_layers[i];
-    h->rope_theta = (float)c->rope_theta;
 
     plan_offsets(p, CACT3_HEADER_SIZE);
     return ND_OK;
@@ -739,7 +771,7 @@ static int make_plan(const san_model *m, const pv *params, const cact_write_opts
         }
     }
 
-    int64_t L = D->L, d = D->d, nd = (int64_t)D->n * D->d;
+    int64_t L = D->L, d = D->d;
     const char *blk = "stack/layers/block";
     char tn[128], name[64];
 #define TRY(x)                                                                                     \
@@ -783,78 +815,17 @@ static int make_plan(const san_model *m, const pv *params, const cact_write_opts
 #undef FP16
 #undef KERNEL
     }
-    static const char *mhc[] = {"a_pre", "a_post", "a_res", "b_pre", "b_post", "b_res"};
-    for (int k = 0; k < 6; k++) {
-        snprintf(tn, sizeof tn, "stack/mhc_%s", mhc[k]);
-        snprintf(name, sizeof name, "mhc_%s", mhc[k]);
-        const san_tensor *t = san_model_find(m, tn);
-        if (!t) {
-            rc = nd_error(ND_ESHAPE, "model has no tensor %s", tn);
-            goto fail;
-        }
-        TRY(add_fp16(p, m, params, tn, 0, name, t->ndim, t->shape));
-    }
-    static const char *phi[] = {"pre", "post", "res"};
-    for (int k = 0; k < 3; k++) {
-        snprintf(tn, sizeof tn, "stack/mhc_phi_%s", phi[k]);
-        snprintf(name, sizeof name, "mhc_phi_%s", phi[k]);
-        const san_tensor *t = san_model_find(m, tn);
-        TRY(add_cq(p, name, SRC_CQ_PHI, m->mem + t->offset, L, nd, t->shape[2]));
-    }
-    for (int s = 0; s < c->n_sites; s++) {
-        snprintf(name, sizeof name, "engram%d.tables", s);
-        TRY(add_cq(p, name, SRC_CQ_DIRECT, m->w.eng[s].table,
-                   (int64_t)D->eng_tables * c->engram_slots, D->eng_sub, 0));
-        snprintf(name, sizeof name, "engram%d.key_proj", s);
-        TRY(add_cq(p, name, SRC_CQ_KERNEL, m->w.eng[s].wk, D->eng_dim, d, 0));
-        snprintf(name, sizeof name, "engram%d.value_proj", s);
-        TRY(add_cq(p, name, SRC_CQ_KERNEL, m->w.eng[s].wv, D->eng_dim, d, 0));
-        snprintf(tn, sizeof tn, "engrams_%d/taps", s);
-        snprintf(name, sizeof name, "engram%d.taps", s);
-        TRY(add_fp16(p, m, params, tn, 0, name, 2, SH(SAN_CONV_TAPS, d)));
-    }
-    TRY(add_fp16(p, m, params, "stack/final_norm/scale", 0, "final_norm", 1, SH(d)));
+    TRY(plan_mhc(p, m, params));
+    TRY(plan_engrams(p, m, params));
     TRY(plan_heads(p, params));
-    if (o->tokenizer) {
-        entry *e = push(p, "tokenizer", CACT_RAW, SRC_RAW);
-        if (!e) {
-            rc = nd_error(ND_ENOMEM, "out of memory");
-            goto fail;
-        }
-        e->raw = o->tokenizer;
-        e->rec.nbytes = o->tokenizer_len;
-    }
+    TRY(plan_tokenizer(p, o));
 #undef TRY
 
     /* header */
     cact_header *h = &p->hdr;
     h->tag = CACT_TAG;
-    h->num_tensors = (uint32_t)p->n;
-    h->codebook_len = CQ_HEADER_CODEBOOK_LEN;
-    h->kv_window = (uint32_t)(o->kv_window > 0 ? o->kv_window : 0);
-    h->kv_bits = (uint32_t)(c->kv_bits ? c->kv_bits : 8);
-    h->vocab = (uint32_t)c->vocab_size;
-    h->d_model = (uint32_t)c->d_model;
-    h->num_heads = (uint32_t)c->num_heads;
-    h->num_kv_heads = (uint32_t)c->num_kv_heads;
-    h->num_layers = (uint32_t)c->num_layers;
+    CACT_HEADER_COMMON(h, p, c, D, o);
     h->head_dim = (uint32_t)D->hd;
-    h->max_seq_len = (uint32_t)c->max_seq_len;
-    h->hada_n = (uint32_t)D->hada_n;
-    h->mhc_lanes = (uint32_t)c->mhc_lanes;
-    h->engram_slots = (uint32_t)c->engram_slots;
-    int heads = engram_table_heads(c);
-    h->engram_sub_dim = (uint32_t)(c->d_model / (c->n_orders * heads));
-    h->num_engram_tables = (uint32_t)(c->n_orders * heads);
-    h->engram_conv_taps = SAN_CONV_TAPS;
-    h->engram_conv_dilation = (uint32_t)engram_max_order(c);
-    h->num_engram_orders = (uint32_t)c->n_orders;
-    for (int i = 0; i < c->n_orders; i++)
-        h->engram_orders[i] = (uint32_t)c->engram_orders[i];
-    h->num_engram_sites = (uint32_t)c->n_sites;
-    for (int i = 0; i < c->n_sites; i++)
-        h->engram_sites[i] = (uint32_t)c->engram_layers[i];
-    h->rope_theta = (float)c->rope_theta;
 
     plan_offsets(p, CACT_HEADER_SIZE);
     return ND_OK;

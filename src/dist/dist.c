@@ -8,42 +8,7 @@
 #include <string.h>
 
 #include "core/status.h"
-
-/* The two ABIs: Open MPI's handles are pointers to objects the library
- * exports, MPICH's are int constants from its mpi.h. */
-typedef void *ompi_h;
-typedef int mpich_h;
-#define MPICH_COMM_WORLD 0x44000000
-#define MPICH_FLOAT 0x4c00040a
-#define MPICH_BYTE 0x4c00010d
-
-struct nd_dist {
-    void *lib;
-    int ompi; /* 1: Open MPI, 0: MPICH */
-    int rank, size, shared;
-    char impl[160];
-    /* handles as the library wants them */
-    ompi_h o_world, o_float, o_byte;
-    int (*init)(int *, char ***);
-    int (*finalize)(void);
-    int (*o_rank)(ompi_h, int *), (*m_rank)(mpich_h, int *);
-    int (*o_size)(ompi_h, int *), (*m_size)(mpich_h, int *);
-    int (*o_alltoallv)(const void *, const int *, const int *, ompi_h, void *, const int *,
-                       const int *, ompi_h, ompi_h);
-    int (*m_alltoallv)(const void *, const int *, const int *, mpich_h, void *, const int *,
-                       const int *, mpich_h, mpich_h);
-    int (*o_allgatherv)(const void *, int, ompi_h, void *, const int *, const int *, ompi_h,
-                        ompi_h);
-    int (*m_allgatherv)(const void *, int, mpich_h, void *, const int *, const int *, mpich_h,
-                        mpich_h);
-    int (*o_allgather)(const void *, int, ompi_h, void *, int, ompi_h, ompi_h);
-    int (*m_allgather)(const void *, int, mpich_h, void *, int, mpich_h, mpich_h);
-    int (*o_abort)(ompi_h, int), (*m_abort)(mpich_h, int);
-    /* nd_dist_sum's scratch */
-    float *scratch;
-    size_t scratch_n;
-    int *counts, *displs, *rcounts, *rdispls;
-};
+#include "dist/dist_internal.h"
 
 /* The launcher's world size, or 0 when no MPI launcher started us. */
 static int launcher_size(void)
@@ -249,6 +214,7 @@ void nd_dist_close(nd_dist *d)
 {
     if (!d)
         return;
+    nd_dist_nccl_close(d); /* before MPI goes */
     if (d->lib && d->finalize && d->size > 0)
         d->finalize();
     /* libmpi stays loaded: its components and atexit handlers refer to it */

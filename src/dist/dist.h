@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 typedef struct nd_dist nd_dist;
+typedef struct nd_backend nd_backend;
 
 /* The world this process belongs to. *out = NULL (and ND_OK) when not
  * started by an MPI launcher or started as a single rank; an error when
@@ -27,6 +28,21 @@ const char *nd_dist_impl(const nd_dist *d);
  * network's order. One exchange: each rank sums one slice of the buffer
  * (all-to-all), then the slices are gathered (all-gather). */
 int nd_dist_sum(nd_dist *d, float *buf, size_t n);
+/* The GPU path: with the CUDA backend, the gradient sum runs on device
+ * memory through NCCL (libnccl.so.2 loaded at run time, one process per
+ * GPU, rank 0's ncclUniqueId sent to the others over MPI). Collective:
+ * every rank calls it; NCCL is used only when it loads on every rank
+ * (NEEDLE_NCCL=0 turns it off; NEEDLE_NCCL=PATH loads that file).
+ * Nothing (ND_OK) for other backends or without NCCL. */
+int nd_dist_device_open(nd_dist *d, const nd_backend *be);
+/* "NCCL 2.x.y" when the GPU path is on, else NULL */
+const char *nd_dist_device_impl(const nd_dist *d);
+/* why the GPU path is off with a CUDA backend ("no libnccl ..."), or NULL */
+const char *nd_dist_device_why(const nd_dist *d);
+/* Sum buf[0..n), the backend's memory, over the ranks in place: NCCL on
+ * the device (its summation order, see docs/training.md; every rank gets
+ * the same bits), synced before it returns; nd_dist_sum without NCCL. */
+int nd_dist_sum_device(nd_dist *d, float *buf, size_t n);
 /* Every rank's k 64-bit values: all[rank * k + i]. */
 int nd_dist_gather_u64(nd_dist *d, const uint64_t *mine, int k, uint64_t *all);
 /* End every rank of the job now (after a rank-local failure that the

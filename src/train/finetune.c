@@ -75,8 +75,9 @@ static int finish(nd_run *r)
         double el = nd_wtime() - r->t_start, steps = (double)(r->step - r->start_step);
         nd_run_emitf(o,
                      "  distributed  %.1f ms a step summing gradients over %d ranks (%.1f%% of the "
-                     "steps' time)",
-                     r->comm_s / steps * 1e3, r->nranks, el > 0 ? 100.0 * r->comm_s / el : 0.0);
+                     "%.1f ms steps)",
+                     r->comm_s / steps * 1e3, r->nranks, el > 0 ? 100.0 * r->comm_s / el : 0.0,
+                     el / steps * 1e3);
     }
     int rc = nd_run_save(r, 1);
     if (rc || !o->out)

@@ -278,11 +278,20 @@ static int load_inputs(nd_run *r)
     fclose(probe);
     char bl[512];
     nd_run_emitf(o, "  %-9s %s", "backend", nd_backend_line(r->be, bl, sizeof bl));
-    if (r->dist)
+    if (r->dist && (rc = nd_dist_device_open(r->dist, r->be))) /* NCCL with CUDA */
+        return rc;
+    if (r->dist && nd_dist_device_impl(r->dist))
         nd_run_emitf(o,
                      "  distributed  mpi  %d ranks  %s; each computes its share of a batch, the "
-                     "gradients summed in rank order",
-                     r->nranks, nd_dist_impl(r->dist));
+                     "gradients summed on the GPUs by %s",
+                     r->nranks, nd_dist_impl(r->dist), nd_dist_device_impl(r->dist));
+    else if (r->dist)
+        nd_run_emitf(o,
+                     "  distributed  mpi  %d ranks  %s; each computes its share of a batch, the "
+                     "gradients summed in rank order%s%s%s",
+                     r->nranks, nd_dist_impl(r->dist), nd_dist_device_why(r->dist) ? " (" : "",
+                     nd_dist_device_why(r->dist) ? nd_dist_device_why(r->dist) : "",
+                     nd_dist_device_why(r->dist) ? ")" : "");
     /* --full --resume: the weights are the resumed checkpoint's, the base
      * (--checkpoint) only identifies the run in the settings check */
     const char *weights = o->full && o->resume ? o->resume : o->checkpoint;
@@ -642,15 +651,23 @@ static int dist_grads(nd_run *r, const size_t *idx, int rows, double *loss, doub
     tr->denom = 0;
     if (rc && rc != ND_ENUMERIC)
         return rc; /* rank-local: the caller ends the job */
-    memcpy(r->red, r->G, sizeof(float) * NP);
-    r->red[NP] = (float)part;
-    r->red[NP + 1] = o->stop && *o->stop ? 1.0f : 0.0f;
-    r->red[NP + 2] = rc == ND_ENUMERIC ? 1.0f : 0.0f;
+    /* with NCCL the gradients are summed where they are (GPU memory), the
+     * three scalars by MPI; else all in one host buffer */
+    size_t host_n = nd_dist_device_impl(r->dist) ? 0 : NP;
+    if (host_n)
+        memcpy(r->red, r->G, sizeof(float) * NP);
+    r->red[host_n] = (float)part;
+    r->red[host_n + 1] = o->stop && *o->stop ? 1.0f : 0.0f;
+    r->red[host_n + 2] = rc == ND_ENUMERIC ? 1.0f : 0.0f;
     double t0 = nd_wtime();
-    if ((rc = nd_dist_sum(r->dist, r->red, NP + 3)))
+    if ((!host_n && (rc = nd_dist_sum_device(r->dist, r->G, NP))) ||
+        (rc = nd_dist_sum(r->dist, r->red, host_n + 3)))
         return rc;
     r->comm_s += nd_wtime() - t0;
-    memcpy(r->G, r->red, sizeof(float) * NP);
+    if (host_n)
+        memcpy(r->G, r->red, sizeof(float) * NP);
+    else
+        memmove(r->red + NP, r->red, sizeof(float) * 3);
     *loss = r->red[NP];
     *masked = denom;
     if (r->red[NP + 1] > 0) {

@@ -3,8 +3,11 @@
 # backend: test_backend_ops (every op), then the same fine-tunes on both (shared-prefix, packed and padded
 # batches; full and LoRA; a tiny and a wider model with 4 lanes, head dim
 # 64 and two engram sites), per-step losses within 1e-4 (relative) and the
-# trained weights within 1% of how far training moved them. Minutes, not
-# seconds: every GPU thread is a coroutine here.
+# trained weights within 1% of how far training moved them; and (with
+# mpirun) 2 ranks whose gradients go through the NCCL path (a stand-in
+# libnccl) against one process. Minutes, not seconds: every GPU thread is a
+# coroutine here. Device memory (cudaMalloc) is closed to host code outside
+# the emulated stream work, so a host dereference of it aborts the run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 NEEDLE=${NEEDLE:-build/needle}
@@ -49,6 +52,21 @@ pair() { # NAME BASE DATA EXTRA...
       "$OUT/$base" || fail=1
   fi
 }
+# the guard on device memory: copies and kernels may touch it, host code may not
+${CXX:-g++} -std=c++17 -O1 -U_FORTIFY_SOURCE -D_FORTIFY_SOURCE=0 -w -Itools/cuda_emu/include \
+  -o "$OUT/poison_check" tools/cuda_emu/poison_check.cpp tools/cuda_emu/emu.cpp
+if ! "$OUT/poison_check" >"$OUT/poison.log" 2>&1; then
+  echo "poison_check: allowed accesses failed"
+  cat "$OUT/poison.log"
+  fail=1
+elif "$OUT/poison_check" touch >"$OUT/poison.log" 2>&1 ||
+  ! grep -q 'host code touched device memory' "$OUT/poison.log"; then
+  echo "poison_check: a host read of device memory was not caught"
+  cat "$OUT/poison.log"
+  fail=1
+else
+  echo "poison_check: a host read of device memory aborts: ok"
+fi
 # every op against the CPU first (test_backend_ops, when built)
 OPS=${OPS:-$(dirname "$NEEDLE")/test_backend_ops}
 if [ -x "$OPS" ]; then
@@ -60,6 +78,58 @@ if [ -x "$OPS" ]; then
     fail=1
   fi
 fi
+# 2 ranks (mpirun, loopback) on the emulated plugin, the gradients through
+# the NCCL path of src/dist with a stand-in libnccl (fake_nccl.c: the id
+# exchange and the all-reduce calls are checked, NCCL itself is not): the
+# adapter must equal the one-process run's (<= 1e-5 relative)
+mpi_nccl() {
+  if ! command -v mpirun >/dev/null; then
+    echo "mpi-nccl: skipped (no mpirun)"
+    return
+  fi
+  ${CC:-gcc} -std=c11 -O1 -shared -fPIC -o "$OUT/libnccl.so.2" tools/cuda_emu/fake_nccl.c -ldl
+  head -n 4 examples/data.jsonl >"$OUT/d4.jsonl" # 2 steps of 2 rows: one row a rank
+  local args=(finetune "$OUT/d4.jsonl" --checkpoint "$OUT/tiny.pkl" --tokenizer "$TOK" --batch-size 2
+    --max-len 256 --epochs 1 --lr 1e-2 --seed 0 --val-split 0 --device cuda --threads 1)
+  "$NEEDLE" "${args[@]}" --out "$OUT/mpi1.pkl" >"$OUT/mpi1.log" 2>&1 || {
+    echo "mpi-nccl: 1-process run failed"
+    tail -n 5 "$OUT/mpi1.log"
+    fail=1
+    return
+  }
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NEEDLE_NCCL="$OUT/libnccl.so.2" \
+    FAKE_NCCL_LOG="$OUT/nccl.log" timeout 300 mpirun --oversubscribe --mca btl self,tcp \
+    --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo -np 2 \
+    "$NEEDLE" "${args[@]}" --out "$OUT/mpi2.pkl" >"$OUT/mpi2.log" 2>&1 || {
+    echo "mpi-nccl: 2-rank run failed"
+    tail -n 8 "$OUT/mpi2.log"
+    fail=1
+    return
+  }
+  local steps
+  steps=$(losses "$OUT/mpi1.log" | wc -l)
+  grep -q 'distributed  mpi  2 ranks.*summed on the GPUs by NCCL' "$OUT/mpi2.log" ||
+    { echo "mpi-nccl: not the NCCL path"; grep distributed "$OUT/mpi2.log"; fail=1; }
+  # one all-reduce a step on each rank, of the whole adapter's gradients
+  [ "$(grep -c "size 2 calls $steps floats [1-9]" "$OUT/nccl.log")" = 2 ] ||
+    { echo "mpi-nccl: expected 2 ranks x $steps all-reduces:"; cat "$OUT/nccl.log"; fail=1; }
+  "$PY" - "$OUT/mpi1.pkl" "$OUT/mpi2.pkl" <<'PYEOF' || fail=1
+import pickle, sys
+import numpy as np
+def flat(t, out):
+    if isinstance(t, dict):
+        for k in sorted(t, key=str):
+            flat(t[k], out)
+    elif isinstance(t, np.ndarray) and t.dtype.kind == "f":
+        out.append(t.astype(np.float64).ravel())
+    return out
+a, b = (np.concatenate(flat(pickle.load(open(p, "rb")), [])) for p in sys.argv[1:3])
+rel = np.abs(a - b).max() / max(np.abs(a).max(), 1e-30)
+print("mpi-nccl: 2 ranks (NCCL path) vs 1 process: max relative difference %.2e" % rel)
+sys.exit(0 if a.shape == b.shape and rel <= 1e-5 else 1)
+PYEOF
+}
+mpi_nccl
 pair tiny-full-shared tiny.pkl d16.jsonl --full
 pair wide-full-padded wide.pkl d8.jsonl --full --batching padded
 pair wide-lora-shared wide.pkl d8.jsonl

@@ -1,5 +1,8 @@
 #include "cuda_runtime.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 namespace emu
 {
 dim3 threadIdx_, blockIdx_, blockDim_, gridDim_;
@@ -40,13 +43,90 @@ void enqueue(std::function<void()> work)
     queue().push_back(std::move(work));
 }
 
+size_t &allocated()
+{
+    static size_t n;
+    return n;
+}
+
+static size_t page_round(size_t n)
+{
+    size_t pg = 4096;
+    return (n + pg - 1) / pg * pg;
+}
+
+/* device memory open to the emulated device (1) or closed to the host (0) */
+static void device_access(int open)
+{
+    for (auto &a : allocs())
+        if (a.second.second == cudaMemoryTypeDevice &&
+            mprotect((void *)a.first, page_round(a.second.first ? a.second.first : 1),
+                     open ? PROT_READ | PROT_WRITE : PROT_NONE)) {
+            perror("emu: mprotect");
+            abort();
+        }
+}
+
+static void on_segv(int, siginfo_t *si, void *)
+{
+    uintptr_t a = (uintptr_t)si->si_addr;
+    for (auto &e : allocs())
+        if (e.second.second == cudaMemoryTypeDevice && a >= e.first &&
+            a < e.first + page_round(e.second.first)) {
+            char msg[160];
+            int n = snprintf(msg, sizeof msg,
+                             "emu: host code touched device memory at %p (cudaMalloc block %p, "
+                             "%zu bytes): copy it with cudaMemcpy instead\n",
+                             si->si_addr, (void *)e.first, e.second.first);
+            if (write(2, msg, (size_t)n) < 0) {
+            }
+            abort();
+        }
+    signal(SIGSEGV, SIG_DFL); /* anything else: the usual crash */
+    raise(SIGSEGV);
+}
+
+void *device_alloc(size_t n)
+{
+    static int handler;
+    if (!handler) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_segv;
+        sa.sa_flags = SA_SIGINFO;
+        sigaction(SIGSEGV, &sa, NULL);
+        handler = 1;
+    }
+    void *p = mmap(NULL, page_round(n ? n : 1), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        perror("emu: mmap");
+        abort();
+    }
+    memset(p, 0x7f, n); /* garbage, not zeros: alloc must zero it itself */
+    if (mprotect(p, page_round(n ? n : 1), PROT_NONE)) {
+        perror("emu: mprotect");
+        abort();
+    }
+    return p;
+}
+
+void device_free(void *p, size_t n)
+{
+    munmap(p, page_round(n ? n : 1));
+}
+
 void drain()
 {
     /* taking the list first: work never enqueues more, but be safe */
     std::vector<std::function<void()>> q;
     q.swap(queue());
+    if (q.empty())
+        return;
+    device_access(1);
     for (auto &w : q)
         w();
+    device_access(0);
 }
 
 void *dyn_shared()

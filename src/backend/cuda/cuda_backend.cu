@@ -46,8 +46,10 @@ static cuda_ctx *ctx_of(const nd_backend *be)
 static void ring_alloc(cuda_ctx *C, size_t bytes)
 {
     void *h = NULL, *d = NULL;
-    CUDA_CHECK(cudaHostAlloc(&h, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
-    CUDA_CHECK(cudaHostGetDevicePointer(&d, h, 0));
+    /* pinned, so the copies below are DMA transfers; not mapped: the
+     * kernels read the device twin only */
+    CUDA_CHECK(cudaHostAlloc(&h, bytes, cudaHostAllocPortable));
+    CUDA_CHECK(cudaMalloc(&d, bytes));
     C->ring_host = (char *)h;
     C->ring_dev = (char *)d;
     C->ring_cap = bytes;
@@ -58,10 +60,14 @@ static void cuda_sync(const nd_backend *be)
 {
     cuda_ctx *C = ctx_of(be);
     CUDA_CHECK(cudaSetDevice(C->device));
-    CUDA_CHECK(cudaStreamSynchronize(C->stream));
+    /* the whole device, not only this stream: a NCCL all-reduce issued on
+     * the gradients by src/dist runs on a stream of its own */
+    CUDA_CHECK(cudaDeviceSynchronize());
     /* nothing reads the staged copies any more: recycle the ring */
-    for (int i = 0; i < C->n_retired; i++)
+    for (int i = 0; i < C->n_retired; i += 2) {
         CUDA_CHECK(cudaFreeHost(C->retired[i]));
+        CUDA_CHECK(cudaFree(C->retired[i + 1]));
+    }
     C->n_retired = 0;
     C->ring_used = 0;
     for (int i = 0; i < CUDA_MAX_LAYOUTS; i++) /* staged layouts lived there */
@@ -99,7 +105,7 @@ static void *ring_take(cuda_ctx *C, size_t bytes, char **host)
     if (C->ring_used + bytes > C->ring_cap) {
         /* full in the middle of an op: earlier copies of this op are in the
          * old ring, so it stays allocated until the next sync */
-        if (C->n_retired == C->cap_retired) {
+        if (C->n_retired + 2 > C->cap_retired) {
             int cap = C->cap_retired ? 2 * C->cap_retired : 8;
             char **r = (char **)realloc(C->retired, sizeof *r * (size_t)cap);
             if (!r) {
@@ -110,6 +116,7 @@ static void *ring_take(cuda_ctx *C, size_t bytes, char **host)
             C->cap_retired = cap;
         }
         C->retired[C->n_retired++] = C->ring_host;
+        C->retired[C->n_retired++] = C->ring_dev;
         size_t cap = 2 * C->ring_cap;
         while (cap < 2 * bytes)
             cap *= 2;
@@ -121,14 +128,23 @@ static void *ring_take(cuda_ctx *C, size_t bytes, char **host)
     return C->ring_dev + off;
 }
 
+/* bytes of the ring, filled from src on the host, then copied to the
+ * device on the stream (after every op issued before, before every op
+ * issued after): the device address */
+static void *ring_upload(cuda_ctx *C, const void *src, size_t bytes)
+{
+    char *h;
+    void *d = ring_take(C, bytes, &h);
+    memcpy(h, src, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, C->stream));
+    return d;
+}
+
 const void *cuda_stage(cuda_ctx *C, const void *p, size_t bytes)
 {
     if (!p || !bytes || !cuda_is_host(p))
         return p;
-    char *h;
-    void *d = ring_take(C, bytes, &h);
-    memcpy(h, p, bytes);
-    return d;
+    return ring_upload(C, p, bytes);
 }
 
 void *cuda_scratch(cuda_ctx *C, size_t bytes)
@@ -172,11 +188,10 @@ static int layout_matches(const layout_cache_entry *e, const nd_layout *L)
 /* Copy n items into the ring; returns the device address. */
 static const void *ring_put(cuda_ctx *C, const void *src, size_t bytes)
 {
-    char *h;
-    void *d = ring_take(C, bytes ? bytes : 1, &h);
     if (bytes)
-        memcpy(h, src, bytes);
-    return d;
+        return ring_upload(C, src, bytes);
+    char *h;
+    return ring_take(C, 1, &h);
 }
 
 dev_layout cuda_layout(cuda_ctx *C, const nd_layout *L)
@@ -283,6 +298,17 @@ static void *cuda_alloc(const nd_backend *be, size_t bytes)
 {
     cuda_ctx *C = cuda_op_begin(be);
     void *p = NULL;
+    /* alloc memory stays managed: the contract (backend.h) lets the host
+     * read and write it after a sync, and the model and trainer do (weights
+     * in, AdamW, merges). But never more than the card has free: managed
+     * memory beyond it pages to and fro or, on some drivers, hangs the GPU.
+     * NULL here is a clean "out of cuda memory" for the caller. */
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+        if (bytes > free_b)
+            return NULL;
+    } else
+        (void)cudaGetLastError();
     CUDA_CHECK(cudaMallocManaged(&p, bytes ? bytes : 1, cudaMemAttachGlobal));
 #if CUDART_VERSION >= 13000
     cudaMemLocation loc;
@@ -444,6 +470,23 @@ static int driver_present(void)
     return h != NULL;
 }
 
+/* Under an MPI launcher (`mpirun -np N needle finetune --device cuda`),
+ * this process's rank among those on its machine: one process per GPU,
+ * "cuda" meaning device local-rank (modulo the count). 0 otherwise. */
+static int launcher_local_rank(void)
+{
+    const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK",
+                          "SLURM_LOCALID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) {
+            int r = atoi(v);
+            return r > 0 ? r : 0;
+        }
+    }
+    return 0;
+}
+
 extern "C" __attribute__((visibility("default"))) const nd_backend *
 nd_plugin_open(int abi, int index, int allow_software, int threads, int *no_device, char *err,
                size_t errlen)
@@ -468,7 +511,7 @@ nd_plugin_open(int abi, int index, int allow_software, int threads, int *no_devi
         (void)cudaGetLastError();
         return NULL;
     }
-    int dev = index < 0 ? 0 : index;
+    int dev = index < 0 ? launcher_local_rank() % count : index;
     if (dev >= count || dev >= MAX_DEVICES) {
         *no_device = 1;
         snprintf(err, errlen, "no CUDA device %d (%d present)", dev, count);

@@ -4,10 +4,13 @@
  * (src/backend/cpu/cpu_kernels.h).
  *
  * Every op is issued on one stream, in order, and returns at once. Inputs
- * that are plain host memory are copied into a pinned, mapped staging ring
- * when the op is issued (the host may reuse its buffer right after); the
- * ring is recycled only after a sync, so a staged copy lives until every
- * op issued before the sync has run. */
+ * that are plain host memory are copied into a pinned host staging ring
+ * when the op is issued (the host may reuse its buffer right after), and
+ * from there by an explicit copy on the stream (cudaMemcpyAsync) into the
+ * ring's device twin, plain device memory (cudaMalloc) that the kernels
+ * read; both are recycled only after a sync, so a staged copy lives until
+ * every op issued before the sync has run. Kernels never read host memory
+ * through a mapping. */
 #ifndef ND_CUDA_COMMON_CUH
 #define ND_CUDA_COMMON_CUH
 
@@ -66,10 +69,12 @@ typedef struct {
     int device;
     cudaStream_t stream;
     cublasHandle_t blas;
-    /* staging ring: pinned host memory the device reads through its mapping */
+    /* staging ring: pinned host memory the host fills, and its device twin
+     * (cudaMalloc, same offsets) the stream copies it into */
     char *ring_host, *ring_dev;
     size_t ring_cap, ring_used;
-    /* rings outgrown since the last sync: kernels may still read them */
+    /* rings outgrown since the last sync (host, device pairs): copies and
+     * kernels issued before may still use them */
     char **retired;
     int n_retired, cap_retired;
     /* scratch device memory for one op at a time (ops run in stream order) */

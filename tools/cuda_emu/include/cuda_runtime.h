@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <ucontext.h>
 #include <functional>
 #include <map>
@@ -33,7 +34,12 @@ enum {
     cudaHostAllocPortable = 1,
     cudaMemAttachGlobal = 1
 };
-enum cudaMemcpyKind { cudaMemcpyDefault = 4 };
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDefault = 4
+};
 enum cudaMemoryType {
     cudaMemoryTypeUnregistered = 0,
     cudaMemoryTypeHost = 1,
@@ -77,6 +83,13 @@ void launch_impl(dim3 grid, dim3 block, size_t shmem, void (*body)(void *), void
 void enqueue(std::function<void()> work);
 void drain();
 std::map<uintptr_t, std::pair<size_t, cudaMemoryType>> &allocs();
+/* cudaMalloc memory is a mapping of its own that only the emulated device
+ * may touch: readable and writable while stream work runs (drain), no
+ * access otherwise, so host code that dereferences a device pointer dies
+ * at once with a message (as it would on a GPU) instead of passing. */
+void *device_alloc(size_t n);
+void device_free(void *p, size_t n);
+size_t &allocated();
 
 struct launcher {
     dim3 g, b;
@@ -158,7 +171,7 @@ static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int)
     strcpy(p->name, "CPU emulation");
     p->major = 9;
     p->managedMemory = 1;
-    p->totalGlobalMem = (size_t)1 << 30;
+    p->totalGlobalMem = (size_t)8 << 30;
     return 0;
 }
 static inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, int)
@@ -177,17 +190,61 @@ static inline cudaError_t cudaStreamSynchronize(cudaStream_t)
 }
 static inline void *emu_alloc(size_t n, cudaMemoryType t)
 {
-    void *p = malloc(n);
-    memset(p, 0x7f, n); /* garbage, not zeros: alloc must zero it itself */
+    void *p = t == cudaMemoryTypeDevice ? emu::device_alloc(n) : malloc(n);
+    if (t != cudaMemoryTypeDevice)
+        memset(p, 0x7f, n); /* garbage, not zeros: alloc must zero it itself */
     emu::allocs()[(uintptr_t)p] = {n, t};
+    emu::allocated() += n;
     return p;
 }
 static inline cudaError_t emu_free(void *p)
 {
     emu::drain(); /* cudaFree waits for the device */
-    emu::allocs().erase((uintptr_t)p);
-    free(p);
+    auto it = emu::allocs().find((uintptr_t)p);
+    if (it == emu::allocs().end()) {
+        fprintf(stderr, "emu: cudaFree of %p, which no allocation returned\n", p);
+        abort();
+    }
+    size_t n = it->second.first;
+    cudaMemoryType t = it->second.second;
+    emu::allocs().erase(it);
+    emu::allocated() -= n;
+    if (t == cudaMemoryTypeDevice)
+        emu::device_free(p, n);
+    else
+        free(p);
     return 0;
+}
+/* the kind of memory p points into (Unregistered: plain host memory) */
+static inline cudaMemoryType emu_kind(const void *p)
+{
+    auto &m = emu::allocs();
+    auto it = m.upper_bound((uintptr_t)p);
+    if (it != m.begin()) {
+        --it;
+        if ((uintptr_t)p < it->first + it->second.first)
+            return it->second.second;
+    }
+    return cudaMemoryTypeUnregistered;
+}
+/* a copy's direction must match where its pointers lie, as on a GPU
+ * without unified addressing of plain memory */
+static inline void emu_check_copy(void *dst, const void *src, int kind)
+{
+    cudaMemoryType d = emu_kind(dst), s = emu_kind(src);
+    int dev_d = d == cudaMemoryTypeDevice || d == cudaMemoryTypeManaged;
+    int dev_s = s == cudaMemoryTypeDevice || s == cudaMemoryTypeManaged;
+    int ok =
+        kind == cudaMemcpyDefault ||
+        (kind == cudaMemcpyHostToDevice && dev_d && s != cudaMemoryTypeDevice) ||
+        (kind == cudaMemcpyDeviceToHost && dev_s && d != cudaMemoryTypeDevice) ||
+        (kind == 3 && dev_d && dev_s) ||
+        (kind == cudaMemcpyHostToHost && d != cudaMemoryTypeDevice && s != cudaMemoryTypeDevice);
+    if (!ok) {
+        fprintf(stderr, "emu: cudaMemcpy kind %d from %p (memory type %d) to %p (type %d)\n", kind,
+                src, (int)s, dst, (int)d);
+        abort();
+    }
 }
 static inline cudaError_t cudaMallocManaged(void **p, size_t n, int)
 {
@@ -220,13 +277,18 @@ static inline cudaError_t cudaFreeHost(void *p)
 static inline cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p)
 {
     memset(a, 0, sizeof *a);
-    auto &m = emu::allocs();
-    auto it = m.upper_bound((uintptr_t)p);
-    if (it != m.begin()) {
-        --it;
-        if ((uintptr_t)p < it->first + it->second.first)
-            a->type = it->second.second;
-    }
+    a->type = emu_kind(p);
+    return 0;
+}
+static inline cudaError_t cudaDeviceSynchronize()
+{
+    emu::drain();
+    return 0;
+}
+static inline cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total)
+{
+    *total = (size_t)8 << 30;
+    *free_b = *total > emu::allocated() ? *total - emu::allocated() : 0;
     return 0;
 }
 static inline cudaError_t cudaMemAdvise(const void *, size_t, cudaMemoryAdvise, cudaMemLocation)
@@ -252,8 +314,19 @@ template <typename K> static inline cudaError_t cudaFuncSetAttribute(K, cudaFunc
     return 0;
 }
 enum { cudaMemcpyDeviceToDevice = 3 };
-static inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, int, cudaStream_t)
+/* queued like a kernel: a host source must stay unchanged until the
+ * stream runs it, as with a real asynchronous copy */
+static inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind,
+                                          cudaStream_t)
 {
+    emu_check_copy(dst, src, kind);
     emu::enqueue([=]() { memcpy(dst, src, n); });
+    return 0;
+}
+static inline cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, int kind)
+{
+    emu_check_copy(dst, src, kind);
+    emu::enqueue([=]() { memcpy(dst, src, n); });
+    emu::drain();
     return 0;
 }

@@ -249,7 +249,7 @@ static int kv_attend(const san_attn_src *src, int l, const float *q, const float
             if (s->kv_window && s->kv_window < window)
                 window = s->kv_window;
         }
-        nd_kv_attention3(s, l, ka->p0, ka->n, q, att, window);
+        nd_kv_attention3(s, l, ka->p0, ka->n, q, att, window, nd_att3_kernel());
         return ND_OK;
     }
     nd_kv_store_rows(s, l, ka->p0, ka->n, k, v);

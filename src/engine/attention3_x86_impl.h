@@ -130,19 +130,16 @@ T_A3 static void A3(range_exp)(float *sc, int lo, int hi, float mx)
         sc[j] = san_expf(sc[j] - mx);
 }
 
-/* sc[j] *= f (then times the value rows' scale vs[j * G] where given)
- * over [lo, hi): the reference's (w * inv) * scale */
-T_A3 static void A3(range_weights)(float *sc, int lo, int hi, float f, const float *vs, int G,
-                                   int ring)
+/* sc[j] *= f over [lo, hi): the reference's w * inv (the value rows'
+ * scale multiplies later, in the value pass, once per key block) */
+T_A3 static void A3(range_scale)(float *sc, int lo, int hi, float f)
 {
     int j = lo;
     VF fv = VSET1(f);
-    for (; j + W <= hi; j += W) {
-        VF x = VMUL(VLOAD(sc + j), fv);
-        VSTORE(sc + j, vs ? VMUL(x, A3(row_scales)(vs, G, ring, j, W)) : x);
-    }
+    for (; j + W <= hi; j += W)
+        VSTORE(sc + j, VMUL(VLOAD(sc + j), fv));
     for (; j < hi; j++)
-        sc[j] = vs ? sc[j] * f * vs[(size_t)nd_att3_row(ring, j) * G] : sc[j] * f;
+        sc[j] = sc[j] * f;
 }
 
 /* zero sc over [a, b) where it meets the ranges rng */
@@ -241,8 +238,7 @@ T_A3 static void A3(block)(const nd_att3_block *b)
             for (int h = 0; h < rep; h++) {
                 float *sc = b->scores + ((size_t)i * rep + h) * ml, inv = 1.0f / sum[h];
                 for (int rr = 0; rr < 2; rr++)
-                    A3(range_weights)
-                    (sc, own[rr][0], own[rr][1], inv, b->v8 ? b->vs : NULL, b->G, b->ring);
+                    A3(range_scale)(sc, own[rr][0], own[rr][1], inv);
                 A3(zero_in)(sc, se[i], j0[i], rng);
                 A3(zero_in)(sc, p + 1, pend, rng);
             }
@@ -253,6 +249,8 @@ T_A3 static void A3(block)(const nd_att3_block *b)
             for (int j = rng[rr][0]; j < rng[rr][1]; j += W) {
                 int nb = rng[rr][1] - j < W ? rng[rr][1] - j : W;
                 A3(load_rows)(kbuf, ldv, b->vf, b->v8, b->vstride, b->ring, j, nb, b->vhd);
+                /* int8 rows: the weights times the rows' scales */
+                VF vsv = b->v8 ? A3(row_scales)(b->vs, b->G, b->ring, j, nb) : VSET1(1.0f);
                 for (int r = 0; r < R; r += 2) {
                     const float *w0 = b->scores + (size_t)r * ml + j, *w1 = wz;
                     float *o0 = obuf + (size_t)r * ldv, *o1 = obuf + (size_t)R * ldv;
@@ -260,10 +258,14 @@ T_A3 static void A3(block)(const nd_att3_block *b)
                         w1 = w0 + ml;
                         o1 = o0 + ldv;
                     }
-                    if (nb < W) { /* the padding rows weigh nothing */
+                    if (nb < W || b->v8) { /* the padding rows weigh nothing */
                         for (int c = 0; c < W; c++) {
                             wpad[0][c] = c < nb ? w0[c] : 0.0f;
                             wpad[1][c] = c < nb ? w1[c] : 0.0f;
+                        }
+                        if (b->v8) {
+                            VSTOREA(wpad[0], VMUL(VLOADA(wpad[0]), vsv));
+                            VSTOREA(wpad[1], VMUL(VLOADA(wpad[1]), vsv));
                         }
                         w0 = wpad[0];
                         w1 = wpad[1];

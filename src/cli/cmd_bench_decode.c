@@ -10,6 +10,7 @@
 #include "cli/cli.h"
 #include "core/status.h"
 #include "engine/engine.h"
+#include "engine/model_internal.h"
 
 static const char *help =
     "usage: needle bench decode --weights X.cact [--prompt N] [--gen N] [--iters N]\n"
@@ -26,7 +27,10 @@ static const char *help =
     "For the needle2 shape at 4 bits on random weights:\n"
     "  needle init /tmp/n2.pkl --preset needle2\n"
     "  needle build /tmp/n2.pkl --bits 4 --out /tmp/n2.cact\n"
-    "  needle bench decode --weights /tmp/n2.cact\n";
+    "  needle bench decode --weights /tmp/n2.cact\n"
+    "Needle 3 archives (tag 0x05E12A84) run the same way (the needle3 preset;\n"
+    "a bench-only archive needs no tokenizer: needle build ... --no-tokenizer);\n"
+    "upstream's figures are Needle 2's, so no ratio is printed for them.\n";
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -97,18 +101,30 @@ int cli_bench_decode(int argc, char **argv)
     if (quant ? cact_map_file(weights, &f) : cact_read_file(weights, &f))
         return cli_fail(weights);
     san_model m;
-    nd_qweights qw = {0};
-    int rc = quant ? nd_cact_to_qmodel(&f, &m, &qw) : nd_cact_to_model(&f, &m);
-    int kvw = (int)f.hdr.kv_window;
+    nd_qweights3 q3 = {0};
+    nd_qweights *qw = &q3.q; /* a Needle 2 archive's CQ view is q3.q too */
+    int gen3 = f.generation == 3, rc;
+    if (gen3) {
+        rc = nd_cact3_to_qmodel(&f, &m, &q3);
+        if (!rc && !quant) { /* float path: the dequantised model */
+            san_model_free(&m);
+            nd_qweights3_free(&q3);
+            memset(&q3, 0, sizeof q3);
+            rc = nd_cact3_to_model(&f, &m);
+        }
+    } else {
+        rc = quant ? nd_cact_to_qmodel(&f, &m, qw) : nd_cact_to_model(&f, &m);
+    }
+    int kvw = (int)(gen3 ? f.h3.kv_window : f.hdr.kv_window);
     if (!quant || rc)
         cact_free(&f);
     if (rc)
         return cli_fail(weights);
-    size_t per_token = quant ? nd_qweights_bytes_per_token(&qw, &m) : float_bytes_per_token(&m);
+    size_t per_token = quant ? nd_qweights_bytes_per_token(qw, &m) : float_bytes_per_token(&m);
     double t_load = nd_wtime() - t0;
     if (P + G > m.cfg.max_seq_len) {
         san_model_free(&m);
-        nd_qweights_free(&qw);
+        nd_qweights3_free(&q3);
         cact_free(&f);
         return cli_usage_error("bench", "--prompt + --gen = %lld exceeds max_seq_len %d", P + G,
                                m.cfg.max_seq_len);
@@ -126,7 +142,7 @@ int cli_bench_decode(int argc, char **argv)
         if ((rc = nd_kv_init(&s, &m, be, (int)chunk, kvw)))
             break;
         if (quant)
-            nd_kv_use_quant(&s, &qw);
+            nd_kv_use_quant(&s, qw);
         nd_kv_set_bits(&s, m.cfg.kv_bits); /* as a session does: int8 rows by default */
         double a = nd_wtime();
         rc = nd_kv_forward(&s, tok, (int)P, lg, 0);
@@ -151,17 +167,24 @@ int cli_bench_decode(int argc, char **argv)
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         double pt = (double)P / best_p, dt = (double)G / best_d, mb = nd_maxrss_mb(ru.ru_maxrss);
-        printf("weights %s: d=%d L=%d H=%d G=%d V=%d, %s, load %.2f s, %d threads\n", weights,
-               m.dims.d, m.dims.L, m.dims.H, m.dims.G, V,
+        printf("weights %s: Needle %d, d=%d L=%d H=%d G=%d V=%d, %s, load %.2f s, %d threads\n",
+               weights, gen3 ? 3 : 2, m.dims.d, m.dims.L, m.dims.H, m.dims.G, V,
                quant ? "quantised in place" : "float32 after dequant", t_load, nd_get_threads());
         if (quant)
             printf("kernel %s\n", nd_qkernel_best()->name);
-        printf("prefill %lld tokens: %.1f tokens/s  (upstream 4300: ratio %.3f; median %.1f)\n", P,
-               pt, pt / 4300.0, (double)P / median(tp, (int)iters));
-        printf("decode  %lld tokens: %.1f tokens/s  (upstream 850: ratio %.3f; median %.1f)\n", G,
-               dt, dt / 850.0, (double)G / median(td, (int)iters));
-        printf("peak RSS %.1f MB  (upstream ~28 MB: ratio %.2f); chunk %lld\n", mb, mb / 28.0,
-               chunk);
+        double pm = (double)P / median(tp, (int)iters), dm = (double)G / median(td, (int)iters);
+        if (gen3) { /* upstream publishes Needle 2's figures only */
+            printf("prefill %lld tokens: %.1f tokens/s  (median %.1f)\n", P, pt, pm);
+            printf("decode  %lld tokens: %.1f tokens/s  (median %.1f)\n", G, dt, dm);
+            printf("peak RSS %.1f MB; chunk %lld\n", mb, chunk);
+        } else {
+            printf("prefill %lld tokens: %.1f tokens/s  (upstream 4300: ratio %.3f; median %.1f)\n",
+                   P, pt, pt / 4300.0, pm);
+            printf("decode  %lld tokens: %.1f tokens/s  (upstream 850: ratio %.3f; median %.1f)\n",
+                   G, dt, dt / 850.0, dm);
+            printf("peak RSS %.1f MB  (upstream ~28 MB: ratio %.2f); chunk %lld\n", mb, mb / 28.0,
+                   chunk);
+        }
         printf("weights read per decoded token %.2f MB\n", (double)per_token / 1e6);
     }
     free(tp);
@@ -169,7 +192,7 @@ int cli_bench_decode(int argc, char **argv)
     free(tok);
     free(lg);
     san_model_free(&m);
-    nd_qweights_free(&qw);
+    nd_qweights3_free(&q3);
     cact_free(&f);
     return rc ? cli_fail(NULL) : 0;
 }

@@ -236,59 +236,32 @@ void nd_kv_attention(const nd_kv_state *s, int l, int p0, int n, const float *q,
     nd_set_serial(prev);
 }
 
-typedef struct {
-    const nd_kv_state *s;
-    const float *q; /* [n, q_dim] */
-    float *out;     /* [n, o_dim] */
-    int slot, p0, n, window;
-} attention3_args;
-
-/* tasks [lo, hi): (new row, kv head) pairs; each of the rep query heads
- * sharing the kv head scores the keys the row sees, then sums their value
- * rows with the softmax weights (float rows, one pass each) */
-static void attention3_tasks(void *ctx, long lo, long hi, int tid)
+/* The reference v3 task: each query row and head scores the keys it sees,
+ * then sums their value rows with the softmax weights (one pass each) */
+void nd_att3_block_ref(const nd_att3_block *b)
 {
-    const attention3_args *a = ctx;
-    const nd_kv_state *s = a->s;
-    const san_dims *D = &s->m->dims;
-    int G = D->G, hd = D->hd, vhd = D->v_hd, rep = D->H / D->G;
-    size_t kd = (size_t)D->k_dim, vd = (size_t)D->v_dim, sc = (size_t)a->slot * s->cap;
-    size_t ml = (size_t)s->max_len;
-    /* float rows, or int8 rows whose (row, kv head) scale multiplies the
-     * dot product (keys) and the weight (values) */
-    const float *K = s->kv_int8 ? NULL : s->k + sc * kd, *V = s->kv_int8 ? NULL : s->v + sc * vd;
-    const int8_t *K8 = s->kv_int8 ? s->k8 + sc * kd : NULL,
-                 *V8 = s->kv_int8 ? s->v8 + sc * vd : NULL;
-    const float *KS = s->kv_int8 ? s->ks + sc * G : NULL, *VS = s->kv_int8 ? s->vs + sc * G : NULL;
-    float scale = 1.0f / sqrtf((float)hd);
-    float *sc0 = s->att_s + (size_t)tid * ND_ATT_ROWS * rep * ml;
-    for (long task = lo; task < hi; task++) {
-        int i = (int)(task / G), g = (int)(task % G), p = a->p0 + i, se, j0;
-        if (a->window > 0) {
-            se = 0;
-            j0 = p + 1 > a->window ? p + 1 - a->window : 0;
-        } else {
-            visible_keys(s, p, &se, &j0);
-        }
-        int rng[2][2] = {{0, se}, {j0, p + 1}};
-        for (int r = 0; r < rep; r++) {
-            int h = g * rep + r;
-            const float *q = a->q + (size_t)i * D->q_dim + (size_t)h * hd;
-            float *w = sc0 + (size_t)r * ml, mx = -FLT_MAX, sum = 0.0f;
+    int G = b->G, hd = b->hd, vhd = b->vhd;
+    for (int i = 0; i < b->nr; i++) {
+        int p = b->pos0 + i;
+        int rng[2][2] = {{0, b->se[i]}, {b->j0[i], p + 1}};
+        for (int r = 0; r < b->rep; r++) {
+            const float *q = b->q + (size_t)i * b->qd + (size_t)r * hd;
+            float *w = b->scores + ((size_t)i * b->rep + r) * b->ml, mx = -FLT_MAX, sum = 0.0f;
             for (int rr = 0; rr < 2; rr++)
                 for (int j = rng[rr][0]; j < rng[rr][1]; j++) {
+                    size_t pr = (size_t)nd_att3_row(b->ring, j);
                     float dot = 0.0f;
-                    if (K8) {
-                        const int8_t *k = K8 + (size_t)j * kd + (size_t)g * hd;
+                    if (b->k8) {
+                        const int8_t *k = b->k8 + pr * b->kstride;
                         for (int e = 0; e < hd; e++)
                             dot += q[e] * (float)k[e];
-                        dot *= KS[(size_t)j * G + g];
+                        dot *= b->ks[pr * (size_t)G];
                     } else {
-                        const float *k = K + (size_t)j * kd + (size_t)g * hd;
+                        const float *k = b->kf + pr * b->kstride;
                         for (int e = 0; e < hd; e++)
                             dot += q[e] * k[e];
                     }
-                    w[j] = dot * scale;
+                    w[j] = dot * b->scale;
                     mx = w[j] > mx ? w[j] : mx;
                 }
             for (int rr = 0; rr < 2; rr++)
@@ -296,19 +269,20 @@ static void attention3_tasks(void *ctx, long lo, long hi, int tid)
                     w[j] = san_expf(w[j] - mx);
                     sum += w[j];
                 }
-            float inv = 1.0f / sum, *o = a->out + (size_t)i * D->o_dim + (size_t)h * vhd;
+            float inv = 1.0f / sum, *o = b->out + (size_t)i * b->od + (size_t)r * vhd;
             for (int e = 0; e < vhd; e++)
                 o[e] = 0.0f;
             for (int rr = 0; rr < 2; rr++)
                 for (int j = rng[rr][0]; j < rng[rr][1]; j++) {
+                    size_t pr = (size_t)nd_att3_row(b->ring, j);
                     float wj = w[j] * inv;
-                    if (V8) {
-                        const int8_t *v = V8 + (size_t)j * vd + (size_t)g * vhd;
-                        wj *= VS[(size_t)j * G + g];
+                    if (b->v8) {
+                        const int8_t *v = b->v8 + pr * b->vstride;
+                        wj *= b->vs[pr * (size_t)G];
                         for (int e = 0; e < vhd; e++)
                             o[e] = KV_MADD(wj, (float)v[e], o[e]);
                     } else {
-                        const float *v = V + (size_t)j * vd + (size_t)g * vhd;
+                        const float *v = b->vf + pr * b->vstride;
                         for (int e = 0; e < vhd; e++)
                             o[e] = KV_MADD(wj, v[e], o[e]);
                     }
@@ -317,12 +291,105 @@ static void attention3_tasks(void *ctx, long lo, long hi, int tid)
     }
 }
 
+static pthread_once_t att3_once = PTHREAD_ONCE_INIT;
+static int att3_best = ND_ATT3_REF, att3_ok[3];
+
+static void select_att3_kernel(void)
+{
+    for (int k = 0; k < 3; k++)
+        att3_ok[k] = nd_att3_supported(k);
+    const char *want = getenv("NEEDLE_ATT");
+    if (want && !strcmp(want, "ref"))
+        return;
+    if (want && !strcmp(want, "avx2") && nd_att3_supported(ND_ATT3_AVX2))
+        att3_best = ND_ATT3_AVX2;
+    else if (nd_att3_supported(ND_ATT3_AVX512))
+        att3_best = ND_ATT3_AVX512;
+    else if (nd_att3_supported(ND_ATT3_AVX2))
+        att3_best = ND_ATT3_AVX2;
+}
+
+int nd_att3_kernel(void)
+{
+    pthread_once(&att3_once, select_att3_kernel);
+    return att3_best;
+}
+
+typedef struct {
+    const nd_kv_state *s;
+    const float *q; /* [n, q_dim] */
+    float *out;     /* [n, o_dim] */
+    int slot, p0, n, window, kernel;
+} attention3_args;
+
+/* tasks [lo, hi): (block of ND_ATT_ROWS new rows, kv head) pairs */
+static void attention3_tasks(void *ctx, long lo, long hi, int tid)
+{
+    const attention3_args *a = ctx;
+    const nd_kv_state *s = a->s;
+    const san_dims *D = &s->m->dims;
+    int G = D->G, hd = D->hd, vhd = D->v_hd, rep = D->H / D->G;
+    size_t kd = (size_t)D->k_dim, vd = (size_t)D->v_dim, sc = (size_t)a->slot * s->cap;
+    size_t ml = (size_t)s->max_len;
+    int i8 = s->kv_int8;
+    for (long task = lo; task < hi; task++) {
+        int i0 = (int)(task / G) * ND_ATT_ROWS, g = (int)(task % G);
+        int nr = a->n - i0 < ND_ATT_ROWS ? a->n - i0 : ND_ATT_ROWS;
+        int se[ND_ATT_ROWS], j0[ND_ATT_ROWS];
+        for (int i = 0; i < nr; i++) {
+            int p = a->p0 + i0 + i;
+            if (a->window > 0) { /* a local layer: its window, no sinks */
+                se[i] = 0;
+                j0[i] = p + 1 > a->window ? p + 1 - a->window : 0;
+            } else {
+                visible_keys(s, p, &se[i], &j0[i]);
+            }
+        }
+        /* float rows, or int8 rows whose (row, kv head) scale multiplies
+         * the dot product (keys) and the weight (values) */
+        nd_att3_block b = {a->q + (size_t)i0 * D->q_dim + (size_t)g * rep * hd,
+                           a->out + (size_t)i0 * D->o_dim + (size_t)g * rep * vhd,
+                           D->q_dim,
+                           D->o_dim,
+                           i8 ? NULL : s->k + sc * kd + (size_t)g * hd,
+                           i8 ? NULL : s->v + sc * vd + (size_t)g * vhd,
+                           i8 ? s->k8 + sc * kd + (size_t)g * hd : NULL,
+                           i8 ? s->v8 + sc * vd + (size_t)g * vhd : NULL,
+                           i8 ? s->ks + sc * G + g : NULL,
+                           i8 ? s->vs + sc * G + g : NULL,
+                           kd,
+                           vd,
+                           G,
+                           hd,
+                           vhd,
+                           rep,
+                           nr,
+                           0,
+                           a->p0 + i0,
+                           se,
+                           j0,
+                           1.0f / sqrtf((float)hd),
+                           s->att_s + (size_t)tid * ND_ATT_ROWS * rep * ml,
+                           ml};
+        if (a->kernel == ND_ATT3_AVX512)
+            nd_att3_block_avx512(&b);
+        else if (a->kernel == ND_ATT3_AVX2)
+            nd_att3_block_avx2(&b);
+        else
+            nd_att3_block_ref(&b);
+    }
+}
+
 void nd_kv_attention3(const nd_kv_state *s, int l, int p0, int n, const float *q, float *out,
-                      int window)
+                      int window, int kernel)
 {
     const san_dims *D = &s->m->dims;
-    long tasks = (long)n * D->G;
-    attention3_args a = {s, q, out, s->kv_slot[l], p0, n, window};
+    pthread_once(&att3_once, select_att3_kernel);
+    if (kernel < 0 || kernel > 2 || !att3_ok[kernel] ||
+        !nd_att3_simd_fits(D->hd, D->v_hd, D->H / D->G))
+        kernel = ND_ATT3_REF;
+    long tasks = (long)((n + ND_ATT_ROWS - 1) / ND_ATT_ROWS) * D->G;
+    attention3_args a = {s, q, out, s->kv_slot[l], p0, n, window, kernel};
     long grain = (long)n * (p0 + n) > 128 && nd_get_threads() <= s->att_threads ? 1 : tasks;
     int prev = nd_kv_big_parallel_begin(s);
     nd_parallel_for(tasks, grain, attention3_tasks, &a);

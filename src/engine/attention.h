@@ -54,11 +54,57 @@ void nd_att_block_amx(const nd_att_block *b);
 void nd_kv_attention(const nd_kv_state *s, int l, int p0, int n, const float *q, float *out,
                      int kernel);
 
+/* ---- Needle 3 ----
+ * One task: nr consecutive query rows (positions pos0..) of the rep query
+ * heads sharing kv head g; separate q/k (hd) and v (vhd) head dims; the
+ * cache's rows float (kf, vf) or int8 (k8, v8 with per (row, kv head)
+ * scales ks, vs). Row j of the cache is position j, or j % ring for a
+ * cache kept as a ring of `ring` rows (0: none). */
+typedef struct {
+    const float *q; /* row 0's head g * rep; rows qd apart, heads hd apart */
+    float *out;     /* row 0's head g * rep; rows od apart, heads vhd apart */
+    int qd, od;
+    const float *kf, *vf;    /* float rows (else NULL), offset to head g */
+    const int8_t *k8, *v8;   /* int8 rows (else NULL), offset to head g */
+    const float *ks, *vs;    /* int8 rows' scales: row j's at ks[j * G] (offset to g) */
+    size_t kstride, vstride; /* elements from one cache row to the next */
+    int G, hd, vhd, rep, nr, ring;
+    int pos0;
+    const int *se, *j0; /* per query row: keys [0, se) and [j0, pos] are seen */
+    float scale;        /* 1/sqrt(hd) */
+    float *scores;      /* nr * rep rows of ml floats */
+    size_t ml;
+} nd_att3_block;
+
+static inline int nd_att3_row(int ring, int j)
+{
+    return ring ? j % ring : j;
+}
+
+enum { ND_ATT3_REF = 0, ND_ATT3_AVX2 = 1, ND_ATT3_AVX512 = 2 };
+/* the SIMD kernels' limits: head dims up to ND_ATT3_MAX_HD, and one
+ * query row's rep heads (padded) within ND_ATT3_BUF floats */
+#define ND_ATT3_MAX_HD 256
+#define ND_ATT3_BUF 6144
+
+/* The v3 kernel: the fastest this CPU runs (AVX-512, else AVX2, else the
+ * reference), or NEEDLE_ATT=ref / avx2 / avx512 where the CPU has it (read
+ * once). */
+int nd_att3_kernel(void);
+/* whether the CPU runs kernel k (ND_ATT3_REF always) */
+int nd_att3_supported(int k);
+/* whether the SIMD kernels take these dims (else the reference runs) */
+int nd_att3_simd_fits(int hd, int vhd, int rep);
+void nd_att3_block_ref(const nd_att3_block *b);
+void nd_att3_block_avx2(const nd_att3_block *b);
+void nd_att3_block_avx512(const nd_att3_block *b);
+
 /* Needle 3 (float or int8 rows, separate q/k and v head dims): out [n, o_dim]
  * from the rotated q [n, q_dim] of layer l over its cache slot's keys; a
  * local layer (window > 0) sees the last `window` positions only (no
- * sinks), a global one the keys nd_kv_attention's would. */
+ * sinks), a global one the keys nd_kv_attention's would. kernel: ND_ATT3_*
+ * (one the CPU or the dims do not take runs as the reference). */
 void nd_kv_attention3(const nd_kv_state *s, int l, int p0, int n, const float *q, float *out,
-                      int window);
+                      int window, int kernel);
 
 #endif

@@ -55,14 +55,16 @@ static int wmatmul(nd_kv_state *s, const float *x, int n, int in, const float *w
     return ND_OK;
 }
 
-/* e rows of the n-gram table lookups, read from the archive's CQ tables */
-static void engram_gather_q(nd_kv_state *s, const nd_qmat *tables)
+/* e rows r0.. of the n-gram table lookups, read from the archive's CQ
+ * tables (the window's earlier rows only feed the hash: their lookups are
+ * never read) */
+static void engram_gather_q(nd_kv_state *s, const nd_qmat *tables, long r0)
 {
     const san_config *c = &s->m->cfg;
     const san_dims *D = &s->m->dims;
     const nd_layout *L = &s->lay.L;
     int K = c->n_orders * D->eng_heads, sub = D->eng_sub;
-    for (long r = 0; r < L->N; r++)
+    for (long r = r0; r < L->N; r++)
         for (int k = 0; k < K; k++) {
             float *dst = s->eng_e + (r * K + k) * sub;
             if (L->pos[r] < c->engram_orders[k / D->eng_heads] - 1)
@@ -95,7 +97,7 @@ static int engram_chunk(nd_kv_state *s, int p0, int n)
     for (int site = 0; site < c->n_sites; site++) {
         const san_weights *w = &m->w;
         if (s->qw)
-            engram_gather_q(s, &s->qw->eng[site].table);
+            engram_gather_q(s, &s->qw->eng[site].table, off);
         else
             be->engram_gather(be, s->eng_e, w->eng[site].table, s->eng_idx, &s->lay.L,
                               c->engram_orders, c->n_orders, D->eng_heads, c->engram_slots,
@@ -249,7 +251,7 @@ static int kv_attend(const san_attn_src *src, int l, const float *q, const float
             if (s->kv_window && s->kv_window < window)
                 window = s->kv_window;
         }
-        nd_kv_attention3(s, l, ka->p0, ka->n, q, att, window);
+        nd_kv_attention3(s, l, ka->p0, ka->n, q, att, window, nd_att3_kernel());
         return ND_OK;
     }
     nd_kv_store_rows(s, l, ka->p0, ka->n, k, v);

@@ -636,6 +636,47 @@ T_VNNI static inline void store_tile(float *y, int ldy, int n, int tile, int rb,
     }
 }
 
+/* The same for at most 8 rows (f[i * fstride], i < nr; the others are
+ * not read): an 8 x 16 transpose turns the rows' token lanes into one
+ * 8-float vector per token, stored with a mask of nr lanes, where a
+ * scalar store per (row, token) cost as much as a third of the products
+ * of a 64-token chunk. */
+T_VNNI static inline void store_tile8(float *y, int ldy, int n, int tile, int rb, int nr,
+                                      const __m512 *f, int fstride)
+{
+    int t0 = tile * ND_QTILE, nt = n - t0 < ND_QTILE ? n - t0 : ND_QTILE;
+    __m512 r[8], t[8], u[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = i < nr ? f[i * fstride] : _mm512_setzero_ps();
+    for (int i = 0; i < 4; i++) { /* per 128-bit lane: r2i[k], r2i+1[k] pairs */
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; h++) /* u[4h + k] lane L: rows 4h..4h+3 of token 4L + k */
+        for (int k = 0; k < 2; k++) {
+            __m512d a = _mm512_castps_pd(t[4 * h + k]), b = _mm512_castps_pd(t[4 * h + 2 + k]);
+            u[4 * h + 2 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            u[4 * h + 2 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+    const __mmask8 m = (__mmask8)((1u << nr) - 1u);
+    for (int k = 0; k < 4; k++) {
+        /* (rows 0-3, rows 4-7) of tokens k, 4 + k, then 8 + k, 12 + k */
+        __m512 lo = _mm512_shuffle_f32x4(u[k], u[4 + k], _MM_SHUFFLE(1, 0, 1, 0));
+        __m512 hi = _mm512_shuffle_f32x4(u[k], u[4 + k], _MM_SHUFFLE(3, 2, 3, 2));
+        lo = _mm512_shuffle_f32x4(lo, lo, _MM_SHUFFLE(3, 1, 2, 0));
+        hi = _mm512_shuffle_f32x4(hi, hi, _MM_SHUFFLE(3, 1, 2, 0));
+        const __m256 v[4] = {_mm512_castps512_ps256(lo),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lo), 1)),
+                             _mm512_castps512_ps256(hi),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(hi), 1))};
+        for (int q = 0; q < 4; q++) {
+            int tok = 4 * q + k;
+            if (tok < nt)
+                _mm256_mask_storeu_ps(y + (size_t)(t0 + tok) * ldy + (size_t)rb, m, v[q]);
+        }
+    }
+}
+
 /* Token tiles (x->tiles, qmat.h): tokens in the 16 lanes, so a group's
  * product is 32 dpbusd per (row, tile) with the row's four code bytes
  * broadcast, no horizontal sums. TL_R rows are unpacked to int8 once and
@@ -708,7 +749,7 @@ T_VNNI static void tiles_vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1
                 }
             }
             for (int k = 0; k < (t1 > tp ? 2 : 1); k++)
-                store_tile(y, ldy, n, tp + k, rb, nr, &f[0][k], 2);
+                store_tile8(y, ldy, n, tp + k, rb, nr, &f[0][k], 2);
         }
     }
 }

@@ -258,6 +258,37 @@ T_AVXVNNI static void matvec_avxvnni(const nd_qmat *w, const nd_qact *x, int r0,
  * and are scaled by norm x activation scale into float sums kept in L1. */
 #define TV_R 4
 
+/* A token tile's float sums of TV_R (4) rows (f[i][lane]) into y: a 4 x 8
+ * transpose per half makes one 4-float vector per token (stored whole,
+ * or with a mask of the block's nr rows), not a scalar store per (row,
+ * token). */
+T_AVXVNNI static inline void store_tile4_avx(float *y, int ldy, int n, int tile, int rb, int nr,
+                                             const float (*f)[ND_QTILE])
+{
+    int t0 = tile * ND_QTILE, nt = n - t0 < ND_QTILE ? n - t0 : ND_QTILE;
+    const __m128i m = _mm_cmpgt_epi32(_mm_set1_epi32(nr), _mm_setr_epi32(0, 1, 2, 3));
+    for (int h = 0; h < ND_QTILE; h += 8) {
+        __m256 a = _mm256_load_ps(f[0] + h), b = _mm256_load_ps(f[1] + h);
+        __m256 c = _mm256_load_ps(f[2] + h), d = _mm256_load_ps(f[3] + h);
+        __m256 ab0 = _mm256_unpacklo_ps(a, b), ab1 = _mm256_unpackhi_ps(a, b);
+        __m256 cd0 = _mm256_unpacklo_ps(c, d), cd1 = _mm256_unpackhi_ps(c, d);
+        /* u[k]: tokens k (low half) and 4 + k (high half) of these 8 */
+        __m256 u[4] = {_mm256_shuffle_ps(ab0, cd0, 0x44), _mm256_shuffle_ps(ab0, cd0, 0xEE),
+                       _mm256_shuffle_ps(ab1, cd1, 0x44), _mm256_shuffle_ps(ab1, cd1, 0xEE)};
+        for (int k = 0; k < 8; k++) {
+            int tok = h + k;
+            if (tok >= nt)
+                break;
+            __m128 v = k < 4 ? _mm256_castps256_ps128(u[k]) : _mm256_extractf128_ps(u[k - 4], 1);
+            float *dst = y + (size_t)(t0 + tok) * ldy + (size_t)rb;
+            if (nr == TV_R)
+                _mm_storeu_ps(dst, v);
+            else
+                _mm_maskstore_ps(dst, m, v);
+        }
+    }
+}
+
 T_AVXVNNI static void tiles_avxvnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y,
                                     int ldy, __m256i lut_s8, const int8_t lut16[16], float inv)
 {
@@ -334,10 +365,7 @@ T_AVXVNNI static void tiles_avxvnni(const nd_qmat *w, const nd_qact *x, int r0, 
                                                               _mm256_load_ps(f[i] + 8)));
                 }
             }
-            int t0 = tile * ND_QTILE, nt = n - t0 < ND_QTILE ? n - t0 : ND_QTILE;
-            for (int i = 0; i < nr; i++)
-                for (int lane = 0; lane < nt; lane++)
-                    y[(size_t)(t0 + lane) * ldy + (size_t)(rb + i)] = f[i][lane];
+            store_tile4_avx(y, ldy, n, tile, rb, nr, f);
         }
     }
 }

@@ -119,6 +119,7 @@ static int8_t layout_pos[3][ND_QGROUP];
 #if defined(__x86_64__) || defined(__i386__)
 static uint8_t layout_inv[3][ND_QGROUP]; /* natural index at each position */
 static int place_vbmi;
+static int row_avx512; /* nd_qmat_row's 2- and 4-bit groups in AVX-512 */
 #endif
 
 static nd_qact_group_fn select_group_fn(void);
@@ -136,6 +137,8 @@ static void cb_compute(void)
             layout_inv[l][layout_pos[l][j]] = (uint8_t)j;
     place_vbmi = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vbmi") && !getenv("NEEDLE_NO_VBMI");
+    row_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl");
 #endif
     const int widths[] = {2, 3, 4, CQ_TERNARY};
     for (int w = 0; w < 4; w++) {
@@ -200,9 +203,19 @@ void nd_qmat_row(const nd_qmat *m, int r, float *out)
 {
     pthread_once(&cb_once, cb_compute);
     const float rs = (float)(1.0 / sqrt((double)ND_QGROUP));
+    int sb = stored_bits(m->bits);
     for (int g = 0; g < m->ng; g++) {
         uint8_t v[ND_QGROUP];
         float x[ND_QGROUP], norm = nd_qmat_norm(m, r, g) * rs;
+#if defined(__x86_64__) || defined(__i386__)
+        if (row_avx512 && (sb == 2 || sb == 4)) {
+            const uint8_t *p = m->codes + (size_t)r * m->row_bytes + (size_t)g * ND_QGROUP * sb / 8;
+            nd_qmat_group_avx512(p, sb, cb_float[m->bits], norm, x);
+            int n = m->in - g * ND_QGROUP < ND_QGROUP ? m->in - g * ND_QGROUP : ND_QGROUP;
+            memcpy(out + (size_t)g * ND_QGROUP, x, (size_t)n * sizeof *x);
+            continue;
+        }
+#endif
         unpack_codes(m, r, g, v);
         for (int j = 0; j < ND_QGROUP; j++)
             x[j] = cb_float[m->bits][v[j]] * norm;

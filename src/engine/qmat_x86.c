@@ -986,6 +986,53 @@ T_AVX512 void nd_qact_group_avx512(const float *v, int8_t *q, float *amax, int32
     *sum = _mm512_reduce_add_epi32(total);
 }
 
+/* ------------------------------------------------------------------ */
+/* row dequantisation                                                   */
+
+/* Group g of row r as floats (nd_qmat_row's, 2- or 4-bit stored codes):
+ * the 128 codes in natural order (16 per vector: a variable shift of the
+ * word holding them), their float levels by one lane permutation of the
+ * 16 levels, times the norm, then the Walsh-Hadamard butterflies in the
+ * scalar transform's order (h = 1, 2, ..., 64; a + b, a - b), so every
+ * value is the scalar path's bit for bit. */
+T_AVX512 void nd_qmat_group_avx512(const uint8_t *codes, int sb, const float levels[16], float norm,
+                                   float *out)
+{
+    const __m512 lv = _mm512_loadu_ps(levels), nv = _mm512_set1_ps(norm);
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 x[8];
+    for (int k = 0; k < 8; k++) {
+        __m512i c;
+        if (sb == 2) { /* 16 crumbs: one 32-bit word, value j at bits 2j */
+            uint32_t wd;
+            memcpy(&wd, codes + 4 * k, 4);
+            c = _mm512_srlv_epi32(_mm512_set1_epi32((int)wd), _mm512_slli_epi32(iota, 1));
+            c = _mm512_and_si512(c, _mm512_set1_epi32(3));
+        } else { /* 16 nibbles: two words, value j at bits 4 (j % 8) of word j / 8 */
+            uint32_t w0, w1;
+            memcpy(&w0, codes + 8 * k, 4);
+            memcpy(&w1, codes + 8 * k + 4, 4);
+            __m512i wv = _mm512_mask_set1_epi32(_mm512_set1_epi32((int)w0), 0xFF00, (int)w1);
+            c = _mm512_srlv_epi32(
+                wv, _mm512_slli_epi32(_mm512_and_si512(iota, _mm512_set1_epi32(7)), 2));
+            c = _mm512_and_si512(c, _mm512_set1_epi32(15));
+        }
+        x[k] = _mm512_mul_ps(_mm512_permutexvar_ps(c, lv), nv);
+    }
+    for (int h = 1; h < 16; h <<= 1)
+        for (int k = 0; k < 8; k++)
+            x[k] = butterfly_in_lane(x[k], h);
+    for (int s = 1; s < 8; s <<= 1)
+        for (int k = 0; k < 8; k++)
+            if (!(k & s)) {
+                __m512 a = x[k], b = x[k + s];
+                x[k] = _mm512_add_ps(a, b);
+                x[k + s] = _mm512_sub_ps(a, b);
+            }
+    for (int k = 0; k < 8; k++)
+        _mm512_storeu_ps(out + 16 * k, x[k]);
+}
+
 #else
 typedef int nd_qmat_x86_unused; /* ISO C: no empty translation unit */
 #endif

@@ -203,7 +203,9 @@ void nd_qmat_row(const nd_qmat *m, int r, float *out)
 {
     pthread_once(&cb_once, cb_compute);
     const float rs = (float)(1.0 / sqrt((double)ND_QGROUP));
-    int sb = stored_bits(m->bits);
+#if defined(__x86_64__) || defined(__i386__)
+    const int sb = stored_bits(m->bits);
+#endif
     for (int g = 0; g < m->ng; g++) {
         uint8_t v[ND_QGROUP];
         float x[ND_QGROUP], norm = nd_qmat_norm(m, r, g) * rs;

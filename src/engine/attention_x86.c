@@ -168,8 +168,78 @@ static void block_ranges(const nd_att_block *b, int ranges[2][2])
     ranges[1][1] = b->pos0 + b->nr;
 }
 
-/* scaled scores of every query row of the task, in float */
-T_ATT static void scores_float(const nd_att_block *b, int ranges[2][2])
+/* r[c][t] -> r[t][c] for a 16 x 16 matrix of 32-bit lanes */
+T_ATT static inline void transpose16_ps(__m512 f[16])
+{
+    __m512i r[16], t[16], u[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = _mm512_castps_si512(f[i]);
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int k = 0; k < 4; k++) {
+        __m512i v0 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x88);
+        __m512i v1 = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xDD);
+        __m512i w0 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x88);
+        __m512i w1 = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xDD);
+        f[k] = _mm512_castsi512_ps(_mm512_shuffle_i32x4(v0, w0, 0x88));
+        f[8 + k] = _mm512_castsi512_ps(_mm512_shuffle_i32x4(v0, w0, 0xDD));
+        f[4 + k] = _mm512_castsi512_ps(_mm512_shuffle_i32x4(v1, w1, 0x88));
+        f[12 + k] = _mm512_castsi512_ps(_mm512_shuffle_i32x4(v1, w1, 0xDD));
+    }
+}
+
+/* rows [j, j + nb) of the int8 keys as floats, transposed: kt[e * 16 + c]
+ * is dim e of key j + c (keys past nb are zero), so a query row's 16
+ * scores are one vector of fmas with q[e] broadcast, no horizontal sums */
+T_ATT static void convert_keys_t(float *kt, const int8_t *rows, size_t stride, int j, int nb,
+                                 int hd, int prefetch_end)
+{
+    for (int c = 0; c < nb; c++)
+        if (j + c + ATT_KEYS < prefetch_end)
+            _mm_prefetch((const char *)(rows + (size_t)(j + c + ATT_KEYS) * stride), _MM_HINT_T0);
+    for (int e = 0; e < hd; e += 16) {
+        __m512 f[ATT_KEYS];
+        for (int c = 0; c < ATT_KEYS; c++)
+            f[c] = c < nb ? load_i8_ps(rows + (size_t)(j + c) * stride + e) : _mm512_setzero_ps();
+        transpose16_ps(f);
+        for (int c = 0; c < ATT_KEYS; c++)
+            _mm512_store_ps(kt + (size_t)(e + c) * ATT_KEYS, f[c]);
+    }
+}
+
+/* the 16 scores of NQ query rows (q[i]) against transposed keys kt, two
+ * sums per row (even and odd dims) so the fma chains overlap */
+T_ATT static inline __attribute__((always_inline)) void
+rows_scores_t(const float *const *q, float *const *out, const float *kt, int hd, __m512 ksv,
+              __mmask16 m, const int NQ)
+{
+    __m512 a[4][2];
+    for (int i = 0; i < NQ; i++)
+        a[i][0] = a[i][1] = _mm512_setzero_ps();
+    for (int e = 0; e < hd; e += 2) {
+        __m512 k0 = _mm512_load_ps(kt + (size_t)e * ATT_KEYS);
+        __m512 k1 = _mm512_load_ps(kt + (size_t)(e + 1) * ATT_KEYS);
+        for (int i = 0; i < NQ; i++) {
+            a[i][0] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][e]), k0, a[i][0]);
+            a[i][1] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][e + 1]), k1, a[i][1]);
+        }
+    }
+    for (int i = 0; i < NQ; i++)
+        _mm512_mask_storeu_ps(out[i], m, _mm512_mul_ps(_mm512_add_ps(a[i][0], a[i][1]), ksv));
+}
+
+/* Scores of a few query rows (a decode step): the keys as rows, each
+ * row's 16 dot products reduced by sum16 (a transposed block would cost
+ * more than it saves) */
+T_ATT static void scores_float_few(const nd_att_block *b, int ranges[2][2])
 {
     int hd = b->hd, rep = b->rep, G = b->G, R = b->nr * rep;
     size_t stride = (size_t)b->stride, ml = b->ml;
@@ -183,6 +253,44 @@ T_ATT static void scores_float(const nd_att_block *b, int ranges[2][2])
                 const float *q = b->q + (size_t)(r / rep) * b->qd + (size_t)(r % rep) * hd;
                 _mm512_mask_storeu_ps(b->scores + (size_t)r * ml + j, first_lanes(nb),
                                       block_scores(q, buf, hd, ksv));
+            }
+        }
+}
+
+/* Query rows from which a block's keys are transposed (prefill tasks) */
+#define ATT_T_MIN_ROWS 6
+
+/* scaled scores of every query row of the task, in float */
+T_ATT static void scores_float(const nd_att_block *b, int ranges[2][2])
+{
+    int hd = b->hd, rep = b->rep, G = b->G, R = b->nr * rep;
+    size_t stride = (size_t)b->stride, ml = b->ml;
+    if (R < ATT_T_MIN_ROWS) {
+        scores_float_few(b, ranges);
+        return;
+    }
+    _Alignas(64) float kt[ATT_KEYS * ND_ATT_MAX_HD];
+    for (int rr = 0; rr < 2; rr++)
+        for (int j = ranges[rr][0]; j < ranges[rr][1]; j += ATT_KEYS) {
+            int nb = ranges[rr][1] - j < ATT_KEYS ? ranges[rr][1] - j : ATT_KEYS;
+            convert_keys_t(kt, b->k8, stride, j, nb, hd, ranges[rr][1]);
+            __m512 ksv = row_scales(b->ks, G, j, nb, b->scale);
+            __mmask16 m = first_lanes(nb);
+            int r = 0;
+            for (; r < R; r += 4) {
+                const float *q[4];
+                float *o[4];
+                int nq = R - r < 4 ? R - r : 4;
+                for (int i = 0; i < nq; i++) {
+                    q[i] = b->q + (size_t)((r + i) / rep) * b->qd + (size_t)((r + i) % rep) * hd;
+                    o[i] = b->scores + (size_t)(r + i) * ml + j;
+                }
+                switch (nq) {
+                case 4: rows_scores_t(q, o, kt, hd, ksv, m, 4); break;
+                case 3: rows_scores_t(q, o, kt, hd, ksv, m, 3); break;
+                case 2: rows_scores_t(q, o, kt, hd, ksv, m, 2); break;
+                default: rows_scores_t(q, o, kt, hd, ksv, m, 1); break;
+                }
             }
         }
 }

@@ -119,6 +119,7 @@ static int8_t layout_pos[3][ND_QGROUP];
 #if defined(__x86_64__) || defined(__i386__)
 static uint8_t layout_inv[3][ND_QGROUP]; /* natural index at each position */
 static int place_vbmi;
+static int row_avx512; /* nd_qmat_row's 2- and 4-bit groups in AVX-512 */
 #endif
 
 static nd_qact_group_fn select_group_fn(void);
@@ -136,6 +137,8 @@ static void cb_compute(void)
             layout_inv[l][layout_pos[l][j]] = (uint8_t)j;
     place_vbmi = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vbmi") && !getenv("NEEDLE_NO_VBMI");
+    row_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl");
 #endif
     const int widths[] = {2, 3, 4, CQ_TERNARY};
     for (int w = 0; w < 4; w++) {
@@ -200,9 +203,21 @@ void nd_qmat_row(const nd_qmat *m, int r, float *out)
 {
     pthread_once(&cb_once, cb_compute);
     const float rs = (float)(1.0 / sqrt((double)ND_QGROUP));
+#if defined(__x86_64__) || defined(__i386__)
+    const int sb = stored_bits(m->bits);
+#endif
     for (int g = 0; g < m->ng; g++) {
         uint8_t v[ND_QGROUP];
         float x[ND_QGROUP], norm = nd_qmat_norm(m, r, g) * rs;
+#if defined(__x86_64__) || defined(__i386__)
+        if (row_avx512 && (sb == 2 || sb == 4)) {
+            const uint8_t *p = m->codes + (size_t)r * m->row_bytes + (size_t)g * ND_QGROUP * sb / 8;
+            nd_qmat_group_avx512(p, sb, cb_float[m->bits], norm, x);
+            int n = m->in - g * ND_QGROUP < ND_QGROUP ? m->in - g * ND_QGROUP : ND_QGROUP;
+            memcpy(out + (size_t)g * ND_QGROUP, x, (size_t)n * sizeof *x);
+            continue;
+        }
+#endif
         unpack_codes(m, r, g, v);
         for (int j = 0; j < ND_QGROUP; j++)
             x[j] = cb_float[m->bits][v[j]] * norm;
@@ -260,15 +275,27 @@ static void prepare_group(nd_qact *a, const float *x, long tg, float rs)
     uint8_t *qu = a->qu + tg * ND_QGROUP;
     a->scale[tg] = mx / 127.0f * rs;
 #if defined(__x86_64__) || defined(__i386__)
-    if (place_vbmi) {
+    if (place_vbmi)
         nd_qact_place_vbmi(natural, layout_inv[a->layout], q, qu);
-        return;
-    }
+    else
 #endif
-    const int8_t *pos = layout_pos[a->layout];
-    for (int j = 0; j < ND_QGROUP; j++) {
-        q[pos[j]] = natural[j];
-        qu[pos[j]] = (uint8_t)(natural[j] + 128);
+    {
+        const int8_t *pos = layout_pos[a->layout];
+        for (int j = 0; j < ND_QGROUP; j++) {
+            q[pos[j]] = natural[j];
+            qu[pos[j]] = (uint8_t)(natural[j] + 128);
+        }
+    }
+    if (a->tiles > 0) { /* the token's lane of its tile, while qu is in L1 */
+        long tile = t / ND_QTILE, lane = t % ND_QTILE;
+        uint32_t *dst = (uint32_t *)(void *)(a->qt + ((size_t)tile * (size_t)a->ng + (size_t)g) *
+                                                         ND_QTILE * ND_QGROUP);
+        for (int k4 = 0; k4 < ND_QGROUP / 4; k4++) {
+            uint32_t v;
+            memcpy(&v, qu + 4 * k4, 4);
+            dst[k4 * ND_QTILE + lane] = v;
+        }
+        a->st[((size_t)tile * (size_t)a->ng + (size_t)g) * ND_QTILE + (size_t)lane] = a->scale[tg];
     }
 }
 
@@ -286,12 +313,12 @@ static void prepare_groups(void *ctx, long lo, long hi, int tid)
         prepare_group(p->a, p->x, tg, p->rs);
 }
 
-static void fill_tiles(void *ctx, long lo, long hi, int tid);
-
-/* the token tiles of a prepared batch (see nd_qact.qt) */
-static int prepare_tiles(nd_qact *a)
+/* Room for the token tiles of n tokens (see nd_qact.qt) and the lanes
+ * past the last token: codes 128 (zero) and scale 0. The tokens' own
+ * lanes are written as their groups are prepared. */
+static int prepare_tiles(nd_qact *a, int n)
 {
-    int ng = a->ng, tiles = (a->n + ND_QTILE - 1) / ND_QTILE;
+    int ng = a->ng, tiles = (n + ND_QTILE - 1) / ND_QTILE;
     if ((long)tiles * ng > a->cap_tiles) {
         size_t groups = (size_t)tiles * (size_t)ng;
         void *qt = realloc(a->qt, groups * ND_QTILE * ND_QGROUP);
@@ -305,45 +332,18 @@ static int prepare_tiles(nd_qact *a)
         a->cap_tiles = (int)groups;
     }
     a->tiles = tiles;
-    long n_tg = (long)tiles * ng;
-    if (n_tg >= 32) {
-        nd_parallel_for(n_tg, 8, fill_tiles, a);
-        return ND_OK;
-    }
-    fill_tiles(a, 0, n_tg, 0);
-    return ND_OK;
-}
-
-/* tile groups [lo, hi) (tile tg / ng, group tg % ng) of a->qt and a->st */
-static void fill_tiles(void *ctx, long lo, long hi, int tid)
-{
-    (void)tid;
-    nd_qact *a = ctx;
-    int ng = a->ng;
-    for (long tg = lo; tg < hi; tg++) {
-        int tile = (int)(tg / ng), g = (int)(tg % ng);
-        {
-            uint32_t *dst =
-                (uint32_t *)(void *)(a->qt + ((size_t)tile * ng + g) * ND_QTILE * ND_QGROUP);
-            float *st = a->st + ((size_t)tile * ng + g) * ND_QTILE;
-            for (int lane = 0; lane < ND_QTILE; lane++) {
-                int t = tile * ND_QTILE + lane;
-                if (t < a->n) {
-                    const uint8_t *src = a->qu + ((size_t)t * ng + g) * ND_QGROUP;
-                    for (int k4 = 0; k4 < ND_QGROUP / 4; k4++) {
-                        uint32_t v;
-                        memcpy(&v, src + 4 * k4, 4);
-                        dst[k4 * ND_QTILE + lane] = v;
-                    }
-                    st[lane] = a->scale[(size_t)t * ng + g];
-                } else {
-                    for (int k4 = 0; k4 < ND_QGROUP / 4; k4++)
-                        dst[k4 * ND_QTILE + lane] = 0x80808080u;
-                    st[lane] = 0.0f;
-                }
-            }
+    int tile = tiles - 1;
+    for (int g = 0; g < ng; g++) {
+        uint32_t *dst =
+            (uint32_t *)(void *)(a->qt + ((size_t)tile * ng + g) * ND_QTILE * ND_QGROUP);
+        float *st = a->st + ((size_t)tile * ng + g) * ND_QTILE;
+        for (int lane = n - tile * ND_QTILE; lane < ND_QTILE; lane++) {
+            for (int k4 = 0; k4 < ND_QGROUP / 4; k4++)
+                dst[k4 * ND_QTILE + lane] = 0x80808080u;
+            st[lane] = 0.0f;
         }
     }
+    return ND_OK;
 }
 
 int nd_qact_prepare(nd_qact *a, const float *x, int n, int in, int layout)
@@ -375,6 +375,9 @@ int nd_qact_prepare(nd_qact *a, const float *x, int n, int in, int layout)
     const float rs = (float)(1.0 / sqrt((double)ND_QGROUP));
     long groups = (long)n * ng;
     a->tiles = 0;
+    int rc = n >= ND_QTILE_MIN ? prepare_tiles(a, n) : ND_OK;
+    if (rc)
+        return rc;
     if (groups < 128) { /* a few groups (~70 ns each): no thread team */
         for (long tg = 0; tg < groups; tg++)
             prepare_group(a, x, tg, rs);
@@ -382,7 +385,7 @@ int nd_qact_prepare(nd_qact *a, const float *x, int n, int in, int layout)
         prepare_args pa = {a, x, rs};
         nd_parallel_for(groups, 32, prepare_groups, &pa);
     }
-    return n >= ND_QTILE_MIN ? prepare_tiles(a) : ND_OK;
+    return ND_OK;
 }
 
 void nd_qact_free(nd_qact *a)

@@ -134,6 +134,11 @@ void nd_qgemm_avx512(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *
 void nd_qgemm_avx512vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
 void nd_qgemm_amx(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y, int ldy);
 void nd_qact_group_avx512(const float *v, int8_t *q, float *amax, int32_t *sum);
+/* group g of a row with 2- or 4-bit stored codes as floats: levels[v] *
+ * norm for each stored value v, Walsh-Hadamard transformed (the scalar
+ * nd_qmat_row's values bit for bit) */
+void nd_qmat_group_avx512(const uint8_t *codes, int sb, const float levels[16], float norm,
+                          float *out);
 void nd_qact_place_vbmi(const int8_t *natural, const uint8_t inv[ND_QGROUP], int8_t *q,
                         uint8_t *qu);
 #endif

@@ -258,6 +258,37 @@ T_AVXVNNI static void matvec_avxvnni(const nd_qmat *w, const nd_qact *x, int r0,
  * and are scaled by norm x activation scale into float sums kept in L1. */
 #define TV_R 4
 
+/* A token tile's float sums of TV_R (4) rows (f[i][lane]) into y: a 4 x 8
+ * transpose per half makes one 4-float vector per token (stored whole,
+ * or with a mask of the block's nr rows), not a scalar store per (row,
+ * token). */
+T_AVXVNNI static inline void store_tile4_avx(float *y, int ldy, int n, int tile, int rb, int nr,
+                                             const float (*f)[ND_QTILE])
+{
+    int t0 = tile * ND_QTILE, nt = n - t0 < ND_QTILE ? n - t0 : ND_QTILE;
+    const __m128i m = _mm_cmpgt_epi32(_mm_set1_epi32(nr), _mm_setr_epi32(0, 1, 2, 3));
+    for (int h = 0; h < ND_QTILE; h += 8) {
+        __m256 a = _mm256_load_ps(f[0] + h), b = _mm256_load_ps(f[1] + h);
+        __m256 c = _mm256_load_ps(f[2] + h), d = _mm256_load_ps(f[3] + h);
+        __m256 ab0 = _mm256_unpacklo_ps(a, b), ab1 = _mm256_unpackhi_ps(a, b);
+        __m256 cd0 = _mm256_unpacklo_ps(c, d), cd1 = _mm256_unpackhi_ps(c, d);
+        /* u[k]: tokens k (low half) and 4 + k (high half) of these 8 */
+        __m256 u[4] = {_mm256_shuffle_ps(ab0, cd0, 0x44), _mm256_shuffle_ps(ab0, cd0, 0xEE),
+                       _mm256_shuffle_ps(ab1, cd1, 0x44), _mm256_shuffle_ps(ab1, cd1, 0xEE)};
+        for (int k = 0; k < 8; k++) {
+            int tok = h + k;
+            if (tok >= nt)
+                break;
+            __m128 v = k < 4 ? _mm256_castps256_ps128(u[k]) : _mm256_extractf128_ps(u[k - 4], 1);
+            float *dst = y + (size_t)(t0 + tok) * ldy + (size_t)rb;
+            if (nr == TV_R)
+                _mm_storeu_ps(dst, v);
+            else
+                _mm_maskstore_ps(dst, m, v);
+        }
+    }
+}
+
 T_AVXVNNI static void tiles_avxvnni(const nd_qmat *w, const nd_qact *x, int r0, int r1, float *y,
                                     int ldy, __m256i lut_s8, const int8_t lut16[16], float inv)
 {
@@ -334,10 +365,7 @@ T_AVXVNNI static void tiles_avxvnni(const nd_qmat *w, const nd_qact *x, int r0, 
                                                               _mm256_load_ps(f[i] + 8)));
                 }
             }
-            int t0 = tile * ND_QTILE, nt = n - t0 < ND_QTILE ? n - t0 : ND_QTILE;
-            for (int i = 0; i < nr; i++)
-                for (int lane = 0; lane < nt; lane++)
-                    y[(size_t)(t0 + lane) * ldy + (size_t)(rb + i)] = f[i][lane];
+            store_tile4_avx(y, ldy, n, tile, rb, nr, f);
         }
     }
 }
@@ -636,6 +664,47 @@ T_VNNI static inline void store_tile(float *y, int ldy, int n, int tile, int rb,
     }
 }
 
+/* The same for at most 8 rows (f[i * fstride], i < nr; the others are
+ * not read): an 8 x 16 transpose turns the rows' token lanes into one
+ * 8-float vector per token, stored with a mask of nr lanes, where a
+ * scalar store per (row, token) cost as much as a third of the products
+ * of a 64-token chunk. */
+T_VNNI static inline void store_tile8(float *y, int ldy, int n, int tile, int rb, int nr,
+                                      const __m512 *f, int fstride)
+{
+    int t0 = tile * ND_QTILE, nt = n - t0 < ND_QTILE ? n - t0 : ND_QTILE;
+    __m512 r[8], t[8], u[8];
+    for (int i = 0; i < 8; i++)
+        r[i] = i < nr ? f[i * fstride] : _mm512_setzero_ps();
+    for (int i = 0; i < 4; i++) { /* per 128-bit lane: r2i[k], r2i+1[k] pairs */
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; h++) /* u[4h + k] lane L: rows 4h..4h+3 of token 4L + k */
+        for (int k = 0; k < 2; k++) {
+            __m512d a = _mm512_castps_pd(t[4 * h + k]), b = _mm512_castps_pd(t[4 * h + 2 + k]);
+            u[4 * h + 2 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            u[4 * h + 2 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+    const __mmask8 m = (__mmask8)((1u << nr) - 1u);
+    for (int k = 0; k < 4; k++) {
+        /* (rows 0-3, rows 4-7) of tokens k, 4 + k, then 8 + k, 12 + k */
+        __m512 lo = _mm512_shuffle_f32x4(u[k], u[4 + k], _MM_SHUFFLE(1, 0, 1, 0));
+        __m512 hi = _mm512_shuffle_f32x4(u[k], u[4 + k], _MM_SHUFFLE(3, 2, 3, 2));
+        lo = _mm512_shuffle_f32x4(lo, lo, _MM_SHUFFLE(3, 1, 2, 0));
+        hi = _mm512_shuffle_f32x4(hi, hi, _MM_SHUFFLE(3, 1, 2, 0));
+        const __m256 v[4] = {_mm512_castps512_ps256(lo),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lo), 1)),
+                             _mm512_castps512_ps256(hi),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(hi), 1))};
+        for (int q = 0; q < 4; q++) {
+            int tok = 4 * q + k;
+            if (tok < nt)
+                _mm256_mask_storeu_ps(y + (size_t)(t0 + tok) * ldy + (size_t)rb, m, v[q]);
+        }
+    }
+}
+
 /* Token tiles (x->tiles, qmat.h): tokens in the 16 lanes, so a group's
  * product is 32 dpbusd per (row, tile) with the row's four code bytes
  * broadcast, no horizontal sums. TL_R rows are unpacked to int8 once and
@@ -708,7 +777,7 @@ T_VNNI static void tiles_vnni(const nd_qmat *w, const nd_qact *x, int r0, int r1
                 }
             }
             for (int k = 0; k < (t1 > tp ? 2 : 1); k++)
-                store_tile(y, ldy, n, tp + k, rb, nr, &f[0][k], 2);
+                store_tile8(y, ldy, n, tp + k, rb, nr, &f[0][k], 2);
         }
     }
 }
@@ -915,6 +984,53 @@ T_AVX512 void nd_qact_group_avx512(const float *v, int8_t *q, float *amax, int32
     }
     *amax = m;
     *sum = _mm512_reduce_add_epi32(total);
+}
+
+/* ------------------------------------------------------------------ */
+/* row dequantisation                                                   */
+
+/* Group g of row r as floats (nd_qmat_row's, 2- or 4-bit stored codes):
+ * the 128 codes in natural order (16 per vector: a variable shift of the
+ * word holding them), their float levels by one lane permutation of the
+ * 16 levels, times the norm, then the Walsh-Hadamard butterflies in the
+ * scalar transform's order (h = 1, 2, ..., 64; a + b, a - b), so every
+ * value is the scalar path's bit for bit. */
+T_AVX512 void nd_qmat_group_avx512(const uint8_t *codes, int sb, const float levels[16], float norm,
+                                   float *out)
+{
+    const __m512 lv = _mm512_loadu_ps(levels), nv = _mm512_set1_ps(norm);
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 x[8];
+    for (int k = 0; k < 8; k++) {
+        __m512i c;
+        if (sb == 2) { /* 16 crumbs: one 32-bit word, value j at bits 2j */
+            uint32_t wd;
+            memcpy(&wd, codes + 4 * k, 4);
+            c = _mm512_srlv_epi32(_mm512_set1_epi32((int)wd), _mm512_slli_epi32(iota, 1));
+            c = _mm512_and_si512(c, _mm512_set1_epi32(3));
+        } else { /* 16 nibbles: two words, value j at bits 4 (j % 8) of word j / 8 */
+            uint32_t w0, w1;
+            memcpy(&w0, codes + 8 * k, 4);
+            memcpy(&w1, codes + 8 * k + 4, 4);
+            __m512i wv = _mm512_mask_set1_epi32(_mm512_set1_epi32((int)w0), 0xFF00, (int)w1);
+            c = _mm512_srlv_epi32(
+                wv, _mm512_slli_epi32(_mm512_and_si512(iota, _mm512_set1_epi32(7)), 2));
+            c = _mm512_and_si512(c, _mm512_set1_epi32(15));
+        }
+        x[k] = _mm512_mul_ps(_mm512_permutexvar_ps(c, lv), nv);
+    }
+    for (int h = 1; h < 16; h <<= 1)
+        for (int k = 0; k < 8; k++)
+            x[k] = butterfly_in_lane(x[k], h);
+    for (int s = 1; s < 8; s <<= 1)
+        for (int k = 0; k < 8; k++)
+            if (!(k & s)) {
+                __m512 a = x[k], b = x[k + s];
+                x[k] = _mm512_add_ps(a, b);
+                x[k + s] = _mm512_sub_ps(a, b);
+            }
+    for (int k = 0; k < 8; k++)
+        _mm512_storeu_ps(out + 16 * k, x[k]);
 }
 
 #else

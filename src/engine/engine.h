@@ -154,6 +154,9 @@ static inline int8_t *nd_kv_row8(const nd_kv_state *s, int8_t *base, int l, int 
  * (longer inputs are split). kv_window 0 = full causal attention. */
 int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chunk, int kv_window);
 void nd_kv_free(nd_kv_state *s);
+/* Free the chunk scratch only (the state runs no more forwards): its
+ * memory is back before the rows are copied or freed. */
+void nd_kv_free_scratch(nd_kv_state *s);
 /* Run the matrices from q (m then only needs its small tensors). */
 void nd_kv_use_quant(nd_kv_state *s, const nd_qweights *q);
 /* Store K/V as int8 rows with per-head scales when bits == 8 (the
@@ -184,6 +187,9 @@ typedef struct {
 } nd_kv_snap;
 /* rows must start at position 0 (nothing evicted before them) */
 int nd_kv_snapshot(const nd_kv_state *s, int len, nd_kv_snap *out);
+/* the same without the checks against len (the caller knows rows 0..len-1
+ * are the prefix's): reads nothing a forward of s changes */
+int nd_kv_snapshot_rows(const nd_kv_state *s, int len, nd_kv_snap *out);
 /* Replace everything in s by the snapshot's rows (s's window settings
  * stay; the caller sets the sinks). */
 int nd_kv_restore(nd_kv_state *s, const nd_kv_snap *snap);

@@ -240,13 +240,20 @@ size_t nd_kv_bytes_bound(const nd_kv_state *s)
     return s->scratch_bytes + (size_t)(rows > s->rows_hw ? rows : s->rows_hw) * row_bytes(s);
 }
 
+void nd_kv_free_scratch(nd_kv_state *s)
+{
+    nd_qact_free(&s->qa);
+    free(s->scratch);
+    s->scratch = NULL;
+    s->scratch_bytes = 0;
+    nd_layout_buf_free(&s->lay);
+}
+
 void nd_kv_free(nd_kv_state *s)
 {
     if (!s)
         return;
-    nd_qact_free(&s->qa);
-    free(s->scratch);
-    nd_layout_buf_free(&s->lay);
+    nd_kv_free_scratch(s);
     free(s->tokens);
     free(s->k);
     free(s->v);
@@ -403,6 +410,15 @@ int nd_kv_snapshot(const nd_kv_state *s, int len, nd_kv_snap *out)
     if (len < 0 || len > s->len || (s->evicted && len > s->n_sink))
         return nd_error(ND_EARG, "snapshot of %d rows: the state holds %d from position 0", len,
                         s->evicted ? s->n_sink : s->len);
+    return nd_kv_snapshot_rows(s, len, out);
+}
+
+/* Reads only what is fixed once rows are stored (the arrays, cap, the
+ * format), never len: another thread's prefix cache copies lent rows
+ * while their session appends after them. */
+int nd_kv_snapshot_rows(const nd_kv_state *s, int len, nd_kv_snap *out)
+{
+    memset(out, 0, sizeof *out);
     kv_array a[KV_ARRAYS_MAX];
     int na = kv_arrays((nd_kv_state *)s, a); /* read through the slots only */
     size_t bytes = 0;

@@ -192,9 +192,8 @@ static size_t row_bytes(const nd_kv_state *s)
     return sizeof(int32_t) + 2 * (size_t)D->L * kv + (size_t)s->m->cfg.n_sites * vp;
 }
 
-/* rows the window keeps at most (before a chunk of up to `chunk` lands):
- * the sinks, the attention window, one chunk and some slack so that rows
- * are dropped in batches rather than on every decoded token */
+/* rows the window adds at least between two slides (drops come in
+ * batches, not on every decoded token) */
 static int slide_slack(const nd_kv_state *s)
 {
     int slack = (s->max_len - s->n_sink) / 8;
@@ -211,11 +210,31 @@ int nd_kv_chunk_step(const nd_kv_state *s)
     return room > 0 ? room : 1;
 }
 
+/* the rows a slide keeps before new ones land: the sinks and the kv_window
+ * - 1 newest rows, all the keys the next row attends to (and at least the
+ * rows the engram's n-grams and taps and Needle 3's conv taps read back) */
+static long slide_keep(const nd_kv_state *s)
+{
+    if (!s->kv_window)
+        return (long)s->n_sink + s->max_len;
+    const san_config *c = &s->m->cfg;
+    long back = s->kv_window - 1, eng = (long)(SAN_CONV_TAPS - 1) * s->m->dims.eng_dilation;
+    back = back > eng ? back : eng;
+    back = back > nd_kv_max_order(s->m) - 1 ? back : nd_kv_max_order(s->m) - 1;
+    back = back > c->qkv_conv_taps - 1 ? back : c->qkv_conv_taps - 1;
+    return (long)s->n_sink + back;
+}
+
+/* The most rows a sliding cache holds: what a slide keeps plus room for
+ * the next rows, one chunk or the slack whichever is more (a session's
+ * chunk is the slack: one batch of rows serves both), at most
+ * max_seq_len; with kv_window 0, max_seq_len. */
 static int slide_high(const nd_kv_state *s)
 {
     if (!s->kv_window)
         return s->max_len;
-    long hi = (long)s->n_sink + s->kv_window + nd_kv_chunk_step(s) + slide_slack(s);
+    int step = nd_kv_chunk_step(s), slack = slide_slack(s);
+    long hi = slide_keep(s) + (step > slack ? step : slack);
     return hi < s->max_len ? (int)hi : s->max_len;
 }
 
@@ -383,9 +402,8 @@ int nd_kv_make_room(nd_kv_state *s, int n)
     int pin = s->n_sink, hi = slide_high(s);
     if (s->len + n <= hi)
         return ND_OK;
-    int keep_window = s->kv_window ? s->kv_window : s->max_len;
-    long keep = (long)pin + keep_window;
-    if (keep > (long)hi - n - slide_slack(s))
+    long keep = slide_keep(s);
+    if (keep > (long)hi - n) /* the high mark is max_seq_len: slide a batch */
         keep = (long)hi - n - slide_slack(s);
     if (keep < pin)
         keep = pin;

@@ -86,13 +86,21 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     P(A->u, N * d);
     P(A->alpha, N * (size_t)(m->cfg.n_sites ? m->cfg.n_sites : 1));
     P(A->bx, N * d);
-    P(A->a, N * d);
-    P(A->q, N * (size_t)D->q_dim); /* Needle 2: k, v kv_dim wide, gate, att, o q_dim */
-    P(A->k, N * (size_t)D->k_dim);
-    P(A->v, N * (size_t)D->v_dim);
-    P(A->g, N * (size_t)D->gate_dim);
-    P(A->att, N * (size_t)D->o_dim);
-    P(A->o, N * (size_t)D->o_dim);
+    /* Needle 2's layer (model/block.c) uses nx only for the lane mix's
+     * coefficients; a, q, k, v, g, then att, o, o2, pn, x1, z, y (and
+     * between layers xm, hf) live in its rows instead of their own */
+    int share = !gen3 && d + (size_t)D->q_dim + D->k_dim + D->v_dim + D->gate_dim <= n * d &&
+                (size_t)D->o_dim <= d && D->o_dim <= D->q_dim && (size_t)D->q_dim >= d &&
+                (size_t)D->k_dim + D->v_dim >= d && (size_t)D->gate_dim >= d;
+    if (!share) {
+        P(A->a, N * d);
+        P(A->q, N * (size_t)D->q_dim); /* Needle 2: k, v kv_dim wide, gate, att, o q_dim */
+        P(A->k, N * (size_t)D->k_dim);
+        P(A->v, N * (size_t)D->v_dim);
+        P(A->g, N * (size_t)D->gate_dim);
+        P(A->att, N * (size_t)D->o_dim);
+        P(A->o, N * (size_t)D->o_dim);
+    }
     if (taps) { /* the conv's outputs */
         P(A->qc, N * (size_t)D->q_dim);
         P(A->kc, N * (size_t)D->k_dim);
@@ -103,15 +111,17 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
         P(A->hsaved, N * hsaved_row);
         P(s->kv_slot, (size_t)D->L);
     }
-    P(A->o2, N * d);
-    P(A->pn, N * d);
-    P(A->x1, N * d);
-    P(A->z, N * d);
+    if (!share) {
+        P(A->o2, N * d);
+        P(A->pn, N * d);
+        P(A->x1, N * d);
+        P(A->z, N * d);
+        P(A->y, N * d);
+        P(s->xm, N * d);
+        P(s->hf, N * d);
+    }
     if (!gen3)
         P(A->h1, N * (size_t)D->hada_n);
-    P(A->y, N * d);
-    P(s->xm, N * d);
-    P(s->hf, N * d);
     s->att_threads = nd_get_threads();
     P(s->att_s, (size_t)s->att_threads * ND_ATT_ROWS * (size_t)(D->H / D->G) * (size_t)s->max_len);
 #undef P
@@ -131,6 +141,24 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     }
     s->scratch = blk;
     s->scratch_bytes = total;
+    if (share) { /* slots of nx's rows, each written after its last user read it */
+        float *a = A->nx, *q = a + N * d, *k = q + N * (size_t)D->q_dim,
+              *v = k + N * (size_t)D->k_dim, *g = v + N * (size_t)D->v_dim;
+        A->a = a; /* the attention input: dead once q, k, v, g are made */
+        A->q = q;
+        A->k = k;
+        A->v = v;
+        A->g = g;
+        A->att = a; /* then the attention output, */
+        A->o = q;   /* gated (q is rotated and attended by then), */
+        A->o2 = k;  /* projected (over k and v), */
+        A->pn = a;  /* normalised, */
+        A->x1 = g;  /* added to the block input (g gated o by then), */
+        A->z = q;   /* the MLP's norm (o projected by then) */
+        A->y = k;   /* and the MLP's output (o2 normalised by then) */
+        s->xm = a;  /* between layers and after the last: the lane mean */
+        s->hf = q;
+    }
     A->qn = A->q; /* q and k are normalised and rotated in place */
     A->kn = A->k;
     if (gen3 && !taps) { /* no conv: its outputs are q, k, v themselves */

@@ -109,7 +109,7 @@ typedef struct {
     int8_t *k8, *v8;                    /* [L][G][cap][hd] (int8 cache): a kv head's keys are one
                                          * contiguous stream for the attention to read */
     float *ks, *vs;                     /* [L][cap][G] scales of the int8 rows */
-    float *rope_far_cos, *rope_far_sin; /* [chunk][hd/2]: positions past the tables */
+    float *rope_far_cos, *rope_far_sin; /* [chunk][hd/2]: the chunk's rows */
     size_t scratch_bytes;
     float *vp[SAN_MAX_SITES]; /* [cap][d] (float cache) */
     /* with the int8 cache, v' rows are int8 too, one scale per 32 values
@@ -117,7 +117,7 @@ typedef struct {
     int vp_int8;
     int8_t *vp8[SAN_MAX_SITES]; /* [cap][d] */
     float *vps[SAN_MAX_SITES];  /* [cap][d / ND_VP_GROUP] */
-    float *rope_cos, *rope_sin; /* [max_len][hd/2] */
+    float *rope_freq;           /* [hd/2] RoPE frequencies (rows: nd_kv_rope_rows) */
     /* scratch for one chunk of up to `chunk` new tokens */
     int chunk;
     void *scratch;

@@ -3,6 +3,7 @@
  * allocation, growth, the sliding window, snapshots, the int8 formats.
  * The incremental forward that fills and reads it is forward.c, the cached
  * attention attention.c. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,8 +63,7 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     } plan[64];
     int np = 0;
 #define P(ptr, cnt) plan[np++] = (struct plan_e){(void **)&(ptr), (size_t)(cnt) * sizeof(*(ptr))}
-    P(s->rope_cos, (size_t)s->max_len * half);
-    P(s->rope_sin, (size_t)s->max_len * half);
+    P(s->rope_freq, half);
     P(s->rope_far_cos, N * half);
     P(s->rope_far_sin, N * half);
     P(s->x0, N * d);
@@ -178,8 +178,27 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
         nd_kv_free(s);
         return nd_error(ND_ENOMEM, "out of memory");
     }
-    san_rope_tables(s->rope_cos, s->rope_sin, s->max_len, D->hd, m->cfg.rope_theta);
+    for (size_t i = 0; i < half; i++) /* as san_rope_tables (float32, upstream's) */
+        s->rope_freq[i] = 1.0f / powf((float)m->cfg.rope_theta, (float)(2 * i) / (float)D->hd);
     return ND_OK;
+}
+
+/* The rows' RoPE cos/sin, made per chunk rather than kept as [max_len]
+ * tables (0.5 MB per session at needle2 shape): inside max_seq_len exactly
+ * san_rope_tables' values (a float angle), past it a double angle. */
+void nd_kv_rope_rows(nd_kv_state *s, long ap0, int n)
+{
+    size_t half = (size_t)s->m->dims.hd / 2;
+    int inside = ap0 + n <= s->max_len;
+    for (int t = 0; t < n; t++) {
+        float *c = s->rope_far_cos + (size_t)t * half, *sn = s->rope_far_sin + (size_t)t * half;
+        for (size_t i = 0; i < half; i++) {
+            double ang = inside ? (double)((float)(ap0 + t) * s->rope_freq[i])
+                                : (double)(ap0 + t) * s->rope_freq[i];
+            c[i] = (float)cos(ang);
+            sn[i] = (float)sin(ang);
+        }
+    }
 }
 
 void nd_kv_use_quant(nd_kv_state *s, const nd_qweights *q)

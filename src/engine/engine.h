@@ -154,6 +154,10 @@ static inline int8_t *nd_kv_row8(const nd_kv_state *s, int8_t *base, int l, int 
  * (longer inputs are split). kv_window 0 = full causal attention. */
 int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chunk, int kv_window);
 void nd_kv_free(nd_kv_state *s);
+/* Hand the chunk scratch's pages back to the system (the next forward
+ * touches only the rows it runs: a turn of 30 tokens after a 64-token
+ * chunk holds 30 rows' worth); its contents are not kept. */
+void nd_kv_release_scratch(nd_kv_state *s);
 /* Free the chunk scratch only (the state runs no more forwards): its
  * memory is back before the rows are copied or freed. */
 void nd_kv_free_scratch(nd_kv_state *s);

@@ -3,9 +3,12 @@
  * allocation, growth, the sliding window, snapshots, the int8 formats.
  * The incremental forward that fills and reads it is forward.c, the cached
  * attention attention.c. */
+#define _DEFAULT_SOURCE /* madvise */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "core/status.h"
 #include "core/threadpool.h"
@@ -304,6 +307,22 @@ size_t nd_kv_bytes_bound(const nd_kv_state *s)
 {
     int rows = s->n_sink >= 0 ? slide_high(s) : s->max_len;
     return s->scratch_bytes + (size_t)(rows > s->rows_hw ? rows : s->rows_hw) * row_bytes(s);
+}
+
+void nd_kv_release_scratch(nd_kv_state *s)
+{
+#ifdef MADV_DONTNEED
+    long pg = sysconf(_SC_PAGESIZE);
+    if (!s->scratch || pg <= 0)
+        return;
+    uintptr_t a = (uintptr_t)s->scratch, e = a + s->scratch_bytes;
+    a = (a + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+    e &= ~((uintptr_t)pg - 1);
+    if (e > a)
+        madvise((void *)a, e - a, MADV_DONTNEED);
+#else
+    (void)s;
+#endif
 }
 
 void nd_kv_free_scratch(nd_kv_state *s)

@@ -248,6 +248,7 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
         /* lent, not copied: the copy is made when a second session needs it */
         nd_prefix_cache_lend(&M->pc, ids.v, (int)ids.n, &S->kv);
     }
+    nd_kv_release_scratch(&S->kv); /* the prefix's 64-row chunks are done */
     S->prefix_len = (int)ids.n;
     /* the system + tools prefix are the window's sinks (upstream pins the
      * doc prefix): later turns slide past max_seq_len instead of failing */
@@ -921,6 +922,9 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
             (!thinking || !(rc = reason(S, &T, think_cap))))
             rc = constrained_call(S, &T);
     }
+    /* the scratch's pages go back between turns: a turn holds the rows of
+     * its own longest chunk, not those of the longest chunk ever run */
+    nd_kv_release_scratch(&S->kv);
     int written = 0;
     if (!rc && !(rc = turn_envelope(S, &T, t1 - t0, now_s() - t1, buf, buf_len, &written))) {
         turn_state_free(&T); /* the turn ran: only the envelope may not have fit */

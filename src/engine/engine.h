@@ -111,6 +111,7 @@ typedef struct {
     float *ks, *vs;                     /* [L][cap][G] scales of the int8 rows */
     float *rope_far_cos, *rope_far_sin; /* [chunk][hd/2]: the chunk's rows */
     size_t scratch_bytes;
+    size_t scratch_keep;      /* the scratch's first bytes: kept for the state's life */
     float *vp[SAN_MAX_SITES]; /* [cap][d] (float cache) */
     /* with the int8 cache, v' rows are int8 too, one scale per 32 values
      * (upstream's budget counts them so) */

@@ -66,7 +66,12 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     } plan[64];
     int np = 0;
 #define P(ptr, cnt) plan[np++] = (struct plan_e){(void **)&(ptr), (size_t)(cnt) * sizeof(*(ptr))}
+    /* first the values kept for the state's life (nd_kv_release_scratch
+     * leaves them be), then the chunk's */
     P(s->rope_freq, half);
+    if (gen3)
+        P(s->kv_slot, (size_t)D->L);
+    int n_keep = np;
     P(s->rope_far_cos, N * half);
     P(s->rope_far_sin, N * half);
     P(s->x0, N * d);
@@ -112,7 +117,6 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     if (gen3) {
         P(A->mlp, N * d);
         P(A->hsaved, N * hsaved_row);
-        P(s->kv_slot, (size_t)D->L);
     }
     if (!share) {
         P(A->o2, N * d);
@@ -144,6 +148,8 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     }
     s->scratch = blk;
     s->scratch_bytes = total;
+    for (int i = 0; i < n_keep; i++)
+        s->scratch_keep += (plan[i].bytes + 63) & ~(size_t)63;
     if (share) { /* slots of nx's rows, each written after its last user read it */
         float *a = A->nx, *q = a + N * d, *k = q + N * (size_t)D->q_dim,
               *v = k + N * (size_t)D->k_dim, *g = v + N * (size_t)D->v_dim;
@@ -315,7 +321,8 @@ void nd_kv_release_scratch(nd_kv_state *s)
     long pg = sysconf(_SC_PAGESIZE);
     if (!s->scratch || pg <= 0)
         return;
-    uintptr_t a = (uintptr_t)s->scratch, e = a + s->scratch_bytes;
+    uintptr_t a = (uintptr_t)s->scratch + s->scratch_keep,
+              e = (uintptr_t)s->scratch + s->scratch_bytes;
     a = (a + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
     e &= ~((uintptr_t)pg - 1);
     if (e > a)
@@ -331,6 +338,7 @@ void nd_kv_free_scratch(nd_kv_state *s)
     free(s->scratch);
     s->scratch = NULL;
     s->scratch_bytes = 0;
+    s->scratch_keep = 0;
     nd_layout_buf_free(&s->lay);
 }
 

@@ -27,6 +27,31 @@ int nd_kv_max_order(const san_model *m)
     return mo;
 }
 
+/* Needle 2's layer values in the slots of nx's rows (N rows each), each
+ * written after its last user read it (model/block.c's order) */
+static void share_layer_rows(nd_kv_state *s, size_t N)
+{
+    const san_dims *D = &s->m->dims;
+    san_layer_acts *A = &s->la;
+    size_t d = (size_t)D->d;
+    float *a = A->nx, *q = a + N * d, *k = q + N * (size_t)D->q_dim, *v = k + N * (size_t)D->k_dim,
+          *g = v + N * (size_t)D->v_dim;
+    A->a = a; /* the attention input: dead once q, k, v, g are made */
+    A->q = q;
+    A->k = k;
+    A->v = v;
+    A->g = g;
+    A->att = a; /* then the attention output, */
+    A->o = q;   /* gated (q is rotated and attended by then), */
+    A->o2 = k;  /* projected (over k and v), */
+    A->pn = a;  /* normalised, */
+    A->x1 = g;  /* added to the block input (g gated o by then), */
+    A->z = q;   /* the MLP's norm (o projected by then) */
+    A->y = k;   /* and the MLP's output (o2 normalised by then) */
+    s->xm = a;  /* between layers and after the last: the lane mean */
+    s->hf = q;
+}
+
 int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chunk, int kv_window)
 {
     memset(s, 0, sizeof *s);
@@ -150,24 +175,8 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     s->scratch_bytes = total;
     for (int i = 0; i < n_keep; i++)
         s->scratch_keep += (plan[i].bytes + 63) & ~(size_t)63;
-    if (share) { /* slots of nx's rows, each written after its last user read it */
-        float *a = A->nx, *q = a + N * d, *k = q + N * (size_t)D->q_dim,
-              *v = k + N * (size_t)D->k_dim, *g = v + N * (size_t)D->v_dim;
-        A->a = a; /* the attention input: dead once q, k, v, g are made */
-        A->q = q;
-        A->k = k;
-        A->v = v;
-        A->g = g;
-        A->att = a; /* then the attention output, */
-        A->o = q;   /* gated (q is rotated and attended by then), */
-        A->o2 = k;  /* projected (over k and v), */
-        A->pn = a;  /* normalised, */
-        A->x1 = g;  /* added to the block input (g gated o by then), */
-        A->z = q;   /* the MLP's norm (o projected by then) */
-        A->y = k;   /* and the MLP's output (o2 normalised by then) */
-        s->xm = a;  /* between layers and after the last: the lane mean */
-        s->hf = q;
-    }
+    if (share)
+        share_layer_rows(s, N);
     A->qn = A->q; /* q and k are normalised and rotated in place */
     A->kn = A->k;
     if (gen3 && !taps) { /* no conv: its outputs are q, k, v themselves */

@@ -97,6 +97,9 @@ int main(void)
         CHECK_MSG(e < 1e-4, "prefill last row rel err %g", e);
         double worst = 0;
         for (int t = P; t < T; t++) {
+            /* the scratch's pages handed back between steps (a session does
+             * so between turns): what the state keeps is kept */
+            nd_kv_release_scratch(&s);
             CHECK(nd_kv_forward(&s, ids.v + t, 1, lg, 0) == 0);
             double et = row_err(lg, a.logits + (size_t)t * V, V);
             worst = et > worst ? et : worst;

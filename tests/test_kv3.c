@@ -104,6 +104,7 @@ static void check_model(const char *name, const char *preset, int window, int ta
         CHECK_MSG(nd_kv_init(&s, &m, be, 8, 0) == 0, "%s", nd_last_error());
         double worst = 0;
         for (int t = 0; t < T_SEQ; t++) {
+            nd_kv_release_scratch(&s); /* pages back between steps: state kept */
             CHECK(nd_kv_forward(&s, tok + t, 1, lg, 0) == 0);
             double e = rows_err(lg, V, ref + (size_t)t * Vo, Vo, 1, Vo);
             worst = e > worst ? e : worst;

@@ -131,6 +131,49 @@ int main(void)
     CHECK(same(&ref, &got));
     nd_kv_snap_free(&got.rows);
 
+    /* a session lends its prefix rows: no copy while it is the only user,
+     * the copy when a second session asks (that session's answer and rows
+     * as without the cache), the cache keeps it after both are freed */
+    nd_prefix_cache_limit(M, 0);
+    nd_prefix_cache_limit(M, 2);
+    needle_session *A = needle_session_new(M, SYSTEM, TOOLS[0]);
+    CHECK_MSG(A, "%s", needle_thread_error());
+    st = nd_prefix_cache_get_stats(M);
+    CHECK_MSG(st.entries == 1 && st.bytes == 0, "one session: %d entries, %zu bytes copied",
+              st.entries, st.bytes);
+    long hits0 = st.hits;
+    run_session(M, TOOLS[0], &got);
+    st = nd_prefix_cache_get_stats(M);
+    CHECK_MSG(st.hits == hits0 + 1 && st.bytes > 0, "second session: %ld hits, %zu bytes",
+              st.hits - hits0, st.bytes);
+    CHECK_MSG(same(&ref, &got), "a prefix copied from a live session changes the answer");
+    nd_kv_snap_free(&got.rows);
+    if (A) { /* the lender's own turn is unchanged by the copy */
+        outcome a = {0};
+        a.prefix = needle_session_context_tokens(A);
+        CHECK(needle_session_complete(A, QUERY, 24, a.env, (int)sizeof a.env) > 0);
+        char *timing = strstr(a.env, ", \"prefill_tps\"");
+        if (timing)
+            *timing = 0;
+        CHECK(nd_kv_snapshot(nd_session_kv(A), nd_session_kv(A)->len, &a.rows) == 0);
+        CHECK_MSG(same(&ref, &a), "the lending session's turn differs");
+        nd_kv_snap_free(&a.rows);
+    }
+    needle_session_free(A);
+    /* a lender freed before anyone asked leaves its copy behind */
+    nd_prefix_cache_limit(M, 0);
+    nd_prefix_cache_limit(M, 2);
+    A = needle_session_new(M, SYSTEM, TOOLS[0]);
+    CHECK(nd_prefix_cache_get_stats(M).bytes == 0);
+    needle_session_free(A);
+    st = nd_prefix_cache_get_stats(M);
+    CHECK_MSG(st.entries == 1 && st.bytes > 0, "freed lender: %d entries, %zu bytes", st.entries,
+              st.bytes);
+    run_session(M, TOOLS[0], &got);
+    CHECK(nd_prefix_cache_get_stats(M).hits == st.hits + 1);
+    CHECK(same(&ref, &got));
+    nd_kv_snap_free(&got.rows);
+
     /* sessions on four threads at once (TSan in CI): same results */
     thread_job jobs[4];
     pthread_t th[4];

@@ -108,6 +108,11 @@ static void long_conversation(const unsigned char *arch, size_t len, const char 
               "%s: memory moved on %d of the last 100 turns", what, mem_moved);
     CHECK_MSG(shrank == 0, "%s: memory accounting shrank on %d turns", what, shrank);
     CHECK_MSG(over == 0, "%s: memory over its stated bound on %d turns", what, over);
+    /* with a kv_window the cache holds the sinks, the window and one batch
+     * of new rows (a session's chunk, 64): no second chunk of slack */
+    if (kv->kv_window)
+        CHECK_MSG(kv->rows_hw <= P + kv->kv_window + 64, "%s: %d rows held for %d sinks + %d", what,
+                  kv->rows_hw, P, kv->kv_window);
     /* reset goes back to the sinks; the session answers again */
     CHECK(needle_session_reset(S) == 0 && kv->len == P && kv->evicted == 0);
     CHECK(needle_session_complete(S, "turn the lights off", 40, buf, (int)sizeof buf) > 0 &&

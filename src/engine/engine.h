@@ -109,15 +109,16 @@ typedef struct {
     int8_t *k8, *v8;                    /* [L][G][cap][hd] (int8 cache): a kv head's keys are one
                                          * contiguous stream for the attention to read */
     float *ks, *vs;                     /* [L][cap][G] scales of the int8 rows */
-    float *rope_far_cos, *rope_far_sin; /* [chunk][hd/2]: positions past the tables */
+    float *rope_far_cos, *rope_far_sin; /* [chunk][hd/2]: the chunk's rows */
     size_t scratch_bytes;
+    size_t scratch_keep;      /* the scratch's first bytes: kept for the state's life */
     float *vp[SAN_MAX_SITES]; /* [cap][d] (float cache) */
     /* with the int8 cache, v' rows are int8 too, one scale per 32 values
      * (upstream's budget counts them so) */
     int vp_int8;
     int8_t *vp8[SAN_MAX_SITES]; /* [cap][d] */
     float *vps[SAN_MAX_SITES];  /* [cap][d / ND_VP_GROUP] */
-    float *rope_cos, *rope_sin; /* [max_len][hd/2] */
+    float *rope_freq;           /* [hd/2] RoPE frequencies (rows: nd_kv_rope_rows) */
     /* scratch for one chunk of up to `chunk` new tokens */
     int chunk;
     void *scratch;
@@ -154,6 +155,13 @@ static inline int8_t *nd_kv_row8(const nd_kv_state *s, int8_t *base, int l, int 
  * (longer inputs are split). kv_window 0 = full causal attention. */
 int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chunk, int kv_window);
 void nd_kv_free(nd_kv_state *s);
+/* Hand the chunk scratch's pages back to the system (the next forward
+ * touches only the rows it runs: a turn of 30 tokens after a 64-token
+ * chunk holds 30 rows' worth); its contents are not kept. */
+void nd_kv_release_scratch(nd_kv_state *s);
+/* Free the chunk scratch only (the state runs no more forwards): its
+ * memory is back before the rows are copied or freed. */
+void nd_kv_free_scratch(nd_kv_state *s);
 /* Run the matrices from q (m then only needs its small tensors). */
 void nd_kv_use_quant(nd_kv_state *s, const nd_qweights *q);
 /* Store K/V as int8 rows with per-head scales when bits == 8 (the
@@ -184,6 +192,9 @@ typedef struct {
 } nd_kv_snap;
 /* rows must start at position 0 (nothing evicted before them) */
 int nd_kv_snapshot(const nd_kv_state *s, int len, nd_kv_snap *out);
+/* the same without the checks against len (the caller knows rows 0..len-1
+ * are the prefix's): reads nothing a forward of s changes */
+int nd_kv_snapshot_rows(const nd_kv_state *s, int len, nd_kv_snap *out);
 /* Replace everything in s by the snapshot's rows (s's window settings
  * stay; the caller sets the sinks). */
 int nd_kv_restore(nd_kv_state *s, const nd_kv_snap *snap);

@@ -138,26 +138,10 @@ static int engram_chunk(nd_kv_state *s, int p0, int n)
 }
 
 /* cos/sin rows of the n positions from row p0: absolute positions (row +
- * evicted) as upstream's decode.py numbers them; past max_seq_len (only with
- * the window on) computed here the way san_rope_tables does */
+ * evicted) as upstream's decode.py numbers them (kv.c makes them) */
 static void rope_rows(nd_kv_state *s, int p0, int n, const float **cs, const float **sn)
 {
-    int hd = s->m->dims.hd;
-    size_t half = (size_t)hd / 2;
-    long ap0 = p0 + s->evicted;
-    if (ap0 + n <= s->max_len) {
-        *cs = s->rope_cos + (size_t)ap0 * half;
-        *sn = s->rope_sin + (size_t)ap0 * half;
-        return;
-    }
-    for (size_t i = 0; i < half; i++) {
-        float freq = 1.0f / powf((float)s->m->cfg.rope_theta, (float)(2 * i) / (float)hd);
-        for (int t = 0; t < n; t++) {
-            double ang = (double)(ap0 + t) * freq;
-            s->rope_far_cos[(size_t)t * half + i] = (float)cos(ang);
-            s->rope_far_sin[(size_t)t * half + i] = (float)sin(ang);
-        }
-    }
+    nd_kv_rope_rows(s, p0 + s->evicted, n);
     *cs = s->rope_far_cos;
     *sn = s->rope_far_sin;
 }

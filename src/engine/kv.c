@@ -3,8 +3,12 @@
  * allocation, growth, the sliding window, snapshots, the int8 formats.
  * The incremental forward that fills and reads it is forward.c, the cached
  * attention attention.c. */
+#define _DEFAULT_SOURCE /* madvise */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "core/status.h"
 #include "core/threadpool.h"
@@ -21,6 +25,31 @@ int nd_kv_max_order(const san_model *m)
         if (m->cfg.engram_orders[i] > mo)
             mo = m->cfg.engram_orders[i];
     return mo;
+}
+
+/* Needle 2's layer values in the slots of nx's rows (N rows each), each
+ * written after its last user read it (model/block.c's order) */
+static void share_layer_rows(nd_kv_state *s, size_t N)
+{
+    const san_dims *D = &s->m->dims;
+    san_layer_acts *A = &s->la;
+    size_t d = (size_t)D->d;
+    float *a = A->nx, *q = a + N * d, *k = q + N * (size_t)D->q_dim, *v = k + N * (size_t)D->k_dim,
+          *g = v + N * (size_t)D->v_dim;
+    A->a = a; /* the attention input: dead once q, k, v, g are made */
+    A->q = q;
+    A->k = k;
+    A->v = v;
+    A->g = g;
+    A->att = a; /* then the attention output, */
+    A->o = q;   /* gated (q is rotated and attended by then), */
+    A->o2 = k;  /* projected (over k and v), */
+    A->pn = a;  /* normalised, */
+    A->x1 = g;  /* added to the block input (g gated o by then), */
+    A->z = q;   /* the MLP's norm (o projected by then) */
+    A->y = k;   /* and the MLP's output (o2 normalised by then) */
+    s->xm = a;  /* between layers and after the last: the lane mean */
+    s->hf = q;
 }
 
 int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chunk, int kv_window)
@@ -62,8 +91,12 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     } plan[64];
     int np = 0;
 #define P(ptr, cnt) plan[np++] = (struct plan_e){(void **)&(ptr), (size_t)(cnt) * sizeof(*(ptr))}
-    P(s->rope_cos, (size_t)s->max_len * half);
-    P(s->rope_sin, (size_t)s->max_len * half);
+    /* first the values kept for the state's life (nd_kv_release_scratch
+     * leaves them be), then the chunk's */
+    P(s->rope_freq, half);
+    if (gen3)
+        P(s->kv_slot, (size_t)D->L);
+    int n_keep = np;
     P(s->rope_far_cos, N * half);
     P(s->rope_far_sin, N * half);
     P(s->x0, N * d);
@@ -86,13 +119,21 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     P(A->u, N * d);
     P(A->alpha, N * (size_t)(m->cfg.n_sites ? m->cfg.n_sites : 1));
     P(A->bx, N * d);
-    P(A->a, N * d);
-    P(A->q, N * (size_t)D->q_dim); /* Needle 2: k, v kv_dim wide, gate, att, o q_dim */
-    P(A->k, N * (size_t)D->k_dim);
-    P(A->v, N * (size_t)D->v_dim);
-    P(A->g, N * (size_t)D->gate_dim);
-    P(A->att, N * (size_t)D->o_dim);
-    P(A->o, N * (size_t)D->o_dim);
+    /* Needle 2's layer (model/block.c) uses nx only for the lane mix's
+     * coefficients; a, q, k, v, g, then att, o, o2, pn, x1, z, y (and
+     * between layers xm, hf) live in its rows instead of their own */
+    int share = !gen3 && d + (size_t)D->q_dim + D->k_dim + D->v_dim + D->gate_dim <= n * d &&
+                (size_t)D->o_dim <= d && D->o_dim <= D->q_dim && (size_t)D->q_dim >= d &&
+                (size_t)D->k_dim + D->v_dim >= d && (size_t)D->gate_dim >= d;
+    if (!share) {
+        P(A->a, N * d);
+        P(A->q, N * (size_t)D->q_dim); /* Needle 2: k, v kv_dim wide, gate, att, o q_dim */
+        P(A->k, N * (size_t)D->k_dim);
+        P(A->v, N * (size_t)D->v_dim);
+        P(A->g, N * (size_t)D->gate_dim);
+        P(A->att, N * (size_t)D->o_dim);
+        P(A->o, N * (size_t)D->o_dim);
+    }
     if (taps) { /* the conv's outputs */
         P(A->qc, N * (size_t)D->q_dim);
         P(A->kc, N * (size_t)D->k_dim);
@@ -101,17 +142,18 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     if (gen3) {
         P(A->mlp, N * d);
         P(A->hsaved, N * hsaved_row);
-        P(s->kv_slot, (size_t)D->L);
     }
-    P(A->o2, N * d);
-    P(A->pn, N * d);
-    P(A->x1, N * d);
-    P(A->z, N * d);
+    if (!share) {
+        P(A->o2, N * d);
+        P(A->pn, N * d);
+        P(A->x1, N * d);
+        P(A->z, N * d);
+        P(A->y, N * d);
+        P(s->xm, N * d);
+        P(s->hf, N * d);
+    }
     if (!gen3)
         P(A->h1, N * (size_t)D->hada_n);
-    P(A->y, N * d);
-    P(s->xm, N * d);
-    P(s->hf, N * d);
     s->att_threads = nd_get_threads();
     P(s->att_s, (size_t)s->att_threads * ND_ATT_ROWS * (size_t)(D->H / D->G) * (size_t)s->max_len);
 #undef P
@@ -131,6 +173,10 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     }
     s->scratch = blk;
     s->scratch_bytes = total;
+    for (int i = 0; i < n_keep; i++)
+        s->scratch_keep += (plan[i].bytes + 63) & ~(size_t)63;
+    if (share)
+        share_layer_rows(s, N);
     A->qn = A->q; /* q and k are normalised and rotated in place */
     A->kn = A->k;
     if (gen3 && !taps) { /* no conv: its outputs are q, k, v themselves */
@@ -150,8 +196,27 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
         nd_kv_free(s);
         return nd_error(ND_ENOMEM, "out of memory");
     }
-    san_rope_tables(s->rope_cos, s->rope_sin, s->max_len, D->hd, m->cfg.rope_theta);
+    for (size_t i = 0; i < half; i++) /* as san_rope_tables (float32, upstream's) */
+        s->rope_freq[i] = 1.0f / powf((float)m->cfg.rope_theta, (float)(2 * i) / (float)D->hd);
     return ND_OK;
+}
+
+/* The rows' RoPE cos/sin, made per chunk rather than kept as [max_len]
+ * tables (0.5 MB per session at needle2 shape): inside max_seq_len exactly
+ * san_rope_tables' values (a float angle), past it a double angle. */
+void nd_kv_rope_rows(nd_kv_state *s, long ap0, int n)
+{
+    size_t half = (size_t)s->m->dims.hd / 2;
+    int inside = ap0 + n <= s->max_len;
+    for (int t = 0; t < n; t++) {
+        float *c = s->rope_far_cos + (size_t)t * half, *sn = s->rope_far_sin + (size_t)t * half;
+        for (size_t i = 0; i < half; i++) {
+            double ang = inside ? (double)((float)(ap0 + t) * s->rope_freq[i])
+                                : (double)(ap0 + t) * s->rope_freq[i];
+            c[i] = (float)cos(ang);
+            sn[i] = (float)sin(ang);
+        }
+    }
 }
 
 void nd_kv_use_quant(nd_kv_state *s, const nd_qweights *q)
@@ -192,9 +257,8 @@ static size_t row_bytes(const nd_kv_state *s)
     return sizeof(int32_t) + 2 * (size_t)D->L * kv + (size_t)s->m->cfg.n_sites * vp;
 }
 
-/* rows the window keeps at most (before a chunk of up to `chunk` lands):
- * the sinks, the attention window, one chunk and some slack so that rows
- * are dropped in batches rather than on every decoded token */
+/* rows the window adds at least between two slides (drops come in
+ * batches, not on every decoded token) */
 static int slide_slack(const nd_kv_state *s)
 {
     int slack = (s->max_len - s->n_sink) / 8;
@@ -211,11 +275,31 @@ int nd_kv_chunk_step(const nd_kv_state *s)
     return room > 0 ? room : 1;
 }
 
+/* the rows a slide keeps before new ones land: the sinks and the kv_window
+ * - 1 newest rows, all the keys the next row attends to (and at least the
+ * rows the engram's n-grams and taps and Needle 3's conv taps read back) */
+static long slide_keep(const nd_kv_state *s)
+{
+    if (!s->kv_window)
+        return (long)s->n_sink + s->max_len;
+    const san_config *c = &s->m->cfg;
+    long back = s->kv_window - 1, eng = (long)(SAN_CONV_TAPS - 1) * s->m->dims.eng_dilation;
+    back = back > eng ? back : eng;
+    back = back > nd_kv_max_order(s->m) - 1 ? back : nd_kv_max_order(s->m) - 1;
+    back = back > c->qkv_conv_taps - 1 ? back : c->qkv_conv_taps - 1;
+    return (long)s->n_sink + back;
+}
+
+/* The most rows a sliding cache holds: what a slide keeps plus room for
+ * the next rows, one chunk or the slack whichever is more (a session's
+ * chunk is the slack: one batch of rows serves both), at most
+ * max_seq_len; with kv_window 0, max_seq_len. */
 static int slide_high(const nd_kv_state *s)
 {
     if (!s->kv_window)
         return s->max_len;
-    long hi = (long)s->n_sink + s->kv_window + nd_kv_chunk_step(s) + slide_slack(s);
+    int step = nd_kv_chunk_step(s), slack = slide_slack(s);
+    long hi = slide_keep(s) + (step > slack ? step : slack);
     return hi < s->max_len ? (int)hi : s->max_len;
 }
 
@@ -240,13 +324,38 @@ size_t nd_kv_bytes_bound(const nd_kv_state *s)
     return s->scratch_bytes + (size_t)(rows > s->rows_hw ? rows : s->rows_hw) * row_bytes(s);
 }
 
+void nd_kv_release_scratch(nd_kv_state *s)
+{
+#ifdef MADV_DONTNEED
+    long pg = sysconf(_SC_PAGESIZE);
+    if (!s->scratch || pg <= 0)
+        return;
+    uintptr_t a = (uintptr_t)s->scratch + s->scratch_keep,
+              e = (uintptr_t)s->scratch + s->scratch_bytes;
+    a = (a + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+    e &= ~((uintptr_t)pg - 1);
+    if (e > a)
+        madvise((void *)a, e - a, MADV_DONTNEED);
+#else
+    (void)s;
+#endif
+}
+
+void nd_kv_free_scratch(nd_kv_state *s)
+{
+    nd_qact_free(&s->qa);
+    free(s->scratch);
+    s->scratch = NULL;
+    s->scratch_bytes = 0;
+    s->scratch_keep = 0;
+    nd_layout_buf_free(&s->lay);
+}
+
 void nd_kv_free(nd_kv_state *s)
 {
     if (!s)
         return;
-    nd_qact_free(&s->qa);
-    free(s->scratch);
-    nd_layout_buf_free(&s->lay);
+    nd_kv_free_scratch(s);
     free(s->tokens);
     free(s->k);
     free(s->v);
@@ -376,9 +485,8 @@ int nd_kv_make_room(nd_kv_state *s, int n)
     int pin = s->n_sink, hi = slide_high(s);
     if (s->len + n <= hi)
         return ND_OK;
-    int keep_window = s->kv_window ? s->kv_window : s->max_len;
-    long keep = (long)pin + keep_window;
-    if (keep > (long)hi - n - slide_slack(s))
+    long keep = slide_keep(s);
+    if (keep > (long)hi - n) /* the high mark is max_seq_len: slide a batch */
         keep = (long)hi - n - slide_slack(s);
     if (keep < pin)
         keep = pin;
@@ -403,6 +511,15 @@ int nd_kv_snapshot(const nd_kv_state *s, int len, nd_kv_snap *out)
     if (len < 0 || len > s->len || (s->evicted && len > s->n_sink))
         return nd_error(ND_EARG, "snapshot of %d rows: the state holds %d from position 0", len,
                         s->evicted ? s->n_sink : s->len);
+    return nd_kv_snapshot_rows(s, len, out);
+}
+
+/* Reads only what is fixed once rows are stored (the arrays, cap, the
+ * format), never len: another thread's prefix cache copies lent rows
+ * while their session appends after them. */
+int nd_kv_snapshot_rows(const nd_kv_state *s, int len, nd_kv_snap *out)
+{
+    memset(out, 0, sizeof *out);
     kv_array a[KV_ARRAYS_MAX];
     int na = kv_arrays((nd_kv_state *)s, a); /* read through the slots only */
     size_t bytes = 0;

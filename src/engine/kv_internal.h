@@ -14,6 +14,9 @@ int nd_kv_max_order(const san_model *m);
 int nd_kv_chunk_step(const nd_kv_state *s);
 /* with the window on: drop old rows so that n new ones fit */
 int nd_kv_make_room(nd_kv_state *s, int n);
+/* RoPE cos/sin of the n positions from absolute position ap0 into
+ * s->rope_far_cos / rope_far_sin ([n][hd/2]) */
+void nd_kv_rope_rows(nd_kv_state *s, long ap0, int n);
 /* grow the storage to hold `need` positions */
 int nd_kv_reserve(nd_kv_state *s, int need);
 /* append layer l's K (after RoPE) and V rows of positions p0..p0+n-1

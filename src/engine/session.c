@@ -245,8 +245,10 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
     if (!nd_prefix_cache_lookup(&M->pc, ids.v, (int)ids.n, &S->kv)) {
         if ((rc = nd_kv_forward(&S->kv, ids.v, (int)ids.n, NULL, 0)))
             goto fail;
-        nd_prefix_cache_store(&M->pc, ids.v, (int)ids.n, &S->kv);
+        /* lent, not copied: the copy is made when a second session needs it */
+        nd_prefix_cache_lend(&M->pc, ids.v, (int)ids.n, &S->kv);
     }
+    nd_kv_release_scratch(&S->kv); /* the prefix's 64-row chunks are done */
     S->prefix_len = (int)ids.n;
     /* the system + tools prefix are the window's sinks (upstream pins the
      * doc prefix): later turns slide past max_seq_len instead of failing */
@@ -269,6 +271,11 @@ void needle_session_free(needle_session *S)
 {
     if (!S)
         return;
+    /* rows this session lent to the prefix cache get their copy now: the
+     * scratch goes first so the copy takes no more than the session had */
+    nd_kv_free_scratch(&S->kv);
+    if (S->model)
+        nd_prefix_cache_release(&S->model->pc, &S->kv, 0);
     nd_kv_free(&S->kv);
     nd_gram_free(S->gram); /* active is gram or in retrieval's cache */
     nd_pj_free(S->tools_doc);
@@ -553,181 +560,204 @@ static int run(needle_session *S, const int32_t *ids, int n, float *logits)
     return nd_kv_forward(&S->kv, ids, n, logits, 0);
 }
 
-int needle_session_complete(needle_session *S, const char *text, int max_new_tokens, char *buf,
-                            int buf_len)
+/* What one turn builds up: the tokens it ran, the reasoning, the call. */
+typedef struct {
+    nd_buf seg, call;
+    nd_idvec ids, gen_reason;
+    int prefilled; /* input tokens run this turn */
+    int budget;    /* tokens the turn may generate */
+    int gen;       /* tokens generated so far */
+    nd_gram_state st;
+    double conf; /* lowest probability of a call token (> 1: none) */
+    int complete;
+} turn_state;
+
+static void turn_state_free(turn_state *T)
 {
-    if (!S) {
-        nd_error_envelope("needle_session_complete: NULL session", "argument", buf, buf_len);
-        nd_error(ND_EARG, "needle_session_complete: NULL session");
-        return NEEDLE_EARG;
-    }
-    if (!text)
-        text = "";
-    if (max_new_tokens <= 0)
-        max_new_tokens = 256;
+    nd_buf_free(&T->seg);
+    nd_buf_free(&T->call);
+    nd_idvec_free(&T->ids);
+    nd_idvec_free(&T->gen_reason);
+}
+
+/* The first turn: retrieval's pick, then the whole prompt on top of
+ * whatever of it the cache already holds (the prefix, a cached tool set). */
+static int first_turn_input(needle_session *S, const char *text, turn_state *T)
+{
     needle_model *M = S->model;
     const nd_tokenizer *tk = M->tok;
-    int V = M->m.dims.V, max_len = M->m.cfg.max_seq_len, rc;
-    nd_buf seg = {0}, reasoning = {0}, call = {0};
-    nd_idvec ids = {0}, gen_reason = {0};
-    char *rtext = NULL;
-    size_t rlen = 0;
-    int start_turn = S->turn, start_len = S->kv.len;
-    long start_evicted = S->kv.evicted;
-    double t0 = now_s();
-    int prefilled;
-
-    /* 1. the new input tokens, on top of the cache */
-    if (S->turn == 0) {
-        nd_embedder emb = embedder(M);
-        if (S->rt.on && (rc = nd_retrieval_select(&S->rt, &emb, nd_pj_root(S->tools_doc), text,
-                                                  S->require_call, &S->tools, &S->active)))
-            goto fail;
-        if ((rc = render_prefix(S, &seg, 1)) || (rc = nd_buf_put(&seg, text, strlen(text))) ||
-            (rc = nd_buf_put(&seg, "<|im_end|>\n<|im_start|>assistant\n", 33)) ||
-            (rc = nd_idvec_push(&ids, M->id_bos)) ||
-            (rc = nd_tokenizer_encode(tk, seg.p, seg.n, &ids)))
-            goto fail;
-        int sinks = S->prefix_len;
-        if (S->rt.on) { /* the retrieved tools join the sinks for this conversation */
-            nd_buf with = {0};
-            nd_idvec wid = {0};
-            if (!(rc = render_prefix(S, &with, 1)) && !(rc = nd_idvec_push(&wid, M->id_bos)))
-                rc = nd_tokenizer_encode(tk, with.p, with.n, &wid);
-            for (sinks = 0; sinks < (int)wid.n && sinks < (int)ids.n; sinks++)
-                if (wid.v[sinks] != ids.v[sinks])
-                    break;
-            nd_buf_free(&with);
-            nd_idvec_free(&wid);
-            if (rc)
-                goto fail;
-        }
-        int lcp = 0;
-        while (lcp < S->kv.len && lcp < (int)ids.n && S->kv.tokens[lcp] == ids.v[lcp])
-            lcp++;
-        if (lcp >= (int)ids.n)
-            lcp = (int)ids.n - 1;
-        if (sinks + ND_SESSION_ROOM > max_len) {
-            rc = context_error(S, sinks, max_len);
-            goto fail;
-        }
-        /* a retrieved tool set seen before: its prefix's rows from the cache */
-        int cached = S->rt.on && lcp < sinks && sinks < (int)ids.n &&
-                     nd_prefix_cache_lookup(&M->pc, ids.v, sinks, &S->kv);
-        if (cached)
-            lcp = sinks;
-        nd_kv_rewind(&S->kv, lcp);
-        nd_kv_slide(&S->kv, sinks);
-        prefilled = (int)ids.n - lcp;
-        if ((rc = run(S, ids.v + lcp, prefilled, S->logits)))
-            goto fail;
-        if (S->rt.on && !cached && lcp < sinks) /* its rows are pinned: keep them */
-            nd_prefix_cache_store(&M->pc, ids.v, sinks, &S->kv);
-    } else {
-        const char *open =
-            S->turn == 1 ? "\n<|im_start|>user\n<tool_result>" : "\n<|im_start|>user\n";
-        const char *close = S->turn == 1 ? "</tool_result><|im_end|>\n<|im_start|>assistant\n"
-                                         : "<|im_end|>\n<|im_start|>assistant\n";
-        if ((rc = nd_buf_put(&seg, open, strlen(open))) ||
-            (rc = nd_buf_put(&seg, text, strlen(text))) ||
-            (rc = nd_buf_put(&seg, close, strlen(close))) ||
-            (rc = nd_tokenizer_encode(tk, seg.p, seg.n, &ids)))
-            goto fail;
-        int skip = ids.n && ids.v[0] == M->id_space ? 1 : 0;
-        prefilled = (int)ids.n - skip;
-        if ((rc = run(S, ids.v + skip, prefilled, S->logits)))
-            goto fail;
+    int max_len = M->m.cfg.max_seq_len, rc;
+    nd_embedder emb = embedder(M);
+    if (S->rt.on && (rc = nd_retrieval_select(&S->rt, &emb, nd_pj_root(S->tools_doc), text,
+                                              S->require_call, &S->tools, &S->active)))
+        return rc;
+    if ((rc = render_prefix(S, &T->seg, 1)) || (rc = nd_buf_put(&T->seg, text, strlen(text))) ||
+        (rc = nd_buf_put(&T->seg, "<|im_end|>\n<|im_start|>assistant\n", 33)) ||
+        (rc = nd_idvec_push(&T->ids, M->id_bos)) ||
+        (rc = nd_tokenizer_encode(tk, T->seg.p, T->seg.n, &T->ids)))
+        return rc;
+    const nd_idvec *ids = &T->ids;
+    int sinks = S->prefix_len;
+    if (S->rt.on) { /* the retrieved tools join the sinks for this conversation */
+        nd_buf with = {0};
+        nd_idvec wid = {0};
+        if (!(rc = render_prefix(S, &with, 1)) && !(rc = nd_idvec_push(&wid, M->id_bos)))
+            rc = nd_tokenizer_encode(tk, with.p, with.n, &wid);
+        for (sinks = 0; sinks < (int)wid.n && sinks < (int)ids->n; sinks++)
+            if (wid.v[sinks] != ids->v[sinks])
+                break;
+        nd_buf_free(&with);
+        nd_idvec_free(&wid);
+        if (rc)
+            return rc;
     }
-    double t1 = now_s();
+    int lcp = 0;
+    while (lcp < S->kv.len && lcp < (int)ids->n && S->kv.tokens[lcp] == ids->v[lcp])
+        lcp++;
+    if (lcp >= (int)ids->n)
+        lcp = (int)ids->n - 1;
+    /* rows lent to the prefix cache that this turn rewrites (from lcp on, or
+     * all of them when a cached tool set is restored) get their copy first */
+    nd_prefix_cache_release(&M->pc, &S->kv, S->rt.on ? 0 : lcp);
+    if (sinks + ND_SESSION_ROOM > max_len)
+        return context_error(S, sinks, max_len);
+    /* a retrieved tool set seen before: its prefix's rows from the cache */
+    int cached = S->rt.on && lcp < sinks && sinks < (int)ids->n &&
+                 nd_prefix_cache_lookup(&M->pc, ids->v, sinks, &S->kv);
+    if (cached)
+        lcp = sinks;
+    nd_kv_rewind(&S->kv, lcp);
+    nd_kv_slide(&S->kv, sinks);
+    T->prefilled = (int)ids->n - lcp;
+    if ((rc = run(S, ids->v + lcp, T->prefilled, S->logits)))
+        return rc;
+    if (S->rt.on && !cached && lcp < sinks) /* its rows are pinned: lend them */
+        nd_prefix_cache_lend(&M->pc, ids->v, sinks, &S->kv);
+    return ND_OK;
+}
 
-    /* 2. generate */
+/* A later turn: the tool result (after a call) or the user's next message. */
+static int next_turn_input(needle_session *S, const char *text, turn_state *T)
+{
+    needle_model *M = S->model;
+    const char *open = S->turn == 1 ? "\n<|im_start|>user\n<tool_result>" : "\n<|im_start|>user\n";
+    const char *close = S->turn == 1 ? "</tool_result><|im_end|>\n<|im_start|>assistant\n"
+                                     : "<|im_end|>\n<|im_start|>assistant\n";
+    int rc;
+    if ((rc = nd_buf_put(&T->seg, open, strlen(open))) ||
+        (rc = nd_buf_put(&T->seg, text, strlen(text))) ||
+        (rc = nd_buf_put(&T->seg, close, strlen(close))) ||
+        (rc = nd_tokenizer_encode(M->tok, T->seg.p, T->seg.n, &T->ids)))
+        return rc;
+    int skip = T->ids.n && T->ids.v[0] == M->id_space ? 1 : 0;
+    T->prefilled = (int)T->ids.n - skip;
+    return run(S, T->ids.v + skip, T->prefilled, S->logits);
+}
+
+/* The budget of the turn and the cap on its free reasoning (at most half
+ * the budget, always leaving room for the shortest call: in bytes, a safe
+ * bound on its tokens); an error when not even the markers fit. */
+static int plan_budget(needle_session *S, int max_new_tokens, turn_state *T, int *think_cap)
+{
+    needle_model *M = S->model;
+    int max_len = M->m.cfg.max_seq_len;
     /* the window slides: only max_seq_len past the sinks bounds a turn */
     int budget = max_len - S->kv.n_sink - ND_SESSION_ROOM, room = budget;
     if (budget > max_new_tokens)
         budget = max_new_tokens;
-    int gen = 0;
     int closing = 2; /* </tool_call> <|im_end|> */
     int reserve = (int)M->think_close.n + 1 + closing + 4;
-    /* reasoning gets at most half the budget, and always leaves room for
-     * the shortest call (in bytes: a safe bound on its tokens) */
-    nd_gram_state st;
-    nd_gram_init(S->active, &st);
-    int min_call = nd_gram_dist(S->active, &st);
-    int think_cap = budget / 2;
-    if (think_cap > budget - reserve - min_call)
-        think_cap = budget - reserve - min_call;
-    if (think_cap < (int)M->think_open.n)
-        think_cap = (int)M->think_open.n;
-    if (budget < (int)M->think_open.n + reserve) {
-        /* say which of the two limits it is: the user's setting, or what
-         * the context window has left once the prompt is in */
-        if (budget < max_new_tokens)
-            rc = nd_error(ND_ELIMIT,
-                          "only %d tokens left in the context (max_seq_len %d) after the "
-                          "prompt: too few for a tool call (at least %d needed)",
-                          room < 0 ? 0 : room, max_len, (int)M->think_open.n + reserve);
-        else
-            rc = nd_error(ND_ELIMIT,
-                          "max_new_tokens %d is too small for a tool call (at least %d needed)",
-                          budget, (int)M->think_open.n + reserve);
-        goto fail;
-    }
-    int thinking = 1;
-    if (M->gen == 3) {
-        /* 3.x's target: "\u2581", then "<think>\n" + reasoning + "\n</think>\n"
-         * only when the model reasons, else "<tool_call>" at once: the
-         * model picks between the two markers */
-        int lead = M->id_space >= 0 ? M->id_space : M->id_tool_call;
-        if (lead == M->id_space) {
-            if ((rc = run(S, &lead, 1, S->logits)))
-                goto fail;
-            gen++;
-        }
-        thinking = S->logits[M->id_think] > S->logits[M->id_tool_call];
-        int open = thinking ? M->id_think : M->id_tool_call;
-        if ((rc = run(S, &open, 1, S->logits)))
-            goto fail;
-        gen++;
-    } else {
-        /* forced "▁<think>" */
+    nd_gram_init(S->active, &T->st);
+    int min_call = nd_gram_dist(S->active, &T->st);
+    int cap = budget / 2;
+    if (cap > budget - reserve - min_call)
+        cap = budget - reserve - min_call;
+    if (cap < (int)M->think_open.n)
+        cap = (int)M->think_open.n;
+    T->budget = budget;
+    *think_cap = cap;
+    if (budget >= (int)M->think_open.n + reserve)
+        return ND_OK;
+    /* say which of the two limits it is: the user's setting, or what the
+     * context window has left once the prompt is in */
+    if (budget < max_new_tokens)
+        return nd_error(ND_ELIMIT,
+                        "only %d tokens left in the context (max_seq_len %d) after the "
+                        "prompt: too few for a tool call (at least %d needed)",
+                        room < 0 ? 0 : room, max_len, (int)M->think_open.n + reserve);
+    return nd_error(ND_ELIMIT,
+                    "max_new_tokens %d is too small for a tool call (at least %d needed)", budget,
+                    (int)M->think_open.n + reserve);
+}
+
+/* The opening of the answer; *thinking: whether free reasoning follows.
+ * Needle 3 (3.x's target: "\u2581", then "<think>\n" + reasoning +
+ * "\n</think>\n" only when the model reasons, else "<tool_call>" at once):
+ * the model picks between the two markers. Needle 2: "▁<think>" forced. */
+static int open_answer(needle_session *S, turn_state *T, int *thinking)
+{
+    needle_model *M = S->model;
+    int rc;
+    *thinking = 1;
+    if (M->gen != 3) {
         if ((rc = run(S, M->think_open.v, (int)M->think_open.n, S->logits)))
-            goto fail;
-        gen += (int)M->think_open.n;
+            return rc;
+        T->gen += (int)M->think_open.n;
+        return ND_OK;
     }
-    /* free reasoning */
-    while (thinking) {
-        int t;
-        if (gen >= think_cap)
-            t = M->id_think_end;
-        else
-            t = argmax_masked(S->logits, M->reason_ok, V);
+    int lead = M->id_space >= 0 ? M->id_space : M->id_tool_call;
+    if (lead == M->id_space) {
+        if ((rc = run(S, &lead, 1, S->logits)))
+            return rc;
+        T->gen++;
+    }
+    *thinking = S->logits[M->id_think] > S->logits[M->id_tool_call];
+    int open = *thinking ? M->id_think : M->id_tool_call;
+    if ((rc = run(S, &open, 1, S->logits)))
+        return rc;
+    T->gen++;
+    return ND_OK;
+}
+
+/* Free reasoning up to "</think>" (forced at think_cap), then the closing
+ * markers. */
+static int reason(needle_session *S, turn_state *T, int think_cap)
+{
+    needle_model *M = S->model;
+    int rc;
+    for (;;) {
+        int t = T->gen >= think_cap ? M->id_think_end
+                                    : argmax_masked(S->logits, M->reason_ok, M->m.dims.V);
         if (t == M->id_think_end)
             break;
-        nd_idvec_push(&gen_reason, t);
+        nd_idvec_push(&T->gen_reason, t);
         if ((rc = run(S, &t, 1, S->logits)))
-            goto fail;
-        gen++;
+            return rc;
+        T->gen++;
     }
-    if (thinking) {
-        nd_idvec forced = {0};
-        nd_idvec_push(&forced, M->id_think_end);
-        for (size_t i = 0; i < M->think_close.n; i++)
-            nd_idvec_push(&forced, M->think_close.v[i]);
-        rc = run(S, forced.v, (int)forced.n, S->logits);
-        gen += (int)forced.n;
-        nd_idvec_free(&forced);
-        if (rc)
-            goto fail;
-    }
-    /* constrained call */
-    double conf = 2.0;
-    int complete = 0;
+    nd_idvec forced = {0};
+    nd_idvec_push(&forced, M->id_think_end);
+    for (size_t i = 0; i < M->think_close.n; i++)
+        nd_idvec_push(&forced, M->think_close.v[i]);
+    rc = run(S, forced.v, (int)forced.n, S->logits);
+    T->gen += (int)forced.n;
+    nd_idvec_free(&forced);
+    return rc;
+}
+
+/* The grammar-constrained call, within the budget; then its closing tokens
+ * when the call is complete. */
+static int constrained_call(needle_session *S, turn_state *T)
+{
+    needle_model *M = S->model;
+    int V = M->m.dims.V, closing = 2, rc;
     unsigned char pb[PIECE_MAX];
-    while (!nd_gram_done(&st)) {
-        int left = budget - gen - closing;
+    T->conf = 2.0;
+    while (!nd_gram_done(&T->st)) {
+        int left = T->budget - T->gen - closing;
         if (left <= 0)
             break;
-        int n_ok = grammar_mask(S, &st);
+        int n_ok = grammar_mask(S, &T->st);
         if (!n_ok)
             break;
         /* every later token shortens the way to a closed list by >= 1 byte
@@ -743,36 +773,98 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
                 S->allowed[i] = 0;
         int t = argmax_masked(S->logits, S->allowed, V);
         double p = token_prob(S->logits, V, t);
-        conf = p < conf ? p : conf;
+        T->conf = p < T->conf ? p : T->conf;
         int len;
-        nd_piece_bytes(tk, t, pb, &len);
+        nd_piece_bytes(M->tok, t, pb, &len);
         for (int i = 0; i < len; i++)
-            nd_gram_feed(S->active, &st, pb[i]);
-        nd_buf_put(&call, (const char *)pb, (size_t)len);
+            nd_gram_feed(S->active, &T->st, pb[i]);
+        nd_buf_put(&T->call, (const char *)pb, (size_t)len);
         if ((rc = run(S, &t, 1, S->logits)))
-            goto fail;
-        gen++;
+            return rc;
+        T->gen++;
     }
-    complete = nd_gram_done(&st);
-    if (complete) {
+    T->complete = nd_gram_done(&T->st);
+    if (T->complete) {
         int32_t fin[2] = {M->id_tool_call_end, M->id_im_end};
         if ((rc = run(S, fin, 2, NULL)))
-            goto fail;
-        gen += 2;
+            return rc;
+        T->gen += 2;
     }
-    double t2 = now_s();
+    return ND_OK;
+}
 
-    /* 3. envelope */
-    if ((rc = nd_tokenizer_decode(tk, gen_reason.v, gen_reason.n, &rtext, &rlen)))
-        goto fail;
+/* The envelope's confidence: Needle 3, the confidence head's calibrated
+ * probability over the whole sequence where the archive has one, else
+ * null; Needle 2, upstream's signal: the minimum of the calibrated head
+ * over the whole sequence and the decoding probability of the call. */
+static int turn_confidence(needle_session *S, const turn_state *T, double *conf)
+{
+    needle_model *M = S->model;
+    int rc;
+    *conf = T->conf <= 1.0 ? T->conf : -1;
+    if (M->gen == 3) {
+        *conf = -1;
+        const nd_qhead3 *ch = nd_model_head3(M, 2);
+        if (T->complete && ch) {
+            float logit;
+            if ((rc = nd_head3_run(M, ch, S->kv.tokens, S->kv.len, &logit)))
+                return rc;
+            *conf = 1.0 / (1.0 + exp(-(double)logit));
+        }
+    } else if (T->complete && M->heads.confidence.present) {
+        double head;
+        if ((rc = nd_head_confidence(&M->m, M->be, &M->heads, S->kv.tokens, S->kv.len, &head)))
+            return rc;
+        *conf = *conf >= 0 && *conf < head ? *conf : head;
+    }
+    return ND_OK;
+}
+
+/* The call list of a complete call as the envelope writes it. */
+static int call_list(const turn_state *T, nd_buf *calls, int *is_call)
+{
+    nd_pj_doc *doc = NULL;
+    int rc = nd_pj_parse(T->call.p, T->call.n, &doc, NULL);
+    if (rc)
+        return nd_error_prefix(rc, "internal: the constrained call is not valid JSON (%s)",
+                               T->call.p);
+    const nd_pj *arr = nd_pj_root(doc);
+    nd_buf_put(calls, "[", 1);
+    for (size_t i = 0; i < arr->len; i++) {
+        const nd_pj *c = arr->items[i];
+        if (i)
+            nd_buf_put(calls, ", ", 2);
+        nd_buf_put(calls, "{\"name\": ", 9);
+        nd_pj_dump(nd_pj_get(c, "name"), 0, calls);
+        nd_buf_put(calls, ", \"arguments\": ", 15);
+        nd_pj_dump(nd_pj_get(c, "arguments"), 0, calls);
+        nd_buf_put(calls, "}", 1);
+    }
+    nd_buf_put(calls, "]", 1);
+    *is_call = arr->len > 0;
+    nd_pj_free(doc);
+    return ND_OK;
+}
+
+/* 3. the envelope of a finished turn (the session's next turn kind set):
+ * *written is emit's result (the length, or an error when it does not fit);
+ * the return value an error before it (the turn then failed) */
+static int turn_envelope(needle_session *S, const turn_state *T, double secs_prefill,
+                         double secs_decode, char *buf, int buf_len, int *written)
+{
+    needle_model *M = S->model;
+    char *rtext = NULL;
+    size_t rlen = 0;
+    nd_buf calls = {0};
+    int rc = nd_tokenizer_decode(M->tok, T->gen_reason.v, T->gen_reason.n, &rtext, &rlen);
+    if (rc)
+        return rc;
     envelope e = {0};
     e.reasoning = rtext;
     e.reasoning_len = rlen;
-    e.prefill_tps = prefilled / (t1 - t0 > 1e-9 ? t1 - t0 : 1e-9);
-    e.decode_tps = gen / (t2 - t1 > 1e-9 ? t2 - t1 : 1e-9);
-    e.confidence = conf <= 1.0 ? conf : -1;
-    if (M->gen == 3) {
-        /* 3.x: the reasoning between "<think>\n" and "\n</think>" */
+    e.prefill_tps = T->prefilled / (secs_prefill > 1e-9 ? secs_prefill : 1e-9);
+    e.decode_tps = T->gen / (secs_decode > 1e-9 ? secs_decode : 1e-9);
+    if (M->gen == 3) { /* 3.x: the reasoning between "<think>\n" and "\n</think>" */
         while (rlen && strchr(" \t\n\r\v\f", rtext[rlen - 1]))
             rtext[--rlen] = 0;
         while (rlen && strchr(" \t\n\r\v\f", e.reasoning[0])) {
@@ -780,46 +872,15 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
             rlen--;
         }
         e.reasoning_len = rlen;
-        /* the confidence head's calibrated probability over the whole
-         * sequence where the archive has one, else null */
-        e.confidence = -1;
-        const nd_qhead3 *ch = nd_model_head3(M, 2);
-        if (complete && ch) {
-            float logit;
-            if ((rc = nd_head3_run(M, ch, S->kv.tokens, S->kv.len, &logit)))
-                goto fail;
-            e.confidence = 1.0 / (1.0 + exp(-(double)logit));
-        }
-    } else if (complete && M->heads.confidence.present) {
-        /* upstream's signal: the minimum of the calibrated head over the
-         * whole sequence and the decoding probability of the call */
-        double head;
-        if ((rc = nd_head_confidence(&M->m, M->be, &M->heads, S->kv.tokens, S->kv.len, &head)))
-            goto fail;
-        e.confidence = e.confidence >= 0 && e.confidence < head ? e.confidence : head;
     }
-    nd_pj_doc *doc = NULL;
-    nd_buf calls = {0};
-    if (complete) {
-        if ((rc = nd_pj_parse(call.p, call.n, &doc, NULL))) {
-            nd_error_prefix(rc, "internal: the constrained call is not valid JSON (%s)", call.p);
-            goto fail;
-        }
-        const nd_pj *arr = nd_pj_root(doc);
-        nd_buf_put(&calls, "[", 1);
-        for (size_t i = 0; i < arr->len; i++) {
-            const nd_pj *c = arr->items[i];
-            if (i)
-                nd_buf_put(&calls, ", ", 2);
-            nd_buf_put(&calls, "{\"name\": ", 9);
-            nd_pj_dump(nd_pj_get(c, "name"), 0, &calls);
-            nd_buf_put(&calls, ", \"arguments\": ", 15);
-            nd_pj_dump(nd_pj_get(c, "arguments"), 0, &calls);
-            nd_buf_put(&calls, "}", 1);
-        }
-        nd_buf_put(&calls, "]", 1);
+    if ((rc = turn_confidence(S, T, &e.confidence)) ||
+        (T->complete && (rc = call_list(T, &calls, &e.is_call)))) {
+        free(rtext);
+        nd_buf_free(&calls);
+        return rc;
+    }
+    if (T->complete) {
         e.success = 1;
-        e.is_call = arr->len > 0;
         e.calls = calls.p;
         e.calls_len = calls.n;
         S->turn = e.is_call ? 1 : 2;
@@ -829,30 +890,52 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
         e.error_code = "max_new_tokens";
         S->turn = 2;
     }
-    rc = emit(&e, buf, buf_len);
-    if (rc < 0)
+    *written = emit(&e, buf, buf_len);
+    if (*written < 0)
         set_err(S->err, sizeof S->err);
-    nd_pj_free(doc);
     nd_buf_free(&calls);
     free(rtext);
-    nd_buf_free(&seg);
-    nd_buf_free(&reasoning);
-    nd_buf_free(&call);
-    nd_idvec_free(&ids);
-    nd_idvec_free(&gen_reason);
-    return rc;
-fail:
+    return ND_OK;
+}
+
+int needle_session_complete(needle_session *S, const char *text, int max_new_tokens, char *buf,
+                            int buf_len)
+{
+    if (!S) {
+        nd_error_envelope("needle_session_complete: NULL session", "argument", buf, buf_len);
+        nd_error(ND_EARG, "needle_session_complete: NULL session");
+        return NEEDLE_EARG;
+    }
+    if (!text)
+        text = "";
+    if (max_new_tokens <= 0)
+        max_new_tokens = 256;
+    turn_state T = {0};
+    int start_turn = S->turn, start_len = S->kv.len, rc, think_cap, thinking;
+    long start_evicted = S->kv.evicted;
+    double t0 = now_s(), t1 = t0;
+    /* 1. the new input tokens, on top of the cache; 2. generate */
+    if (!(rc = S->turn == 0 ? first_turn_input(S, text, &T) : next_turn_input(S, text, &T))) {
+        t1 = now_s();
+        if (!(rc = plan_budget(S, max_new_tokens, &T, &think_cap)) &&
+            !(rc = open_answer(S, &T, &thinking)) &&
+            (!thinking || !(rc = reason(S, &T, think_cap))))
+            rc = constrained_call(S, &T);
+    }
+    /* the scratch's pages go back between turns: a turn holds the rows of
+     * its own longest chunk, not those of the longest chunk ever run */
+    nd_kv_release_scratch(&S->kv);
+    int written = 0;
+    if (!rc && !(rc = turn_envelope(S, &T, t1 - t0, now_s() - t1, buf, buf_len, &written))) {
+        turn_state_free(&T); /* the turn ran: only the envelope may not have fit */
+        return written;
+    }
     S->turn = start_turn;
     if (start_turn) { /* rows dropped by this turn's slides moved the rest */
         long back = start_len - (S->kv.evicted - start_evicted);
         nd_kv_rewind(&S->kv, back > S->kv.n_sink ? (int)back : S->kv.n_sink);
     }
-    free(rtext);
-    nd_buf_free(&seg);
-    nd_buf_free(&reasoning);
-    nd_buf_free(&call);
-    nd_idvec_free(&ids);
-    nd_idvec_free(&gen_reason);
+    turn_state_free(&T);
     return fail_turn(S, rc, buf, buf_len);
 }
 

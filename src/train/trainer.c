@@ -21,37 +21,41 @@ static int trainer_init(nd_trainer *tr, const san_model *m, const nd_backend *be
     tr->lora = lora;
     tr->full = full_grads;
     tr->share = 1;
-    /* The budget holds the lane states the backward starts each layer from
-     * and kept layer activations. Lanes first (a lane state is a small
-     * share of a layer's activations): every layer's when they fit, else
-     * every k-th layer's with the smallest k that fits (the backward
-     * recomputes a segment of k - 1 layers' lanes from each), else the k
-     * that needs the fewest. Then as many layers' activations as fit (the
-     * first ones; keeping all of them skips the backward's recompute, about
-     * a third less work); the rest are recomputed layer by layer like
+    /* When every layer's activations fit the budget they are all kept (no
+     * recompute in the backward, about a third less work; the lane states
+     * come on top). Otherwise the budget holds the lane states the
+     * backward starts each layer from first (a lane state is a small share
+     * of a layer's activations): every layer's when they fit, else every
+     * k-th layer's with the smallest k that fits (the backward recomputes
+     * a segment of k - 1 layers' lanes from each), else the k that needs
+     * the fewest; then as many layers' activations as fit in the rest (the
+     * first ones); the others are recomputed layer by layer like
      * upstream's remat. */
     const char *env = getenv("NEEDLE_ACT_BUDGET_MB");
     double budget_mb = env && *env ? atof(env) : act_budget_mb >= 0 ? act_budget_mb : 3072.0;
     int L = m->dims.L;
+    double layer_mb = (double)san_layer_acts_bytes(m, cap_rows) / 1048576.0;
     double lane_mb = (double)cap_rows * m->dims.n * m->dims.d * sizeof(float) / 1048576.0;
-    int every = 1, best = 1;
-    for (int k = 1; k <= L; k++) {
-        if (san_lane_slots(L, k) < san_lane_slots(L, best))
-            best = k;
+    int all_kept = layer_mb * L <= budget_mb, every = 1;
+    for (int k = 1; !all_kept && k <= L; k++) {
+        if (san_lane_slots(L, k) < san_lane_slots(L, every))
+            every = k;
         if (san_lane_slots(L, k) * lane_mb <= budget_mb) {
-            best = k;
+            every = k;
             break;
         }
     }
-    every = best;
     const char *env_every = getenv("NEEDLE_LANE_EVERY"); /* tests: force k */
     if (env_every && *env_every && atoi(env_every) >= 1)
         every = atoi(env_every) < L ? atoi(env_every) : L;
     tr->lane_every = every;
-    budget_mb -= san_lane_slots(L, every) * lane_mb;
-    double layer_mb = (double)san_layer_acts_bytes(m, cap_rows) / 1048576.0;
-    int k = budget_mb <= 0 ? 0 : layer_mb > 0 ? (int)(budget_mb / layer_mb) : L;
-    tr->kept_layers = k > L ? L : k < 0 ? 0 : k;
+    if (all_kept) {
+        tr->kept_layers = L;
+    } else {
+        budget_mb -= san_lane_slots(L, every) * lane_mb;
+        int k = budget_mb <= 0 ? 0 : layer_mb > 0 ? (int)(budget_mb / layer_mb) : L;
+        tr->kept_layers = k > L ? L : k < 0 ? 0 : k;
+    }
     /* logits a slice of rows at a time (never [rows, V] at once) */
     long slice = (long)(ND_LOGIT_SLICE_MB * 1048576.0 / ((double)m->dims.V_out * sizeof(float)));
     const char *env_rows = getenv("NEEDLE_LOGIT_ROWS"); /* tests: force the slice */

@@ -58,12 +58,13 @@ typedef struct {
  * floats); the environment's NEEDLE_LOGIT_ROWS sets the rows instead. */
 #define ND_LOGIT_SLICE_MB 64.0
 
-/* act_budget_mb: memory for the saved lane states and kept layer
- * activations (lane states first: every layer's if they fit, else every
- * k-th layer's, the rest recomputed a segment at a time; then as many
- * layers' activations as fit, the rest recomputed layer by layer in the
- * backward); < 0: 3072. The environment's NEEDLE_ACT_BUDGET_MB overrides
- * it, NEEDLE_LANE_EVERY forces k. */
+/* act_budget_mb: memory for kept layer activations. When every layer's
+ * fit, all are kept (the lane states come on top). Otherwise it holds the
+ * saved lane states first (every layer's if they fit, else every k-th
+ * layer's, the rest recomputed a segment at a time in the backward), then
+ * as many layers' activations as fit, the rest recomputed layer by layer
+ * in the backward. < 0: 3072. The environment's NEEDLE_ACT_BUDGET_MB
+ * overrides it, NEEDLE_LANE_EVERY forces k. */
 int nd_trainer_create(nd_trainer *tr, const san_model *m, const nd_backend *be, san_lora *lora,
                       int B, int T, int full_grads, double act_budget_mb);
 void nd_trainer_free(nd_trainer *tr);

@@ -316,12 +316,13 @@ static void test_validate(void)
     nd_fq3_numerics n;
     nd_fq3_defaults(&n);
     CHECK(nd_fq3_validate(&n) == ND_OK);
-    const int ok_kv[] = {0, 2, 3, 4, 8, 16};
+    /* 3.x's maybe_quant_kv: 0 off, 1..7 CQ at that width, >= 8 int8 */
+    const int ok_kv[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 16};
     for (size_t i = 0; i < sizeof ok_kv / sizeof *ok_kv; i++) {
         n.kv_bits = ok_kv[i];
         CHECK_MSG(nd_fq3_validate(&n) == ND_OK, "kv_bits %d", ok_kv[i]);
     }
-    const int bad_kv[] = {-1, 1, 5, 6, 7};
+    const int bad_kv[] = {-1, -8};
     for (size_t i = 0; i < sizeof bad_kv / sizeof *bad_kv; i++) {
         n.kv_bits = bad_kv[i];
         CHECK_MSG(nd_fq3_validate(&n) == ND_EARG && strstr(nd_last_error(), "kv_bits"),

@@ -129,11 +129,12 @@ def main():
     got, msg = run_tool(["query", 0, 64 * 16, 48, "IN", "OUT"], x, (64 * 16, 48))
     check(same_bits(got, x.reshape(-1, 48)), f"query with act_bits 0 is the identity: {msg}")
 
-    # maybe_quant_kv: 0 off, >= 8 int8 per head, 2/3/4 CQ at group 64 (48 pads)
+    # maybe_quant_kv: 0 off, >= 8 int8 per head, 1..7 CQ at group 64 (48 pads;
+    # 1 bit: +-sqrt(2/pi), 5..7: Lloyd-Max of 32..128 levels, no stored form)
     for hd in (48, 64, 128):
         kv = (rng.standard_normal((300, hd)) * rng.uniform(0.1, 10, (300, 1))).astype(F32)
         kv[3] = 0.0
-        for kv_bits in (0, 8, 16, 2, 3, 4):
+        for kv_bits in (0, 8, 16, 2, 3, 4, 1, 5, 6, 7):
             got, msg = run_tool(["kv", kv_bits, 64, 300, hd, "IN", "OUT"], kv, kv.shape)
             if kv_bits == 0:
                 want = kv
@@ -201,8 +202,7 @@ def main():
     x = rng.standard_normal((2, 8)).astype(F32)
     for args, field in ((["act", 0, 2, 8, "IN", "OUT"], "act_bits"),
                         (["act", 1, 2, 8, "IN", "OUT"], "act_bits"),
-                        (["kv", 5, 64, 2, 8, "IN", "OUT"], "kv_bits"),
-                        (["kv", 1, 64, 2, 8, "IN", "OUT"], "kv_bits"),
+                        (["kv", -1, 64, 2, 8, "IN", "OUT"], "kv_bits"),
                         (["kv", 4, 48, 2, 8, "IN", "OUT"], "kv group")):
         got, msg = run_tool(args, x, x.shape)
         check(got is None and msg.startswith("ERROR ND_EARG") and field in msg,

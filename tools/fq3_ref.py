@@ -32,7 +32,11 @@ _LEVELS = {}
 def lloyd_max(bits):
     """Lloyd-Max levels of N(0,1): 400,000 RandomState(0) samples, sorted,
     200 iterations from the sample quantiles. Cells are runs of the sorted
-    samples, so each centroid is the mean of one contiguous slice."""
+    samples, so each centroid is the mean of one contiguous slice. One
+    bit is upstream's closed form +-sqrt(2/pi)."""
+    if bits == 1:
+        c = np.sqrt(2.0 / np.pi)
+        return np.array([-c, c])
     if bits not in _LEVELS:
         n, levels = 400000, 1 << bits
         x = np.sort(np.random.RandomState(0).randn(n))

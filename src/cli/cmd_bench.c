@@ -257,11 +257,16 @@ int cli_bench(int argc, char **argv)
         qsort(peak, (size_t)iters, sizeof *peak, cmp_double);
         qsort(ratio, (size_t)iters, sizeof *ratio, cmp_double);
         double med = sec[iters / 2];
-        /* recomputed layers run their forward twice */
-        double hw = train ? flops + fwd * (m.dims.L - tr.kept_layers) / m.dims.L : flops;
-        char keep[64];
-        snprintf(keep, sizeof keep, " (%d of %d layers' activations kept)", tr.kept_layers,
-                 m.dims.L);
+        /* recomputed layers run their forward twice; with lanes saved at
+         * every k-th layer, the layers between run it once more */
+        int L = m.dims.L, every = tr.acts.lane_every > 1 ? tr.acts.lane_every : 1;
+        int seg = every > 1 ? L - (L + every - 1) / every : 0;
+        double hw = train ? flops + fwd * (L - tr.kept_layers + seg) / L : flops;
+        char keep[160];
+        snprintf(keep, sizeof keep,
+                 " (%d of %d layers' activations kept, lanes saved every %d layer%s, logits "
+                 "%ld rows at a time)",
+                 tr.kept_layers, L, every, every > 1 ? "s" : "", tr.logit_rows);
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         char where[64];

@@ -26,6 +26,8 @@
 
 static const double ternary_c = 1.2240064;
 
+static int group_valid(int group);
+
 /* ------------------------------------------------------------------ */
 /* numpy summation order                                                */
 
@@ -122,7 +124,7 @@ static size_t count_le(const double *x, size_t n, double v)
 
 static int lloyd_one(const double *x, size_t n, int levels, double *c)
 {
-    double bnd[CQ_MAX_LEVELS];
+    double bnd[CQ_KV_MAX_LEVELS];
     for (int k = 0; k < levels; k++)
         c[k] = x[(size_t)(((double)k + 0.5) / (double)levels * (double)n)];
     for (int it = 0; it < LM_ITERS; it++) {
@@ -147,18 +149,27 @@ static int lloyd_one(const double *x, size_t n, int levels, double *c)
     return ND_OK;
 }
 
-static void lm_compute(void)
+/* the sorted samples of every width */
+static double *lm_samples(void)
 {
     double *x = malloc(LM_SAMPLES * sizeof *x);
-    if (!x) {
-        lm_status = ND_ENOMEM;
-        return;
-    }
+    if (!x)
+        return NULL;
     nd_np_random r;
     nd_np_random_seed(&r, 0);
     for (size_t i = 0; i < LM_SAMPLES; i++)
         x[i] = nd_np_random_gauss(&r);
     qsort(x, LM_SAMPLES, sizeof *x, cmp_double);
+    return x;
+}
+
+static void lm_compute(void)
+{
+    double *x = lm_samples();
+    if (!x) {
+        lm_status = ND_ENOMEM;
+        return;
+    }
     for (int b = 2; b <= 4 && !lm_status; b++)
         lm_status = lloyd_one(x, LM_SAMPLES, 1 << b, lm_levels[b - 2]);
     free(x);
@@ -174,6 +185,55 @@ int cq_lloyd_max(int bits, const double **levels, int *n_levels)
     *levels = lm_levels[bits - 2];
     *n_levels = 1 << bits;
     return ND_OK;
+}
+
+/* KV widths 1 and 5..7 (3.x maybe_quant_kv at KV_BITS < 8): derived on
+ * first use only (the 128-level run takes a moment) */
+static pthread_once_t lm_wide_once = PTHREAD_ONCE_INIT;
+static int lm_wide_status;
+static double lm_wide[3][CQ_KV_MAX_LEVELS];
+
+static void lm_wide_compute(void)
+{
+    double *x = lm_samples();
+    if (!x) {
+        lm_wide_status = ND_ENOMEM;
+        return;
+    }
+    for (int b = 5; b <= 7 && !lm_wide_status; b++)
+        lm_wide_status = lloyd_one(x, LM_SAMPLES, 1 << b, lm_wide[b - 5]);
+    free(x);
+}
+
+int cq_kv_codebook(int bits, int group, float *out)
+{
+    if (bits < 1 || bits > 7)
+        return nd_error(ND_EARG, "CQ KV widths are 1 to 7 bits, not %d", bits);
+    if (!group_valid(group))
+        return nd_error(ND_EARG, "CQ group size must be a power of two in [8, 4096], got %d",
+                        group);
+    double s = sqrt((double)group);
+    if (bits == 1) {                              /* upstream's closed form: +-E|N(0,1)| */
+        double c = sqrt(2.0 / 3.141592653589793); /* math.pi */
+        out[0] = (float)(-c / s);
+        out[1] = (float)(c / s);
+        return 2;
+    }
+    const double *lv = NULL;
+    int n = 1 << bits;
+    if (bits <= 4) {
+        int rc = cq_lloyd_max(bits, &lv, &n);
+        if (rc)
+            return rc;
+    } else {
+        pthread_once(&lm_wide_once, lm_wide_compute);
+        if (lm_wide_status)
+            return nd_error(lm_wide_status, "could not derive the Lloyd-Max codebooks");
+        lv = lm_wide[bits - 5];
+    }
+    for (int i = 0; i < n; i++)
+        out[i] = (float)(lv[i] / s);
+    return n;
 }
 
 static int group_valid(int group)
@@ -343,6 +403,53 @@ static void rotate(const float *x, const float *h, int group, float *y)
     }
     for (int j = 0; j < group; j++)
         y[j] = (float)acc[j];
+}
+
+int cq_kv_roundtrip(const float *w, int64_t rows, int64_t in_dim, int bits, int group, float *out)
+{
+    float cb[CQ_KV_MAX_LEVELS];
+    int ncb = cq_kv_codebook(bits, group, cb);
+    if (ncb < 0)
+        return ncb;
+    if (rows < 0 || in_dim < 1)
+        return nd_error(ND_EARG, "CQ of %lld rows of %lld", (long long)rows, (long long)in_dim);
+    float *h = hadamard(group);
+    float *g = malloc((size_t)group * 3 * sizeof *g);
+    if (!h || !g) {
+        free(h);
+        free(g);
+        return nd_error(ND_ENOMEM, "out of memory");
+    }
+    float *rot = g + group, *sq = rot + group;
+    int64_t ng = cq_in_pad(in_dim, group) / group;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *wr = w + (size_t)r * (size_t)in_dim;
+        for (int64_t gi = 0; gi < ng; gi++) {
+            /* what cq_quantize stores: the group's norm as FP16 and each
+             * unit coordinate's nearest level; then cq_dequantize */
+            for (int j = 0; j < group; j++) {
+                int64_t c = gi * group + j;
+                g[j] = c < in_dim ? wr[c] : 0.0f;
+            }
+            rotate(g, h, group, rot);
+            for (int j = 0; j < group; j++)
+                sq[j] = rot[j] * rot[j];
+            float norm = sqrtf(np_pairwise_f32(sq, (size_t)group));
+            float den = isnan(norm) || norm >= 1e-12f ? norm : 1e-12f;
+            float n16 = nd_half_to_float(nd_float_to_half(norm));
+            for (int j = 0; j < group; j++)
+                g[j] = cb[cq_nearest_index(rot[j] / den, cb, ncb)] * n16;
+            rotate(g, h, group, rot);
+            for (int j = 0; j < group; j++) {
+                int64_t c = gi * group + j;
+                if (c < in_dim)
+                    out[(size_t)r * (size_t)in_dim + (size_t)c] = rot[j];
+            }
+        }
+    }
+    free(h);
+    free(g);
+    return ND_OK;
 }
 
 /* Rows of one CQ matrix, shared by cq_quantize and cq_dequantize. */

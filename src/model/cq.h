@@ -25,6 +25,7 @@
 #define CQ_GROUP 128
 #define CQ_TERNARY 5 /* record bits of the ternary form */
 #define CQ_MAX_LEVELS 16
+#define CQ_KV_MAX_LEVELS 128      /* 7-bit KV fake quantisation */
 #define CQ_HEADER_CODEBOOK_LEN 28 /* cb2[4] | cb3[8] | cb4[16] */
 
 /* Lloyd-Max levels of N(0, 1) for bits 2, 3, 4, derived exactly as
@@ -37,6 +38,17 @@ int cq_lloyd_max(int bits, const double **levels, int *n_levels);
  * float32. bits 2, 3, 4 or CQ_TERNARY. Returns the number of levels
  * (<= CQ_MAX_LEVELS) or a negative ND_E* code. */
 int cq_codebook(int bits, int group, float *out);
+
+/* upstream _cq_codebook_np(bits, group) for the KV widths of 3.x's
+ * maybe_quant_kv (cq_quantize(x, KV_BITS, group) at KV_BITS 1..7): bits
+ * 1 is +-sqrt(2/pi), 2..7 the Lloyd-Max levels of 2^bits (here bits 5 is
+ * 32 levels, not CQ_TERNARY). Returns the number of levels (<=
+ * CQ_KV_MAX_LEVELS) or a negative ND_E* code. */
+int cq_kv_codebook(int bits, int group, float *out);
+/* cq_quantize then cq_dequantize of rows x in_dim floats, without a blob,
+ * at any of those widths (serial; for bits 2..4 the same values as the
+ * blob round trip). */
+int cq_kv_roundtrip(const float *w, int64_t rows, int64_t in_dim, int bits, int group, float *out);
 
 /* The header's 28 codebook floats (cb2 | cb3 | cb4) for `group`. */
 int cq_header_codebooks(int group, float out[CQ_HEADER_CODEBOOK_LEN]);

@@ -36,10 +36,9 @@ int nd_fq3_validate(const nd_fq3_numerics *n)
                         "act_bits %d: quantised training needs an activation width in [2, 16] "
                         "(at 0 or 1 upstream's fake_quant degenerates)",
                         n->act_bits);
-    if (n->kv_bits < 0 || (n->kv_bits > 0 && n->kv_bits < 8 && !cq_bits_valid(n->kv_bits)) ||
-        n->kv_bits == CQ_TERNARY)
+    if (n->kv_bits < 0)
         return nd_error(ND_EARG,
-                        "kv_bits %d: quantised training supports 0 (off), 2, 3, 4 (CQ) or >= 8 "
+                        "kv_bits %d: quantised training supports 0 (off), 1 to 7 (CQ) or >= 8 "
                         "(int8)",
                         n->kv_bits);
     if (!group_ok(n->kv_group))
@@ -141,8 +140,8 @@ int nd_fq3_kv(const nd_fq3_numerics *n, const float *x, float *y, int64_t rows, 
         copy_if(x, y, (size_t)(rows * head_dim));
         return ND_OK;
     }
-    if (!cq_bits_valid(n->kv_bits) || n->kv_bits == CQ_TERNARY)
-        return nd_error(ND_EARG, "kv_bits %d: CQ KV quantisation is 2, 3 or 4 bits", n->kv_bits);
+    if (n->kv_bits < 0)
+        return nd_error(ND_EARG, "kv_bits %d: CQ KV quantisation is 1 to 7 bits", n->kv_bits);
     return nd_fq3_cq_ste_rows(x, y, rows, head_dim, n->kv_bits, n->kv_group);
 }
 
@@ -160,6 +159,7 @@ typedef struct {
     int64_t stride; /* second-last reduction: row o of block l, column i at
                        l*in*per + i*per + o; 0 = contiguous rows */
     int bits, group;
+    int kv; /* KV rows: widths 1..7 (3.x maybe_quant_kv), else 2..4 */
     int64_t block_rows;
     atomic_int err; /* first failure's ND_E* code */
 } cq_args;
@@ -180,17 +180,21 @@ static void cq_blocks(void *p, long lo, long hi, int tid)
         int64_t r0 = (int64_t)b * a->block_rows;
         int64_t r1 = r0 + a->block_rows < a->rows ? r0 + a->block_rows : a->rows;
         int64_t nr = r1 - r0, in = a->in_dim;
-        size_t nb = cq_blob_bytes(nr, in, a->bits, a->group);
+        int stored = a->bits >= 2 && a->bits <= 4; /* else a KV-only width */
+        size_t nb = stored ? cq_blob_bytes(nr, in, a->bits, a->group) : 0;
         float *m = malloc((size_t)(nr * in) * sizeof *m + 1);
         unsigned char *blob = malloc(nb + 1);
-        int rc = !m || !blob ? ND_ENOMEM : !nb ? ND_ELIMIT : ND_OK;
+        int rc = !m || !blob ? ND_ENOMEM : stored && !nb ? ND_ELIMIT : ND_OK;
         if (!rc) {
             for (int64_t o = 0; o < nr; o++)
                 for (int64_t i = 0; i < in; i++)
                     m[o * in + i] = a->w[elem(a, r0 + o, i)];
-            rc = cq_quantize(m, nr, in, a->bits, a->group, blob);
+            if (stored)
+                rc = cq_quantize(m, nr, in, a->bits, a->group, blob);
+            else /* no stored form: straight to the dequantised values */
+                rc = cq_kv_roundtrip(m, nr, in, a->bits, a->group, m);
         }
-        if (!rc)
+        if (!rc && stored)
             rc = cq_dequantize(blob, nb, nr, in, a->bits, a->group, m);
         if (!rc)
             for (int64_t o = 0; o < nr; o++)
@@ -211,8 +215,9 @@ static void cq_blocks(void *p, long lo, long hi, int tid)
 
 static int cq_run(cq_args *a)
 {
-    if (!cq_bits_valid(a->bits) || a->bits == CQ_TERNARY)
-        return nd_error(ND_EARG, "CQ straight-through width must be 2, 3 or 4, not %d", a->bits);
+    if (a->bits < 1 || a->bits > (a->kv ? 7 : 4) || (!a->kv && a->bits == 1))
+        return nd_error(ND_EARG, "CQ straight-through width must be %s, not %d",
+                        a->kv ? "1 to 7" : "2, 3 or 4", a->bits);
     if (!group_ok(a->group))
         return nd_error(ND_EARG, "CQ group must be a power of two in [8, 4096], not %d", a->group);
     if (a->rows < 0 || a->in_dim < 1)
@@ -235,7 +240,8 @@ static int cq_run(cq_args *a)
 
 int nd_fq3_cq_ste_rows(const float *w, float *y, int64_t rows, int64_t in_dim, int bits, int group)
 {
-    cq_args a = {.w = w, .y = y, .rows = rows, .in_dim = in_dim, .bits = bits, .group = group};
+    cq_args a = {
+        .w = w, .y = y, .rows = rows, .in_dim = in_dim, .bits = bits, .group = group, .kv = 1};
     return cq_run(&a);
 }
 

@@ -62,9 +62,9 @@ void nd_fq3_defaults(nd_fq3_numerics *n);
 
 /* ND_EARG (message names the config field) for widths 3.x cannot train
  * at or we do not implement: act_bits outside [2, 16] (3.x's fake_quant
- * at act_bits 0 maps a row to its absmax, at 1 to NaN), kv_bits 1, 5, 6, 7
- * or negative (CQ codebooks exist here for 2, 3, 4; 3.x exports 2/3/4 or
- * 8), kv_group not a power of two in [8, 4096], weight_bits not 2, 3, 4. */
+ * at act_bits 0 maps a row to its absmax, at 1 to NaN), kv_bits negative
+ * (0 is off, 1..7 CQ at that width as 3.x's maybe_quant_kv, >= 8 int8),
+ * kv_group not a power of two in [8, 4096], weight_bits not 2, 3, 4. */
 int nd_fq3_validate(const nd_fq3_numerics *n);
 
 /* quantize.fake_quant(x, group_size = dim, bits) on `rows` rows of `dim`
@@ -96,7 +96,9 @@ int nd_fq3_query(const nd_fq3_numerics *n, const float *x, float *y, int64_t row
  * -> fake_quant(x, head_dim, 8) per head vector; else
  * cq_fake_quant_kv(x, KV_BITS, _KV_GROUP) = x + (cq_quantize(x, KV_BITS,
  * kv_group) - x) along the head vector (zero-padded to a multiple of
- * kv_group: qk_head_dim 48 is one padded group of 64). */
+ * kv_group: qk_head_dim 48 is one padded group of 64). KV_BITS 1..7 all
+ * run (3.x's codebook: +-sqrt(2/pi) at 1 bit, Lloyd-Max of 2^bits levels
+ * otherwise), though 3.x exports only 2/3/4 or 8 for the engine. */
 int nd_fq3_kv(const nd_fq3_numerics *n, const float *x, float *y, int64_t rows, int64_t head_dim);
 
 /* quantize.cq_ste(w, bits, group) on `rows` rows of `in_dim` (the
@@ -105,7 +107,8 @@ int nd_fq3_kv(const nd_fq3_numerics *n, const float *x, float *y, int64_t rows, 
  * export: groups along the row, zero-padded, Walsh rotation, L2 norm
  * stored as FP16, unit coordinates to the nearest Lloyd-Max level of
  * N(0,1)/sqrt(group), ties to the lower level; dequant = (level * norm16)
- * @ H). bits 2, 3, 4; y may equal w. Parallel over row blocks. */
+ * @ H). bits 1..7 (the KV widths, cq_kv_codebook; 2, 3, 4 are the
+ * weight widths); y may equal w. Parallel over row blocks. */
 int nd_fq3_cq_ste_rows(const float *w, float *y, int64_t rows, int64_t in_dim, int bits, int group);
 
 /* The leaf rule of quantize._is_quant_leaf / _reduces_second_last for a

@@ -156,8 +156,11 @@ int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, 
     P(a->hf_rstd, N);
     P(a->logits, (size_t)cap_logits * D->V);
     P(a->hsel, (size_t)cap_logits * d);
+    int every = save_lanes > 1 ? (save_lanes < D->L ? save_lanes : D->L) : 1;
+    if (every < 1)
+        every = 1;
     if (save_lanes)
-        P(a->X_saved, (size_t)(D->L + 1) * N * n * d);
+        P(a->X_saved, (size_t)san_lane_slots(D->L, every) * N * n * d);
 #undef P
     /* layer fields: the pointer lives inside a->l */
     const char *lo = (const char *)&a->l, *hi = lo + sizeof a->l;
@@ -209,6 +212,8 @@ int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, 
         }
     }
     a->n_kept = keep_layers;
+    a->lane_every = every;
+    a->n_lane_cp = (D->L + every - 1) / every;
     if (keep_layers && keep_layers < D->L)
         a->l = a->layer_sets[keep_layers]; /* the scratch set */
     a->l_scratch = a->l;
@@ -224,6 +229,15 @@ int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, 
     }
     san_rope_tables(a->rope_cos, a->rope_sin, max_pos, D->hd, m->cfg.rope_theta);
     return ND_OK;
+}
+
+int san_lane_slots(int L, int every)
+{
+    if (every <= 1 || L <= 1)
+        return L > 0 ? L : 1;
+    if (every > L)
+        every = L;
+    return (L + every - 1) / every + every - 1;
 }
 
 size_t san_layer_acts_bytes(const san_model *m, long rows)
@@ -415,10 +429,11 @@ int san_forward_hidden(const san_model *m, const san_weights *w, san_acts *a, co
     san_engram_forward(m, w, a, tokens);
     be->lanes_broadcast(be, a->X, a->x0, N, n, d);
     size_t lane_sz = (size_t)N * n * d;
+    int every = a->lane_every > 1 ? a->lane_every : 1;
     for (int l = 0; l < D->L; l++) {
-        if (a->X_saved)
-            be->copy2d(be, a->X_saved + (size_t)l * lane_sz, (int)lane_sz, a->X, (int)lane_sz, 1,
-                       (int)lane_sz);
+        if (a->X_saved && l % every == 0) /* the backward's checkpoints */
+            be->copy2d(be, a->X_saved + (size_t)(l / every) * lane_sz, (int)lane_sz, a->X,
+                       (int)lane_sz, 1, (int)lane_sz);
         a->l = l < a->n_kept ? a->layer_sets[l] : a->l_scratch;
         int rc = san_layer_forward_batch(m, w, a, l, a->X, a->Xn);
         if (rc)
@@ -427,9 +442,6 @@ int san_forward_hidden(const san_model *m, const san_weights *w, san_acts *a, co
         a->X = a->Xn;
         a->Xn = t;
     }
-    if (a->X_saved)
-        be->copy2d(be, a->X_saved + (size_t)D->L * lane_sz, (int)lane_sz, a->X, (int)lane_sz, 1,
-                   (int)lane_sz);
     be->lanes_mean(be, a->xm, a->X, N, n, d);
     be->rmsnorm(be, a->hf, a->hf_rstd, a->xm, w->final_norm, N, d);
     return quant_act(m, a, a->hf, N, d); /* the final hidden before the head */
@@ -464,5 +476,18 @@ int san_logits_rows(const san_model *m, const san_weights *w, san_acts *a, const
     be->gather_rows(be, a->hsel, a->hf, rows, n, D->d);
     be->matmul(be, 0, 1, (int)n, D->V_out, D->d, 1.0f, a->hsel, D->d, w->emb, D->d, 0.0f, a->logits,
                D->V_out);
+    return ND_OK;
+}
+
+int san_logits_range(const san_model *m, const san_weights *w, san_acts *a, long r0, long n)
+{
+    const san_dims *D = &m->dims;
+    if (n > a->cap_logits || r0 < 0 || n < 0 || r0 + n > a->N)
+        return nd_error(ND_EARG, "logits of rows [%ld, %ld) asked: %ld rows, %ld sized", r0, r0 + n,
+                        a->N, a->cap_logits);
+    if (n == 0)
+        return ND_OK;
+    a->be->matmul(a->be, 0, 1, (int)n, D->V_out, D->d, 1.0f, a->hf + (size_t)r0 * D->d, D->d,
+                  w->emb, D->d, 0.0f, a->logits, D->V_out);
     return ND_OK;
 }

@@ -25,10 +25,15 @@ typedef struct {
     float *eng_vp;              /* [N, d] scratch */
     float *eng_k[SAN_MAX_SITES], *eng_v[SAN_MAX_SITES];
     san_layer_acts l;
-    float *xm, *hf, *hf_rstd;   /* lane mean, final norm */
-    float *logits;              /* [cap_logits, V] */
-    float *hsel;                /* hf rows whose logits are wanted [cap_logits, d] */
-    float *X_saved;             /* optional [(L+1), N, n, d] lane states */
+    float *xm, *hf, *hf_rstd; /* lane mean, final norm */
+    float *logits;            /* [cap_logits, V] */
+    float *hsel;              /* hf rows whose logits are wanted [cap_logits, d] */
+    float *X_saved;           /* optional saved lane states [slots, N, n, d] */
+    int lane_every;           /* layers l with l % lane_every == 0 have their input
+                                 lanes saved (slot l / lane_every); the backward
+                                 recomputes the others a segment at a time into
+                                 lane_every - 1 slots after the n_lane_cp saved ones */
+    int n_lane_cp;
     float *phi_cat;             /* one layer's [phi_pre|phi_post|phi_res] [n*d, 2n+n^2] */
     float *proj;                /* nx @ phi_cat [N, 2n+n^2] */
     san_layer_acts *layer_sets; /* optional: layers 0..n_kept-1's activations kept */
@@ -51,9 +56,9 @@ typedef struct {
 
 /* Size the activations for B sequences of T tokens (the layout is set to
  * that dense batch). save_lanes keeps every layer's input lane state (for
- * the backward pass); keep_layers also keeps every layer's activations so
- * the backward need not recompute them (about san_layer_acts_bytes() per
- * layer). */
+ * the backward pass; > 1: every save_lanes-th layer's, san_lane_slots);
+ * keep_layers also keeps every layer's activations so the backward need
+ * not recompute them (about san_layer_acts_bytes() per layer). */
 int san_acts_create(san_acts *a, const nd_backend *be, const san_model *m, int B, int T,
                     int save_lanes, int keep_layers);
 /* The same for packed batches: at most cap_rows rows in cap_seg segments,
@@ -66,6 +71,10 @@ int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, 
                          int keep_layers);
 /* Check a->lay against the capacities and make it the current layout. */
 int san_acts_use_layout(san_acts *a);
+/* Lane-state slots the backward needs when every `every`-th layer's input
+ * lanes are saved (1: every layer's): the saved ones plus every - 1 for
+ * the segment the backward recomputes. Each is N * n * d floats. */
+int san_lane_slots(int L, int every);
 /* Approximate bytes of one layer's activations for N rows. */
 size_t san_layer_acts_bytes(const san_model *m, long N);
 void san_acts_free(san_acts *a);
@@ -80,6 +89,10 @@ int san_forward_hidden(const san_model *m, const san_weights *w, san_acts *a,
  * hf rows are kept in a->hsel for the backward. */
 int san_logits_rows(const san_model *m, const san_weights *w, san_acts *a, const int32_t *rows,
                     long n);
+
+/* Logits of the n rows r0.. (contiguous) into a->logits [n, V]
+ * (n <= cap_logits): the trainer's loss a slice of rows at a time. */
+int san_logits_range(const san_model *m, const san_weights *w, san_acts *a, long r0, long n);
 
 /* Pieces, exposed for focused tests and for the backward pass. */
 void san_rope_tables(float *cos_t, float *sin_t, int T, int hd, double theta);

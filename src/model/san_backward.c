@@ -412,44 +412,91 @@ static void layer_backward3(const san_model *m, const san_weights *w, san_acts *
     layer_backward_tail(m, w, a, g, tgt, l, X);
 }
 
-static int san_backward_hidden(const san_model *m, const san_weights *w, san_acts *a,
-                               san_grad_acts *g, const san_grad_target *tgt, const int32_t *tokens);
-
-int san_backward(const san_model *m, const san_weights *w, san_acts *a, san_grad_acts *g,
-                 const san_grad_target *tgt, const int32_t *tokens)
+void san_backward_logits_range(const san_model *m, const san_weights *w, san_acts *a,
+                               san_grad_acts *g, const san_grad_target *tgt, long r0, long n)
 {
     const nd_backend *be = a->be;
     const san_dims *D = &m->dims;
     san_weights *F = tgt->full;
-    int N = (int)a->N, d = D->d, V = D->V_out;
+    int d = D->d, V = D->V_out;
+    if (n <= 0)
+        return;
     /* logits = hf @ E^T (tied; the first V_out rows) */
-    be->matmul(be, 0, 0, N, d, V, 1.0f, a->logits, V, w->emb, d, 0.0f, g->dhf, d);
+    be->matmul(be, 0, 0, (int)n, d, V, 1.0f, a->logits, V, w->emb, d, 0.0f, g->dhf + (size_t)r0 * d,
+               d);
     if (F)
-        be->matmul(be, 1, 0, V, d, N, 1.0f, a->logits, V, a->hf, d, 1.0f, F->emb, d);
-    return san_backward_hidden(m, w, a, g, tgt, tokens);
+        be->matmul(be, 1, 0, V, d, (int)n, 1.0f, a->logits, V, a->hf + (size_t)r0 * d, d, 1.0f,
+                   F->emb, d);
+}
+
+void san_backward_begin(san_acts *a, san_grad_acts *g, int d)
+{
+    nd_backend_sync(a->be); /* the host zeroes backend memory earlier ops may use */
+    memset(g->dhf, 0, sizeof(float) * (size_t)a->N * d);
+}
+
+void san_backward_logits_rows(const san_model *m, const san_weights *w, san_acts *a,
+                              san_grad_acts *g, const san_grad_target *tgt, const int32_t *rows,
+                              long n)
+{
+    const nd_backend *be = a->be;
+    const san_dims *D = &m->dims;
+    san_weights *F = tgt->full;
+    int d = D->d, V = D->V_out;
+    if (n <= 0)
+        return;
+    be->matmul(be, 0, 0, (int)n, d, V, 1.0f, a->logits, V, w->emb, d, 0.0f, g->dhsel, d);
+    if (F)
+        be->matmul(be, 1, 0, V, d, (int)n, 1.0f, a->logits, V, a->hsel, d, 1.0f, F->emb, d);
+    be->scatter_add_rows(be, g->dhf, g->dhsel, rows, n, d);
+}
+
+int san_backward(const san_model *m, const san_weights *w, san_acts *a, san_grad_acts *g,
+                 const san_grad_target *tgt, const int32_t *tokens)
+{
+    san_backward_logits_range(m, w, a, g, tgt, 0, a->N);
+    return san_backward_finish(m, w, a, g, tgt, tokens);
 }
 
 int san_backward_rows(const san_model *m, const san_weights *w, san_acts *a, san_grad_acts *g,
                       const san_grad_target *tgt, const int32_t *tokens, const int32_t *rows,
                       long n)
 {
-    const nd_backend *be = a->be;
-    const san_dims *D = &m->dims;
-    san_weights *F = tgt->full;
-    int d = D->d, V = D->V_out;
-    nd_backend_sync(be); /* the host zeroes backend memory earlier ops may use */
-    memset(g->dhf, 0, sizeof(float) * (size_t)a->N * d);
-    if (n > 0) {
-        be->matmul(be, 0, 0, (int)n, d, V, 1.0f, a->logits, V, w->emb, d, 0.0f, g->dhsel, d);
-        if (F)
-            be->matmul(be, 1, 0, V, d, (int)n, 1.0f, a->logits, V, a->hsel, d, 1.0f, F->emb, d);
-        be->scatter_add_rows(be, g->dhf, g->dhsel, rows, n, d);
-    }
-    return san_backward_hidden(m, w, a, g, tgt, tokens);
+    san_backward_begin(a, g, m->dims.d);
+    san_backward_logits_rows(m, w, a, g, tgt, rows, n);
+    return san_backward_finish(m, w, a, g, tgt, tokens);
 }
 
-static int san_backward_hidden(const san_model *m, const san_weights *w, san_acts *a,
-                               san_grad_acts *g, const san_grad_target *tgt, const int32_t *tokens)
+/* The input lanes of layer l for the backward: a saved checkpoint, or a
+ * slot of the segment recomputed from the checkpoint below it (when l is
+ * the segment's top layer, the backward's first visit). */
+static const float *lanes_for(const san_model *m, const san_weights *w, san_acts *a, int l,
+                              size_t lane_sz, int *rc)
+{
+    int k = a->lane_every > 1 ? a->lane_every : 1, L = m->dims.L;
+    *rc = ND_OK;
+    if (k == 1)
+        return a->X_saved + (size_t)l * lane_sz;
+    int base = l / k * k;
+    const float *cp = a->X_saved + (size_t)(l / k) * lane_sz;
+    if (l == base)
+        return cp;
+    float *seg = a->X_saved + (size_t)a->n_lane_cp * lane_sz; /* k - 1 slots */
+    int top = base + k - 1 < L - 1 ? base + k - 1 : L - 1;
+    if (l == top) { /* the forward again from the checkpoint: inputs of base+1..top */
+        const float *in = cp;
+        for (int j = base; j < top && !*rc; j++) {
+            float *out = seg + (size_t)(j - base) * lane_sz;
+            a->l = j < a->n_kept ? a->layer_sets[j] : a->l_scratch;
+            *rc = san_layer_forward_batch(m, w, a, j, in, out);
+            in = out;
+        }
+    }
+    return seg + (size_t)(l - base - 1) * lane_sz;
+}
+
+int san_backward_finish(const san_model *m, const san_weights *w, san_acts *a, san_grad_acts *g,
+                        const san_grad_target *tgt, const int32_t *tokens)
 {
     const nd_backend *be = a->be;
     const san_dims *D = &m->dims;
@@ -475,12 +522,15 @@ static int san_backward_hidden(const san_model *m, const san_weights *w, san_act
         memset(g->cla_dv[i], 0, sizeof(float) * (size_t)N * D->v_dim);
     }
     for (int l = D->L - 1; l >= 0; l--) {
-        const float *X = a->X_saved + (size_t)l * lane_sz;
+        int rc = ND_OK;
+        const float *X = lanes_for(m, w, a, l, lane_sz, &rc);
+        if (rc)
+            return rc;
         if (l < a->n_kept) {
             a->l = a->layer_sets[l]; /* kept by the forward */
         } else {
             a->l = a->l_scratch;
-            int rc = san_layer_forward_batch(m, w, a, l, X, a->Xn); /* recompute this layer */
+            rc = san_layer_forward_batch(m, w, a, l, X, a->Xn); /* recompute this layer */
             if (rc)
                 return rc;
         }

@@ -55,4 +55,20 @@ int san_backward_rows(const san_model *m, const san_weights *w, san_acts *a, san
                       const san_grad_target *tgt, const int32_t *tokens, const int32_t *rows,
                       long n);
 
+/* The same in pieces, for a loss taken a slice of logit rows at a time
+ * (after san_forward_hidden; a->logits holds one slice's dLoss/dlogits):
+ * san_backward_logits_range sets g->dhf of the contiguous rows r0..r0+n
+ * (every row once, before san_backward_finish); or san_backward_begin
+ * zeroes g->dhf and san_backward_logits_rows adds the listed rows' (a
+ * slice taken by san_logits_rows). Full gradients of the embedding add
+ * up across slices. san_backward_finish runs the layers. */
+void san_backward_logits_range(const san_model *m, const san_weights *w, san_acts *a,
+                               san_grad_acts *g, const san_grad_target *tgt, long r0, long n);
+void san_backward_begin(san_acts *a, san_grad_acts *g, int d);
+void san_backward_logits_rows(const san_model *m, const san_weights *w, san_acts *a,
+                              san_grad_acts *g, const san_grad_target *tgt, const int32_t *rows,
+                              long n);
+int san_backward_finish(const san_model *m, const san_weights *w, san_acts *a, san_grad_acts *g,
+                        const san_grad_target *tgt, const int32_t *tokens);
+
 #endif

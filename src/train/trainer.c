@@ -9,6 +9,7 @@
 #include "core/threadpool.h"
 
 static float *merged_slot(const nd_trainer *tr, int t);
+static void zero_grads(nd_trainer *tr);
 
 /* Buffers common to both modes; the activations hold cap_rows rows. */
 static int trainer_init(nd_trainer *tr, const san_model *m, const nd_backend *be, san_lora *lora,
@@ -20,19 +21,53 @@ static int trainer_init(nd_trainer *tr, const san_model *m, const nd_backend *be
     tr->lora = lora;
     tr->full = full_grads;
     tr->share = 1;
-    /* keep every layer's activations (no recompute in the backward, about
-     * a third less work) when they fit the budget; otherwise recompute
-     * layer by layer like upstream's remat */
+    /* When every layer's activations fit the budget they are all kept (no
+     * recompute in the backward, about a third less work; the lane states
+     * come on top). Otherwise the budget holds the lane states the
+     * backward starts each layer from first (a lane state is a small share
+     * of a layer's activations): every layer's when they fit, else every
+     * k-th layer's with the smallest k that fits (the backward recomputes
+     * a segment of k - 1 layers' lanes from each), else the k that needs
+     * the fewest; then as many layers' activations as fit in the rest (the
+     * first ones); the others are recomputed layer by layer like
+     * upstream's remat. */
     const char *env = getenv("NEEDLE_ACT_BUDGET_MB");
     double budget_mb = env && *env ? atof(env) : act_budget_mb >= 0 ? act_budget_mb : 3072.0;
+    int L = m->dims.L;
     double layer_mb = (double)san_layer_acts_bytes(m, cap_rows) / 1048576.0;
-    /* as many layers as fit (the first ones); the rest are recomputed */
-    int k = layer_mb > 0 ? (int)(budget_mb / layer_mb) : m->dims.L;
-    tr->kept_layers = k > m->dims.L ? m->dims.L : k < 0 ? 0 : k;
-    int rc = san_acts_create_rows(&tr->acts, be, m, cap_rows, cap_seg, max_pos, cap_logits, 1,
-                                  tr->kept_layers);
+    double lane_mb = (double)cap_rows * m->dims.n * m->dims.d * sizeof(float) / 1048576.0;
+    int all_kept = layer_mb * L <= budget_mb, every = 1;
+    for (int k = 1; !all_kept && k <= L; k++) {
+        if (san_lane_slots(L, k) < san_lane_slots(L, every))
+            every = k;
+        if (san_lane_slots(L, k) * lane_mb <= budget_mb) {
+            every = k;
+            break;
+        }
+    }
+    const char *env_every = getenv("NEEDLE_LANE_EVERY"); /* tests: force k */
+    if (env_every && *env_every && atoi(env_every) >= 1)
+        every = atoi(env_every) < L ? atoi(env_every) : L;
+    tr->lane_every = every;
+    if (all_kept) {
+        tr->kept_layers = L;
+    } else {
+        budget_mb -= san_lane_slots(L, every) * lane_mb;
+        int k = budget_mb <= 0 ? 0 : layer_mb > 0 ? (int)(budget_mb / layer_mb) : L;
+        tr->kept_layers = k > L ? L : k < 0 ? 0 : k;
+    }
+    /* logits a slice of rows at a time (never [rows, V] at once) */
+    long slice = (long)(ND_LOGIT_SLICE_MB * 1048576.0 / ((double)m->dims.V_out * sizeof(float)));
+    const char *env_rows = getenv("NEEDLE_LOGIT_ROWS"); /* tests: force the slice */
+    if (env_rows && *env_rows && atol(env_rows) >= 1)
+        slice = atol(env_rows);
+    if (slice < 1)
+        slice = 1;
+    tr->logit_rows = cap_logits < slice ? cap_logits : slice;
+    int rc = san_acts_create_rows(&tr->acts, be, m, cap_rows, cap_seg, max_pos, tr->logit_rows,
+                                  every, tr->kept_layers);
     if (!rc)
-        rc = san_grad_acts_create(&tr->gacts, be, m, cap_rows, tr->packed ? cap_logits : 0,
+        rc = san_grad_acts_create(&tr->gacts, be, m, cap_rows, tr->packed ? tr->logit_rows : 0,
                                   lora ? lora->rank : 0);
     if (rc)
         return rc;
@@ -48,14 +83,15 @@ static int trainer_init(nd_trainer *tr, const san_model *m, const nd_backend *be
     size_t NL = tr->packed ? 1 : N;
     tr->row_loss = be->alloc(be, sizeof(float) * NL);
     tr->row_w = malloc(sizeof(float) * NL);
+    tr->row_g = malloc(sizeof(float) * NL);
     tr->tgt = malloc(sizeof(int32_t) * NL);
     if (full_grads) {
         tr->full_g = be->alloc(be, m->numel * sizeof(float));
         if (tr->full_g)
             san_weights_bind(m, tr->full_g, &tr->gw);
     }
-    if (!tr->merged || (lora && !tr->lora_g) || !tr->row_loss || !tr->row_w || !tr->tgt ||
-        (full_grads && !tr->full_g))
+    if (!tr->merged || (lora && !tr->lora_g) || !tr->row_loss || !tr->row_w || !tr->row_g ||
+        !tr->tgt || (full_grads && !tr->full_g))
         return nd_error(ND_ENOMEM, "out of memory for training buffers");
     if (lora) {
         for (int t = 0; t < LORA_NTARGETS; t++)
@@ -148,6 +184,7 @@ void nd_trainer_free(nd_trainer *tr)
         free(tr->qat);
     }
     free(tr->row_w);
+    free(tr->row_g);
     free(tr->tgt);
     nd_pack_plan_free(&tr->plan);
     free(tr->ptok);
@@ -379,10 +416,31 @@ int nd_trainer_step(nd_trainer *tr, const int32_t *ids, const float *mask, int r
             total += wgt;
         }
     double denom = tr->denom > 0 ? tr->denom : total > 1.0 ? total : 1.0;
-    int rc = san_forward(tr->m, &tr->w, &tr->acts, ids);
+    int rc = san_forward_hidden(tr->m, &tr->w, &tr->acts, ids);
     if (rc)
         return rc;
-    be->cross_entropy(be, tr->row_loss, tr->acts.logits, tr->tgt, N, V);
+    san_grad_target tg = {
+        .full = tr->full_g ? &tr->gw : NULL,
+        .lora = tr->lora,
+        .lora_w = tr->lora ? tr->lora->mem : NULL,
+        .lora_g = tr->lora_g,
+    };
+    if (grad) {
+        zero_grads(tr);
+        for (long r = 0; r < N; r++)
+            tr->row_g[r] = (float)(tr->row_w[r] / denom);
+    }
+    /* the loss and dLoss/dlogits -> dhf a slice of rows at a time */
+    for (long r0 = 0; r0 < N; r0 += tr->logit_rows) {
+        long n = N - r0 < tr->logit_rows ? N - r0 : tr->logit_rows;
+        if ((rc = san_logits_range(tr->m, &tr->w, &tr->acts, r0, n)))
+            return rc;
+        be->cross_entropy(be, tr->row_loss + r0, tr->acts.logits, tr->tgt + r0, n, V);
+        if (!grad)
+            continue;
+        be->cross_entropy_backward(be, tr->acts.logits, tr->tgt + r0, tr->row_g + r0, n, V);
+        san_backward_logits_range(tr->m, &tr->w, &tr->acts, &tr->gacts, &tg, r0, n);
+    }
     nd_backend_sync(be);
     double sum = 0;
     for (long r = 0; r < N; r++)
@@ -395,20 +453,7 @@ int nd_trainer_step(nd_trainer *tr, const int32_t *ids, const float *mask, int r
         return ND_OK;
     if (!isfinite(*loss))
         return nd_error(ND_ENUMERIC, "loss is not finite (%g)", *loss);
-    for (long r = 0; r < N; r++)
-        tr->row_w[r] = (float)(tr->row_w[r] / denom);
-    be->cross_entropy_backward(be, tr->acts.logits, tr->tgt, tr->row_w, N, V);
-    if (tr->lora_g)
-        memset(tr->lora_g, 0, sizeof(float) * tr->lora->numel);
-    if (tr->full_g)
-        memset(tr->full_g, 0, sizeof(float) * tr->m->numel);
-    san_grad_target tg = {
-        .full = tr->full_g ? &tr->gw : NULL,
-        .lora = tr->lora,
-        .lora_w = tr->lora ? tr->lora->mem : NULL,
-        .lora_g = tr->lora_g,
-    };
-    rc = san_backward(tr->m, &tr->w, &tr->acts, &tr->gacts, &tg, ids);
+    rc = san_backward_finish(tr->m, &tr->w, &tr->acts, &tr->gacts, &tg, ids);
     nd_backend_sync(be); /* gradients readable on return */
     return rc;
 }
@@ -433,29 +478,38 @@ static int micro_step(nd_trainer *tr, const nd_seq_example *ex, int g0, int g1, 
     int rc = san_acts_use_layout(&tr->acts);
     if (rc)
         return rc;
-    long n = i1 - i0;
     for (long i = i0; i < i1; i++)
         tr->item_row[i] = tr->row_of[tr->item_pos[i]];
-    if ((rc = san_forward_hidden(tr->m, &tr->w, &tr->acts, tr->ptok)) ||
-        (rc = san_logits_rows(tr->m, &tr->w, &tr->acts, tr->item_row + i0, n)))
+    if ((rc = san_forward_hidden(tr->m, &tr->w, &tr->acts, tr->ptok)))
         return rc;
-    be->cross_entropy(be, tr->item_loss + i0, tr->acts.logits, tr->item_tgt + i0, n, V);
-    nd_backend_sync(be);
-    for (long i = i0; i < i1; i++)
-        *sum += (double)tr->item_w[i] * tr->item_loss[i];
-    if (!grad)
-        return ND_OK;
-    for (long i = i0; i < i1; i++)
-        tr->item_g[i] = (float)(tr->item_w[i] / denom);
-    be->cross_entropy_backward(be, tr->acts.logits, tr->item_tgt + i0, tr->item_g + i0, n, V);
     san_grad_target tg = {
         .full = tr->full_g ? &tr->gw : NULL,
         .lora = tr->lora,
         .lora_w = tr->lora ? tr->lora->mem : NULL,
         .lora_g = tr->lora_g,
     };
-    return san_backward_rows(tr->m, &tr->w, &tr->acts, &tr->gacts, &tg, tr->ptok, tr->item_row + i0,
-                             n);
+    if (grad) {
+        for (long i = i0; i < i1; i++)
+            tr->item_g[i] = (float)(tr->item_w[i] / denom);
+        san_backward_begin(&tr->acts, &tr->gacts, tr->m->dims.d);
+    }
+    /* the loss and dLoss/dlogits -> dhf a slice of loss positions at a time */
+    for (long c0 = i0; c0 < i1; c0 += tr->logit_rows) {
+        long c = i1 - c0 < tr->logit_rows ? i1 - c0 : tr->logit_rows;
+        if ((rc = san_logits_rows(tr->m, &tr->w, &tr->acts, tr->item_row + c0, c)))
+            return rc;
+        be->cross_entropy(be, tr->item_loss + c0, tr->acts.logits, tr->item_tgt + c0, c, V);
+        if (!grad)
+            continue;
+        be->cross_entropy_backward(be, tr->acts.logits, tr->item_tgt + c0, tr->item_g + c0, c, V);
+        san_backward_logits_rows(tr->m, &tr->w, &tr->acts, &tr->gacts, &tg, tr->item_row + c0, c);
+    }
+    nd_backend_sync(be);
+    for (long i = i0; i < i1; i++)
+        *sum += (double)tr->item_w[i] * tr->item_loss[i];
+    if (!grad)
+        return ND_OK;
+    return san_backward_finish(tr->m, &tr->w, &tr->acts, &tr->gacts, &tg, tr->ptok);
 }
 
 int nd_trainer_step_examples(nd_trainer *tr, const nd_seq_example *ex, int count, int grad,

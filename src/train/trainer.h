@@ -14,6 +14,8 @@ typedef struct {
     const nd_backend *be;
     int B, T;
     int kept_layers; /* layers whose activations are kept (the rest recomputed) */
+    int lane_every;  /* every lane_every-th layer's input lanes saved (san_acts) */
+    long logit_rows; /* logits (and the loss) are taken this many rows at a time */
     san_acts acts;
     san_grad_acts gacts;
     san_lora *lora; /* may be NULL */
@@ -31,7 +33,7 @@ typedef struct {
     san_weights w; /* effective weights for the forward */
     float *full_g; /* m->numel when full gradients are on */
     san_weights gw;
-    float *row_loss, *row_w;
+    float *row_loss, *row_w, *row_g;
     int32_t *tgt;
     /* packed mode (nd_trainer_create_packed) */
     int packed;
@@ -52,9 +54,17 @@ typedef struct {
     double denom;
 } nd_trainer;
 
-/* act_budget_mb: memory for kept layer activations (as many layers as fit
- * are kept, the rest recomputed in the backward); < 0: 3072. The
- * environment's NEEDLE_ACT_BUDGET_MB overrides it. */
+/* Logits are taken ND_LOGIT_SLICE_MB of them at a time (rows * V_out
+ * floats); the environment's NEEDLE_LOGIT_ROWS sets the rows instead. */
+#define ND_LOGIT_SLICE_MB 64.0
+
+/* act_budget_mb: memory for kept layer activations. When every layer's
+ * fit, all are kept (the lane states come on top). Otherwise it holds the
+ * saved lane states first (every layer's if they fit, else every k-th
+ * layer's, the rest recomputed a segment at a time in the backward), then
+ * as many layers' activations as fit, the rest recomputed layer by layer
+ * in the backward. < 0: 3072. The environment's NEEDLE_ACT_BUDGET_MB
+ * overrides it, NEEDLE_LANE_EVERY forces k. */
 int nd_trainer_create(nd_trainer *tr, const san_model *m, const nd_backend *be, san_lora *lora,
                       int B, int T, int full_grads, double act_budget_mb);
 void nd_trainer_free(nd_trainer *tr);

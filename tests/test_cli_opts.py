@@ -22,7 +22,7 @@ import tempfile
 
 SRC = os.environ.get("NEEDLE_SRC", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("NEEDLE_BUILD", os.path.join(SRC, "build"))
-NEEDLE = os.environ.get("NEEDLE") or os.path.join(BUILD, "needle")
+NEEDLE = os.path.abspath(os.environ.get("NEEDLE") or os.path.join(BUILD, "needle"))
 FAIL = []
 
 

@@ -282,7 +282,9 @@ int cli_finetune(int argc, char **argv)
         {"--seed", CLI_I64, &seed, 0, (double)(1LL << 62), "N", NULL, "random seed (default 0)", 0,
          0},
         CLI_OPT_THREADS(&threads),
-        CLI_OPT_DEVICE(&device, CLI_DEVICE_HELP),
+        CLI_OPT_DEVICE(&device, "auto|cpu|cuda[:N]|vulkan[:N] (default auto: CUDA, else a Vulkan "
+                                "GPU, else the CPU; software Vulkan such as lavapipe only as "
+                                "vulkan:N; the backend used is printed)"),
         CLI_OPT_PRECISION(&precision),
     };
     cli_cmd cmd = {

@@ -76,7 +76,7 @@ typedef struct {
 #define CLI_DEVICE_CHOICES "auto cpu cuda vulkan"
 #define CLI_DEVICE_HELP                                                                            \
     "auto|cpu|cuda[:N]|vulkan[:N] (default auto: CUDA, else a Vulkan GPU, else the CPU; software " \
-    "Vulkan such as lavapipe only as vulkan:N; the backend used is printed)"
+    "Vulkan such as lavapipe only as vulkan:N)"
 #define CLI_OPT_DEVICE(p, help)                                                                    \
     {                                                                                              \
         "--device", CLI_STR, (p), 0, 0, "D", CLI_DEVICE_CHOICES, (help), 0, 0                      \

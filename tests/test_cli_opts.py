@@ -159,6 +159,19 @@ def main():
         pc = needle("init", b, "--engram-slots", "32", "--seed", "7", "--preset", "tiny")
         check(pc.returncode == 0 and open(a, "rb").read() == open(b, "rb").read(),
               "init: --engram-slots before --preset still overrides the preset")
+        # the resume command a stopped finetune prints drops --stop-after=N
+        # as it drops --stop-after N (it would stop the resumed run at once)
+        ck, data, ad = (os.path.join(tmp, n) for n in ("t.pkl", "d.jsonl", "ad.pkl"))
+        with open(os.path.join(SRC, "examples", "data.jsonl")) as f, open(data, "w") as g:
+            g.writelines(f.readlines()[:8])
+        needle("init", ck, "--preset", "tiny", "--max-seq-len", "512")
+        p = needle("finetune", data, "--checkpoint", ck, "--tokenizer",
+                   os.path.join(SRC, "models", "tokenizer.model"), "--device=cpu", "--threads=1",
+                   "--batch-size=2", "--max-len=512", "--epochs=1", "--out", ad, "--stop-after=1")
+        resume = [l for l in p.stderr.splitlines() if "to continue:" in l]
+        check(p.returncode == 1 and resume and "--stop-after" not in resume[0] and
+              "--resume " + ad in resume[0] and "--device=cpu" in resume[0],
+              f"finetune --stop-after=1: the resume command drops it {resume} {p.stderr[-200:]!r}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{len(FAIL)} failed")

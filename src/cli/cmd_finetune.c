@@ -93,6 +93,8 @@ static void print_resume_command(int argc, char **argv, const char *out, int ran
             i++;
             continue;
         }
+        if (!strncmp(argv[i], "--resume=", 9) || !strncmp(argv[i], "--stop-after=", 13))
+            continue; /* the same, joined to its value */
         fputc(' ', stderr);
         put_shell_word(stderr, argv[i]);
     }

@@ -244,7 +244,7 @@ int cli_finetune(int argc, char **argv)
          "train every base parameter instead of an adapter; --out is then a checkpoint (for "
          "pre-training small bases)",
          0, 0},
-        {"--save-dtype", CLI_ENUM, &save_dtype, 0, 0, "T", "float32|float16",
+        {"--save-dtype", CLI_ENUM, &save_dtype, 0, 0, "T", "float16|float32",
          "--full: float32 (default) or float16 params in the final checkpoint (upstream's "
          "float16 format; saves before the end stay float32 with the optimiser state so a resume "
          "is exact)",

@@ -18,6 +18,11 @@ for f in bin/needle "$LIBDIR/libneedle.so" "$LIBDIR/libneedle.a" include/needle.
     [ -f "$ROOT/$f" ] || fail "not installed: $PREFIX/$f"
     echo "ok   installed $PREFIX/$f"
 done
+# the man page and the bash completion, made from the option tables
+for f in share/man/man1/needle.1 share/bash-completion/completions/needle; do
+    [ -s "$ROOT/$f" ] || fail "not installed: $PREFIX/$f"
+    echo "ok   installed $PREFIX/$f"
+done
 # upstream 3.x's names for the per-generation engines: links to ours
 for g in 2 3; do
     [ "$(readlink "$ROOT/$LIBDIR/libneedle$g.so")" = libneedle.so ] ||

@@ -9,18 +9,19 @@
 #include <sys/resource.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/status.h"
 #include "train/batch.h"
 #include "train/finetune.h"
 #include "train/run.h"
 
-static const char *help =
+static const char *bf_usage =
     "usage: needle bench finetune DATA.jsonl --checkpoint CKPT.pkl [--tokenizer M]\n"
     "                             [--batching shared|packed|padded] [--group-by-tools]\n"
     "                             [--batch-size 16] [--steps 4] [--max-len 1024]\n"
     "                             [--seed 0] [--act-memory MB] [--threads N]\n"
-    "                             [--no-qat]\n"
-    "\n"
+    "                             [--no-qat]\n";
+static const char *bf_about =
     "Times the first --steps LoRA steps (rank 16: merge, forward, loss, backward,\n"
     "AdamW) of an epoch over DATA (shuffled by --seed as finetune does, no\n"
     "hold-out) and prints, for the whole epoch: real tokens, the tokens upstream's\n"
@@ -47,57 +48,31 @@ int cli_bench_finetune(int argc, char **argv)
     long long B = 16, steps = 4, max_len = 1024, seed = 0, threads = 0;
     double act_mb = ND_ACT_BUDGET_MB;
     int mode = ND_BATCH_SHARED, group = 0, no_qat = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(help, stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--group-by-tools")) {
-            group = 1;
-            continue;
-        }
-        if (!strcmp(a, "--no-qat")) {
-            no_qat = 1;
-            continue;
-        }
-        if (a[0] != '-') {
-            if (data)
-                return cli_usage_error("bench", "unexpected argument '%s'", a);
-            data = a;
-            continue;
-        }
-        if (i + 1 >= argc)
-            return cli_usage_error("bench", "%s needs a value", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "--checkpoint"))
-            ckpt = v;
-        else if (!strcmp(a, "--tokenizer"))
-            tok_flag = v;
-        else if (!strcmp(a, "--batching")) {
-            if ((mode = nd_batching_parse(v)) < 0)
-                return cli_usage_error("bench", "--batching must be shared, packed or padded");
-        } else if (!strcmp(a, "--batch-size")) {
-            if (cli_parse_int(a, v, 1, 4096, &B))
-                return 2;
-        } else if (!strcmp(a, "--steps")) {
-            if (cli_parse_int(a, v, 1, 1 << 20, &steps))
-                return 2;
-        } else if (!strcmp(a, "--max-len")) {
-            if (cli_parse_int(a, v, 2, 1 << 20, &max_len))
-                return 2;
-        } else if (!strcmp(a, "--seed")) {
-            if (cli_parse_int(a, v, 0, 1LL << 62, &seed))
-                return 2;
-        } else if (!strcmp(a, "--act-memory")) {
-            if (cli_parse_double(a, v, &act_mb) || act_mb < 0)
-                return cli_usage_error("bench", "--act-memory must be >= 0 (MB)");
-        } else if (!strcmp(a, "--threads")) {
-            if (cli_parse_int(a, v, 1, 1024, &threads))
-                return 2;
-        } else
-            return cli_usage_error("bench", "unknown option '%s'", a);
-    }
+    const char *batching = NULL;
+    cli_opt opts[] = {
+        CLI_OPT_CHECKPOINT(&ckpt, "the base checkpoint (required)"),
+        CLI_OPT_TOKENIZER(&tok_flag, CLI_TOKENIZER_HELP),
+        {"--batching", CLI_ENUM, &batching, 0, 0, "M", "shared|packed|padded",
+         "how batches are computed, as finetune's --batching (default shared)", 0, 0},
+        {"--group-by-tools", CLI_FLAG, &group, 0, 0, NULL, NULL,
+         "batches of one tool set, as finetune's --group-by-tools", 0, 0},
+        {"--batch-size", CLI_I64, &B, 1, 4096, "N", NULL, "examples per step (default 16)", 0, 0},
+        {"--steps", CLI_I64, &steps, 1, 1 << 20, "N", NULL, "steps timed (default 4)", 0, 0},
+        {"--max-len", CLI_I64, &max_len, 2, 1 << 20, "N", NULL,
+         "cap on the sequence length (default 1024)", 0, 0},
+        {"--seed", CLI_I64, &seed, 0, (double)(1LL << 62), "N", NULL, "shuffle seed (default 0)", 0,
+         0},
+        {"--act-memory", CLI_FLOAT, &act_mb, 0, 0, "MB", NULL,
+         "memory for kept layer activations, as finetune's --act-memory", CLI_NO_HI, 0},
+        CLI_OPT_THREADS(&threads),
+        {"--no-qat", CLI_FLAG, &no_qat, 0, 0, NULL, NULL,
+         "Needle 3 base: train in float instead of 3.x's deployed numerics", 0, 0},
+    };
+    cli_cmd cmd = {"bench finetune", bf_usage, bf_about, NULL, opts, CLI_NOPTS(opts), 1, {0}, 0};
+    CLI_PARSE(&cmd, argc, argv);
+    data = cmd.n_pos ? cmd.pos[0] : NULL;
+    if (batching)
+        mode = nd_batching_parse(batching);
     if (!data || !ckpt)
         return cli_usage_error("bench", "finetune needs DATA.jsonl and --checkpoint");
     char tokbuf[4096];

@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "cli/adapter_base.h"
 #include "text/tokenizer.h"
 #include "core/fileio.h"
@@ -16,11 +17,11 @@
 #include "model/lora_merge.h"
 #include "io/pickle.h"
 
-static const char *build_help =
+static const char *build_usage =
     "usage: needle build [CKPT.pkl|CKPT.safetensors] [--lora ADAPTER] [--out X.cact]\n"
     "                    [--bits 2|3|4]\n"
-    "                    [--tokenizer M | --tokenizer-blob FILE | --no-tokenizer]\n"
-    "\n"
+    "                    [--tokenizer M | --tokenizer-blob FILE | --no-tokenizer]\n";
+static const char *build_about =
     "Without CKPT: the base the adapter records it was trained on (--lora, adapters\n"
     "of our finetune), else checkpoints/needle2.pkl when it is there, else the nano\n"
     "base installed with needle (said in the first lines). A CKPT that is missing is\n"
@@ -32,27 +33,7 @@ static const char *build_help =
     "A Needle 3 checkpoint (cactus-needle 3.x) gives the Needle 3 archive (tag\n"
     "0x05E12A84, 3.x's export.py layout: W4 unless --bits says otherwise, the\n"
     "kv_window of 3.x's effective_kv_window, the embedding, confidence and router\n"
-    "heads when present).\n"
-    "\n"
-    "  --lora FILE          merge this adapter first: W += scale * A @ B (in the\n"
-    "                       checkpoint's stored dtype)\n"
-    "  --out FILE           output (default: checkpoint basename + .cact, in the\n"
-    "                       current directory); written atomically\n"
-    "  --bits N             CQ width for every matrix: 2 or 4 as upstream, or 3\n"
-    "                       (ours: upstream's build offers 2|4 only); default: the\n"
-    "                       config's weight_bits map (\"name=bits,...,default=b\"), else 4\n"
-    "  --tokenizer-blob FILE\n"
-    "                       RAW tokenizer blob (export.py layout) stored as the last\n"
-    "                       tensor; its piece count must equal the config vocab\n"
-    "                       (Needle 3: at most the vocab, as 3.x checks)\n"
-    "  --tokenizer FILE     SentencePiece .model (or blob) to embed (default\n"
-    "                       $NEEDLE_TOKENIZER, else tokenizer.model beside the checkpoint);\n"
-    "                       without one the build fails: the engine cannot run an\n"
-    "                       archive without its tokenizer\n"
-    "  --no-tokenizer       write the archive without a tokenizer anyway (for\n"
-    "                       inspection; `needle run` refuses it)\n"
-    "  --upload             not supported: upload the .cact with huggingface-cli or\n"
-    "                       the Hugging Face web UI\n";
+    "heads when present).\n";
 
 /* A tokenizer file (.model or blob) -> the archive's RAW blob (export.py layout). */
 static int tokenizer_blob(const char *model_path, unsigned char **blob, size_t *len)
@@ -107,49 +88,44 @@ static void adapter_qat_scheme(const char *path, char *buf, size_t cap)
 
 int cli_build(int argc, char **argv)
 {
-    const char *ckpt = NULL, *lora = NULL, *out = NULL, *tok_blob = NULL, *tok_model = NULL;
+    const char *lora = NULL, *out = NULL, *tok_blob = NULL, *tok_model = NULL;
     long long bits = 0;
-    int no_tokenizer = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(build_help, stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--upload")) {
-            fprintf(stderr,
-                    "needle build: --upload is not supported: build the archive, then upload "
-                    "it with huggingface-cli (`huggingface-cli upload <you>/<model> X.cact`) or "
-                    "the Hugging Face web UI\n");
-            return 2;
-        }
-        if (!strcmp(a, "--no-tokenizer")) {
-            no_tokenizer = 1;
-            continue;
-        }
-        if (a[0] != '-' || a[1] != '-') {
-            if (ckpt)
-                return cli_usage_error("build", "unexpected argument '%s'", a);
-            ckpt = a;
-            continue;
-        }
-        if (i + 1 >= argc)
-            return cli_usage_error("build", "%s needs a value", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "--lora"))
-            lora = v;
-        else if (!strcmp(a, "--out"))
-            out = v;
-        else if (!strcmp(a, "--tokenizer-blob"))
-            tok_blob = v;
-        else if (!strcmp(a, "--tokenizer"))
-            tok_model = v;
-        else if (!strcmp(a, "--bits")) {
-            if (cli_parse_int(a, v, 2, 4, &bits))
-                return 2;
-        } else
-            return cli_usage_error("build", "unknown option '%s'", a);
+    int no_tokenizer = 0, upload = 0;
+    cli_opt opts[] = {
+        {"--lora", CLI_PATH, &lora, 0, 0, "FILE", NULL,
+         "merge this adapter first: W += scale * A @ B (in the checkpoint's stored dtype)", 0, 0},
+        {"--out", CLI_PATH, &out, 0, 0, "FILE", NULL,
+         "output (default: checkpoint basename + .cact, in the current directory); written "
+         "atomically",
+         0, 0},
+        {"--bits", CLI_I64, &bits, 2, 4, "N", NULL,
+         "CQ width for every matrix: 2 or 4 as upstream, or 3 (ours: upstream's build offers 2|4 "
+         "only); default: the config's weight_bits map (\"name=bits,...,default=b\"), else 4",
+         0, 0},
+        {"--tokenizer-blob", CLI_PATH, &tok_blob, 0, 0, "FILE", NULL,
+         "RAW tokenizer blob (export.py layout) stored as the last tensor; its piece count must "
+         "equal the config vocab (Needle 3: at most the vocab, as 3.x checks)",
+         0, 0},
+        CLI_OPT_TOKENIZER(
+            &tok_model, "SentencePiece .model (or blob) to embed (default $NEEDLE_TOKENIZER, else "
+                        "tokenizer.model beside the checkpoint); without one the build fails: "
+                        "the engine cannot run an archive without its tokenizer"),
+        {"--no-tokenizer", CLI_FLAG, &no_tokenizer, 0, 0, NULL, NULL,
+         "write the archive without a tokenizer anyway (for inspection; `needle run` refuses it)",
+         0, 0},
+        {"--upload", CLI_FLAG, &upload, 0, 0, NULL, NULL,
+         "not supported: upload the .cact with huggingface-cli or the Hugging Face web UI", 0, 0},
+    };
+    cli_cmd cmd = {"build", build_usage, build_about, NULL, opts, CLI_NOPTS(opts), 1, {0}, 0};
+    CLI_PARSE(&cmd, argc, argv);
+    if (upload) {
+        fprintf(stderr,
+                "needle build: --upload is not supported: build the archive, then upload "
+                "it with huggingface-cli (`huggingface-cli upload <you>/<model> X.cact`) or "
+                "the Hugging Face web UI\n");
+        return 2;
     }
+    const char *ckpt = cmd.n_pos ? cmd.pos[0] : NULL;
     if (tok_blob && tok_model)
         return cli_usage_error("build", "give --tokenizer or --tokenizer-blob, not both");
     if (no_tokenizer && (tok_blob || tok_model))

@@ -5,14 +5,14 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/status.h"
 #include "io/checkpoint.h"
 #include "train/recommend.h"
 
-static const char *convert_help =
-    "usage: needle convert IN OUT [--dtype float16|float32]\n"
-    "                      [--recommend KEY=VALUE,...|none]\n"
-    "\n"
+static const char *convert_usage = "usage: needle convert IN OUT [--dtype float16|float32]\n"
+                                   "                      [--recommend KEY=VALUE,...|none]\n";
+static const char *convert_about =
     "Rewrite a checkpoint with every floating-point tensor under params in the\n"
     "given dtype (round to nearest even, as numpy's astype), keeping config, step,\n"
     "run and the tensors we do not use (mtp_*). float16 is the format of\n"
@@ -22,56 +22,41 @@ static const char *convert_help =
     "`needle convert needle2.pkl needle2.safetensors` changes the file format\n"
     "alone (safetensors input: BF16 tensors are read as float32).\n"
     "The optimiser state of a stopped --full run (needle_c_state) is dropped: the\n"
-    "output is a plain checkpoint.\n"
-    "\n"
-    "  --dtype T          float16 or float32 (default: the params stay as they are)\n"
-    "  --recommend SPEC   the fine-tune settings this checkpoint recommends, which\n"
-    "                     `needle finetune` uses when their flags are not given:\n"
-    "                     comma-separated KEY=VALUE with keys lr (in (0, 1]),\n"
-    "                     lora_rank, lora_alpha, epochs, batch_size, e.g.\n"
-    "                     lr=1e-3,lora_rank=16,lora_alpha=32. Replaces the\n"
-    "                     checkpoint's record; `none` removes it. Stored as the\n"
-    "                     top-level key needle_c_recommended (upstream's loader\n"
-    "                     reads only format_version, params and config)\n"
-    "At least one of --dtype and --recommend is needed unless IN and OUT differ\n"
-    "in file format.\n";
+    "output is a plain checkpoint.\n";
 
 int cli_convert(int argc, char **argv)
 {
-    const char *in = NULL, *out = NULL, *dtype = NULL, *recommend = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(convert_help, stdout);
-            return 0;
-        }
-        if (a[0] != '-' || a[1] != '-') {
-            if (!in)
-                in = a;
-            else if (!out)
-                out = a;
-            else
-                return cli_usage_error("convert", "unexpected argument '%s'", a);
-            continue;
-        }
-        if (i + 1 >= argc)
-            return cli_usage_error("convert", "%s needs a value", a);
-        if (!strcmp(a, "--dtype"))
-            dtype = argv[++i];
-        else if (!strcmp(a, "--recommend"))
-            recommend = argv[++i];
-        else
-            return cli_usage_error("convert", "unknown option '%s'", a);
-    }
-    if (!in || !out)
+    const char *dtype = NULL, *recommend = NULL;
+    cli_opt opts[] = {
+        {"--dtype", CLI_ENUM, &dtype, 0, 0, "T", "float16|float32",
+         "float16 or float32 (default: the params stay as they are)", 0, 0},
+        {"--recommend", CLI_STR, &recommend, 0, 0, "SPEC", NULL,
+         "the fine-tune settings this checkpoint recommends, which `needle finetune` uses when "
+         "their flags are not given: comma-separated KEY=VALUE with keys lr (in (0, 1]), "
+         "lora_rank, lora_alpha, epochs, batch_size, e.g. lr=1e-3,lora_rank=16,lora_alpha=32. "
+         "Replaces the checkpoint's record; `none` removes it. Stored as the top-level key "
+         "needle_c_recommended (upstream's loader reads only format_version, params and config)",
+         0, 0},
+    };
+    cli_cmd cmd = {"convert",
+                   convert_usage,
+                   convert_about,
+                   "At least one of --dtype and --recommend is needed unless IN and OUT differ\n"
+                   "in file format.\n",
+                   opts,
+                   CLI_NOPTS(opts),
+                   2,
+                   {0},
+                   0};
+    CLI_PARSE(&cmd, argc, argv);
+    if (cmd.n_pos < 2)
         return cli_usage_error("convert", "expected IN OUT");
+    const char *in = cmd.pos[0], *out = cmd.pos[1];
     int same_format = ckpt_file_is_safetensors(in) == ckpt_path_is_safetensors(out);
     if (!dtype && !recommend && same_format)
         return cli_usage_error("convert",
                                "nothing to do: give --dtype and/or --recommend, or an OUT of the "
                                "other file format (.safetensors or not)");
-    if (dtype && strcmp(dtype, "float16") && strcmp(dtype, "float32"))
-        return cli_usage_error("convert", "--dtype must be float16 or float32");
     nd_recommend rec = {0};
     int drop_rec = recommend && !strcmp(recommend, "none");
     if (recommend && !drop_rec && nd_recommend_parse(recommend, &rec))

@@ -7,12 +7,13 @@
 #include <sys/stat.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/status.h"
 #include "net/hf_download.h"
 
-static const char *download_help =
-    "usage: needle download ORG/REPO[/FILE] [--revision R] [--dir D]\n"
-    "\n"
+static const char *download_usage =
+    "usage: needle download ORG/REPO[/FILE] [--revision R] [--dir D]\n";
+static const char *download_about =
     "Without FILE: the repository's one .cact archive (as upstream).\n"
     "Download FILE of the Hugging Face model repository ORG/REPO to D/FILE (the\n"
     "repository's path kept, as `huggingface-cli download --local-dir D`), e.g.\n"
@@ -25,11 +26,8 @@ static const char *download_help =
     "checked against what the server's first answer states (X-Linked-Size and\n"
     "X-Linked-Etag for LFS files) and a mismatch is discarded. Only http and https\n"
     "are followed; file names from the server's listing must be plain relative\n"
-    "paths; a file that does not fit in the free space is refused up front.\n"
-    "\n"
-    "  --revision R   branch, tag or commit (default main)\n"
-    "  --dir D        destination directory (default .); --out D is upstream's name\n"
-    "\n"
+    "paths; a file that does not fit in the free space is refused up front.\n";
+static const char *download_epilog =
     "Environment (as huggingface_hub): HF_ENDPOINT (default https://huggingface.co),\n"
     "HF_TOKEN (sent as a Bearer token for gated/private repositories, never\n"
     "printed), HF_HUB_OFFLINE=1 (no network: fail, saying what to fetch).\n"
@@ -81,29 +79,18 @@ static int pick_cact(const char *repo, const char *revision, char *file, size_t 
 
 int cli_download(int argc, char **argv)
 {
-    const char *spec = NULL, *dir = ".", *revision = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(download_help, stdout);
-            return 0;
-        }
-        if (a[0] != '-' || a[1] != '-') {
-            if (spec)
-                return cli_usage_error("download", "unexpected argument '%s'", a);
-            spec = a;
-            continue;
-        }
-        if (i + 1 >= argc)
-            return cli_usage_error("download", "%s needs a value", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "--dir") || !strcmp(a, "--out")) /* --out: upstream's name */
-            dir = v;
-        else if (!strcmp(a, "--revision"))
-            revision = v;
-        else
-            return cli_usage_error("download", "unknown option '%s'", a);
-    }
+    const char *dir = ".", *revision = NULL;
+    cli_opt opts[] = {
+        {"--revision", CLI_STR, &revision, 0, 0, "R", NULL, "branch, tag or commit (default main)",
+         0, 0},
+        {"--dir", CLI_DIR, &dir, 0, 0, "D", NULL, "destination directory (default .)", 0, 0},
+        {"--out", CLI_DIR, &dir, 0, 0, "D", NULL, "upstream's name for --dir", 0, 0},
+    };
+    cli_cmd cmd = {
+        "download", download_usage, download_about, download_epilog, opts, CLI_NOPTS(opts), 1, {0},
+        0};
+    CLI_PARSE(&cmd, argc, argv);
+    const char *spec = cmd.n_pos ? cmd.pos[0] : NULL;
     if (!spec)
         return cli_usage_error("download", "missing ORG/REPO/FILE");
     /* ORG/REPO/FILE: the first two non-empty segments name the repository */

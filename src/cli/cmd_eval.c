@@ -8,6 +8,7 @@
 #include "core/mem.h"
 #include "backend/backend.h"
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/fileio.h"
 #include "core/status.h"
 #include "io/checkpoint.h"
@@ -20,52 +21,19 @@
 #include "text/tokenizer.h"
 #include "train/evaluate.h"
 
-static const char *eval_help =
+static const char *eval_usage =
     "usage: needle eval --checkpoint CKPT.pkl DATA.jsonl [--tokenizer M] [--max-len N]\n"
     "                   [--lora ADAPTER] [--grad-norms [--lora-rank R --seed S]] [--json]\n"
     "                   [--qat [--bits N] | --no-qat]\n"
     "       needle eval --checkpoint CKPT.pkl --tokens FILE [--json] [--logits OUT.bin]\n"
     "                   [--qat (Needle 3)]\n"
     "                   [--batching shared|packed|padded]\n"
-    "       common: [--batch-size B] [--threads N] [--device D] [--precision P]\n"
-    "\n"
+    "       common: [--batch-size B] [--threads N] [--device D] [--precision P]\n";
+static const char *eval_about =
     "JSONL: per-example masked loss (target tokens only) and the overall loss exactly\n"
     "as upstream's loss_fn over all examples as one batch (sum of masked CE / masked\n"
     "positions). --tokens: mean next-token cross-entropy of each token-id sequence\n"
-    "(one per line, all positions count) and the overall mean.\n"
-    "\n"
-    "  --lora ADAPTER   apply an adapter (ours or upstream's) to the base\n"
-    "  --qat            evaluate the weights the archive holds: the (merged) weights\n"
-    "                   through `needle build`'s CQ quantise-dequantise and FP16\n"
-    "                   rounding, as `needle finetune --qat` trains them (JSONL).\n"
-    "                   A Needle 3 model: 3.x's deployed numerics (CQ 4-bit weights,\n"
-    "                   8-bit activations and q/k/v), which its JSONL loss and\n"
-    "                   --grad-norms use by default, as finetune trains; with\n"
-    "                   --tokens/--logits it asks for them (default there: float)\n"
-    "  --no-qat         Needle 3 model: JSONL loss and --grad-norms in float\n"
-    "  --bits N         --qat width 2, 3 or 4 (build's --bits; default: the config's\n"
-    "                   weight_bits map, else 4)\n"
-    "  --grad-norms     also report the L2 norm of the gradient of the overall loss\n"
-    "                   w.r.t. each LoRA A and B (of --lora, or of a fresh adapter\n"
-    "                   from --lora-rank (16) / --lora-alpha (32) / --seed (0)) and\n"
-    "                   their global norm\n"
-    "  --tokenizer M    SentencePiece model (default $NEEDLE_TOKENIZER, else\n"
-    "                   tokenizer.model beside the checkpoint)\n"
-    "  --max-len N      cap on the sequence length (default 1024)\n"
-    "  --batching M     shared (default): each example at its own length, common\n"
-    "                   prefixes (system + tools) run once, logits only at target\n"
-    "                   positions; packed: own lengths, nothing shared; padded:\n"
-    "                   upstream's batches of B x fit_max_len. Same numbers, up to\n"
-    "                   float rounding\n"
-    "  --json           print one JSON object: {\"examples\": [{\"loss\", \"tokens\"}...],\n"
-    "                   \"mean_loss\"}; tokens = predicted positions (length - 1)\n"
-    "  --logits OUT     write every sequence's float32 logits [len, V], little-endian,\n"
-    "                   back to back (written atomically)\n"
-    "  --batch-size B   sequences per forward pass (default 16)\n"
-    "  --threads N      worker threads (default: all cores)\n"
-    "  --precision P    fp32|tf32|bf16: the CUDA backend's GEMMs (default fp32)\n"
-    "  --device D       auto|cpu|cuda[:N]|vulkan[:N] (default auto: CUDA, else a Vulkan GPU,\n"
-    "                   else the CPU)\n";
+    "(one per line, all positions count) and the overall mean.\n";
 
 typedef struct {
     nd_atomic_file af;
@@ -248,82 +216,64 @@ int cli_eval(int argc, char **argv)
                *precision = NULL;
     jsonl_args ja = {.batch = 16, .max_len = 1024, .rank = 16, .alpha = 32};
     int json = 0;
-    long long batch = 16, threads = 0, v;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(eval_help, stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--json")) {
-            json = 1;
-            continue;
-        }
-        if (!strcmp(a, "--grad-norms")) {
-            ja.grad_norms = 1;
-            continue;
-        }
-        if (!strcmp(a, "--qat")) {
-            ja.qat = 1;
-            continue;
-        }
-        if (!strcmp(a, "--no-qat")) {
-            ja.no_qat = 1;
-            continue;
-        }
-        if (a[0] != '-') {
-            if (ja.data)
-                return cli_usage_error("eval", "unexpected argument '%s'", a);
-            ja.data = a;
-            continue;
-        }
-        if (i + 1 >= argc)
-            return cli_usage_error("eval", "%s needs a value", a);
-        const char *val = argv[++i];
-        if (!strcmp(a, "--checkpoint"))
-            ckpt = val;
-        else if (!strcmp(a, "--tokens"))
-            tokens = val;
-        else if (!strcmp(a, "--logits"))
-            logits_path = val;
-        else if (!strcmp(a, "--device"))
-            device = val;
-        else if (!strcmp(a, "--precision"))
-            precision = val;
-        else if (!strcmp(a, "--tokenizer"))
-            ja.tok_flag = val;
-        else if (!strcmp(a, "--lora"))
-            ja.lora_path = val;
-        else if (!strcmp(a, "--batching")) {
-            if ((ja.batching = nd_batching_parse(val)) < 0)
-                return cli_usage_error("eval", "--batching must be shared, packed or padded");
-        } else if (!strcmp(a, "--bits")) {
-            if (cli_parse_int(a, val, 2, 4, &v))
-                return 2;
-            ja.bits = (int)v;
-        } else if (!strcmp(a, "--batch-size")) {
-            if (cli_parse_int(a, val, 1, 1 << 16, &batch))
-                return 2;
-        } else if (!strcmp(a, "--threads")) {
-            if (cli_parse_int(a, val, 1, 1024, &threads))
-                return 2;
-        } else if (!strcmp(a, "--max-len")) {
-            if (cli_parse_int(a, val, 2, 1 << 20, &v))
-                return 2;
-            ja.max_len = (int)v;
-        } else if (!strcmp(a, "--lora-rank")) {
-            if (cli_parse_int(a, val, 1, 4096, &v))
-                return 2;
-            ja.rank = (int)v;
-        } else if (!strcmp(a, "--lora-alpha")) {
-            if (cli_parse_double(a, val, &ja.alpha) || ja.alpha <= 0)
-                return cli_usage_error("eval", "--lora-alpha must be positive");
-        } else if (!strcmp(a, "--seed")) {
-            if (cli_parse_int(a, val, 0, 1LL << 62, &ja.seed))
-                return 2;
-        } else
-            return cli_usage_error("eval", "unknown option '%s'", a);
-    }
+    long long batch = 16, threads = 0;
+    const char *batching = NULL;
+    cli_opt opts[] = {
+        CLI_OPT_CHECKPOINT(&ckpt, "the checkpoint to evaluate (required)"),
+        {"--tokens", CLI_PATH, &tokens, 0, 0, "FILE", NULL,
+         "token-id sequences, one per line, instead of DATA.jsonl", 0, 0},
+        {"--lora", CLI_PATH, &ja.lora_path, 0, 0, "ADAPTER", NULL,
+         "apply an adapter (ours or upstream's) to the base", 0, 0},
+        {"--qat", CLI_FLAG, &ja.qat, 0, 0, NULL, NULL,
+         "evaluate the weights the archive holds: the (merged) weights through `needle build`'s "
+         "CQ quantise-dequantise and FP16 rounding, as `needle finetune --qat` trains them "
+         "(JSONL). A Needle 3 model: 3.x's deployed numerics (CQ 4-bit weights, 8-bit activations "
+         "and q/k/v), which its JSONL loss and --grad-norms use by default, as finetune trains; "
+         "with --tokens/--logits it asks for them (default there: float)",
+         0, 0},
+        {"--no-qat", CLI_FLAG, &ja.no_qat, 0, 0, NULL, NULL,
+         "Needle 3 model: JSONL loss and --grad-norms in float", 0, 0},
+        {"--bits", CLI_INT, &ja.bits, 2, 4, "N", NULL,
+         "--qat width 2, 3 or 4 (build's --bits; default: the config's weight_bits map, else 4)", 0,
+         0},
+        {"--grad-norms", CLI_FLAG, &ja.grad_norms, 0, 0, NULL, NULL,
+         "also report the L2 norm of the gradient of the overall loss w.r.t. each LoRA A and B "
+         "(of --lora, or of a fresh adapter from --lora-rank (16) / --lora-alpha (32) / --seed "
+         "(0)) and their global norm",
+         0, 0},
+        {"--lora-rank", CLI_INT, &ja.rank, 1, 4096, "R", NULL,
+         "rank of the fresh adapter of --grad-norms (default 16)", 0, 0},
+        {"--lora-alpha", CLI_FLOAT, &ja.alpha, 0, 0, "X", NULL,
+         "alpha of the fresh adapter of --grad-norms (default 32)", CLI_LO_OPEN | CLI_NO_HI, 0},
+        {"--seed", CLI_I64, &ja.seed, 0, (double)(1LL << 62), "S", NULL,
+         "seed of the fresh adapter of --grad-norms (default 0)", 0, 0},
+        CLI_OPT_TOKENIZER(&ja.tok_flag, CLI_TOKENIZER_HELP),
+        {"--max-len", CLI_INT, &ja.max_len, 2, 1 << 20, "N", NULL,
+         "cap on the sequence length (default 1024)", 0, 0},
+        {"--batching", CLI_ENUM, &batching, 0, 0, "M", "shared|packed|padded",
+         "shared (default): each example at its own length, common prefixes (system + tools) run "
+         "once, logits only at target positions; packed: own lengths, nothing shared; padded: "
+         "upstream's batches of B x fit_max_len. Same numbers, up to float rounding",
+         0, 0},
+        {"--json", CLI_FLAG, &json, 0, 0, NULL, NULL,
+         "print one JSON object: {\"examples\": [{\"loss\", \"tokens\"}...], \"mean_loss\"}; "
+         "tokens = predicted positions (length - 1)",
+         0, 0},
+        {"--logits", CLI_PATH, &logits_path, 0, 0, "OUT", NULL,
+         "write every sequence's float32 logits [len, V], little-endian, back to back (written "
+         "atomically)",
+         0, 0},
+        {"--batch-size", CLI_I64, &batch, 1, 1 << 16, "B", NULL,
+         "sequences per forward pass (default 16)", 0, 0},
+        CLI_OPT_THREADS(&threads),
+        CLI_OPT_PRECISION(&precision),
+        CLI_OPT_DEVICE(&device, CLI_DEVICE_HELP),
+    };
+    cli_cmd cmd = {"eval", eval_usage, eval_about, NULL, opts, CLI_NOPTS(opts), 1, {0}, 0};
+    CLI_PARSE(&cmd, argc, argv);
+    ja.data = cmd.n_pos ? cmd.pos[0] : NULL;
+    if (batching)
+        ja.batching = nd_batching_parse(batching);
     if (!ckpt)
         return cli_usage_error("eval", "--checkpoint is required");
     if (!tokens == !ja.data)

@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/fileio.h"
 #include "core/status.h"
 #include "engine/from_checkpoint.h"
@@ -17,13 +18,13 @@
 #include "eval/callscore.h"
 #include "needle.h"
 
-static const char *eval_calls_help =
+static const char *eval_calls_usage =
     "usage: needle eval-calls --weights X.cact DATA.jsonl [options]\n"
     "       needle eval-calls --checkpoint X.pkl [--lora A.pkl] [--tokenizer M]\n"
     "                         DATA.jsonl [options]\n"
     "options: [--json] [--limit N] [--predictions OUT.jsonl] [--skip-bad]\n"
-    "         [--threads N] [--max-new-tokens N] [--require-call]\n"
-    "\n"
+    "         [--threads N] [--max-new-tokens N] [--require-call]\n";
+static const char *eval_calls_about =
     "Answers every example's query with the engine (as `needle run`: the example's\n"
     "system and tools, a fresh conversation) and scores the calls against its\n"
     "\"answers\". DATA is upstream's training JSONL (query, tools, answers or\n"
@@ -39,29 +40,7 @@ static const char *eval_calls_help =
     "  false refusal on examples expecting calls: the prediction is []\n"
     "An answer that is not a call list (engine error, cut off) is wrong on every\n"
     "metric and neither kind of refusal. Figures are counts and percentages over\n"
-    "all examples, those expecting calls and those expecting none.\n"
-    "\n"
-    "  --weights PATH       .cact archive (needle build)\n"
-    "  --checkpoint PATH    instead of --weights: the checkpoint's float weights,\n"
-    "                       no quantisation, through the same engine, decoder and\n"
-    "                       grammar (scores a fine-tune before `needle build`)\n"
-    "  --lora PATH          with --checkpoint: merge this adapter first, exactly\n"
-    "                       as `needle build --lora` does\n"
-    "  --tokenizer PATH     with --checkpoint: SentencePiece .model or blob\n"
-    "                       (default $NEEDLE_TOKENIZER, else tokenizer.model beside\n"
-    "                       the checkpoint)\n"
-    "  --json               print the report as one JSON object instead of a table\n"
-    "  --limit N            score only the first N examples\n"
-    "  --predictions PATH   write one JSON line per example: line, query, expected,\n"
-    "                       predicted (null without an answer), expects_call, valid,\n"
-    "                       tool_name, exact_args, refusal (null on call examples),\n"
-    "                       false_refusal (null on no-call examples), error\n"
-    "  --skip-bad           count and skip invalid lines instead of failing\n"
-    "  --threads N          worker threads (default: all cores)\n"
-    "  --max-new-tokens N   generation budget per example (default 256)\n"
-    "  --require-call       the answer must be at least one call (tool_choice\n"
-    "                       \"required\"): tests tool and argument choice alone;\n"
-    "                       no-call examples then always fail\n";
+    "all examples, those expecting calls and those expecting none.\n";
 
 typedef struct {
     nd_callscore_totals t;
@@ -358,55 +337,39 @@ int cli_eval_calls(int argc, char **argv)
                *tok = NULL;
     long long limit = 0, threads = 0, max_new = 256;
     int json = 0, skip_bad = 0, require_call = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(eval_calls_help, stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--json")) {
-            json = 1;
-            continue;
-        }
-        if (!strcmp(a, "--skip-bad")) {
-            skip_bad = 1;
-            continue;
-        }
-        if (!strcmp(a, "--require-call")) {
-            require_call = 1;
-            continue;
-        }
-        if (a[0] != '-' || !a[1]) {
-            if (data)
-                return cli_usage_error("eval-calls", "unexpected argument '%s'", a);
-            data = a;
-            continue;
-        }
-        if (i + 1 >= argc)
-            return cli_usage_error("eval-calls", "%s needs a value", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "--weights"))
-            weights = v;
-        else if (!strcmp(a, "--checkpoint"))
-            ckpt = v;
-        else if (!strcmp(a, "--lora"))
-            lora = v;
-        else if (!strcmp(a, "--tokenizer"))
-            tok = v;
-        else if (!strcmp(a, "--predictions"))
-            pred_path = v;
-        else if (!strcmp(a, "--limit")) {
-            if (cli_parse_int(a, v, 1, (long long)1 << 40, &limit))
-                return 2;
-        } else if (!strcmp(a, "--threads")) {
-            if (cli_parse_int(a, v, 1, 1024, &threads))
-                return 2;
-        } else if (!strcmp(a, "--max-new-tokens")) {
-            if (cli_parse_int(a, v, 1, 1 << 20, &max_new))
-                return 2;
-        } else
-            return cli_usage_error("eval-calls", "unknown option '%s'", a);
-    }
+    cli_opt opts[] = {
+        {"--weights", CLI_PATH, &weights, 0, 0, "PATH", NULL, ".cact archive (needle build)", 0, 0},
+        CLI_OPT_CHECKPOINT(&ckpt, "instead of --weights: the checkpoint's float weights, no "
+                                  "quantisation, through the same engine, decoder and grammar "
+                                  "(scores a fine-tune before `needle build`)"),
+        {"--lora", CLI_PATH, &lora, 0, 0, "PATH", NULL,
+         "with --checkpoint: merge this adapter first, exactly as `needle build --lora` does", 0,
+         0},
+        CLI_OPT_TOKENIZER(&tok, "with --checkpoint: SentencePiece .model or blob (default "
+                                "$NEEDLE_TOKENIZER, else tokenizer.model beside the checkpoint)"),
+        {"--json", CLI_FLAG, &json, 0, 0, NULL, NULL,
+         "print the report as one JSON object instead of a table", 0, 0},
+        {"--limit", CLI_I64, &limit, 1, (double)(1LL << 40), "N", NULL,
+         "score only the first N examples", 0, 0},
+        {"--predictions", CLI_PATH, &pred_path, 0, 0, "PATH", NULL,
+         "write one JSON line per example: line, query, expected, predicted (null without an "
+         "answer), expects_call, valid, tool_name, exact_args, refusal (null on call examples), "
+         "false_refusal (null on no-call examples), error",
+         0, 0},
+        {"--skip-bad", CLI_FLAG, &skip_bad, 0, 0, NULL, NULL,
+         "count and skip invalid lines instead of failing", 0, 0},
+        CLI_OPT_THREADS(&threads),
+        {"--max-new-tokens", CLI_I64, &max_new, 1, 1 << 20, "N", NULL,
+         "generation budget per example (default 256)", 0, 0},
+        {"--require-call", CLI_FLAG, &require_call, 0, 0, NULL, NULL,
+         "the answer must be at least one call (tool_choice \"required\"): tests tool and "
+         "argument choice alone; no-call examples then always fail",
+         0, 0},
+    };
+    cli_cmd cmd = {
+        "eval-calls", eval_calls_usage, eval_calls_about, NULL, opts, CLI_NOPTS(opts), 1, {0}, 0};
+    CLI_PARSE(&cmd, argc, argv);
+    data = cmd.n_pos ? cmd.pos[0] : NULL;
     if (weights && ckpt)
         return cli_usage_error("eval-calls",
                                "give --weights X.cact or --checkpoint X.pkl, not both");

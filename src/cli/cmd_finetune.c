@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/fileio.h"
 #include "core/status.h"
 #include "io/checkpoint.h"
@@ -17,93 +18,11 @@
 #include "train/finetune.h"
 #include "train/recommend.h"
 
-static const char *finetune_help =
-    "usage: needle finetune DATA.jsonl [options]\n"
-    "\n"
+static const char *finetune_usage = "usage: needle finetune DATA.jsonl [options]\n";
+static const char *finetune_about =
     "LoRA fine-tune the frozen base checkpoint on JSONL tool-calling examples and\n"
-    "write an adapter pickle that upstream's `needle build` (and ours) accepts.\n"
-    "\n"
-    "  --checkpoint PATH    base checkpoint (default checkpoints/needle2.pkl when it is\n"
-    "                       there, else the nano base installed with needle, said in\n"
-    "                       the first lines; an explicit path that is missing is\n"
-    "                       downloaded from Hugging Face as upstream does)\n"
-    "  --tokenizer PATH     SentencePiece model (default $NEEDLE_TOKENIZER, else\n"
-    "                       tokenizer.model beside the checkpoint)\n"
-    "  --epochs N           passes over the data (default 3)\n"
-    "  --batch-size N       examples per step (default 16)\n"
-    "  --lr X               peak learning rate (default 1e-4; warmup then cosine)\n"
-    "  --lora-rank N        adapter rank (default 16)\n"
-    "  --lora-alpha X       adapter alpha; scale = alpha/rank (default 32)\n"
-    "                       A checkpoint may recommend its own --lr, --lora-rank,\n"
-    "                       --lora-alpha, --epochs and --batch-size (`needle convert\n"
-    "                       --recommend`): used when the flag is not given, printed;\n"
-    "                       a flag always wins\n"
-    "  --max-len N          cap on the sequence length (default 1024)\n"
-    "  --val-split X        held-out fraction (default 0.1)\n"
-    "  --checkpoint-dir D   where the default output goes (default checkpoints)\n"
-    "  --generate N         first generate N more examples for the data's tools with a\n"
-    "                       chat service (as `needle generate-data --augment DATA`,\n"
-    "                       OPENROUTER_API_KEY / OPENROUTER_URL) and train on\n"
-    "                       DATA.augmented.jsonl (default 0 = off)\n"
-    "  --model NAME         chat model for --generate (default deepseek/deepseek-v4-flash)\n"
-    "  --workers N          concurrent requests for --generate (default 8)\n"
-    "  --out PATH           adapter path (default D/needle_lora.pkl, or\n"
-    "                       D/needle_lora.safetensors for a safetensors base); a name\n"
-    "                       ending in .safetensors is written in upstream 3.x's format\n"
-    "  --save-every N       also write the adapter every N steps (crash safety)\n"
-    "  --resume ADAPTER     continue from an adapter (and its optimiser state); the run\n"
-    "                       must use the settings recorded in it (base checkpoint,\n"
-    "                       --seed, --batch-size, --epochs, --val-split, --max-len,\n"
-    "                       --lora-rank, --lora-alpha, --lr): differences are listed and\n"
-    "                       refused. With --full: a checkpoint written by a stopped --full\n"
-    "                       run (Ctrl-C or --save-every; it holds the optimiser state as\n"
-    "                       the extra key needle_c_state), --checkpoint still the base;\n"
-    "                       the resumed run matches an uninterrupted one bit for bit\n"
-    "  --resume-override    resume even when those settings differ (the schedule and the\n"
-    "                       train/validation split then change; the adapter's rank and\n"
-    "                       scale are kept)\n"
-    "  --stop-after N       stop as Ctrl-C does once N steps are done (save, print the\n"
-    "                       resume command, exit 1): time-boxed runs, resume tests\n"
-    "  --skip-bad           skip (and count) invalid JSONL lines instead of failing\n"
-    "  --full               train every base parameter instead of an adapter; --out is\n"
-    "                       then a checkpoint (for pre-training small bases)\n"
-    "  --save-dtype T       --full: float32 (default) or float16 params in the final\n"
-    "                       checkpoint (upstream's float16 format; saves before the end\n"
-    "                       stay float32 with the optimiser state so a resume is exact)\n"
-    "  --loss-log FILE      one JSON line per step {step, epoch, lr, loss} and per\n"
-    "                       validation {step, epoch, val_loss}, flushed as written; a\n"
-    "                       --resume keeps the lines up to the resumed step and appends\n"
-    "                       (plot it with `needle plot-loss FILE --out curve.svg`)\n"
-    "  --qat                quantisation-aware: every step trains through the CQ\n"
-    "                       quantise-dequantise (and FP16 rounding) `needle build`\n"
-    "                       applies, gradients straight through, so the archive\n"
-    "                       keeps what the fine-tune learned. A Needle 3 base\n"
-    "                       always trains through 3.x's deployed numerics (CQ 4-bit\n"
-    "                       weights, 8-bit activations and q/k/v, gradients straight\n"
-    "                       through), --qat or not\n"
-    "  --no-qat             Needle 3 base: fine-tune in float instead\n"
-    "  --bits N             --qat width 2, 3 or 4 (build's --bits; default: the\n"
-    "                       config's weight_bits map, else 4); build the archive\n"
-    "                       at the same width\n"
-    "  --batching M         shared (default): each example at its own length, the\n"
-    "                       prefix examples of a batch share (system + tools) run\n"
-    "                       once, logits only at target positions; packed: own\n"
-    "                       lengths, nothing shared; padded: upstream's B x\n"
-    "                       fit_max_len batches. Same loss and gradients up to\n"
-    "                       float rounding, same batches and schedule\n"
-    "  --group-by-tools     put examples of one tool set into the same batches (then\n"
-    "                       shuffle the batches): more sharing, different batches\n"
-    "  --act-memory MB      memory for kept layer activations (default 1024: a\n"
-    "                       needle2 run stays under 2 GB); layers that do not fit\n"
-    "                       are recomputed in the backward (slower, same numbers)\n"
-    "  --seed N             random seed (default 0)\n"
-    "  --threads N          worker threads (default: all cores)\n"
-    "  --device D           auto|cpu|cuda[:N]|vulkan[:N] (default auto: CUDA, else a Vulkan\n"
-    "                       GPU, else the CPU; software Vulkan such as lavapipe only as\n"
-    "                       vulkan:N; the backend used is printed)\n"
-    "  --precision P        fp32|tf32|bf16: the CUDA backend's GEMMs (default fp32; tf32\n"
-    "                       and bf16 use tensor cores with float32 sums)\n"
-    "\n"
+    "write an adapter pickle that upstream's `needle build` (and ours) accepts.\n";
+static const char *finetune_epilog =
     "Outputs are checked before training starts (writable, a regular file, not one of\n"
     "the inputs). SIGINT (Ctrl-C), SIGTERM and SIGHUP stop the run after the current\n"
     "step, write the adapter (or --full checkpoint) so far and print the command that\n"
@@ -174,6 +93,8 @@ static void print_resume_command(int argc, char **argv, const char *out, int ran
             i++;
             continue;
         }
+        if (!strncmp(argv[i], "--resume=", 9) || !strncmp(argv[i], "--stop-after=", 13))
+            continue; /* the same, joined to its value */
         fputc(' ', stderr);
         put_shell_word(stderr, argv[i]);
     }
@@ -258,130 +179,132 @@ int cli_finetune(int argc, char **argv)
     nd_finetune_defaults(&o);
     const char *tok_flag = NULL, *device = "auto", *precision = NULL, *ckdir = "checkpoints",
                *out = NULL;
-    long long threads = 0, v, generate = 0, workers = 8;
-    const char *gen_model = NULL, *save_dtype = NULL;
+    long long threads = 0, generate = 0, workers = 8, save_every = 0, stop_after = 0, seed = 0;
+    const char *gen_model = NULL, *save_dtype = NULL, *batching = NULL;
     int ckpt_given = 0, given[ND_REC_N] = {0};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(finetune_help, stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--skip-bad")) {
-            o.skip_bad = 1;
-            continue;
-        }
-        if (!strcmp(a, "--full")) {
-            o.full = 1;
-            continue;
-        }
-        if (!strcmp(a, "--group-by-tools")) {
-            o.group_by_tools = 1;
-            continue;
-        }
-        if (!strcmp(a, "--qat")) {
-            o.qat = 1;
-            continue;
-        }
-        if (!strcmp(a, "--no-qat")) {
-            o.no_qat = 1;
-            continue;
-        }
-        if (!strcmp(a, "--resume-override")) {
-            o.resume_override = 1;
-            continue;
-        }
-        if (a[0] != '-' || a[1] != '-') {
-            if (o.data)
-                return cli_usage_error("finetune", "unexpected argument '%s'", a);
-            o.data = a;
-            continue;
-        }
-        if (i + 1 >= argc)
-            return cli_usage_error("finetune", "%s needs a value", a);
-        const char *val = argv[++i];
-        for (int k = 0; k < ND_REC_N; k++)
-            given[k] |= !strcmp(a, nd_recommend_flag(k));
-        if (!strcmp(a, "--checkpoint")) {
-            o.checkpoint = val;
-            ckpt_given = 1;
-        } else if (!strcmp(a, "--tokenizer"))
-            tok_flag = val;
-        else if (!strcmp(a, "--out"))
-            out = val;
-        else if (!strcmp(a, "--checkpoint-dir"))
-            ckdir = val;
-        else if (!strcmp(a, "--resume"))
-            o.resume = val;
-        else if (!strcmp(a, "--loss-log"))
-            o.loss_log = val;
-        else if (!strcmp(a, "--save-dtype"))
-            save_dtype = val;
-        else if (!strcmp(a, "--device"))
-            device = val;
-        else if (!strcmp(a, "--precision"))
-            precision = val;
-        else if (!strcmp(a, "--model"))
-            gen_model = val;
-        else if (!strcmp(a, "--generate")) {
-            if (cli_parse_int(a, val, 0, 100000000, &generate))
-                return 2;
-        } else if (!strcmp(a, "--workers")) {
-            if (cli_parse_int(a, val, 1, 1024, &workers))
-                return 2;
-        } else if (!strcmp(a, "--epochs")) {
-            if (cli_parse_int(a, val, 1, 1000000, &v))
-                return 2;
-            o.epochs = (int)v;
-        } else if (!strcmp(a, "--act-memory")) {
-            if (cli_parse_double(a, val, &o.act_budget_mb) || o.act_budget_mb < 0)
-                return cli_usage_error("finetune", "--act-memory must be >= 0 (MB)");
-        } else if (!strcmp(a, "--batching")) {
-            if ((o.batching = nd_batching_parse(val)) < 0)
-                return cli_usage_error("finetune", "--batching must be shared, packed or padded");
-        } else if (!strcmp(a, "--bits")) {
-            if (cli_parse_int(a, val, 2, 4, &v))
-                return 2;
-            o.bits = (int)v;
-        } else if (!strcmp(a, "--batch-size")) {
-            if (cli_parse_int(a, val, 1, 65536, &v))
-                return 2;
-            o.batch_size = (int)v;
-        } else if (!strcmp(a, "--lora-rank")) {
-            if (cli_parse_int(a, val, 1, 4096, &v))
-                return 2;
-            o.rank = (int)v;
-        } else if (!strcmp(a, "--max-len")) {
-            if (cli_parse_int(a, val, 2, 1 << 20, &v))
-                return 2;
-            o.max_len = (int)v;
-        } else if (!strcmp(a, "--save-every")) {
-            if (cli_parse_int(a, val, 1, 1LL << 40, &v))
-                return 2;
-            o.save_every = (long)v;
-        } else if (!strcmp(a, "--stop-after")) {
-            if (cli_parse_int(a, val, 1, 1LL << 40, &v))
-                return 2;
-            o.stop_after = (long)v;
-        } else if (!strcmp(a, "--seed")) {
-            if (cli_parse_int(a, val, 0, 1LL << 62, &v))
-                return 2;
-            o.seed = (uint64_t)v;
-        } else if (!strcmp(a, "--threads")) {
-            if (cli_parse_int(a, val, 1, 1024, &threads))
-                return 2;
-        } else if (!strcmp(a, "--lr")) {
-            if (cli_parse_double(a, val, &o.lr) || o.lr <= 0)
-                return cli_usage_error("finetune", "--lr must be a positive number");
-        } else if (!strcmp(a, "--lora-alpha")) {
-            if (cli_parse_double(a, val, &o.alpha) || o.alpha <= 0)
-                return cli_usage_error("finetune", "--lora-alpha must be a positive number");
-        } else if (!strcmp(a, "--val-split")) {
-            if (cli_parse_double(a, val, &o.val_split) || o.val_split < 0 || o.val_split >= 1)
-                return cli_usage_error("finetune", "--val-split must be in [0, 1)");
-        } else
-            return cli_usage_error("finetune", "unknown option '%s'", a);
-    }
+    cli_opt opts[] = {
+        CLI_OPT_CHECKPOINT(&o.checkpoint,
+                           "base checkpoint (default checkpoints/needle2.pkl when it is there, "
+                           "else the nano base installed with needle, said in the first lines; an "
+                           "explicit path that is missing is downloaded from Hugging Face as "
+                           "upstream does)"),
+        CLI_OPT_TOKENIZER(&tok_flag, CLI_TOKENIZER_HELP),
+        {"--epochs", CLI_INT, &o.epochs, 1, 1000000, "N", NULL, "passes over the data (default 3)",
+         0, 0},
+        {"--batch-size", CLI_INT, &o.batch_size, 1, 65536, "N", NULL,
+         "examples per step (default 16)", 0, 0},
+        {"--lr", CLI_FLOAT, &o.lr, 0, 0, "X", NULL,
+         "peak learning rate (default 1e-4; warmup then cosine)", CLI_LO_OPEN | CLI_NO_HI, 0},
+        {"--lora-rank", CLI_INT, &o.rank, 1, 4096, "N", NULL, "adapter rank (default 16)", 0, 0},
+        {"--lora-alpha", CLI_FLOAT, &o.alpha, 0, 0, "X", NULL,
+         "adapter alpha; scale = alpha/rank (default 32).\nA checkpoint may recommend its own "
+         "--lr, --lora-rank, --lora-alpha, --epochs and --batch-size (`needle convert "
+         "--recommend`): used when the flag is not given, printed; a flag always wins",
+         CLI_LO_OPEN | CLI_NO_HI, 0},
+        {"--max-len", CLI_INT, &o.max_len, 2, 1 << 20, "N", NULL,
+         "cap on the sequence length (default 1024)", 0, 0},
+        {"--val-split", CLI_FLOAT, &o.val_split, 0, 1, "X", NULL, "held-out fraction (default 0.1)",
+         CLI_HI_OPEN, 0},
+        {"--checkpoint-dir", CLI_DIR, &ckdir, 0, 0, "D", NULL,
+         "where the default output goes (default checkpoints)", 0, 0},
+        {"--generate", CLI_I64, &generate, 0, 100000000, "N", NULL,
+         "first generate N more examples for the data's tools with a chat service (as `needle "
+         "generate-data --augment DATA`, OPENROUTER_API_KEY / OPENROUTER_URL) and train on "
+         "DATA.augmented.jsonl (default 0 = off)",
+         0, 0},
+        {"--model", CLI_STR, &gen_model, 0, 0, "NAME", NULL,
+         "chat model for --generate (default deepseek/deepseek-v4-flash)", 0, 0},
+        {"--workers", CLI_I64, &workers, 1, 1024, "N", NULL,
+         "concurrent requests for --generate (default 8)", 0, 0},
+        {"--out", CLI_PATH, &out, 0, 0, "PATH", NULL,
+         "adapter path (default D/needle_lora.pkl, or D/needle_lora.safetensors for a "
+         "safetensors base); a name ending in .safetensors is written in upstream 3.x's format",
+         0, 0},
+        {"--save-every", CLI_I64, &save_every, 1, (double)(1LL << 40), "N", NULL,
+         "also write the adapter every N steps (crash safety)", 0, 0},
+        {"--resume", CLI_PATH, &o.resume, 0, 0, "ADAPTER", NULL,
+         "continue from an adapter (and its optimiser state); the run must use the settings "
+         "recorded in it (base checkpoint, --seed, --batch-size, --epochs, --val-split, "
+         "--max-len, --lora-rank, --lora-alpha, --lr): differences are listed and refused. With "
+         "--full: a checkpoint written by a stopped --full run (Ctrl-C or --save-every; it holds "
+         "the optimiser state as the extra key needle_c_state), --checkpoint still the base; the "
+         "resumed run matches an uninterrupted one bit for bit",
+         0, 0},
+        {"--resume-override", CLI_FLAG, &o.resume_override, 0, 0, NULL, NULL,
+         "resume even when those settings differ (the schedule and the train/validation split "
+         "then change; the adapter's rank and scale are kept)",
+         0, 0},
+        {"--stop-after", CLI_I64, &stop_after, 1, (double)(1LL << 40), "N", NULL,
+         "stop as Ctrl-C does once N steps are done (save, print the resume command, exit 1): "
+         "time-boxed runs, resume tests",
+         0, 0},
+        {"--skip-bad", CLI_FLAG, &o.skip_bad, 0, 0, NULL, NULL,
+         "skip (and count) invalid JSONL lines instead of failing", 0, 0},
+        {"--full", CLI_FLAG, &o.full, 0, 0, NULL, NULL,
+         "train every base parameter instead of an adapter; --out is then a checkpoint (for "
+         "pre-training small bases)",
+         0, 0},
+        {"--save-dtype", CLI_ENUM, &save_dtype, 0, 0, "T", "float16|float32",
+         "--full: float32 (default) or float16 params in the final checkpoint (upstream's "
+         "float16 format; saves before the end stay float32 with the optimiser state so a resume "
+         "is exact)",
+         0, 0},
+        {"--loss-log", CLI_PATH, &o.loss_log, 0, 0, "FILE", NULL,
+         "one JSON line per step {step, epoch, lr, loss} and per validation {step, epoch, "
+         "val_loss}, flushed as written; a --resume keeps the lines up to the resumed step and "
+         "appends (plot it with `needle plot-loss FILE --out curve.svg`)",
+         0, 0},
+        {"--qat", CLI_FLAG, &o.qat, 0, 0, NULL, NULL,
+         "quantisation-aware: every step trains through the CQ quantise-dequantise (and FP16 "
+         "rounding) `needle build` applies, gradients straight through, so the archive keeps "
+         "what the fine-tune learned. A Needle 3 base always trains through 3.x's deployed "
+         "numerics (CQ 4-bit weights, 8-bit activations and q/k/v, gradients straight through), "
+         "--qat or not",
+         0, 0},
+        {"--no-qat", CLI_FLAG, &o.no_qat, 0, 0, NULL, NULL,
+         "Needle 3 base: fine-tune in float instead", 0, 0},
+        {"--bits", CLI_INT, &o.bits, 2, 4, "N", NULL,
+         "--qat width 2, 3 or 4 (build's --bits; default: the config's weight_bits map, else 4); "
+         "build the archive at the same width",
+         0, 0},
+        {"--batching", CLI_ENUM, &batching, 0, 0, "M", "shared|packed|padded",
+         "shared (default): each example at its own length, the prefix examples of a batch share "
+         "(system + tools) run once, logits only at target positions; packed: own lengths, "
+         "nothing shared; padded: upstream's B x fit_max_len batches. Same loss and gradients up "
+         "to float rounding, same batches and schedule",
+         0, 0},
+        {"--group-by-tools", CLI_FLAG, &o.group_by_tools, 0, 0, NULL, NULL,
+         "put examples of one tool set into the same batches (then shuffle the batches): more "
+         "sharing, different batches",
+         0, 0},
+        {"--act-memory", CLI_FLOAT, &o.act_budget_mb, 0, 0, "MB", NULL,
+         "memory for kept layer activations (default 1024: a needle2 run stays under 2 GB); "
+         "layers that do not fit are recomputed in the backward (slower, same numbers)",
+         CLI_NO_HI, 0},
+        {"--seed", CLI_I64, &seed, 0, (double)(1LL << 62), "N", NULL, "random seed (default 0)", 0,
+         0},
+        CLI_OPT_THREADS(&threads),
+        CLI_OPT_DEVICE(&device, "auto|cpu|cuda[:N]|vulkan[:N] (default auto: CUDA, else a Vulkan "
+                                "GPU, else the CPU; software Vulkan such as lavapipe only as "
+                                "vulkan:N; the backend used is printed)"),
+        CLI_OPT_PRECISION(&precision),
+    };
+    cli_cmd cmd = {
+        "finetune", finetune_usage, finetune_about, finetune_epilog, opts, CLI_NOPTS(opts), 1, {0},
+        0};
+    CLI_PARSE(&cmd, argc, argv);
+    o.data = cmd.n_pos ? cmd.pos[0] : NULL;
+    ckpt_given = cli_opts_given(&cmd, "--checkpoint");
+    for (int k = 0; k < ND_REC_N; k++)
+        given[k] = cli_opts_given(&cmd, nd_recommend_flag(k));
+    if (batching)
+        o.batching = nd_batching_parse(batching);
+    if (cli_opts_given(&cmd, "--save-every"))
+        o.save_every = (long)save_every;
+    if (cli_opts_given(&cmd, "--stop-after"))
+        o.stop_after = (long)stop_after;
+    if (cli_opts_given(&cmd, "--seed"))
+        o.seed = (uint64_t)seed;
     if (!o.data)
         return cli_usage_error("finetune", "missing DATA.jsonl");
     /* `mpirun -np N needle finetune ...`: one of N ranks (dist/dist.h) */
@@ -415,9 +338,6 @@ static int finetune_ranked(nd_finetune_opts *op, nd_dist *dist, int argc, char *
     if (!ckpt_given)
         o.checkpoint = cli_default_base(stdout, "--checkpoint PATH", basebuf, sizeof basebuf);
     if (save_dtype) {
-        if (strcmp(save_dtype, "float16") && strcmp(save_dtype, "float32"))
-            return cli_usage_error("finetune", "--save-dtype must be float16 or float32, not '%s'",
-                                   save_dtype);
         if (!o.full)
             return cli_usage_error("finetune",
                                    "--save-dtype applies to --full checkpoints (adapters are "

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/fileio.h"
 #include "core/status.h"
 #include "gen/chat_reply.h"
@@ -22,33 +23,16 @@
 #define DEFAULT_URL "https://openrouter.ai/api/v1/chat/completions"
 #define DEFAULT_MODEL "deepseek/deepseek-v4-flash"
 
-static const char generate_help[] =
-    "usage: needle generate-data (--tools TOOLS.json | --augment DATA.jsonl) [options]\n"
-    "\n"
+static const char generate_usage[] =
+    "usage: needle generate-data (--tools TOOLS.json | --augment DATA.jsonl) [options]\n";
+static const char generate_about[] =
     "Ask a chat model (OpenAI-compatible chat completions; OpenRouter by default)\n"
     "for tool-calling examples. Each request asks for --batch-size examples; every\n"
     "example is checked against its tools' JSON schemas and rendered before it is\n"
     "kept, duplicates (same query, case and surrounding space aside, and answers)\n"
     "are dropped. Requests continue until --num-samples are kept or 3x the requests\n"
-    "1.3x the samples need have been sent.\n"
-    "\n"
-    "  --tools PATH        JSON array of tool schemas to generate for\n"
-    "  --augment PATH      JSONL data: generate for the tools its examples use and\n"
-    "                      write the old examples followed by the new ones\n"
-    "  --num-samples N     examples wanted (default 100)\n"
-    "  --batch-size N      examples asked for per request (default 25)\n"
-    "  --workers N         concurrent requests (default 16)\n"
-    "  --model NAME        model name sent to the service (default " DEFAULT_MODEL ")\n"
-    "  --output PATH       default needle_data.jsonl (--tools) or\n"
-    "                      DATA.augmented.jsonl (--augment)\n"
-    "  --max-retries N     retries of a request after 429, 5xx or a transport error\n"
-    "                      (default 5; exponential backoff with jitter, or the\n"
-    "                      server's Retry-After), then it counts as failed\n"
-    "  --retry-base S      first backoff in seconds (default 1)\n"
-    "  --timeout S         seconds per request (default 180)\n"
-    "  --temperature X     sampling temperature (default 0.9)\n"
-    "  --seed N            backoff jitter seed (default 0)\n"
-    "\n"
+    "1.3x the samples need have been sent.\n";
+static const char generate_epilog[] =
     "environment:\n"
     "  OPENROUTER_API_KEY  bearer token (required; never printed or written)\n"
     "  OPENROUTER_URL      chat-completions endpoint (default " DEFAULT_URL ")\n"
@@ -375,58 +359,49 @@ int cli_generate_data(int argc, char **argv)
     gen_params p;
     gen_params_default(&p, 16);
     const char *tools_path = NULL, *augment = NULL, *out = NULL;
-    long long v;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(generate_help, stdout);
-            return 0;
-        }
-        if (a[0] != '-' || a[1] != '-')
-            return cli_usage_error("generate-data", "unexpected argument '%s'", a);
-        if (i + 1 >= argc)
-            return cli_usage_error("generate-data", "%s needs a value", a);
-        const char *val = argv[++i];
-        if (!strcmp(a, "--tools"))
-            tools_path = val;
-        else if (!strcmp(a, "--augment"))
-            augment = val;
-        else if (!strcmp(a, "--output"))
-            out = val;
-        else if (!strcmp(a, "--model"))
-            p.model = val;
-        else if (!strcmp(a, "--num-samples")) {
-            if (cli_parse_int(a, val, 1, 100000000, &v))
-                return 2;
-            p.num_samples = (long)v;
-        } else if (!strcmp(a, "--batch-size")) {
-            if (cli_parse_int(a, val, 1, 10000, &v))
-                return 2;
-            p.batch_size = (int)v;
-        } else if (!strcmp(a, "--workers")) {
-            if (cli_parse_int(a, val, 1, 1024, &v))
-                return 2;
-            p.workers = (int)v;
-        } else if (!strcmp(a, "--max-retries")) {
-            if (cli_parse_int(a, val, 0, 30, &v))
-                return 2;
-            p.max_retries = (int)v;
-        } else if (!strcmp(a, "--seed")) {
-            if (cli_parse_int(a, val, 0, 1LL << 62, &v))
-                return 2;
-            p.seed = (unsigned long long)v;
-        } else if (!strcmp(a, "--retry-base")) {
-            if (cli_parse_double(a, val, &p.retry_base) || p.retry_base < 0 || p.retry_base > 600)
-                return cli_usage_error("generate-data", "--retry-base must be in [0, 600] s");
-        } else if (!strcmp(a, "--timeout")) {
-            if (cli_parse_double(a, val, &p.timeout) || p.timeout <= 0 || p.timeout > 86400)
-                return cli_usage_error("generate-data", "--timeout must be in (0, 86400] s");
-        } else if (!strcmp(a, "--temperature")) {
-            if (cli_parse_double(a, val, &p.temperature) || p.temperature < 0 || p.temperature > 2)
-                return cli_usage_error("generate-data", "--temperature must be in [0, 2]");
-        } else
-            return cli_usage_error("generate-data", "unknown option '%s'", a);
-    }
+    long long num = p.num_samples, seed = 0;
+    cli_opt opts[] = {
+        {"--tools", CLI_PATH, &tools_path, 0, 0, "PATH", NULL,
+         "JSON array of tool schemas to generate for", 0, 0},
+        {"--augment", CLI_PATH, &augment, 0, 0, "PATH", NULL,
+         "JSONL data: generate for the tools its examples use and write the old examples "
+         "followed by the new ones",
+         0, 0},
+        {"--num-samples", CLI_I64, &num, 1, 100000000, "N", NULL, "examples wanted (default 100)",
+         0, 0},
+        {"--batch-size", CLI_INT, &p.batch_size, 1, 10000, "N", NULL,
+         "examples asked for per request (default 25)", 0, 0},
+        {"--workers", CLI_INT, &p.workers, 1, 1024, "N", NULL, "concurrent requests (default 16)",
+         0, 0},
+        {"--model", CLI_STR, &p.model, 0, 0, "NAME", NULL,
+         "model name sent to the service (default " DEFAULT_MODEL ")", 0, 0},
+        {"--output", CLI_PATH, &out, 0, 0, "PATH", NULL,
+         "default needle_data.jsonl (--tools) or DATA.augmented.jsonl (--augment)", 0, 0},
+        {"--max-retries", CLI_INT, &p.max_retries, 0, 30, "N", NULL,
+         "retries of a request after 429, 5xx or a transport error (default 5; exponential "
+         "backoff with jitter, or the server's Retry-After), then it counts as failed",
+         0, 0},
+        {"--retry-base", CLI_FLOAT, &p.retry_base, 0, 600, "S", NULL,
+         "first backoff in seconds (default 1)", 0, 0},
+        {"--timeout", CLI_FLOAT, &p.timeout, 0, 86400, "S", NULL,
+         "seconds per request (default 180)", CLI_LO_OPEN, 0},
+        {"--temperature", CLI_FLOAT, &p.temperature, 0, 2, "X", NULL,
+         "sampling temperature (default 0.9)", 0, 0},
+        {"--seed", CLI_I64, &seed, 0, (double)(1LL << 62), "N", NULL,
+         "backoff jitter seed (default 0)", 0, 0},
+    };
+    cli_cmd cmd = {"generate-data",
+                   generate_usage,
+                   generate_about,
+                   generate_epilog,
+                   opts,
+                   CLI_NOPTS(opts),
+                   0,
+                   {0},
+                   0};
+    CLI_PARSE(&cmd, argc, argv);
+    p.num_samples = (long)num;
+    p.seed = (unsigned long long)seed;
     if (!tools_path == !augment)
         return cli_usage_error("generate-data",
                                "pass --tools <schemas.json> or --augment <data.jsonl>");

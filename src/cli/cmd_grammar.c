@@ -8,16 +8,17 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/fileio.h"
 #include "core/rng.h"
 #include "core/status.h"
 #include "engine/grammar.h"
 #include "text/pyjson.h"
 
-static const char *grammar_help =
+static const char *grammar_usage =
     "usage: needle grammar --tools tools.json [--sample N] [--seed S] [--require-call]\n"
-    "                      [--length L]\n"
-    "\n"
+    "                      [--length L]\n";
+static const char *grammar_about =
     "Compiles the tools' JSON schemas into the call grammar exactly as `needle run`\n"
     "does and prints, on stderr, every schema part that is not enforced (a line\n"
     "per tool and JSON path, e.g. `get.parameters.id: pattern ignored: ...`) and a\n"
@@ -26,16 +27,7 @@ static const char *grammar_help =
     "with the reason.\n"
     "(`run` with more than 5 tools and a retrieval head checks every tool but\n"
     "compiles only the tools retrieval puts in the prompt, per query; this\n"
-    "command compiles all of them, or with more than 64 checks each one.)\n"
-    "\n"
-    "  --tools PATH     JSON array of tools {name, description, parameters}\n"
-    "  --sample N       print N random call lists the grammar accepts, one compact\n"
-    "                   JSON array per line on stdout: what the decoder may let a\n"
-    "                   model write (a seeded walk over the accepted bytes)\n"
-    "  --seed S         random seed of --sample (default 0)\n"
-    "  --require-call   no empty list [] (tool_choice \"required\")\n"
-    "  --length L       bytes of free choice per sample before it heads for the\n"
-    "                   shortest completion (default 160)\n";
+    "command compiles all of them, or with more than 64 checks each one.)\n";
 
 static double now_ms(void)
 {
@@ -68,35 +60,24 @@ int cli_grammar(int argc, char **argv)
     const char *tools = NULL;
     long long n_sample = 0, seed = 0, length = 160;
     int require_call = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(grammar_help, stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--require-call")) {
-            require_call = 1;
-            continue;
-        }
-        if (a[0] != '-')
-            return cli_usage_error("grammar", "unexpected argument '%s'", a);
-        if (i + 1 >= argc)
-            return cli_usage_error("grammar", "%s needs a value", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "--tools"))
-            tools = v;
-        else if (!strcmp(a, "--sample")) {
-            if (cli_parse_int(a, v, 0, 1000000000, &n_sample))
-                return 2;
-        } else if (!strcmp(a, "--seed")) {
-            if (cli_parse_int(a, v, 0, (1ll << 62), &seed))
-                return 2;
-        } else if (!strcmp(a, "--length")) {
-            if (cli_parse_int(a, v, 0, 1 << 20, &length))
-                return 2;
-        } else
-            return cli_usage_error("grammar", "unknown option '%s'", a);
-    }
+    cli_opt opts[] = {
+        {"--tools", CLI_PATH, &tools, 0, 0, "PATH", NULL,
+         "JSON array of tools {name, description, parameters}", 0, 0},
+        {"--sample", CLI_I64, &n_sample, 0, 1000000000, "N", NULL,
+         "print N random call lists the grammar accepts, one compact JSON array per line on "
+         "stdout: what the decoder may let a model write (a seeded walk over the accepted bytes)",
+         0, 0},
+        {"--seed", CLI_I64, &seed, 0, (double)(1LL << 62), "S", NULL,
+         "random seed of --sample (default 0)", 0, 0},
+        {"--require-call", CLI_FLAG, &require_call, 0, 0, NULL, NULL,
+         "no empty list [] (tool_choice \"required\")", 0, 0},
+        {"--length", CLI_I64, &length, 0, 1 << 20, "L", NULL,
+         "bytes of free choice per sample before it heads for the shortest completion (default "
+         "160)",
+         0, 0},
+    };
+    cli_cmd cmd = {"grammar", grammar_usage, grammar_about, NULL, opts, CLI_NOPTS(opts), 0, {0}, 0};
+    CLI_PARSE(&cmd, argc, argv);
     if (!tools)
         return cli_usage_error("grammar", "--tools tools.json is required");
     unsigned char *tj;

@@ -4,29 +4,16 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/status.h"
 #include "io/checkpoint.h"
 
-static const char *init_help =
+static const char *init_usage =
     "usage: needle init OUT.pkl [--preset tiny|needle2|tiny3|tiny3b|needle3] [shape options]\n"
-    "                   [--seed N]\n"
-    "\n"
+    "                   [--seed N]\n";
+static const char *init_about =
     "Write a fresh random base checkpoint (format_version 2 pickle, float32) with\n"
-    "upstream's initialisers, readable by upstream needle and by `needle eval`.\n"
-    "\n"
-    "  --preset NAME        tiny (upstream's test shape: vocab 8192, d 64, 4 heads,\n"
-    "                       2 kv heads, 2 layers, seq 128, engram layer 1, 64 slots,\n"
-    "                       2 lanes), needle2 (the released base; default), needle3\n"
-    "                       (Needle 3's released shape: d 768, 12 heads, 2 kv heads,\n"
-    "                       20 layers, qk/v head dims 48/64, sliding window 1024 with\n"
-    "                       global layers 4,9,14,19, q/k/v conv taps 3, engram layers\n"
-    "                       3,7,11,15,19, context 8192), tiny3 or tiny3b (every Needle 3\n"
-    "                       feature at a test size)\n"
-    "  --vocab N  --d-model N  --attn-dim N  --heads N  --kv-heads N  --layers N\n"
-    "  --max-seq-len N  --lanes N  --engram-layers A,B  --engram-orders A,B\n"
-    "  --engram-slots N  --engram-heads N  --rope-theta X\n"
-    "                       override single fields of the preset\n"
-    "  --seed N             random seed (default 0); same seed, same bytes\n";
+    "upstream's initialisers, readable by upstream needle and by `needle eval`.\n";
 
 static int parse_list(const char *flag, const char *s, int *out, int *n, int max)
 {
@@ -48,82 +35,67 @@ static int parse_list(const char *flag, const char *s, int *out, int *n, int max
     return 0;
 }
 
+#define FIELD(flag, field, lo, hi)                                                                 \
+    {                                                                                              \
+        flag, CLI_INT, &ov.field, lo, hi, "N", NULL, "override the preset's " #field, 0, 0         \
+    }
+
 int cli_init(int argc, char **argv)
 {
-    const char *out = NULL, *preset = "needle2";
+    const char *preset = "needle2", *layers = NULL, *orders = NULL;
     long long seed = 0;
-    san_config cfg;
-    /* first pass: the preset, so field overrides apply on top of it */
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--preset") && i + 1 < argc)
-            preset = argv[i + 1];
+    double rope_theta = 0;
+    /* the shape options land here, then go over the preset's fields */
+    san_config cfg, ov;
+    memset(&ov, 0, sizeof ov);
+    cli_opt opts[] = {
+        {"--preset", CLI_ENUM, &preset, 0, 0, "NAME", "tiny|needle2|tiny3|tiny3b|needle3",
+         "tiny (upstream's test shape: vocab 8192, d 64, 4 heads, 2 kv heads, 2 layers, seq 128, "
+         "engram layer 1, 64 slots, 2 lanes), needle2 (the released base; default), needle3 "
+         "(Needle 3's released shape: d 768, 12 heads, 2 kv heads, 20 layers, qk/v head dims "
+         "48/64, sliding window 1024 with global layers 4,9,14,19, q/k/v conv taps 3, engram "
+         "layers 3,7,11,15,19, context 8192), tiny3 or tiny3b (every Needle 3 feature at a test "
+         "size)",
+         0, 0},
+        FIELD("--vocab", vocab_size, 16, 1 << 24),
+        FIELD("--d-model", d_model, 2, 1 << 15),
+        FIELD("--attn-dim", attn_dim, 2, 1 << 15),
+        FIELD("--heads", num_heads, 1, 1024),
+        FIELD("--kv-heads", num_kv_heads, 1, 1024),
+        FIELD("--layers", num_layers, 1, 1024),
+        FIELD("--max-seq-len", max_seq_len, 2, 1 << 20),
+        FIELD("--lanes", mhc_lanes, 1, 16),
+        FIELD("--engram-slots", engram_slots, 1, 1 << 24),
+        FIELD("--engram-heads", engram_heads, 0, 1024),
+        {"--engram-layers", CLI_STR, &layers, 0, 0, "A,B", NULL,
+         "override the preset's engram layers (comma-separated; empty: none)", 0, 0},
+        {"--engram-orders", CLI_STR, &orders, 0, 0, "A,B", NULL,
+         "override the preset's engram n-gram orders (comma-separated, each >= 1)", 0, 0},
+        {"--rope-theta", CLI_FLOAT, &rope_theta, 1, 0, "X", NULL,
+         "override the preset's rope_theta", CLI_LO_OPEN | CLI_NO_HI, 0},
+        {"--seed", CLI_I64, &seed, 0, (double)(1LL << 62), "N", NULL,
+         "random seed (default 0); same seed, same bytes", 0, 0},
+    };
+    cli_cmd cmd = {"init", init_usage, init_about, NULL, opts, CLI_NOPTS(opts), 1, {0}, 0};
+    CLI_PARSE(&cmd, argc, argv);
     if (san_config_preset(&cfg, preset))
         return cli_usage_error("init", "%s", nd_last_error());
-    int attn_set = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(init_help, stdout);
-            return 0;
-        }
-        if (a[0] != '-' || a[1] != '-') {
-            if (out)
-                return cli_usage_error("init", "unexpected argument '%s'", a);
-            out = a;
-            continue;
-        }
-        if (i + 1 >= argc)
-            return cli_usage_error("init", "%s needs a value", a);
-        const char *v = argv[++i];
-        long long x;
-        struct {
-            const char *flag;
-            int *field;
-            long long lo, hi;
-        } ints[] = {
-            {"--vocab", &cfg.vocab_size, 16, 1 << 24},
-            {"--d-model", &cfg.d_model, 2, 1 << 15},
-            {"--attn-dim", &cfg.attn_dim, 2, 1 << 15},
-            {"--heads", &cfg.num_heads, 1, 1024},
-            {"--kv-heads", &cfg.num_kv_heads, 1, 1024},
-            {"--layers", &cfg.num_layers, 1, 1024},
-            {"--max-seq-len", &cfg.max_seq_len, 2, 1 << 20},
-            {"--lanes", &cfg.mhc_lanes, 1, 16},
-            {"--engram-slots", &cfg.engram_slots, 1, 1 << 24},
-            {"--engram-heads", &cfg.engram_heads, 0, 1024},
-        };
-        int done = 0;
-        for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
-            if (!strcmp(a, ints[k].flag)) {
-                if (cli_parse_int(a, v, ints[k].lo, ints[k].hi, &x))
-                    return 2;
-                *ints[k].field = (int)x;
-                if (!strcmp(a, "--attn-dim"))
-                    attn_set = 1;
-                done = 1;
-            }
-        if (done)
-            continue;
-        if (!strcmp(a, "--preset")) {
-            continue;
-        } else if (!strcmp(a, "--seed")) {
-            if (cli_parse_int(a, v, 0, 1LL << 62, &seed))
-                return 2;
-        } else if (!strcmp(a, "--rope-theta")) {
-            if (cli_parse_double(a, v, &cfg.rope_theta) || cfg.rope_theta <= 1)
-                return cli_usage_error("init", "--rope-theta must be a number > 1");
-        } else if (!strcmp(a, "--engram-layers")) {
-            if (parse_list(a, v, cfg.engram_layers, &cfg.n_sites, SAN_MAX_SITES))
-                return 2;
-        } else if (!strcmp(a, "--engram-orders")) {
-            if (parse_list(a, v, cfg.engram_orders, &cfg.n_orders, SAN_MAX_ORDERS))
-                return 2;
-        } else {
-            return cli_usage_error("init", "unknown option '%s'", a);
-        }
-    }
-    if (!out)
+    for (size_t k = 0; k < CLI_NOPTS(opts); k++)
+        if (opts[k].given && opts[k].kind == CLI_INT) /* the same field of cfg */
+            *(int *)((char *)&cfg + ((char *)opts[k].target - (char *)&ov)) =
+                *(int *)opts[k].target;
+    if (cli_opts_given(&cmd, "--rope-theta"))
+        cfg.rope_theta = rope_theta;
+    if (layers &&
+        parse_list("--engram-layers", layers, cfg.engram_layers, &cfg.n_sites, SAN_MAX_SITES))
+        return 2;
+    if (orders &&
+        parse_list("--engram-orders", orders, cfg.engram_orders, &cfg.n_orders, SAN_MAX_ORDERS))
+        return 2;
+    int attn_set = cli_opts_given(&cmd, "--attn-dim");
+    if (cmd.n_pos < 1)
         return cli_usage_error("init", "missing output path");
+    const char *out = cmd.pos[0];
     if (!attn_set && cfg.generation != 3)
         cfg.attn_dim = cfg.d_model;
     if (attn_set && cfg.generation == 3)

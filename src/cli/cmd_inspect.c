@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/fileio.h"
 #include "core/status.h"
 #include "io/cact.h"
@@ -14,10 +15,10 @@
 #include "io/safetensors.h"
 #include "model/cq.h"
 
-static const char *inspect_help =
+static const char *inspect_usage =
     "usage: needle inspect X.cact|X.safetensors [--dequant NAME [--out FILE]]\n"
-    "       needle inspect CKPT.pkl\n"
-    "\n"
+    "       needle inspect CKPT.pkl\n";
+static const char *inspect_about =
     "Validate a .cact archive and print its header geometry, codebooks and the\n"
     "tensor table (index, name, dtype, shape, bits, group, offset, bytes).\n"
     "A safetensors file (checkpoint or adapter, told by its content) is\n"
@@ -25,13 +26,7 @@ static const char *inspect_help =
     "tensor table (index, name, dtype, shape, offset, bytes).\n"
     "A pickle checkpoint is loaded as `needle eval` loads it: its generation\n"
     "(Needle 2 or 3, from the content), its config as the model reads it and the\n"
-    "model's tensors (name, shape).\n"
-    "\n"
-    "  --dequant NAME   write tensor NAME (an export name such as layer00.q_proj,\n"
-    "                   a safetensors tensor name, or #INDEX) as little-endian\n"
-    "                   float32 to stdout (safetensors: F32, F16, BF16, F64)\n"
-    "  --out FILE       with --dequant: write to FILE (atomically) instead; - is\n"
-    "                   stdout. FILE must be a regular file (or new), not the archive\n";
+    "model's tensors (name, shape).\n";
 
 static void print_codebooks(const cact_file *f);
 
@@ -298,29 +293,20 @@ static int inspect_checkpoint(const char *path)
 
 int cli_inspect(int argc, char **argv)
 {
-    const char *path = NULL, *deq = NULL, *out = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(inspect_help, stdout);
-            return 0;
-        }
-        if (a[0] != '-' || a[1] != '-') {
-            if (path)
-                return cli_usage_error("inspect", "unexpected argument '%s'", a);
-            path = a;
-            continue;
-        }
-        if (i + 1 >= argc)
-            return cli_usage_error("inspect", "%s needs a value", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "--dequant"))
-            deq = v;
-        else if (!strcmp(a, "--out"))
-            out = v;
-        else
-            return cli_usage_error("inspect", "unknown option '%s'", a);
-    }
+    const char *deq = NULL, *out = NULL;
+    cli_opt opts[] = {
+        {"--dequant", CLI_STR, &deq, 0, 0, "NAME", NULL,
+         "write tensor NAME (an export name such as layer00.q_proj, a safetensors tensor name, or "
+         "#INDEX) as little-endian float32 to stdout (safetensors: F32, F16, BF16, F64)",
+         0, 0},
+        {"--out", CLI_PATH, &out, 0, 0, "FILE", NULL,
+         "with --dequant: write to FILE (atomically) instead; - is stdout. FILE must be a regular "
+         "file (or new), not the archive",
+         0, 0},
+    };
+    cli_cmd cmd = {"inspect", inspect_usage, inspect_about, NULL, opts, CLI_NOPTS(opts), 1, {0}, 0};
+    CLI_PARSE(&cmd, argc, argv);
+    const char *path = cmd.n_pos ? cmd.pos[0] : NULL;
     if (!path)
         return cli_usage_error("inspect", "missing archive path");
     if (out && !deq)

@@ -9,38 +9,22 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "needle.h"
 #ifdef NEEDLE_HAVE_PLAYGROUND
 #include "cli/playground/playground.h"
 #endif
 
-static const char *playground_help =
+static const char *playground_usage =
     "usage: needle playground [--weights X.cact] [--port 7860] [--host 127.0.0.1]\n"
     "                         [--base CKPT.pkl] [--tokenizer FILE] [--workdir DIR]\n"
-    "                         [--max-new-tokens N] [--allow-origin ORIGIN]...\n"
-    "\n"
+    "                         [--max-new-tokens N] [--allow-origin ORIGIN]...\n";
+static const char *playground_about =
     "Serve a local web page to declare tools, chat with the model and see each\n"
     "call envelope, upload a .cact, and fine-tune -> build -> hot-load with live\n"
     "progress. Routes (upstream's): GET / /model /finetune/status /download/NAME,\n"
-    "POST /complete /reset /load-model /finetune.\n"
-    "\n"
-    "  --weights PATH      .cact archive to start with (default: the built-in base,\n"
-    "                      needle-nano.cact, when installed; else upload one)\n"
-    "  --port N            TCP port (default 7860; 0 picks a free one)\n"
-    "  --host ADDR         numeric address to bind (default 127.0.0.1); anything but\n"
-    "                      loopback is warned about: the page has no authentication\n"
-    "  --allow-origin ORIGIN  also answer requests for, and POSTs from, this origin\n"
-    "                      (http[s]://HOST[:PORT]): the name the page is served under\n"
-    "                      through a reverse proxy or on the LAN. Repeatable\n"
-    "  --base PATH         base checkpoint the fine-tune trains on (default\n"
-    "                      checkpoints/needle2.pkl when it is there, else the nano\n"
-    "                      base installed with needle)\n"
-    "  --tokenizer PATH    SentencePiece model for fine-tune and build (default\n"
-    "                      $NEEDLE_TOKENIZER, else tokenizer.model beside --base)\n"
-    "  --workdir DIR       where fine-tune files are written and served from (default\n"
-    "                      a new directory under $TMPDIR or /tmp)\n"
-    "  --max-new-tokens N  generation budget per query (default 256)\n"
-    "\n"
+    "POST /complete /reset /load-model /finetune.\n";
+static const char *playground_epilog =
     "Who it answers: only requests whose Host is the address it listens on\n"
     "(127.0.0.1:PORT, localhost:PORT, [::1]:PORT on loopback) or an --allow-origin\n"
     "name, else 403 (a DNS-rebinding page cannot read or drive it); a POST with an\n"
@@ -63,42 +47,48 @@ int cli_playground(int argc, char **argv)
 {
     const char *weights = NULL, *host = "127.0.0.1", *base = NULL;
     const char *tokenizer = NULL, *workdir = NULL;
-    const char *allow[16];
-    size_t n_allow = 0;
+    cli_strlist origins = {{0}, 0};
     long long port = 7860, max_new = 256;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(playground_help, stdout);
-            return 0;
-        }
-        if (i + 1 >= argc)
-            return cli_usage_error("playground", "unknown option or missing value: %s", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "--weights"))
-            weights = v;
-        else if (!strcmp(a, "--host"))
-            host = v;
-        else if (!strcmp(a, "--base"))
-            base = v;
-        else if (!strcmp(a, "--tokenizer"))
-            tokenizer = v;
-        else if (!strcmp(a, "--workdir"))
-            workdir = v;
-        else if (!strcmp(a, "--allow-origin")) {
-            if (n_allow == sizeof allow / sizeof allow[0])
-                return cli_usage_error("playground", "at most %zu --allow-origin values",
-                                       sizeof allow / sizeof allow[0]);
-            allow[n_allow++] = v;
-        } else if (!strcmp(a, "--port")) {
-            if (cli_parse_int("--port", v, 0, 65535, &port))
-                return 2;
-        } else if (!strcmp(a, "--max-new-tokens")) {
-            if (cli_parse_int("--max-new-tokens", v, 1, 1 << 20, &max_new))
-                return 2;
-        } else
-            return cli_usage_error("playground", "unknown option %s", a);
-    }
+    cli_opt opts[] = {
+        {"--weights", CLI_PATH, &weights, 0, 0, "PATH", NULL,
+         ".cact archive to start with (default: the built-in base, needle-nano.cact, when "
+         "installed; else upload one)",
+         0, 0},
+        {"--port", CLI_I64, &port, 0, 65535, "N", NULL,
+         "TCP port (default 7860; 0 picks a free one)", 0, 0},
+        {"--host", CLI_STR, &host, 0, 0, "ADDR", NULL,
+         "numeric address to bind (default 127.0.0.1); anything but loopback is warned about: the "
+         "page has no authentication",
+         0, 0},
+        {"--allow-origin", CLI_LIST, &origins, 0, 0, "ORIGIN", NULL,
+         "also answer requests for, and POSTs from, this origin (http[s]://HOST[:PORT]): the name "
+         "the page is served under through a reverse proxy or on the LAN. Repeatable",
+         0, 0},
+        {"--base", CLI_PATH, &base, 0, 0, "PATH", NULL,
+         "base checkpoint the fine-tune trains on (default checkpoints/needle2.pkl when it is "
+         "there, else the nano base installed with needle)",
+         0, 0},
+        CLI_OPT_TOKENIZER(&tokenizer, "SentencePiece model for fine-tune and build (default "
+                                      "$NEEDLE_TOKENIZER, else tokenizer.model beside --base)"),
+        {"--workdir", CLI_DIR, &workdir, 0, 0, "DIR", NULL,
+         "where fine-tune files are written and served from (default a new directory under "
+         "$TMPDIR or /tmp)",
+         0, 0},
+        {"--max-new-tokens", CLI_I64, &max_new, 1, 1 << 20, "N", NULL,
+         "generation budget per query (default 256)", 0, 0},
+    };
+    cli_cmd cmd = {"playground",
+                   playground_usage,
+                   playground_about,
+                   playground_epilog,
+                   opts,
+                   CLI_NOPTS(opts),
+                   0,
+                   {0},
+                   0};
+    CLI_PARSE(&cmd, argc, argv);
+    const char *const *allow = origins.v;
+    size_t n_allow = origins.n;
 #ifndef NEEDLE_HAVE_PLAYGROUND
     (void)weights, (void)host, (void)base, (void)tokenizer, (void)workdir, (void)allow,
         (void)n_allow;

@@ -3,50 +3,34 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/status.h"
 #include "train/loss_plot.h"
 
-static const char *plot_loss_help =
-    "usage: needle plot-loss LOSS.jsonl --out CURVE.svg [options]\n"
-    "\n"
+static const char *plot_loss_usage =
+    "usage: needle plot-loss LOSS.jsonl --out CURVE.svg [options]\n";
+static const char *plot_loss_about =
     "Draw the loss curve of a `needle finetune --loss-log` file as an SVG picture:\n"
     "the train loss of every logged step (thin line, no downsampling), its\n"
     "exponential moving average (thick line), validation losses (dots), axes with\n"
-    "ticks and labels, and a title.\n"
-    "\n"
-    "  --out PATH      the SVG to write (required; written atomically)\n"
-    "  --title TEXT    title (default: \"Training loss\" and the log's name)\n"
-    "  --smooth X      EMA weight of the past in [0, 1) (default 0.9; 0 = none)\n";
+    "ticks and labels, and a title.\n";
 
 int cli_plot_loss(int argc, char **argv)
 {
-    const char *in = NULL, *out = NULL, *title = NULL;
+    const char *out = NULL, *title = NULL;
     double smooth = 0.9;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(plot_loss_help, stdout);
-            return 0;
-        }
-        if (a[0] != '-' || a[1] != '-') {
-            if (in)
-                return cli_usage_error("plot-loss", "unexpected argument '%s'", a);
-            in = a;
-            continue;
-        }
-        if (i + 1 >= argc)
-            return cli_usage_error("plot-loss", "%s needs a value", a);
-        const char *val = argv[++i];
-        if (!strcmp(a, "--out"))
-            out = val;
-        else if (!strcmp(a, "--title"))
-            title = val;
-        else if (!strcmp(a, "--smooth")) {
-            if (cli_parse_double(a, val, &smooth) || !(smooth >= 0 && smooth < 1))
-                return cli_usage_error("plot-loss", "--smooth must be in [0, 1)");
-        } else
-            return cli_usage_error("plot-loss", "unknown option '%s'", a);
-    }
+    cli_opt opts[] = {
+        {"--out", CLI_PATH, &out, 0, 0, "PATH", NULL,
+         "the SVG to write (required; written atomically)", 0, 0},
+        {"--title", CLI_STR, &title, 0, 0, "TEXT", NULL,
+         "title (default: \"Training loss\" and the log's name)", 0, 0},
+        {"--smooth", CLI_FLOAT, &smooth, 0, 1, "X", NULL,
+         "EMA weight of the past in [0, 1) (default 0.9; 0 = none)", CLI_HI_OPEN, 0},
+    };
+    cli_cmd cmd = {
+        "plot-loss", plot_loss_usage, plot_loss_about, NULL, opts, CLI_NOPTS(opts), 1, {0}, 0};
+    CLI_PARSE(&cmd, argc, argv);
+    const char *in = cmd.n_pos ? cmd.pos[0] : NULL;
     if (!in)
         return cli_usage_error("plot-loss", "missing LOSS.jsonl");
     if (!out)

@@ -4,33 +4,12 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/status.h"
 #include "io/jsonl.h"
 #include "text/pyjson.h"
 #include "text/render.h"
 #include "text/tokenizer.h"
-
-static void help(FILE *f)
-{
-    fprintf(f, "usage: needle render DATA.jsonl [--tokenizer M.model] [--line N] [--max-len N]\n"
-               "                     [--generation 2|3] [--skip-bad] [--json]\n"
-               "\n"
-               "Prints each example's rendered prompt and target (the chat template used\n"
-               "for fine-tuning) and, with a tokenizer, its token ids and loss mask exactly\n"
-               "as training builds them: [BOS] + enc(prompt) + enc(target) + [EOS], mask 0\n"
-               "on BOS and prompt, 1 on target and EOS, cut/padded to the dataset's max_len.\n"
-               "\n"
-               "  --tokenizer PATH  .model or tokenizer blob (default: $NEEDLE_TOKENIZER;\n"
-               "                    without one only the text is shown)\n"
-               "  --generation G    the model generation whose template to use: 2 (Needle 2,\n"
-               "                    the default) or 3 (Needle 3: <think> only with reasoning,\n"
-               "                    system/reasoning stripped, raw non-ASCII in the JSON)\n"
-               "  --line N          only the example on line N of the file\n"
-               "  --max-len N       cap for the sequence length (default 1024)\n"
-               "  --skip-bad        skip and count invalid lines instead of failing\n"
-               "  --json            one JSON object per example: line, prompt, target, ids,\n"
-               "                    mask (padded to max_len), length, truncated\n");
-}
 
 static void put_json_str(const char *s, size_t n)
 {
@@ -95,36 +74,43 @@ static void print_example(const nd_example *ex, const nd_tokenizer *tok, const n
 
 int cli_render(int argc, char **argv)
 {
-    const char *data = NULL, *tok_path = NULL;
+    const char *tok_path = NULL;
     long long line = 0, cap = 1024, gen = 2;
     int skip_bad = 0, json = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            help(stdout);
-            return 0;
-        } else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) {
-            tok_path = argv[++i];
-        } else if (!strcmp(argv[i], "--line") && i + 1 < argc) {
-            if (cli_parse_int("--line", argv[++i], 1, (long long)1 << 40, &line))
-                return 2;
-        } else if (!strcmp(argv[i], "--max-len") && i + 1 < argc) {
-            if (cli_parse_int("--max-len", argv[++i], 1, 1 << 24, &cap))
-                return 2;
-        } else if (!strcmp(argv[i], "--generation") && i + 1 < argc) {
-            if (cli_parse_int("--generation", argv[++i], 2, 3, &gen))
-                return 2;
-        } else if (!strcmp(argv[i], "--skip-bad")) {
-            skip_bad = 1;
-        } else if (!strcmp(argv[i], "--json")) {
-            json = 1;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            return cli_usage_error("render", "unknown option '%s'", argv[i]);
-        } else if (!data) {
-            data = argv[i];
-        } else {
-            return cli_usage_error("render", "unexpected argument '%s'", argv[i]);
-        }
-    }
+    cli_opt copts[] = {
+        CLI_OPT_TOKENIZER(&tok_path, ".model or tokenizer blob (default: $NEEDLE_TOKENIZER; "
+                                     "without one only the text is shown)"),
+        {"--generation", CLI_I64, &gen, 2, 3, "G", NULL,
+         "the model generation whose template to use: 2 (Needle 2, the default) or 3 (Needle 3: "
+         "<think> only with reasoning, system/reasoning stripped, raw non-ASCII in the JSON)",
+         0, 0},
+        {"--line", CLI_I64, &line, 1, (double)(1LL << 40), "N", NULL,
+         "only the example on line N of the file", 0, 0},
+        {"--max-len", CLI_I64, &cap, 1, 1 << 24, "N", NULL,
+         "cap for the sequence length (default 1024)", 0, 0},
+        {"--skip-bad", CLI_FLAG, &skip_bad, 0, 0, NULL, NULL,
+         "skip and count invalid lines instead of failing", 0, 0},
+        {"--json", CLI_FLAG, &json, 0, 0, NULL, NULL,
+         "one JSON object per example: line, prompt, target, ids, mask (padded to max_len), "
+         "length, truncated",
+         0, 0},
+    };
+    cli_cmd cmd = {
+        "render",
+        "usage: needle render DATA.jsonl [--tokenizer M.model] [--line N] [--max-len N]\n"
+        "                     [--generation 2|3] [--skip-bad] [--json]\n",
+        "Prints each example's rendered prompt and target (the chat template used\n"
+        "for fine-tuning) and, with a tokenizer, its token ids and loss mask exactly\n"
+        "as training builds them: [BOS] + enc(prompt) + enc(target) + [EOS], mask 0\n"
+        "on BOS and prompt, 1 on target and EOS, cut/padded to the dataset's max_len.\n",
+        NULL,
+        copts,
+        CLI_NOPTS(copts),
+        1,
+        {0},
+        0};
+    CLI_PARSE(&cmd, argc, argv);
+    const char *data = cmd.n_pos ? cmd.pos[0] : NULL;
     if (!data)
         return cli_usage_error("render", "missing DATA.jsonl");
     if (!tok_path && getenv("NEEDLE_TOKENIZER") && *getenv("NEEDLE_TOKENIZER"))

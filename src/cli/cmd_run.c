@@ -6,41 +6,23 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/fileio.h"
 #include "core/status.h"
 #include "needle.h"
 
-static const char *run_help =
+static const char *run_usage =
     "usage: needle run [--weights X.cact] --tools tools.json [--system S]\n"
     "                  [--tool-index PATH] [--max-new-tokens N] [--kv-window N]\n"
     "                  [--interactive] [QUERY]\n"
     "       needle run --checkpoint X.pkl [--query TEXT] [--max-len N] ...\n"
     "                  (upstream's plain greedy continuation; see\n"
-    "                  `needle run --checkpoint X --help`)\n"
-    "\n"
+    "                  `needle run --checkpoint X --help`)\n";
+static const char *run_about =
     "Prints one JSON envelope per turn: type (call|respond), success, error,\n"
     "error_code, function_calls, reasoning, confidence (the archive's confidence\n"
     "head and the call's minimum token probability, whichever is lower),\n"
-    "prefill_tps, decode_tps, peak_ram_mb.\n"
-    "\n"
-    "  --weights PATH      .cact archive (needle build); default: the built-in\n"
-    "                      base (needle-nano.cact beside the program or library,\n"
-    "                      ../share/needle, or $NEEDLE_BASE_WEIGHTS)\n"
-    "  --tools PATH        JSON array of tools {name, description, parameters}\n"
-    "  --system TEXT       system facts (optional)\n"
-    "  --tool-index PATH   with more than 5 tools, keep the tool embeddings of\n"
-    "                      retrieval in this file (reused while the tools and\n"
-    "                      the model match, else rebuilt)\n"
-    "  --max-new-tokens N  generation budget per turn (default 256)\n"
-    "  --kv-window N       keep and attend to the last N positions (plus the\n"
-    "                      pinned system + tools prefix) instead of the\n"
-    "                      archive's kv_window: 256 is the small-memory choice\n"
-    "                      (sets $NEEDLE_KV_WINDOW, which the library reads)\n"
-    "  --interactive       keep the session: read follow-ups from stdin, one per\n"
-    "                      line (after a call, a line is the tool result);\n"
-    "                      ':reset' rewinds to the tools, ':quit' or EOF ends\n"
-    "\n"
-    "Schema warnings (ignored keywords) go to stderr.\n";
+    "prefill_tps, decode_tps, peak_ram_mb.\n";
 
 static int turn(needle_session *s, const char *q, int max_new, char *buf, int cap)
 {
@@ -69,46 +51,42 @@ int cli_run(int argc, char **argv)
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--checkpoint"))
             return cli_run_checkpoint(argc, argv);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(run_help, stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--interactive")) {
-            interactive = 1;
-            continue;
-        }
-        if (a[0] != '-' || !a[1]) {
-            if (query)
-                return cli_usage_error("run", "unexpected argument '%s'", a);
-            query = a;
-            continue;
-        }
-        if (i + 1 >= argc)
-            return cli_usage_error("run", "%s needs a value", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "--weights"))
-            weights = v;
-        else if (!strcmp(a, "--tools"))
-            tools = v;
-        else if (!strcmp(a, "--system"))
-            system = v;
-        else if (!strcmp(a, "--tool-index"))
-            index = v;
-        else if (!strcmp(a, "--max-new-tokens")) {
-            if (cli_parse_int(a, v, 1, 1 << 20, &max_new))
-                return 2;
-        } else if (!strcmp(a, "--kv-window")) {
-            long long kvw;
-            if (cli_parse_int(a, v, 1, 1 << 24, &kvw))
-                return 2;
-            char num[32];
-            snprintf(num, sizeof num, "%lld", kvw);
-            if (setenv("NEEDLE_KV_WINDOW", num, 1))
-                return cli_usage_error("run", "cannot set NEEDLE_KV_WINDOW");
-        } else
-            return cli_usage_error("run", "unknown option '%s'", a);
+    long long kvw = 0;
+    cli_opt opts[] = {
+        {"--weights", CLI_PATH, &weights, 0, 0, "PATH", NULL,
+         ".cact archive (needle build); default: the built-in base (needle-nano.cact beside the "
+         "program or library, ../share/needle, or $NEEDLE_BASE_WEIGHTS)",
+         0, 0},
+        {"--tools", CLI_PATH, &tools, 0, 0, "PATH", NULL,
+         "JSON array of tools {name, description, parameters}", 0, 0},
+        {"--system", CLI_STR, &system, 0, 0, "TEXT", NULL, "system facts (optional)", 0, 0},
+        {"--tool-index", CLI_PATH, &index, 0, 0, "PATH", NULL,
+         "with more than 5 tools, keep the tool embeddings of retrieval in this file (reused "
+         "while the tools and the model match, else rebuilt)",
+         0, 0},
+        {"--max-new-tokens", CLI_I64, &max_new, 1, 1 << 20, "N", NULL,
+         "generation budget per turn (default 256)", 0, 0},
+        {"--kv-window", CLI_I64, &kvw, 1, 1 << 24, "N", NULL,
+         "keep and attend to the last N positions (plus the pinned system + tools prefix) "
+         "instead of the archive's kv_window: 256 is the small-memory choice (sets "
+         "$NEEDLE_KV_WINDOW, which the library reads)",
+         0, 0},
+        {"--interactive", CLI_FLAG, &interactive, 0, 0, NULL, NULL,
+         "keep the session: read follow-ups from stdin, one per line (after a call, a line is the "
+         "tool result); ':reset' rewinds to the tools, ':quit' or EOF ends",
+         0, 0},
+    };
+    cli_cmd cmd = {
+        "run", run_usage,       run_about, "Schema warnings (ignored keywords) go to stderr.\n",
+        opts,  CLI_NOPTS(opts), 1,         {0},
+        0};
+    CLI_PARSE(&cmd, argc, argv);
+    query = cmd.n_pos ? cmd.pos[0] : NULL;
+    if (kvw) {
+        char num[32];
+        snprintf(num, sizeof num, "%lld", kvw);
+        if (setenv("NEEDLE_KV_WINDOW", num, 1))
+            return cli_usage_error("run", "cannot set NEEDLE_KV_WINDOW");
     }
     char base[4096];
     if (!weights) {

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/fileio.h"
 #include "core/status.h"
 #include "engine/engine.h"
@@ -18,11 +19,11 @@
 #include "text/render.h"
 #include "text/tokenizer.h"
 
-static const char *run_checkpoint_help =
+static const char *run_checkpoint_usage =
     "usage: needle run --checkpoint X.pkl|X.safetensors [--query TEXT] [--max-len N]\n"
     "                  [--seed N] [--tools JSON|FILE] [--no-constrained] [--tokenizer M]\n"
-    "                  [--device D] [--threads N]\n"
-    "\n"
+    "                  [--device D] [--threads N]\n";
+static const char *run_checkpoint_about =
     "Upstream's `needle run`: greedy plain-text continuation of TEXT (default \"The\n"
     "most surprising thing about\") from the checkpoint's float weights. Prints\n"
     "`prompt: '<TEXT>'`, then the continuation as it is decoded, then a newline;\n"
@@ -30,17 +31,7 @@ static const char *run_checkpoint_help =
     "max_seq_len. Needle 2: each step runs the float forward over the whole\n"
     "prefix (as upstream does), so long continuations of big models are slow.\n"
     "Needle 3 (on the CPU): the engine's incremental float forward (KV cache,\n"
-    "sliding-window and global layers, conv-tap state), the same logits.\n"
-    "\n"
-    "  --tools FILE         Needle 3 (3.x's run.py): the prompt becomes the 3.x\n"
-    "                       chat template of {query, tools} read from FILE (a\n"
-    "                       JSON list; empty: the bare query). Needle 2 ignores it\n"
-    "  --seed, --no-constrained  accepted for upstream's command lines;\n"
-    "                       upstream's plain mode ignores them (greedy decoding\n"
-    "                       draws nothing; tool calls: use --weights X.cact)\n"
-    "  --tokenizer M        default $NEEDLE_TOKENIZER, else tokenizer.model beside\n"
-    "                       the checkpoint\n"
-    "  --device D           auto|cpu|cuda[:N]|vulkan[:N] (default cpu)\n";
+    "sliding-window and global layers, conv-tap state), the same logits.\n";
 
 /* Python's repr() of a str, for the "prompt: ..." line: single quotes
  * unless the text holds ' and no ", escapes for controls. */
@@ -123,44 +114,44 @@ int cli_run_checkpoint(int argc, char **argv)
 {
     const char *ckpt = NULL, *query = NULL, *tok_flag = NULL, *device = "cpu", *tools = NULL;
     long long max_len = 512, seed = 0, threads = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(run_checkpoint_help, stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--no-constrained"))
-            continue;
-        if (a[0] != '-' || a[1] != '-')
-            return cli_usage_error("run",
-                                   "unexpected argument '%s' (with --checkpoint the "
-                                   "text goes in --query)",
-                                   a);
-        if (i + 1 >= argc)
-            return cli_usage_error("run", "%s needs a value", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "--checkpoint"))
-            ckpt = v;
-        else if (!strcmp(a, "--query"))
-            query = v;
-        else if (!strcmp(a, "--tools"))
-            tools = v; /* Needle 3 renders it; upstream 2.x's plain mode ignores it */
-        else if (!strcmp(a, "--tokenizer"))
-            tok_flag = v;
-        else if (!strcmp(a, "--device"))
-            device = v;
-        else if (!strcmp(a, "--max-len")) {
-            if (cli_parse_int(a, v, 1, 1 << 20, &max_len))
-                return 2;
-        } else if (!strcmp(a, "--seed")) {
-            if (cli_parse_int(a, v, 0, INT64_MAX, &seed))
-                return 2;
-        } else if (!strcmp(a, "--threads")) {
-            if (cli_parse_int(a, v, 1, 1024, &threads))
-                return 2;
-        } else
-            return cli_usage_error("run", "unknown option '%s' with --checkpoint", a);
-    }
+    int no_constrained = 0;
+    cli_opt opts[] = {
+        CLI_OPT_CHECKPOINT(&ckpt, "the checkpoint (pickle or safetensors; a missing one is "
+                                  "downloaded from Hugging Face as upstream does)"),
+        {"--query", CLI_STR, &query, 0, 0, "TEXT", NULL,
+         "the text to continue (default \"The most surprising thing about\")", 0, 0},
+        {"--max-len", CLI_I64, &max_len, 1, 1 << 20, "N", NULL, "new tokens at most (default 512)",
+         0, 0},
+        {"--tools", CLI_PATH, &tools, 0, 0, "FILE", NULL,
+         "Needle 3 (3.x's run.py): the prompt becomes the 3.x chat template of {query, tools} "
+         "read from FILE (a JSON list; empty: the bare query). Needle 2 ignores it",
+         0, 0},
+        {"--seed", CLI_I64, &seed, 0, (double)INT64_MAX, "N", NULL,
+         "accepted for upstream's command lines; upstream's plain mode ignores it (greedy "
+         "decoding draws nothing)",
+         0, 0},
+        {"--no-constrained", CLI_FLAG, &no_constrained, 0, 0, NULL, NULL,
+         "accepted for upstream's command lines and ignored (tool calls: use --weights X.cact)", 0,
+         0},
+        CLI_OPT_TOKENIZER(&tok_flag, CLI_TOKENIZER_HELP),
+        CLI_OPT_DEVICE(&device, "auto|cpu|cuda[:N]|vulkan[:N] (default cpu)"),
+        CLI_OPT_THREADS(&threads),
+    };
+    cli_cmd cmd = {"run --checkpoint",
+                   run_checkpoint_usage,
+                   run_checkpoint_about,
+                   NULL,
+                   opts,
+                   CLI_NOPTS(opts),
+                   CLI_MAX_POS,
+                   {0},
+                   0};
+    CLI_PARSE(&cmd, argc, argv);
+    if (cmd.n_pos)
+        return cli_usage_error("run",
+                               "unexpected argument '%s' (with --checkpoint the text goes in "
+                               "--query)",
+                               cmd.pos[0]);
     if (!ckpt)
         return cli_usage_error("run", "--checkpoint X.pkl is required");
     const char *prompt = query ? query : "The most surprising thing about";

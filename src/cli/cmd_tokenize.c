@@ -8,23 +8,10 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/fileio.h"
 #include "core/status.h"
 #include "text/tokenizer.h"
-
-static void help(FILE *f)
-{
-    fprintf(f, "usage: needle tokenize [--tokenizer M.model] [--decode] [--pieces] [--time]\n"
-               "\n"
-               "Reads stdin line by line. Without --decode, prints each line's token ids\n"
-               "separated by spaces (as `spm_encode --output_format=id`); with --decode,\n"
-               "reads space-separated ids per line and prints the text.\n"
-               "\n"
-               "  --tokenizer PATH  SentencePiece .model or .cact tokenizer blob\n"
-               "                    (default: $NEEDLE_TOKENIZER)\n"
-               "  --pieces          print piece strings instead of ids\n"
-               "  --time            report bytes, tokens and throughput on stderr\n");
-}
 
 const char *cli_tokenizer_path(const char *flag_value, const char *checkpoint, char *buf, size_t n)
 {
@@ -192,26 +179,32 @@ int cli_tokenize(int argc, char **argv)
     const char *tok_path = NULL;
     const char *blob_out = NULL;
     int decode = 0, pieces = 0, timing = 0, whole = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            help(stdout);
-            return 0;
-        } else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc) {
-            tok_path = argv[++i];
-        } else if (!strcmp(argv[i], "--decode")) {
-            decode = 1;
-        } else if (!strcmp(argv[i], "--pieces")) {
-            pieces = 1;
-        } else if (!strcmp(argv[i], "--whole")) {
-            whole = 1;
-        } else if (!strcmp(argv[i], "--export-blob") && i + 1 < argc) {
-            blob_out = argv[++i];
-        } else if (!strcmp(argv[i], "--time")) {
-            timing = 1;
-        } else {
-            return cli_usage_error("tokenize", "unexpected argument '%s'", argv[i]);
-        }
-    }
+    cli_opt opts[] = {
+        CLI_OPT_TOKENIZER(
+            &tok_path, "SentencePiece .model or .cact tokenizer blob (default: $NEEDLE_TOKENIZER)"),
+        {"--decode", CLI_FLAG, &decode, 0, 0, NULL, NULL,
+         "read space-separated ids per line and print the text", 0, 0},
+        {"--pieces", CLI_FLAG, &pieces, 0, 0, NULL, NULL, "print piece strings instead of ids", 0,
+         0},
+        {"--whole", CLI_FLAG, &whole, 0, 0, NULL, NULL,
+         "encode all of stdin as one text (newlines included) instead of line by line", 0, 0},
+        {"--export-blob", CLI_PATH, &blob_out, 0, 0, "FILE", NULL,
+         "write the tokenizer as a .cact tokenizer blob to FILE instead of reading stdin", 0, 0},
+        {"--time", CLI_FLAG, &timing, 0, 0, NULL, NULL,
+         "report bytes, tokens and throughput on stderr", 0, 0},
+    };
+    cli_cmd cmd = {"tokenize",
+                   "usage: needle tokenize [--tokenizer M.model] [--decode] [--pieces] [--time]\n",
+                   "Reads stdin line by line. Without --decode, prints each line's token ids\n"
+                   "separated by spaces (as `spm_encode --output_format=id`); with --decode,\n"
+                   "reads space-separated ids per line and prints the text.\n",
+                   NULL,
+                   opts,
+                   CLI_NOPTS(opts),
+                   0,
+                   {0},
+                   0};
+    CLI_PARSE(&cmd, argc, argv);
     if (blob_out &&
         cli_check_output(blob_out, "tokenizer", tok_path, "tokenizer ($NEEDLE_TOKENIZER)",
                          tok_path ? NULL : getenv("NEEDLE_TOKENIZER"), (const char *)NULL))

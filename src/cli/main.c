@@ -4,12 +4,9 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 
-static const struct {
-    const char *name;
-    int (*fn)(int argc, char **argv);
-    const char *help;
-} commands[] = {
+static const cli_command commands[] = {
     {"init", cli_init, "write a fresh random base checkpoint (upstream pickle format)"},
     {"eval", cli_eval, "next-token loss (and logits) of a checkpoint on token sequences"},
     {"finetune", cli_finetune, "LoRA fine-tune a base checkpoint on JSONL examples"},
@@ -53,6 +50,12 @@ int main(int argc, char **argv)
         printf("needle %s\n", NEEDLE_VERSION_STRING);
         return 0;
     }
+    /* hidden: the man page and the bash completion, from the option tables
+     * (built and installed with the program) */
+    if (!strcmp(argv[1], "--man") && argc == 2)
+        return cli_gen_man(stdout, commands, sizeof commands / sizeof commands[0]);
+    if (!strcmp(argv[1], "--completion") && argc == 3 && !strcmp(argv[2], "bash"))
+        return cli_gen_completion(stdout, commands, sizeof commands / sizeof commands[0]);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name))
             return commands[i].fn(argc - 1, argv + 1);

@@ -13,6 +13,7 @@
 
 #include "core/fastmath.h"
 #include "engine/attention.h"
+#include "engine/simd_x86.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -63,37 +64,6 @@ T_A3 static inline void transpose16(const float *src, int ld, float *dst)
     }
 }
 
-/* san_expf on lanes x <= 0: its range reduction, polynomial and order */
-T_A3 static inline __m512 exp16(__m512 x)
-{
-    const __m512 lo = _mm512_set1_ps(-87.3f), magic = _mm512_set1_ps(12582912.0f);
-    __m512 xc = _mm512_max_ps(x, lo);
-    __m512 kf = _mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)), magic);
-    __m512i kb = _mm512_castps_si512(kf);
-    kf = _mm512_sub_ps(kf, magic);
-    __m512 r = _mm512_sub_ps(xc, _mm512_mul_ps(kf, _mm512_set1_ps(0.693359375f)));
-    r = _mm512_sub_ps(r, _mm512_mul_ps(kf, _mm512_set1_ps(-2.12194440e-4f)));
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r),
-                      _mm512_set1_ps(1.0f));
-    __m512i e =
-        _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(kb, _mm512_set1_epi32(0x4B400000)),
-                                           _mm512_set1_epi32(127)),
-                          23);
-    __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), y);
-}
-
-T_A3 static inline __m512 i8_16(const int8_t *p)
-{
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-}
-
 #define A3(name) name##_avx512
 #define W 16
 #define VF __m512
@@ -110,8 +80,8 @@ T_A3 static inline __m512 i8_16(const int8_t *p)
 #define VMAX(a, b) _mm512_max_ps(a, b)
 #define VTRANSPOSE(s, ld, d) transpose16(s, ld, d)
 #define VHMAX(v) _mm512_reduce_max_ps(v)
-#define VEXP(v) exp16(v)
-#define VI8(p) i8_16(p)
+#define VEXP(v) nd_exp16_ps(v)
+#define VI8(p) nd_i8x16_ps(p)
 #include "engine/attention3_x86_impl.h"
 #undef A3
 #undef W

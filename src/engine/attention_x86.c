@@ -13,16 +13,11 @@
 
 #include "engine/amx.h"
 #include "engine/attention.h"
+#include "engine/simd_x86.h"
 #include "engine/qmat.h"
 
 #define T_ATT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 #define ATT_KEYS 16
-
-/* 16 int8 values as floats */
-T_ATT static inline __m512 load_i8_ps(const int8_t *p)
-{
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-}
 
 /* lane c = the sum of a[c]'s lanes: pairs of vectors interleave and add
  * (4 levels), so 16 dot products cost 15 adds instead of 16 reductions */
@@ -42,34 +37,6 @@ T_ATT static inline __m512 sum16(const __m512 a[16])
                              _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
     return _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x88),
                          _mm512_shuffle_f32x4(v[0], v[1], 0xDD));
-}
-
-/* san_expf (core/fastmath.h) on 16 lanes, for x <= 0: the same reduction,
- * polynomial and operation order */
-T_ATT static inline __m512 exp_ps(__m512 x)
-{
-    const float lo = -87.3f;
-    __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(lo));
-    __m512 kf = _mm512_add_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                              _mm512_set1_ps(12582912.0f));
-    __m512i kb = _mm512_castps_si512(kf);
-    kf = _mm512_sub_ps(kf, _mm512_set1_ps(12582912.0f));
-    __m512 r = _mm512_sub_ps(xc, _mm512_mul_ps(kf, _mm512_set1_ps(0.693359375f)));
-    r = _mm512_sub_ps(r, _mm512_mul_ps(kf, _mm512_set1_ps(-2.12194440e-4f)));
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r),
-                      _mm512_set1_ps(1.0f));
-    __m512i e =
-        _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(kb, _mm512_set1_epi32(0x4B400000)),
-                                           _mm512_set1_epi32(127)),
-                          23);
-    __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_GE_OQ), y);
 }
 
 static inline __mmask16 first_lanes(int nb)
@@ -143,7 +110,7 @@ T_ATT static void convert_rows(float *buf, const int8_t *rows, size_t stride, in
         if (j + c + ATT_KEYS < prefetch_end)
             _mm_prefetch((const char *)(r + ATT_KEYS * stride), _MM_HINT_T0);
         for (int e = 0; e < hd; e += 16)
-            _mm512_store_ps(buf + (size_t)c * hd + e, load_i8_ps(r + e));
+            _mm512_store_ps(buf + (size_t)c * hd + e, nd_i8x16_ps(r + e));
     }
     if (nb < ATT_KEYS)
         memset(buf + (size_t)nb * hd, 0, sizeof(float) * (size_t)(ATT_KEYS - nb) * hd);
@@ -208,7 +175,7 @@ T_ATT static void convert_keys_t(float *kt, const int8_t *rows, size_t stride, i
     for (int e = 0; e < hd; e += 16) {
         __m512 f[ATT_KEYS];
         for (int c = 0; c < ATT_KEYS; c++)
-            f[c] = c < nb ? load_i8_ps(rows + (size_t)(j + c) * stride + e) : _mm512_setzero_ps();
+            f[c] = c < nb ? nd_i8x16_ps(rows + (size_t)(j + c) * stride + e) : _mm512_setzero_ps();
         transpose16_ps(f);
         for (int c = 0; c < ATT_KEYS; c++)
             _mm512_store_ps(kt + (size_t)(e + c) * ATT_KEYS, f[c]);
@@ -322,7 +289,7 @@ T_ATT static void softmax_rows(const nd_att_block *b, int ranges[2][2])
                                  _mm512_cmple_epi32_mask(idx, _mm512_set1_epi32(p)) &
                                  first_lanes(nb);
                 __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(seen, sc + j), mxv);
-                __m512 w = _mm512_maskz_mov_ps(seen, exp_ps(x));
+                __m512 w = _mm512_maskz_mov_ps(seen, nd_exp16_ps(x));
                 sum = _mm512_add_ps(sum, w);
                 _mm512_mask_storeu_ps(sc + j, first_lanes(nb), w);
             }
@@ -576,9 +543,9 @@ T_AMXBF static void values_amx(const nd_att_block *b, int ranges[2][2])
                         const int8_t *v0 = b->v8 + (size_t)(j + k0) * stride + e0;
                         const int8_t *v1 = v0 + stride;
                         for (int t = 0; t < 4 && e0 + 16 * t < hd; t++) {
-                            __m512i x0 = k0 < nb ? _mm512_castps_si512(load_i8_ps(v0 + 16 * t))
+                            __m512i x0 = k0 < nb ? _mm512_castps_si512(nd_i8x16_ps(v0 + 16 * t))
                                                  : _mm512_setzero_si512();
-                            __m512i x1 = k1 < nb ? _mm512_castps_si512(load_i8_ps(v1 + 16 * t))
+                            __m512i x1 = k1 < nb ? _mm512_castps_si512(nd_i8x16_ps(v1 + 16 * t))
                                                  : _mm512_setzero_si512();
                             _mm512_store_si512(vb[t][kp],
                                                _mm512_or_si512(_mm512_srli_epi32(x0, 16),

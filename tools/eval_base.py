@@ -28,6 +28,11 @@ scores them):
              assertions and the strict reading (right call and arguments);
              with --weights other than the built-in base this part is
              skipped (the library loads the base beside it);
+  bfcl       with --bfcl DIR (tools/bfcl_data.py convert's output): zero-shot
+             on DIR/test.jsonl, Berkeley Function-Calling Leaderboard data
+             written outside this project: tool names, exact arguments
+             (the first acceptable value of each) and arguments accepted by
+             BFCL's rules (any acceptable value, optional ones left out);
   finetune   with --finetune TRAIN TEST: `needle finetune TRAIN --epochs E`
              (the checkpoint's recommended settings) from --checkpoint,
              then eval-calls on TEST in float (--checkpoint --lora) and
@@ -60,6 +65,19 @@ def eval_calls(a, data, preds, model=None):
     return json.loads(sh(cmd))
 
 
+def bfcl_score(pred, data):
+    p = subprocess.run([PY, os.path.join(ROOT, "tools", "bfcl_data.py"), "score", pred, data, "--json"],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"eval_base: bfcl_data.py score: {p.stderr[-1000:]}")
+    return json.loads(p.stdout)
+
+
+def has_bfcl(data):
+    with open(data) as fh:
+        return "bfcl_accept" in json.loads(fh.readline())
+
+
 def pct(r):
     return "—" if r is None else f"{100 * r:.1f}%"
 
@@ -79,14 +97,19 @@ def main():
     ap.add_argument("--parts", default="synthetic,real,first-tool,upstream",
                     help="comma-separated parts (default all but finetune)")
     ap.add_argument("--finetune", nargs=2, metavar=("TRAIN", "TEST"))
+    ap.add_argument("--bfcl", help="tools/bfcl_data.py convert's output folder (part bfcl)")
     ap.add_argument("--epochs", type=int, default=10, help="fine-tune epochs (default 10)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", default=os.path.join(ROOT, "build", "eval-base"))
     a = ap.parse_args()
     parts = [p.strip() for p in a.parts.split(",") if p.strip()]
+    if a.bfcl and "bfcl" not in parts:
+        parts.append("bfcl")
     for p in parts:
-        if p not in ("synthetic", "real", "first-tool", "upstream"):
+        if p not in ("synthetic", "real", "first-tool", "upstream", "bfcl"):
             ap.error(f"--parts: unknown part {p!r}")
+    if "bfcl" in parts and not a.bfcl:
+        ap.error("--parts bfcl needs --bfcl DIR")
     if a.weights and a.checkpoint:
         ap.error("--weights and --checkpoint exclude each other")
     if not os.path.exists(a.needle):
@@ -146,6 +169,19 @@ def main():
                      f"{pct(right / max(len(exs), 1))} of examples "
                      f"({provs_ok} of {len(by_prov)} providers); exact args "
                      f"{pct(r['all']['exact_args']['rate'])}"))
+    if "bfcl" in parts:
+        test = os.path.join(a.bfcl, "test.jsonl")
+        with open(test) as src, open(f("bfcl.jsonl"), "w") as dst:
+            for i, line in enumerate(src):
+                if i < a.num:
+                    dst.write(line)
+        r = eval_calls(a, f("bfcl.jsonl"), f("bfcl.pred.jsonl"))
+        b = bfcl_score(f("bfcl.pred.jsonl"), f("bfcl.jsonl"))
+        r["bfcl"] = b
+        scores["bfcl"] = r
+        rows.append(("zero-shot, BFCL test split (written outside this project)", r["all"]["examples"],
+                     f"{pct(r['all']['tool_name']['rate'])} / {pct(r['all']['exact_args']['rate'])}"
+                     f" (BFCL-accepted args {pct(b['bfcl_args'])})"))
     if "upstream" in parts:
         if a.checkpoint or os.path.realpath(a.weights) != os.path.realpath(builtin):
             rows.append(("upstream tests/test_inference.py", 5, "skipped (not the built-in base)"))
@@ -176,9 +212,14 @@ def main():
             ft[f"{bits}-bit"] = eval_calls(a, test, f(f"ft-{bits}bit.pred.jsonl"), ["--weights", cact])
         scores["finetune"] = ft
         for k, r in ft.items():
+            extra = ""
+            if has_bfcl(test):
+                b = bfcl_score(f(f"ft-{k.replace('-', '')}.pred.jsonl"), test)
+                r["bfcl"] = b
+                extra = f" (BFCL-accepted args {pct(b['bfcl_args'])})"
             rows.append((f"after finetune --epochs {a.epochs} ({os.path.basename(train)}), {k}",
                          r["all"]["examples"],
-                         f"{pct(r['all']['tool_name']['rate'])} / {pct(r['all']['exact_args']['rate'])}"))
+                         f"{pct(r['all']['tool_name']['rate'])} / {pct(r['all']['exact_args']['rate'])}{extra}"))
 
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     cmd = "tools/eval_base.py " + " ".join(sys.argv[1:])

@@ -7,6 +7,7 @@
  * the rows read from the file equal the mapping's bit for bit. */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE /* madvise */
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,6 +30,19 @@ static const char *TOOLS = "[{\"name\": \"set_timer\", \"description\": \"start 
 
 /* this process's mapped pages in [a, b) (page-aligned inward); -1 when
  * /proc/self/pagemap cannot be read (then the page checks are skipped) */
+/* open file descriptors of this process (-1: /proc/self/fd unreadable) */
+static int open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n - 1; /* less the directory's own */
+}
+
 static long present_pages(const void *a, const void *b)
 {
     long pg = sysconf(_SC_PAGESIZE);
@@ -83,7 +97,10 @@ int main(void)
     if (f)
         fclose(f);
     unsetenv("NEEDLE_FLOAT");
+    int fds = open_fds();
     needle_model *M = needle_model_load(path);
+    CHECK_MSG(open_fds() == fds + 1, "%d descriptors open with the model, %d before", open_fds(),
+              fds); /* the archive's, for the tables' reads */
     CHECK_MSG(M, "%s", needle_thread_error());
     if (!M)
         return tu_finish("test_archive_pages");
@@ -141,6 +158,8 @@ int main(void)
     free(b);
     needle_session_free(S);
     needle_model_free(M);
+    CHECK_MSG(open_fds() == fds, "%d descriptors open after needle_model_free, %d before",
+              open_fds(), fds);
     unlink(path);
     rmdir(dir);
     free(arch);

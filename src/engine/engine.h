@@ -64,6 +64,10 @@ const san_model *nd_model_weights(const struct needle_model *M);
 
 /* The archive's RAW tokenizer blob as a tokenizer. */
 int nd_cact_tokenizer(const cact_file *f, nd_tokenizer **tok);
+/* After loading from a mapped archive: unmap the pages loading touched
+ * (tokenizer, small tensors, headers; they stay in the page cache), so
+ * the process keeps only the pages the forward pass reads. */
+void nd_cact_release_pages(const cact_file *f);
 
 /* ---- incremental decoding ---- */
 

@@ -1,8 +1,10 @@
 /* .cact archive -> san_model: float32 (dequantise at load) or, for the
  * quantised path, small tensors in float and CQ matrices read in place. */
+#define _DEFAULT_SOURCE /* madvise */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core/fp16.h"
 #include "core/status.h"
@@ -277,6 +279,10 @@ static int cact_load(const cact_file *f, san_model *m, nd_qweights *q)
         size_t rows = (size_t)D->eng_tables * (size_t)c.engram_slots;
         MATRIX(w->eng[s].table, &q->eng[s].table, rows, D->eng_sub, rows * (size_t)D->eng_sub,
                MAP_DIRECT, 0, 0, 0, "engram tables");
+        /* a few rows a token at hashed places: read, not mapped (qmat.h) */
+        if (q && f->has_fd)
+            nd_qmat_read_rows(&q->eng[s].table, f->map_fd,
+                              (long long)(q->eng[s].table.codes - f->data));
         MATRIX(w->eng[s].wk, &q->eng[s].wk, d, ed, ed * d, MAP_KERNEL, ed, d, 0, "engram key_proj");
         MATRIX(w->eng[s].wv, &q->eng[s].wv, d, ed, ed * d, MAP_KERNEL, ed, d, 0,
                "engram value_proj");
@@ -290,6 +296,16 @@ fail:
     san_model_free(m);
     nd_qweights_free(q);
     return rc;
+}
+
+void nd_cact_release_pages(const cact_file *f)
+{
+#ifdef MADV_DONTNEED
+    if (f->map)
+        madvise(f->map, f->map_len, MADV_DONTNEED); /* advice: failure only costs memory */
+#else
+    (void)f;
+#endif
 }
 
 int nd_engine_float_path(void)

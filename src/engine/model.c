@@ -198,6 +198,7 @@ static needle_model *load_parsed(cact_file *f, int quant)
         rc = nd_error(ND_EFORMAT, "tokenizer cannot encode the chat markers");
         goto fail;
     }
+    nd_cact_release_pages(f); /* sessions map back what they read */
     return M;
 fail:
     nd_idvec_free(&tmp);

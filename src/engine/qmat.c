@@ -12,9 +12,9 @@
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #endif
+#include <unistd.h> /* pread */
 #if defined(__x86_64__) && defined(__linux__)
 #include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 #include "core/fp16.h"
@@ -52,7 +52,18 @@ nd_qmat nd_qmat_rows(const nd_qmat *m, int r0, int n)
     s.rows = n;
     s.codes = m->codes + (size_t)r0 * m->row_bytes;
     s.norms = m->norms + (size_t)r0 * (size_t)m->ng * 2;
+    s.file_off = m->file_off + (long long)r0 * (long long)m->row_bytes;
     return s;
+}
+
+int nd_qmat_read_rows(nd_qmat *m, int fd, long long file_off)
+{
+    if (fd < 0 || file_off < 0 || m->row_bytes > ND_QROW_PREAD_MAX)
+        return 0;
+    m->file_rows = 1;
+    m->file_fd = fd;
+    m->file_off = file_off;
+    return 1;
 }
 
 int nd_qmat_layout(const nd_qmat *m)
@@ -166,11 +177,12 @@ void nd_qcodebook(int bits, int8_t lut[16], float *inv_scale)
     *inv_scale = cb_inv[bits];
 }
 
-/* stored code values of group g of row r, natural order */
-static void unpack_codes(const nd_qmat *m, int r, int g, uint8_t *v)
+/* stored code values of group g of a row of m (its codes at row), natural
+ * order */
+static void unpack_codes(const nd_qmat *m, const uint8_t *row, int g, uint8_t *v)
 {
     int sb = stored_bits(m->bits);
-    const uint8_t *p = m->codes + (size_t)r * m->row_bytes + (size_t)g * ND_QGROUP * sb / 8;
+    const uint8_t *p = row + (size_t)g * ND_QGROUP * sb / 8;
     for (int j = 0; j < ND_QGROUP; j++) {
         unsigned bit = (unsigned)(j * sb), x = p[bit >> 3] | (unsigned)p[(bit >> 3) + 1] << 8;
         if ((bit >> 3) + 1 >= (unsigned)(ND_QGROUP * sb / 8)) /* last byte: no neighbour */
@@ -182,7 +194,7 @@ static void unpack_codes(const nd_qmat *m, int r, int g, uint8_t *v)
 void nd_qmat_unpack_values(const nd_qmat *m, int r, int g, const int8_t lut[16], int8_t *vals)
 {
     uint8_t v[ND_QGROUP];
-    unpack_codes(m, r, g, v);
+    unpack_codes(m, m->codes + (size_t)r * m->row_bytes, g, v);
     for (int j = 0; j < ND_QGROUP; j++)
         vals[j] = lut[v[j]];
 }
@@ -203,6 +215,12 @@ void nd_qmat_row(const nd_qmat *m, int r, float *out)
 {
     pthread_once(&cb_once, cb_compute);
     const float rs = (float)(1.0 / sqrt((double)ND_QGROUP));
+    const uint8_t *row = m->codes + (size_t)r * m->row_bytes;
+    uint8_t buf[ND_QROW_PREAD_MAX];
+    if (m->file_rows && pread(m->file_fd, buf, m->row_bytes,
+                              (off_t)(m->file_off + (long long)r * (long long)m->row_bytes)) ==
+                            (ssize_t)m->row_bytes)
+        row = buf; /* else the mapping's bytes, the same ones */
 #if defined(__x86_64__) || defined(__i386__)
     const int sb = stored_bits(m->bits);
 #endif
@@ -211,14 +229,14 @@ void nd_qmat_row(const nd_qmat *m, int r, float *out)
         float x[ND_QGROUP], norm = nd_qmat_norm(m, r, g) * rs;
 #if defined(__x86_64__) || defined(__i386__)
         if (row_avx512 && (sb == 2 || sb == 4)) {
-            const uint8_t *p = m->codes + (size_t)r * m->row_bytes + (size_t)g * ND_QGROUP * sb / 8;
+            const uint8_t *p = row + (size_t)g * ND_QGROUP * sb / 8;
             nd_qmat_group_avx512(p, sb, cb_float[m->bits], norm, x);
             int n = m->in - g * ND_QGROUP < ND_QGROUP ? m->in - g * ND_QGROUP : ND_QGROUP;
             memcpy(out + (size_t)g * ND_QGROUP, x, (size_t)n * sizeof *x);
             continue;
         }
 #endif
-        unpack_codes(m, r, g, v);
+        unpack_codes(m, row, g, v);
         for (int j = 0; j < ND_QGROUP; j++)
             x[j] = cb_float[m->bits][v[j]] * norm;
         fwht128(x);

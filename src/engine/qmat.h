@@ -30,6 +30,13 @@ typedef struct {
     const uint8_t *norms;   /* rows * ng FP16 norms, little-endian */
     int rows, in, ng, bits; /* bits: 2, 3, 4 or CQ_TERNARY */
     size_t row_bytes;
+    /* file_rows: nd_qmat_row reads a row's codes with pread from file_fd
+     * at file_off + r * row_bytes (the same bytes as codes), so a lookup
+     * table read a row at a time never maps its pages: a mapped read
+     * maps the 64 KB around it (Linux's fault-around), and scattered
+     * lookups soon make the whole table resident (nd_qmat_read_rows) */
+    int file_rows, file_fd;
+    long long file_off;
 } nd_qmat;
 
 /* Activation layouts (how a group's 128 int8 values are ordered). */
@@ -77,6 +84,13 @@ size_t nd_qmat_bytes(const nd_qmat *m);
 /* Dequantise row r into out[in] (float, same values as cq_dequantize up to
  * float rounding of the rotation). */
 void nd_qmat_row(const nd_qmat *m, int r, float *out);
+/* Let nd_qmat_row read m's codes from file descriptor fd, whose byte
+ * file_off holds m->codes[0] (the descriptor stays the caller's; a read
+ * that fails falls back to the mapping). Rows wider than
+ * ND_QROW_PREAD_MAX code bytes keep the mapped read. Returns whether the
+ * file is used. */
+#define ND_QROW_PREAD_MAX 2048
+int nd_qmat_read_rows(nd_qmat *m, int fd, long long file_off);
 
 /* Prepare n rows of x ([n, in], row stride in) for matrices of `layout`. */
 int nd_qact_prepare(nd_qact *a, const float *x, int n, int in, int layout);

@@ -129,6 +129,8 @@ typedef struct {
     unsigned char *owned;
     void *map; /* read-only file mapping (cact_map_file) */
     size_t map_len;
+    int map_fd; /* the mapped file, kept open (for pread) when has_fd */
+    int has_fd;
     int generation;  /* 2 (tag 0x05E12A83) or 3 (tag 0x05E12A84) */
     cact_header hdr; /* v2's header; for v3 only tag, num_tensors,
                         codebook_len, kv_window, kv_bits and vocab are set */
@@ -142,7 +144,8 @@ typedef struct {
 int cact_parse(const void *buf, size_t len, cact_file *f);
 int cact_read_file(const char *path, cact_file *f);
 /* Map the file read-only and shared (processes loading one archive share
- * its pages); falls back to reading it when it cannot be mapped. */
+ * its pages); falls back to reading it when it cannot be mapped. A mapped
+ * file's descriptor stays open (map_fd) until cact_free. */
 int cact_map_file(const char *path, cact_file *f);
 /* Parse a private copy of buf (for callers whose buffer may go away). */
 int cact_own_copy(const void *buf, size_t len, cact_file *f);

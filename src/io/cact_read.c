@@ -421,23 +421,27 @@ int cact_read_file(const char *path, cact_file *f)
 int cact_map_file(const char *path, cact_file *f)
 {
     memset(f, 0, sizeof *f);
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return cact_read_file(path, f); /* let the reader report it */
     struct stat st;
     void *p = MAP_FAILED;
     if (!fstat(fd, &st) && st.st_size > 0 && (uint64_t)st.st_size <= (uint64_t)SIZE_MAX)
         p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) /* a pipe, an empty file, no mmap: read it */
+    if (p == MAP_FAILED) { /* a pipe, an empty file, no mmap: read it */
+        close(fd);
         return cact_read_file(path, f);
+    }
     int rc = cact_parse(p, (size_t)st.st_size, f);
     if (rc) {
         munmap(p, (size_t)st.st_size);
+        close(fd);
         return nd_error_prefix(rc, "%s", path);
     }
     f->map = p;
     f->map_len = (size_t)st.st_size;
+    f->map_fd = fd;
+    f->has_fd = 1;
     return ND_OK;
 }
 
@@ -463,6 +467,8 @@ void cact_free(cact_file *f)
         return;
     if (f->map)
         munmap(f->map, f->map_len);
+    if (f->has_fd)
+        close(f->map_fd);
     free(f->owned);
     free(f->codebook);
     free(f->t);

@@ -196,7 +196,9 @@ static void check_conversation(const san_model *m, int bits)
                              : sizeof(float) * ((size_t)D->k_dim + D->v_dim);
     long rows = p.r.rows_hw, conv_kept = p.b.cv_ring + m->cfg.qkv_conv_taps - 1,
          local_kept = PREFIX + p.b.lr_ring;
-    size_t saved = (size_t)(rows - conv_kept) * cw + (size_t)(rows - local_kept) * nloc * kvrow;
+    long more_conv = rows > conv_kept ? rows - conv_kept : 0,
+         more_local = rows > local_kept ? rows - local_kept : 0;
+    size_t saved = (size_t)more_conv * cw + (size_t)more_local * nloc * kvrow;
     printf("  %d-bit rows: %ld logits rows equal; %d resets, %d failed turns, up to %ld rows "
            "dropped; %zu bytes (turn 20: %zu), unbounded %zu\n",
            bits, p.rows, resets, failed, dropped, bb, at20, br);

@@ -17,7 +17,8 @@
  * rewind into the middle of the prefix) runs the rows again from the
  * pinned prefix's end (or row 0) at the next forward: the logits after it
  * equal the reference's within float rounding (the rows are the same
- * computation, run in other chunks). */
+ * computation, run in other chunks). A copy of the pinned prefix taken
+ * after the rings wrapped (the prefix cache's) restores exactly. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -253,6 +254,42 @@ static void check_recovery(const san_model *m)
     pair_free(&p);
 }
 
+/* The prefix cache's copy of a session's pinned prefix, taken after the
+ * session went on well past its rings (nd_kv_snapshot_rows: the rows in
+ * place and the conv rows kept at the prefix's end), restored into a
+ * fresh state: the same logits as the session had after its prefix. */
+static void check_lent_prefix(const san_model *m)
+{
+    const nd_backend *be = nd_backend_cpu(0);
+    nd_kv_state s, t;
+    CHECK(nd_kv_init(&s, m, be, ND_SESSION_CHUNK, 0) == 0);
+    CHECK(nd_kv_init(&t, m, be, ND_SESSION_CHUNK, 0) == 0);
+    nd_kv_set_bits(&s, 8);
+    nd_kv_set_bits(&t, 8);
+    int V = m->dims.V;
+    float *a = malloc(sizeof(float) * (size_t)V), *b = malloc(sizeof(float) * (size_t)V);
+    int32_t tok[PREFIX + 150];
+    nd_rng r;
+    nd_rng_seed(&r, 77);
+    random_tokens(&r, tok, PREFIX + 150);
+    CHECK(nd_kv_forward(&s, tok, PREFIX, NULL, 0) == 0);
+    nd_kv_slide(&s, PREFIX);
+    CHECK(nd_kv_forward(&s, tok + PREFIX, 10, a, 0) == 0);
+    CHECK(nd_kv_forward(&s, tok + PREFIX + 10, 140, NULL, 0) == 0);
+    CHECK(s.lr_ring > 0 && s.len - PREFIX > s.lr_ring && s.len - PREFIX > s.cv_ring);
+    nd_kv_snap snap;
+    CHECK_MSG(nd_kv_snapshot_rows(&s, PREFIX, &snap) == 0, "%s", nd_last_error());
+    CHECK(nd_kv_restore(&t, &snap) == 0);
+    nd_kv_slide(&t, PREFIX);
+    CHECK(nd_kv_forward(&t, tok + PREFIX, 10, b, 0) == 0);
+    CHECK_MSG(!memcmp(a, b, sizeof(float) * (size_t)V), "restored prefix: other logits");
+    nd_kv_snap_free(&snap);
+    nd_kv_free(&s);
+    nd_kv_free(&t);
+    free(a);
+    free(b);
+}
+
 int main(void)
 {
     san_model m;
@@ -263,6 +300,7 @@ int main(void)
     check_conversation(&m, 8);
     check_conversation(&m, 32);
     check_recovery(&m);
+    check_lent_prefix(&m);
     san_model_free(&m);
     return tu_finish("test_kv3_bound");
 }

@@ -287,7 +287,9 @@ static void ring_case(fixture *f, int ring, int window, int p0, int n)
                                j0,
                                1.0f / sqrtf((float)D->hd),
                                s->att_s,
-                               ML};
+                               ML,
+                               0,
+                               0};
             if (k == ND_ATT3_AVX512)
                 nd_att3_block_avx512(&b);
             else if (k == ND_ATT3_AVX2)

@@ -249,7 +249,7 @@ void nd_att3_block_ref(const nd_att3_block *b)
             float *w = b->scores + ((size_t)i * b->rep + r) * b->ml, mx = -FLT_MAX, sum = 0.0f;
             for (int rr = 0; rr < 2; rr++)
                 for (int j = rng[rr][0]; j < rng[rr][1]; j++) {
-                    size_t pr = (size_t)nd_att3_row(b->ring, j);
+                    size_t pr = (size_t)nd_att3_row(b, j);
                     float dot = 0.0f;
                     if (b->k8) {
                         const int8_t *k = b->k8 + pr * b->kstride;
@@ -274,7 +274,7 @@ void nd_att3_block_ref(const nd_att3_block *b)
                 o[e] = 0.0f;
             for (int rr = 0; rr < 2; rr++)
                 for (int j = rng[rr][0]; j < rng[rr][1]; j++) {
-                    size_t pr = (size_t)nd_att3_row(b->ring, j);
+                    size_t pr = (size_t)nd_att3_row(b, j);
                     float wj = w[j] * inv;
                     if (b->v8) {
                         const int8_t *v = b->v8 + pr * b->vstride;
@@ -370,7 +370,10 @@ static void attention3_tasks(void *ctx, long lo, long hi, int tid)
                            j0,
                            1.0f / sqrtf((float)hd),
                            s->att_s + (size_t)tid * ND_ATT_ROWS * rep * ml,
-                           ml};
+                           ml,
+                           0,
+                           0};
+        nd_kv_att3_ring(s, a->slot, &b); /* a local layer's ring (kv.c) */
         if (a->kernel == ND_ATT3_AVX512)
             nd_att3_block_avx512(&b);
         else if (a->kernel == ND_ATT3_AVX2)

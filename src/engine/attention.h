@@ -58,8 +58,8 @@ void nd_kv_attention(const nd_kv_state *s, int l, int p0, int n, const float *q,
  * One task: nr consecutive query rows (positions pos0..) of the rep query
  * heads sharing kv head g; separate q/k (hd) and v (vhd) head dims; the
  * cache's rows float (kf, vf) or int8 (k8, v8 with per (row, kv head)
- * scales ks, vs). Row j of the cache is position j, or j % ring for a
- * cache kept as a ring of `ring` rows (0: none). */
+ * scales ks, vs). Row j of the cache is position j, or (below) a ring's
+ * row for a cache kept as a ring of `ring` rows (0: none). */
 typedef struct {
     const float *q; /* row 0's head g * rep; rows qd apart, heads hd apart */
     float *out;     /* row 0's head g * rep; rows od apart, heads vhd apart */
@@ -74,11 +74,25 @@ typedef struct {
     float scale;        /* 1/sqrt(hd) */
     float *scores;      /* nr * rep rows of ml floats */
     size_t ml;
+    /* with a ring: positions below ring_base are rows in place, position
+     * j >= ring_base is row ring_base + (j + ring_shift) % ring */
+    int ring_base, ring_shift;
 } nd_att3_block;
 
-static inline int nd_att3_row(int ring, int j)
+static inline int nd_att3_row(const nd_att3_block *b, int j)
 {
-    return ring ? j % ring : j;
+    return b->ring && j >= b->ring_base ? b->ring_base + (j + b->ring_shift) % b->ring : j;
+}
+
+/* a cache slot's ring (a local layer's, kv.c) into the task */
+static inline void nd_kv_att3_ring(const nd_kv_state *s, int slot, nd_att3_block *b)
+{
+    if (!s->lr_ring || !s->kv_local[slot])
+        return;
+    b->ring = s->lr_ring;
+    b->ring_base = s->lr_base;
+    long sh = (s->evicted - s->lr_base) % s->lr_ring;
+    b->ring_shift = (int)(sh < 0 ? sh + s->lr_ring : sh);
 }
 
 enum { ND_ATT3_REF = 0, ND_ATT3_AVX2 = 1, ND_ATT3_AVX512 = 2 };

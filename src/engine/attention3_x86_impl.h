@@ -20,11 +20,11 @@
  * positions j.. (float rows, or int8 ones converted); the row's padding up
  * to ld and the rows past nb are zero */
 T_A3 static void A3(load_rows)(float *buf, int ld, const float *f, const int8_t *q8, size_t stride,
-                               int ring, int j, int nb, int dim)
+                               const nd_att3_block *b, int j, int nb, int dim)
 {
     int full = dim / W * W;
     for (int c = 0; c < nb; c++) {
-        size_t row = (size_t)nd_att3_row(ring, j + c) * stride;
+        size_t row = (size_t)nd_att3_row(b, j + c) * stride;
         float *dst = buf + (size_t)c * ld;
         int e = 0;
         if (q8) {
@@ -48,11 +48,11 @@ T_A3 static void A3(load_rows)(float *buf, int ld, const float *f, const int8_t 
 }
 
 /* W rows' scales (stride G, from position j); 1 past nb */
-T_A3 static inline VF A3(row_scales)(const float *sc, int G, int ring, int j, int nb)
+T_A3 static inline VF A3(row_scales)(const float *sc, int G, const nd_att3_block *b, int j, int nb)
 {
     _Alignas(64) float x[W];
     for (int c = 0; c < W; c++)
-        x[c] = c < nb ? sc[(size_t)nd_att3_row(ring, j + c) * G] : 1.0f;
+        x[c] = c < nb ? sc[(size_t)nd_att3_row(b, j + c) * G] : 1.0f;
     return VLOADA(x);
 }
 
@@ -79,10 +79,10 @@ T_A3 static void A3(scores)(const nd_att3_block *b, const float *const *qr, int 
     VF sv = VSET1(b->scale);
     for (int j = lo; j < hi; j += W) {
         int nb = hi - j < W ? hi - j : W;
-        A3(load_rows)(kbuf, ld, b->kf, b->k8, b->kstride, b->ring, j, nb, hd);
+        A3(load_rows)(kbuf, ld, b->kf, b->k8, b->kstride, b, j, nb, hd);
         for (int e = 0; e < ld; e += W)
             VTRANSPOSE(kbuf + e, ld, kt + (size_t)e * W);
-        VF ksv = b->k8 ? A3(row_scales)(b->ks, b->G, b->ring, j, nb) : VSET1(1.0f);
+        VF ksv = b->k8 ? A3(row_scales)(b->ks, b->G, b, j, nb) : VSET1(1.0f);
         /* four query rows at a time: four independent sums */
         for (int r = 0; r < R; r += 4) {
             const float *q0 = qr[r], *q1 = qr[r + 1 < R ? r + 1 : r];
@@ -248,9 +248,9 @@ T_A3 static void A3(block)(const nd_att3_block *b)
         for (int rr = 0; rr < 2; rr++)
             for (int j = rng[rr][0]; j < rng[rr][1]; j += W) {
                 int nb = rng[rr][1] - j < W ? rng[rr][1] - j : W;
-                A3(load_rows)(kbuf, ldv, b->vf, b->v8, b->vstride, b->ring, j, nb, b->vhd);
+                A3(load_rows)(kbuf, ldv, b->vf, b->v8, b->vstride, b, j, nb, b->vhd);
                 /* int8 rows: the weights times the rows' scales */
-                VF vsv = b->v8 ? A3(row_scales)(b->vs, b->G, b->ring, j, nb) : VSET1(1.0f);
+                VF vsv = b->v8 ? A3(row_scales)(b->vs, b->G, b, j, nb) : VSET1(1.0f);
                 for (int r = 0; r < R; r += 2) {
                     const float *w0 = b->scores + (size_t)r * ml + j, *w1 = wz;
                     float *o0 = obuf + (size_t)r * ldv, *o1 = obuf + (size_t)R * ldv;

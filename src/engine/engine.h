@@ -139,13 +139,27 @@ typedef struct {
      * wide: k, v float; or k8, v8 [slot][cap][k_dim | v_dim] int8 with ks,
      * vs [slot][cap][G] scales) live in cache slot kv_slot[l], a CLA consumer's
      * slot being its producer's (it stores none of its own); with conv taps
-     * cv holds every layer's pre-conv q|k|v rows ([L][cap][q_dim + k_dim +
-     * v_dim]) that the taps of later rows read; hada3 is the Hadamard MLP's
-     * geometry (a san_hada3_geom) */
+     * cv holds the last pre-conv q|k|v rows that the taps of later rows read
+     * (below); hada3 is the Hadamard MLP's geometry (a san_hada3_geom) */
     int gen3, kv_layers;
     int *kv_slot;
     float *cv;
     void *hada3;
+    /* Needle 3's bounded history (kv.c): cv is a ring of cv_ring pre-conv
+     * rows per layer ([L][cv_ring][q_dim + k_dim + v_dim]), row r at (r +
+     * evicted) % cv_ring, holding rows from key cv_lo on; cv_pin
+     * ([L][taps - 1][...]) the rows before row cv_pin_at (the pinned
+     * prefix's end; -1 none; cv_pin_want: take it when a forward passes).
+     * A local layer's slot (kv_local) keeps rows below lr_base in place and
+     * later ones in a ring of lr_ring rows (0: off) from key lr_lo on;
+     * lr_win: the local window; redo_from: rows from here must be run
+     * again before the next forward; unbounded (tests): the old full
+     * history; cv_hw: ring rows ever touched. */
+    int *kv_local;
+    float *cv_pin;
+    int cv_ring, cv_pin_at, cv_pin_want, cv_hw;
+    int lr_ring, lr_base, lr_win, redo_from, unbounded;
+    long cv_lo, lr_lo;
 } nd_kv_state;
 
 /* int8 cache row of position row j, layer l, kv head g (k8 or v8) */

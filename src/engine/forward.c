@@ -243,33 +243,35 @@ static int kv_attend(const san_attn_src *src, int l, const float *q, const float
     return ND_OK;
 }
 
-/* Needle 3's causal q/k/v conv over the cache: the chunk's pre-conv rows
- * join the layer's history (cv), then row t sums taps[j] * row t - j, the
- * earlier rows coming from the history (the trainer's qkv_taps over the
- * whole sequence, one chunk at a time). */
+/* Needle 3's causal q/k/v conv over the cache: row t sums taps[j] * row
+ * t - j (the trainer's qkv_taps over the whole sequence, one chunk at a
+ * time), the rows before the chunk coming from the layer's conv ring (kv.c:
+ * the last rows by absolute position); then the chunk's pre-conv rows join
+ * the ring. */
 static int kv_conv(const san_attn_src *src, int l, int which, float *y, const float *x,
                    const float *taps, int width, int ntaps, int window)
 {
     const kv_attn *ka = (const kv_attn *)src;
     nd_kv_state *s = ka->s;
     const san_dims *D = &s->m->dims;
-    size_t cw = (size_t)D->q_dim + D->k_dim + D->v_dim;
     size_t off = which == 0 ? 0 : which == 1 ? (size_t)D->q_dim : (size_t)D->q_dim + D->k_dim;
-    float *hist = s->cv + (size_t)l * s->cap * cw + off;
     int p0 = ka->p0, n = ka->n;
-    for (int i = 0; i < n; i++)
-        memcpy(hist + (size_t)(p0 + i) * cw, x + (size_t)i * width, (size_t)width * sizeof *x);
+    long k0 = nd_kv_key(s, p0);
     int nt = window > 0 && window < ntaps ? window : ntaps;
     for (int i = 0; i < n; i++) {
         float *yr = y + (size_t)i * width;
         for (int e = 0; e < width; e++)
             yr[e] = 0.0f;
         for (int j = 0; j < nt && p0 + i - j >= 0; j++) {
-            const float *xr = hist + (size_t)(p0 + i - j) * cw, *tj = taps + (size_t)j * width;
+            const float *xr = i >= j ? x + (size_t)(i - j) * width
+                                     : nd_kv_cv_row(s, l, k0 + i - j) + off,
+                        *tj = taps + (size_t)j * width;
             for (int e = 0; e < width; e++)
                 yr[e] += tj[e] * xr[e];
         }
     }
+    for (int i = n > s->cv_ring ? n - s->cv_ring : 0; i < n; i++)
+        memcpy(nd_kv_cv_row(s, l, k0 + i) + off, x + (size_t)i * width, (size_t)width * sizeof *x);
     return ND_OK;
 }
 
@@ -279,9 +281,12 @@ static int forward_chunk(nd_kv_state *s, const int32_t *tok, int n, float *logit
     const san_dims *D = &m->dims;
     const nd_backend *be = s->be;
     int rc = s->n_sink >= 0 ? nd_kv_make_room(s, n) : ND_OK;
+    if (!rc) /* a rewind past the kept history (or a slide into it): its rows again */
+        rc = nd_kv_prepare(s);
     int p0 = s->len, d = D->d;
     if (rc || (rc = nd_kv_reserve(s, p0 + n)))
         return rc;
+    nd_kv_note_write(s, p0, n);
     memcpy(s->tokens + p0, tok, (size_t)n * sizeof *tok);
     if (s->qw) { /* dequantise just the looked-up rows */
         float scale = (float)sqrt((double)d);
@@ -330,6 +335,7 @@ static int forward_chunk(nd_kv_state *s, const int32_t *tok, int n, float *logit
     if (rc)
         return rc;
     s->len = p0 + n;
+    nd_kv_note_rows(s, p0, n);
     if (!logits)
         return ND_OK;
     int r0 = all ? 0 : n - 1, rows = n - r0;
@@ -396,5 +402,7 @@ int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int 
     }
     if (serial)
         nd_set_serial(saved);
+    if (!rc)
+        nd_kv_note_call(s, n);
     return rc;
 }

@@ -305,15 +305,21 @@ int nd_head3_run(const needle_model *M, const nd_qhead3 *h, const int32_t *t, in
         return rc;
     }
     nd_kv_state kv;
-    /* chunks of at most 256 rows; the pooling's softmax over tokens is
-     * online, so the chunks hand their cells over as they finish */
-    if ((rc = nd_kv_init(&kv, m, M->be, T < 256 ? T : 256, 0))) {
+    /* chunks of at most a session's 64 rows (a 256-row chunk's scratch is
+     * ~30 MB at needle3 shape, the largest part of a long conversation's
+     * peak); the pooling's softmax over tokens is online, so the chunks
+     * hand their cells over as they finish */
+    int chunk = T < ND_SESSION_CHUNK ? T : ND_SESSION_CHUNK;
+    if ((rc = nd_kv_init(&kv, m, M->be, chunk, 0))) {
         san_probe3_free(&pool);
         free(keep);
         return rc;
     }
     if (M->quant)
         nd_kv_use_quant(&kv, &M->qw3.q);
+    /* no sinks and no window (T <= max_seq_len: nothing is dropped), but the
+     * local layers keep a ring of their window's rows, not all T */
+    nd_kv_slide(&kv, 0);
     pool3_ctx c = {&pool, keep};
     kv.cells_hook = pool3_hook;
     kv.cells_ctx = &c;

@@ -4,6 +4,7 @@
  * The incremental forward that fills and reads it is forward.c, the cached
  * attention attention.c. */
 #define _DEFAULT_SOURCE /* madvise */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,22 @@ static void share_layer_rows(nd_kv_state *s, size_t N)
     A->y = k;   /* and the MLP's output (o2 normalised by then) */
     s->xm = a;  /* between layers and after the last: the lane mean */
     s->hf = q;
+}
+
+/* the conv ring of `ring` rows per layer and the pinned prefix's rows */
+static int conv_alloc(nd_kv_state *s, int ring)
+{
+    const san_dims *D = &s->m->dims;
+    size_t cw = (size_t)D->q_dim + D->k_dim + D->v_dim, L = (size_t)D->L;
+    size_t back = (size_t)s->m->cfg.qkv_conv_taps - 1;
+    free(s->cv);
+    free(s->cv_pin);
+    s->cv = calloc(L * (size_t)ring * cw + 1, sizeof(float));
+    s->cv_pin = calloc(L * back * cw + 1, sizeof(float));
+    s->cv_ring = ring;
+    s->cv_hw = 0;
+    s->cv_lo = 0;
+    return s->cv && s->cv_pin ? ND_OK : ND_ENOMEM;
 }
 
 int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chunk, int kv_window)
@@ -184,6 +201,11 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
         A->kc = A->k;
         A->vc = A->v;
     }
+    /* which slots are local layers': read by snapshots after the scratch is gone */
+    if (gen3 && !(s->kv_local = calloc((size_t)D->L, sizeof *s->kv_local))) {
+        nd_kv_free(s);
+        return nd_error(ND_ENOMEM, "out of memory");
+    }
     for (int l = 0; gen3 && l < D->L; l++) { /* cache slots: a CLA consumer reads its producer's */
         int p = san_cla_producer(&m->cfg, l);
         if (p >= l) {
@@ -191,6 +213,17 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
             return nd_error(ND_EFORMAT, "config['cla_pairs']: layer %d reads layer %d's K/V", l, p);
         }
         s->kv_slot[l] = p >= 0 ? s->kv_slot[p] : s->kv_layers++;
+        s->kv_local[s->kv_slot[l]] = san_layer_is_local(&m->cfg, l);
+        if (san_layer_is_local(&m->cfg, l) && m->cfg.sliding_window > 0) {
+            int w = m->cfg.sliding_window; /* the window kv_attend gives it */
+            s->lr_win = s->kv_window && s->kv_window < w ? s->kv_window : w;
+        }
+    }
+    s->cv_pin_at = s->cv_pin_want = -1;
+    s->redo_from = INT_MAX;
+    if (taps && conv_alloc(s, taps - 1 + ND_KV_TAIL)) {
+        nd_kv_free(s);
+        return nd_error(ND_ENOMEM, "out of memory (conv history)");
     }
     if (nd_layout_buf_init(&s->lay, (long)W, 1)) {
         nd_kv_free(s);
@@ -232,22 +265,22 @@ void nd_kv_set_bits(nd_kv_state *s, int bits)
     }
 }
 
-void nd_kv_slide(nd_kv_state *s, int n_sink)
-{
-    s->n_sink = n_sink < 0 ? -1 : n_sink;
-}
-
-/* bytes of one cached position: token, K and V of every layer, v' rows */
-static size_t row_bytes(const nd_kv_state *s)
+/* bytes of one cached position: token, K and V of every layer, v' rows;
+ * with the local layers' ring on, their K and V go to *local instead */
+static size_t row_bytes(const nd_kv_state *s, size_t *local)
 {
     const san_dims *D = &s->m->dims;
+    *local = 0;
     if (s->gen3) {
-        size_t conv = s->m->cfg.qkv_conv_taps ? (size_t)D->q_dim + D->k_dim + D->v_dim : 0;
         size_t kv = s->kv_int8 ? (size_t)D->k_dim + D->v_dim + 2 * sizeof(float) * D->G
                                : sizeof(float) * ((size_t)D->k_dim + D->v_dim);
         size_t vp = s->vp_int8 ? (size_t)D->d + (size_t)D->d / ND_VP_GROUP * sizeof(float)
                                : (size_t)D->d * sizeof(float);
-        return sizeof(int32_t) + (size_t)s->kv_layers * kv + sizeof(float) * D->L * conv +
+        size_t nloc = 0;
+        for (int i = 0; s->lr_ring && i < s->kv_layers; i++)
+            nloc += (size_t)s->kv_local[i];
+        *local = nloc * kv;
+        return sizeof(int32_t) + ((size_t)s->kv_layers - nloc) * kv +
                (size_t)s->m->cfg.n_sites * vp;
     }
     size_t kvd = (size_t)D->kv_dim, G = (size_t)D->G;
@@ -313,15 +346,36 @@ static int grown_cap(const nd_kv_state *s, int need)
     return need > top ? need : top;
 }
 
+/* the conv ring's bytes with `rows` of its rows touched, and the pinned
+ * prefix's conv rows */
+static size_t conv_bytes(const nd_kv_state *s, int rows)
+{
+    const san_dims *D = &s->m->dims;
+    int taps = s->gen3 ? s->m->cfg.qkv_conv_taps : 0;
+    if (!taps)
+        return 0;
+    size_t cw = ((size_t)D->q_dim + D->k_dim + D->v_dim) * sizeof(float);
+    return (size_t)D->L * cw * ((size_t)rows + (size_t)taps - 1);
+}
+
+/* bytes of `rows` positions: the local layers' ring holds at most its own */
+static size_t rows_bytes(const nd_kv_state *s, int rows)
+{
+    size_t local, main = row_bytes(s, &local);
+    long lr = (long)s->lr_base + s->lr_ring;
+    return (size_t)rows * main + (size_t)(rows < lr ? rows : lr) * local;
+}
+
 size_t nd_kv_bytes(const nd_kv_state *s)
 {
-    return s->scratch_bytes + (size_t)s->rows_hw * row_bytes(s);
+    return s->scratch_bytes + rows_bytes(s, s->rows_hw) + conv_bytes(s, s->cv_hw);
 }
 
 size_t nd_kv_bytes_bound(const nd_kv_state *s)
 {
     int rows = s->n_sink >= 0 ? slide_high(s) : s->max_len;
-    return s->scratch_bytes + (size_t)(rows > s->rows_hw ? rows : s->rows_hw) * row_bytes(s);
+    return s->scratch_bytes + rows_bytes(s, rows > s->rows_hw ? rows : s->rows_hw) +
+           conv_bytes(s, s->cv_ring);
 }
 
 void nd_kv_release_scratch(nd_kv_state *s)
@@ -364,6 +418,8 @@ void nd_kv_free(nd_kv_state *s)
     free(s->ks);
     free(s->vs);
     free(s->cv);
+    free(s->cv_pin);
+    free(s->kv_local);
     if (s->hada3) {
         san_hada3_geom_free(s->hada3);
         free(s->hada3);
@@ -376,12 +432,203 @@ void nd_kv_free(nd_kv_state *s)
     memset(s, 0, sizeof *s);
 }
 
+/* ---- Needle 3's bounded history ----
+ * The conv taps read the taps - 1 rows before each new one, a local layer
+ * its last lr_win; both are rings keyed by absolute position (row +
+ * evicted, so a slide moves nothing in them). What a rewind must find
+ * again: the state at the pinned prefix's end (reset; cv_pin, and the
+ * local rows below lr_base stay in place) and anything within ND_KV_TAIL
+ * positions of len (the rings hold that much more). Anything else runs its
+ * rows again from the pinned prefix's end at the next forward
+ * (nd_kv_prepare): the same computation, the same rows. */
+
+static int conv_back(const nd_kv_state *s)
+{
+    return s->cv ? s->m->cfg.qkv_conv_taps - 1 : 0;
+}
+
+static size_t conv_width(const nd_kv_state *s)
+{
+    const san_dims *D = &s->m->dims;
+    return (size_t)D->q_dim + D->k_dim + D->v_dim;
+}
+
+/* whether the conv ring holds the rows row r's taps read */
+static int conv_holds(const nd_kv_state *s, int r)
+{
+    int back = conv_back(s), m = r < back ? r : back;
+    return !m || nd_kv_key(s, r) - m >= s->cv_lo;
+}
+
+/* whether the local layers' rows hold the window row r reads */
+static int local_holds(const nd_kv_state *s, int r)
+{
+    if (!s->lr_ring || r <= s->lr_base)
+        return 1;
+    int lo = r - s->lr_win > s->lr_base ? r - s->lr_win : s->lr_base;
+    return nd_kv_key(s, lo) >= s->lr_lo;
+}
+
+static int state_holds(const nd_kv_state *s, int r)
+{
+    return r <= s->redo_from && conv_holds(s, r) && local_holds(s, r);
+}
+
+/* the conv rows before row r (held) as the pinned prefix's end */
+static void pin_take(nd_kv_state *s, int r)
+{
+    int back = conv_back(s), m = r < back ? r : back;
+    size_t cw = conv_width(s);
+    for (int l = 0; l < s->m->dims.L; l++)
+        for (int i = 0; i < m; i++)
+            memcpy(s->cv_pin + ((size_t)l * back + i) * cw,
+                   nd_kv_cv_row(s, l, nd_kv_key(s, r) - m + i), cw * sizeof(float));
+    s->cv_pin_at = r;
+    s->cv_pin_want = -1;
+}
+
+/* the pinned prefix's end's conv rows back into the ring */
+static void pin_put(nd_kv_state *s)
+{
+    int r = s->cv_pin_at, back = conv_back(s), m = r < back ? r : back;
+    size_t cw = conv_width(s);
+    for (int l = 0; l < s->m->dims.L; l++)
+        for (int i = 0; i < m; i++)
+            memcpy(nd_kv_cv_row(s, l, nd_kv_key(s, r) - m + i),
+                   s->cv_pin + ((size_t)l * back + i) * cw, cw * sizeof(float));
+    s->cv_lo = nd_kv_key(s, r) - m;
+    long hw = nd_kv_key(s, r) < s->cv_ring ? nd_kv_key(s, r) : s->cv_ring;
+    s->cv_hw = hw > s->cv_hw ? (int)hw : s->cv_hw;
+}
+
+void nd_kv_note_write(nd_kv_state *s, int p0, int n)
+{
+    long k1 = nd_kv_key(s, p0 + n);
+    if (s->cv) {
+        if (p0 == 0)
+            s->cv_lo = nd_kv_key(s, 0);
+        if (s->cv_lo < k1 - s->cv_ring)
+            s->cv_lo = k1 - s->cv_ring;
+        long hw = k1 < s->cv_ring ? k1 : s->cv_ring;
+        s->cv_hw = hw > s->cv_hw ? (int)hw : s->cv_hw;
+        if (p0 < s->cv_pin_at) { /* rows before the pinned end change: take it again */
+            s->cv_pin_want = s->cv_pin_at;
+            s->cv_pin_at = -1;
+        }
+    }
+    if (s->lr_ring && p0 + n > s->lr_base) {
+        if (p0 <= s->lr_base)
+            s->lr_lo = nd_kv_key(s, s->lr_base);
+        if (s->lr_lo < k1 - s->lr_ring)
+            s->lr_lo = k1 - s->lr_ring;
+    }
+}
+
+void nd_kv_note_rows(nd_kv_state *s, int p0, int n)
+{
+    int w = s->cv_pin_want;
+    if (s->cv && w > p0 && w <= p0 + n && conv_holds(s, w))
+        pin_take(s, w);
+}
+
+void nd_kv_note_call(nd_kv_state *s, int n)
+{
+    if (s->cv && s->n_sink < 0 && n > 1 && conv_holds(s, s->len))
+        pin_take(s, s->len);
+}
+
+int nd_kv_prepare(nd_kv_state *s)
+{
+    int R = s->len;
+    if (state_holds(s, R))
+        return ND_OK;
+    /* the latest point at or before R whose state is kept: the pinned
+     * prefix's end, the local ring's base, or row 0 (with rows dropped,
+     * only past the sinks: their positions were never run again) */
+    int pin = s->n_sink > 0 ? s->n_sink : 0, P = -1;
+    int cand[3] = {s->cv ? s->cv_pin_at : pin, s->lr_ring ? s->lr_base : -1, 0};
+    for (int i = 0; i < 3; i++) {
+        int c = cand[i];
+        if (c < 0 || c > R || c > s->redo_from || (s->evicted && c < pin) || !local_holds(s, c) ||
+            !(conv_holds(s, c) || c == s->cv_pin_at) || c <= P)
+            continue;
+        P = c;
+    }
+    if (P < 0)
+        return nd_error(ND_ELIMIT,
+                        "decoder state: rewound to position %d, past the kept conv and window rows "
+                        "after rows were dropped",
+                        R);
+    if (!conv_holds(s, P))
+        pin_put(s);
+    s->len = P;
+    s->redo_from = INT_MAX;
+    if (R == P)
+        return ND_OK;
+    int32_t *t = malloc((size_t)(R - P) * sizeof *t);
+    if (!t)
+        return nd_error(ND_ENOMEM, "out of memory");
+    memcpy(t, s->tokens + P, (size_t)(R - P) * sizeof *t);
+    int rc = nd_kv_forward(s, t, R - P, NULL, 0);
+    free(t);
+    return rc;
+}
+
+int nd_kv_set_unbounded(nd_kv_state *s)
+{
+    if (s->cap || s->len)
+        return nd_error(ND_EARG, "nd_kv_set_unbounded: the state already holds rows");
+    s->unbounded = 1;
+    int back = s->gen3 ? s->m->cfg.qkv_conv_taps - 1 : -1;
+    if (back >= 0 && s->cv && conv_alloc(s, s->max_len + back))
+        return nd_error(ND_ENOMEM, "out of memory (conv history)");
+    return ND_OK;
+}
+
+void nd_kv_slide(nd_kv_state *s, int n_sink)
+{
+    s->n_sink = n_sink < 0 ? -1 : n_sink;
+    if (!s->gen3)
+        return;
+    /* the conv rows at the pinned prefix's end: now, or when a forward
+     * passes it */
+    if (s->cv && s->n_sink >= 0 && s->cv_pin_at != s->n_sink) {
+        if (s->n_sink <= s->len && conv_holds(s, s->n_sink)) {
+            pin_take(s, s->n_sink);
+        } else {
+            s->cv_pin_at = -1;
+            s->cv_pin_want = s->n_sink;
+        }
+    }
+    /* the local layers' ring past the sinks, where it is smaller than the
+     * rows the window keeps anyway */
+    int ring = 0, base = s->n_sink;
+    if (s->lr_win > 0 && !s->unbounded && base >= 0) {
+        long r = (long)s->lr_win + (s->chunk > ND_KV_TAIL ? s->chunk : ND_KV_TAIL);
+        if (base + r < slide_high(s) && (!s->cap || base + r <= s->cap))
+            ring = (int)r;
+    }
+    if (ring == s->lr_ring && (!ring || base == s->lr_base))
+        return;
+    /* rows past the lower base are laid out the old way: run them again */
+    int lo = s->lr_ring ? s->lr_base : INT_MAX, lo2 = ring ? base : INT_MAX;
+    lo = lo < lo2 ? lo : lo2;
+    if (s->len > lo && lo < s->redo_from)
+        s->redo_from = lo;
+    s->lr_ring = ring;
+    s->lr_base = ring ? base : 0;
+    s->lr_lo = nd_kv_key(s, s->lr_base);
+}
+
 void nd_kv_rewind(nd_kv_state *s, int len)
 {
     if (len < s->len)
         s->len = len < 0 ? 0 : len;
-    if (s->len <= (s->n_sink > 0 ? s->n_sink : 0))
+    if (s->len <= (s->n_sink > 0 ? s->n_sink : 0)) {
+        if (s->evicted) /* positions restart: the rings' keys of the rows kept change */
+            s->cv_lo = s->len;
         s->evicted = 0; /* back inside the sinks: positions restart */
+    }
 }
 
 /* The per-position arrays of a state: [layers][cap][row] each, named by
@@ -391,6 +638,7 @@ void nd_kv_rewind(nd_kv_state *s, int len)
 typedef struct {
     void **slot;
     size_t layers, row;
+    int per_slot; /* layers are Needle 3 cache slots (a local one may be a ring) */
 } kv_array;
 
 #define KV_ARRAYS_MAX (8 + 2 * SAN_MAX_SITES)
@@ -400,37 +648,34 @@ static int kv_arrays(nd_kv_state *s, kv_array *a)
     const san_dims *D = &s->m->dims;
     size_t L = (size_t)D->L, kvd = (size_t)D->kv_dim, G = (size_t)D->G, d = (size_t)D->d;
     int n = 0;
-    a[n++] = (kv_array){(void **)&s->tokens, 1, sizeof(int32_t)};
+    a[n++] = (kv_array){(void **)&s->tokens, 1, sizeof(int32_t), 0};
     if (s->gen3) { /* [slot][cap][k_dim | v_dim], int8 rows with [slot][cap][G] scales */
         size_t kl = (size_t)s->kv_layers;
         if (s->kv_int8) {
-            a[n++] = (kv_array){(void **)&s->k8, kl, (size_t)D->k_dim};
-            a[n++] = (kv_array){(void **)&s->v8, kl, (size_t)D->v_dim};
-            a[n++] = (kv_array){(void **)&s->ks, kl, G * sizeof(float)};
-            a[n++] = (kv_array){(void **)&s->vs, kl, G * sizeof(float)};
+            a[n++] = (kv_array){(void **)&s->k8, kl, (size_t)D->k_dim, 1};
+            a[n++] = (kv_array){(void **)&s->v8, kl, (size_t)D->v_dim, 1};
+            a[n++] = (kv_array){(void **)&s->ks, kl, G * sizeof(float), 1};
+            a[n++] = (kv_array){(void **)&s->vs, kl, G * sizeof(float), 1};
         } else {
-            a[n++] = (kv_array){(void **)&s->k, kl, (size_t)D->k_dim * sizeof(float)};
-            a[n++] = (kv_array){(void **)&s->v, kl, (size_t)D->v_dim * sizeof(float)};
+            a[n++] = (kv_array){(void **)&s->k, kl, (size_t)D->k_dim * sizeof(float), 1};
+            a[n++] = (kv_array){(void **)&s->v, kl, (size_t)D->v_dim * sizeof(float), 1};
         }
-        if (s->m->cfg.qkv_conv_taps)
-            a[n++] = (kv_array){(void **)&s->cv, L,
-                                ((size_t)D->q_dim + D->k_dim + D->v_dim) * sizeof(float)};
     } else if (s->kv_int8) {
-        a[n++] = (kv_array){(void **)&s->k8, L * G, (size_t)D->hd};
-        a[n++] = (kv_array){(void **)&s->v8, L * G, (size_t)D->hd};
-        a[n++] = (kv_array){(void **)&s->ks, L, G * sizeof(float)};
-        a[n++] = (kv_array){(void **)&s->vs, L, G * sizeof(float)};
+        a[n++] = (kv_array){(void **)&s->k8, L * G, (size_t)D->hd, 0};
+        a[n++] = (kv_array){(void **)&s->v8, L * G, (size_t)D->hd, 0};
+        a[n++] = (kv_array){(void **)&s->ks, L, G * sizeof(float), 0};
+        a[n++] = (kv_array){(void **)&s->vs, L, G * sizeof(float), 0};
     } else {
-        a[n++] = (kv_array){(void **)&s->k, L, kvd * sizeof(float)};
-        a[n++] = (kv_array){(void **)&s->v, L, kvd * sizeof(float)};
+        a[n++] = (kv_array){(void **)&s->k, L, kvd * sizeof(float), 0};
+        a[n++] = (kv_array){(void **)&s->v, L, kvd * sizeof(float), 0};
     }
     for (int i = 0; i < s->m->cfg.n_sites; i++) {
         if (!s->vp_int8) {
-            a[n++] = (kv_array){(void **)&s->vp[i], 1, d * sizeof(float)};
+            a[n++] = (kv_array){(void **)&s->vp[i], 1, d * sizeof(float), 0};
             continue;
         }
-        a[n++] = (kv_array){(void **)&s->vp8[i], 1, d};
-        a[n++] = (kv_array){(void **)&s->vps[i], 1, d / ND_VP_GROUP * sizeof(float)};
+        a[n++] = (kv_array){(void **)&s->vp8[i], 1, d, 0};
+        a[n++] = (kv_array){(void **)&s->vps[i], 1, d / ND_VP_GROUP * sizeof(float), 0};
     }
     return n;
 }
@@ -499,9 +744,68 @@ int nd_kv_make_room(nd_kv_state *s, int n)
     kv_array a[KV_ARRAYS_MAX];
     int na = kv_arrays(s, a);
     for (int i = 0; i < na; i++)
-        drop_rows(*a[i].slot, a[i].layers, s->cap, pin, drop, s->len, a[i].row);
+        for (size_t l = 0; l < a[i].layers; l++) /* a local layer's ring moves nothing */
+            if (!(a[i].per_slot && s->lr_ring && s->kv_local[l]))
+                drop_rows((char *)*a[i].slot + l * (size_t)s->cap * a[i].row, 1, s->cap, pin, drop,
+                          s->len, a[i].row);
     s->len -= drop;
     s->evicted += drop;
+    /* the sinks' keys moved: the conv ring holds none of them now */
+    if (s->cv && s->cv_lo < nd_kv_key(s, pin))
+        s->cv_lo = nd_kv_key(s, pin);
+    return ND_OK;
+}
+
+/* rows [0, len) of every array, then the conv rows before row len (from
+ * the pinned prefix's end, or from the ring where `owner`: the caller is
+ * the state's own thread); a local layer's ring read through its mapping
+ * where `mapped` */
+static int snapshot_impl(const nd_kv_state *s, int len, nd_kv_snap *out, int owner, int mapped)
+{
+    memset(out, 0, sizeof *out);
+    kv_array a[KV_ARRAYS_MAX];
+    int na = kv_arrays((nd_kv_state *)s, a); /* read through the slots only */
+    int back = conv_back(s), m = len < back ? len : back;
+    size_t cw = conv_width(s), conv = (size_t)s->m->dims.L * (size_t)m * cw * sizeof(float);
+    const float *cv_src = NULL;
+    if (m && len == s->cv_pin_at)
+        cv_src = s->cv_pin;
+    else if (m && !(owner && len <= s->len && conv_holds(s, len)))
+        return nd_error(ND_EARG, "snapshot of %d rows: the conv rows before them are not kept",
+                        len);
+    if (mapped && !local_holds(s, len))
+        return nd_error(ND_EARG, "snapshot of %d rows: the local layers' rows are not kept", len);
+    size_t bytes = conv;
+    for (int i = 0; i < na; i++)
+        bytes += a[i].layers * (size_t)len * a[i].row;
+    if (!(out->data = malloc(bytes + 1)))
+        return nd_error(ND_ENOMEM, "out of memory snapshotting %d KV rows", len);
+    char *p = out->data;
+    for (int i = 0; i < na; i++)
+        for (size_t l = 0; l < a[i].layers; l++) {
+            const char *base = (char *)*a[i].slot + l * (size_t)s->cap * a[i].row;
+            size_t n = (size_t)len * a[i].row;
+            if (mapped && a[i].per_slot && s->kv_local[l]) {
+                for (int r = 0; r < len; r++) /* rows the window no longer reads: zero */
+                    if (r < s->lr_base || r >= len - s->lr_win)
+                        memcpy(p + (size_t)r * a[i].row,
+                               base + (size_t)nd_kv_slot_row(s, (int)l, r) * a[i].row, a[i].row);
+                    else
+                        memset(p + (size_t)r * a[i].row, 0, a[i].row);
+            } else {
+                memcpy(p, base, n);
+            }
+            p += n;
+        }
+    for (int l = 0; l < s->m->dims.L; l++)
+        for (int i = 0; i < m; i++, p += cw * sizeof(float))
+            memcpy(p,
+                   cv_src ? cv_src + ((size_t)l * back + i) * cw
+                          : nd_kv_cv_row(s, l, nd_kv_key(s, len) - m + i),
+                   cw * sizeof(float));
+    out->len = len;
+    out->kv_int8 = s->kv_int8;
+    out->bytes = bytes;
     return ND_OK;
 }
 
@@ -511,33 +815,18 @@ int nd_kv_snapshot(const nd_kv_state *s, int len, nd_kv_snap *out)
     if (len < 0 || len > s->len || (s->evicted && len > s->n_sink))
         return nd_error(ND_EARG, "snapshot of %d rows: the state holds %d from position 0", len,
                         s->evicted ? s->n_sink : s->len);
-    return nd_kv_snapshot_rows(s, len, out);
+    if (len > s->redo_from)
+        return nd_error(ND_EARG, "snapshot of %d rows: they are to be run again", len);
+    return snapshot_impl(s, len, out, 1, s->lr_ring && len > s->lr_base);
 }
 
 /* Reads only what is fixed once rows are stored (the arrays, cap, the
- * format), never len: another thread's prefix cache copies lent rows
- * while their session appends after them. */
+ * format, the pinned prefix's conv rows), never len: another thread's
+ * prefix cache copies lent rows while their session appends after them.
+ * The rows are the pinned prefix's (in place in every layer). */
 int nd_kv_snapshot_rows(const nd_kv_state *s, int len, nd_kv_snap *out)
 {
-    memset(out, 0, sizeof *out);
-    kv_array a[KV_ARRAYS_MAX];
-    int na = kv_arrays((nd_kv_state *)s, a); /* read through the slots only */
-    size_t bytes = 0;
-    for (int i = 0; i < na; i++)
-        bytes += a[i].layers * (size_t)len * a[i].row;
-    if (!(out->data = malloc(bytes + 1)))
-        return nd_error(ND_ENOMEM, "out of memory snapshotting %d KV rows", len);
-    char *p = out->data;
-    for (int i = 0; i < na; i++)
-        for (size_t l = 0; l < a[i].layers; l++) {
-            size_t n = (size_t)len * a[i].row;
-            memcpy(p, (char *)*a[i].slot + l * (size_t)s->cap * a[i].row, n);
-            p += n;
-        }
-    out->len = len;
-    out->kv_int8 = s->kv_int8;
-    out->bytes = bytes;
-    return ND_OK;
+    return snapshot_impl(s, len, out, 0, 0);
 }
 
 int nd_kv_restore(nd_kv_state *s, const nd_kv_snap *snap)
@@ -550,15 +839,39 @@ int nd_kv_restore(nd_kv_state *s, const nd_kv_snap *snap)
     if (rc)
         return rc;
     kv_array a[KV_ARRAYS_MAX];
-    int na = kv_arrays(s, a);
+    int na = kv_arrays(s, a), len = snap->len;
     const char *p = snap->data;
     for (int i = 0; i < na; i++)
         for (size_t l = 0; l < a[i].layers; l++) {
-            size_t n = (size_t)snap->len * a[i].row;
-            memcpy((char *)*a[i].slot + l * (size_t)s->cap * a[i].row, p, n);
+            char *base = (char *)*a[i].slot + l * (size_t)s->cap * a[i].row;
+            size_t n = (size_t)len * a[i].row;
+            if (a[i].per_slot && s->lr_ring && s->kv_local[l] && len > s->lr_base) {
+                for (int r = 0; r < len; r++)
+                    if (r < s->lr_base || r >= len - s->lr_win)
+                        memcpy(base + (size_t)nd_kv_slot_row(s, (int)l, r) * a[i].row,
+                               p + (size_t)r * a[i].row, a[i].row);
+            } else {
+                memcpy(base, p, n);
+            }
             p += n;
         }
-    s->len = snap->len;
+    nd_kv_note_write(s, 0, len); /* what the rings now hold: the local window's rows */
+    if (s->lr_ring && len - s->lr_win > s->lr_base)
+        s->lr_lo = nd_kv_key(s, len - s->lr_win);
+    int back = conv_back(s), m = len < back ? len : back;
+    size_t cw = conv_width(s);
+    for (int l = 0; l < s->m->dims.L; l++)
+        for (int i = 0; i < m; i++, p += cw * sizeof(float)) {
+            memcpy(nd_kv_cv_row(s, l, (long)len - m + i), p, cw * sizeof(float));
+            memcpy(s->cv_pin + ((size_t)l * back + i) * cw, p, cw * sizeof(float));
+        }
+    if (s->cv) {
+        s->cv_lo = len - m;
+        s->cv_pin_at = len;
+        s->cv_pin_want = -1;
+    }
+    s->redo_from = INT_MAX;
+    s->len = len;
     return ND_OK;
 }
 
@@ -616,15 +929,19 @@ void nd_kv_store_rows(nd_kv_state *s, int l, int p0, int n, const float *k, cons
 {
     const san_dims *D = &s->m->dims;
     if (s->gen3) { /* rows in the layer's slot: float, or int8 per (row, kv head) */
-        size_t kd = (size_t)D->k_dim, vd = (size_t)D->v_dim, sc = (size_t)s->kv_slot[l] * s->cap;
+        int slot = s->kv_slot[l];
+        size_t kd = (size_t)D->k_dim, vd = (size_t)D->v_dim, sc = (size_t)slot * s->cap;
         size_t G = (size_t)D->G, hd = (size_t)D->hd, vhd = (size_t)D->v_hd;
-        if (!s->kv_int8) {
-            memcpy(s->k + (sc + (size_t)p0) * kd, k, (size_t)n * kd * sizeof(float));
-            memcpy(s->v + (sc + (size_t)p0) * vd, v, (size_t)n * vd * sizeof(float));
+        if (!s->kv_int8) { /* row by row: a local layer's ring wraps */
+            for (size_t i = 0; i < (size_t)n; i++) {
+                size_t row = sc + (size_t)nd_kv_slot_row(s, slot, p0 + (int)i);
+                memcpy(s->k + row * kd, k + i * kd, kd * sizeof(float));
+                memcpy(s->v + row * vd, v + i * vd, vd * sizeof(float));
+            }
             return;
         }
         for (size_t i = 0; i < (size_t)n; i++) {
-            size_t row = sc + (size_t)p0 + i;
+            size_t row = sc + (size_t)nd_kv_slot_row(s, slot, p0 + (int)i);
             for (size_t g = 0; g < G; g++) {
                 s->ks[row * G + g] =
                     quant_row_i8(k + i * kd + g * hd, s->k8 + row * kd + g * hd, hd);

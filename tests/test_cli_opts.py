@@ -37,7 +37,17 @@ def needle(*args, cwd=None):
                           timeout=120)
 
 
+_HELP = {}
+
+
 def help_options(args):
+    if tuple(args) in _HELP:
+        return _HELP[tuple(args)]
+    _HELP[tuple(args)] = opts = _help_options(args)
+    return opts
+
+
+def _help_options(args):
     p = needle(*args, "--help")
     if p.returncode != 0:
         check(False, f"needle {' '.join(args)} --help exits 0")

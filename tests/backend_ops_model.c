@@ -12,6 +12,7 @@
 
 #include "backend_ops.h"
 #include "core/status.h"
+#include "core/tuning.h"
 #include "testutil.h"
 #include "train/trainer.h"
 
@@ -235,11 +236,13 @@ void bo_model_check(const nd_backend *tgt)
     if (old)
         snprintf(keep, sizeof keep, "%s", old);
     setenv("NEEDLE_ACT_BUDGET_MB", "0", 1);
+    nd_tuning_refresh();
     run_pair("model: packed, recomputed", tgt, &bt, mk_packed, st_packed);
     if (old)
         setenv("NEEDLE_ACT_BUDGET_MB", keep, 1);
     else
         unsetenv("NEEDLE_ACT_BUDGET_MB");
+    nd_tuning_refresh();
     for (int s = 0; s < 2; s++) {
         model_pair *mp = s ? &tg : &ref;
         san_lora_free(&mp->lora);

@@ -54,6 +54,7 @@
 
 #include "backend_ops.h"
 #include "core/status.h"
+#include "core/tuning.h"
 
 nd_rng bo_rng;
 const nd_backend *bo_ref;
@@ -442,6 +443,7 @@ static int valid_name(const char *name)
 
 int main(int argc, char **argv)
 {
+    nd_tuning_refresh(); /* NEEDLE_PLUGIN_DIR ... (core/tuning.h) */
     if (argc != 2) {
         fprintf(stderr, "usage: test_backend_ops <backend: cpu, vulkan[:N], cuda[:N]>\n");
         return 2;

@@ -37,7 +37,17 @@ def needle(*args, cwd=None):
                           timeout=120)
 
 
+_HELP = {}
+
+
 def help_options(args):
+    if tuple(args) in _HELP:
+        return _HELP[tuple(args)]
+    _HELP[tuple(args)] = opts = _help_options(args)
+    return opts
+
+
+def _help_options(args):
     p = needle(*args, "--help")
     if p.returncode != 0:
         check(False, f"needle {' '.join(args)} --help exits 0")
@@ -80,14 +90,11 @@ def main():
         check(complete(script, ["needle", ""]) >= set(cmds),
               "the first word completes to every command")
 
-        forms = [[c] for c in cmds] + [["run", "--checkpoint", "X.pkl"], ["bench", "finetune"]]
+        forms = [[c] for c in cmds] + [["run", "--checkpoint", "X.pkl"], ["bench", "decode"],
+                                       ["bench", "finetune"]]
         total = 0
         for form in forms:
             opts = help_options(form)
-            # bench and its other sub-forms are not on the tables yet: their
-            # help is free text (the completion then offers what it names)
-            if not opts and form[0] == "bench":
-                continue
             check(opts, f"needle {' '.join(form)} --help lists options")
             offered = complete(script, ["needle", form[0], "--"])
             missing = sorted(opts - offered)
@@ -103,6 +110,16 @@ def main():
         for c in ("finetune", "eval", "init", "convert"):
             extra = sorted(complete(script, ["needle", c, "--"]) - help_options([c]) - {"--help"})
             check(not extra, f"completion of `needle {c} --` offers only its options {extra}")
+        # bench's forms share the word: the completion offers their union, nothing else
+        union = set().union(*(help_options(f) for f in (["bench"], ["bench", "decode"],
+                                                          ["bench", "finetune"])))
+        got = complete(script, ["needle", "bench", "--"]) - {"--help"}
+        check(got == union, f"completion of `needle bench --` is its forms' options "
+                            f"{sorted(got ^ union)}")
+        check(complete(script, ["needle", "bench", "train", "--preset", "ti"]) ==
+              {"tiny", "tiny3", "tiny3b"}, "bench --preset ti completes the tiny presets")
+        check(complete(script, ["needle", "bench", "train", "--precision", ""]) ==
+              {"fp32", "tf32", "bf16"}, "bench --precision completes fp32 tf32 bf16")
 
         # values: enum words, files, nothing for numbers
         check(complete(script, ["needle", "finetune", "--batching", ""]) ==
@@ -141,6 +158,15 @@ def main():
             (["tokenize", "--nope"], ["unknown option '--nope'"]),
             (["render", "d.jsonl", "--json=yes"], ["--json takes no value", "'yes'"]),
             (["grammar", "--sample=-1"], ["--sample", "'-1'"]),
+            (["bench", "train", "--batch", "0"], ["--batch", "'0'", "[1, 4096]"]),
+            (["bench", "forward", "--steps=x"], ["--steps", "'x'"]),
+            (["bench", "train", "--qat-bits", "8"], ["--qat-bits", "'8'", "[2, 4]"]),
+            (["bench", "train", "--quant=1"], ["--quant takes no value"]),
+            (["bench", "forward", "train"], ["unexpected argument 'train'"]),
+            (["bench", "decode", "--weights", "x.cact", "--chunk", "5000"],
+             ["--chunk", "'5000'", "[1, 4096]"]),
+            (["bench", "decode", "--float=yes"], ["--float takes no value"]),
+            (["bench", "decode", "--nope", "1"], ["unknown option '--nope'"]),
         ]
         for args, words in bad:
             p = needle(*args, cwd=tmp)

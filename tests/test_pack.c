@@ -13,6 +13,7 @@
 
 #include "core/rng.h"
 #include "core/status.h"
+#include "core/tuning.h"
 #include "train/trainer.h"
 #include "testutil.h"
 
@@ -276,6 +277,7 @@ int main(void)
     run_all();
     /* the same with layers recomputed in the backward (remat) */
     setenv("NEEDLE_ACT_BUDGET_MB", "0", 1);
+    nd_tuning_refresh();
     printf("layers recomputed in the backward:\n");
     run_all();
     san_lora_free(&lora);

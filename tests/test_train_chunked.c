@@ -13,6 +13,7 @@
 
 #include "core/rng.h"
 #include "core/status.h"
+#include "core/tuning.h"
 #include "train/trainer.h"
 #include "testutil.h"
 
@@ -46,6 +47,7 @@ static void set_env(const char *rows, const char *every, const char *budget)
     SET("NEEDLE_LANE_EVERY", every);
     SET("NEEDLE_ACT_BUDGET_MB", budget);
 #undef SET
+    nd_tuning_refresh(); /* the switches from the environment (core/tuning.h) */
 }
 
 /* one step (padded or packed) under the current environment */

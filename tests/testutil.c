@@ -4,9 +4,21 @@
 #include <stdlib.h>
 
 #include "core/status.h"
+#include "core/tuning.h"
 #include "io/cact.h"
 
 int tu_failures, tu_checks;
+
+/* A test program is an entry point: the library's switches (NEEDLE_QKERNEL
+ * ... set by ctest) from the environment, before main() (core/tuning.h). A
+ * test that changes one with setenv calls nd_tuning_refresh() again. */
+__attribute__((constructor)) static void tu_tuning_from_env(void)
+{
+    if (nd_tuning_refresh()) {
+        fprintf(stderr, "%s\n", nd_last_error());
+        exit(2);
+    }
+}
 
 double tu_rel_err(const float *a, const float *b, long n, double floor)
 {

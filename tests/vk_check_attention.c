@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "core/status.h"
+#include "core/tuning.h"
 
 static const nd_backend *cpu, *vk;
 static int failures;
@@ -194,6 +195,7 @@ static const int heads[][3] = {/* H, G, hd */
 
 int main(void)
 {
+    nd_tuning_refresh(); /* NEEDLE_PLUGIN_DIR ... (core/tuning.h) */
     cpu = nd_backend_cpu(1);
     vk = nd_backend_get("vulkan:0", 1);
     if (!vk) {

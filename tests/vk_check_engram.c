@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "core/status.h"
+#include "core/tuning.h"
 
 static const nd_backend *cpu, *vk;
 static int failures;
@@ -323,6 +324,7 @@ static void check_cross_entropy(long N, int V, int with_weight)
 
 int main(void)
 {
+    nd_tuning_refresh(); /* NEEDLE_PLUGIN_DIR ... (core/tuning.h) */
     setvbuf(stdout, NULL, _IOLBF, 0); /* progress survives a crash */
     cpu = nd_backend_cpu(2);
     vk = nd_backend_get("vulkan:0", 1);

@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "core/status.h"
+#include "core/tuning.h"
 
 static const nd_backend *cpu, *vk;
 static int failures;
@@ -343,6 +344,7 @@ static void check_gate_backward(long n)
 
 int main(int argc, char **argv)
 {
+    nd_tuning_refresh(); /* NEEDLE_PLUGIN_DIR ... (core/tuning.h) */
     int big = argc > 1 && !strcmp(argv[1], "--big"); /* model-sized cases too */
     srand(1234);
     cpu = nd_backend_cpu(1);

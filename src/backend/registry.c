@@ -17,6 +17,7 @@
 #include "backend/plugin.h"
 #include "core/selfpath.h"
 #include "core/status.h"
+#include "core/tuning.h"
 
 #ifndef NEEDLE_INSTALL_LIBDIR
 #define NEEDLE_INSTALL_LIBDIR "lib"
@@ -27,7 +28,7 @@ static void *plugin_load(const char *kind, char *why, size_t n)
 {
     char file[64], path[4096], dir[3072];
     snprintf(file, sizeof file, "libneedle_%s.so", kind);
-    const char *env = getenv("NEEDLE_PLUGIN_DIR");
+    const char *env = nd_tuning_get()->plugin_dir;
     /* NEEDLE_PLUGIN_DIR, beside this image (a build tree), then the
      * installed layout: PREFIX/lib/needle/ seen from PREFIX/bin/needle and
      * from PREFIX/lib/libneedle.so */
@@ -109,7 +110,7 @@ static const nd_backend *select_backend(const char *name, int threads);
  * exposed some other way), =0 never (auto is then the CPU). */
 static int gpu_could_exist(const char *kind)
 {
-    const char *force = getenv("NEEDLE_GPU_PROBE");
+    const char *force = nd_tuning_get()->gpu_probe;
     if (force && *force)
         return strcmp(force, "0") != 0;
 #ifdef __linux__
@@ -177,7 +178,7 @@ static int fb_supports(const nd_backend *be, enum nd_op op)
 static int env_declined(unsigned char *declined)
 {
     memset(declined, 0, ND_OP_COUNT);
-    const char *s = getenv("NEEDLE_BACKEND_DECLINE");
+    const char *s = nd_tuning_get()->backend_decline;
     while (s && *s) {
         size_t n = strcspn(s, ",");
         char op[64];
@@ -292,8 +293,7 @@ static const nd_backend *select_backend(const char *name, int threads)
             }
             index = (int)v;
         }
-        const char *sw = getenv("NEEDLE_VULKAN_SOFTWARE");
-        int allow_sw = sw && *sw && strcmp(sw, "0");
+        int allow_sw = nd_tuning_get()->vulkan_software;
         return plugin_open(kinds[k], index, allow_sw, threads, 0, &no_device);
     }
     nd_error(ND_EARG, "unknown device '%s' (expected auto, cpu, cuda[:N] or vulkan[:N])", name);

@@ -10,19 +10,20 @@
 
 #include "backend/backend.h"
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/rng.h"
 #include "core/status.h"
 #include "model/san.h"
 #include "train/optim.h"
 #include "train/trainer.h"
 
-static const char *bench_help =
+static const char *bench_usage =
     "usage: needle bench forward|train|decode|finetune\n"
     "                            [--preset tiny|needle2|tiny3|tiny3b|needle3]\n"
     "                            [--batch B] [--seq T]\n"
     "                            [--iters|--steps N] [--threads N] [--device D]\n"
-    "                            [--precision fp32|tf32|bf16] [--qat-bits N] [--quant]\n"
-    "\n"
+    "                            [--precision fp32|tf32|bf16] [--qat-bits N] [--quant]\n";
+static const char *bench_about =
     "forward: times the float32 forward pass (logits included) on random weights.\n"
     "decode:  engine prefill/decode tokens/s on a .cact (needle bench decode --help).\n"
     "finetune: LoRA steps on a JSONL file per batching mode (needle bench finetune --help).\n"
@@ -96,6 +97,93 @@ static double forward_flops(const san_model *m, int B, int T)
     return 2.0 * (N * (per_layer * D->L + eng + d * D->V) + attn * D->L);
 }
 
+/* What a run measured and on what, for the report. */
+typedef struct {
+    const char *what, *preset, *isa;
+    long long B, T, iters, qat_bits;
+    int train;
+    const san_model *m;
+    const nd_trainer *tr;
+    const nd_backend *be;
+    double *sec, *peak, *ratio; /* per iteration (sorted here) */
+    double first_qat, first_q3;
+    long first_q3_calls;
+} bench_run;
+
+static void bench_report(const bench_run *r)
+{
+    const san_model *m = r->m;
+    const nd_trainer *tr = r->tr;
+    const nd_backend *be = r->be;
+    long long B = r->B, T = r->T, iters = r->iters;
+    int train = r->train;
+    double *sec = r->sec, *peak = r->peak, *ratio = r->ratio;
+    /* Model FLOPs of a LoRA step: the forward plus the input-gradient
+     * backward (2 x forward; frozen weights get no weight gradient; the
+     * adapter's rank-16 GEMMs are small and not counted). A recomputed
+     * forward (remat) is extra hardware work, reported separately. */
+    double fwd = forward_flops(m, (int)B, (int)T);
+    double flops = train ? 2 * fwd : fwd;
+    /* each step against the peak probed just before it, then medians */
+    for (long long i = 0; i < iters; i++)
+        ratio[i] = peak[i] > 0 ? flops / sec[i] / 1e9 / peak[i] : 0;
+    qsort(sec, (size_t)iters, sizeof *sec, cmp_double);
+    qsort(peak, (size_t)iters, sizeof *peak, cmp_double);
+    qsort(ratio, (size_t)iters, sizeof *ratio, cmp_double);
+    double med = sec[iters / 2];
+    /* recomputed layers run their forward twice; with lanes saved at
+     * every k-th layer, the layers between run it once more */
+    int L = m->dims.L, every = tr->acts.lane_every > 1 ? tr->acts.lane_every : 1;
+    int seg = every > 1 ? L - (L + every - 1) / every : 0;
+    double hw = train ? flops + fwd * (L - tr->kept_layers + seg) / L : flops;
+    char keep[160];
+    snprintf(keep, sizeof keep,
+             " (%d of %d layers' activations kept, lanes saved every %d layer%s, logits "
+             "%ld rows at a time)",
+             tr->kept_layers, L, every, every > 1 ? "s" : "", tr->logit_rows);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    char where[64];
+    if (be->device)
+        snprintf(where, sizeof where, "device=%s", be->name);
+    else
+        snprintf(where, sizeof where, "threads=%d", be->threads);
+    printf("%s %s B=%lld T=%lld %s: min %.4f s  median %.4f s  "
+           "%.0f tokens/s (median)  %.1f model GFLOP/s  %.1f hardware GFLOP/s%s  "
+           "peak RSS %.1f MB\n",
+           r->what, r->preset, B, T, where, sec[0], med, (double)(B * T) / med, flops / med / 1e9,
+           hw / med / 1e9, train ? keep : "", nd_maxrss_mb(ru.ru_maxrss));
+    printf("  model FLOPs a %s: %.9g (attention %.9g)\n", train ? "step" : "forward", flops,
+           (train ? 2 : 1) * attention_flops(m, (int)B, (int)T));
+    if (tr->qat && tr->qat->calls > 1) /* the first call quantised the whole base */
+        printf("  qat W%lld: %.1f ms a step requantising the adapted projections\n", r->qat_bits,
+               (tr->qat->seconds - r->first_qat) / (double)(tr->qat->calls - 1) * 1e3);
+    if (tr->quant3 && tr->quant3_calls > r->first_q3_calls) /* set_quant3 did the whole base */
+        printf("  3.x training numerics: %.1f ms a step re-quantising the adapted projections\n",
+               (tr->quant3_seconds - r->first_q3) / (double)(tr->quant3_calls - r->first_q3_calls) *
+                   1e3);
+    if (ratio[iters / 2] > 0)
+        printf("  fp32 FMA peak probed before each iteration (%s, %d threads): %.1f GFLOP/s "
+               "median; model FLOPs reach %.1f%% of it (median of per-iteration ratios; "
+               "min %.1f%%, max %.1f%%)\n",
+               r->isa, be->threads, peak[iters / 2], 100 * ratio[iters / 2], 100 * ratio[0],
+               100 * ratio[iters - 1]);
+}
+
+/* one line of progress on stderr: a needle3-shape step can take minutes */
+static void bench_progress(long long i, long long iters, double dt)
+{
+    struct rusage ru_now;
+    char label[48];
+    getrusage(RUSAGE_SELF, &ru_now);
+    if (i < 0)
+        snprintf(label, sizeof label, "warm-up");
+    else
+        snprintf(label, sizeof label, "%lld of %lld", i + 1, iters);
+    fprintf(stderr, "  %-9s %s: %.3f s, peak RSS so far %.1f MB\n", "step", label, dt,
+            nd_maxrss_mb(ru_now.ru_maxrss));
+}
+
 int cli_bench(int argc, char **argv)
 {
     const char *what = NULL, *preset = "needle2", *device = "auto", *precision = NULL;
@@ -105,49 +193,27 @@ int cli_bench(int argc, char **argv)
         return cli_bench_decode(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "finetune"))
         return cli_bench_finetune(argc - 1, argv + 1);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(bench_help, stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--quant")) {
-            quant3 = 1;
-            continue;
-        }
-        if (a[0] != '-') {
-            if (what)
-                return cli_usage_error("bench", "unexpected argument '%s'", a);
-            what = a;
-            continue;
-        }
-        if (i + 1 >= argc)
-            return cli_usage_error("bench", "%s needs a value", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "--preset"))
-            preset = v;
-        else if (!strcmp(a, "--device"))
-            device = v;
-        else if (!strcmp(a, "--precision"))
-            precision = v;
-        else if (!strcmp(a, "--batch")) {
-            if (cli_parse_int(a, v, 1, 4096, &B))
-                return 2;
-        } else if (!strcmp(a, "--seq")) {
-            if (cli_parse_int(a, v, 1, 1 << 16, &T))
-                return 2;
-        } else if (!strcmp(a, "--iters") || !strcmp(a, "--steps")) {
-            if (cli_parse_int(a, v, 1, 10000, &iters))
-                return 2;
-        } else if (!strcmp(a, "--threads")) {
-            if (cli_parse_int(a, v, 1, 1024, &threads))
-                return 2;
-        } else if (!strcmp(a, "--qat-bits")) { /* train as finetune --qat --bits N */
-            if (cli_parse_int(a, v, 2, 4, &qat_bits))
-                return 2;
-        } else
-            return cli_usage_error("bench", "unknown option '%s'", a);
-    }
+    cli_opt opts[] = {
+        {"--preset", CLI_STR, &preset, 0, 0, "P", "tiny needle2 tiny3 tiny3b needle3",
+         "model shape, random weights (default needle2)", 0, 0},
+        {"--batch", CLI_I64, &B, 1, 4096, "B", NULL, "sequences per step (default 16)", 0, 0},
+        {"--seq", CLI_I64, &T, 1, 1 << 16, "T", NULL, "tokens per sequence (default 128)", 0, 0},
+        {"--iters", CLI_I64, &iters, 1, 10000, "N", NULL,
+         "timed iterations after one warm-up (default 5)", 0, 0},
+        {"--steps", CLI_I64, &iters, 1, 10000, "N", NULL, "the same as --iters", 0, 0},
+        CLI_OPT_THREADS(&threads),
+        CLI_OPT_DEVICE(&device, CLI_DEVICE_HELP),
+        CLI_OPT_PRECISION(&precision),
+        {"--qat-bits", CLI_I64, &qat_bits, 2, 4, "N", NULL,
+         "train: a Needle 2 preset trains as finetune --qat --bits N", 0, 0},
+        {"--quant", CLI_FLAG, &quant3, 0, 0, NULL, NULL,
+         "train on a Needle 3 preset: 3.x's training numerics (fake-quantised forward, "
+         "straight-through backward)",
+         0, 0},
+    };
+    cli_cmd cmd = {"bench", bench_usage, bench_about, NULL, opts, CLI_NOPTS(opts), 1, {0}, 0};
+    CLI_PARSE(&cmd, argc, argv);
+    what = cmd.n_pos ? cmd.pos[0] : NULL;
     if (!what || (strcmp(what, "forward") && strcmp(what, "train")))
         return cli_usage_error("bench", "expected a benchmark name: forward or train");
     int train = !strcmp(what, "train");
@@ -231,69 +297,13 @@ int cli_bench(int argc, char **argv)
         double dt = nd_wtime() - t0;
         if (i >= 0)
             sec[i] = dt;
-        if (!rc) { /* progress: a needle3-shape step can take minutes */
-            struct rusage ru_now;
-            char label[48];
-            getrusage(RUSAGE_SELF, &ru_now);
-            if (i < 0)
-                snprintf(label, sizeof label, "warm-up");
-            else
-                snprintf(label, sizeof label, "%lld of %lld", i + 1, iters);
-            fprintf(stderr, "  %-9s %s: %.3f s, peak RSS so far %.1f MB\n", "step", label, dt,
-                    nd_maxrss_mb(ru_now.ru_maxrss));
-        }
+        if (!rc)
+            bench_progress(i, iters, dt);
     }
     if (!rc) {
-        /* Model FLOPs of a LoRA step: the forward plus the input-gradient
-         * backward (2 x forward; frozen weights get no weight gradient; the
-         * adapter's rank-16 GEMMs are small and not counted). A recomputed
-         * forward (remat) is extra hardware work, reported separately. */
-        double fwd = forward_flops(&m, (int)B, (int)T);
-        double flops = train ? 2 * fwd : fwd;
-        /* each step against the peak probed just before it, then medians */
-        for (long long i = 0; i < iters; i++)
-            ratio[i] = peak[i] > 0 ? flops / sec[i] / 1e9 / peak[i] : 0;
-        qsort(sec, (size_t)iters, sizeof *sec, cmp_double);
-        qsort(peak, (size_t)iters, sizeof *peak, cmp_double);
-        qsort(ratio, (size_t)iters, sizeof *ratio, cmp_double);
-        double med = sec[iters / 2];
-        /* recomputed layers run their forward twice; with lanes saved at
-         * every k-th layer, the layers between run it once more */
-        int L = m.dims.L, every = tr.acts.lane_every > 1 ? tr.acts.lane_every : 1;
-        int seg = every > 1 ? L - (L + every - 1) / every : 0;
-        double hw = train ? flops + fwd * (L - tr.kept_layers + seg) / L : flops;
-        char keep[160];
-        snprintf(keep, sizeof keep,
-                 " (%d of %d layers' activations kept, lanes saved every %d layer%s, logits "
-                 "%ld rows at a time)",
-                 tr.kept_layers, L, every, every > 1 ? "s" : "", tr.logit_rows);
-        struct rusage ru;
-        getrusage(RUSAGE_SELF, &ru);
-        char where[64];
-        if (be->device)
-            snprintf(where, sizeof where, "device=%s", be->name);
-        else
-            snprintf(where, sizeof where, "threads=%d", be->threads);
-        printf("%s %s B=%lld T=%lld %s: min %.4f s  median %.4f s  "
-               "%.0f tokens/s (median)  %.1f model GFLOP/s  %.1f hardware GFLOP/s%s  "
-               "peak RSS %.1f MB\n",
-               what, preset, B, T, where, sec[0], med, (double)(B * T) / med, flops / med / 1e9,
-               hw / med / 1e9, train ? keep : "", nd_maxrss_mb(ru.ru_maxrss));
-        printf("  model FLOPs a %s: %.9g (attention %.9g)\n", train ? "step" : "forward", flops,
-               (train ? 2 : 1) * attention_flops(&m, (int)B, (int)T));
-        if (tr.qat && tr.qat->calls > 1) /* the first call quantised the whole base */
-            printf("  qat W%lld: %.1f ms a step requantising the adapted projections\n", qat_bits,
-                   (tr.qat->seconds - first_qat) / (double)(tr.qat->calls - 1) * 1e3);
-        if (tr.quant3 && tr.quant3_calls > first_q3_calls) /* set_quant3 did the whole base */
-            printf(
-                "  3.x training numerics: %.1f ms a step re-quantising the adapted projections\n",
-                (tr.quant3_seconds - first_q3) / (double)(tr.quant3_calls - first_q3_calls) * 1e3);
-        if (ratio[iters / 2] > 0)
-            printf("  fp32 FMA peak probed before each iteration (%s, %d threads): %.1f GFLOP/s "
-                   "median; model FLOPs reach %.1f%% of it (median of per-iteration ratios; "
-                   "min %.1f%%, max %.1f%%)\n",
-                   isa, be->threads, peak[iters / 2], 100 * ratio[iters / 2], 100 * ratio[0],
-                   100 * ratio[iters - 1]);
+        bench_run run = {what, preset, isa, B,    T,     iters,     qat_bits, train,         &m,
+                         &tr,  be,     sec, peak, ratio, first_qat, first_q3, first_q3_calls};
+        bench_report(&run);
     }
     free(sec);
     free(tok);

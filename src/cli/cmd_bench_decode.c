@@ -8,14 +8,15 @@
 #include <sys/resource.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "core/status.h"
 #include "engine/engine.h"
 #include "engine/model_internal.h"
 
-static const char *help =
+static const char *bd_usage =
     "usage: needle bench decode --weights X.cact [--prompt N] [--gen N] [--iters N]\n"
-    "                           [--threads N] [--chunk N] [--float]\n"
-    "\n"
+    "                           [--threads N] [--chunk N] [--float]\n";
+static const char *bd_about =
     "Loads the archive as the engine does (mapped, quantised matmuls on its CQ\n"
     "blobs; --float or NEEDLE_FLOAT=1: dequantised to float32), then times\n"
     "the prefill of an N-token prompt (default 256: a tool-calling prompt's size)\n"
@@ -60,40 +61,24 @@ int cli_bench_decode(int argc, char **argv)
 {
     const char *weights = NULL;
     long long P = 256, G = 128, iters = 3, threads = 0, chunk = ND_SESSION_CHUNK;
-    int quant = !nd_engine_float_path();
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(help, stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--float")) {
-            quant = 0;
-            continue;
-        }
-        if (i + 1 >= argc)
-            return cli_usage_error("bench", "%s needs a value", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "--weights"))
-            weights = v;
-        else if (!strcmp(a, "--prompt")) {
-            if (cli_parse_int(a, v, 1, 1 << 20, &P))
-                return 2;
-        } else if (!strcmp(a, "--gen")) {
-            if (cli_parse_int(a, v, 1, 1 << 20, &G))
-                return 2;
-        } else if (!strcmp(a, "--iters")) {
-            if (cli_parse_int(a, v, 1, 1000, &iters))
-                return 2;
-        } else if (!strcmp(a, "--chunk")) {
-            if (cli_parse_int(a, v, 1, 4096, &chunk))
-                return 2;
-        } else if (!strcmp(a, "--threads")) {
-            if (cli_parse_int(a, v, 1, 1024, &threads))
-                return 2;
-        } else
-            return cli_usage_error("bench", "unknown option '%s'", a);
-    }
+    int as_float = 0;
+    cli_opt opts[] = {
+        {"--weights", CLI_PATH, &weights, 0, 0, "X.cact", NULL, "the archive (required)", 0, 0},
+        {"--prompt", CLI_I64, &P, 1, 1 << 20, "N", NULL, "prompt tokens prefilled (default 256)", 0,
+         0},
+        {"--gen", CLI_I64, &G, 1, 1 << 20, "N", NULL, "tokens decoded greedily (default 128)", 0,
+         0},
+        {"--iters", CLI_I64, &iters, 1, 1000, "N", NULL,
+         "runs; best and median are printed (default 3)", 0, 0},
+        CLI_OPT_THREADS(&threads),
+        {"--chunk", CLI_I64, &chunk, 1, 4096, "N", NULL,
+         "most prompt tokens one forward runs at once (default: a session's chunk)", 0, 0},
+        {"--float", CLI_FLAG, &as_float, 0, 0, NULL, NULL,
+         "dequantise the archive to float32 at load (as NEEDLE_FLOAT=1)", 0, 0},
+    };
+    cli_cmd cmd = {"bench decode", bd_usage, bd_about, NULL, opts, CLI_NOPTS(opts), 0, {0}, 0};
+    CLI_PARSE(&cmd, argc, argv);
+    int quant = !as_float && !nd_engine_float_path();
     if (!weights)
         return cli_usage_error("bench", "decode needs --weights X.cact");
     double t0 = nd_wtime();

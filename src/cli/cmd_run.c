@@ -1,6 +1,5 @@
 /* needle run: load a .cact, declare tools, answer a query with a
  * grammar-constrained tool call; print the envelope JSON. */
-#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +8,7 @@
 #include "cli/opts.h"
 #include "core/fileio.h"
 #include "core/status.h"
+#include "core/tuning.h"
 #include "needle.h"
 
 static const char *run_usage =
@@ -68,8 +68,8 @@ int cli_run(int argc, char **argv)
          "generation budget per turn (default 256)", 0, 0},
         {"--kv-window", CLI_I64, &kvw, 1, 1 << 24, "N", NULL,
          "keep and attend to the last N positions (plus the pinned system + tools prefix) "
-         "instead of the archive's kv_window: 256 is the small-memory choice (sets "
-         "$NEEDLE_KV_WINDOW, which the library reads)",
+         "instead of the archive's kv_window: 256 is the small-memory choice (as "
+         "$NEEDLE_KV_WINDOW)",
          0, 0},
         {"--interactive", CLI_FLAG, &interactive, 0, 0, NULL, NULL,
          "keep the session: read follow-ups from stdin, one per line (after a call, a line is the "
@@ -82,11 +82,11 @@ int cli_run(int argc, char **argv)
         0};
     CLI_PARSE(&cmd, argc, argv);
     query = cmd.n_pos ? cmd.pos[0] : NULL;
-    if (kvw) {
-        char num[32];
-        snprintf(num, sizeof num, "%lld", kvw);
-        if (setenv("NEEDLE_KV_WINDOW", num, 1))
-            return cli_usage_error("run", "cannot set NEEDLE_KV_WINDOW");
+    if (kvw) { /* in place of $NEEDLE_KV_WINDOW, which main() read */
+        nd_tuning t = *nd_tuning_get();
+        snprintf(t.kv_window, sizeof t.kv_window, "%lld", kvw);
+        if (nd_tuning_use(&t))
+            return cli_fail(NULL);
     }
     char base[4096];
     if (!weights) {

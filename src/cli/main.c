@@ -5,6 +5,8 @@
 
 #include "cli/cli.h"
 #include "cli/opts.h"
+#include "core/status.h"
+#include "core/tuning.h"
 
 static const cli_command commands[] = {
     {"init", cli_init, "write a fresh random base checkpoint (upstream pickle format)"},
@@ -57,8 +59,17 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "--completion") && argc == 3 && !strcmp(argv[2], "bash"))
         return cli_gen_completion(stdout, commands, sizeof commands / sizeof commands[0]);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name))
+        if (!strcmp(argv[1], commands[i].name)) {
+            /* the library's tuning switches (NEEDLE_QKERNEL, NEEDLE_KV_WINDOW
+             * ...) are read here, at the entry, and handed to the library
+             * (core/tuning.h); nothing below reads them from the environment */
+            nd_tuning t;
+            if (nd_tuning_from_env(&t) || nd_tuning_use(&t)) {
+                fprintf(stderr, "needle: %s\n", nd_last_error());
+                return 2;
+            }
             return commands[i].fn(argc - 1, argv + 1);
+        }
     if (!strcmp(argv[1], "fetch")) {
         /* upstream's `fetch` downloads its prebuilt engine library */
         fprintf(stderr, "needle: fetch: this needle is the engine: no prebuilt library to fetch; "

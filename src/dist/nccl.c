@@ -7,6 +7,7 @@
 
 #include "backend/backend.h"
 #include "core/status.h"
+#include "core/tuning.h"
 #include "dist/dist.h"
 #include "dist/dist_internal.h"
 
@@ -39,7 +40,7 @@ static const char *nccl_err(const nd_nccl *x, int e)
  * turns NCCL off): 0, or -1 with why */
 static int nccl_load(nd_nccl *x, char *why, size_t whylen)
 {
-    const char *env = getenv("NEEDLE_NCCL");
+    const char *env = nd_tuning_get()->nccl;
     const char *names[] = {env && *env ? env : "libnccl.so.2", "libnccl.so"};
     const char *err = "";
     for (int i = 0; i < (env && *env ? 1 : 2) && !x->lib; i++) {
@@ -75,7 +76,7 @@ int nd_dist_device_open(nd_dist *d, const nd_backend *be)
 {
     if (!d || d->nccl || !be || !be->device || strcmp(be->name, "cuda"))
         return ND_OK;
-    const char *env = getenv("NEEDLE_NCCL");
+    const char *env = nd_tuning_get()->nccl;
     char why[200] = "";
     nd_nccl *x = calloc(1, sizeof *x);
     if (!x)

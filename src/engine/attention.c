@@ -9,6 +9,7 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "core/threadpool.h"
+#include "core/tuning.h"
 #include "engine/attention.h"
 #include "engine/kv_internal.h"
 
@@ -201,7 +202,7 @@ static int att_best = ND_ATT_REF;
 
 static void select_att_kernel(void)
 {
-    const char *want = getenv("NEEDLE_ATT");
+    const char *want = nd_tuning_get()->att;
     if (nd_att_avx512_supported() && !(want && !strcmp(want, "ref")))
         att_best = want && !strcmp(want, "avx512") ? ND_ATT_AVX512
                    : nd_amx_usable()               ? ND_ATT_AMX
@@ -298,7 +299,7 @@ static void select_att3_kernel(void)
 {
     for (int k = 0; k < 3; k++)
         att3_ok[k] = nd_att3_supported(k);
-    const char *want = getenv("NEEDLE_ATT");
+    const char *want = nd_tuning_get()->att;
     if (want && !strcmp(want, "ref"))
         return;
     if (want && !strcmp(want, "avx2") && nd_att3_supported(ND_ATT3_AVX2))

@@ -10,6 +10,7 @@
 
 #include "core/status.h"
 #include "core/threadpool.h"
+#include "core/tuning.h"
 #include "engine/attention.h"
 #include "engine/engine.h"
 #include "engine/kv_internal.h"
@@ -363,8 +364,7 @@ static int decode_threads(void)
 {
     static int v = -1;
     if (v < 0) {
-        const char *e = getenv("NEEDLE_DECODE_THREADS");
-        v = !(e && !strcmp(e, "0"));
+        v = !nd_tuning_get()->decode_one_thread;
     }
     return v;
 }

@@ -8,6 +8,7 @@
 
 #include "core/fp16.h"
 #include "core/status.h"
+#include "core/tuning.h"
 #include "engine/engine.h"
 #include "engine/model_internal.h"
 #include "io/cact_bytes.h"
@@ -310,8 +311,7 @@ void nd_cact_release_pages(const cact_file *f)
 
 int nd_engine_float_path(void)
 {
-    const char *v = getenv("NEEDLE_FLOAT");
-    return v && *v && strcmp(v, "0");
+    return nd_tuning_get()->float_path;
 }
 
 int nd_cact_to_model(const cact_file *f, san_model *m)

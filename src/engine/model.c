@@ -8,6 +8,7 @@
 
 #include "core/sha256.h"
 #include "core/status.h"
+#include "core/tuning.h"
 #include "engine/model_internal.h"
 #include "text/render.h"
 
@@ -213,6 +214,8 @@ needle_model *needle_model_load_buffer(const void *data, size_t len)
         return NULL;
     }
     cact_file f;
+    if (nd_tuning_refresh()) /* a C ABI entry: the switches from the environment */
+        return NULL;
     int quant = !nd_engine_float_path();
     if (quant ? cact_own_copy(data, len, &f) : cact_parse(data, len, &f))
         return NULL;
@@ -256,6 +259,8 @@ needle_model *needle_model_load(const char *path)
         return NULL;
     }
     cact_file f;
+    if (nd_tuning_refresh()) /* a C ABI entry: the switches from the environment */
+        return NULL;
     int quant = !nd_engine_float_path();
     if (quant ? cact_map_file(path, &f) : cact_read_file(path, &f))
         return NULL;

@@ -5,13 +5,14 @@
 #include <string.h>
 
 #include "core/sha256.h"
+#include "core/tuning.h"
 
 void nd_prefix_cache_init(nd_prefix_cache *c)
 {
     memset(c, 0, sizeof *c);
     pthread_mutex_init(&c->mu, NULL);
     c->limit = 4;
-    const char *env = getenv("NEEDLE_PREFIX_CACHE");
+    const char *env = nd_tuning_get()->prefix_cache;
     if (env && *env) {
         long v = strtol(env, NULL, 10);
         c->limit = v < 0 ? 0 : v > ND_PREFIX_CACHE_MAX ? ND_PREFIX_CACHE_MAX : (int)v;

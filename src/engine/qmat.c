@@ -20,6 +20,7 @@
 #include "core/fp16.h"
 #include "core/status.h"
 #include "core/threadpool.h"
+#include "core/tuning.h"
 #include "model/cq.h"
 
 static int stored_bits(int bits)
@@ -147,7 +148,7 @@ static void cb_compute(void)
         for (int j = 0; j < ND_QGROUP; j++)
             layout_inv[l][layout_pos[l][j]] = (uint8_t)j;
     place_vbmi = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                 __builtin_cpu_supports("avx512vbmi") && !getenv("NEEDLE_NO_VBMI");
+                 __builtin_cpu_supports("avx512vbmi") && !nd_tuning_get()->no_vbmi;
     row_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl");
 #endif
@@ -553,7 +554,7 @@ static void select_kernels(void)
 #endif
 #endif
     best_kernel = &kernels[n_kernels - 1];
-    const char *want = getenv("NEEDLE_QKERNEL");
+    const char *want = nd_tuning_get()->qkernel;
     for (int i = 0; want && i < n_kernels; i++)
         if (!strcmp(kernels[i].name, want))
             best_kernel = &kernels[i];

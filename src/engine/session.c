@@ -11,6 +11,7 @@
 #include "core/fileio.h"
 #include "core/sha256.h"
 #include "core/status.h"
+#include "core/tuning.h"
 #include "engine/engine.h"
 #include "engine/grammar.h"
 #include "engine/model_internal.h"
@@ -97,7 +98,7 @@ static nd_embedder embedder(const needle_model *M)
  * the system + tools prefix stays pinned either way. */
 static int kv_window_env(int *kvw)
 {
-    const char *e = getenv("NEEDLE_KV_WINDOW");
+    const char *e = nd_tuning_get()->kv_window;
     if (!e || !*e)
         return ND_OK;
     char *end;
@@ -153,6 +154,8 @@ needle_session *needle_session_new(needle_model *M, const char *system, const ch
 needle_session *needle_session_new_with_index(needle_model *M, const char *system,
                                               const char *tools_json, const char *tool_index_path)
 {
+    if (nd_tuning_refresh()) /* a C ABI entry: the switches from the environment */
+        return NULL;
     if (tool_index_path && !*tool_index_path)
         tool_index_path = NULL;
     if (!M) {

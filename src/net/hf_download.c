@@ -16,6 +16,7 @@
 #include "core/fileio.h"
 #include "core/sha256.h"
 #include "core/status.h"
+#include "core/tuning.h"
 
 #ifdef NEEDLE_HAVE_CURL
 #include "net/curl_dl.h"
@@ -296,7 +297,7 @@ static int is_hex(const char *s, size_t len)
 
 static int stall_seconds(int *out)
 {
-    const char *v = getenv("NEEDLE_HF_STALL_S");
+    const char *v = nd_tuning_get()->hf_stall_s;
     *out = STALL_DEFAULT_S;
     if (!v || !*v)
         return ND_OK;

@@ -7,6 +7,7 @@
 #include "core/mem.h"
 #include "core/status.h"
 #include "core/threadpool.h"
+#include "core/tuning.h"
 
 static float *merged_slot(const nd_trainer *tr, int t);
 static void zero_grads(nd_trainer *tr);
@@ -31,7 +32,7 @@ static int trainer_init(nd_trainer *tr, const san_model *m, const nd_backend *be
      * the fewest; then as many layers' activations as fit in the rest (the
      * first ones); the others are recomputed layer by layer like
      * upstream's remat. */
-    const char *env = getenv("NEEDLE_ACT_BUDGET_MB");
+    const char *env = nd_tuning_get()->act_budget_mb;
     double budget_mb = env && *env ? atof(env) : act_budget_mb >= 0 ? act_budget_mb : 3072.0;
     int L = m->dims.L;
     double layer_mb = (double)san_layer_acts_bytes(m, cap_rows) / 1048576.0;
@@ -45,7 +46,7 @@ static int trainer_init(nd_trainer *tr, const san_model *m, const nd_backend *be
             break;
         }
     }
-    const char *env_every = getenv("NEEDLE_LANE_EVERY"); /* tests: force k */
+    const char *env_every = nd_tuning_get()->lane_every; /* tests: force k */
     if (env_every && *env_every && atoi(env_every) >= 1)
         every = atoi(env_every) < L ? atoi(env_every) : L;
     tr->lane_every = every;
@@ -58,7 +59,7 @@ static int trainer_init(nd_trainer *tr, const san_model *m, const nd_backend *be
     }
     /* logits a slice of rows at a time (never [rows, V] at once) */
     long slice = (long)(ND_LOGIT_SLICE_MB * 1048576.0 / ((double)m->dims.V_out * sizeof(float)));
-    const char *env_rows = getenv("NEEDLE_LOGIT_ROWS"); /* tests: force the slice */
+    const char *env_rows = nd_tuning_get()->logit_rows; /* tests: force the slice */
     if (env_rows && *env_rows && atol(env_rows) >= 1)
         slice = atol(env_rows);
     if (slice < 1)

@@ -4,6 +4,7 @@
  * the rest pair whole vectors. A decode step's Hadamard MLP runs two of
  * these per layer on the calling thread. */
 #include "backend/cpu/cpu_kernels.h"
+#include "core/tuning.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -44,7 +45,7 @@ static int fwht_simd(void)
 {
     static int have = -1; /* a benign race: every thread computes the same */
     if (have < 0)
-        have = __builtin_cpu_supports("avx512f") && !getenv("NEEDLE_FWHT_REF");
+        have = __builtin_cpu_supports("avx512f") && !nd_tuning_get()->fwht_ref;
     return have;
 }
 

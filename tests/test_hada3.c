@@ -460,6 +460,111 @@ static int mode_dump(const char *path, int d, int untied, int split, long N, lon
     return ok ? 0 : 1;
 }
 
+/* The CPU's hada3_mix and hada3_mix_backward ops (which stage each row
+ * through its places in address order) against the plain loops of
+ * backend/ops.def: permuted, padded (-1) and repeated source places,
+ * unwritten destination places, row strides of the blocked layouts, cond
+ * and silu on and off. */
+static double ref_silu_d(double h, double *dact)
+{
+    double s = 1.0 / (1.0 + exp(-h));
+    *dact = s * (1.0 + h * (1.0 - s));
+    return h * s;
+}
+
+static void check_mix_ops(void)
+{
+    enum { N = 37, BA = 4, BB = 8, C = BA * BB, RANK = 8 };
+    nd_rng rng;
+    nd_rng_seed(&rng, 31);
+    int32_t so[C], dso[C];
+    for (int m = 0; m < C; m++) { /* src: layout I permuted; dst: layout J */
+        so[m] = (int32_t)((m / BB) * N * BB + m % BB);
+        dso[m] = (int32_t)((m % BB) * N * BA + m / BB);
+    }
+    for (int m = C - 1; m > 0; m--) {
+        int k = (int)nd_rng_below(&rng, (uint64_t)m + 1);
+        int32_t t = so[m];
+        so[m] = so[k];
+        so[k] = t;
+    }
+    so[3] = -1;     /* padding */
+    so[9] = so[20]; /* read twice (dsrc there: the later feature's value) */
+    dso[5] = dso[17] = -1;
+    long nsrc = (long)N * C, ndst = (long)N * C;
+    float *src = malloc(sizeof(float) * nsrc), *ddst = malloc(sizeof(float) * ndst);
+    float *scale = malloc(sizeof(float) * C), *bias = malloc(sizeof(float) * C);
+    float *p = malloc(sizeof(float) * N * RANK), *cu = malloc(sizeof(float) * RANK * C);
+    float *dst = malloc(sizeof(float) * ndst), *rdst = malloc(sizeof(float) * ndst);
+    float *dsrc = malloc(sizeof(float) * nsrc), *rdsrc = malloc(sizeof(float) * nsrc);
+    float *dcond = malloc(sizeof(float) * N * C), *rdcond = malloc(sizeof(float) * N * C);
+    float dscale[C], dbias[C], rdscale[C], rdbias[C];
+    if (!src || !ddst || !scale || !bias || !p || !cu || !dst || !rdst || !dsrc || !rdsrc ||
+        !dcond || !rdcond)
+        exit(2);
+    for (long i = 0; i < nsrc; i++)
+        src[i] = (float)nd_rng_normal(&rng);
+    for (long i = 0; i < ndst; i++)
+        ddst[i] = (float)nd_rng_normal(&rng);
+    for (int m = 0; m < C; m++) {
+        scale[m] = (float)nd_rng_normal(&rng);
+        bias[m] = 0.5f * (float)nd_rng_normal(&rng);
+    }
+    for (long i = 0; i < (long)N * RANK; i++)
+        p[i] = 0.2f * (float)nd_rng_normal(&rng);
+    for (long i = 0; i < (long)RANK * C; i++)
+        cu[i] = 0.5f * (float)nd_rng_normal(&rng);
+    for (int variant = 0; variant < 2; variant++) { /* 0 plain, 1 cond + bias + silu */
+        const float *pp = variant ? p : NULL, *cc = variant ? cu : NULL,
+                    *bb = variant ? bias : NULL;
+        int rank = variant ? RANK : 0, silu = variant;
+        for (long i = 0; i < ndst; i++)
+            dst[i] = rdst[i] = 7.0f; /* places not written keep it */
+        for (long i = 0; i < nsrc; i++)
+            dsrc[i] = rdsrc[i] = 7.0f;
+        for (int m = 0; m < C; m++)
+            dscale[m] = rdscale[m] = dbias[m] = rdbias[m] = 1.0f;
+        for (int r = 0; r < N; r++)
+            for (int m = 0; m < C; m++) {
+                double v = so[m] < 0 ? 0.0 : src[so[m] + r * BB], g = 1.0;
+                for (int q = 0; q < rank; q++)
+                    g += (double)pp[r * RANK + q] * cc[q * C + m];
+                double h = scale[m] * g * v + (bb ? bb[m] : 0.0), da = 1.0;
+                double y = silu ? ref_silu_d(h, &da) : h;
+                if (dso[m] >= 0)
+                    rdst[dso[m] + r * BA] = (float)y;
+                double e = dso[m] < 0 ? 0.0 : ddst[dso[m] + r * BA] * da;
+                if (so[m] >= 0)
+                    rdsrc[so[m] + r * BB] = (float)(e * scale[m] * g);
+                rdcond[r * C + m] = (float)(e * scale[m] * v);
+                rdscale[m] += (float)(e * g * v);
+                rdbias[m] += (float)e;
+            }
+        be->hada3_mix(be, dst, dso, BA, src, so, BB, scale, pp, cc, rank, bb, silu, N, C);
+        be->hada3_mix_backward(be, dsrc, dcond, dscale, dbias, ddst, dso, BA, src, so, BB, scale,
+                               pp, cc, rank, bb, silu, N, C);
+        nd_backend_sync(be);
+        double e1 = tu_rel_err(dst, rdst, ndst, 1.0), e2 = tu_rel_err(dsrc, rdsrc, nsrc, 1.0);
+        double e3 = tu_rel_err(dcond, rdcond, (long)N * C, 1.0);
+        double e4 = tu_rel_err(dscale, rdscale, C, 1.0), e5 = tu_rel_err(dbias, rdbias, C, 1.0);
+        CHECK_MSG(e1 < 1e-5 && e2 < 1e-5 && e3 < 1e-5 && e4 < 1e-4 && e5 < 1e-4,
+                  "hada3_mix ops variant %d: dst %.3g dsrc %.3g dcond %.3g dscale %.3g dbias %.3g",
+                  variant, e1, e2, e3, e4, e5);
+    }
+    free(src);
+    free(ddst);
+    free(scale);
+    free(bias);
+    free(p);
+    free(cu);
+    free(dst);
+    free(rdst);
+    free(dsrc);
+    free(rdsrc);
+    free(dcond);
+    free(rdcond);
+}
+
 int main(int argc, char **argv)
 {
     /* test_hada3 DEVICE: the same checks on another backend (77: absent) */
@@ -483,6 +588,8 @@ int main(int argc, char **argv)
     }
     printf("backend: %s\n", be->name);
     check_geometry();
+    if (!be->device) /* host pointers into the op: the CPU's */
+        check_mix_ops();
     static const int dims[] = {2, 3, 12, 16, 24, 32, 100};
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
         for (int untied = 0; untied < 2; untied++)

@@ -17,7 +17,87 @@ typedef struct {
     const int32_t *doff, *soff;
     int drs, srs, rank, silu, cols;
     long N;
+    const struct mix_plan *sp, *dp; /* soff's and doff's plans */
+    float *buf;                     /* per thread: buf_floats each */
+    size_t buf_floats;
 } mix_args;
+
+/* A row's places in address order. The blocked layouts put feature m of
+ * row r at off[m] + r*rs with off[] made of runs of bb consecutive floats
+ * N*bb floats apart: with N*bb a power of two every run of a row falls in
+ * the same cache sets, and per-feature gathers and scatters in feature
+ * order (through the permutations) evict each other's lines before they
+ * are used up. Staged through the plan
+ * a row is read and written run by run in address order (each line once,
+ * whole) and the permuted access happens in a row-sized buffer in L1. */
+typedef struct mix_plan {
+    int32_t *pos;  /* cols: feature m's slot in address order; n (a zero slot) if off[m] < 0 */
+    int32_t *feat; /* n: the feature in slot k (ties in feature order) */
+    int32_t *run;  /* nrun triples: first offset, first slot, length */
+    int n, nrun;
+} mix_plan;
+
+static int cmp_i64(const void *x, const void *y)
+{
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+
+static void plan_make(mix_plan *P, const int32_t *off, int cols)
+{
+    size_t c = (size_t)(cols > 0 ? cols : 1);
+    P->pos = cpu_xalloc(sizeof(int32_t) * 5 * c);
+    P->feat = P->pos + c;
+    P->run = P->feat + c;
+    int64_t *key = cpu_xalloc(sizeof(int64_t) * c); /* offset, then feature */
+    int n = 0;
+    for (int m = 0; m < cols; m++)
+        if (off[m] >= 0)
+            key[n++] = (int64_t)off[m] << 32 | m;
+    qsort(key, (size_t)n, sizeof *key, cmp_i64);
+    for (int k = 0; k < n; k++)
+        P->feat[k] = (int32_t)(key[k] & 0xffffffff);
+    free(key);
+    for (int m = 0; m < cols; m++)
+        P->pos[m] = n;
+    int nrun = 0;
+    for (int k = 0; k < n; k++) {
+        int32_t o = off[P->feat[k]];
+        P->pos[P->feat[k]] = k;
+        if (nrun && o == P->run[3 * (nrun - 1)] + P->run[3 * (nrun - 1) + 2])
+            P->run[3 * (nrun - 1) + 2]++;
+        else {
+            P->run[3 * nrun] = o;
+            P->run[3 * nrun + 1] = k;
+            P->run[3 * nrun + 2] = 1;
+            nrun++;
+        }
+    }
+    P->n = n;
+    P->nrun = nrun;
+}
+
+/* S[k] = row[off of slot k] for every slot, S[n] = 0 */
+static void plan_load(const mix_plan *P, float *S, const float *row)
+{
+    for (int i = 0; i < P->nrun; i++) {
+        const int32_t *R = P->run + 3 * i;
+        memcpy(S + R[1], row + R[0], sizeof(float) * (size_t)R[2]);
+    }
+    S[P->n] = 0.0f;
+}
+
+/* row[off of slot k] = V[feat[k]] for every slot, in address order */
+static void plan_store(const mix_plan *P, float *row, const float *V)
+{
+    for (int i = 0; i < P->nrun; i++) {
+        const int32_t *R = P->run + 3 * i;
+        float *o = row + R[0];
+        const int32_t *f = P->feat + R[1];
+        for (int t = 0; t < R[2]; t++)
+            o[t] = V[f[t]];
+    }
+}
 
 /* g[m - m0] = 1 + sum_q p[q] cu[q*cols + m] for m in [m0, m1) */
 static void mix_gain(float *g, const float *p, const float *cu, int rank, int cols, int m0, int m1)
@@ -36,24 +116,20 @@ static void mix_gain(float *g, const float *p, const float *cu, int rank, int co
  * buffers, computed in straight loops that vectorise, scattered back. */
 #define MIX_CHUNK 256
 
-/* v[k] = src feature m0 + k of row r (0 where its offset is negative) */
-static void mix_gather(float *v, const float *src, const int32_t *off, long base, int m0, int m1)
-{
-    for (int m = m0; m < m1; m++)
-        v[m - m0] = off[m] < 0 ? 0.0f : src[off[m] + base];
-}
-
 static void mix_rows(void *ctx, long r0, long r1, int tid)
 {
-    (void)tid;
     const mix_args *a = ctx;
     int cols = a->cols;
     float g[MIX_CHUNK], v[MIX_CHUNK];
-    for (long r = r0; r < r1; r++)
+    float *S = a->buf + (size_t)tid * a->buf_floats, *O = S + a->sp->n + 1;
+    for (long r = r0; r < r1; r++) {
+        plan_load(a->sp, S, a->src + r * a->srs);
         for (int m0 = 0; m0 < cols; m0 += MIX_CHUNK) {
             int m1 = m0 + MIX_CHUNK < cols ? m0 + MIX_CHUNK : cols, w = m1 - m0;
             const float *sc = a->scale + m0;
-            mix_gather(v, a->src, a->soff, r * a->srs, m0, m1);
+            const int32_t *sp = a->sp->pos + m0;
+            for (int k = 0; k < w; k++)
+                v[k] = S[sp[k]];
             if (a->p) {
                 mix_gain(g, a->p + r * a->rank, a->cu, a->rank, cols, m0, m1);
                 for (int k = 0; k < w; k++)
@@ -67,12 +143,10 @@ static void mix_rows(void *ctx, long r0, long r1, int tid)
             if (a->silu)
                 for (int k = 0; k < w; k++)
                     v[k] = san_silu(v[k]);
-            float *dst = a->dst + r * a->drs;
-            const int32_t *doff = a->doff + m0;
-            for (int k = 0; k < w; k++)
-                if (doff[k] >= 0)
-                    dst[doff[k]] = v[k];
+            memcpy(O + m0, v, sizeof(float) * (size_t)w);
         }
+        plan_store(a->dp, a->dst + r * a->drs, O);
+    }
 }
 
 void cpu_hada3_mix(const nd_backend *be, float *dst, const int32_t *doff, int drs, const float *src,
@@ -94,7 +168,19 @@ void cpu_hada3_mix(const nd_backend *be, float *dst, const int32_t *doff, int dr
                   .silu = silu,
                   .cols = cols,
                   .N = N};
+    if (N <= 0)
+        return;
+    mix_plan sp, dp;
+    plan_make(&sp, soff, cols);
+    plan_make(&dp, doff, cols);
+    a.sp = &sp;
+    a.dp = &dp;
+    a.buf_floats = (size_t)sp.n + 1 + (size_t)cols;
+    a.buf = cpu_xalloc(sizeof(float) * a.buf_floats * (size_t)nd_get_threads());
     nd_parallel_for(N, 16, mix_rows, &a);
+    free(a.buf);
+    free(sp.pos);
+    free(dp.pos);
 }
 
 /* The backward runs over row shares; dscale / dbias sum per-thread
@@ -116,13 +202,22 @@ static void mix_bwd_share(void *ctx, int tid, int team)
     double *ss = C->part ? C->part + (size_t)tid * 2 * (size_t)cols : NULL;
     double *sb = ss ? ss + cols : NULL;
     float g[MIX_CHUNK], v[MIX_CHUNK], e[MIX_CHUNK], t[MIX_CHUNK];
-    for (long r = r0; r < r1; r++)
+    /* v (the forward's input) enters only silu', dcond and dscale */
+    const float *src = a->silu || a->dcond || ss ? a->src : NULL;
+    float *E = a->buf + (size_t)tid * a->buf_floats, *S = E + a->dp->n + 1, *Tb = S + a->sp->n + 1;
+    for (long r = r0; r < r1; r++) {
+        plan_load(a->dp, E, a->ddst + r * a->drs);
+        if (src)
+            plan_load(a->sp, S, src + r * a->srs);
         for (int m0 = 0; m0 < cols; m0 += MIX_CHUNK) {
             int m1 = m0 + MIX_CHUNK < cols ? m0 + MIX_CHUNK : cols, w = m1 - m0;
             const float *sc = a->scale + m0;
-            mix_gather(e, a->ddst, a->doff, r * a->drs, m0, m1);
-            if (a->src)
-                mix_gather(v, a->src, a->soff, r * a->srs, m0, m1);
+            const int32_t *dpos = a->dp->pos + m0, *spos = a->sp->pos + m0;
+            for (int k = 0; k < w; k++)
+                e[k] = E[dpos[k]];
+            if (src)
+                for (int k = 0; k < w; k++)
+                    v[k] = S[spos[k]];
             else
                 memset(v, 0, sizeof(float) * (size_t)w);
             if (a->p)
@@ -139,11 +234,7 @@ static void mix_bwd_share(void *ctx, int tid, int team)
             if (a->dsrc) {
                 for (int k = 0; k < w; k++)
                     t[k] = e[k] * sc[k] * g[k];
-                float *dsrc = a->dsrc + r * a->srs;
-                const int32_t *soff = a->soff + m0;
-                for (int k = 0; k < w; k++)
-                    if (soff[k] >= 0)
-                        dsrc[soff[k]] = t[k];
+                memcpy(Tb + m0, t, sizeof(float) * (size_t)w);
             }
             if (a->dcond) {
                 float *dc = a->dcond + r * cols + m0;
@@ -158,6 +249,9 @@ static void mix_bwd_share(void *ctx, int tid, int team)
                 }
             }
         }
+        if (a->dsrc)
+            plan_store(a->sp, a->dsrc + r * a->srs, Tb);
+    }
 }
 
 void cpu_hada3_mix_backward(const nd_backend *be, float *dsrc, float *dcond, float *dscale,
@@ -191,6 +285,13 @@ void cpu_hada3_mix_backward(const nd_backend *be, float *dsrc, float *dcond, flo
     int nt = nd_get_threads();
     if (nt > (N + 15) / 16)
         nt = (int)((N + 15) / 16);
+    mix_plan sp, dp;
+    plan_make(&sp, soff, cols);
+    plan_make(&dp, doff, cols);
+    a.sp = &sp;
+    a.dp = &dp;
+    a.buf_floats = (size_t)dp.n + (size_t)sp.n + 2 + (size_t)cols;
+    a.buf = cpu_xalloc(sizeof(float) * a.buf_floats * (size_t)nt);
     mix_bwd_ctx C = {.a = &a, .nt = nt};
     int sums = dscale || dbias;
     if (sums)
@@ -209,6 +310,9 @@ void cpu_hada3_mix_backward(const nd_backend *be, float *dsrc, float *dcond, flo
                 dbias[m] += (float)b;
         }
     free(C.part);
+    free(a.buf);
+    free(sp.pos);
+    free(dp.pos);
 }
 
 /* ---- softmax_rows ---- */

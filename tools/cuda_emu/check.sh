@@ -87,6 +87,19 @@ ops() {
     return 1
   fi
 }
+# an op declined on CUDA cannot run on the CPU over its memory: refused at
+# start (exit 2, named), not a crash mid-run
+decline() {
+  local rc=0
+  NEEDLE_BACKEND_DECLINE=matmul "$OPS" cuda >"$OUT/decline.run" 2>&1 || rc=$?
+  if [ "$rc" = 2 ] && grep -q "cannot run on the CPU: its memory is device memory" "$OUT/decline.run"; then
+    echo "decline: a declined op on device memory is refused at start: ok"
+  else
+    echo "decline: want exit 2 naming device memory, got exit $rc:"
+    cat "$OUT/decline.run"
+    return 1
+  fi
+}
 # 2 ranks (mpirun, loopback) on the emulated plugin, the gradients through
 # the NCCL path of src/dist with a stand-in libnccl (fake_nccl.c: the id
 # exchange and the all-reduce calls are checked, NCCL itself is not): the
@@ -129,7 +142,7 @@ for dev in cuda cpu; do
     spawn "${a[0]}.$dev" finetune "${a[0]}" "$dev" "${a[@]:1}"
   done
   if [ "$dev" = cuda ]; then
-    [ -x "$OPS" ] && spawn ops ops
+    [ -x "$OPS" ] && spawn ops ops && spawn decline decline
     if [ "$HAVE_MPI" = 1 ]; then
       spawn mpi2 mpi2
       spawn mpi1 mpi1
@@ -152,6 +165,8 @@ cat "$OUT/poison.log"
 if [ -x "$OPS" ]; then
   ok ops || fail=1
   cat "$OUT/ops.log"
+  ok decline || fail=1
+  cat "$OUT/decline.log"
 fi
 if [ "$HAVE_MPI" = 0 ]; then
   echo "mpi-nccl: skipped (no mpirun)"

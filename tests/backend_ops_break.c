@@ -32,9 +32,11 @@ static void flush(void)
 /* Perturb an output; 1 when p is one (so only the first output is). */
 static int perturb_float(float **p)
 {
-    if (*p) {
-        nd_backend_sync(real);
-        (*p)[0] = (*p)[0] * (1.0f + 1e-3f) + 1e-3f;
+    if (*p) { /* through the backend's copies: its memory may be device memory */
+        float v;
+        nd_backend_download(real, &v, *p, sizeof v);
+        v = v * (1.0f + 1e-3f) + 1e-3f;
+        nd_backend_upload(real, *p, &v, sizeof v);
     }
     return 1;
 }
@@ -42,8 +44,10 @@ static int perturb_float(float **p)
 static int perturb_int(int32_t **p)
 {
     if (*p) {
-        nd_backend_sync(real);
-        (*p)[0] = (*p)[0] > 0 ? (*p)[0] - 1 : (*p)[0] + 1; /* another valid slot */
+        int32_t v;
+        nd_backend_download(real, &v, *p, sizeof v);
+        v = v > 0 ? v - 1 : v + 1; /* another valid slot */
+        nd_backend_upload(real, *p, &v, sizeof v);
     }
     return 1;
 }
@@ -71,6 +75,28 @@ static void brk_free(const nd_backend *be, void *p)
 {
     (void)be;
     real->free(real, p);
+}
+
+/* the copies keep issue order with a deferred op */
+static void brk_upload(const nd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    flush();
+    nd_backend_upload(real, dst, src, bytes);
+}
+
+static void brk_download(const nd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    flush();
+    nd_backend_download(real, dst, src, bytes);
+}
+
+static void brk_zero(const nd_backend *be, void *dst, size_t bytes)
+{
+    (void)be;
+    flush();
+    nd_backend_zero(real, dst, bytes);
 }
 
 static int brk_supports(const nd_backend *be, enum nd_op op)
@@ -132,6 +158,9 @@ const nd_backend *bo_break(const nd_backend *be, const char *name)
     wrapped.sync = brk_sync;
     wrapped.alloc = brk_alloc;
     wrapped.free = brk_free;
+    wrapped.upload = brk_upload;
+    wrapped.download = brk_download;
+    wrapped.zero = brk_zero;
     wrapped.supports = be->supports ? brk_supports : NULL;
 #define ND_OP(name, kind, ...) wrapped.name = be->name ? brk_##name : NULL;
 #include "backend/ops.def"

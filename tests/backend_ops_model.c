@@ -111,6 +111,13 @@ static void run_pair(const char *label, const nd_backend *tgt, const batch *bt, 
                 loss[0], lrel, masked[1], masked[0]);
     double worst = 0;
     const san_lora *lo = &ref.lora;
+    /* the target's gradients where the host reads them (the backend's copy
+     * calls; the reference is the CPU) */
+    size_t lb = sizeof(float) * lo->numel, fb = sizeof(float) * ref.m.numel;
+    float *tlg = nd_backend_map(tgt, tr[1].lora_g, lb, 1);
+    float *tfg = nd_backend_map(tgt, tr[1].full_g, fb, 1);
+    if (!tlg || !tfg)
+        fail_setup("out of memory");
     for (int t = 0; t < LORA_NTARGETS; t++) {
         if (!lo->t[t].present)
             continue;
@@ -118,7 +125,7 @@ static void run_pair(const char *label, const nd_backend *tgt, const batch *bt, 
         size_t nb = (size_t)lo->L * lo->rank * lo->t[t].out;
         size_t offs[2] = {lo->t[t].a_off, lo->t[t].b_off}, ns[2] = {na, nb};
         for (int j = 0; j < 2; j++) {
-            double e = tensor_err(tr[1].lora_g + offs[j], tr[0].lora_g + offs[j], ns[j], &mabs);
+            double e = tensor_err(tlg + offs[j], tr[0].lora_g + offs[j], ns[j], &mabs);
             if (!(e <= GRAD_TOL)) {
                 fprintf(stderr, "%s: lora %s %s gradient differs (%.2e)\n", label,
                         san_lora_target_name(t), j ? "B" : "A", e);
@@ -130,8 +137,7 @@ static void run_pair(const char *label, const nd_backend *tgt, const batch *bt, 
     }
     for (int i = 0; i < ref.m.n_tensors; i++) {
         const san_tensor *ten = &ref.m.tensors[i];
-        double e =
-            tensor_err(tr[1].full_g + ten->offset, tr[0].full_g + ten->offset, ten->numel, &mabs);
+        double e = tensor_err(tfg + ten->offset, tr[0].full_g + ten->offset, ten->numel, &mabs);
         if (!(e <= GRAD_TOL)) {
             fprintf(stderr, "%s: %s gradient differs (%.2e)\n", label, ten->name, e);
             fail = 1;
@@ -142,6 +148,8 @@ static void run_pair(const char *label, const nd_backend *tgt, const batch *bt, 
     printf("  %-30s loss %.6f vs %.6f (rel %.1e), worst grad rel err %.2e\n", label, loss[1],
            loss[0], lrel, worst);
     bo_record(label, GRAD_TOL, mabs, fmax(worst, lrel), fail);
+    nd_backend_unmap(tgt, tr[1].lora_g, tlg, lb, 0);
+    nd_backend_unmap(tgt, tr[1].full_g, tfg, fb, 0);
     for (int s = 0; s < 2; s++) {
         bo_use(s);
         nd_trainer_free(&tr[s]);

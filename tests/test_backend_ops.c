@@ -106,7 +106,7 @@ int bo_record(const char *op, double tol, double max_abs, double max_rel, int fa
         }
         r = &rows[n_rows++];
         snprintf(r->op, sizeof r->op, "%s", op);
-        r->model = !strncmp(op, "model:", 6);
+        r->model = !strncmp(op, "model:", 6) || !strncmp(op, "copies:", 7); /* no det */
     }
     r->cases++;
     r->tol = fmax(r->tol, tol);
@@ -278,9 +278,35 @@ static void side_setup(const nd_backend *be, int target, const bo_case *c, void 
             fprintf(stderr, "test_backend_ops: %s: alloc of %zu bytes failed\n", be->name, bytes);
             exit(2);
         }
-        memcpy(p[i], b->data, bytes);
+        if (dev)
+            nd_backend_upload(be, p[i], b->data, bytes);
+        else
+            memcpy(p[i], b->data, bytes);
         on_dev[i] = dev;
     }
+}
+
+/* The buffers of one side where the host reads them: alloc memory through
+ * the backend's copies (its memory may be device memory), host memory as
+ * it is. side_release ends it. */
+static void side_fetch(const nd_backend *be, const bo_case *c, void **p, const int *on_dev,
+                       void **h)
+{
+    for (int i = 0; i < c->nb; i++) {
+        h[i] = on_dev[i] ? nd_backend_map(be, p[i], sizeof(float) * (size_t)c->b[i].n, 1) : p[i];
+        if (!h[i]) {
+            fprintf(stderr, "test_backend_ops: out of memory\n");
+            exit(2);
+        }
+    }
+}
+
+static void side_release(const nd_backend *be, const bo_case *c, void **p, const int *on_dev,
+                         void **h)
+{
+    for (int i = 0; i < c->nb; i++)
+        if (on_dev[i])
+            nd_backend_unmap(be, p[i], h[i], sizeof(float) * (size_t)c->b[i].n, 0);
 }
 
 static void side_free(const nd_backend *be, const bo_case *c, void **p, const int *on_dev)
@@ -368,6 +394,9 @@ void bo_run(bo_case *c)
     /* a second run must give the same bits ("reductions over rows are
      * deterministic"): reported in the table's det column, not a failure */
     fail |= target_run(c, p2, d2);
+    void *h1[BO_MAXBUF], *h2[BO_MAXBUF];
+    side_fetch(tgt, c, pt, dt, h1);
+    side_fetch(tgt, c, p2, d2, h2);
 
     double mabs = 0, mrel = 0;
     int same = 1;
@@ -375,15 +404,15 @@ void bo_run(bo_case *c)
         const bo_buf *b = &c->b[i];
         size_t bytes = sizeof(float) * (size_t)b->n;
         if (b->kind == BO_FOUT || b->kind == BO_IOUT)
-            same &= !memcmp(pt[i], p2[i], bytes);
+            same &= !memcmp(h1[i], h2[i], bytes);
         if (b->kind == BO_FOUT) {
-            compare(pt[i], pr[i], b->n, &mabs, &mrel);
+            compare(h1[i], pr[i], b->n, &mabs, &mrel);
         } else if (b->kind == BO_IOUT) {
-            if (memcmp(pt[i], pr[i], bytes)) {
+            if (memcmp(h1[i], pr[i], bytes)) {
                 fprintf(stderr, "%s: int32 output %d differs\n", c->op, i);
                 mrel = INFINITY;
             }
-        } else if (dt[i] && memcmp(pt[i], b->data, bytes)) {
+        } else if (dt[i] && memcmp(h1[i], b->data, bytes)) {
             fprintf(stderr, "%s: the target changed const input %d\n", c->op, i);
             fail = 1;
         }
@@ -395,6 +424,8 @@ void bo_run(bo_case *c)
     if (fail)
         fprintf(stderr, "FAIL %s, case %d: max abs %.3g, max rel %.3g (tol %.1g)\n", c->op, k, mabs,
                 mrel, c->tol);
+    side_release(tgt, c, pt, dt, h1);
+    side_release(tgt, c, p2, d2, h2);
     side_free(ref, c, pr, dr);
     side_free(tgt, c, pt, dt);
     side_free(tgt, c, p2, d2);
@@ -416,6 +447,69 @@ static void print_table(void)
                r->nondet  ? "NO"
                : r->model ? "-"
                           : "yes");
+    }
+}
+
+/* The host's way into alloc memory (backend.h): upload, zero and download
+ * keep issue order with the ops. x is uploaded, an op adds it to y, x is
+ * overwritten by a second upload and partly zeroed, another op adds it
+ * again; then y and x come back by download. A backend whose copies run
+ * out of order with its ops (or lose the source buffer's contents before
+ * the copy ran) gives other sums. */
+static void copies_check(void)
+{
+    enum { N = 3000, Z0 = 1000, ZN = 700 }; /* beyond one 4 KB page; zero an inner span */
+    static float x1[N], x2[N], y0[N], want_y[N], want_x[N], got_y[N], got_x[N];
+    for (int i = 0; i < N; i++) {
+        x1[i] = (float)nd_rng_normal(&bo_rng);
+        x2[i] = (float)nd_rng_normal(&bo_rng);
+        y0[i] = (float)nd_rng_normal(&bo_rng);
+    }
+    for (int i = 0; i < N; i++) {
+        want_x[i] = i >= Z0 && i < Z0 + ZN ? 0.0f : x2[i];
+        want_y[i] = (y0[i] + x1[i]) + 2.0f * want_x[i];
+    }
+    bo_use(1);
+    float *x = tgt->alloc(tgt, sizeof x1), *y = tgt->alloc(tgt, sizeof y0);
+    if (!x || !y) {
+        fprintf(stderr, "test_backend_ops: copies: alloc failed\n");
+        exit(2);
+    }
+    float buf[N];
+    memcpy(buf, y0, sizeof buf);
+    nd_backend_upload(tgt, y, buf, sizeof buf);
+    memcpy(buf, x1, sizeof buf);
+    nd_backend_upload(tgt, x, buf, sizeof buf);
+    memset(buf, 0xff, sizeof buf); /* the source may be reused at once */
+    tgt->add(tgt, y, x, 1.0f, N);
+    memcpy(buf, x2, sizeof buf);
+    nd_backend_upload(tgt, x, buf, sizeof buf);
+    memset(buf, 0xff, sizeof buf);
+    nd_backend_zero(tgt, x + Z0, sizeof(float) * ZN);
+    tgt->add(tgt, y, x, 2.0f, N);
+    nd_backend_download(tgt, got_y, y, sizeof got_y);
+    nd_backend_download(tgt, got_x, x, sizeof got_x);
+    double mabs = 0, mrel = 0;
+    compare(got_y, want_y, N, &mabs, &mrel);
+    compare(got_x, want_x, N, &mabs, &mrel);
+    tgt->free(tgt, x);
+    tgt->free(tgt, y);
+    bo_use(0);
+    int fail = !(mrel <= 1e-6);
+    if (fail)
+        fprintf(stderr, "copies: upload / zero / download out of order (max rel %.3g)\n", mrel);
+    bo_record("copies: upload, zero, download", 1e-6, mabs, mrel, fail);
+    /* CUDA: an allocation beyond the card's free memory is a clean NULL
+     * (the caller's "out of cuda memory"), not an abort or a hang */
+    if (!strcmp(tgt->name, "cuda")) {
+        bo_use(1);
+        void *huge = tgt->alloc(tgt, (size_t)1 << 50);
+        if (huge)
+            tgt->free(tgt, huge);
+        bo_use(0);
+        if (huge)
+            fprintf(stderr, "copies: a 1 PB alloc did not return NULL\n");
+        bo_record("copies: alloc beyond free memory", 0, 0, 0, huge != NULL);
     }
 }
 
@@ -495,6 +589,7 @@ int main(int argc, char **argv)
     bo_cases_chains();
     bo_cases_v3();
     case_free();
+    copies_check();
     bo_model_check(tgt);
     bo_use(0);
     print_table();

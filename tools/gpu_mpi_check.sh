@@ -14,14 +14,20 @@
 # NCCL steps are skipped and said so. Exit status 1 if anything failed.
 # Environment: BUILD (build-cuda-mpi), NP (GPUs, at most 8), TOL (1e-4:
 # cuBLAS may pick other kernels for a rank's smaller share of rows, so
-# less than the CPU's 1e-5), CUDA_ARCHS (native), STEPS data lines (64).
+# less than the CPU's 1e-5), CUDA_ARCHS (native), STEPS data lines (64),
+# BASE (models/needle-nano.pkl, else a fresh tiny model), NEEDLE (the
+# program: $BUILD/needle), NGPU (the GPU count: nvidia-smi's), MPIRUN_ARGS
+# (more mpirun options, e.g. "--mca btl self,tcp"). A dry run without GPUs,
+# on the emulated plugin and the stand-in NCCL (tools/cuda_emu):
+#   BUILD_DONE=1 NEEDLE=build/needle NEEDLE_PLUGIN_DIR=$PWD/build-cuda-emu \
+#   NGPU=2 NEEDLE_NCCL=/path/to/fake/libnccl.so.2 BASE=tiny.pkl STEPS=16 ...
 set -u
 cd "$(dirname "$0")/.." || exit 1
 BUILD=${BUILD:-build-cuda-mpi}
 TOL=${TOL:-1e-4}
 PY=${PYTHON:-python3}
 OUT=$(mktemp -d /tmp/needle-gpu-mpi.XXXXXX)
-NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+NGPU=${NGPU:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
 NP=${NP:-$((NGPU < 8 ? NGPU : 8))}
 echo "gpu_mpi_check: $NGPU GPUs, $NP ranks, logs in $OUT"
 fail=0
@@ -40,17 +46,19 @@ if [ "${BUILD_DONE:-0}" != 1 ]; then
     exit 1
   fi
 fi
-NEEDLE=$BUILD/needle
+NEEDLE=${NEEDLE:-$BUILD/needle}
 command -v mpirun >/dev/null || { bad "no mpirun (apt-get install openmpi-bin)"; exit 1; }
 [ "$NGPU" -ge 1 ] || { bad "no GPU (nvidia-smi -L)"; exit 1; }
 "$PY" -c 'import numpy' 2>/dev/null || PY=/usr/bin/python3
 
 head -n "${STEPS:-64}" examples/data.jsonl >"$OUT/data.jsonl"
-BASE=models/needle-nano.pkl
+BASE=${BASE:-models/needle-nano.pkl}
 [ -f "$BASE" ] || { "$NEEDLE" init "$OUT/base.pkl" --preset tiny --seed 0 >/dev/null; BASE=$OUT/base.pkl; }
 ARGS=(finetune "$OUT/data.jsonl" --checkpoint "$BASE" --tokenizer models/tokenizer.model
   --batch-size 16 --max-len 256 --epochs 1 --lr 1e-3 --seed 0 --val-split 0 --device cuda --threads 2)
-MPI=(mpirun --allow-run-as-root --oversubscribe -np "$NP" -x NEEDLE_NCCL -x LD_LIBRARY_PATH)
+# shellcheck disable=SC2206 # MPIRUN_ARGS: words on purpose
+MPI=(mpirun --allow-run-as-root --oversubscribe ${MPIRUN_ARGS:-} -np "$NP" -x NEEDLE_NCCL
+  -x LD_LIBRARY_PATH)
 
 # run NAME [mpi] EXTRA...: one finetune, log in $OUT/NAME.log, output $OUT/NAME.pkl
 run() {
@@ -67,22 +75,9 @@ run() {
   fi
 }
 # same A B MAXREL: every float tensor of two outputs, max |a-b| / max |a|
+# (tools/same_pkl.py, shared with tools/cuda_emu/check.sh)
 same() {
-  "$PY" - "$OUT/$1.pkl" "$OUT/$2.pkl" "$3" <<'PYEOF' || bad "$1 vs $2"
-import pickle, sys
-import numpy as np
-def flat(t, out):
-    if isinstance(t, dict):
-        for k in sorted(t, key=str):
-            flat(t[k], out)
-    elif isinstance(t, np.ndarray) and t.dtype.kind == "f":
-        out.append(t.astype(np.float64).ravel())
-    return out
-a, b = (np.concatenate(flat(pickle.load(open(p, "rb")), [])) for p in sys.argv[1:3])
-rel = np.abs(a - b).max() / max(np.abs(a).max(), 1e-30) if a.shape == b.shape else float("inf")
-print("%s vs %s: max relative difference %.3g (limit %s)" % (sys.argv[1], sys.argv[2], rel, sys.argv[3]))
-sys.exit(0 if rel <= float(sys.argv[3]) else 1)
-PYEOF
+  "$PY" tools/same_pkl.py "$OUT/$1.pkl" "$OUT/$2.pkl" "$3" "$1 vs $2" || bad "$1 vs $2"
 }
 
 run lora1 one
@@ -103,7 +98,9 @@ if [ "$NP" -ge 2 ]; then
 else
   note "one GPU: NCCL needs one GPU per rank; 2 ranks on it over MPI (NEEDLE_NCCL=0)"
   NP=2
-  MPI=(mpirun --allow-run-as-root --oversubscribe -np 2 -x NEEDLE_NCCL -x LD_LIBRARY_PATH)
+  # shellcheck disable=SC2206
+  MPI=(mpirun --allow-run-as-root --oversubscribe ${MPIRUN_ARGS:-} -np 2 -x NEEDLE_NCCL
+    -x LD_LIBRARY_PATH)
   NEEDLE_NCCL=0 run lora2m mpi
   same lora1 lora2m "$TOL"
 fi

@@ -14,15 +14,21 @@
  *   backend copies host inputs when the op is issued (fine for token ids,
  *   targets and index lists; big reused data such as weights belongs in
  *   alloc memory, see san_model_to_backend). The layout is host data.
- * - alloc memory is host-accessible (host-visible / managed / unified), but
- *   a device backend may run ops asynchronously, in issue order: call
- *   nd_backend_sync() before the host reads what ops wrote or writes what
- *   issued ops read. Scalar arguments are read at issue time. */
+ * - The host reaches alloc memory only through nd_backend_upload,
+ *   nd_backend_download and nd_backend_zero (below), which keep issue order
+ *   with the ops: alloc memory may be device memory the host cannot address
+ *   (CUDA: cudaMalloc). Where be->host_mem is set (the CPU, Vulkan's
+ *   host-visible memory) the host may also read and write it directly after
+ *   nd_backend_sync(), which is how the CPU path stays zero-copy: ops run on
+ *   the host and finish before they return.
+ * - A device backend may run ops asynchronously, in issue order. Scalar
+ *   arguments are read at issue time. */
 #ifndef ND_BACKEND_H
 #define ND_BACKEND_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/layout.h"
@@ -104,6 +110,18 @@ struct nd_backend {
 
     void *(*alloc)(const nd_backend *be, size_t bytes); /* zeroed */
     void (*free)(const nd_backend *be, void *p);
+    /* 1: alloc memory is host memory or host-visible (readable and writable
+     * by the host after a sync); 0: device memory, reached only by the
+     * copies below */
+    int host_mem;
+    /* Copies between the host and alloc memory, in issue order with the
+     * ops (callers use the nd_backend_* wrappers below; NULL: sync, then
+     * memcpy, for backends with host_mem). upload: src (host) may be reused
+     * on return. download: waits for every op issued before (as a sync
+     * does) and has finished on return. zero: bytes of dst set to 0. */
+    void (*upload)(const nd_backend *be, void *dst, const void *src, size_t bytes);
+    void (*download)(const nd_backend *be, void *dst, const void *src, size_t bytes);
+    void (*zero)(const nd_backend *be, void *dst, size_t bytes);
 
     /* whether the backend runs `op` itself (NULL: every op it has an entry
      * for). nd_backend_get runs a declined op on the CPU (after a sync;
@@ -176,6 +194,79 @@ static inline void nd_backend_sync(const nd_backend *be)
 {
     if (be->sync)
         be->sync(be);
+}
+
+/* bytes from the host (src) into alloc memory (dst), after the ops issued
+ * before it and before those issued after; src may be reused on return.
+ * dst == src (host memory used in place): nothing to copy. */
+static inline void nd_backend_upload(const nd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (!bytes || dst == src)
+        return;
+    if (be->upload) {
+        be->upload(be, dst, src, bytes);
+        return;
+    }
+    nd_backend_sync(be); /* issued ops may still read dst */
+    memcpy(dst, src, bytes);
+}
+
+/* bytes of alloc memory (src) to the host (dst) once every op issued
+ * before has finished; done on return. dst == src: a sync only. */
+static inline void nd_backend_download(const nd_backend *be, void *dst, const void *src,
+                                       size_t bytes)
+{
+    if (be->download) {
+        if (bytes && dst != src)
+            be->download(be, dst, src, bytes);
+        else
+            nd_backend_sync(be);
+        return;
+    }
+    nd_backend_sync(be);
+    if (bytes && dst != src)
+        memcpy(dst, src, bytes);
+}
+
+/* bytes of alloc memory set to zero, in issue order */
+static inline void nd_backend_zero(const nd_backend *be, void *dst, size_t bytes)
+{
+    if (!bytes)
+        return;
+    if (be->zero) {
+        be->zero(be, dst, bytes);
+        return;
+    }
+    nd_backend_sync(be);
+    memset(dst, 0, bytes);
+}
+
+/* Host access to `bytes` of alloc memory p for host code (a quantiser, a
+ * check): where the host can reach it (host_mem), p itself after a sync,
+ * no copy; else a host copy (malloc, and a download when `read`: without
+ * it the copy's contents are undefined, for code that overwrites them all),
+ * NULL when out of host memory. nd_backend_unmap ends it: the copy goes
+ * back (write != 0) and is freed. */
+static inline void *nd_backend_map(const nd_backend *be, void *p, size_t bytes, int read)
+{
+    if (be->host_mem) {
+        nd_backend_sync(be);
+        return p;
+    }
+    void *h = malloc(bytes ? bytes : 1);
+    if (h && read)
+        nd_backend_download(be, h, p, bytes);
+    return h;
+}
+
+static inline void nd_backend_unmap(const nd_backend *be, void *p, void *host, size_t bytes,
+                                    int write)
+{
+    if (!host || host == p)
+        return;
+    if (write)
+        nd_backend_upload(be, p, host, bytes);
+    free(host);
 }
 
 /* The CPU backend (cblas + OpenMP). threads <= 0: all cores. */

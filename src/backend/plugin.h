@@ -11,7 +11,9 @@
 
 #include "backend/backend.h"
 
-#define ND_PLUGIN_ABI 5 /* 4: the Hadamard MLP ops; 5: attention_ext, qkv_taps, ... */
+#define ND_PLUGIN_ABI                                                                              \
+    6 /* 4: the Hadamard MLP ops; 5: attention_ext, qkv_taps, ...; 6: host_mem,                    \
+        upload, download, zero */
 #define ND_PLUGIN_SYMBOL "nd_plugin_open"
 
 /* index >= 0: that device (software devices allowed); index < 0: the best

@@ -137,7 +137,8 @@ static int gpu_could_exist(const char *kind)
 /* ---- declined ops run on the CPU ----
  * A declined op's entry becomes a wrapper that waits for the backend's
  * issued ops (nd_backend_sync) and runs the CPU backend's op on the same
- * memory: alloc memory is host-accessible (backend.h), and the CPU op has
+ * memory: only for backends whose alloc memory the host can reach
+ * (be->host_mem: the CPU, Vulkan; backend.h), and the CPU op has
  * finished when it returns, so later device ops see its outputs. The
  * table keeps answering supports() as the backend does, so tests and
  * progress lines can tell which ops are not the backend's own. */
@@ -212,6 +213,13 @@ static const nd_backend *with_fallback(const nd_backend *be)
     }
     if (!n)
         return be;
+    if (!be->host_mem) { /* the CPU cannot reach its memory */
+        nd_error(ND_EUNSUPPORTED,
+                 "backend '%s' declines %s (its supports() or NEEDLE_BACKEND_DECLINE), which "
+                 "cannot run on the CPU: its memory is device memory",
+                 be->name, nd_op_name((enum nd_op)first));
+        return NULL;
+    }
     const nd_backend *cpu = nd_backend_cpu(0);
     if (cpu->prepare && cpu->prepare(cpu) != ND_OK) {
         nd_error_prefix(ND_EUNSUPPORTED, "backend '%s' declines %s, which would run on the CPU",

@@ -286,8 +286,13 @@ int cli_bench(int argc, char **argv)
         double t0 = nd_wtime(), loss;
         if (train) {
             rc = nd_trainer_step(&tr, tok, mask, (int)B, 1, &loss, NULL);
+            /* AdamW on the host: the gradients there, the adapter back */
+            float *g = rc ? NULL : nd_backend_map(be, tr.lora_g, sizeof(float) * lora.numel, 1);
             if (!rc)
-                rc = nd_adamw_step(&opt, lora.mem, tr.lora_g, NULL, NULL);
+                rc = g ? nd_adamw_step(&opt, lora.mem, g, NULL, NULL)
+                       : nd_error(ND_ENOMEM, "out of memory");
+            nd_backend_unmap(be, tr.lora_g, g, sizeof(float) * lora.numel, 0);
+            san_lora_upload(&lora);
             if (!rc)
                 nd_trainer_merge(&tr);
         } else {

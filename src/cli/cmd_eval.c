@@ -356,6 +356,7 @@ int cli_eval(int argc, char **argv)
         nd_backend_sync(be);
         if (!(rc = nd_fq3_validate(&fq3)))
             rc = nd_fq3_model_weights(&m, &fq3, m.mem, m.mem);
+        san_model_upload(&m); /* the ops' copy follows the host's (a no-op on the CPU) */
     }
     if (!rc)
         rc = san_eval_quant(&m, &m.w, quant3 ? &fq3 : NULL, be, &seqs, (int)batch,

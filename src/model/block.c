@@ -61,12 +61,15 @@ static int fq(const san_block *b, int kind, float *x, long rows, int dim)
 {
     if (!b->quant)
         return ND_OK;
-    nd_backend_sync(b->be);
-    if (kind == 0)
-        return nd_fq3_act(b->quant, x, x, rows, dim);
-    if (kind == 1)
-        return nd_fq3_query(b->quant, x, x, rows, dim);
-    return nd_fq3_kv(b->quant, x, x, rows, dim);
+    size_t bytes = sizeof(float) * (size_t)rows * (size_t)dim;
+    float *h = nd_backend_map(b->be, x, bytes, 1); /* where the host reaches it */
+    if (!h)
+        return nd_error(ND_ENOMEM, "out of memory");
+    int rc = kind == 0   ? nd_fq3_act(b->quant, h, h, rows, dim)
+             : kind == 1 ? nd_fq3_query(b->quant, h, h, rows, dim)
+                         : nd_fq3_kv(b->quant, h, h, rows, dim);
+    nd_backend_unmap(b->be, x, h, bytes, 1);
+    return rc;
 }
 
 /* Needle 3's layer: the v2 skeleton with separate q/k and v head dims,

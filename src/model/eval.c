@@ -75,24 +75,33 @@ int san_eval_quant(const san_model *m, const san_weights *w, const nd_fq3_numeri
         if (rc)
             goto done;
         be->cross_entropy(be, loss, acts.logits, tgt, (long)B * T, V);
-        nd_backend_sync(be);
+        /* the losses (and for the sink the logits) where the host reads them */
+        size_t lb = sizeof *loss * (size_t)B * T, gb = sizeof(float) * (size_t)B * T * V;
+        float *lh = nd_backend_map(be, loss, lb, 1);
+        float *lg = lh && sink ? nd_backend_map(be, acts.logits, gb, 1) : NULL;
         res->seconds += nd_wtime() - t0;
         res->tokens += (long)B * T;
-        for (int b = 0; b < B; b++) {
+        if (!lh || (sink && !lg)) {
+            nd_backend_unmap(be, loss, lh, lb, 0);
+            rc = nd_error(ND_ENOMEM, "out of memory");
+            goto done;
+        }
+        for (int b = 0; b < B && !rc; b++) {
             int s = s0 + b, len = (int)(seqs->start[s + 1] - seqs->start[s]);
             double sum = 0;
             for (int t = 0; t + 1 < len; t++)
-                sum += loss[b * T + t];
+                sum += lh[b * T + t];
             res->loss_sum[s] = sum;
             res->positions[s] = len - 1;
             res->total_loss += sum;
             res->total_positions += len - 1;
-            if (sink) {
-                rc = sink(sink_ctx, s, acts.logits + (size_t)b * T * V, len, V);
-                if (rc)
-                    goto done;
-            }
+            if (sink)
+                rc = sink(sink_ctx, s, lg + (size_t)b * T * V, len, V);
         }
+        nd_backend_unmap(be, acts.logits, lg, gb, 0);
+        nd_backend_unmap(be, loss, lh, lb, 0);
+        if (rc)
+            goto done;
     }
 done:
     san_acts_free(&acts);

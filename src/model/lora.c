@@ -42,13 +42,12 @@ int san_lora_create(san_lora *lo, const san_model *m, int rank, float alpha)
     lo->alpha = alpha;
     lo->scale = alpha / (float)rank;
     lo->L = m->dims.L;
-    san_weights w = m->w;
     for (int t = 0; t < LORA_NTARGETS; t++) {
         const san_tensor *ten = san_model_find(m, target_names[t]);
         san_lora_target *g = &lo->t[t];
         g->in = (int)ten->shape[1];
         g->out = (int)ten->shape[2];
-        const float *x = san_lora_weight_slot(&w, t);
+        const float *x = m->mem + ten->offset; /* the host's copy (m->w: the ops') */
         float mx = 0;
         for (size_t i = 0; i < ten->numel; i++)
             mx = fabsf(x[i]) > mx ? fabsf(x[i]) : mx;
@@ -67,32 +66,61 @@ int san_lora_create(san_lora *lo, const san_model *m, int rank, float alpha)
     return ND_OK;
 }
 
+/* lo->mem's device copy (or lo->mem itself, from a backend) released;
+ * lo->mem then plain host memory */
+static int lora_to_host(san_lora *lo)
+{
+    const nd_backend *old = lo->mem_be;
+    if (!old)
+        return ND_OK;
+    size_t n = lo->numel ? lo->numel : 1;
+    nd_backend_sync(old);
+    if (lo->dev && lo->dev != lo->mem) {
+        old->free(old, lo->dev);
+    } else {
+        float *h = calloc(n, sizeof(float));
+        if (!h)
+            return nd_error(ND_ENOMEM, "out of memory for the LoRA adapter");
+        nd_backend_download(old, h, lo->mem, n * sizeof(float));
+        old->free(old, lo->mem);
+        lo->mem = h;
+    }
+    lo->dev = NULL;
+    lo->mem_be = NULL;
+    return ND_OK;
+}
+
 int san_lora_to_backend(san_lora *lo, const nd_backend *be)
 {
     if (!be->device || lo->mem_be == be)
         return ND_OK;
+    int rc = lora_to_host(lo);
+    if (rc)
+        return rc;
     size_t n = lo->numel ? lo->numel : 1;
     float *p = be->alloc(be, n * sizeof(float));
     if (!p)
         return nd_error(ND_ENOMEM, "out of %s memory for the LoRA adapter", be->name);
-    nd_backend_sync(be);
-    memcpy(p, lo->mem, n * sizeof(float));
-    if (lo->mem_be)
-        lo->mem_be->free(lo->mem_be, lo->mem);
-    else
+    nd_backend_upload(be, p, lo->mem, n * sizeof(float));
+    if (be->host_mem) { /* the host works on it in place */
         free(lo->mem);
-    lo->mem = p;
+        lo->mem = p;
+    }
+    lo->dev = p;
     lo->mem_be = be;
     return ND_OK;
 }
 
+void san_lora_upload(san_lora *lo)
+{
+    if (lo->mem_be && lo->dev && lo->dev != lo->mem)
+        nd_backend_upload(lo->mem_be, lo->dev, lo->mem, lo->numel * sizeof(float));
+}
+
 void san_lora_free(san_lora *lo)
 {
-    if (lo->mem_be) {
-        nd_backend_sync(lo->mem_be);
-        lo->mem_be->free(lo->mem_be, lo->mem);
-    } else
-        free(lo->mem);
+    lora_to_host(lo);
+    free(lo->mem);
     memset(lo, 0, sizeof *lo);
 }
 
@@ -243,11 +271,9 @@ int san_lora_from_tree(san_lora *lo, const san_model *m, const pv *root, const c
         lo->t[t].b_off = off;
         off += (size_t)lo->L * r * lo->t[t].out;
     }
-    if (lo->mem_be)
-        lo->mem_be->free(lo->mem_be, lo->mem);
-    else
-        free(lo->mem);
-    lo->mem_be = NULL;
+    if ((rc = lora_to_host(lo)))
+        return rc;
+    free(lo->mem);
     lo->numel = off;
     lo->mem = calloc(off ? off : 1, sizeof(float));
     if (!lo->mem) {

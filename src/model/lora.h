@@ -29,9 +29,12 @@ typedef struct {
     float alpha, scale; /* scale = alpha / rank */
     san_lora_target t[LORA_NTARGETS];
     size_t numel;
-    float *mem;
-    const struct nd_backend *mem_be; /* mem from this backend's alloc (NULL: host) */
-    char base[512];                  /* checkpoint path recorded in the adapter file */
+    float *mem;                      /* where host code reads and writes the adapter */
+    const struct nd_backend *mem_be; /* mem (or dev) from this backend's alloc (NULL: host) */
+    /* what the ops read: mem itself, or (a backend without host_mem) a
+     * device copy that san_lora_upload refreshes; see san_model.dev */
+    float *dev;
+    char base[512]; /* checkpoint path recorded in the adapter file */
 } san_lora;
 
 /* Flax path of a target's base kernel. */
@@ -39,9 +42,16 @@ const char *san_lora_target_name(int target);
 /* Layout for a model: targets whose base max|w| > 1e-6 (docs/formats.md §2.2). */
 int san_lora_create(san_lora *lo, const san_model *m, int rank, float alpha);
 void san_lora_free(san_lora *lo);
-/* Move the adapter into a device backend's memory (no-op for the CPU);
- * see san_model_to_backend. */
+/* Put the adapter in a device backend's memory (no-op for the CPU); see
+ * san_model_to_backend. */
 int san_lora_to_backend(san_lora *lo, const struct nd_backend *be);
+/* After host code changed lo->mem: the device copy follows (issue order). */
+void san_lora_upload(san_lora *lo);
+/* The adapter as the ops read it (lo->dev, or lo->mem) */
+static inline float *san_lora_dev(const san_lora *lo)
+{
+    return lo->dev ? lo->dev : lo->mem;
+}
 /* A ~ N(0,1)/rank, B = 0 (deterministic for a seed). */
 void san_lora_init(san_lora *lo, uint64_t seed);
 /* Pointers to target t's A / B inside an arbitrary buffer of lo->numel. */

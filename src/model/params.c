@@ -297,6 +297,31 @@ int san_model_create(san_model *m, const san_config *cfg)
         m->tensors = NULL;
         return rc;
     }
+    m->dev = m->mem;
+    san_weights_bind(m, m->mem, &m->w);
+    return ND_OK;
+}
+
+/* the weights back in plain host memory, the device copy freed */
+static int model_to_host(san_model *m)
+{
+    const nd_backend *old = m->mem_be;
+    if (!old)
+        return ND_OK;
+    size_t bytes = m->numel * sizeof(float);
+    if (m->dev && m->dev != m->mem) {
+        nd_backend_sync(old);
+        old->free(old, m->dev);
+    } else {
+        float *h = nd_calloc_big(m->numel ? m->numel : 1, sizeof(float));
+        if (!h)
+            return nd_error(ND_ENOMEM, "out of memory for %zu parameters", m->numel);
+        nd_backend_download(old, h, m->mem, bytes);
+        old->free(old, m->mem);
+        m->mem = h;
+    }
+    m->dev = m->mem;
+    m->mem_be = NULL;
     san_weights_bind(m, m->mem, &m->w);
     return ND_OK;
 }
@@ -305,20 +330,28 @@ int san_model_to_backend(san_model *m, const nd_backend *be)
 {
     if (!be->device || m->mem_be == be)
         return ND_OK;
+    int rc = model_to_host(m);
+    if (rc)
+        return rc;
     float *p = be->alloc(be, m->numel * sizeof(float));
     if (!p)
         return nd_error(ND_ENOMEM, "out of %s memory for %zu parameters (%.1f MB)", be->name,
                         m->numel, (double)m->numel * 4 / 1e6);
-    nd_backend_sync(be);
-    memcpy(p, m->mem, m->numel * sizeof(float));
-    if (m->mem_be)
-        m->mem_be->free(m->mem_be, m->mem);
-    else
+    nd_backend_upload(be, p, m->mem, m->numel * sizeof(float));
+    if (be->host_mem) { /* the host works on it in place */
         free(m->mem);
-    m->mem = p;
+        m->mem = p;
+    }
+    m->dev = p;
     m->mem_be = be;
-    san_weights_bind(m, m->mem, &m->w);
+    san_weights_bind(m, m->dev, &m->w);
     return ND_OK;
+}
+
+void san_model_upload(san_model *m)
+{
+    if (m->mem_be && m->dev && m->dev != m->mem)
+        nd_backend_upload(m->mem_be, m->dev, m->mem, m->numel * sizeof(float));
 }
 
 void san_model_free(san_model *m)
@@ -327,7 +360,11 @@ void san_model_free(san_model *m)
         return;
     if (m->mem_be) {
         nd_backend_sync(m->mem_be);
-        m->mem_be->free(m->mem_be, m->mem);
+        if (m->dev && m->dev != m->mem) {
+            m->mem_be->free(m->mem_be, m->dev);
+            free(m->mem);
+        } else
+            m->mem_be->free(m->mem_be, m->mem);
     } else
         free(m->mem);
     free(m->tensors);

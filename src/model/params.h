@@ -63,10 +63,14 @@ typedef struct {
     san_dims dims;
     int n_tensors;
     san_tensor *tensors;
-    size_t numel; /* total floats */
-    float *mem;   /* the weights */
-    san_weights w;
-    const struct nd_backend *mem_be; /* mem came from this backend's alloc (NULL: host) */
+    size_t numel;                    /* total floats */
+    float *mem;                      /* the weights, where host code reads and writes them */
+    san_weights w;                   /* the weights the ops read: bound to dev */
+    const struct nd_backend *mem_be; /* mem (or dev) came from this backend's alloc (NULL: host) */
+    /* what the ops read: mem itself (host memory, or a backend's memory the
+     * host can reach), or a copy in device memory (a backend without
+     * host_mem: CUDA) that san_model_upload refreshes from mem */
+    float *dev;
 } san_model;
 
 /* Build the tensor table for a config (no weights allocated). */
@@ -74,10 +78,19 @@ int san_model_layout(san_model *m, const san_config *cfg);
 /* Layout + allocate zeroed weights. */
 int san_model_create(san_model *m, const san_config *cfg);
 void san_model_free(san_model *m);
-/* Move the weights into `be`'s memory when it is a device backend (a
- * no-op for the CPU), so ops read them in place; the host still reads and
- * writes them after nd_backend_sync(). */
+/* Put the weights in `be`'s memory when it is a device backend (a no-op
+ * for the CPU), so ops read them in place: moved there when the host can
+ * reach that memory (be->host_mem; it reads and writes them after
+ * nd_backend_sync()), else copied to m->dev, m->mem staying the host's. */
 int san_model_to_backend(san_model *m, const struct nd_backend *be);
+/* After host code changed m->mem: the device copy (m->dev) follows, in
+ * issue order (nothing to do where dev is mem). */
+void san_model_upload(san_model *m);
+/* The weights as the ops read them (m->dev, or m->mem) */
+static inline float *san_model_dev(const san_model *m)
+{
+    return m->dev ? m->dev : m->mem;
+}
 /* Point a san_weights at `mem` (a buffer of m->numel floats). With engram
  * banks (3.x), eng[s].table points at bank engram_bank_ids[s]. */
 void san_weights_bind(const san_model *m, float *mem, san_weights *w);

@@ -227,7 +227,19 @@ int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, 
         san_acts_free(a);
         return nd_error(ND_ENOMEM, "out of memory");
     }
-    san_rope_tables(a->rope_cos, a->rope_sin, max_pos, D->hd, m->cfg.rope_theta);
+    /* the tables on the host, then into the backend's memory (in place
+     * where the host reaches it) */
+    size_t rb = sizeof(float) * (size_t)max_pos * (size_t)(D->hd / 2);
+    float *rc_h = nd_backend_map(be, a->rope_cos, rb, 0);
+    float *rs_h = rc_h ? nd_backend_map(be, a->rope_sin, rb, 0) : NULL;
+    if (!rs_h) {
+        nd_backend_unmap(be, a->rope_cos, rc_h, rb, 0);
+        san_acts_free(a);
+        return nd_error(ND_ENOMEM, "out of memory");
+    }
+    san_rope_tables(rc_h, rs_h, max_pos, D->hd, m->cfg.rope_theta);
+    nd_backend_unmap(be, a->rope_cos, rc_h, rb, 1);
+    nd_backend_unmap(be, a->rope_sin, rs_h, rb, 1);
     return ND_OK;
 }
 
@@ -278,8 +290,13 @@ static int quant_act(const san_model *m, san_acts *a, float *x, long rows, int d
 {
     if (!a->quant || m->cfg.generation != 3)
         return ND_OK;
-    nd_backend_sync(a->be);
-    return nd_fq3_act(a->quant, x, x, rows, dim);
+    size_t bytes = sizeof(float) * (size_t)rows * (size_t)dim;
+    float *h = nd_backend_map(a->be, x, bytes, 1); /* the quantiser runs on the host */
+    if (!h)
+        return nd_error(ND_ENOMEM, "out of memory");
+    int rc = nd_fq3_act(a->quant, h, h, rows, dim);
+    nd_backend_unmap(a->be, x, h, bytes, 1);
+    return rc;
 }
 
 int san_engram_quant(const san_model *m, san_acts *a)

@@ -369,9 +369,8 @@ static void layer_backward3(const san_model *m, const san_weights *w, san_acts *
                               w->q_taps + (size_t)l * T * qd, Lay, qd, T, window);
     if (cons >= 0) {
         /* the layer's own k and v feed nothing */
-        nd_backend_sync(be);
-        memset(g->dk, 0, sizeof(float) * (size_t)N * kd);
-        memset(g->dv, 0, sizeof(float) * (size_t)N * vd);
+        nd_backend_zero(be, g->dk, sizeof(float) * (size_t)N * kd);
+        nd_backend_zero(be, g->dv, sizeof(float) * (size_t)N * vd);
     } else {
         if (prod >= 0) { /* plus what the consumer's attention sent */
             be->add(be, g->dkn, g->cla_dk[prod], 1.0f, (long)N * kd);
@@ -431,8 +430,7 @@ void san_backward_logits_range(const san_model *m, const san_weights *w, san_act
 
 void san_backward_begin(san_acts *a, san_grad_acts *g, int d)
 {
-    nd_backend_sync(a->be); /* the host zeroes backend memory earlier ops may use */
-    memset(g->dhf, 0, sizeof(float) * (size_t)a->N * d);
+    nd_backend_zero(a->be, g->dhf, sizeof(float) * (size_t)a->N * d);
 }
 
 void san_backward_logits_rows(const san_model *m, const san_weights *w, san_acts *a,
@@ -511,15 +509,13 @@ int san_backward_finish(const san_model *m, const san_weights *w, san_acts *a, s
                          d, 0);
     be->lanes_mean_backward(be, g->dXn, g->dxm, N, n, d);
 
-    if (m->cfg.n_sites || m->cfg.n_cla)
-        nd_backend_sync(be); /* host zeroing below */
     for (int s = 0; s < m->cfg.n_sites; s++) {
-        memset(g->deng_k[s], 0, sizeof(float) * (size_t)N * d);
-        memset(g->deng_v[s], 0, sizeof(float) * (size_t)N * d);
+        nd_backend_zero(be, g->deng_k[s], sizeof(float) * (size_t)N * d);
+        nd_backend_zero(be, g->deng_v[s], sizeof(float) * (size_t)N * d);
     }
     for (int i = 0; i < m->cfg.n_cla; i++) {
-        memset(g->cla_dk[i], 0, sizeof(float) * (size_t)N * D->k_dim);
-        memset(g->cla_dv[i], 0, sizeof(float) * (size_t)N * D->v_dim);
+        nd_backend_zero(be, g->cla_dk[i], sizeof(float) * (size_t)N * D->k_dim);
+        nd_backend_zero(be, g->cla_dv[i], sizeof(float) * (size_t)N * D->v_dim);
     }
     for (int l = D->L - 1; l >= 0; l--) {
         int rc = ND_OK;

@@ -185,7 +185,7 @@ void nd_batcher_example_losses(const nd_batcher *bt, int rows, double *loss_sum,
     if (bt->mode != ND_BATCH_PADDED) {
         for (long i = 0; i < tr->n_items; i++) {
             int b = tr->item_ex[i];
-            loss_sum[b] += (double)tr->item_w[i] * tr->item_loss[i];
+            loss_sum[b] += (double)tr->item_w[i] * tr->item_loss_h[i];
             positions[b] += tr->item_w[i];
         }
         return;
@@ -195,7 +195,7 @@ void nd_batcher_example_losses(const nd_batcher *bt, int rows, double *loss_sum,
         for (int t = 0; t + 1 < T; t++) {
             float w = bt->mask[b * T + t + 1];
             if (w != 0.0f) {
-                loss_sum[b] += (double)w * tr->row_loss[b * T + t];
+                loss_sum[b] += (double)w * tr->row_loss_h[b * T + t];
                 positions[b] += w;
             }
         }

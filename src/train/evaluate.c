@@ -48,8 +48,14 @@ int nd_eval_masked(nd_batcher *bt, int want_grad, nd_masked_eval *out)
             /* the chunk's gradient is of its own mean; reweight to the global mean */
             double denom = out->total_positions > 1 ? out->total_positions : 1;
             float wgt = (float)((masked > 1 ? masked : 1) / denom);
+            const float *g = nd_backend_map(tr->be, tr->lora_g, sizeof(float) * lnum, 1);
+            if (!g) {
+                rc = nd_error(ND_ENOMEM, "out of memory");
+                break;
+            }
             for (size_t i = 0; i < lnum; i++)
-                gacc[i] += wgt * tr->lora_g[i];
+                gacc[i] += wgt * g[i];
+            nd_backend_unmap(tr->be, tr->lora_g, (void *)g, sizeof(float) * lnum, 0);
         }
     }
 done:

@@ -647,7 +647,7 @@ static int dist_grads(nd_run *r, const size_t *idx, int rows, double *loss, doub
     if (cnt > 0)
         rc = nd_batcher_step(&r->bt, r->mine, cnt, 1, &part, &m);
     else
-        memset(r->G, 0, sizeof(float) * NP);
+        nd_backend_zero(r->be, r->G, sizeof(float) * NP);
     tr->denom = 0;
     if (rc && rc != ND_ENUMERIC)
         return rc; /* rank-local: the caller ends the job */
@@ -655,7 +655,7 @@ static int dist_grads(nd_run *r, const size_t *idx, int rows, double *loss, doub
      * three scalars by MPI; else all in one host buffer */
     size_t host_n = nd_dist_device_impl(r->dist) ? 0 : NP;
     if (host_n)
-        memcpy(r->red, r->G, sizeof(float) * NP);
+        nd_backend_download(r->be, r->red, r->G, sizeof(float) * NP);
     r->red[host_n] = (float)part;
     r->red[host_n + 1] = o->stop && *o->stop ? 1.0f : 0.0f;
     r->red[host_n + 2] = rc == ND_ENUMERIC ? 1.0f : 0.0f;
@@ -664,10 +664,12 @@ static int dist_grads(nd_run *r, const size_t *idx, int rows, double *loss, doub
         (rc = nd_dist_sum(r->dist, r->red, host_n + 3)))
         return rc;
     r->comm_s += nd_wtime() - t0;
-    if (host_n)
-        memcpy(r->G, r->red, sizeof(float) * NP);
-    else
+    if (host_n) {
+        memcpy(r->Gh, r->red, sizeof(float) * NP);
+    } else {
+        nd_backend_download(r->be, r->Gh, r->G, sizeof(float) * NP);
         memmove(r->red + NP, r->red, sizeof(float) * 3);
+    }
     *loss = r->red[NP];
     *masked = denom;
     if (r->red[NP + 1] > 0) {
@@ -821,6 +823,9 @@ int nd_run_plan(nd_run *r)
         return rc;
     nd_trainer *tr = &r->bt.tr;
     r->G = o->full ? tr->full_g : tr->lora_g;
+    r->Gh = r->be->host_mem ? r->G : malloc(sizeof *r->Gh * (r->NP ? r->NP : 1));
+    if (!r->Gh)
+        return nd_error(ND_ENOMEM, "out of memory for the gradients");
     if (r->dist && (rc = dist_plan(r)))
         return rc;
     if ((rc = set_numerics(r)))
@@ -871,6 +876,16 @@ static int next_step(nd_run *r)
     }
 }
 
+/* After AdamW changed the host's parameters (r->P): the copy the ops read
+ * follows (nothing to do where the host reaches the backend's memory). */
+static void params_upload(nd_run *r)
+{
+    if (r->o.full)
+        san_model_upload(&r->m);
+    else
+        san_lora_upload(&r->lora);
+}
+
 /* A loss or update that is not finite: the last good parameters (before
  * this step) are written and the run stops. */
 static int numeric_stop(nd_run *r)
@@ -882,6 +897,7 @@ static int numeric_stop(nd_run *r)
                       "step) is written to %s",
                       r->step + 1, r->total, why, r->o.out ? r->o.out : "(nowhere: no output)");
     memcpy(r->P, r->last_good, sizeof(float) * r->NP);
+    params_upload(r);
     nd_dist_set_shared(r->dist, 1); /* the summed loss: every rank stops here */
     if (nd_run_save(r, 0) == ND_OK)
         rc = ND_ENUMERIC;
@@ -935,10 +951,12 @@ int nd_run_step(nd_run *r, nd_run_step_info *si)
     memcpy(r->last_good, r->P, sizeof(float) * r->NP);
     if (r->dist)
         rc = dist_grads(r, r->train + r->s0, rows, &loss, &masked);
-    else
-        rc = nd_batcher_step(&r->bt, r->train + r->s0, rows, 1, &loss, &masked);
+    else if (!(rc = nd_batcher_step(&r->bt, r->train + r->s0, rows, 1, &loss, &masked)))
+        nd_backend_download(r->be, r->Gh, r->G, sizeof(float) * r->NP);
     if (!rc)
-        rc = nd_adamw_step(&r->opt, r->P, r->G, &gnorm, &lr_used);
+        rc = nd_adamw_step(&r->opt, r->P, r->Gh, &gnorm, &lr_used);
+    if (!rc)
+        params_upload(r);
     if (rc == ND_ENUMERIC)
         return numeric_stop(r);
     nd_trainer *tr = &r->bt.tr;
@@ -995,6 +1013,8 @@ void nd_run_close(nd_run *r)
     free(r->tmp2);
     free(r->set_of);
     free(r->last_good);
+    if (r->Gh != r->G)
+        free(r->Gh);
     free(r->mine);
     free(r->red);
     free(r->share_ex);

@@ -68,7 +68,10 @@ typedef struct {
     size_t *val, *train;    /* into order */
     int B, T;
     long spe, total;
-    float *P, *G; /* trained parameters and their gradients */
+    float *P, *G; /* trained parameters (host) and their gradients (backend memory) */
+    /* the gradients where the host reads them (AdamW): G itself when the
+     * host can reach the backend's memory (be->host_mem), else a copy */
+    float *Gh;
     size_t NP;
     /* plan: what an epoch computes */
     double real_tokens, padded_rows, epoch_rows;

@@ -10,6 +10,7 @@
 #include "core/tuning.h"
 
 static float *merged_slot(const nd_trainer *tr, int t);
+static size_t merged_floats(const nd_trainer *tr);
 static void zero_grads(nd_trainer *tr);
 
 /* Buffers common to both modes; the activations hold cap_rows rows. */
@@ -83,6 +84,7 @@ static int trainer_init(nd_trainer *tr, const san_model *m, const nd_backend *be
     tr->lora_g = lora ? be->alloc(be, (lora->numel ? lora->numel : 1) * sizeof(float)) : NULL;
     size_t NL = tr->packed ? 1 : N;
     tr->row_loss = be->alloc(be, sizeof(float) * NL);
+    tr->row_loss_h = be->host_mem ? tr->row_loss : malloc(sizeof(float) * NL);
     tr->row_w = malloc(sizeof(float) * NL);
     tr->row_g = malloc(sizeof(float) * NL);
     tr->tgt = malloc(sizeof(int32_t) * NL);
@@ -91,8 +93,8 @@ static int trainer_init(nd_trainer *tr, const san_model *m, const nd_backend *be
         if (tr->full_g)
             san_weights_bind(m, tr->full_g, &tr->gw);
     }
-    if (!tr->merged || (lora && !tr->lora_g) || !tr->row_loss || !tr->row_w || !tr->row_g ||
-        !tr->tgt || (full_grads && !tr->full_g))
+    if (!tr->merged || (lora && !tr->lora_g) || !tr->row_loss || !tr->row_loss_h || !tr->row_w ||
+        !tr->row_g || !tr->tgt || (full_grads && !tr->full_g))
         return nd_error(ND_ENOMEM, "out of memory for training buffers");
     if (lora) {
         for (int t = 0; t < LORA_NTARGETS; t++)
@@ -151,13 +153,14 @@ int nd_trainer_create_packed(nd_trainer *tr, const san_model *m, const nd_backen
         tr->item_ex = malloc(sizeof *tr->item_ex * ci);
         tr->item_w = malloc(sizeof *tr->item_w * ci);
         tr->item_loss = be->alloc(be, sizeof *tr->item_loss * ci);
+        tr->item_loss_h = be->host_mem ? tr->item_loss : malloc(sizeof *tr->item_loss * ci);
         tr->item_g = malloc(sizeof *tr->item_g * ci);
         tr->item_pos = malloc(sizeof *tr->item_pos * ci);
         tr->ex_off = malloc(sizeof *tr->ex_off * (size_t)max_examples);
         tr->group_item0 = malloc(sizeof *tr->group_item0 * ((size_t)max_examples + 1));
         if (nd_pack_plan_init(&tr->plan, max_examples) || !tr->ptok || !tr->row_of ||
             !tr->item_row || !tr->item_tgt || !tr->item_ex || !tr->item_w || !tr->item_loss ||
-            !tr->item_g || !tr->item_pos || !tr->ex_off || !tr->group_item0)
+            !tr->item_loss_h || !tr->item_g || !tr->item_pos || !tr->ex_off || !tr->group_item0)
             rc = nd_error(ND_ENOMEM, "out of memory for training buffers");
     }
     if (rc)
@@ -179,6 +182,10 @@ void nd_trainer_free(nd_trainer *tr)
         be->free(be, tr->full_g);
         be->free(be, tr->row_loss);
         be->free(be, tr->item_loss);
+        if (!be->host_mem) {
+            free(tr->row_loss_h);
+            free(tr->item_loss_h);
+        }
     }
     if (tr->qat) {
         nd_qat_free(tr->qat);
@@ -201,6 +208,16 @@ void nd_trainer_free(nd_trainer *tr)
     memset(tr, 0, sizeof *tr);
 }
 
+/* floats of tr->merged: every adapted target's stacked kernels */
+static size_t merged_floats(const nd_trainer *tr)
+{
+    size_t n = 0;
+    for (int t = 0; tr->lora && t < LORA_NTARGETS; t++)
+        if (tr->lora->t[t].present)
+            n += (size_t)tr->lora->L * tr->lora->t[t].in * tr->lora->t[t].out;
+    return n;
+}
+
 /* where target t's merged weights live in tr->merged */
 static float *merged_slot(const nd_trainer *tr, int t)
 {
@@ -216,20 +233,32 @@ static float *merged_slot(const nd_trainer *tr, int t)
 static int qat_requantise(nd_trainer *tr)
 {
     const san_model *m = tr->m;
+    const nd_backend *be = tr->be;
+    size_t mb = m->numel * sizeof(float);
     if (!tr->lora) {
-        memcpy(tr->qmem, m->mem, m->numel * sizeof(float));
-        return nd_qat_apply(tr->qat, m->mem, tr->qmem, 0, m->numel);
+        /* the host's weights (m->mem) -> Q -> qmem */
+        float *q = nd_backend_map(be, tr->qmem, mb, 0);
+        if (!q)
+            return nd_error(ND_ENOMEM, "out of memory");
+        memcpy(q, m->mem, mb);
+        int rc = nd_qat_apply(tr->qat, m->mem, q, 0, m->numel);
+        nd_backend_unmap(be, tr->qmem, q, mb, 1);
+        return rc;
     }
     /* every adapted projection's listed tensors in one parallel loop */
     san_weights base = m->w;
     int n = 0, *sel = malloc(sizeof *sel * (size_t)(tr->qat->n ? tr->qat->n : 1));
     const float **src = malloc(sizeof *src * (size_t)(tr->qat->n ? tr->qat->n : 1));
     float **dst = malloc(sizeof *dst * (size_t)(tr->qat->n ? tr->qat->n : 1));
-    int rc = !sel || !src || !dst ? nd_error(ND_ENOMEM, "out of memory") : ND_OK;
+    /* the merged targets and the quantised model, where the host reads them */
+    size_t gb = merged_floats(tr) * sizeof(float);
+    float *merged = nd_backend_map(be, tr->merged, gb, 1);
+    float *qmem = merged ? nd_backend_map(be, tr->qmem, mb, 1) : NULL;
+    int rc = !sel || !src || !dst || !qmem ? nd_error(ND_ENOMEM, "out of memory") : ND_OK;
     for (int t = 0; !rc && t < LORA_NTARGETS; t++) {
         if (!tr->lora->t[t].present)
             continue;
-        size_t lo = (size_t)(san_lora_weight_slot(&base, t) - m->mem);
+        size_t lo = (size_t)(san_lora_weight_slot(&base, t) - san_model_dev(m));
         size_t len = (size_t)tr->lora->L * tr->lora->t[t].in * tr->lora->t[t].out;
         for (int i = 0; i < tr->qat->n; i++) {
             const cact_model_tensor *q = &tr->qat->t[i];
@@ -237,12 +266,14 @@ static int qat_requantise(nd_trainer *tr)
                 continue;
             /* the merged target sits at merged_slot(t) instead of lo */
             sel[n] = i;
-            src[n] = merged_slot(tr, t) + (q->offset - lo);
-            dst[n++] = tr->qmem + q->offset;
+            src[n] = merged + (merged_slot(tr, t) - tr->merged) + (q->offset - lo);
+            dst[n++] = qmem + q->offset;
         }
     }
     if (!rc)
         rc = nd_qat_run(tr->qat, sel, n, (const float *const *)src, (float *const *)dst);
+    nd_backend_unmap(be, tr->qmem, qmem, mb, 1);
+    nd_backend_unmap(be, tr->merged, merged, gb, 0);
     free(sel);
     free(src);
     free(dst);
@@ -263,31 +294,50 @@ static const san_tensor *tensor_at(const san_model *m, size_t off)
 static int quant3_requantise(nd_trainer *tr, int all)
 {
     const san_model *m = tr->m;
+    const nd_backend *be = tr->be;
     int bits = tr->fq3.weight_bits;
-    if (all || !tr->lora) {
-        int rc = nd_fq3_model_weights(m, &tr->fq3, m->mem, tr->qmem);
-        if (rc || !tr->lora)
-            return rc;
+    size_t mb = m->numel * sizeof(float), gb = merged_floats(tr) * sizeof(float);
+    /* the quantised model where the host writes it: all of it, or (LoRA,
+     * after the first time) only the merged targets' tensors */
+    int whole = all || !tr->lora;
+    float *qmem = nd_backend_map(be, tr->qmem, mb, !whole);
+    if (!qmem)
+        return nd_error(ND_ENOMEM, "out of memory");
+    int rc = ND_OK;
+    if (whole)
+        rc = nd_fq3_model_weights(m, &tr->fq3, m->mem, qmem);
+    if (rc || !tr->lora) {
+        nd_backend_unmap(be, tr->qmem, qmem, mb, 1);
+        return rc;
+    }
+    float *merged = nd_backend_map(be, tr->merged, gb, 1);
+    if (!merged) {
+        nd_backend_unmap(be, tr->qmem, qmem, mb, 0);
+        return nd_error(ND_ENOMEM, "out of memory");
     }
     san_weights base = m->w;
-    for (int t = 0; t < LORA_NTARGETS; t++) {
+    for (int t = 0; t < LORA_NTARGETS && !rc; t++) {
         if (!tr->lora->t[t].present)
             continue;
-        size_t off = (size_t)(san_lora_weight_slot(&base, t) - m->mem);
+        size_t off = (size_t)(san_lora_weight_slot(&base, t) - san_model_dev(m));
         const san_tensor *ten = tensor_at(m, off);
-        if (!ten)
-            return nd_error(ND_ESHAPE, "LoRA target %d: no tensor at its offset", t);
-        int rc = nd_fq3_cq_ste_leaf(ten->name, ten->shape, ten->ndim, merged_slot(tr, t),
-                                    tr->qmem + off, bits, ND_FQ3_WEIGHT_GROUP);
-        if (rc < 0)
-            return rc;
+        if (!ten) {
+            rc = nd_error(ND_ESHAPE, "LoRA target %d: no tensor at its offset", t);
+            break;
+        }
+        int r = nd_fq3_cq_ste_leaf(ten->name, ten->shape, ten->ndim,
+                                   merged + (merged_slot(tr, t) - tr->merged), qmem + off, bits,
+                                   ND_FQ3_WEIGHT_GROUP);
+        if (r < 0)
+            rc = r;
     }
-    return ND_OK;
+    nd_backend_unmap(be, tr->merged, merged, gb, 0);
+    nd_backend_unmap(be, tr->qmem, qmem, mb, !rc);
+    return rc;
 }
 
 static int quant3_merge(nd_trainer *tr, int all)
 {
-    nd_backend_sync(tr->be); /* the host reads the (merged) weights */
     double t0 = nd_wtime();
     int rc = quant3_requantise(tr, all);
     tr->quant3_seconds += nd_wtime() - t0;
@@ -310,25 +360,25 @@ int nd_trainer_merge(nd_trainer *tr)
     if (!lo)
         return ND_OK;
     san_weights base = tr->m->w;
-    nd_backend_sync(tr->be); /* the host rewrites what earlier ops read */
+    float *ad = san_lora_dev(lo); /* the adapter as the ops read it */
     for (int t = 0; t < LORA_NTARGETS; t++) {
         if (!lo->t[t].present)
             continue;
         int in = lo->t[t].in, out = lo->t[t].out, r = lo->rank;
         const float *W = san_lora_weight_slot(&base, t);
         float *E = merged_slot(tr, t);
-        memcpy(E, W, sizeof(float) * (size_t)lo->L * in * out);
+        /* E = W (an op: both lie in the backend's memory), then += A B */
+        tr->be->copy2d(tr->be, E, out, W, out, (long)lo->L * in, out);
         for (int l = 0; l < lo->L; l++)
             tr->be->matmul(tr->be, 0, 0, in, out, r, lo->scale,
-                           san_lora_A(lo, lo->mem, t) + (size_t)l * in * r, r,
-                           san_lora_B(lo, lo->mem, t) + (size_t)l * r * out, out, 1.0f,
+                           san_lora_A(lo, ad, t) + (size_t)l * in * r, r,
+                           san_lora_B(lo, ad, t) + (size_t)l * r * out, out, 1.0f,
                            E + (size_t)l * in * out, out);
     }
     if (tr->quant3)
         return quant3_merge(tr, 0);
     if (!tr->qat)
         return ND_OK;
-    nd_backend_sync(tr->be); /* the host reads the merged weights */
     double t0 = nd_wtime();
     int rc = qat_requantise(tr);
     tr->qat->seconds += nd_wtime() - t0;
@@ -350,7 +400,6 @@ int nd_trainer_set_qat(nd_trainer *tr, int bits)
         tr->qat = NULL;
         return rc;
     }
-    nd_backend_sync(tr->be);
     tr->qmem = tr->be->alloc(tr->be, (m->numel ? m->numel : 1) * sizeof(float));
     if (!tr->qmem)
         return nd_error(ND_ENOMEM, "out of memory for the --qat weights");
@@ -358,8 +407,14 @@ int nd_trainer_set_qat(nd_trainer *tr, int bits)
     if (!tr->lora) /* everything is requantised on each merge */
         return nd_trainer_merge(tr);
     /* the base once (in LoRA training only the targets change) */
-    memcpy(tr->qmem, m->mem, m->numel * sizeof(float));
-    if ((rc = nd_qat_apply(tr->qat, m->mem, tr->qmem, 0, m->numel)))
+    size_t mb = m->numel * sizeof(float);
+    float *q = nd_backend_map(tr->be, tr->qmem, mb, 0);
+    if (!q)
+        return nd_error(ND_ENOMEM, "out of memory for the --qat weights");
+    memcpy(q, m->mem, mb);
+    rc = nd_qat_apply(tr->qat, m->mem, q, 0, m->numel);
+    nd_backend_unmap(tr->be, tr->qmem, q, mb, 1);
+    if (rc)
         return rc;
     return nd_trainer_merge(tr);
 }
@@ -377,7 +432,6 @@ int nd_trainer_set_quant3(nd_trainer *tr)
     int rc = nd_fq3_validate(&tr->fq3);
     if (rc)
         return rc;
-    nd_backend_sync(tr->be);
     tr->qmem = tr->be->alloc(tr->be, (m->numel ? m->numel : 1) * sizeof(float));
     if (!tr->qmem)
         return nd_error(ND_ENOMEM, "out of memory for the quantised weights");
@@ -423,7 +477,7 @@ int nd_trainer_step(nd_trainer *tr, const int32_t *ids, const float *mask, int r
     san_grad_target tg = {
         .full = tr->full_g ? &tr->gw : NULL,
         .lora = tr->lora,
-        .lora_w = tr->lora ? tr->lora->mem : NULL,
+        .lora_w = tr->lora ? san_lora_dev(tr->lora) : NULL,
         .lora_g = tr->lora_g,
     };
     if (grad) {
@@ -442,11 +496,11 @@ int nd_trainer_step(nd_trainer *tr, const int32_t *ids, const float *mask, int r
         be->cross_entropy_backward(be, tr->acts.logits, tr->tgt + r0, tr->row_g + r0, n, V);
         san_backward_logits_range(tr->m, &tr->w, &tr->acts, &tr->gacts, &tg, r0, n);
     }
-    nd_backend_sync(be);
+    nd_backend_download(be, tr->row_loss_h, tr->row_loss, sizeof(float) * (size_t)N);
     double sum = 0;
     for (long r = 0; r < N; r++)
         if (tr->row_w[r] != 0.0f)
-            sum += (double)tr->row_w[r] * tr->row_loss[r];
+            sum += (double)tr->row_w[r] * tr->row_loss_h[r];
     *loss = sum / denom;
     if (masked)
         *masked = total;
@@ -461,11 +515,10 @@ int nd_trainer_step(nd_trainer *tr, const int32_t *ids, const float *mask, int r
 
 static void zero_grads(nd_trainer *tr)
 {
-    nd_backend_sync(tr->be);
     if (tr->lora_g)
-        memset(tr->lora_g, 0, sizeof(float) * tr->lora->numel);
+        nd_backend_zero(tr->be, tr->lora_g, sizeof(float) * tr->lora->numel);
     if (tr->full_g)
-        memset(tr->full_g, 0, sizeof(float) * tr->m->numel);
+        nd_backend_zero(tr->be, tr->full_g, sizeof(float) * tr->m->numel);
 }
 
 /* One micro-batch: groups [g0, g1) of the plan, their items [i0, i1). */
@@ -486,7 +539,7 @@ static int micro_step(nd_trainer *tr, const nd_seq_example *ex, int g0, int g1, 
     san_grad_target tg = {
         .full = tr->full_g ? &tr->gw : NULL,
         .lora = tr->lora,
-        .lora_w = tr->lora ? tr->lora->mem : NULL,
+        .lora_w = tr->lora ? san_lora_dev(tr->lora) : NULL,
         .lora_g = tr->lora_g,
     };
     if (grad) {
@@ -505,9 +558,10 @@ static int micro_step(nd_trainer *tr, const nd_seq_example *ex, int g0, int g1, 
         be->cross_entropy_backward(be, tr->acts.logits, tr->item_tgt + c0, tr->item_g + c0, c, V);
         san_backward_logits_rows(tr->m, &tr->w, &tr->acts, &tr->gacts, &tg, tr->item_row + c0, c);
     }
-    nd_backend_sync(be);
+    nd_backend_download(be, tr->item_loss_h + i0, tr->item_loss + i0,
+                        sizeof(float) * (size_t)(i1 - i0));
     for (long i = i0; i < i1; i++)
-        *sum += (double)tr->item_w[i] * tr->item_loss[i];
+        *sum += (double)tr->item_w[i] * tr->item_loss_h[i];
     if (!grad)
         return ND_OK;
     return san_backward_finish(tr->m, &tr->w, &tr->acts, &tr->gacts, &tg, tr->ptok);

@@ -19,7 +19,7 @@ typedef struct {
     san_acts acts;
     san_grad_acts gacts;
     san_lora *lora; /* may be NULL */
-    float *lora_g;  /* lora->numel */
+    float *lora_g;  /* lora->numel, in the backend's memory (nd_backend_download) */
     float *merged;  /* merged projection weights */
     nd_qat *qat;    /* --qat: the forward sees Q(weights) (train/qat.h) */
     float *qmem;    /* --qat / Needle 3 numerics: the quantised model, m->numel floats */
@@ -34,6 +34,10 @@ typedef struct {
     float *full_g; /* m->numel when full gradients are on */
     san_weights gw;
     float *row_loss, *row_w, *row_g;
+    /* the losses where the host reads them after a step: row_loss and
+     * item_loss themselves when the host can reach the backend's memory
+     * (be->host_mem), else host copies downloaded at the end of each step */
+    float *row_loss_h, *item_loss_h;
     int32_t *tgt;
     /* packed mode (nd_trainer_create_packed) */
     int packed;

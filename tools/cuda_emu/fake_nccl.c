@@ -15,9 +15,11 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -143,6 +145,14 @@ int ncclAllReduce(const void *send, void *recv, size_t count, int type, int op, 
         fprintf(stderr, "fake NCCL: only float sums (type %d, op %d)\n", type, op);
         return invalid_argument;
     }
+    /* the emulator keeps device memory closed to host code (PROT_NONE
+     * outside its stream work); NCCL itself runs on the device: open the
+     * buffer's pages for the sum, close them after */
+    long pg = sysconf(_SC_PAGESIZE);
+    char *lo = (char *)((uintptr_t)recv & ~(uintptr_t)(pg - 1));
+    char *hi = (char *)(((uintptr_t)recv + count * sizeof(float) + (uintptr_t)pg - 1) &
+                        ~(uintptr_t)(pg - 1));
+    int opened = count && !mprotect(lo, (size_t)(hi - lo), PROT_READ | PROT_WRITE);
     for (size_t at = 0; at < count;) {
         int k = count - at > INT_MAX ? INT_MAX : (int)(count - at);
         float *r = (float *)recv + at;
@@ -154,6 +164,8 @@ int ncclAllReduce(const void *send, void *recv, size_t count, int type, int op, 
             return internal_error;
         at += (size_t)k;
     }
+    if (opened && mprotect(lo, (size_t)(hi - lo), PROT_NONE))
+        return system_error;
     c->calls++;
     c->floats = count;
     return ok;

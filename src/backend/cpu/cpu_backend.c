@@ -757,6 +757,7 @@ static nd_backend cpu_backend = {
     .ctx = &cpu_state,
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .host_mem = 1, /* alloc is calloc: upload, download and zero are memcpy / memset */
 #define ND_OP(name, kind, ...) .name = cpu_##name,
 #include "backend/ops.def"
 #undef ND_OP

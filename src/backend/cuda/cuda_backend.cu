@@ -298,18 +298,26 @@ static void *cuda_alloc(const nd_backend *be, size_t bytes)
 {
     cuda_ctx *C = cuda_op_begin(be);
     void *p = NULL;
-    /* alloc memory stays managed: the contract (backend.h) lets the host
-     * read and write it after a sync, and the model and trainer do (weights
-     * in, AdamW, merges). But never more than the card has free: managed
-     * memory beyond it pages to and fro or, on some drivers, hangs the GPU.
-     * NULL here is a clean "out of cuda memory" for the caller. */
+    /* The host reaches alloc memory only through the copies below
+     * (host_mem 0; the contract in backend.h), so this can be plain device
+     * memory (cudaMalloc); it stays managed until every host access of the
+     * model and trainer goes through them (the emulator, where cudaMalloc
+     * memory is closed to host code, still finds some: docs/training.md).
+     * Never more than the card has free: NULL here is a clean "out of cuda
+     * memory" for the caller; managed memory beyond it pages to and fro or,
+     * on some drivers, hangs the GPU. */
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
         if (bytes > free_b)
             return NULL;
     } else
         (void)cudaGetLastError();
-    CUDA_CHECK(cudaMallocManaged(&p, bytes ? bytes : 1, cudaMemAttachGlobal));
+    cudaError_t e = cudaMallocManaged(&p, bytes ? bytes : 1, cudaMemAttachGlobal);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    CUDA_CHECK(e);
 #if CUDART_VERSION >= 13000
     cudaMemLocation loc;
     loc.type = cudaMemLocationTypeDevice;
@@ -322,7 +330,7 @@ static void *cuda_alloc(const nd_backend *be, size_t bytes)
         cudaSuccess)
         (void)cudaGetLastError();
 #endif
-    /* zeroed before the host can touch it: the caller may write right away */
+    /* zeroed before anything can read it */
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes ? bytes : 1, C->stream));
     CUDA_CHECK(cudaStreamSynchronize(C->stream));
     return p;
@@ -334,6 +342,54 @@ static void cuda_free(const nd_backend *be, void *p)
         return;
     cuda_op_begin(be);
     CUDA_CHECK(cudaFree(p)); /* waits for the device to finish with it */
+}
+
+/* Host -> device through the staging ring, a quarter ring at a time so a
+ * big upload (the weights) never grows it: each piece is copied into the
+ * pinned host ring and from there by a DMA copy on the stream straight to
+ * dst, after the ops issued before (the ring's device twin is not used). */
+static void cuda_upload(const nd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    const char *s = (const char *)src;
+    char *d = (char *)dst;
+    while (bytes) {
+        cuda_ctx *C = cuda_op_begin(be); /* recycles a half-full ring */
+        size_t piece = C->ring_cap / 4;
+        if (piece > bytes)
+            piece = bytes;
+        char *h;
+        (void)ring_take(C, piece, &h);
+        memcpy(h, s, piece);
+        CUDA_CHECK(cudaMemcpyAsync(d, h, piece, cudaMemcpyHostToDevice, C->stream));
+        s += piece;
+        d += piece;
+        bytes -= piece;
+    }
+}
+
+/* Device -> host: every issued op finishes (a sync), then each piece goes
+ * to the pinned ring by the stream and from there to dst. */
+static void cuda_download(const nd_backend *be, void *dst, const void *src, size_t bytes)
+{
+    cuda_sync(be);
+    cuda_ctx *C = ctx_of(be);
+    const char *s = (const char *)src;
+    char *d = (char *)dst;
+    while (bytes) {
+        size_t piece = C->ring_cap < bytes ? C->ring_cap : bytes;
+        CUDA_CHECK(cudaMemcpyAsync(C->ring_host, s, piece, cudaMemcpyDeviceToHost, C->stream));
+        CUDA_CHECK(cudaStreamSynchronize(C->stream));
+        memcpy(d, C->ring_host, piece);
+        s += piece;
+        d += piece;
+        bytes -= piece;
+    }
+}
+
+static void cuda_zero(const nd_backend *be, void *dst, size_t bytes)
+{
+    cuda_ctx *C = cuda_op_begin(be);
+    CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, C->stream));
 }
 
 /* ---- matmul ---- */
@@ -389,6 +445,10 @@ static void fill_table(nd_backend *t)
     t->sync = cuda_sync;
     t->alloc = cuda_alloc;
     t->free = cuda_free;
+    t->host_mem = 0;
+    t->upload = cuda_upload;
+    t->download = cuda_download;
+    t->zero = cuda_zero;
 #define ND_OP(name, kind, ...) t->name = cuda_##name;
 #include "backend/ops.def"
 #undef ND_OP

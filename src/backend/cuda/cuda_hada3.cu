@@ -4,6 +4,8 @@
  * in backend/ops.def; reference src/backend/cpu/cpu_hada3.c, whose float
  * operations every element repeats (the parameter-gradient sums run over
  * fixed row chunks in double, then in chunk order). */
+#include <vector>
+
 #include "cuda_common.cuh"
 
 /* ---- hada3_mix ---- */
@@ -46,10 +48,18 @@ __global__ void k_hada3_mix(float *dst, const int32_t *doff, int drs, const floa
 
 /* Floats of the array read or written through `off` with row stride rs
  * over N rows: (N-1)*rs + max(off) + 1, 0 when no feature is placed. Only
- * needed to stage a host array; the host reads the table at issue
- * (ops.def: host memory, or alloc memory the host may read then). */
-static size_t mix_extent(const int32_t *off, int cols, long N, int rs)
+ * needed to stage a host array; the table is read at issue (ops.def), from
+ * device memory by a copy on the stream after the ops issued before. */
+static size_t mix_extent(cuda_ctx *C, const int32_t *off, int cols, long N, int rs)
 {
+    std::vector<int32_t> copy;
+    if (!cuda_is_host(off)) {
+        copy.resize((size_t)cols);
+        CUDA_CHECK(cudaMemcpyAsync(copy.data(), off, sizeof(int32_t) * (size_t)cols,
+                                   cudaMemcpyDeviceToHost, C->stream));
+        CUDA_CHECK(cudaStreamSynchronize(C->stream));
+        off = copy.data();
+    }
     long mx = -1;
     for (int m = 0; m < cols; m++)
         mx = off[m] > mx ? off[m] : mx;
@@ -63,7 +73,7 @@ static const float *stage_mixed(cuda_ctx *C, const float *a, const int32_t *off,
 {
     if (!a || !cuda_is_host(a))
         return a;
-    size_t n = mix_extent(off, cols, N, rs);
+    size_t n = mix_extent(C, off, cols, N, rs);
     return n ? STAGE(C, a, n) : NULL;
 }
 
@@ -89,11 +99,11 @@ void cuda_hada3_mix(const nd_backend *be, float *dst, const int32_t *doff, int d
 /* Thread = feature m (x), block row = row chunk c (y) of `chunks`: rows
  * [N*c/chunks, N*(c+1)/chunks) in order. dsrc, dcond set; the chunk's
  * sums of e*g*v and e go to partials[c*2*cols + m] and [... + cols + m]. */
-__global__ void k_hada3_mix_backward(float *dsrc, float *dcond, double *partials,
-                                     const float *ddst, const int32_t *doff, int drs,
-                                     const float *src, const int32_t *soff, int srs,
-                                     const float *scale, const float *p, const float *cu, int rank,
-                                     const float *bias, int silu, long N, int cols, int chunks)
+__global__ void k_hada3_mix_backward(float *dsrc, float *dcond, double *partials, const float *ddst,
+                                     const int32_t *doff, int drs, const float *src,
+                                     const int32_t *soff, int srs, const float *scale,
+                                     const float *p, const float *cu, int rank, const float *bias,
+                                     int silu, long N, int cols, int chunks)
 {
     int m = blockIdx.x * blockDim.x + threadIdx.x;
     if (m >= cols)
@@ -128,8 +138,8 @@ __global__ void k_hada3_mix_backward(float *dsrc, float *dcond, double *partials
 void cuda_hada3_mix_backward(const nd_backend *be, float *dsrc, float *dcond, float *dscale,
                              float *dbias, const float *ddst, const int32_t *doff, int drs,
                              const float *src, const int32_t *soff, int srs, const float *scale,
-                             const float *p, const float *cu, int rank, const float *bias,
-                             int silu, long N, int cols)
+                             const float *p, const float *cu, int rank, const float *bias, int silu,
+                             long N, int cols)
 {
     if (N <= 0 || cols <= 0)
         return;
@@ -149,8 +159,8 @@ void cuda_hada3_mix_backward(const nd_backend *be, float *dsrc, float *dcond, fl
         want ? (double *)cuda_scratch(C, sizeof(double) * (size_t)chunks * 2 * cols) : NULL;
     dim3 grid(cuda_blocks(cols, 64), (unsigned)chunks);
     k_hada3_mix_backward<<<grid, 64, 0, C->stream>>>(dsrc, dcond, partials, dd, ddo, drs, dsr, dso,
-                                                    srs, dsc, dp, dcu, has_p ? rank : 0, db, silu,
-                                                    N, cols, chunks);
+                                                     srs, dsc, dp, dcu, has_p ? rank : 0, db, silu,
+                                                     N, cols, chunks);
     CUDA_LAUNCHED();
     if (want) {
         cuda_reduce_partials(C, dscale, partials, chunks, 2 * cols, 0, cols);

@@ -67,6 +67,7 @@ __attribute__((visibility("default"))) const nd_backend *nd_plugin_open(int abi,
     vk_table.alloc = vkb_alloc;
     vk_table.free = vkb_free;
     vk_table.sync = vkb_sync;
+    vk_table.host_mem = 1; /* host-visible: upload and download are a sync and a memcpy */
 #define ND_OP(name, kind, ...) vk_table.name = vk_##name;
 #include "backend/ops.def"
 #undef ND_OP

@@ -26,7 +26,12 @@
 #define __shared__ static
 
 typedef int cudaError_t;
-enum { cudaSuccess = 0, cudaErrorInsufficientDriver = 35, cudaErrorNoDevice = 100 };
+enum {
+    cudaSuccess = 0,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInsufficientDriver = 35,
+    cudaErrorNoDevice = 100
+};
 typedef void *cudaStream_t;
 enum {
     cudaStreamNonBlocking = 1,

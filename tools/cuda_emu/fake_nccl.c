@@ -152,7 +152,15 @@ int ncclAllReduce(const void *send, void *recv, size_t count, int type, int op, 
     char *lo = (char *)((uintptr_t)recv & ~(uintptr_t)(pg - 1));
     char *hi = (char *)(((uintptr_t)recv + count * sizeof(float) + (uintptr_t)pg - 1) &
                         ~(uintptr_t)(pg - 1));
-    int opened = count && !mprotect(lo, (size_t)(hi - lo), PROT_READ | PROT_WRITE);
+    /* memory the host already reads (managed) stays as it is: closing it
+     * after the sum would fault the host's next read */
+    int fds[2], readable = 1;
+    if (count && !pipe(fds)) {
+        readable = write(fds[1], recv, 1) == 1; /* EFAULT when closed */
+        close(fds[0]);
+        close(fds[1]);
+    }
+    int opened = count && !readable && !mprotect(lo, (size_t)(hi - lo), PROT_READ | PROT_WRITE);
     for (size_t at = 0; at < count;) {
         int k = count - at > INT_MAX ? INT_MAX : (int)(count - at);
         float *r = (float *)recv + at;

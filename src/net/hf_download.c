@@ -778,6 +778,312 @@ static void drop_part(const dl_state *st)
     unlink(st->meta);
 }
 
+/* One download's names and outcome, handed from phase to phase of
+ * nd_hf_download (the transfer's own state is the dl_state). */
+typedef struct {
+    const char *repo, *file, *dest;
+    char url[4096], part[4096], meta[4200];
+    int stall;
+    made_dirs *made; /* the parents this download created */
+    char errbuf[CURL_ERROR_SIZE];
+    CURLcode cr;     /* of the last transfer */
+    int ok_close;    /* the .part was flushed, synced and closed */
+    int close_errno; /* why not */
+} dl_job;
+
+/* Everything before the first byte: the stall limit, dest checked and its
+ * parents made, the URL and .part names, the transfer state, libcurl loaded
+ * (before the .part file exists). */
+static int download_prepare(dl_job *job, dl_state *st, const char *rev, const nd_hf_opts *o)
+{
+    int rc = stall_seconds(&job->stall);
+    if (rc)
+        return rc;
+    /* a regular file or nothing: never through a link, a device or a dir */
+    if ((rc = nd_output_check(job->dest, NULL, NULL)))
+        return rc;
+    rc = make_parents(job->dest, job->made);
+    if (rc)
+        return rc;
+    nd_hf_url(job->repo, job->file, rev, job->url, sizeof job->url);
+    snprintf(job->part, sizeof job->part, "%s.part", job->dest);
+    snprintf(job->meta, sizeof job->meta, "%s.part.validator", job->dest);
+
+    memset(st, 0, sizeof *st);
+    st->part = job->part;
+    st->meta = job->meta;
+    st->claim_size = -1;
+    st->last_decile = -1;
+    st->progress = o ? o->progress : NULL;
+    st->tty = st->progress && isatty(fileno(st->progress));
+    const char *slash = strrchr(job->file, '/');
+    st->name = slash ? slash + 1 : job->file;
+    return nd_curl_load();
+}
+
+/* Open the .part for this attempt (emptied when restarting) and decide
+ * where to resume: only from a .part whose validator the server can
+ * confirm, else from 0. On failure st->out is closed. */
+static int open_part(dl_state *st, int restart)
+{
+    st->out = fopen(st->part, restart ? "wb" : "ab");
+    if (!st->out)
+        return nd_error(ND_EIO, "%s: cannot write: %s", st->part, strerror(errno));
+    fseek(st->out, 0, SEEK_END);
+    st->offset = ftell(st->out);
+    st->resumed[0] = 0;
+    if (st->offset > 0) {
+        /* resume only what the server can confirm is the same file */
+        meta_read(st->meta, st->resumed, sizeof st->resumed);
+        if (!st->resumed[0]) {
+            if (ftruncate(fileno(st->out), 0) != 0 || fseek(st->out, 0, SEEK_SET) != 0) {
+                int e = errno;
+                fclose(st->out);
+                return nd_error(ND_EIO, "%s: cannot truncate: %s", st->part, strerror(e));
+            }
+            if (st->progress)
+                fprintf(st->progress,
+                        "  %-9s %s: %s has no ETag or Last-Modified to resume with; "
+                        "starting over\n",
+                        "fetch", st->name, st->part);
+            st->offset = 0;
+        } else if (st->progress) {
+            fprintf(st->progress, "  %-9s %s: resuming %s after %.1f MB\n", "fetch", st->name,
+                    st->part, (double)st->offset / 1e6);
+        }
+    }
+    return ND_OK;
+}
+
+/* the per-response fields back to "nothing received yet" */
+static void reset_response(dl_state *st)
+{
+    st->got = 0;
+    st->want = -1;
+    st->stop = STOP_NONE;
+    st->status = 0;
+    st->errlen = 0;
+    st->errbody[0] = 0;
+    st->location[0] = 0;
+    st->started = 0;
+}
+
+/* flush, sync and close the .part; job->ok_close says whether all three
+ * worked, job->close_errno why not */
+static void close_part(dl_job *job, dl_state *st)
+{
+    errno = 0;
+    job->ok_close = fflush(st->out) == 0 && fsync(fileno(st->out)) == 0;
+    job->close_errno = errno;
+    if (fclose(st->out) != 0 && job->ok_close) {
+        job->ok_close = 0;
+        job->close_errno = errno;
+    }
+}
+
+/* The transfer into the .part, started over once (without Range) when a
+ * resume cannot go on. Its outcome is left in job and st for the checks. */
+static int download_attempts(dl_job *job, dl_state *st)
+{
+    /* init/cleanup per download (reference counted by libcurl): nothing of
+     * libcurl's or its TLS library's stays allocated afterwards */
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    job->errbuf[0] = 0;
+    job->cr = CURLE_OK;
+    job->ok_close = 1;
+    job->close_errno = 0;
+    int restart = 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int rc = open_part(st, restart);
+        if (rc) {
+            curl_global_cleanup();
+            return rc;
+        }
+        if (restart)
+            unlink(job->meta);
+        reset_response(st);
+        job->errbuf[0] = 0;
+        job->cr = transfer(st, job->url, job->errbuf, job->stall);
+        close_part(job, st);
+        struct stat sb;
+        long long have = stat(job->part, &sb) == 0 ? (long long)sb.st_size : -1;
+        long long total = st->range_total >= 0 ? st->range_total : st->claim_size;
+        /* start over (once, without Range) when a resume cannot go on: a
+         * 416 the .part is not the whole file for, a range not asked for,
+         * a file that changed under the same name */
+        restart = (st->status == 416 && st->offset > 0 && (total < 0 || have != total)) ||
+                  (st->offset > 0 && (st->stop == STOP_BAD_RANGE || st->stop == STOP_CHANGED));
+        if (!restart)
+            break;
+        if (st->progress)
+            fprintf(st->progress, "  %-9s %s: the server cannot continue %s; starting over\n",
+                    "fetch", st->name, job->part);
+    }
+    curl_global_cleanup();
+    return ND_OK;
+}
+
+/* A transfer that the body callbacks stopped (st->stop): the error, the
+ * .part dropped unless it holds something worth resuming. ND_OK if none. */
+static int stopped_error(const dl_job *job, const dl_state *st, long long have)
+{
+    switch (st->stop) {
+    case STOP_SPACE: {
+        char need[32], avail[32], dir[4096];
+        dir_of(job->part, dir, sizeof dir);
+        if (have == 0) {
+            drop_part(st);
+            unmake_parents(job->made);
+        }
+        return nd_error(ND_EIO,
+                        "%s: refused: the server states %lld bytes (%s still to fetch) but %s "
+                        "has only %s free; nothing more was written",
+                        job->url, st->want, human(st->space_need, need, sizeof need), dir,
+                        human(st->space_free, avail, sizeof avail));
+    }
+    case STOP_WRITE:
+        if (have <= 0) {
+            drop_part(st);
+            unmake_parents(job->made);
+        }
+        return nd_error(ND_EIO, "writing %s: %s%s", job->part, strerror(st->write_errno),
+                        have > 0 ? " (kept: run the same command again to resume)" : "");
+    case STOP_TOO_LONG:
+        drop_part(st);
+        return nd_error(ND_EFORMAT,
+                        "%s: the server sent more than the %lld bytes it states; the download "
+                        "was discarded",
+                        job->url, st->want);
+    case STOP_BAD_RANGE:
+        drop_part(st);
+        return nd_error(ND_EFORMAT,
+                        "%s: the server answered with a range that was not asked for; the "
+                        "download was discarded",
+                        job->url);
+    case STOP_CHANGED:
+        drop_part(st);
+        return nd_error(ND_EFORMAT,
+                        "%s: the file changed on the server during the download; discarded, run "
+                        "again",
+                        job->url);
+    }
+    return ND_OK;
+}
+
+/* An HTTP error status as the final answer (a 416 to a resume is not one:
+ * the .part may be the whole file), with a hint for the statuses a user can
+ * act on and the start of the server's page. */
+static int http_error(const dl_job *job, const dl_state *st, long long have, int *not_found)
+{
+    if (have == 0) {
+        drop_part(st);
+        unmake_parents(job->made);
+    }
+    if (st->status == 404 && not_found)
+        *not_found = 1;
+    const char *token = getenv("HF_TOKEN");
+    const char *hint = st->status == 401 || st->status == 403
+                           ? (token && *token ? " (HF_TOKEN was sent; does it grant access "
+                                                "to this repository?)"
+                                              : " (a gated or private repository needs "
+                                                "HF_TOKEN=<your token>)")
+                       : st->status == 404 ? " (no such repository, revision or file)"
+                                           : "";
+    char said[300];
+    server_said(st->errbody, st->errlen, said, sizeof said);
+    return nd_error(ND_EIO, "%s: HTTP %ld%s%s", job->url, st->status, hint, said);
+}
+
+/* A transfer curl ended with an error: a .part with bytes is kept to
+ * resume; else it and the parents made go, and the message says how to
+ * get the file without network (unless a redirect was refused or the
+ * server stalled, where that would not help). */
+static int transfer_failed(const dl_job *job, const dl_state *st, long long have)
+{
+    char msg[1600];
+    transfer_error(job->cr, job->errbuf, st->location, job->stall, msg, sizeof msg);
+    if (have > 0)
+        return nd_error(ND_EIO,
+                        "%s: download interrupted after %.1f MB (%s); %s kept: run the same "
+                        "command again to resume",
+                        job->url, (double)have / 1e6, msg, job->part);
+    drop_part(st);
+    unmake_parents(job->made);
+    if (job->cr == CURLE_UNSUPPORTED_PROTOCOL || job->cr == CURLE_OPERATION_TIMEDOUT)
+        return nd_error(ND_EIO, "%s: %s", job->url, msg);
+    return nd_error(ND_EIO,
+                    "%s: %s. Without network: download %s (Hugging Face %s) elsewhere and "
+                    "put it at %s",
+                    job->url, msg, job->file, job->repo, job->dest);
+}
+
+/* The .part's size against the one stated: the first stated X-Linked-Size,
+ * else what the final response states (Content-Range's total,
+ * Content-Length). Too long is discarded; too short is kept to resume. */
+static int check_size(const dl_job *job, const dl_state *st, long long have)
+{
+    int is416 = st->status == 416 && st->offset > 0;
+    long long want = is416 ? (st->range_total >= 0 ? st->range_total : st->claim_size) : st->want;
+    if (want < 0 && st->status == 206) {
+        drop_part(st);
+        return nd_error(ND_EFORMAT,
+                        "%s: the server resumed without stating the size; the download was "
+                        "discarded, run again",
+                        job->url);
+    }
+    /* a 200 without a size (chunked): its end was framed by HTTP */
+    if (want >= 0 && have != want) {
+        if (have > want) {
+            drop_part(st);
+            return nd_error(ND_EFORMAT,
+                            "%s: got %lld bytes but the server states %lld; the download was "
+                            "discarded, run again",
+                            job->url, have, want);
+        }
+        return nd_error(ND_EIO, "%s: incomplete: %lld of %lld bytes; %s kept: run again to resume",
+                        job->url, have, want, job->part);
+    }
+    return ND_OK;
+}
+
+/* The .part's content against what the server states: sha256 from the
+ * first response that stated one (X-Linked-Etag of LFS files, else an ETag
+ * that is one; a later answer's, the CDN's, does not replace it), else the
+ * git blob id (the ETag outside LFS). *checked: "" (nothing stated) or what
+ * was checked, for the closing line. */
+static int check_content(const dl_job *job, const dl_state *st, long long have,
+                         const char **checked)
+{
+    *checked = "";
+    int rc;
+    if (st->claim_sha[0]) {
+        char got[65];
+        if ((rc = sha256_file(job->part, got)))
+            return rc;
+        if (strcmp(got, st->claim_sha)) {
+            drop_part(st);
+            return nd_error(ND_EFORMAT,
+                            "%s: sha256 %s does not match the server's %s; the download was "
+                            "discarded (%s not written)",
+                            job->url, got, st->claim_sha, job->dest);
+        }
+        *checked = "  sha256 ok";
+    } else if (st->claim_blob[0]) {
+        char got[41];
+        if ((rc = git_blob_id(job->part, have, got)))
+            return rc;
+        if (strcmp(got, st->claim_blob)) {
+            drop_part(st);
+            return nd_error(ND_EFORMAT,
+                            "%s: git blob id %s does not match the server's ETag %s; the "
+                            "download was discarded (%s not written)",
+                            job->url, got, st->claim_blob, job->dest);
+        }
+        *checked = "  git blob id ok";
+    }
+    return ND_OK;
+}
+
 int nd_hf_download(const char *repo, const char *file, const char *dest, const nd_hf_opts *o,
                    int *not_found)
 {
@@ -786,249 +1092,41 @@ int nd_hf_download(const char *repo, const char *file, const char *dest, const n
         *not_found = 0;
     if (nd_hf_offline())
         return offline_error(repo, file, dest, rev, "HF_HUB_OFFLINE is set (no network)");
-    int stall;
-    int rc = stall_seconds(&stall);
-    if (rc)
-        return rc;
-    /* a regular file or nothing: never through a link, a device or a dir */
-    if ((rc = nd_output_check(dest, NULL, NULL)))
-        return rc;
     static made_dirs made; /* large; downloads run one at a time */
-    rc = make_parents(dest, &made);
+    dl_job job;
+    dl_state st;
+    job.repo = repo;
+    job.file = file;
+    job.dest = dest;
+    job.made = &made;
+    int rc = download_prepare(&job, &st, rev, o);
     if (rc)
         return rc;
-    char url[4096], part[4096], meta[4200];
-    nd_hf_url(repo, file, rev, url, sizeof url);
-    snprintf(part, sizeof part, "%s.part", dest);
-    snprintf(meta, sizeof meta, "%s.part.validator", dest);
+    if ((rc = download_attempts(&job, &st)))
+        return rc;
 
-    dl_state st = {0};
-    st.part = part;
-    st.meta = meta;
-    st.claim_size = -1;
-    st.last_decile = -1;
-    st.progress = o ? o->progress : NULL;
-    st.tty = st.progress && isatty(fileno(st.progress));
-    const char *slash = strrchr(file, '/');
-    st.name = slash ? slash + 1 : file;
-    int lrc = nd_curl_load(); /* before the .part file exists */
-    if (lrc)
-        return lrc;
-
-    /* init/cleanup per download (reference counted by libcurl): nothing of
-     * libcurl's or its TLS library's stays allocated afterwards */
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    char errbuf[CURL_ERROR_SIZE] = "";
-    CURLcode cr = CURLE_OK;
-    int ok_close = 1, close_errno = 0, restart = 0;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        st.out = fopen(part, restart ? "wb" : "ab");
-        if (!st.out) {
-            curl_global_cleanup();
-            return nd_error(ND_EIO, "%s: cannot write: %s", part, strerror(errno));
-        }
-        fseek(st.out, 0, SEEK_END);
-        st.offset = ftell(st.out);
-        st.resumed[0] = 0;
-        if (st.offset > 0) {
-            /* resume only what the server can confirm is the same file */
-            meta_read(meta, st.resumed, sizeof st.resumed);
-            if (!st.resumed[0]) {
-                if (ftruncate(fileno(st.out), 0) != 0 || fseek(st.out, 0, SEEK_SET) != 0) {
-                    fclose(st.out);
-                    curl_global_cleanup();
-                    return nd_error(ND_EIO, "%s: cannot truncate: %s", part, strerror(errno));
-                }
-                if (st.progress)
-                    fprintf(st.progress,
-                            "  %-9s %s: %s has no ETag or Last-Modified to resume with; "
-                            "starting over\n",
-                            "fetch", st.name, part);
-                st.offset = 0;
-            } else if (st.progress) {
-                fprintf(st.progress, "  %-9s %s: resuming %s after %.1f MB\n", "fetch", st.name,
-                        part, (double)st.offset / 1e6);
-            }
-        }
-        if (restart)
-            unlink(meta);
-        st.got = 0;
-        st.want = -1;
-        st.stop = STOP_NONE;
-        st.status = 0;
-        st.errlen = 0;
-        st.errbody[0] = 0;
-        st.location[0] = 0;
-        st.started = 0;
-        errbuf[0] = 0;
-        cr = transfer(&st, url, errbuf, stall);
-        errno = 0;
-        ok_close = fflush(st.out) == 0 && fsync(fileno(st.out)) == 0;
-        close_errno = errno;
-        if (fclose(st.out) != 0 && ok_close) {
-            ok_close = 0;
-            close_errno = errno;
-        }
-        struct stat sb;
-        long long have = stat(part, &sb) == 0 ? (long long)sb.st_size : -1;
-        long long total = st.range_total >= 0 ? st.range_total : st.claim_size;
-        /* start over (once, without Range) when a resume cannot go on: a
-         * 416 the .part is not the whole file for, a range not asked for,
-         * a file that changed under the same name */
-        restart = (st.status == 416 && st.offset > 0 && (total < 0 || have != total)) ||
-                  (st.offset > 0 && (st.stop == STOP_BAD_RANGE || st.stop == STOP_CHANGED));
-        if (!restart)
-            break;
-        if (st.progress)
-            fprintf(st.progress, "  %-9s %s: the server cannot continue %s; starting over\n",
-                    "fetch", st.name, part);
-    }
-    curl_global_cleanup();
-
+    /* what the transfer left: the first failure found is reported */
     struct stat sb;
-    long long have = stat(part, &sb) == 0 ? (long long)sb.st_size : -1;
-    const char *token = getenv("HF_TOKEN");
-    char msg[1600], said[300];
-    if (st.stop == STOP_SPACE) {
-        char need[32], avail[32], dir[4096];
-        dir_of(part, dir, sizeof dir);
-        if (have == 0) {
-            drop_part(&st);
-            unmake_parents(&made);
-        }
-        return nd_error(ND_EIO,
-                        "%s: refused: the server states %lld bytes (%s still to fetch) but %s "
-                        "has only %s free; nothing more was written",
-                        url, st.want, human(st.space_need, need, sizeof need), dir,
-                        human(st.space_free, avail, sizeof avail));
-    }
-    if (st.stop == STOP_WRITE) {
-        if (have <= 0) {
-            drop_part(&st);
-            unmake_parents(&made);
-        }
-        return nd_error(ND_EIO, "writing %s: %s%s", part, strerror(st.write_errno),
-                        have > 0 ? " (kept: run the same command again to resume)" : "");
-    }
-    if (st.stop == STOP_TOO_LONG) {
-        drop_part(&st);
-        return nd_error(ND_EFORMAT,
-                        "%s: the server sent more than the %lld bytes it states; the download "
-                        "was discarded",
-                        url, st.want);
-    }
-    if (st.stop == STOP_BAD_RANGE) {
-        drop_part(&st);
-        return nd_error(ND_EFORMAT,
-                        "%s: the server answered with a range that was not asked for; the "
-                        "download was discarded",
-                        url);
-    }
-    if (st.stop == STOP_CHANGED) {
-        drop_part(&st);
-        return nd_error(ND_EFORMAT,
-                        "%s: the file changed on the server during the download; discarded, run "
-                        "again",
-                        url);
-    }
+    long long have = stat(job.part, &sb) == 0 ? (long long)sb.st_size : -1;
+    if ((rc = stopped_error(&job, &st, have)))
+        return rc;
     int is416 = st.status == 416 && st.offset > 0;
-    if (!is416 && (st.status >= 400 || (cr == CURLE_OK && st.status >= 300))) {
-        if (have == 0) {
-            drop_part(&st);
-            unmake_parents(&made);
-        }
-        if (st.status == 404 && not_found)
-            *not_found = 1;
-        const char *hint = st.status == 401 || st.status == 403
-                               ? (token && *token ? " (HF_TOKEN was sent; does it grant access "
-                                                    "to this repository?)"
-                                                  : " (a gated or private repository needs "
-                                                    "HF_TOKEN=<your token>)")
-                           : st.status == 404 ? " (no such repository, revision or file)"
-                                              : "";
-        server_said(st.errbody, st.errlen, said, sizeof said);
-        return nd_error(ND_EIO, "%s: HTTP %ld%s%s", url, st.status, hint, said);
-    }
-    if (cr != CURLE_OK) {
-        transfer_error(cr, errbuf, st.location, stall, msg, sizeof msg);
-        if (have > 0)
-            return nd_error(ND_EIO,
-                            "%s: download interrupted after %.1f MB (%s); %s kept: run the same "
-                            "command again to resume",
-                            url, (double)have / 1e6, msg, part);
-        drop_part(&st);
-        unmake_parents(&made);
-        if (cr == CURLE_UNSUPPORTED_PROTOCOL || cr == CURLE_OPERATION_TIMEDOUT)
-            return nd_error(ND_EIO, "%s: %s", url, msg);
-        return nd_error(ND_EIO,
-                        "%s: %s. Without network: download %s (Hugging Face %s) elsewhere and "
-                        "put it at %s",
-                        url, msg, file, repo, dest);
-    }
-    if (!ok_close)
-        return nd_error(ND_EIO, "writing %s: %s", part, strerror(close_errno ? close_errno : EIO));
-
-    /* size: the first stated X-Linked-Size, else what the final response
-     * states (Content-Range's total, Content-Length) */
-    long long want = is416 ? (st.range_total >= 0 ? st.range_total : st.claim_size) : st.want;
-    if (want < 0 && st.status == 206) {
-        drop_part(&st);
-        return nd_error(ND_EFORMAT,
-                        "%s: the server resumed without stating the size; the download was "
-                        "discarded, run again",
-                        url);
-    }
-    /* a 200 without a size (chunked): its end was framed by HTTP */
-    if (want >= 0 && have != want) {
-        if (have > want) {
-            drop_part(&st);
-            return nd_error(ND_EFORMAT,
-                            "%s: got %lld bytes but the server states %lld; the download was "
-                            "discarded, run again",
-                            url, have, want);
-        }
-        return nd_error(ND_EIO, "%s: incomplete: %lld of %lld bytes; %s kept: run again to resume",
-                        url, have, want, part);
-    }
-    /* sha256: what the first response that stated one said (X-Linked-Etag
-     * of LFS files, else an ETag that is one); a later answer's (the
-     * CDN's) does not replace it */
-    const char *sum = st.claim_sha[0] ? st.claim_sha : NULL;
-    if (sum) {
-        char got[65];
-        if ((rc = sha256_file(part, got)))
-            return rc;
-        if (strcmp(got, sum)) {
-            drop_part(&st);
-            return nd_error(ND_EFORMAT,
-                            "%s: sha256 %s does not match the server's %s; the download was "
-                            "discarded (%s not written)",
-                            url, got, sum, dest);
-        }
-    }
-    /* outside LFS: the ETag is the git blob id */
-    int blob_checked = 0;
-    if (!sum && st.claim_blob[0]) {
-        char got[41];
-        if ((rc = git_blob_id(part, have, got)))
-            return rc;
-        if (strcmp(got, st.claim_blob)) {
-            drop_part(&st);
-            return nd_error(ND_EFORMAT,
-                            "%s: git blob id %s does not match the server's ETag %s; the "
-                            "download was discarded (%s not written)",
-                            url, got, st.claim_blob, dest);
-        }
-        blob_checked = 1;
-    }
-    if (rename(part, dest) != 0)
-        return nd_error(ND_EIO, "%s: cannot rename to %s: %s", part, dest, strerror(errno));
-    unlink(meta);
+    if (!is416 && (st.status >= 400 || (job.cr == CURLE_OK && st.status >= 300)))
+        return http_error(&job, &st, have, not_found);
+    if (job.cr != CURLE_OK)
+        return transfer_failed(&job, &st, have);
+    if (!job.ok_close)
+        return nd_error(ND_EIO, "writing %s: %s", job.part,
+                        strerror(job.close_errno ? job.close_errno : EIO));
+    const char *checked;
+    if ((rc = check_size(&job, &st, have)) || (rc = check_content(&job, &st, have, &checked)))
+        return rc;
+    if (rename(job.part, dest) != 0)
+        return nd_error(ND_EIO, "%s: cannot rename to %s: %s", job.part, dest, strerror(errno));
+    unlink(job.meta);
     if (st.progress)
         fprintf(st.progress, "  %-9s %s  %.2f MB%s\n", "fetched", dest, (double)have / 1e6,
-                sum            ? "  sha256 ok"
-                : blob_checked ? "  git blob id ok"
-                               : "");
+                checked);
     return ND_OK;
 }
 

@@ -86,6 +86,129 @@ static void adapter_qat_scheme(const char *path, char *buf, size_t cap)
     pv_decref(ad);
 }
 
+/* The checkpoint to build from when none is given: the base the adapter
+ * records (--lora), else the default base. *ckpt stays as given when
+ * there is one; *given says whether it was named or found (not a
+ * fallback). Returns 1 (exit status, message printed) on failure. */
+static int build_resolve_base(const char *lora, const char **ckpt, int *given, char *basebuf,
+                              size_t cap)
+{
+    *given = *ckpt != NULL;
+    if (!*ckpt && lora) {
+        if (cli_adapter_base(lora, basebuf, cap))
+            return 1;
+        if (basebuf[0]) {
+            FILE *f = fopen(basebuf, "rb");
+            if (!f) {
+                fprintf(stderr,
+                        "needle build: %s was trained on %s, which cannot be read now: give "
+                        "the base checkpoint (needle build CKPT.pkl --lora %s)\n",
+                        lora, basebuf, lora);
+                return 1;
+            }
+            fclose(f);
+            printf("  %-9s %s  (the base %s was trained on)\n", "base", basebuf, lora);
+            *ckpt = basebuf;
+            *given = 1; /* found, not a fallback */
+        }
+    }
+    if (*ckpt && lora && cli_check_adapter_base(*ckpt, lora)) /* a nano adapter on needle2 */
+        return 1;
+    if (!*ckpt)
+        *ckpt = cli_default_base(stdout, "needle build CKPT.pkl", basebuf, cap);
+    return 0;
+}
+
+/* The tokenizer blob to embed: --tokenizer-blob as it is, else the
+ * --tokenizer model, $NEEDLE_TOKENIZER, or tokenizer.model beside the
+ * checkpoint (fetched as upstream's build does when missing) turned into
+ * a blob; none with --no-tokenizer. No tokenizer otherwise is an error. */
+static int build_tokenizer(const char *ckpt, const char *out, const char *tok_blob,
+                           const char *tok_model, int no_tokenizer, const san_model *m,
+                           unsigned char **blob, size_t *blob_len)
+{
+    if (tok_blob)
+        return nd_read_file(tok_blob, (size_t)1 << 30, blob, blob_len);
+    if (no_tokenizer)
+        return ND_OK;
+    /* --tokenizer, else $NEEDLE_TOKENIZER, else tokenizer.model beside the checkpoint */
+    const char *env = getenv("NEEDLE_TOKENIZER");
+    char beside[4096];
+    if (!tok_model && env && *env)
+        tok_model = env;
+    if (!tok_model) {
+        const char *slash = strrchr(ckpt, '/');
+        int dir = slash ? (int)(slash - ckpt) + 1 : 0;
+        snprintf(beside, sizeof beside, "%.*stokenizer.model", dir, ckpt);
+        FILE *f = fopen(beside, "rb");
+        if (f) {
+            fclose(f);
+            tok_model = beside;
+        } else if (cli_fetch_tokenizer(beside, m->cfg.generation) == 0) {
+            tok_model = beside; /* upstream's, fetched as upstream's build does */
+        }
+    }
+    if (tok_model && nd_same_file(out, tok_model))
+        return nd_error(ND_EARG,
+                        "%s: is the same file as the tokenizer (%s); refusing to "
+                        "overwrite an input, choose another output path",
+                        out, tok_model);
+    if (tok_model)
+        return tokenizer_blob(tok_model, blob, blob_len);
+    return nd_error(ND_EARG,
+                    "no tokenizer found (--tokenizer, $NEEDLE_TOKENIZER or tokenizer.model "
+                    "beside %s): the engine cannot run an archive without one. Upstream's "
+                    "tokenizer: Hugging Face %s, tokenizer/tokenizer.model; or pass "
+                    "--no-tokenizer to build one anyway",
+                    ckpt, cli_hf_repo(m->cfg.generation));
+}
+
+/* Write the archive (bits: --bits or 0) and say what was written; a note
+ * when the adapter was fine-tuned with --qat at another width. */
+static int build_write(const char *out, const san_model *m, const pv *params, long long bits,
+                       const unsigned char *blob, size_t blob_len, const char *lora)
+{
+    cact_write_opts o = {0};
+    int gen3 = m->cfg.generation == 3;
+    /* 3.x's build writes W4 (WEIGHT_BITS) and has no weight_bits map */
+    const char *map = (!gen3 && !bits && m->cfg.weight_bits[0]) ? m->cfg.weight_bits : NULL;
+    o.bits = bits ? (int)bits : 4;
+    o.bits_map = map;
+    o.group = CQ_GROUP;
+    o.kv_window = gen3 ? cact3_effective_kv_window(&m->cfg) : san_effective_kv_window(&m->cfg);
+    if (gen3 && (m->cfg.n_cla || m->cfg.n_bank_ids))
+        fprintf(stderr,
+                "needle build: note: the Needle 3 archive header has no field for %s%s%s; the "
+                "archive is laid out as 3.x's exporter lays out a model without them%s\n",
+                m->cfg.n_cla ? "cla_pairs" : "", m->cfg.n_cla && m->cfg.n_bank_ids ? " or " : "",
+                m->cfg.n_bank_ids ? "engram_bank_ids" : "",
+                m->cfg.n_bank_ids ? " (each engram site gets its bank's tables)" : "");
+    o.tokenizer = blob;
+    o.tokenizer_len = blob_len;
+    cact_write_info info;
+    int rc = cact_write_file(out, m, params, &o, &info);
+    if (rc)
+        return rc;
+    char scheme[300];
+    if (map)
+        snprintf(scheme, sizeof scheme, "mixed[%s]", map);
+    else
+        snprintf(scheme, sizeof scheme, "W%d", o.bits);
+    printf("  %-9s %s  %.2f MB  %d tensors  %sA8\n", "wrote", out, (double)info.bytes / 1e6,
+           info.num_tensors, scheme);
+    char trained[300];
+    if (lora) {
+        adapter_qat_scheme(lora, trained, sizeof trained);
+        if (trained[0] && strcmp(trained, scheme))
+            fprintf(stderr,
+                    "needle build: note: %s was fine-tuned with --qat at %s but this archive is "
+                    "%s: its weights are not the ones training saw (build with the --bits the "
+                    "fine-tune used)\n",
+                    lora, trained, scheme);
+    }
+    return ND_OK;
+}
+
 int cli_build(int argc, char **argv)
 {
     const char *lora = NULL, *out = NULL, *tok_blob = NULL, *tok_model = NULL;
@@ -131,29 +254,9 @@ int cli_build(int argc, char **argv)
     if (no_tokenizer && (tok_blob || tok_model))
         return cli_usage_error("build", "--no-tokenizer contradicts --tokenizer/--tokenizer-blob");
     char basebuf[4096];
-    int ckpt_given = ckpt != NULL;
-    if (!ckpt && lora) {
-        if (cli_adapter_base(lora, basebuf, sizeof basebuf))
-            return 1;
-        if (basebuf[0]) {
-            FILE *f = fopen(basebuf, "rb");
-            if (!f) {
-                fprintf(stderr,
-                        "needle build: %s was trained on %s, which cannot be read now: give "
-                        "the base checkpoint (needle build CKPT.pkl --lora %s)\n",
-                        lora, basebuf, lora);
-                return 1;
-            }
-            fclose(f);
-            printf("  %-9s %s  (the base %s was trained on)\n", "base", basebuf, lora);
-            ckpt = basebuf;
-            ckpt_given = 1; /* found, not a fallback */
-        }
-    }
-    if (ckpt && lora && cli_check_adapter_base(ckpt, lora)) /* a nano adapter on needle2 */
+    int ckpt_given;
+    if (build_resolve_base(lora, &ckpt, &ckpt_given, basebuf, sizeof basebuf))
         return 1;
-    if (!ckpt)
-        ckpt = cli_default_base(stdout, "needle build CKPT.pkl", basebuf, sizeof basebuf);
     char outbuf[4096];
     if (!out) {
         default_out(ckpt, outbuf, sizeof outbuf);
@@ -196,88 +299,12 @@ int cli_build(int argc, char **argv)
             nd_error_prefix(rc, "after merging the adapter into %s", ckpt);
         goto fail;
     }
-    if (tok_blob) {
-        rc = nd_read_file(tok_blob, (size_t)1 << 30, &blob, &blob_len);
-        if (rc)
-            goto fail;
-    } else if (!no_tokenizer) {
-        /* --tokenizer, else $NEEDLE_TOKENIZER, else tokenizer.model beside the checkpoint */
-        const char *env = getenv("NEEDLE_TOKENIZER");
-        char beside[4096];
-        if (!tok_model && env && *env)
-            tok_model = env;
-        if (!tok_model) {
-            const char *slash = strrchr(ckpt, '/');
-            int dir = slash ? (int)(slash - ckpt) + 1 : 0;
-            snprintf(beside, sizeof beside, "%.*stokenizer.model", dir, ckpt);
-            FILE *f = fopen(beside, "rb");
-            if (f) {
-                fclose(f);
-                tok_model = beside;
-            } else if (cli_fetch_tokenizer(beside, m.cfg.generation) == 0) {
-                tok_model = beside; /* upstream's, fetched as upstream's build does */
-            }
-        }
-        if (tok_model && nd_same_file(out, tok_model)) {
-            rc = nd_error(ND_EARG,
-                          "%s: is the same file as the tokenizer (%s); refusing to "
-                          "overwrite an input, choose another output path",
-                          out, tok_model);
-            goto fail;
-        }
-        if (tok_model) {
-            rc = tokenizer_blob(tok_model, &blob, &blob_len);
-            if (rc)
-                goto fail;
-        } else {
-            rc = nd_error(ND_EARG,
-                          "no tokenizer found (--tokenizer, $NEEDLE_TOKENIZER or tokenizer.model "
-                          "beside %s): the engine cannot run an archive without one. Upstream's "
-                          "tokenizer: Hugging Face %s, tokenizer/tokenizer.model; or pass "
-                          "--no-tokenizer to build one anyway",
-                          ckpt, cli_hf_repo(m.cfg.generation));
-            goto fail;
-        }
-    }
-
-    cact_write_opts o = {0};
-    int gen3 = m.cfg.generation == 3;
-    /* 3.x's build writes W4 (WEIGHT_BITS) and has no weight_bits map */
-    const char *map = (!gen3 && !bits && m.cfg.weight_bits[0]) ? m.cfg.weight_bits : NULL;
-    o.bits = bits ? (int)bits : 4;
-    o.bits_map = map;
-    o.group = CQ_GROUP;
-    o.kv_window = gen3 ? cact3_effective_kv_window(&m.cfg) : san_effective_kv_window(&m.cfg);
-    if (gen3 && (m.cfg.n_cla || m.cfg.n_bank_ids))
-        fprintf(stderr,
-                "needle build: note: the Needle 3 archive header has no field for %s%s%s; the "
-                "archive is laid out as 3.x's exporter lays out a model without them%s\n",
-                m.cfg.n_cla ? "cla_pairs" : "", m.cfg.n_cla && m.cfg.n_bank_ids ? " or " : "",
-                m.cfg.n_bank_ids ? "engram_bank_ids" : "",
-                m.cfg.n_bank_ids ? " (each engram site gets its bank's tables)" : "");
-    o.tokenizer = blob;
-    o.tokenizer_len = blob_len;
-    cact_write_info info;
-    rc = cact_write_file(out, &m, params, &o, &info);
+    rc = build_tokenizer(ckpt, out, tok_blob, tok_model, no_tokenizer, &m, &blob, &blob_len);
     if (rc)
         goto fail;
-    char scheme[300];
-    if (map)
-        snprintf(scheme, sizeof scheme, "mixed[%s]", map);
-    else
-        snprintf(scheme, sizeof scheme, "W%d", o.bits);
-    printf("  %-9s %s  %.2f MB  %d tensors  %sA8\n", "wrote", out, (double)info.bytes / 1e6,
-           info.num_tensors, scheme);
-    char trained[300];
-    if (lora) {
-        adapter_qat_scheme(lora, trained, sizeof trained);
-        if (trained[0] && strcmp(trained, scheme))
-            fprintf(stderr,
-                    "needle build: note: %s was fine-tuned with --qat at %s but this archive is "
-                    "%s: its weights are not the ones training saw (build with the --bits the "
-                    "fine-tune used)\n",
-                    lora, trained, scheme);
-    }
+    rc = build_write(out, &m, params, bits, blob, blob_len, lora);
+    if (rc)
+        goto fail;
     fprintf(stderr, "  %-9s %.2f s\n", "time", now() - t0);
     free(blob);
     pv_decref(root);

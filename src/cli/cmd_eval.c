@@ -210,6 +210,110 @@ done:
     return rc;
 }
 
+typedef struct {
+    const char *ckpt, *tokens, *logits_path;
+    int json, batch;
+} tokens_args;
+
+/* The forward over every sequence (3.x's quantised numerics for a Needle 3
+ * model with --qat), the logits streamed to --logits and committed only
+ * when all of it went through. */
+static int tokens_forward(const tokens_args *a, int qat, san_model *m, const nd_backend *be,
+                          const token_seqs *seqs, logits_out *lo, san_eval_result *r)
+{
+    /* Needle 3 --qat: 3.x's quant=True forward on cq_ste(weights) (after
+     * any --lora merge); without flags the float forward */
+    nd_fq3_numerics fq3;
+    int quant3 = m->cfg.generation == 3 && qat;
+    int rc = ND_OK;
+    if (quant3) {
+        nd_fq3_defaults(&fq3);
+        fq3.act_bits = m->cfg.act_bits;
+        fq3.kv_bits = m->cfg.kv_bits;
+        nd_backend_sync(be);
+        if (!(rc = nd_fq3_validate(&fq3)))
+            rc = nd_fq3_model_weights(m, &fq3, m->mem, m->mem);
+        san_model_upload(m); /* the ops' copy follows the host's (a no-op on the CPU) */
+    }
+    if (!rc)
+        rc = san_eval_quant(m, &m->w, quant3 ? &fq3 : NULL, be, seqs, a->batch,
+                            a->logits_path ? write_logits : NULL, lo, r);
+    if (a->logits_path) {
+        if (rc) {
+            nd_atomic_abort(&lo->af);
+        } else if ((rc = nd_atomic_commit(&lo->af))) {
+            lo->failed = 1;
+            san_eval_result_free(r);
+        }
+    }
+    return rc;
+}
+
+/* each sequence's loss and the overall mean (returned), as text or JSON */
+static double print_token_losses(const token_seqs *seqs, const san_eval_result *r, int json)
+{
+    double mean = r->total_positions ? r->total_loss / (double)r->total_positions : 0.0;
+    if (json) {
+        printf("{\"examples\": [");
+        for (int i = 0; i < seqs->count; i++)
+            printf("%s{\"loss\": %.9g, \"tokens\": %d}", i ? ", " : "",
+                   r->positions[i] ? r->loss_sum[i] / r->positions[i] : 0.0, r->positions[i]);
+        printf("], \"mean_loss\": %.9g}\n", mean);
+    } else {
+        for (int i = 0; i < seqs->count; i++)
+            printf("seq %d (line %d): loss %.6f over %d tokens\n", i + 1, seqs->line[i],
+                   r->positions[i] ? r->loss_sum[i] / r->positions[i] : 0.0, r->positions[i]);
+        printf("mean loss %.6f over %ld tokens (%d sequences)\n", mean, r->total_positions,
+               seqs->count);
+    }
+    return mean;
+}
+
+/* --tokens: the adapter merged as `needle build` merges it (dtype rounding
+ * included; tree is the checkpoint's pickle, which that needs), then each
+ * sequence's loss and the speed. Frees tree and the model. */
+static int eval_tokens(const tokens_args *a, const jsonl_args *ja, san_model *m, pv *tree,
+                       const nd_backend *be)
+{
+    if (ja->lora_path) {
+        lora_merge_info li;
+        int bad = lora_merge_file(m, pv_dict_get(tree, "params"), ja->lora_path, &li);
+        pv_decref(tree);
+        if (bad) {
+            san_model_free(m);
+            return cli_fail(NULL);
+        }
+    }
+    token_seqs seqs;
+    if (token_file_read(a->tokens, m->dims.V, &seqs)) {
+        san_model_free(m);
+        return cli_fail(NULL);
+    }
+    logits_out lo = {0};
+    if (a->logits_path && nd_atomic_open(&lo.af, a->logits_path)) {
+        token_seqs_free(&seqs);
+        san_model_free(m);
+        return cli_fail(NULL);
+    }
+    san_eval_result r;
+    if (tokens_forward(a, ja->qat, m, be, &seqs, &lo, &r)) {
+        token_seqs_free(&seqs);
+        san_model_free(m);
+        return cli_fail(lo.failed ? NULL : a->tokens);
+    }
+    double mean = print_token_losses(&seqs, &r, a->json);
+    int status = isfinite(mean) ? 0 : nonfinite_loss(a->ckpt, ja->lora_path, mean);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    fprintf(stderr, "  %-9s %.0f tokens/s forward  (%ld tokens in %.3f s)  peak RSS %.1f MB\n",
+            "speed", r.seconds > 0 ? (double)r.tokens / r.seconds : 0.0, r.tokens, r.seconds,
+            nd_maxrss_mb(ru.ru_maxrss));
+    san_eval_result_free(&r);
+    token_seqs_free(&seqs);
+    san_model_free(m);
+    return status;
+}
+
 int cli_eval(int argc, char **argv)
 {
     const char *ckpt = NULL, *tokens = NULL, *logits_path = NULL, *device = "auto",
@@ -322,80 +426,6 @@ int cli_eval(int argc, char **argv)
         san_model_free(&m);
         return rc;
     }
-    if (ja.lora_path) {
-        /* the same merge as `needle build` (dtype rounding included) */
-        lora_merge_info li;
-        int bad = lora_merge_file(&m, pv_dict_get(tree, "params"), ja.lora_path, &li);
-        pv_decref(tree);
-        if (bad) {
-            san_model_free(&m);
-            return cli_fail(NULL);
-        }
-    }
-    token_seqs seqs;
-    if (token_file_read(tokens, m.dims.V, &seqs)) {
-        san_model_free(&m);
-        return cli_fail(NULL);
-    }
-    logits_out lo = {0};
-    if (logits_path && nd_atomic_open(&lo.af, logits_path)) {
-        token_seqs_free(&seqs);
-        san_model_free(&m);
-        return cli_fail(NULL);
-    }
-    san_eval_result r;
-    /* Needle 3 --qat: 3.x's quant=True forward on cq_ste(weights) (after
-     * any --lora merge); without flags the float forward */
-    nd_fq3_numerics fq3;
-    int quant3 = m.cfg.generation == 3 && ja.qat;
-    int rc = ND_OK;
-    if (quant3) {
-        nd_fq3_defaults(&fq3);
-        fq3.act_bits = m.cfg.act_bits;
-        fq3.kv_bits = m.cfg.kv_bits;
-        nd_backend_sync(be);
-        if (!(rc = nd_fq3_validate(&fq3)))
-            rc = nd_fq3_model_weights(&m, &fq3, m.mem, m.mem);
-        san_model_upload(&m); /* the ops' copy follows the host's (a no-op on the CPU) */
-    }
-    if (!rc)
-        rc = san_eval_quant(&m, &m.w, quant3 ? &fq3 : NULL, be, &seqs, (int)batch,
-                            logits_path ? write_logits : NULL, &lo, &r);
-    if (logits_path) {
-        if (rc) {
-            nd_atomic_abort(&lo.af);
-        } else if ((rc = nd_atomic_commit(&lo.af))) {
-            lo.failed = 1;
-            san_eval_result_free(&r);
-        }
-    }
-    if (rc) {
-        token_seqs_free(&seqs);
-        san_model_free(&m);
-        return cli_fail(lo.failed ? NULL : tokens);
-    }
-    double mean = r.total_positions ? r.total_loss / (double)r.total_positions : 0.0;
-    if (json) {
-        printf("{\"examples\": [");
-        for (int i = 0; i < seqs.count; i++)
-            printf("%s{\"loss\": %.9g, \"tokens\": %d}", i ? ", " : "",
-                   r.positions[i] ? r.loss_sum[i] / r.positions[i] : 0.0, r.positions[i]);
-        printf("], \"mean_loss\": %.9g}\n", mean);
-    } else {
-        for (int i = 0; i < seqs.count; i++)
-            printf("seq %d (line %d): loss %.6f over %d tokens\n", i + 1, seqs.line[i],
-                   r.positions[i] ? r.loss_sum[i] / r.positions[i] : 0.0, r.positions[i]);
-        printf("mean loss %.6f over %ld tokens (%d sequences)\n", mean, r.total_positions,
-               seqs.count);
-    }
-    int status = isfinite(mean) ? 0 : nonfinite_loss(ckpt, ja.lora_path, mean);
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    fprintf(stderr, "  %-9s %.0f tokens/s forward  (%ld tokens in %.3f s)  peak RSS %.1f MB\n",
-            "speed", r.seconds > 0 ? (double)r.tokens / r.seconds : 0.0, r.tokens, r.seconds,
-            nd_maxrss_mb(ru.ru_maxrss));
-    san_eval_result_free(&r);
-    token_seqs_free(&seqs);
-    san_model_free(&m);
-    return status;
+    tokens_args ta = {ckpt, tokens, logits_path, json, (int)batch};
+    return eval_tokens(&ta, &ja, &m, tree, be);
 }

@@ -110,6 +110,114 @@ static int argmax(const float *x, int n)
     return best;
 }
 
+/* The tokenizer against the model's vocabulary: a Needle 3 model takes
+ * 3.x's get_tokenizer(vocab_size) rule (at most vocab_size pieces), a
+ * Needle 2 one exactly vocab_size. 1 (printed) when it does not fit. */
+static int run_check_vocab(const nd_tokenizer *tok, int gen3, int V, const char *tok_path,
+                           const char *ckpt)
+{
+    if (gen3) {
+        if (nd_render_check_vocab(tok, 3, V, tok_path))
+            return cli_fail(NULL);
+    } else if (nd_tokenizer_vocab_size(tok) != V) {
+        fprintf(stderr, "needle: tokenizer %s has %d pieces but %s has vocab_size %d\n", tok_path,
+                nd_tokenizer_vocab_size(tok), ckpt, V);
+        return 1;
+    }
+    return 0;
+}
+
+/* [BOS] + encode(prompt) at the start of a buffer of
+ * min(max_seq_len, prompt + max_len) ids (*ids, the caller frees it).
+ * 1 (printed) when it cannot be made. */
+static int run_prompt_ids(const san_model *m, const nd_tokenizer *tok, const char *prompt,
+                          long long max_len, int32_t **ids, size_t *n_prompt, size_t *buf_len)
+{
+    int gen3 = m->cfg.generation == 3;
+    nd_idvec enc = {0};
+    int status = 1;
+    if (nd_tokenizer_encode(tok, prompt, strlen(prompt), &enc)) {
+        cli_fail(NULL);
+        goto done;
+    }
+    *n_prompt = enc.n + 1;
+    *buf_len = *n_prompt + (size_t)max_len;
+    if (m->cfg.max_seq_len > 0 && *buf_len > (size_t)m->cfg.max_seq_len)
+        *buf_len = (size_t)m->cfg.max_seq_len;
+    if (*n_prompt >= *buf_len) {
+        fprintf(stderr, "needle: prompt (%zu tokens) does not fit in max_seq_len=%d\n", *n_prompt,
+                m->cfg.max_seq_len);
+        goto done;
+    }
+    *ids = malloc(sizeof **ids * *buf_len);
+    if (!*ids) {
+        fprintf(stderr, "needle: out of memory\n");
+        goto done;
+    }
+    /* 3.x uses its fixed special ids, not the tokenizer model's */
+    (*ids)[0] = gen3 ? ND_V3_BOS_ID : nd_tokenizer_bos_id(tok);
+    memcpy(*ids + 1, enc.v, sizeof **ids * enc.n);
+    status = 0;
+done:
+    nd_idvec_free(&enc);
+    return status;
+}
+
+/* The next token's logits into lr->last: with the KV cache (kv not NULL)
+ * the tokens not run yet (the prompt, then the last one; *fed counts
+ * those run), else upstream's full forward over ids[0..n). */
+static int run_next_logits(const san_model *m, const nd_backend *be, nd_kv_state *kv, int32_t *ids,
+                           size_t n, size_t *fed, last_row *lr)
+{
+    if (kv) {
+        int rc = nd_kv_forward(kv, ids + *fed, (int)(n - *fed), lr->last, 0);
+        if (!rc)
+            *fed = n;
+        return rc;
+    }
+    size_t start[2] = {0, n};
+    int line = 1;
+    token_seqs one = {ids, start, &line, 1};
+    san_eval_result r;
+    int rc = san_eval(m, be, &one, 1, keep_last_row, lr, &r);
+    if (!rc)
+        san_eval_result_free(&r);
+    return rc;
+}
+
+/* Greedy decoding from ids[0..n_prompt) until EOS or buf_len ids, the
+ * continuation streamed to stdout as it is decoded (decode everything so
+ * far, print what is new). row: [V_out] floats. */
+static int run_greedy(const san_model *m, const nd_backend *be, nd_kv_state *kv,
+                      const nd_tokenizer *tok, int32_t *ids, size_t n_prompt, size_t buf_len,
+                      float *row, int eos)
+{
+    char *text = NULL;
+    size_t n = n_prompt, printed = 0, fed = 0;
+    last_row lr = {row, m->dims.V_out};
+    int rc = ND_OK;
+    while (n < buf_len) {
+        if ((rc = run_next_logits(m, be, kv, ids, n, &fed, &lr)))
+            break;
+        int next = argmax(row, lr.V);
+        if (next == eos)
+            break;
+        ids[n++] = next;
+        free(text);
+        text = NULL;
+        size_t len;
+        if ((rc = nd_tokenizer_decode(tok, ids + n_prompt, n - n_prompt, &text, &len)))
+            break;
+        if (len > printed) {
+            fwrite(text + printed, 1, len - printed, stdout);
+            fflush(stdout);
+            printed = len;
+        }
+    }
+    free(text);
+    return rc;
+}
+
 int cli_run_checkpoint(int argc, char **argv)
 {
     const char *ckpt = NULL, *query = NULL, *tok_flag = NULL, *device = "cpu", *tools = NULL;
@@ -171,10 +279,8 @@ int cli_run_checkpoint(int argc, char **argv)
         return cli_fail(NULL);
     int gen3 = m.cfg.generation == 3;
     nd_tokenizer *tok = NULL;
-    nd_idvec enc = {0};
     int32_t *ids = NULL;
     float *row = NULL;
-    char *text = NULL;
     nd_buf rendered = {0};
     nd_kv_state kv;
     int kv_on = 0, status = 1;
@@ -183,16 +289,8 @@ int cli_run_checkpoint(int argc, char **argv)
         goto done;
     }
     int V = m.dims.V;
-    if (gen3) { /* 3.x's get_tokenizer(vocab_size): at most vocab_size pieces */
-        if (nd_render_check_vocab(tok, 3, V, tok_path)) {
-            cli_fail(NULL);
-            goto done;
-        }
-    } else if (nd_tokenizer_vocab_size(tok) != V) {
-        fprintf(stderr, "needle: tokenizer %s has %d pieces but %s has vocab_size %d\n", tok_path,
-                nd_tokenizer_vocab_size(tok), ckpt, V);
+    if (run_check_vocab(tok, gen3, V, tok_path, ckpt))
         goto done;
-    }
     if (gen3 && tools) {
         if (tools_prompt(prompt, tools, &rendered)) {
             cli_fail(NULL);
@@ -201,29 +299,14 @@ int cli_run_checkpoint(int argc, char **argv)
         if (rendered.p)
             prompt = rendered.p;
     }
-    if (nd_tokenizer_encode(tok, prompt, strlen(prompt), &enc)) {
-        cli_fail(NULL);
+    size_t n_prompt, buf_len;
+    if (run_prompt_ids(&m, tok, prompt, max_len, &ids, &n_prompt, &buf_len))
         goto done;
-    }
-    /* [BOS] + encode(prompt); buffer = min(max_seq_len, prompt + max_len) */
-    size_t n_prompt = enc.n + 1;
-    size_t buf_len = n_prompt + (size_t)max_len;
-    if (m.cfg.max_seq_len > 0 && buf_len > (size_t)m.cfg.max_seq_len)
-        buf_len = (size_t)m.cfg.max_seq_len;
-    if (n_prompt >= buf_len) {
-        fprintf(stderr, "needle: prompt (%zu tokens) does not fit in max_seq_len=%d\n", n_prompt,
-                m.cfg.max_seq_len);
-        goto done;
-    }
-    ids = malloc(sizeof *ids * buf_len);
     row = malloc(sizeof *row * (size_t)V);
-    if (!ids || !row) {
+    if (!row) {
         fprintf(stderr, "needle: out of memory\n");
         goto done;
     }
-    /* 3.x uses its fixed special ids, not the tokenizer model's */
-    ids[0] = gen3 ? ND_V3_BOS_ID : nd_tokenizer_bos_id(tok);
-    memcpy(ids + 1, enc.v, sizeof *ids * enc.n);
     int eos = gen3 ? ND_V3_EOS_ID : nd_tokenizer_eos_id(tok);
     /* Needle 3 on the host: the engine's incremental float forward (each
      * step runs the new token only; the logits are the full forward's) */
@@ -239,44 +322,9 @@ int cli_run_checkpoint(int argc, char **argv)
     print_py_repr(prompt);
     putchar('\n');
     fflush(stdout);
-
-    size_t n = n_prompt, printed = 0, fed = 0;
-    last_row lr = {row, m.dims.V_out};
-    while (n < buf_len) {
-        if (kv_on) { /* the tokens not run yet: the prompt, then the last one */
-            if (nd_kv_forward(&kv, ids + fed, (int)(n - fed), row, 0)) {
-                cli_fail(NULL);
-                goto done;
-            }
-            fed = n;
-        } else {
-            size_t start[2] = {0, n};
-            int line = 1;
-            token_seqs one = {ids, start, &line, 1};
-            san_eval_result r;
-            if (san_eval(&m, be, &one, 1, keep_last_row, &lr, &r)) {
-                cli_fail(NULL);
-                goto done;
-            }
-            san_eval_result_free(&r);
-        }
-        int next = argmax(row, lr.V);
-        if (next == eos)
-            break;
-        ids[n++] = next;
-        /* stream: decode everything so far, print what is new */
-        free(text);
-        text = NULL;
-        size_t len;
-        if (nd_tokenizer_decode(tok, ids + n_prompt, n - n_prompt, &text, &len)) {
-            cli_fail(NULL);
-            goto done;
-        }
-        if (len > printed) {
-            fwrite(text + printed, 1, len - printed, stdout);
-            fflush(stdout);
-            printed = len;
-        }
+    if (run_greedy(&m, be, kv_on ? &kv : NULL, tok, ids, n_prompt, buf_len, row, eos)) {
+        cli_fail(NULL);
+        goto done;
     }
     putchar('\n');
     fflush(stdout);
@@ -285,10 +333,8 @@ done:
     if (kv_on)
         nd_kv_free(&kv);
     nd_buf_free(&rendered);
-    free(text);
     free(row);
     free(ids);
-    nd_idvec_free(&enc);
     nd_tokenizer_free(tok);
     san_model_free(&m);
     return status;

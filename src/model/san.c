@@ -48,46 +48,45 @@ int san_acts_use_layout(san_acts *a)
     return ND_OK;
 }
 
-int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, long cap_rows,
-                         int cap_seg, int max_pos, long cap_logits, int save_lanes, int keep_layers)
+/* One activation buffer of san_acts_create_rows' single block: where its
+ * pointer lives, how many elements of what size. */
+typedef struct {
+    void **p;
+    size_t count;
+    size_t elt;
+} act_plan;
+
+typedef struct {
+    act_plan e[80 + 2 * SAN_MAX_CLA];
+    int n;
+} act_plans;
+
+/* a layer field: its pointer lives inside a->l (one copy per layer set) */
+static int act_is_layer(const san_acts *a, const act_plan *e)
 {
-    memset(a, 0, sizeof *a);
+    const char *lo = (const char *)&a->l, *hi = lo + sizeof a->l;
+    return (const char *)e->p >= lo && (const char *)e->p < hi;
+}
+
+/* bytes of one buffer in the block (copies of it for a layer field),
+ * rounded to 64 */
+static size_t act_bytes(const san_acts *a, const act_plan *e, size_t copies)
+{
+    return (e->count * e->elt * (act_is_layer(a, e) ? copies : 1) + 63) & ~(size_t)63;
+}
+
+/* The buffers the model's forward and backward use for N rows: the
+ * model-wide ones, one san_layer_acts set (the Needle 3 and conv-tap
+ * fields only when the model has them), the logits rows and the saved
+ * lanes (every `*every`-th layer when save_lanes > 1). */
+static void acts_plan_buffers(act_plans *pl, san_acts *a, const san_model *m, long N, int max_pos,
+                              long cap_logits, size_t hsaved_row, int save_lanes, int *every_out)
+{
     const san_dims *D = &m->dims;
-    if (cap_rows <= 0 || max_pos <= 0 || cap_seg <= 0)
-        return nd_error(ND_EARG, "activations for %ld rows, %d positions: empty", cap_rows,
-                        max_pos);
-    if (cap_logits < 1)
-        cap_logits = 1;
-    int B = cap_seg, T = max_pos; /* for messages */
-    long N = cap_rows;
     size_t d = D->d, n = D->n, hn = D->hada_n;
-    struct act_plan {
-        void **p;
-        size_t count;
-        size_t elt;
-    } plan[80 + 2 * SAN_MAX_CLA];
-    int np = 0;
     int gen3 = m->cfg.generation == 3, taps = gen3 && m->cfg.qkv_conv_taps;
-    size_t hsaved_row = 0;
-    san_hada3_geom *h3 = NULL;
-    if (gen3) {
-        h3 = calloc(1, sizeof *h3);
-        if (!h3 || san_hada3_geom_init(h3, D->d, m->cfg.hada_factor_mode == SAN_HADA_BLOCK_UNTIED,
-                                       m->cfg.n_ladder_widths > 0)) {
-            free(h3);
-            return nd_error(ND_ENOMEM, "out of memory (Hadamard MLP geometry)");
-        }
-        hsaved_row = san_hada3_saved_per_row(h3);
-    }
-    /* keep_layers = k: every san_layer_acts field is allocated for layers
-     * 0..k-1, plus one scratch set when the others are recomputed */
-    if (keep_layers < 0)
-        keep_layers = 0;
-    if (keep_layers > D->L)
-        keep_layers = D->L;
-    int nsets = keep_layers == D->L ? D->L : keep_layers + 1;
-    size_t copies = (size_t)nsets;
-#define P(ptr, cnt) plan[np++] = (struct act_plan){(void **)&(ptr), (size_t)(cnt), sizeof(*(ptr))}
+    pl->n = 0;
+#define P(ptr, cnt) pl->e[pl->n++] = (act_plan){(void **)&(ptr), (size_t)(cnt), sizeof(*(ptr))}
     P(a->rope_cos, (size_t)max_pos * D->hd / 2);
     P(a->rope_sin, (size_t)max_pos * D->hd / 2);
     P(a->x0, N * d);
@@ -162,12 +161,75 @@ int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, 
     if (save_lanes)
         P(a->X_saved, (size_t)san_lane_slots(D->L, every) * N * n * d);
 #undef P
-    /* layer fields: the pointer lives inside a->l */
-    const char *lo = (const char *)&a->l, *hi = lo + sizeof a->l;
-#define IS_LAYER(i) ((const char *)plan[i].p >= lo && (const char *)plan[i].p < hi)
+    *every_out = every;
+}
+
+/* Point every planned buffer into blk, in plan order; with keep_layers,
+ * nsets copies of the layer fields, one san_layer_acts per set. */
+static int acts_carve(san_acts *a, const act_plans *pl, char *blk, size_t copies, int keep_layers,
+                      int nsets)
+{
+    size_t off = 0;
+    for (int i = 0; i < pl->n; i++) {
+        *pl->e[i].p = blk + off;
+        off += act_bytes(a, &pl->e[i], copies);
+    }
+    if (!keep_layers)
+        return ND_OK;
+    a->layer_sets = malloc(sizeof *a->layer_sets * (size_t)nsets);
+    if (!a->layer_sets)
+        return ND_ENOMEM;
+    const char *lo = (const char *)&a->l;
+    for (int l = 0; l < nsets; l++) {
+        a->layer_sets[l] = a->l;
+        for (int i = 0; i < pl->n; i++)
+            if (act_is_layer(a, &pl->e[i])) {
+                size_t fo = (size_t)((const char *)pl->e[i].p - lo);
+                float **dst = (float **)((char *)&a->layer_sets[l] + fo);
+                *dst = *(float **)pl->e[i].p + (size_t)l * pl->e[i].count;
+            }
+    }
+    return ND_OK;
+}
+
+int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, long cap_rows,
+                         int cap_seg, int max_pos, long cap_logits, int save_lanes, int keep_layers)
+{
+    memset(a, 0, sizeof *a);
+    const san_dims *D = &m->dims;
+    if (cap_rows <= 0 || max_pos <= 0 || cap_seg <= 0)
+        return nd_error(ND_EARG, "activations for %ld rows, %d positions: empty", cap_rows,
+                        max_pos);
+    if (cap_logits < 1)
+        cap_logits = 1;
+    int B = cap_seg, T = max_pos; /* for messages */
+    long N = cap_rows;
+    int gen3 = m->cfg.generation == 3, taps = gen3 && m->cfg.qkv_conv_taps;
+    size_t hsaved_row = 0;
+    san_hada3_geom *h3 = NULL;
+    if (gen3) {
+        h3 = calloc(1, sizeof *h3);
+        if (!h3 || san_hada3_geom_init(h3, D->d, m->cfg.hada_factor_mode == SAN_HADA_BLOCK_UNTIED,
+                                       m->cfg.n_ladder_widths > 0)) {
+            free(h3);
+            return nd_error(ND_ENOMEM, "out of memory (Hadamard MLP geometry)");
+        }
+        hsaved_row = san_hada3_saved_per_row(h3);
+    }
+    /* keep_layers = k: every san_layer_acts field is allocated for layers
+     * 0..k-1, plus one scratch set when the others are recomputed */
+    if (keep_layers < 0)
+        keep_layers = 0;
+    if (keep_layers > D->L)
+        keep_layers = D->L;
+    int nsets = keep_layers == D->L ? D->L : keep_layers + 1;
+    size_t copies = (size_t)nsets;
+    act_plans pl;
+    int every;
+    acts_plan_buffers(&pl, a, m, N, max_pos, cap_logits, hsaved_row, save_lanes, &every);
     size_t total = 0;
-    for (int i = 0; i < np; i++)
-        total += (plan[i].count * plan[i].elt * (IS_LAYER(i) ? copies : 1) + 63) & ~(size_t)63;
+    for (int i = 0; i < pl.n; i++)
+        total += act_bytes(a, &pl.e[i], copies);
     char *blk = be->alloc(be, total);
     if (!blk && h3) {
         san_hada3_geom_free(h3);
@@ -180,30 +242,12 @@ int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, 
                         "out of memory: activations for %ld rows (%d sequences, positions < %d) "
                         "need %.1f MB",
                         N, B, T, (double)total / 1e6);
-    size_t off = 0;
-    for (int i = 0; i < np; i++) {
-        *plan[i].p = blk + off;
-        off += (plan[i].count * plan[i].elt * (IS_LAYER(i) ? copies : 1) + 63) & ~(size_t)63;
+    if (acts_carve(a, &pl, blk, copies, keep_layers, nsets)) {
+        a->block = blk;
+        a->be = be;
+        san_acts_free(a);
+        return nd_error(ND_ENOMEM, "out of memory");
     }
-    if (keep_layers) {
-        a->layer_sets = malloc(sizeof *a->layer_sets * (size_t)nsets);
-        if (!a->layer_sets) {
-            a->block = blk;
-            a->be = be;
-            san_acts_free(a);
-            return nd_error(ND_ENOMEM, "out of memory");
-        }
-        for (int l = 0; l < nsets; l++) {
-            a->layer_sets[l] = a->l;
-            for (int i = 0; i < np; i++)
-                if (IS_LAYER(i)) {
-                    size_t fo = (size_t)((const char *)plan[i].p - lo);
-                    float **dst = (float **)((char *)&a->layer_sets[l] + fo);
-                    *dst = *(float **)plan[i].p + (size_t)l * plan[i].count;
-                }
-        }
-    }
-#undef IS_LAYER
     if (gen3 && !taps) { /* no conv: its outputs are q, k, v themselves */
         a->l.qc = a->l.q, a->l.kc = a->l.k, a->l.vc = a->l.v;
         for (int l = 0; keep_layers && l < nsets; l++) {

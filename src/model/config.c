@@ -306,13 +306,12 @@ int san_config_from_pv(san_config *c, const pv *dict)
     return san_config_from_pv_gen(c, dict, 0);
 }
 
-int san_config_from_pv_gen(san_config *c, const pv *dict, int gen)
+/* The defaults a saved config's values go over: for 3.x,
+ * TransformerConfig.from_saved's (the dataclass defaults, except that the
+ * 3.x-only features a saved config does not mention are off). */
+static void config_defaults_gen(san_config *c, int gen)
 {
-    if (!gen)
-        gen = san_config_generation(dict);
     if (gen == 3) {
-        /* TransformerConfig.from_saved: the dataclass defaults, except that
-         * the 3.x-only features a saved config does not mention are off */
         san_config_default3(c);
         c->qk_head_dim = c->v_head_dim = 0;
         c->sliding_window = 0;
@@ -327,129 +326,165 @@ int san_config_from_pv_gen(san_config *c, const pv *dict, int gen)
     } else {
         san_config_default(c);
     }
-    if (!dict || dict->kind != PV_DICT)
-        return nd_error(ND_EFORMAT, "config: expected a dict");
-    static const struct {
-        const char *key;
-        size_t off;
-        int lo, hi, v3;
-    } ints[] = {
-#define F(name, lo, hi) {#name, offsetof(san_config, name), lo, hi, 0}
+}
+
+/* The integer fields, with their ranges; v3: a 3.x-only field. */
+static const struct {
+    const char *key;
+    size_t off;
+    int lo, hi, v3;
+} config_ints[] = {
+#define F(name, lo, hi)                                                                            \
+    {                                                                                              \
+#name, offsetof(san_config, name), lo, hi, 0                                               \
+    }
 #define F3(name, lo, hi)                                                                           \
     {                                                                                              \
 #name, offsetof(san_config, name), lo, hi, 1                                               \
     }
-        F(vocab_size, 1, 1 << 24),
-        F(d_model, 1, 1 << 16),
-        F(attn_dim, 0, 1 << 16),
-        F(num_heads, 1, 4096),
-        F(num_kv_heads, 1, 4096),
-        F(num_layers, 1, 4096),
-        F(max_seq_len, 1, 1 << 24),
-        F(pad_token_id, 0, 1 << 24),
-        F(contrastive_dim, 0, 1 << 16),
-        F(engram_heads, 0, 4096),
-        F(engram_slots, 1, 1 << 28),
-        F(mhc_lanes, 1, 64),
-        F(kv_window, 0, 1 << 24),
-        F(kv_bits, 0, 64),
-        F(act_bits, 0, 64),
-        F(flash, 0, 1),
-        F(remat, 0, 1),
-        F(scan_unroll, 0, 1 << 20),
-        F3(qk_head_dim, 0, 4096),
-        F3(v_head_dim, 0, 4096),
-        F3(sliding_window, 0, 1 << 24),
-        F3(qkv_conv_taps, 0, SAN_MAX_QKV_TAPS),
-        F3(out_vocab, 0, 1 << 24),
-        F3(engram_seed_heads, 0, 4096),
-        F3(embedding_dim, 0, 1 << 16),
-        F3(embedding_probes, 0, 4096),
-        F3(embedding_queries, 0, 4096),
-        F3(confidence_probes, 0, 4096),
-        F3(confidence_queries, 0, 4096),
-        F3(router_probes, 0, 4096),
-        F3(router_queries, 0, 4096),
+    F(vocab_size, 1, 1 << 24),
+    F(d_model, 1, 1 << 16),
+    F(attn_dim, 0, 1 << 16),
+    F(num_heads, 1, 4096),
+    F(num_kv_heads, 1, 4096),
+    F(num_layers, 1, 4096),
+    F(max_seq_len, 1, 1 << 24),
+    F(pad_token_id, 0, 1 << 24),
+    F(contrastive_dim, 0, 1 << 16),
+    F(engram_heads, 0, 4096),
+    F(engram_slots, 1, 1 << 28),
+    F(mhc_lanes, 1, 64),
+    F(kv_window, 0, 1 << 24),
+    F(kv_bits, 0, 64),
+    F(act_bits, 0, 64),
+    F(flash, 0, 1),
+    F(remat, 0, 1),
+    F(scan_unroll, 0, 1 << 20),
+    F3(qk_head_dim, 0, 4096),
+    F3(v_head_dim, 0, 4096),
+    F3(sliding_window, 0, 1 << 24),
+    F3(qkv_conv_taps, 0, SAN_MAX_QKV_TAPS),
+    F3(out_vocab, 0, 1 << 24),
+    F3(engram_seed_heads, 0, 4096),
+    F3(embedding_dim, 0, 1 << 16),
+    F3(embedding_probes, 0, 4096),
+    F3(embedding_queries, 0, 4096),
+    F3(confidence_probes, 0, 4096),
+    F3(confidence_queries, 0, 4096),
+    F3(router_probes, 0, 4096),
+    F3(router_queries, 0, 4096),
 #undef F
 #undef F3
-    };
+};
+
+/* key as one of config_ints: 1 when it is one (read, or ignored as the
+ * generation says; *rc the read's status), 0 when it is not */
+static int config_int_key(san_config *c, const char *key, const pv *v, int gen, int *rc)
+{
+    *rc = ND_OK;
+    for (size_t j = 0; j < sizeof config_ints / sizeof config_ints[0]; j++)
+        if (!strcmp(key, config_ints[j].key)) {
+            if (config_ints[j].v3 && gen != 3)
+                return 1; /* a v2 config read as such ignores 3.x keys */
+            if (gen == 3 && !strcmp(key, "attn_dim"))
+                return 1; /* not a 3.x field: from_saved drops it */
+            *rc = get_int(v, key, config_ints[j].lo, config_ints[j].hi,
+                          (int *)((char *)c + config_ints[j].off));
+            return 1;
+        }
+    return 0;
+}
+
+/* 3.x's two string enums: attention_gate (elementwise|headwise) and
+ * hada_factor_mode (shared|block_untied), stored as 0|1 */
+static int config_enum3(san_config *c, const char *key, const pv *v)
+{
+    int gate = key[0] == 'a';
+    const char *a = gate ? "elementwise" : "shared", *b = gate ? "headwise" : "block_untied";
+    if (v->kind != PV_STR)
+        return nd_error(ND_EFORMAT, "config['%s']: expected a string", key);
+    int val;
+    if (!strcmp(v->u.str.s, a))
+        val = 0;
+    else if (!strcmp(v->u.str.s, b))
+        val = 1;
+    else
+        return nd_error(ND_EFORMAT, "config['%s']: unsupported %s: '%.40s' (%s or %s)", key, key,
+                        v->u.str.s, a, b);
+    *(gate ? &c->attention_gate : &c->hada_factor_mode) = val;
+    return ND_OK;
+}
+
+/* weight_bits or dtype: a string that fits, or None for "" */
+static int config_string(san_config *c, const char *key, const pv *v)
+{
+    char *dst = key[0] == 'w' ? c->weight_bits : c->dtype;
+    size_t cap = key[0] == 'w' ? sizeof c->weight_bits : sizeof c->dtype;
+    if (v->kind == PV_NONE) {
+        dst[0] = 0;
+    } else if (v->kind != PV_STR || v->u.str.len >= cap) {
+        return nd_error(ND_EFORMAT, "config['%s']: expected a string under %zu bytes", key, cap);
+    } else {
+        memcpy(dst, v->u.str.s, v->u.str.len + 1);
+    }
+    return ND_OK;
+}
+
+/* A key that is not an integer field: rope_theta, the sequences, 3.x's
+ * enums and CLA pairs, the strings; any other key is ignored. */
+static int config_other_key(san_config *c, const char *key, const pv *v, int gen,
+                            int *have_engram_layers)
+{
+    if (!strcmp(key, "rope_theta")) {
+        if (v->kind == PV_FLOAT)
+            c->rope_theta = v->u.f;
+        else if (v->kind == PV_INT)
+            c->rope_theta = (double)v->u.i;
+        else
+            return nd_error(ND_EFORMAT, "config['rope_theta']: expected a number");
+        if (!(c->rope_theta > 1.0))
+            return nd_error(ND_ELIMIT, "config['rope_theta'] must be > 1");
+        return ND_OK;
+    }
+    if (!strcmp(key, "engram_orders"))
+        return get_int_seq(v, key, SAN_MAX_ORDERS, 1, 64, c->engram_orders, &c->n_orders);
+    if (!strcmp(key, "engram_layers")) {
+        int rc = get_int_seq(v, key, SAN_MAX_SITES, 0, 4095, c->engram_layers, &c->n_sites);
+        *have_engram_layers = 1;
+        return rc;
+    }
+    if (gen == 3 && !strcmp(key, "global_layers"))
+        return get_int_seq(v, key, SAN_MAX_GLOBAL, 0, 1 << 24, c->global_layers, &c->n_global);
+    if (gen == 3 && !strcmp(key, "engram_bank_ids"))
+        return get_int_seq(v, key, SAN_MAX_SITES, -(1 << 24), 1 << 24, c->engram_bank_ids,
+                           &c->n_bank_ids);
+    if (gen == 3 && !strcmp(key, "ladder_widths"))
+        return get_int_seq(v, key, 8, 0, 1 << 16, c->ladder_widths, &c->n_ladder_widths);
+    if (gen == 3 && !strcmp(key, "cla_pairs"))
+        return get_cla_pairs(v, c);
+    if (gen == 3 && (!strcmp(key, "attention_gate") || !strcmp(key, "hada_factor_mode")))
+        return config_enum3(c, key, v);
+    if (!strcmp(key, "weight_bits") || !strcmp(key, "dtype"))
+        return config_string(c, key, v);
+    return ND_OK;
+}
+
+int san_config_from_pv_gen(san_config *c, const pv *dict, int gen)
+{
+    if (!gen)
+        gen = san_config_generation(dict);
+    config_defaults_gen(c, gen);
+    if (!dict || dict->kind != PV_DICT)
+        return nd_error(ND_EFORMAT, "config: expected a dict");
     int have_engram_layers = 0;
     for (size_t i = 0; i < dict->u.dict.n; i++) {
         const pv *k = dict->u.dict.keys[i], *v = dict->u.dict.vals[i];
         if (k->kind != PV_STR)
             continue;
         const char *key = k->u.str.s;
-        int rc = ND_OK, done = 0;
-        for (size_t j = 0; j < sizeof ints / sizeof ints[0]; j++)
-            if (!strcmp(key, ints[j].key)) {
-                if (ints[j].v3 && gen != 3) {
-                    done = 1; /* a v2 config read as such ignores 3.x keys */
-                    break;
-                }
-                if (gen == 3 && !strcmp(key, "attn_dim")) {
-                    done = 1; /* not a 3.x field: from_saved drops it */
-                    break;
-                }
-                rc = get_int(v, key, ints[j].lo, ints[j].hi, (int *)((char *)c + ints[j].off));
-                done = 1;
-                break;
-            }
-        if (done) {
-            if (rc)
-                return rc;
-            continue;
-        }
-        if (!strcmp(key, "rope_theta")) {
-            if (v->kind == PV_FLOAT)
-                c->rope_theta = v->u.f;
-            else if (v->kind == PV_INT)
-                c->rope_theta = (double)v->u.i;
-            else
-                return nd_error(ND_EFORMAT, "config['rope_theta']: expected a number");
-            if (!(c->rope_theta > 1.0))
-                return nd_error(ND_ELIMIT, "config['rope_theta'] must be > 1");
-        } else if (!strcmp(key, "engram_orders")) {
-            rc = get_int_seq(v, key, SAN_MAX_ORDERS, 1, 64, c->engram_orders, &c->n_orders);
-        } else if (!strcmp(key, "engram_layers")) {
-            rc = get_int_seq(v, key, SAN_MAX_SITES, 0, 4095, c->engram_layers, &c->n_sites);
-            have_engram_layers = 1;
-        } else if (gen == 3 && !strcmp(key, "global_layers")) {
-            rc = get_int_seq(v, key, SAN_MAX_GLOBAL, 0, 1 << 24, c->global_layers, &c->n_global);
-        } else if (gen == 3 && !strcmp(key, "engram_bank_ids")) {
-            rc = get_int_seq(v, key, SAN_MAX_SITES, -(1 << 24), 1 << 24, c->engram_bank_ids,
-                             &c->n_bank_ids);
-        } else if (gen == 3 && !strcmp(key, "ladder_widths")) {
-            rc = get_int_seq(v, key, 8, 0, 1 << 16, c->ladder_widths, &c->n_ladder_widths);
-        } else if (gen == 3 && !strcmp(key, "cla_pairs")) {
-            rc = get_cla_pairs(v, c);
-        } else if (gen == 3 &&
-                   (!strcmp(key, "attention_gate") || !strcmp(key, "hada_factor_mode"))) {
-            int gate = key[0] == 'a';
-            const char *a = gate ? "elementwise" : "shared",
-                       *b = gate ? "headwise" : "block_untied";
-            if (v->kind != PV_STR)
-                return nd_error(ND_EFORMAT, "config['%s']: expected a string", key);
-            int val;
-            if (!strcmp(v->u.str.s, a))
-                val = 0;
-            else if (!strcmp(v->u.str.s, b))
-                val = 1;
-            else
-                return nd_error(ND_EFORMAT, "config['%s']: unsupported %s: '%.40s' (%s or %s)", key,
-                                key, v->u.str.s, a, b);
-            *(gate ? &c->attention_gate : &c->hada_factor_mode) = val;
-        } else if (!strcmp(key, "weight_bits") || !strcmp(key, "dtype")) {
-            char *dst = key[0] == 'w' ? c->weight_bits : c->dtype;
-            size_t cap = key[0] == 'w' ? sizeof c->weight_bits : sizeof c->dtype;
-            if (v->kind == PV_NONE) {
-                dst[0] = 0;
-            } else if (v->kind != PV_STR || v->u.str.len >= cap) {
-                return nd_error(ND_EFORMAT, "config['%s']: expected a string under %zu bytes", key,
-                                cap);
-            } else {
-                memcpy(dst, v->u.str.s, v->u.str.len + 1);
-            }
-        }
+        int rc;
+        if (!config_int_key(c, key, v, gen, &rc))
+            rc = config_other_key(c, key, v, gen, &have_engram_layers);
         if (rc)
             return rc;
     }

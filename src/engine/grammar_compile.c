@@ -710,27 +710,38 @@ static int make_alt_in(nd_grammar *g, int *out, int m, const char *path, sview *
     return id;
 }
 
-/* *mbp: the property list, kept by the caller to free */
-static int compile_object_in(nd_grammar *g, const sview *v, const char *path, int depth,
-                             const nd_pj_member ***mbp)
+/* minProperties (the largest) and maxProperties (the smallest) over the
+ * parts; a max under the min is dropped with a warning. *maxp -1: none. */
+static void object_prop_bounds(nd_grammar *g, const sview *v, const char *path, int *minp,
+                               int *maxp)
 {
     long long iv;
-    int minp = 0, maxp = -1;
+    *minp = 0;
+    *maxp = -1;
     for (int i = 0; i < v->n; i++) {
         const nd_pj *x;
-        if ((x = nd_pj_get(v->p[i], "minProperties")) && is_int_value(x, &iv) && iv > minp)
-            minp = iv > 1000 ? 1000 : (int)iv;
+        if ((x = nd_pj_get(v->p[i], "minProperties")) && is_int_value(x, &iv) && iv > *minp)
+            *minp = iv > 1000 ? 1000 : (int)iv;
         if ((x = nd_pj_get(v->p[i], "maxProperties")) && is_int_value(x, &iv) && iv >= 0 &&
-            (maxp < 0 || iv < maxp))
-            maxp = iv > 100000 ? 100000 : (int)iv;
+            (*maxp < 0 || iv < *maxp))
+            *maxp = iv > 100000 ? 100000 : (int)iv;
     }
-    if (maxp >= 0 && maxp < minp) {
+    if (*maxp >= 0 && *maxp < *minp) {
         warnf(g, "%s: maxProperties < minProperties; maxProperties ignored", path);
-        maxp = -1;
+        *maxp = -1;
     }
-    /* the union of the parts' properties, in order of first appearance */
+}
+
+/* The union of the parts' properties, in order of first appearance, into
+ * *mbp (the caller frees it, also on failure); *np of them. *any_props:
+ * some part declares properties. */
+static int object_props_union(nd_grammar *g, const sview *v, const char *path,
+                              const nd_pj_member ***mbp, int *np, int *any_props)
+{
     const nd_pj_member **mb = NULL;
-    int np = 0, cap = 0, any_props = 0;
+    int cap = 0;
+    *np = 0;
+    *any_props = 0;
     for (int i = 0; i < v->n; i++) {
         const nd_pj *props = nd_pj_get(v->p[i], "properties");
         if (!props)
@@ -739,26 +750,130 @@ static int compile_object_in(nd_grammar *g, const sview *v, const char *path, in
             warnf(g, "%s: 'properties' is not an object; ignored", path);
             continue;
         }
-        any_props = 1;
+        *any_props = 1;
         for (size_t k = 0; k < props->len; k++) {
             int dup = 0;
-            for (int j = 0; j < np; j++)
+            for (int j = 0; j < *np; j++)
                 dup |= mb[j]->key_len == props->obj[k].key_len &&
                        !memcmp(mb[j]->key, props->obj[k].key, mb[j]->key_len);
             if (dup)
                 continue;
-            if (np >= (1 << 24))
+            if (*np >= (1 << 24))
                 return nd_error(ND_ELIMIT, "%s: more than %d properties", path, 1 << 24);
-            if (np == cap) {
+            if (*np == cap) {
                 cap = cap ? 2 * cap : 16;
                 const nd_pj_member **m2 = realloc(mb, (size_t)cap * sizeof *m2);
                 if (!m2)
                     return nd_error(ND_ENOMEM, "out of memory");
                 *mbp = mb = m2;
             }
-            mb[np++] = &props->obj[k];
+            mb[(*np)++] = &props->obj[k];
         }
     }
+    return ND_OK;
+}
+
+/* An object that declares no properties and is not closed: any object
+ * (N_GOBJ), or a map whose values follow additionalProperties' schema ap,
+ * with minProperties/maxProperties as its size bounds. */
+static int compile_map(nd_grammar *g, const nd_pj *ap, const char *path, int depth, int minp,
+                       int maxp)
+{
+    int item = N_ANY;
+    if (ap) {
+        char sub[256];
+        snprintf(sub, sizeof sub, "%s.*", path);
+        item = compile_node(g, ap, sub, depth + 1);
+        if (item < 0)
+            return item;
+    }
+    if (item == N_ANY && !minp && maxp < 0)
+        return N_GOBJ;
+    int id = new_node(g, K_GOBJ);
+    if (id < 0)
+        return id;
+    g->nodes[id].item = item;
+    g->nodes[id].min_items = minp;
+    g->nodes[id].max_items = maxp;
+    return id;
+}
+
+/* The value node of property m: the schemas every part gives it, all of
+ * them applying (its path: path.key). */
+static int compile_prop(nd_grammar *g, const sview *v, const nd_pj_member *m, const char *path,
+                        int depth)
+{
+    char sub[256];
+    snprintf(sub, sizeof sub, "%s.%.*s", path, (int)(m->key_len > 64 ? 64 : m->key_len), m->key);
+    /* the same property in several parts: all its schemas apply */
+    sview pv;
+    memset(&pv, 0, sizeof pv);
+    int rc = 0;
+    for (int p = 0; p < v->n && rc == 0; p++) {
+        const nd_pj *props = nd_pj_get(v->p[p], "properties");
+        const nd_pj *ps = NULL;
+        for (size_t k = 0; props && props->type == ND_PJ_OBJECT && k < props->len; k++)
+            if (props->obj[k].key_len == m->key_len &&
+                !memcmp(props->obj[k].key, m->key, m->key_len))
+                ps = props->obj[k].val;
+        if (ps)
+            rc = expand(g, ps, sub, &pv, 0);
+    }
+    if (rc < 0)
+        return rc;
+    if (rc > 0 || depth + 1 > 16) {
+        if (depth + 1 > 16)
+            return nd_error(ND_ELIMIT, "%s: schema nested deeper than 16 levels", sub);
+        return deep_node(pv.deep);
+    }
+    int save = g->c_nrefs;
+    for (int r = 0; r < pv.nrefs; r++) {
+        if (g->c_nrefs >= (int)(sizeof g->c_refs / sizeof g->c_refs[0]))
+            return nd_error(ND_ELIMIT, "%s: too many nested $refs", sub);
+        g->c_refs[g->c_nrefs++] = pv.refs[r];
+    }
+    int c = compile_view(g, &pv, sub, depth + 1);
+    g->c_nrefs = save;
+    return c;
+}
+
+/* reqd[i] = 1 for each declared property some part's "required" names;
+ * undeclared names and a "required" that is no array are warned of */
+static void object_required(nd_grammar *g, const sview *v, const nd_pj_member **mb, int np,
+                            const char *path, uint8_t *reqd)
+{
+    for (int p = 0; p < v->n; p++) {
+        const nd_pj *req = nd_pj_get(v->p[p], "required");
+        if (req && req->type == ND_PJ_ARRAY) {
+            for (size_t r = 0; r < req->len; r++) {
+                const nd_pj *k = req->items[r];
+                int found = -1;
+                for (int i = 0; k->type == ND_PJ_STRING && i < np; i++)
+                    if (mb[i]->key_len == k->len && !memcmp(mb[i]->key, k->str, k->len))
+                        found = i;
+                if (found < 0)
+                    warnf(g, "%s: required property %.64s is not declared; ignored", path,
+                          k->type == ND_PJ_STRING ? k->str : "(not a string)");
+                else
+                    reqd[found] = 1;
+            }
+        } else if (req) {
+            warnf(g, "%s: 'required' is not an array; ignored", path);
+        }
+    }
+}
+
+/* *mbp: the property list, kept by the caller to free */
+static int compile_object_in(nd_grammar *g, const sview *v, const char *path, int depth,
+                             const nd_pj_member ***mbp)
+{
+    int minp, maxp;
+    object_prop_bounds(g, v, path, &minp, &maxp);
+    int np, any_props;
+    int rc = object_props_union(g, v, path, mbp, &np, &any_props);
+    if (rc)
+        return rc;
+    const nd_pj_member **mb = *mbp;
     /* additionalProperties: false closes the object; a schema types the
      * values of an object that declares no properties (a map) */
     const nd_pj *ap = NULL;
@@ -770,25 +885,8 @@ static int compile_object_in(nd_grammar *g, const sview *v, const char *path, in
         else if (x && x->type == ND_PJ_OBJECT && !ap)
             ap = x;
     }
-    if (!any_props && !closed) {
-        int item = N_ANY;
-        if (ap) {
-            char sub[256];
-            snprintf(sub, sizeof sub, "%s.*", path);
-            item = compile_node(g, ap, sub, depth + 1);
-            if (item < 0)
-                return item;
-        }
-        if (item == N_ANY && !minp && maxp < 0)
-            return N_GOBJ;
-        int id = new_node(g, K_GOBJ);
-        if (id < 0)
-            return id;
-        g->nodes[id].item = item;
-        g->nodes[id].min_items = minp;
-        g->nodes[id].max_items = maxp;
-        return id;
-    }
+    if (!any_props && !closed)
+        return compile_map(g, ap, path, depth, minp, maxp);
     if (minp || maxp >= 0)
         warnf(g,
               "%s: minProperties/maxProperties on an object with declared properties is not "
@@ -821,63 +919,12 @@ static int compile_object_in(nd_grammar *g, const sview *v, const char *path, in
         if (!key[i])
             return nd_error(ND_ENOMEM, "out of memory");
         g->nodes[id].nprops = i + 1;
-        char sub[256];
-        snprintf(sub, sizeof sub, "%s.%.*s", path, (int)(mb[i]->key_len > 64 ? 64 : mb[i]->key_len),
-                 mb[i]->key);
-        /* the same property in several parts: all its schemas apply */
-        sview pv;
-        memset(&pv, 0, sizeof pv);
-        int rc = 0;
-        for (int p = 0; p < v->n && rc == 0; p++) {
-            const nd_pj *props = nd_pj_get(v->p[p], "properties");
-            const nd_pj *ps = NULL;
-            for (size_t k = 0; props && props->type == ND_PJ_OBJECT && k < props->len; k++)
-                if (props->obj[k].key_len == mb[i]->key_len &&
-                    !memcmp(props->obj[k].key, mb[i]->key, mb[i]->key_len))
-                    ps = props->obj[k].val;
-            if (ps)
-                rc = expand(g, ps, sub, &pv, 0);
-        }
-        int c;
-        if (rc < 0)
-            return rc;
-        if (rc > 0 || depth + 1 > 16) {
-            if (depth + 1 > 16)
-                return nd_error(ND_ELIMIT, "%s: schema nested deeper than 16 levels", sub);
-            c = deep_node(pv.deep);
-        } else {
-            int save = g->c_nrefs;
-            for (int r = 0; r < pv.nrefs; r++) {
-                if (g->c_nrefs >= (int)(sizeof g->c_refs / sizeof g->c_refs[0]))
-                    return nd_error(ND_ELIMIT, "%s: too many nested $refs", sub);
-                g->c_refs[g->c_nrefs++] = pv.refs[r];
-            }
-            c = compile_view(g, &pv, sub, depth + 1);
-            g->c_nrefs = save;
-        }
+        int c = compile_prop(g, v, mb[i], path, depth);
         if (c < 0)
             return c;
         g->nodes[id].prop[i] = c;
     }
-    for (int p = 0; p < v->n; p++) {
-        const nd_pj *req = nd_pj_get(v->p[p], "required");
-        if (req && req->type == ND_PJ_ARRAY) {
-            for (size_t r = 0; r < req->len; r++) {
-                const nd_pj *k = req->items[r];
-                int found = -1;
-                for (int i = 0; k->type == ND_PJ_STRING && i < np; i++)
-                    if (mb[i]->key_len == k->len && !memcmp(mb[i]->key, k->str, k->len))
-                        found = i;
-                if (found < 0)
-                    warnf(g, "%s: required property %.64s is not declared; ignored", path,
-                          k->type == ND_PJ_STRING ? k->str : "(not a string)");
-                else
-                    reqd[found] = 1;
-            }
-        } else if (req) {
-            warnf(g, "%s: 'required' is not an array; ignored", path);
-        }
-    }
+    object_required(g, v, mb, np, path, reqd);
     return id;
 }
 

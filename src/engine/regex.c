@@ -112,143 +112,163 @@ static frag char_frag(parser *ps, const uint64_t c[2])
 
 static frag parse_alt(parser *ps);
 
+/* ( ... ): a plain group, (?:...), or a named group (?<name>...) /
+ * (?P<name>...) read as a plain one; lookaround, flags and the rest are
+ * refused rather than read as the literal text they start with. ps->p is
+ * at the '('. */
+static frag parse_group(parser *ps)
+{
+    uint64_t c[2] = {0, 0};
+    ps->p++;
+    if (ps->p[0] == '?') {
+        const char *q = ps->p + 1;
+        if (*q == 'P')
+            q++;
+        if (ps->p[1] == ':') {
+            ps->p += 2;
+        } else if (*q == '<' && q[1] != '=' && q[1] != '!') {
+            const char *e = strchr(q, '>');
+            if (!e) {
+                if (!ps->err)
+                    ps->err = nd_error(ND_EUNSUPPORTED, "unterminated group name in pattern");
+                return char_frag(ps, c);
+            }
+            ps->p = e + 1;
+        } else {
+            const char *what = ps->p[1] == '=' || ps->p[1] == '!' ? "lookahead"
+                               : ps->p[1] == '<'                  ? "lookbehind"
+                                                                  : "group construct";
+            if (!ps->err)
+                ps->err = nd_error(ND_EUNSUPPORTED,
+                                   "%s '(%.3s' is not supported (a grammar cannot express it)",
+                                   what, ps->p);
+            return char_frag(ps, c);
+        }
+    }
+    ps->depth++;
+    frag f = parse_alt(ps);
+    ps->depth--;
+    if (*ps->p != ')') {
+        if (!ps->err)
+            ps->err = nd_error(ND_EUNSUPPORTED, "unbalanced '(' in pattern");
+        return f;
+    }
+    ps->p++;
+    return f;
+}
+
+/* [...]: a class of ASCII characters, ranges and class escapes, negated
+ * by a leading ^; a ']' first is a member. ps->p is at the '['. */
+static frag parse_class(parser *ps)
+{
+    uint64_t c[2] = {0, 0};
+    ps->p++;
+    int neg = 0;
+    if (*ps->p == '^') {
+        neg = 1;
+        ps->p++;
+    }
+    int first = 1;
+    while (*ps->p && (*ps->p != ']' || first)) {
+        first = 0;
+        int lo = (unsigned char)*ps->p++;
+        if (lo >= 128) {
+            if (!ps->err)
+                ps->err = nd_error(ND_EUNSUPPORTED, "non-ASCII characters in a pattern are "
+                                                    "not supported");
+            return char_frag(ps, c);
+        }
+        if (lo == '\\') {
+            int e = (unsigned char)*ps->p;
+            if (!e)
+                break;
+            ps->p++;
+            if (class_escape(e, c))
+                continue;
+            lo = e == 'b' ? '\b' : escape_char(e); /* [\b] is a backspace */
+            if (lo < 0) {
+                if (!ps->err)
+                    ps->err = nd_error(ND_EUNSUPPORTED, "pattern escape \\%c is not supported", e);
+                return char_frag(ps, c);
+            }
+        }
+        if (ps->p[0] == '-' && ps->p[1] && ps->p[1] != ']') {
+            int hi = (unsigned char)ps->p[1];
+            ps->p += 2;
+            if (hi == '\\' && *ps->p)
+                hi = escape_char((unsigned char)*ps->p++);
+            if (hi < 0 || hi >= 128) {
+                if (!ps->err)
+                    ps->err =
+                        nd_error(ND_EUNSUPPORTED, "range end in a pattern class is not supported");
+                return char_frag(ps, c);
+            }
+            if (hi < lo) {
+                if (!ps->err)
+                    ps->err = nd_error(ND_EUNSUPPORTED, "bad range %c-%c in pattern", lo, hi);
+                return char_frag(ps, c);
+            }
+            cls_range(c, lo, hi > 127 ? 127 : hi);
+        } else {
+            cls_set(c, lo);
+        }
+    }
+    if (*ps->p != ']') {
+        if (!ps->err)
+            ps->err = nd_error(ND_EUNSUPPORTED, "unterminated '[' in pattern");
+    } else {
+        ps->p++;
+    }
+    if (neg) {
+        c[0] = ~c[0];
+        c[1] = ~c[1];
+    }
+    return char_frag(ps, c);
+}
+
+/* \x outside a class: a class escape (\d \w \s and negations) or the
+ * character it stands for; back-references, word boundaries and other
+ * letter escapes are refused. ps->p is at the backslash. */
+static frag parse_escape(parser *ps)
+{
+    uint64_t c[2] = {0, 0};
+    ps->p++;
+    int e = (unsigned char)*ps->p;
+    if (!e) {
+        if (!ps->err)
+            ps->err = nd_error(ND_EUNSUPPORTED, "pattern ends with a backslash");
+        return char_frag(ps, c);
+    }
+    ps->p++;
+    if (!class_escape(e, c)) {
+        int x = escape_char(e);
+        if (x < 0) {
+            if (!ps->err)
+                ps->err = nd_error(ND_EUNSUPPORTED, "pattern escape \\%c is not supported%s", e,
+                                   e >= '1' && e <= '9'   ? " (a back-reference)"
+                                   : e == 'b' || e == 'B' ? " (a word boundary)"
+                                                          : "");
+            return char_frag(ps, c);
+        }
+        cls_set(c, x);
+    }
+    return char_frag(ps, c);
+}
+
 static frag parse_atom(parser *ps)
 {
     uint64_t c[2] = {0, 0};
     int ch = (unsigned char)*ps->p;
-    if (ch == '(') {
-        ps->p++;
-        if (ps->p[0] == '?') {
-            /* (?:...) groups, and named groups (?<name>...) / (?P<name>...)
-             * as plain groups; lookaround, flags and the rest are refused
-             * rather than read as the literal text they start with */
-            const char *q = ps->p + 1;
-            if (*q == 'P')
-                q++;
-            if (ps->p[1] == ':') {
-                ps->p += 2;
-            } else if (*q == '<' && q[1] != '=' && q[1] != '!') {
-                const char *e = strchr(q, '>');
-                if (!e) {
-                    if (!ps->err)
-                        ps->err = nd_error(ND_EUNSUPPORTED, "unterminated group name in pattern");
-                    return char_frag(ps, c);
-                }
-                ps->p = e + 1;
-            } else {
-                const char *what = ps->p[1] == '=' || ps->p[1] == '!' ? "lookahead"
-                                   : ps->p[1] == '<'                  ? "lookbehind"
-                                                                      : "group construct";
-                if (!ps->err)
-                    ps->err = nd_error(ND_EUNSUPPORTED,
-                                       "%s '(%.3s' is not supported (a grammar cannot express it)",
-                                       what, ps->p);
-                return char_frag(ps, c);
-            }
-        }
-        ps->depth++;
-        frag f = parse_alt(ps);
-        ps->depth--;
-        if (*ps->p != ')') {
-            if (!ps->err)
-                ps->err = nd_error(ND_EUNSUPPORTED, "unbalanced '(' in pattern");
-            return f;
-        }
-        ps->p++;
-        return f;
-    }
-    if (ch == '[') {
-        ps->p++;
-        int neg = 0;
-        if (*ps->p == '^') {
-            neg = 1;
-            ps->p++;
-        }
-        int first = 1;
-        while (*ps->p && (*ps->p != ']' || first)) {
-            first = 0;
-            int lo = (unsigned char)*ps->p++;
-            if (lo >= 128) {
-                if (!ps->err)
-                    ps->err = nd_error(ND_EUNSUPPORTED, "non-ASCII characters in a pattern are "
-                                                        "not supported");
-                return char_frag(ps, c);
-            }
-            if (lo == '\\') {
-                int e = (unsigned char)*ps->p;
-                if (!e)
-                    break;
-                ps->p++;
-                if (class_escape(e, c))
-                    continue;
-                lo = e == 'b' ? '\b' : escape_char(e); /* [\b] is a backspace */
-                if (lo < 0) {
-                    if (!ps->err)
-                        ps->err =
-                            nd_error(ND_EUNSUPPORTED, "pattern escape \\%c is not supported", e);
-                    return char_frag(ps, c);
-                }
-            }
-            if (ps->p[0] == '-' && ps->p[1] && ps->p[1] != ']') {
-                int hi = (unsigned char)ps->p[1];
-                ps->p += 2;
-                if (hi == '\\' && *ps->p)
-                    hi = escape_char((unsigned char)*ps->p++);
-                if (hi < 0 || hi >= 128) {
-                    if (!ps->err)
-                        ps->err = nd_error(ND_EUNSUPPORTED,
-                                           "range end in a pattern class is not supported");
-                    return char_frag(ps, c);
-                }
-                if (hi < lo) {
-                    if (!ps->err)
-                        ps->err = nd_error(ND_EUNSUPPORTED, "bad range %c-%c in pattern", lo, hi);
-                    return char_frag(ps, c);
-                }
-                cls_range(c, lo, hi > 127 ? 127 : hi);
-            } else {
-                cls_set(c, lo);
-            }
-        }
-        if (*ps->p != ']') {
-            if (!ps->err)
-                ps->err = nd_error(ND_EUNSUPPORTED, "unterminated '[' in pattern");
-        } else {
-            ps->p++;
-        }
-        if (neg) {
-            c[0] = ~c[0];
-            c[1] = ~c[1];
-        }
-        return char_frag(ps, c);
-    }
+    if (ch == '(')
+        return parse_group(ps);
+    if (ch == '[')
+        return parse_class(ps);
+    if (ch == '\\')
+        return parse_escape(ps);
     if (ch == '.') { /* any character but a line break, as Python and ECMA-262 */
         ps->p++;
         c[0] = ~0ull & ~(1ull << '\n') & ~(1ull << '\r');
         c[1] = ~0ull;
-        return char_frag(ps, c);
-    }
-    if (ch == '\\') {
-        ps->p++;
-        int e = (unsigned char)*ps->p;
-        if (!e) {
-            if (!ps->err)
-                ps->err = nd_error(ND_EUNSUPPORTED, "pattern ends with a backslash");
-            return char_frag(ps, c);
-        }
-        ps->p++;
-        if (!class_escape(e, c)) {
-            int x = escape_char(e);
-            if (x < 0) {
-                if (!ps->err)
-                    ps->err = nd_error(ND_EUNSUPPORTED, "pattern escape \\%c is not supported%s", e,
-                                       e >= '1' && e <= '9'   ? " (a back-reference)"
-                                       : e == 'b' || e == 'B' ? " (a word boundary)"
-                                                              : "");
-                return char_frag(ps, c);
-            }
-            cls_set(c, x);
-        }
         return char_frag(ps, c);
     }
     if (ch == '^' || ch == '$') {

@@ -353,225 +353,268 @@ static int step_lit(const nd_grammar *g, nd_gram_frame *f, unsigned char b)
     return hi - lo > 1 || n->litlen[lo] > f->count ? R_ACC : R_ACC_POP;
 }
 
-static int step(const nd_grammar *g, nd_gram_state *s, nd_gram_frame *f, unsigned char b)
+/* the top-level list: [ then calls separated by commas, then ]; an empty
+ * list only when no call is required */
+static int step_top(const nd_grammar *g, nd_gram_state *s, nd_gram_frame *f, unsigned char b)
 {
-    const gnode *n = &g->nodes[f->node];
-    switch (f->kind) {
-    case FR_TOP:
-        switch (f->phase) {
-        case 0:
-            if (b != '[')
-                return R_REJ;
-            f->phase = 1;
-            return R_ACC;
-        case 1:
-        case 5:
-            if (b == ']' && f->phase == 1 && !g->require_call) {
-                f->phase = 4;
-                return R_ACC;
-            }
-            if (b != '{' || !g->n_tools || s->depth >= ND_GRAM_DEPTH)
-                return R_REJ;
-            f->phase = 2;
-            f->count++;
-            memset(&s->f[s->depth], 0, sizeof s->f[0]);
-            s->f[s->depth++].kind = FR_CALL;
-            return R_RETRY;
-        case 3:
-            if (b == ']') {
-                f->phase = 4;
-                return R_ACC;
-            }
-            if (b == ',' && f->count < MAX_CALLS) {
-                f->phase = 5;
-                return R_ACC;
-            }
+    switch (f->phase) {
+    case 0:
+        if (b != '[')
             return R_REJ;
-        default: return R_REJ;
-        }
-    case FR_CALL:
-        switch (f->phase) {
-        case 0:
-            if ((unsigned char)PFX1[f->count] != b)
-                return R_REJ;
-            if (!PFX1[++f->count]) {
-                f->phase = 1;
-                f->count = 0;
-                f->mask = all_bits(g->n_tools);
-            }
-            return R_ACC;
-        case 1: {
-            uint64_t nm = 0;
-            int done = -1;
-            for (int i = 0; i < g->n_tools; i++)
-                if ((f->mask >> i & 1) && g->tools[i].namelen > f->count &&
-                    (unsigned char)g->tools[i].name[f->count] == b) {
-                    nm |= 1ull << i;
-                    if (g->tools[i].namelen == f->count + 1)
-                        done = i;
-                }
-            if (!nm)
-                return R_REJ;
-            f->mask = nm;
-            f->count++;
-            if (done >= 0) {
-                f->cur = done;
-                f->phase = 2;
-                f->count = 0;
-            }
-            return R_ACC;
-        }
-        case 2:
-            if ((unsigned char)PFX2[f->count] != b)
-                return R_REJ;
-            if (!PFX2[++f->count])
-                f->phase = 3;
-            return R_ACC;
-        case 3:
-            if (!push(g, s, g->tools[f->cur].args))
-                return R_REJ;
-            f->phase = 4;
-            return R_RETRY;
-        case 5: return b == '}' ? R_ACC_POP : R_REJ;
-        default: return R_REJ;
-        }
-    case FR_OBJ: {
-        switch (f->phase) {
-        case 0:
-            if (b != '{')
-                return R_REJ;
-            f->phase = 1;
-            return R_ACC;
-        case 1:
-        case 7:
-            if (b == '}' && f->phase == 1)
-                return obj_missing(n, f) ? R_REJ : R_ACC_POP;
-            f->count = 0;
-            f->phase = 2;
-            if (!key_narrow(n, f, b, 0, n->nprops)) {
-                f->phase = 1;
-                return R_REJ;
-            }
-            return R_ACC;
-        case 2: {
-            int lo, hi;
-            range_unpack(f->mask, &lo, &hi);
-            return key_narrow(n, f, b, lo, hi) ? R_ACC : R_REJ;
-        }
-        case 3:
-            if (b != ':')
-                return R_REJ;
+        f->phase = 1;
+        return R_ACC;
+    case 1:
+    case 5:
+        if (b == ']' && f->phase == 1 && !g->require_call) {
             f->phase = 4;
             return R_ACC;
-        case 4:
-            if (!push(g, s, n->prop[f->cur]))
-                return R_REJ;
-            f->phase = 5;
-            return R_RETRY;
-        case 6:
-            if (b == '}')
-                return obj_missing(n, f) ? R_REJ : R_ACC_POP;
-            if (b == ',' && !obj_all_used(n, f)) {
-                f->phase = 7;
-                return R_ACC;
-            }
-            return R_REJ;
-        default: return R_REJ;
         }
-    }
-    case FR_GOBJ:
-        switch (f->phase) {
-        case 0:
-            if (b != '{')
-                return R_REJ;
-            f->phase = 1;
-            return R_ACC;
-        case 1:
-        case 7:
-            if (b == '}' && f->phase == 1)
-                return n->min_items == 0 ? R_ACC_POP : R_REJ;
-            if (b != '"' || n->max_items == 0 || !push(g, s, N_STR))
-                return R_REJ;
-            f->count++;
-            f->phase = 2;
-            return R_RETRY;
-        case 3:
-            if (b != ':')
-                return R_REJ;
-            f->phase = 4;
-            return R_ACC;
-        case 4:
-            if (!push(g, s, n->item))
-                return R_REJ;
-            f->phase = 5;
-            return R_RETRY;
-        case 6:
-            if (b == '}')
-                return f->count >= n->min_items ? R_ACC_POP : R_REJ;
-            if (b == ',' && (n->max_items < 0 || f->count < n->max_items)) {
-                f->phase = 7;
-                return R_ACC;
-            }
+        if (b != '{' || !g->n_tools || s->depth >= ND_GRAM_DEPTH)
             return R_REJ;
-        default: return R_REJ;
-        }
-    case FR_ARR:
-    case FR_GARR: {
-        int item = f->kind == FR_ARR ? n->item : N_ANY;
-        int min = f->kind == FR_ARR ? n->min_items : 0, max = f->kind == FR_ARR ? n->max_items : -1;
-        switch (f->phase) {
-        case 0:
-            if (b != '[')
-                return R_REJ;
-            f->phase = 1;
-            return R_ACC;
-        case 1:
-        case 4:
-            if (b == ']' && f->phase == 1)
-                return min == 0 ? R_ACC_POP : R_REJ;
-            if (max == 0 || !push(g, s, item))
-                return R_REJ;
-            f->count++;
-            f->phase = 2;
-            return R_RETRY;
-        case 3:
-            if (b == ']')
-                return f->count >= min ? R_ACC_POP : R_REJ;
-            if (b == ',' && (max < 0 || f->count < max)) {
-                f->phase = 4;
-                return R_ACC;
-            }
-            return R_REJ;
-        default: return R_REJ;
-        }
-    }
-    case FR_ANY: {
-        int node;
-        if (b == '{' || b == '[') {
-            if (s->depth >= ND_GRAM_DEPTH - 2)
-                return R_REJ;
-            node = b == '{' ? N_GOBJ : N_GARR;
-        } else if (b == '"')
-            node = N_STR;
-        else if (b == '-' || (b >= '0' && b <= '9'))
-            node = N_NUM;
-        else if (b == 't' || b == 'f' || b == 'n')
-            node = N_TFN;
-        else
-            return R_REJ;
-        frame_set(g, f, node);
+        f->phase = 2;
+        f->count++;
+        memset(&s->f[s->depth], 0, sizeof s->f[0]);
+        s->f[s->depth++].kind = FR_CALL;
         return R_RETRY;
-    }
-    case FR_ALT:
-        /* the alternatives' first bytes are disjoint (checked when compiled) */
-        for (int i = 0; i < n->nalt; i++) {
-            const gnode *a = &g->nodes[n->alt[i]];
-            if (a->first[b >> 6] >> (b & 63) & 1) {
-                frame_set(g, f, n->alt[i]);
-                return R_RETRY;
-            }
+    case 3:
+        if (b == ']') {
+            f->phase = 4;
+            return R_ACC;
+        }
+        if (b == ',' && f->count < MAX_CALLS) {
+            f->phase = 5;
+            return R_ACC;
         }
         return R_REJ;
+    default: return R_REJ;
+    }
+}
+
+/* one call: {"name": then a tool's name (as JSON) narrowed byte by byte
+ * among the tools, then ,"arguments": and that tool's argument object,
+ * then } */
+static int step_call(const nd_grammar *g, nd_gram_state *s, nd_gram_frame *f, unsigned char b)
+{
+    switch (f->phase) {
+    case 0:
+        if ((unsigned char)PFX1[f->count] != b)
+            return R_REJ;
+        if (!PFX1[++f->count]) {
+            f->phase = 1;
+            f->count = 0;
+            f->mask = all_bits(g->n_tools);
+        }
+        return R_ACC;
+    case 1: {
+        uint64_t nm = 0;
+        int done = -1;
+        for (int i = 0; i < g->n_tools; i++)
+            if ((f->mask >> i & 1) && g->tools[i].namelen > f->count &&
+                (unsigned char)g->tools[i].name[f->count] == b) {
+                nm |= 1ull << i;
+                if (g->tools[i].namelen == f->count + 1)
+                    done = i;
+            }
+        if (!nm)
+            return R_REJ;
+        f->mask = nm;
+        f->count++;
+        if (done >= 0) {
+            f->cur = done;
+            f->phase = 2;
+            f->count = 0;
+        }
+        return R_ACC;
+    }
+    case 2:
+        if ((unsigned char)PFX2[f->count] != b)
+            return R_REJ;
+        if (!PFX2[++f->count])
+            f->phase = 3;
+        return R_ACC;
+    case 3:
+        if (!push(g, s, g->tools[f->cur].args))
+            return R_REJ;
+        f->phase = 4;
+        return R_RETRY;
+    case 5: return b == '}' ? R_ACC_POP : R_REJ;
+    default: return R_REJ;
+    }
+}
+
+/* an object with declared properties: each key narrowed among the ones
+ * not used yet, its value pushed, } only once the required ones are in */
+static int step_obj(const nd_grammar *g, nd_gram_state *s, nd_gram_frame *f, unsigned char b)
+{
+    const gnode *n = &g->nodes[f->node];
+    switch (f->phase) {
+    case 0:
+        if (b != '{')
+            return R_REJ;
+        f->phase = 1;
+        return R_ACC;
+    case 1:
+    case 7:
+        if (b == '}' && f->phase == 1)
+            return obj_missing(n, f) ? R_REJ : R_ACC_POP;
+        f->count = 0;
+        f->phase = 2;
+        if (!key_narrow(n, f, b, 0, n->nprops)) {
+            f->phase = 1;
+            return R_REJ;
+        }
+        return R_ACC;
+    case 2: {
+        int lo, hi;
+        range_unpack(f->mask, &lo, &hi);
+        return key_narrow(n, f, b, lo, hi) ? R_ACC : R_REJ;
+    }
+    case 3:
+        if (b != ':')
+            return R_REJ;
+        f->phase = 4;
+        return R_ACC;
+    case 4:
+        if (!push(g, s, n->prop[f->cur]))
+            return R_REJ;
+        f->phase = 5;
+        return R_RETRY;
+    case 6:
+        if (b == '}')
+            return obj_missing(n, f) ? R_REJ : R_ACC_POP;
+        if (b == ',' && !obj_all_used(n, f)) {
+            f->phase = 7;
+            return R_ACC;
+        }
+        return R_REJ;
+    default: return R_REJ;
+    }
+}
+
+/* a generic object (a map): string keys, values of one node, between
+ * min_items and max_items pairs */
+static int step_gobj(const nd_grammar *g, nd_gram_state *s, nd_gram_frame *f, unsigned char b)
+{
+    const gnode *n = &g->nodes[f->node];
+    switch (f->phase) {
+    case 0:
+        if (b != '{')
+            return R_REJ;
+        f->phase = 1;
+        return R_ACC;
+    case 1:
+    case 7:
+        if (b == '}' && f->phase == 1)
+            return n->min_items == 0 ? R_ACC_POP : R_REJ;
+        if (b != '"' || n->max_items == 0 || !push(g, s, N_STR))
+            return R_REJ;
+        f->count++;
+        f->phase = 2;
+        return R_RETRY;
+    case 3:
+        if (b != ':')
+            return R_REJ;
+        f->phase = 4;
+        return R_ACC;
+    case 4:
+        if (!push(g, s, n->item))
+            return R_REJ;
+        f->phase = 5;
+        return R_RETRY;
+    case 6:
+        if (b == '}')
+            return f->count >= n->min_items ? R_ACC_POP : R_REJ;
+        if (b == ',' && (n->max_items < 0 || f->count < n->max_items)) {
+            f->phase = 7;
+            return R_ACC;
+        }
+        return R_REJ;
+    default: return R_REJ;
+    }
+}
+
+/* an array (FR_ARR: its node's item and bounds; FR_GARR: any values) */
+static int step_arr(const nd_grammar *g, nd_gram_state *s, nd_gram_frame *f, unsigned char b)
+{
+    const gnode *n = &g->nodes[f->node];
+    int item = f->kind == FR_ARR ? n->item : N_ANY;
+    int min = f->kind == FR_ARR ? n->min_items : 0, max = f->kind == FR_ARR ? n->max_items : -1;
+    switch (f->phase) {
+    case 0:
+        if (b != '[')
+            return R_REJ;
+        f->phase = 1;
+        return R_ACC;
+    case 1:
+    case 4:
+        if (b == ']' && f->phase == 1)
+            return min == 0 ? R_ACC_POP : R_REJ;
+        if (max == 0 || !push(g, s, item))
+            return R_REJ;
+        f->count++;
+        f->phase = 2;
+        return R_RETRY;
+    case 3:
+        if (b == ']')
+            return f->count >= min ? R_ACC_POP : R_REJ;
+        if (b == ',' && (max < 0 || f->count < max)) {
+            f->phase = 4;
+            return R_ACC;
+        }
+        return R_REJ;
+    default: return R_REJ;
+    }
+}
+
+/* any JSON value: its first byte picks the frame that parses it */
+static int step_any(const nd_grammar *g, nd_gram_state *s, nd_gram_frame *f, unsigned char b)
+{
+    int node;
+    if (b == '{' || b == '[') {
+        if (s->depth >= ND_GRAM_DEPTH - 2)
+            return R_REJ;
+        node = b == '{' ? N_GOBJ : N_GARR;
+    } else if (b == '"')
+        node = N_STR;
+    else if (b == '-' || (b >= '0' && b <= '9'))
+        node = N_NUM;
+    else if (b == 't' || b == 'f' || b == 'n')
+        node = N_TFN;
+    else
+        return R_REJ;
+    frame_set(g, f, node);
+    return R_RETRY;
+}
+
+/* an alternative: the one whose first bytes admit b (they are disjoint,
+ * checked when compiled) */
+static int step_alt(const nd_grammar *g, nd_gram_frame *f, unsigned char b)
+{
+    const gnode *n = &g->nodes[f->node];
+    /* the alternatives' first bytes are disjoint (checked when compiled) */
+    for (int i = 0; i < n->nalt; i++) {
+        const gnode *a = &g->nodes[n->alt[i]];
+        if (a->first[b >> 6] >> (b & 63) & 1) {
+            frame_set(g, f, n->alt[i]);
+            return R_RETRY;
+        }
+    }
+    return R_REJ;
+}
+
+/* One byte into the innermost frame: a dispatch on the frame's kind, each
+ * kind a small state machine over f->phase in its step_* function. */
+static int step(const nd_grammar *g, nd_gram_state *s, nd_gram_frame *f, unsigned char b)
+{
+    switch (f->kind) {
+    case FR_TOP: return step_top(g, s, f, b);
+    case FR_CALL: return step_call(g, s, f, b);
+    case FR_OBJ: return step_obj(g, s, f, b);
+    case FR_GOBJ: return step_gobj(g, s, f, b);
+    case FR_ARR:
+    case FR_GARR: return step_arr(g, s, f, b);
+    case FR_ANY: return step_any(g, s, f, b);
+    case FR_ALT: return step_alt(g, f, b);
     case FR_STR: return step_str(g, f, b);
     case FR_NUM: return step_num(g, f, b);
     case FR_LIT: return step_lit(g, f, b);

@@ -620,8 +620,84 @@ static int op_stack_global(rd *r)
     return rc;
 }
 
+/* MARK: the stack height, for the collecting opcodes to come */
+static int op_mark(rd *r)
+{
+    if (r->nmarks == PK_MAX_MARKS)
+        return fail(r, ND_ELIMIT, "more than %d nested MARKs", PK_MAX_MARKS);
+    if (r->nmarks == r->mcap) {
+        size_t ncap = r->mcap ? r->mcap * 2 : 16;
+        size_t *m = realloc(r->marks, ncap * sizeof *m);
+        if (!m)
+            return fail(r, ND_ENOMEM, "out of memory");
+        r->marks = m;
+        r->mcap = ncap;
+    }
+    r->marks[r->nmarks++] = r->sp;
+    return 0;
+}
+
+/* DICT: a new dict of the key, value pairs above the mark */
+static int op_dict(rd *r)
+{
+    size_t base = 0;
+    int rc = pop_mark(r, &base);
+    if (rc)
+        return rc;
+    pv *d = pv_dict();
+    if (!d)
+        return fail(r, ND_ENOMEM, "out of memory");
+    rc = dict_add_pairs(r, d, base);
+    if (rc) {
+        pv_decref(d);
+        return rc;
+    }
+    r->sp = base;
+    return push_new(r, d);
+}
+
+/* SETITEM ('s': one pair) and SETITEMS ('u': the pairs above the mark)
+ * into the dict below them */
+static int op_setitems(rd *r, int op)
+{
+    size_t base = 0;
+    int rc;
+    if (op == 's') {
+        if ((rc = have(r, 3)))
+            return rc;
+        base = r->sp - 2;
+    } else if ((rc = pop_mark(r, &base))) {
+        return rc;
+    }
+    if (base == 0 || base - 1 < mark_base(r))
+        return fail(r, ND_EFORMAT, "stack underflow: no dict below the items");
+    pv *d = r->stack[base - 1];
+    if ((rc = mutable_target(r, d, PV_DICT)) || (rc = dict_add_pairs(r, d, base)))
+        return rc;
+    r->sp = base;
+    return 0;
+}
+
+/* INST: refused, naming the class it would instantiate */
+static int op_inst(rd *r)
+{
+    const char *mod = NULL, *name = NULL;
+    size_t ml = 0, nl = 0;
+    int rc;
+    if ((rc = read_line(r, &mod, &ml)) || (rc = read_line(r, &name, &nl)))
+        return rc;
+    return fail(r, ND_EUNSAFE, "refusing to instantiate %.*s.%.*s", (int)(ml > 100 ? 100 : ml), mod,
+                (int)(nl > 100 ? 100 : nl), name);
+}
+
 /* ---- the loop ---- */
 
+/* One opcode. This stays one switch (68 case labels, over 150 lines) on
+ * purpose: it is the decoder's opcode table, read top to bottom and checked
+ * against pickletools' list, each case one line or a few; the work that
+ * takes more lives in the op_* functions above. Split into groups, the
+ * table would only be scattered over several functions. Every case returns
+ * 0 or an error set by fail() (need() and have() call it); *done at STOP. */
 static int step(rd *r, int *done)
 {
     r->op_pos = r->pos;
@@ -651,19 +727,7 @@ static int step(rd *r, int *done)
                         r->nmarks);
         *done = 1;
         return 0;
-    case '(':
-        if (r->nmarks == PK_MAX_MARKS)
-            return fail(r, ND_ELIMIT, "more than %d nested MARKs", PK_MAX_MARKS);
-        if (r->nmarks == r->mcap) {
-            size_t ncap = r->mcap ? r->mcap * 2 : 16;
-            size_t *m = realloc(r->marks, ncap * sizeof *m);
-            if (!m)
-                return fail(r, ND_ENOMEM, "out of memory");
-            r->marks = m;
-            r->mcap = ncap;
-        }
-        r->marks[r->nmarks++] = r->sp;
-        return 0;
+    case '(': return op_mark(r);
     case '0': /* POP; like CPython, an empty frame pops the mark itself */
         if (r->sp > mark_base(r)) {
             pv_decref(pop(r));
@@ -756,37 +820,9 @@ static int step(rd *r, int *done)
         if ((rc = pop_mark(r, &base)))
             return rc;
         return extend_list(r, base);
-    case 'd': {
-        if ((rc = pop_mark(r, &base)))
-            return rc;
-        pv *d = pv_dict();
-        if (!d)
-            return fail(r, ND_ENOMEM, "out of memory");
-        rc = dict_add_pairs(r, d, base);
-        if (rc) {
-            pv_decref(d);
-            return rc;
-        }
-        r->sp = base;
-        return push_new(r, d);
-    }
+    case 'd': return op_dict(r);
     case 's':
-    case 'u': {
-        if (op == 's') {
-            if ((rc = have(r, 3)))
-                return rc;
-            base = r->sp - 2;
-        } else if ((rc = pop_mark(r, &base))) {
-            return rc;
-        }
-        if (base == 0 || base - 1 < mark_base(r))
-            return fail(r, ND_EFORMAT, "stack underflow: no dict below the items");
-        pv *d = r->stack[base - 1];
-        if ((rc = mutable_target(r, d, PV_DICT)) || (rc = dict_add_pairs(r, d, base)))
-            return rc;
-        r->sp = base;
-        return 0;
-    }
+    case 'u': return op_setitems(r, op);
     case 'q':
         if (need(r, 1))
             return ND_EFORMAT;
@@ -816,14 +852,7 @@ static int step(rd *r, int *done)
             return fail(r, ND_EUNSUPPORTED, "NEWOBJ is only accepted for numpy.dtype");
         return op_reduce(r);
     case 'b': return op_build(r);
-    case 'i': {
-        const char *mod = NULL, *name = NULL;
-        size_t ml = 0, nl = 0;
-        if ((rc = read_line(r, &mod, &ml)) || (rc = read_line(r, &name, &nl)))
-            return rc;
-        return fail(r, ND_EUNSAFE, "refusing to instantiate %.*s.%.*s", (int)(ml > 100 ? 100 : ml),
-                    mod, (int)(nl > 100 ? 100 : nl), name);
-    }
+    case 'i': return op_inst(r);
     case 'o': return fail(r, ND_EUNSAFE, "refusing to instantiate an object");
     case 0x82:
     case 0x83:

@@ -69,6 +69,60 @@ static int conv_alloc(nd_kv_state *s, int ring)
     return s->cv && s->cv_pin ? ND_OK : ND_ENOMEM;
 }
 
+/* One buffer of the decoder's scratch block: where its pointer lives, its
+ * size. */
+typedef struct {
+    void **p;
+    size_t bytes;
+} kv_plan_e;
+
+/* The scratch block: one allocation, each planned buffer at a 64-byte
+ * boundary in plan order; the first n_keep are the ones kept for the
+ * state's life (nd_kv_release_scratch leaves them be). */
+static int kv_carve_scratch(nd_kv_state *s, const kv_plan_e *plan, int np, int n_keep)
+{
+    size_t total = 0;
+    for (int i = 0; i < np; i++)
+        total += (plan[i].bytes + 63) & ~(size_t)63;
+    char *blk = calloc(1, total);
+    if (!blk)
+        return nd_error(ND_ENOMEM, "out of memory: decoder scratch needs %.1f MB",
+                        (double)total / 1e6);
+    size_t off = 0;
+    for (int i = 0; i < np; i++) {
+        *plan[i].p = blk + off;
+        off += (plan[i].bytes + 63) & ~(size_t)63;
+    }
+    s->scratch = blk;
+    s->scratch_bytes = total;
+    for (int i = 0; i < n_keep; i++)
+        s->scratch_keep += (plan[i].bytes + 63) & ~(size_t)63;
+    return ND_OK;
+}
+
+/* Needle 3's cache slots: a CLA consumer reads its producer's, every
+ * other layer has its own; which slots are local layers' (read by
+ * snapshots after the scratch is gone); the local layers' window. */
+static int kv_map_slots(nd_kv_state *s)
+{
+    const san_model *m = s->m;
+    const san_dims *D = &m->dims;
+    if (!(s->kv_local = calloc((size_t)D->L, sizeof *s->kv_local)))
+        return nd_error(ND_ENOMEM, "out of memory");
+    for (int l = 0; l < D->L; l++) {
+        int p = san_cla_producer(&m->cfg, l);
+        if (p >= l)
+            return nd_error(ND_EFORMAT, "config['cla_pairs']: layer %d reads layer %d's K/V", l, p);
+        s->kv_slot[l] = p >= 0 ? s->kv_slot[p] : s->kv_layers++;
+        s->kv_local[s->kv_slot[l]] = san_layer_is_local(&m->cfg, l);
+        if (san_layer_is_local(&m->cfg, l) && m->cfg.sliding_window > 0) {
+            int w = m->cfg.sliding_window; /* the window kv_attend gives it */
+            s->lr_win = s->kv_window && s->kv_window < w ? s->kv_window : w;
+        }
+    }
+    return ND_OK;
+}
+
 int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chunk, int kv_window)
 {
     memset(s, 0, sizeof *s);
@@ -102,12 +156,9 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     size_t N = (size_t)chunk, W = N + (size_t)nd_kv_max_order(m), d = (size_t)D->d,
            n = (size_t)D->n;
     size_t half = (size_t)D->hd / 2;
-    struct plan_e {
-        void **p;
-        size_t bytes;
-    } plan[64];
+    kv_plan_e plan[64];
     int np = 0;
-#define P(ptr, cnt) plan[np++] = (struct plan_e){(void **)&(ptr), (size_t)(cnt) * sizeof(*(ptr))}
+#define P(ptr, cnt) plan[np++] = (kv_plan_e){(void **)&(ptr), (size_t)(cnt) * sizeof(*(ptr))}
     /* first the values kept for the state's life (nd_kv_release_scratch
      * leaves them be), then the chunk's */
     P(s->rope_freq, half);
@@ -174,24 +225,11 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     s->att_threads = nd_get_threads();
     P(s->att_s, (size_t)s->att_threads * ND_ATT_ROWS * (size_t)(D->H / D->G) * (size_t)s->max_len);
 #undef P
-    size_t total = 0;
-    for (int i = 0; i < np; i++)
-        total += (plan[i].bytes + 63) & ~(size_t)63;
-    char *blk = calloc(1, total);
-    if (!blk) {
+    int rc = kv_carve_scratch(s, plan, np, n_keep);
+    if (rc) {
         nd_kv_free(s);
-        return nd_error(ND_ENOMEM, "out of memory: decoder scratch needs %.1f MB",
-                        (double)total / 1e6);
+        return rc;
     }
-    size_t off = 0;
-    for (int i = 0; i < np; i++) {
-        *plan[i].p = blk + off;
-        off += (plan[i].bytes + 63) & ~(size_t)63;
-    }
-    s->scratch = blk;
-    s->scratch_bytes = total;
-    for (int i = 0; i < n_keep; i++)
-        s->scratch_keep += (plan[i].bytes + 63) & ~(size_t)63;
     if (share)
         share_layer_rows(s, N);
     A->qn = A->q; /* q and k are normalised and rotated in place */
@@ -201,23 +239,10 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
         A->kc = A->k;
         A->vc = A->v;
     }
-    /* which slots are local layers': read by snapshots after the scratch is gone */
-    if (gen3 && !(s->kv_local = calloc((size_t)D->L, sizeof *s->kv_local))) {
+    rc = gen3 ? kv_map_slots(s) : ND_OK;
+    if (rc) {
         nd_kv_free(s);
-        return nd_error(ND_ENOMEM, "out of memory");
-    }
-    for (int l = 0; gen3 && l < D->L; l++) { /* cache slots: a CLA consumer reads its producer's */
-        int p = san_cla_producer(&m->cfg, l);
-        if (p >= l) {
-            nd_kv_free(s);
-            return nd_error(ND_EFORMAT, "config['cla_pairs']: layer %d reads layer %d's K/V", l, p);
-        }
-        s->kv_slot[l] = p >= 0 ? s->kv_slot[p] : s->kv_layers++;
-        s->kv_local[s->kv_slot[l]] = san_layer_is_local(&m->cfg, l);
-        if (san_layer_is_local(&m->cfg, l) && m->cfg.sliding_window > 0) {
-            int w = m->cfg.sliding_window; /* the window kv_attend gives it */
-            s->lr_win = s->kv_window && s->kv_window < w ? s->kv_window : w;
-        }
+        return rc;
     }
     s->cv_pin_at = s->cv_pin_want = -1;
     s->redo_from = INT_MAX;

@@ -117,7 +117,7 @@ def dropped(stdout):
 
 
 BOTH = "gorilla_file_system,math_api"
-BIG = ("--max-tool-bytes", "3000")  # the fixture's 8 tools are 2096 bytes
+BIG = ("--max-tool-bytes", "3000", "--max-tools", "8")  # the fixture's 8 tools are 2096 bytes
 TA = "Go into the 'reports' folder and show the file 'q3.txt'."
 with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "mt")
@@ -165,6 +165,12 @@ with tempfile.TemporaryDirectory() as tmp:
     check(len(seeds) > 1, "the seed picks the split")
     stats = json.load(open(os.path.join(out, "stats.json")))
     check(stats["kept"] == 6 and stats["train"] == 2 and stats["dropped"]["unparsed"] == 1, "stats.json: %r" % stats)
+
+    # --max-tools (default 5): distractors stop at 5 tools, called tools stay
+    p = run("multi-turn", FIX, os.path.join(tmp, "five"), "--classes", BOTH, "--train", "2", "--max-tool-bytes", "3000")
+    for x in lines(os.path.join(tmp, "five", "all.jsonl")):
+        got = [t["name"] for t in x["tools"]]
+        check(len(got) == 5 and all(a["name"] in got for a in x["answers"]), "--max-tools 5: %r" % got)
 
     # one class: the calculator's turns name tools outside the set
     p = run("multi-turn", FIX, os.path.join(tmp, "fs"), "--classes", "gorilla_file_system", "--train", "1")

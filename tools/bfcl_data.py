@@ -22,7 +22,7 @@ of issue 34: fine-tune on 200 examples, score on the rest.
     skipped.
 
   bfcl_data.py multi-turn GORILLA_DIR OUT_DIR --classes gorilla_file_system[,...]
-      [--categories base,long_context,miss_param] [--max-tool-bytes 2000]
+      [--categories base,long_context,miss_param] [--max-tool-bytes 2000] [--max-tools 5]
       [--train 200] [--test N] [--seed 0]
     BFCL's multi-turn categories use a few fixed API classes
     (multi_turn_func_doc/<class>.json) with user turns written by people.
@@ -41,7 +41,8 @@ of issue 34: fine-tune on 200 examples, score on the rest.
     given), split train/test by --seed. An example's tools: the called ones
     plus other tools of the set, in a seeded order, while their compact
     JSON stays within --max-tool-bytes (the base's max_len is 1024 tokens;
-    a class's whole document is 1000-3700 tokens), listed in the set's
+    a class's whole document is 1000-3700 tokens) and there are at most
+    --max-tools (5, the engine's retrieval pick), listed in the set's
     order. Writes OUT_DIR/all.jsonl, train.jsonl, test.jsonl, stats.json.
 
   bfcl_data.py score PREDICTIONS.jsonl DATA.jsonl
@@ -411,22 +412,23 @@ def tool_bytes(tool):
     return len(json.dumps(tool, separators=(",", ":")))
 
 
-def pick_tools(called, order, tools, budget, rng):
+def pick_tools(called, order, tools, budget, max_tools, rng):
     """The called tools, then distractors of the same set in a seeded order
-    while the tools' compact JSON stays within budget; in the set's order."""
+    while the tools' compact JSON stays within budget and there are at most
+    max_tools; in the set's order."""
     chosen = set(called)
     size = sum(tool_bytes(tools[n]) for n in chosen)
     others = [n for n in order if n not in chosen]
     rng.shuffle(others)
     for n in others:
         b = tool_bytes(tools[n])
-        if size + b <= budget:
+        if size + b <= budget and len(chosen) < max_tools:
             chosen.add(n)
             size += b
     return [tools[n] for n in order if n in chosen]
 
 
-def multi_turn_examples(folder, stems, categories, budget, seed):
+def multi_turn_examples(folder, stems, categories, budget, max_tools, seed):
     docs, order = read_func_docs(folder, stems)
     tools = {n: to_tool(docs[n]) for n in order}
     fn_params = {n: list(((docs[n].get("parameters") or {}).get("properties") or {}).keys()) for n in order}
@@ -483,7 +485,7 @@ def multi_turn_examples(folder, stems, categories, budget, seed):
                 seen.add(key)
                 kept += 1
                 rows.append({"query": text,
-                             "tools": pick_tools(called, order, tools, budget, rng),
+                             "tools": pick_tools(called, order, tools, budget, max_tools, rng),
                              "answers": [{"name": n, "arguments": a} for n, a in calls],
                              "bfcl_id": "%s:turn%d" % (q["id"], k),
                              "bfcl_accept": [accept_of(n, a, docs[n]) for n, a in calls]})
@@ -499,7 +501,7 @@ def cmd_multi_turn(args):
     for c in cats:
         if c not in ("base", "long_context", "miss_param", "miss_func"):
             fail("--categories: unknown multi-turn category %r" % c)
-    rows, stats = multi_turn_examples(folder, stems, cats, args.max_tool_bytes, args.seed)
+    rows, stats = multi_turn_examples(folder, stems, cats, args.max_tool_bytes, args.max_tools, args.seed)
     print("%s from %s: %d user turns" % ("+".join(stems), ",".join(cats), stats["turns"]))
     for key, why in DROP_RULES:
         print("  dropped %4d  %s: %s" % (stats["dropped"][key], key, why))
@@ -520,7 +522,7 @@ def cmd_multi_turn(args):
     write_jsonl(os.path.join(args.out, "test.jsonl"), test)
     with open(os.path.join(args.out, "stats.json"), "w") as f:
         json.dump(dict(stats, classes=stems, categories=cats, train=len(train), test=len(test),
-                       seed=args.seed, max_tool_bytes=args.max_tool_bytes), f, indent=1)
+                       seed=args.seed, max_tool_bytes=args.max_tool_bytes, max_tools=args.max_tools), f, indent=1)
     print("split: train.jsonl %d, test.jsonl %d (seed %d)" % (len(train), len(test), args.seed))
 
 
@@ -629,6 +631,9 @@ def main():
     m.add_argument("--categories", default=MULTI_TURN_CATEGORIES)
     m.add_argument("--max-tool-bytes", type=int, default=2000,
                    help="compact JSON bytes of an example's tools (default 2000: under max_len 1024 tokens)")
+    m.add_argument("--max-tools", type=int, default=5,
+                   help="distractors stop at this many tools; the called ones are always shown (default 5: "
+                        "needle's retrieval pick, so a model with a retrieval head sees them all)")
     m.add_argument("--train", type=int, default=200)
     m.add_argument("--test", type=int, default=0, help="test examples at most (default all the rest)")
     m.add_argument("--seed", type=int, default=0)

@@ -117,13 +117,14 @@ def dropped(stdout):
 
 
 BOTH = "gorilla_file_system,math_api"
-BIG = ("--max-tool-bytes", "3000", "--max-tools", "8")  # the fixture's 8 tools are 2096 bytes
+ALL = ("--categories", "base,long_context,miss_param")
+BIG = ("--max-tool-bytes", "3000", "--max-tools", "8") + ALL  # the fixture's 8 tools are 2096 bytes
 TA = "Go into the 'reports' folder and show the file 'q3.txt'."
 with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "mt")
     p = run("multi-turn", FIX, out, "--classes", BOTH, "--train", "2", *BIG)
-    check("17 user turns" in p.stdout, "turns: " + p.stdout)
-    check(dropped(p.stdout) == {"no_call": 2, "other_tools": 0, "unparsed": 1, "string_not_in_text": 2,
+    check("18 user turns" in p.stdout, "turns: " + p.stdout)
+    check(dropped(p.stdout) == {"no_call": 2, "other_tools": 0, "unparsed": 1, "string_not_in_text": 3,
                                 "number_not_in_text": 2, "too_long": 0, "duplicate": 4, "kept": 6},
           "counts, both classes: " + p.stdout)
     rows = lines(os.path.join(out, "all.jsonl"))
@@ -167,23 +168,30 @@ with tempfile.TemporaryDirectory() as tmp:
     check(stats["kept"] == 6 and stats["train"] == 2 and stats["dropped"]["unparsed"] == 1, "stats.json: %r" % stats)
 
     # --max-tools (default 5): distractors stop at 5 tools, called tools stay
-    p = run("multi-turn", FIX, os.path.join(tmp, "five"), "--classes", BOTH, "--train", "2", "--max-tool-bytes", "3000")
+    p = run("multi-turn", FIX, os.path.join(tmp, "five"), "--classes", BOTH, "--train", "2", "--max-tool-bytes", "3000", *ALL)
     for x in lines(os.path.join(tmp, "five", "all.jsonl")):
         got = [t["name"] for t in x["tools"]]
         check(len(got) == 5 and all(a["name"] in got for a in x["answers"]), "--max-tools 5: %r" % got)
 
     # one class: the calculator's turns name tools outside the set
-    p = run("multi-turn", FIX, os.path.join(tmp, "fs"), "--classes", "gorilla_file_system", "--train", "1")
-    check(dropped(p.stdout) == {"no_call": 2, "other_tools": 5, "unparsed": 1, "string_not_in_text": 2,
+    p = run("multi-turn", FIX, os.path.join(tmp, "fs"), "--classes", "gorilla_file_system", "--train", "1", *ALL)
+    check(dropped(p.stdout) == {"no_call": 2, "other_tools": 5, "unparsed": 1, "string_not_in_text": 3,
                                 "number_not_in_text": 0, "too_long": 0, "duplicate": 3, "kept": 4},
           "counts, one class: " + p.stdout)
     # base only: miss_param's new query is not there
     p = run("multi-turn", FIX, os.path.join(tmp, "b"), "--classes", BOTH, "--categories", "base", "--train", "1")
-    check(dropped(p.stdout)["kept"] == 5 and "10 user turns" in p.stdout, "base only: " + p.stdout)
+    check(dropped(p.stdout)["kept"] == 5 and "11 user turns" in p.stdout, "base only: " + p.stdout)
+    # the default categories leave miss_param out (its new turns answer a question)
+    p = run("multi-turn", FIX, os.path.join(tmp, "d"), "--classes", BOTH, "--train", "1")
+    check("from base,long_context: 15 user turns" in p.stdout and dropped(p.stdout)["kept"] == 5,
+          "default categories: " + p.stdout)
+    check(not bfcl_data.contains_word("open the temporary folder.", "temp") and
+          bfcl_data.contains_word("open the 'temp' folder.", "temp") and
+          bfcl_data.contains_word("add #carcare, please", "#carcare"), "whole words")
 
     # the byte budget: distractors only while they fit, called tools always
     small = os.path.join(tmp, "small")
-    p = run("multi-turn", FIX, small, "--classes", BOTH, "--train", "1", "--max-tool-bytes", "400")
+    p = run("multi-turn", FIX, small, "--classes", BOTH, "--train", "1", "--max-tool-bytes", "400", *ALL)
     d = dropped(p.stdout)
     check(d["too_long"] == 4 and d["kept"] == 5, "budget 400: the cd+cat turn (439 bytes, 4 times) is too long: " + p.stdout)
     for x in lines(os.path.join(small, "all.jsonl")):

@@ -22,7 +22,7 @@ of issue 34: fine-tune on 200 examples, score on the rest.
     skipped.
 
   bfcl_data.py multi-turn GORILLA_DIR OUT_DIR --classes gorilla_file_system[,...]
-      [--categories base,long_context,miss_param] [--max-tool-bytes 2000] [--max-tools 5]
+      [--categories base,long_context] [--max-tool-bytes 2000] [--max-tools 5]
       [--train 200] [--test N] [--seed 0]
     BFCL's multi-turn categories use a few fixed API classes
     (multi_turn_func_doc/<class>.json) with user turns written by people.
@@ -34,15 +34,19 @@ of issue 34: fine-tune on 200 examples, score on the rest.
     documented default). A turn is left out when the model could not know
     its arguments from the turn alone (DROP_RULES, each counted): no call,
     a call of a function outside the set, a call we cannot read, a string
-    value (not a schema enum value) the text does not contain (ignoring
-    case and runs of spaces), a number the text does not give in digits or
-    words. Booleans and enum values are choices, not copied text. Then
+    value (not a schema enum value) the text does not contain as a whole
+    word or phrase (ignoring case and runs of spaces: "temp" is not in
+    "temporary"), a number the text does not give in digits or words.
+    Booleans and enum values are choices, not copied text. Then
     de-duplicated by query text (the first kept: categories in the order
-    given), split train/test by --seed. An example's tools: the called ones
-    plus other tools of the set, in a seeded order, while their compact
-    JSON stays within --max-tool-bytes (the base's max_len is 1024 tokens;
-    a class's whole document is 1000-3700 tokens) and there are at most
-    --max-tools (5, the engine's retrieval pick), listed in the set's
+    given), split train/test by --seed. miss_param is not in the default
+    categories: the turns it adds answer the model's question for a
+    missing parameter ("The stock is TSLA."), so their tool comes from the
+    turn before. An example's tools: the called ones plus other tools of
+    the set, in a seeded order, while their compact JSON stays within
+    --max-tool-bytes (the base's max_len is 1024 tokens; a class's whole
+    document is 1000-3700 tokens) and there are at most --max-tools (5,
+    the engine's retrieval pick), listed in the set's
     order. Writes OUT_DIR/all.jsonl, train.jsonl, test.jsonl, stats.json.
 
   bfcl_data.py score PREDICTIONS.jsonl DATA.jsonl
@@ -236,7 +240,10 @@ def cmd_convert(args):
 # documents are multi_turn_func_doc/<stem>.json. We take the stems.
 MULTI_TURN_CLASSES = ("gorilla_file_system", "math_api", "message_api", "posting_api",
                       "ticket_api", "trading_bot", "travel_booking", "vehicle_control")
-MULTI_TURN_CATEGORIES = "base,long_context,miss_param"
+# miss_param is left out by default: the turns it adds (the ones kept by
+# the rules) answer the model's question for a missing parameter ("The stock
+# is TSLA.", "That word is goal."), so their tool comes from the turn before.
+MULTI_TURN_CATEGORIES = "base,long_context"
 # Why a turn is left out, in the order the rules are applied (a turn counts
 # under the first rule it breaks).
 DROP_RULES = (
@@ -245,8 +252,8 @@ DROP_RULES = (
     ("unparsed", "a call we cannot read (not name(args) of literals, a positional "
                  "argument past the parameter list, an unknown parameter)"),
     ("string_not_in_text", "a string value (not one of the schema's enum values) "
-                           "that the turn's text does not contain (case and runs of "
-                           "spaces ignored)"),
+                           "that the turn's text does not contain as a whole word or "
+                           "phrase (case and runs of spaces ignored)"),
     ("number_not_in_text", "a number the turn's text does not give in digits "
                            "(commas allowed) or in words"),
     ("too_long", "the called tools alone are over --max-tool-bytes"),
@@ -306,6 +313,15 @@ def norm_text(s):
     return re.sub(r"\s+", " ", s).strip().lower()
 
 
+def contains_word(text, value):
+    """value in text, not inside a longer word: "temp" is not in "temporary",
+    "QUAS" not in "Quasar" (both already lower case, spaces collapsed)."""
+    if not value:
+        return True
+    pat = r"(?<![a-z0-9])" + re.escape(value) + r"(?![a-z0-9])"
+    return re.search(pat, text) is not None
+
+
 def parse_call(src, fn_params):
     """One ground-truth call string, e.g. "mv(source='a', destination='b')"
     or "sort('final_report.pdf')", as (name, {param: value}). Positional
@@ -361,7 +377,7 @@ def turn_drop_reason(text, calls, tools):
                 if isinstance(leaf, str):
                     if leaf in (schema.get("enum") or []):
                         continue  # chosen from the schema, like a boolean
-                    if norm_text(leaf) not in ltext:
+                    if not contains_word(ltext, norm_text(leaf)):
                         return "string_not_in_text"
     for name, args in calls:
         props = tools[name]["parameters"].get("properties", {})

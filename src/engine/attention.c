@@ -238,7 +238,11 @@ const char *nd_att_kernel_name(int kernel)
     return kernel >= 0 && kernel < ND_ATT_KERNELS ? att_names[kernel] : "?";
 }
 
-int nd_att_supported(int k)
+/* the CPU checks, asked once (a cpuid traps to the hypervisor in a VM) */
+static pthread_once_t att_ok_once = PTHREAD_ONCE_INIT;
+static int att_ok[ND_ATT_KERNELS];
+
+static int att_check(int k)
 {
     switch (k) {
     case ND_ATT_REF: return 1;
@@ -249,6 +253,18 @@ int nd_att_supported(int k)
     case ND_ATT_AVX2I8: return nd_att_avx2i8_supported();
     default: return 0;
     }
+}
+
+static void att_check_all(void)
+{
+    for (int k = 0; k < ND_ATT_KERNELS; k++)
+        att_ok[k] = att_check(k);
+}
+
+int nd_att_supported(int k)
+{
+    pthread_once(&att_ok_once, att_check_all);
+    return k >= 0 && k < ND_ATT_KERNELS && att_ok[k];
 }
 
 static pthread_once_t att_once = PTHREAD_ONCE_INIT;

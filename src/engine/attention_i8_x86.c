@@ -111,6 +111,30 @@ T_AVX2 static inline __m256i first8(int n)
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+/* v's first n lanes (all 8 from n = 8) to p: plain stores (vmaskmovps
+ * stores are microcoded and slow on AMD cores) */
+T_AVX2 static inline void store8(float *p, __m256 v, int n)
+{
+    if (n >= KEYS) {
+        _mm256_storeu_ps(p, v);
+        return;
+    }
+    _Alignas(32) float t[KEYS];
+    _mm256_store_ps(t, v);
+    memcpy(p, t, sizeof(float) * (size_t)n);
+}
+
+/* p's first n floats, lanes past n `fill` */
+T_AVX2 static inline __m256 load8(const float *p, int n, float fill)
+{
+    if (n >= KEYS)
+        return _mm256_loadu_ps(p);
+    _Alignas(32) float t[KEYS];
+    for (int c = 0; c < KEYS; c++)
+        t[c] = c < n ? p[c] : fill;
+    return _mm256_load_ps(t);
+}
+
 /* the task's query rows r0.. (up to I8_ROWS) as int8 groups: qg[i * hd/4
  * + g] holds dims 4g..4g+3 of row r0 + i; qs: each row's scale times
  * b->scale, off: 128 * the row's sum (what the unsigned keys add) */
@@ -177,13 +201,13 @@ T_AVXVNNI static void scores_avxvnni(const nd_att_block *b, int ranges[2][2])
                 int nb = ranges[rr][1] - j < KEYS ? ranges[rr][1] - j : KEYS;
                 keys_t8(kt, NULL, b->k8, (size_t)b->stride, j, nb, hd, ranges[rr][1], 1);
                 __m256 ksv = row_scales8(b->ks, b->G, j, nb, 1.0f);
-                __m256i m = first8(nb);
                 for (int i = 0; i < nq; i++) {
                     __m256i acc = _mm256_sub_epi32(dots_avxvnni(kt, qg + (size_t)i * ngr, ngr),
                                                    _mm256_set1_epi32(off[i]));
-                    _mm256_maskstore_ps(b->scores + (size_t)(r0 + i) * b->ml + j, m,
-                                        _mm256_mul_ps(_mm256_cvtepi32_ps(acc),
-                                                      _mm256_mul_ps(ksv, _mm256_set1_ps(qs[i]))));
+                    store8(b->scores + (size_t)(r0 + i) * b->ml + j,
+                           _mm256_mul_ps(_mm256_cvtepi32_ps(acc),
+                                         _mm256_mul_ps(ksv, _mm256_set1_ps(qs[i]))),
+                           nb);
                 }
             }
     }
@@ -203,12 +227,12 @@ T_AVX2 static void scores_avx2(const nd_att_block *b, int ranges[2][2])
                 int nb = ranges[rr][1] - j < KEYS ? ranges[rr][1] - j : KEYS;
                 keys_t8(kt, ka, b->k8, (size_t)b->stride, j, nb, hd, ranges[rr][1], 0);
                 __m256 ksv = row_scales8(b->ks, b->G, j, nb, 1.0f);
-                __m256i m = first8(nb);
                 for (int i = 0; i < nq; i++) {
                     __m256i acc = dots_avx2(kt, ka, qg + (size_t)i * ngr, ngr);
-                    _mm256_maskstore_ps(b->scores + (size_t)(r0 + i) * b->ml + j, m,
-                                        _mm256_mul_ps(_mm256_cvtepi32_ps(acc),
-                                                      _mm256_mul_ps(ksv, _mm256_set1_ps(qs[i]))));
+                    store8(b->scores + (size_t)(r0 + i) * b->ml + j,
+                           _mm256_mul_ps(_mm256_cvtepi32_ps(acc),
+                                         _mm256_mul_ps(ksv, _mm256_set1_ps(qs[i]))),
+                           nb);
                 }
             }
     }
@@ -243,62 +267,79 @@ T_AVX2 static void softmax8(const nd_att_block *b, int ranges[2][2])
         int own[2][2] = {{0, se}, {j0, p + 1}};
         __m256 mx = _mm256_set1_ps(-FLT_MAX);
         for (int oo = 0; oo < 2; oo++)
-            for (int j = own[oo][0]; j < own[oo][1]; j += KEYS) {
-                __m256i m = first8(own[oo][1] - j);
-                __m256 x = _mm256_maskload_ps(sc + j, m);
-                mx = _mm256_max_ps(mx, _mm256_blendv_ps(mx, x, _mm256_castsi256_ps(m)));
-            }
+            for (int j = own[oo][0]; j < own[oo][1]; j += KEYS)
+                mx = _mm256_max_ps(mx, load8(sc + j, own[oo][1] - j, -FLT_MAX));
         __m256 mxv = _mm256_set1_ps(hmax8(mx)), sum = _mm256_setzero_ps();
         for (int rr = 0; rr < 2; rr++)
             for (int j = ranges[rr][0]; j < ranges[rr][1]; j += KEYS) {
-                __m256i in = first8(ranges[rr][1] - j);
+                int nb = ranges[rr][1] - j;
                 __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(j), iota);
                 __m256i seen = _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(se), idx),
                                                _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(j0 - 1)));
                 seen = _mm256_andnot_si256(_mm256_cmpgt_epi32(idx, _mm256_set1_epi32(p)), seen);
-                seen = _mm256_and_si256(seen, in);
-                __m256 x = _mm256_sub_ps(_mm256_maskload_ps(sc + j, seen), mxv);
+                seen = _mm256_and_si256(seen, first8(nb));
+                /* a lane not seen may hold anything: its weight is masked */
+                __m256 x = _mm256_sub_ps(load8(sc + j, nb, 0.0f), mxv);
                 __m256 w = _mm256_and_ps(nd_exp8_ps(x), _mm256_castsi256_ps(seen));
                 sum = _mm256_add_ps(sum, w);
-                _mm256_maskstore_ps(sc + j, in, w);
+                store8(sc + j, w, nb);
             }
         __m256 inv = _mm256_set1_ps(1.0f / hsum8(sum));
         for (int rr = 0; rr < 2; rr++)
             for (int j = ranges[rr][0]; j < ranges[rr][1]; j += KEYS) {
-                __m256i in = first8(ranges[rr][1] - j);
-                _mm256_maskstore_ps(sc + j, in, _mm256_mul_ps(_mm256_maskload_ps(sc + j, in), inv));
+                int nb = ranges[rr][1] - j;
+                store8(sc + j, _mm256_mul_ps(load8(sc + j, nb, 0.0f), inv), nb);
             }
     }
 }
 
-/* out rows += the 8 keys' weights w times the converted V rows (vbuf, hd
- * apart), 32 dims at a time in registers */
-T_AVX2 static void add_values8(float *o, const float *w, const float *vbuf, int nb, int hd)
+/* out rows o0, o1 (nv vectors from e0) += the 8 keys' weights w0, w1
+ * times the converted V rows (vbuf, hd apart): the sums stay in registers
+ * over the keys and each V load serves both rows */
+T_AVX2 static inline __attribute__((always_inline)) void
+add_values8_n(float *o0, float *o1, const float *w0, const float *w1, const float *vbuf, int nb,
+              int hd, int e0, const int nv)
 {
-    for (int e0 = 0; e0 < hd; e0 += 32) {
-        int nv = hd - e0 >= 32 ? 4 : 2; /* hd is a multiple of 16 */
-        __m256 a[4];
-        for (int k = 0; k < nv; k++)
-            a[k] = _mm256_loadu_ps(o + e0 + 8 * k);
-        for (int c = 0; c < nb; c++) {
-            __m256 x = _mm256_set1_ps(w[c]);
-            for (int k = 0; k < nv; k++)
-                a[k] = _mm256_fmadd_ps(x, _mm256_load_ps(vbuf + (size_t)c * hd + e0 + 8 * k), a[k]);
+    __m256 a0[4], a1[4];
+    for (int k = 0; k < nv; k++) {
+        a0[k] = _mm256_loadu_ps(o0 + e0 + 8 * k);
+        a1[k] = _mm256_loadu_ps(o1 + e0 + 8 * k);
+    }
+    for (int c = 0; c < nb; c++) {
+        __m256 x0 = _mm256_set1_ps(w0[c]), x1 = _mm256_set1_ps(w1[c]);
+        for (int k = 0; k < nv; k++) {
+            __m256 v = _mm256_load_ps(vbuf + (size_t)c * hd + e0 + 8 * k);
+            a0[k] = _mm256_fmadd_ps(x0, v, a0[k]);
+            a1[k] = _mm256_fmadd_ps(x1, v, a1[k]);
         }
-        for (int k = 0; k < nv; k++)
-            _mm256_storeu_ps(o + e0 + 8 * k, a[k]);
+    }
+    for (int k = 0; k < nv; k++) {
+        _mm256_storeu_ps(o0 + e0 + 8 * k, a0[k]);
+        _mm256_storeu_ps(o1 + e0 + 8 * k, a1[k]);
     }
 }
 
+T_AVX2 static void add_values8(float *o0, float *o1, const float *w0, const float *w1,
+                               const float *vbuf, int nb, int hd)
+{
+    for (int e0 = 0; e0 < hd; e0 += 32) /* hd is a multiple of 16 */
+        if (hd - e0 >= 32)
+            add_values8_n(o0, o1, w0, w1, vbuf, nb, hd, e0, 4);
+        else
+            add_values8_n(o0, o1, w0, w1, vbuf, nb, hd, e0, 2);
+}
+
 /* out = the weighted V rows: each block's int8 rows become floats once and
- * serve every query row; the rows' scales go into the weights */
+ * serve every query row, two at a time (an odd one pairs with itself and
+ * its second result is dropped); the rows' scales go into the weights */
 T_AVX2 static void values8(const nd_att_block *b, int ranges[2][2])
 {
     int hd = b->hd, rep = b->rep, R = b->nr * rep;
-    _Alignas(32) float buf[KEYS * ND_ATT_MAX_HD], w[KEYS];
+    _Alignas(32) float buf[KEYS * ND_ATT_MAX_HD], w[2][KEYS], junk[ND_ATT_MAX_HD];
     for (int r = 0; r < R; r++)
         memset(b->out + (size_t)(r / rep) * b->qd + (size_t)(r % rep) * hd, 0,
                sizeof(float) * (size_t)hd);
+    memset(junk, 0, sizeof(float) * (size_t)hd);
     for (int rr = 0; rr < 2; rr++)
         for (int j = ranges[rr][0]; j < ranges[rr][1]; j += KEYS) {
             int nb = ranges[rr][1] - j < KEYS ? ranges[rr][1] - j : KEYS;
@@ -312,13 +353,17 @@ T_AVX2 static void values8(const nd_att_block *b, int ranges[2][2])
                                         _mm_loadl_epi64((const __m128i *)(v + e)))));
             }
             __m256 vsv = row_scales8(b->vs, b->G, j, nb, 1.0f);
-            for (int r = 0; r < R; r++) {
-                __m256i m = first8(nb);
-                _mm256_store_ps(
-                    w,
-                    _mm256_mul_ps(_mm256_maskload_ps(b->scores + (size_t)r * b->ml + j, m), vsv));
-                add_values8(b->out + (size_t)(r / rep) * b->qd + (size_t)(r % rep) * hd, w, buf, nb,
-                            hd);
+            for (int r = 0; r < R; r += 2) {
+                float *o[2];
+                for (int t = 0; t < 2; t++) {
+                    int rt = r + t < R ? r + t : r;
+                    _mm256_store_ps(
+                        w[t],
+                        _mm256_mul_ps(load8(b->scores + (size_t)rt * b->ml + j, nb, 0.0f), vsv));
+                    o[t] = r + t < R ? b->out + (size_t)(rt / rep) * b->qd + (size_t)(rt % rep) * hd
+                                     : junk;
+                }
+                add_values8(o[0], o[1], w[0], w[1], buf, nb, hd);
             }
         }
 }

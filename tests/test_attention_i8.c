@@ -10,7 +10,10 @@
  * score off by at most d = max_j d_j the softmax weights move by at most a
  * factor e^(2d) - 1 of themselves, so an output element may move by
  * (e^(2d) - 1) * sum_j w_j |vs_j v_je| (w: the exact weights), plus 1e-5 of
- * float rounding. A kernel that drops the key scale, the query scale or
+ * float rounding. The AVX-512 VNNI kernel also rounds the weights (times
+ * vs_j) to int16 at max / 32767 of a block of keys: each moves by at most
+ * e^(2d) max_j (w_j vs_j) / 65534, so the output by that times
+ * sum_j |v_je| more. A kernel that drops the key scale, the query scale or
  * the unsigned offset's correction fails it by orders of magnitude.
  * Exit 77 (skipped) where the CPU runs none of them. */
 #include <math.h>
@@ -75,12 +78,20 @@ static void tolerance(const nd_kv_state *s, const float *Q, int p0, int n, int k
                 sum += w[j];
             }
             float *o = bound + (size_t)i * D->q_dim + (size_t)h * hd;
+            double wmax = 0.0;
+            for (int j = 0; j <= p; j++) {
+                double wv = w[j] / sum * s->vs[(size_t)j * D->G + g];
+                wmax = wv > wmax ? wv : wmax;
+            }
             for (int e = 0; e < hd; e++) {
-                double mag = 0.0;
-                for (int j = 0; j <= p; j++)
-                    mag += w[j] / sum * s->vs[(size_t)j * D->G + g] *
-                           fabs((double)nd_kv_row8(s, s->v8, 0, g, j)[e]);
-                o[e] = (float)((exp(2.0 * d) - 1.0) * mag + 1e-5 * mag + 1e-6);
+                double mag = 0.0, av = 0.0;
+                for (int j = 0; j <= p; j++) {
+                    double v = fabs((double)nd_kv_row8(s, s->v8, 0, g, j)[e]);
+                    mag += w[j] / sum * s->vs[(size_t)j * D->G + g] * v;
+                    av += sees(p, j, kv_window, n_sink) ? v : 0.0;
+                }
+                o[e] = (float)((exp(2.0 * d) - 1.0) * mag + exp(2.0 * d) * wmax / 65534.0 * av +
+                               1e-5 * mag + 1e-6);
             }
         }
     free(w);

@@ -429,13 +429,100 @@ T_VNNI static void scores_vnni512(const nd_att_block *b, int ranges[2][2])
     }
 }
 
+/* Weighted V rows on vpdpwssd, ATT_VKEYS keys a block: the block's int8
+ * rows sign-extended to int16 and interleaved in key pairs (an int32 lane
+ * holds one dim of two keys); each query row's weights (times the rows'
+ * scales) as int16 at max / 32767 of the block, two keys to an int32
+ * broadcast; the block's int32 sums (|sum| < 32 * 32767 * 128 < 2^31)
+ * times that scale go into the float output. The pairs' unpack puts dims
+ * in the order 8L..8L+3 (lo) / 8L+4..8L+7 (hi) per 128-bit lane L,
+ * undone once per block. */
+#define ATT_VKEYS 32
+T_VNNI static void values_i16(const nd_att_block *b, int ranges[2][2])
+{
+    int hd = b->hd, rep = b->rep, G = b->G, R = b->nr * rep, nv = (hd + 31) / 32 * 2;
+    size_t stride = (size_t)b->stride, ml = b->ml;
+    _Alignas(64) int16_t vb[ATT_VKEYS / 2 * ND_ATT_MAX_HD * 2];
+    _Alignas(64) int16_t w16[ATT_VKEYS];
+    for (int r = 0; r < R; r++)
+        memset(b->out + (size_t)(r / rep) * b->qd + (size_t)(r % rep) * hd, 0,
+               sizeof(float) * (size_t)hd);
+    for (int rr = 0; rr < 2; rr++)
+        for (int j = ranges[rr][0]; j < ranges[rr][1]; j += ATT_VKEYS) {
+            int nb = ranges[rr][1] - j < ATT_VKEYS ? ranges[rr][1] - j : ATT_VKEYS;
+            int np = (nb + 1) / 2;
+            /* pair p, dims 32t..: vb + (p * nv + 2t) * 32 (lo), + 32 (hi); nv
+             * slots a pair (a 16-dim tail takes two) */
+            for (int pp = 0; pp < np; pp++) {
+                const int8_t *v0 = b->v8 + (size_t)(j + 2 * pp) * stride;
+                const int8_t *v1 = v0 + stride;
+                int odd = 2 * pp + 1 >= nb;
+                if (j + 2 * pp + ATT_VKEYS < ranges[rr][1]) {
+                    _mm_prefetch((const char *)(v0 + ATT_VKEYS * stride), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(v1 + ATT_VKEYS * stride), _MM_HINT_T0);
+                }
+                for (int e = 0; e < hd; e += 32) {
+                    __mmask32 m = hd - e >= 32 ? ~(__mmask32)0 : (__mmask32)0xFFFF;
+                    __m512i x0 = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, v0 + e));
+                    __m512i x1 = odd ? _mm512_setzero_si512()
+                                     : _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, v1 + e));
+                    int16_t *d = vb + ((size_t)pp * nv + (size_t)(e / 16)) * 32;
+                    _mm512_store_si512(d, _mm512_unpacklo_epi16(x0, x1));
+                    _mm512_store_si512(d + 32, _mm512_unpackhi_epi16(x0, x1));
+                }
+            }
+            __m512 vs0 = row_scales(b->vs, G, j, nb < ATT_KEYS ? nb : ATT_KEYS, 1.0f);
+            __m512 vs1 = row_scales(b->vs, G, j + ATT_KEYS, nb - ATT_KEYS, 1.0f);
+            for (int r = 0; r < R; r++) {
+                const float *sc = b->scores + (size_t)r * ml + j;
+                int n0 = nb < ATT_KEYS ? nb : ATT_KEYS, n1 = nb - n0;
+                __m512 x0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(first_lanes(n0), sc), vs0);
+                __m512 x1 =
+                    _mm512_mul_ps(_mm512_maskz_loadu_ps(first_lanes(n1), sc + ATT_KEYS), vs1);
+                float mx = _mm512_reduce_max_ps(_mm512_max_ps(x0, x1));
+                if (!(mx > 0.0f))
+                    continue; /* no key of the block weighs anything */
+                __m512 inv = _mm512_set1_ps(32767.0f / mx);
+                _mm256_store_si256((__m256i *)w16, _mm512_cvtepi32_epi16(
+                                                       _mm512_cvtps_epi32(_mm512_mul_ps(x0, inv))));
+                _mm256_store_si256((__m256i *)(w16 + 16), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(
+                                                              _mm512_mul_ps(x1, inv))));
+                float *o = b->out + (size_t)(r / rep) * b->qd + (size_t)(r % rep) * hd;
+                __m512 wsc = _mm512_set1_ps(mx / 32767.0f);
+                for (int e = 0; e < hd; e += 32) {
+                    int two = hd - e >= 32; /* else 16 dims: the lo/hi of one chunk */
+                    __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+                    for (int pp = 0; pp < np; pp++) {
+                        int32_t wp;
+                        memcpy(&wp, w16 + 2 * pp, sizeof wp);
+                        __m512i wv = _mm512_set1_epi32(wp);
+                        const int16_t *d = vb + ((size_t)pp * nv + (size_t)(e / 16)) * 32;
+                        a0 = _mm512_dpwssd_epi32(a0, _mm512_load_si512(d), wv);
+                        a1 = _mm512_dpwssd_epi32(a1, _mm512_load_si512(d + 32), wv);
+                    }
+                    /* lanes [lo0 hi0 lo1 hi1] and [lo2 hi2 lo3 hi3]: dims in order */
+                    __m512i c0 = _mm512_shuffle_i32x4(a0, a1, 0x44);
+                    c0 = _mm512_shuffle_i32x4(c0, c0, 0xD8);
+                    _mm512_storeu_ps(o + e, _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0), wsc,
+                                                            _mm512_loadu_ps(o + e)));
+                    if (two) {
+                        __m512i c1 = _mm512_shuffle_i32x4(a0, a1, 0xEE);
+                        c1 = _mm512_shuffle_i32x4(c1, c1, 0xD8);
+                        _mm512_storeu_ps(o + e + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1), wsc,
+                                                                     _mm512_loadu_ps(o + e + 16)));
+                    }
+                }
+            }
+        }
+}
+
 T_VNNI void nd_att_block_vnni512(const nd_att_block *b)
 {
     int ranges[2][2];
     block_ranges(b, ranges);
     scores_vnni512(b, ranges);
     softmax_rows(b, ranges);
-    values_float(b, ranges);
+    values_i16(b, ranges);
 }
 
 /* ------------------------------------------------------------------ */

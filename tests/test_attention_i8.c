@@ -2,7 +2,8 @@
  * ND_ATT_AVX2I8: int8 query rows . int8 keys) against attention.c's float
  * reference on random int8 caches (keys include -128), every kernel this
  * CPU runs: decode and prefill tasks, windows and sinks, head dims 16 to
- * 128 (48 and 80: the 16-byte and partial-vector tails).
+ * 128 (48 and 80: the 16-byte and partial-vector tails), 256 and 512,
+ * and tasks of more query rows than one pass quantises.
  *
  * Tolerance, from the quantisation of q alone: a query row's int8 rounding
  * moves each element by at most max|q| / 254, so key j's score moves by at
@@ -193,6 +194,12 @@ int main(void)
                     for (int w = 0; w < 2; w++)
                         run_case(heads[a][0], heads[a][1], hds[b], ns[c], p0s[d], wins[w][0],
                                  wins[w][1]);
+    /* more query rows than one pass quantises (40 heads on one kv head:
+     * 120 rows a task), and wide heads */
+    run_case(40, 1, 32, 3, 300, 0, -1);
+    run_case(40, 1, 32, 13, 200, 48, 5);
+    run_case(4, 2, 256, 1, 350, 0, -1);
+    run_case(4, 2, 512, 3, 100, 48, 5);
     /* decode tasks shared over two threads */
     int t = nd_get_threads();
     nd_set_threads(2);

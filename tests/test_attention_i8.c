@@ -7,8 +7,8 @@
  *
  * Tolerance, from the quantisation of q (and below, of the weights): a
  * query row's int8 rounding moves each element by at most max|q| / 254,
- * so key j's score moves by at
- * most d_j = max|q| / 254 * sum_e |k_je| * ks_j / sqrt(hd); with every
+ * so key j's score moves by at most
+ * d_j = max|q| / 254 * sum_e |k_je| * ks_j / sqrt(hd); with every
  * score off by at most d = max_j d_j the softmax weights move by at most a
  * factor e^(2d) - 1 of themselves, so an output element may move by
  * (e^(2d) - 1) * sum_j w_j |vs_j v_je| (w: the exact weights), plus 1e-5 of

@@ -270,7 +270,8 @@ int nd_att_supported(int k)
 static pthread_once_t att_once = PTHREAD_ONCE_INIT;
 static int att_best = ND_ATT_REF;
 
-/* NEEDLE_ATT names a kernel the CPU runs, else the fastest: AMX, the integer-score AVX-512 VNNI
+/* NEEDLE_ATT names a kernel the CPU runs, else the fastest it runs, in
+ * this order: AMX, the integer-score AVX-512 VNNI one, the float AVX-512
  * one, AVX-VNNI, AVX2 (docs/performance.md) */
 static void select_att_kernel(void)
 {

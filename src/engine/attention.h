@@ -48,8 +48,8 @@ enum {
 #define ND_ATT_AMX_MIN 8
 
 /* The kernel cached attention uses: the fastest the CPU runs, unless
- * NEEDLE_ATT=ref|avx512|avx512vnni|avxvnni|avx2 names one it runs (read
- * once). */
+ * NEEDLE_ATT=ref|avx512|amx|avx512vnni|avxvnni|avx2 names one it runs
+ * (read once). */
 int nd_att_kernel(void);
 /* the kernel's NEEDLE_ATT word ("ref", "avx512", "amx", "avx512vnni",
  * "avxvnni", "avx2") */

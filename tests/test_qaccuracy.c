@@ -107,12 +107,12 @@ static double matmul_err(const nd_qmat *q, const float *kernel_io, const float *
     return e;
 }
 
-/* Logits after each 16-token chunk of real text with attention kernel ka
- * against kernel kb on the same quantised weights and int8 cache: mean and
- * max relative error, top-token agreements, chunks. */
-static void prefill_pair(const san_model *mq, const nd_qweights *qw, const nd_idvec *stream, int ka,
-                         int kb, float *la, float *lb, double *mean, double *max, int *agree,
-                         int *chunks)
+/* Logits after each chunk of real text (16 tokens: prefill tasks, 1: decode
+ * steps) with attention kernel ka against kernel kb on the same quantised weights and int8 cache:
+ * mean and max relative error, top-token agreements, chunks. */
+static void kernel_pair(const san_model *mq, const nd_qweights *qw, const nd_idvec *stream, int ka,
+                        int kb, int chunk, int limit_prefill, float *la, float *lb, double *mean,
+                        double *max, int *agree, int *chunks)
 {
     const nd_backend *be = nd_backend_cpu(1);
     int V = mq->cfg.vocab_size;
@@ -127,9 +127,14 @@ static void prefill_pair(const san_model *mq, const nd_qweights *qw, const nd_id
     sb.att_force = kb + 1;
     *mean = *max = 0;
     *agree = *chunks = 0;
-    for (size_t at = 0; at + 16 <= stream->n && sa.len + 16 <= mq->cfg.max_seq_len; at += 16) {
-        CHECK(nd_kv_forward(&sa, stream->v + at, 16, la, 0) == 0);
-        CHECK(nd_kv_forward(&sb, stream->v + at, 16, lb, 0) == 0);
+    /* decode steps: the first 320 positions (past 256, where a kv_window
+     * would slide); prefill chunks: all (AMX's check) or the first 512 */
+    int end = chunk == 1 ? 320 : limit_prefill ? 512 : mq->cfg.max_seq_len;
+    end = end < mq->cfg.max_seq_len ? end : mq->cfg.max_seq_len;
+    for (size_t at = 0; at + (size_t)chunk <= stream->n && sa.len + chunk <= end;
+         at += (size_t)chunk) {
+        CHECK(nd_kv_forward(&sa, stream->v + at, chunk, la, 0) == 0);
+        CHECK(nd_kv_forward(&sb, stream->v + at, chunk, lb, 0) == 0);
         double e = rel_l2(la, lb, (size_t)V);
         *mean += e;
         *max = e > *max ? e : *max;
@@ -151,8 +156,8 @@ static void prefill_attention(const san_model *mq, const nd_qweights *qw, const 
 {
     double am, ax, rm, rx;
     int aa, ac, ra, rc;
-    prefill_pair(mq, qw, stream, ND_ATT_AMX, ND_ATT_AVX512, la, lb, &am, &ax, &aa, &ac);
-    prefill_pair(mq, qw, stream, ND_ATT_REF, ND_ATT_AVX512, la, lb, &rm, &rx, &ra, &rc);
+    kernel_pair(mq, qw, stream, ND_ATT_AMX, ND_ATT_AVX512, 16, 0, la, lb, &am, &ax, &aa, &ac);
+    kernel_pair(mq, qw, stream, ND_ATT_REF, ND_ATT_AVX512, 16, 0, la, lb, &rm, &rx, &ra, &rc);
     printf("  %d-bit prefill attention, logits after %d chunks of 16 tokens: amx vs float rel err "
            "mean %.5f max %.5f, top token %d / %d; reference vs float (summation order only) "
            "mean %.5f max %.5f, top token %d / %d\n",
@@ -160,6 +165,40 @@ static void prefill_attention(const san_model *mq, const nd_qweights *qw, const 
     CHECK(ac >= 16 && ac == rc);
     CHECK_MSG(am < 2 * rm + 1e-3 && ax < 2 * rx + 1e-3 && aa >= ac - 1,
               "%d-bit amx prefill attention: %.5f / %.5f", bits, am, ax);
+}
+
+/* The integer-score kernels (int8 query rows; AVX-512 VNNI's weighted V
+ * rows on int16 weights) against the float kernel (the reference where
+ * the CPU has no AVX-512), prefill chunks and decode steps, every one this
+ * CPU runs. The query's int8 rounding costs more than the summation order
+ * alone (the yardstick: reference against float), so the bound is the
+ * yardstick plus 1% of the logits (the quantised weights' own error
+ * against float is 6% at 4 bits, 12% at 2), and at most one top-token
+ * flip in 16. */
+static void int_attention(const san_model *mq, const nd_qweights *qw, const nd_idvec *stream,
+                          int bits, float *la, float *lb)
+{
+    int base = nd_att_supported(ND_ATT_AVX512) ? ND_ATT_AVX512 : ND_ATT_REF;
+    for (int chunk = 16; chunk >= 1; chunk -= 15) {
+        double rm, rx;
+        int ra, rc;
+        kernel_pair(mq, qw, stream, ND_ATT_REF, base, chunk, 1, la, lb, &rm, &rx, &ra, &rc);
+        for (int k = ND_ATT_VNNI512; k < ND_ATT_KERNELS; k++) {
+            if (!nd_att_supported(k))
+                continue;
+            double am, ax;
+            int aa, ac;
+            kernel_pair(mq, qw, stream, k, base, chunk, 1, la, lb, &am, &ax, &aa, &ac);
+            printf("  %d-bit %s attention (%s), logits after %d chunks of %d: vs %s rel err mean "
+                   "%.5f max %.5f, top token %d / %d; reference vs %s mean %.5f max %.5f\n",
+                   bits, nd_att_kernel_name(k), chunk > 1 ? "prefill" : "decode", ac, chunk,
+                   nd_att_kernel_name(base), am, ax, aa, ac, nd_att_kernel_name(base), rm, rx);
+            CHECK(ac >= 16 && ac == rc);
+            CHECK_MSG(am < rm + 0.01 && ax < rx + 0.01 && aa >= ac - (ac + 15) / 16,
+                      "%d-bit %s attention (chunks of %d): mean %.5f max %.5f, top %d / %d", bits,
+                      nd_att_kernel_name(k), chunk, am, ax, aa, ac);
+        }
+    }
 }
 
 static void run_bits(const san_model *src, const nd_tokenizer *tok, const char *tools,
@@ -303,6 +342,7 @@ static void run_bits(const san_model *src, const nd_tokenizer *tok, const char *
     CHECK(!dis || margin_dis / (double)dis < 0.5 * margin_all / (double)total);
     if (nd_amx_usable())
         prefill_attention(&mq, &qw, stream, bits, lf, lq);
+    int_attention(&mq, &qw, stream, bits, lf, lq);
     free(lf);
     free(lq);
     san_model_free(&mf);

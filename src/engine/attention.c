@@ -127,10 +127,18 @@ static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
                               scale,
                               sc0,
                               ml};
-            if (a->kernel == ND_ATT_AMX && nr * rep >= ND_ATT_AMX_MIN)
-                nd_att_block_amx(&b);
-            else
-                nd_att_block_avx512(&b);
+            switch (a->kernel) {
+            case ND_ATT_AMX:
+                if (nr * rep >= ND_ATT_AMX_MIN)
+                    nd_att_block_amx(&b);
+                else
+                    nd_att_block_avx512(&b);
+                break;
+            case ND_ATT_VNNI512: nd_att_block_vnni512(&b); break;
+            case ND_ATT_AVXVNNI: nd_att_block_avxvnni(&b); break;
+            case ND_ATT_AVX2I8: nd_att_block_avx2i8(&b); break;
+            default: nd_att_block_avx512(&b); break;
+            }
             continue;
         }
         /* the keys any row of the block sees: [0, se_max) and [lo2, p_max] */
@@ -197,16 +205,90 @@ static void cached_attention_tasks(void *ctx, long lo, long hi, int tid)
     }
 }
 
+float nd_att_quant_q(const float *q, int hd, int8_t *qi, int32_t *sum)
+{
+    float mx = 0.0f;
+    for (int e = 0; e < hd; e++) {
+        float a = fabsf(q[e]);
+        mx = a > mx ? a : mx;
+    }
+    int32_t s = 0;
+    if (!(mx > 0.0f)) {
+        memset(qi, 0, (size_t)hd);
+        *sum = 0;
+        return 0.0f;
+    }
+    float inv = 127.0f / mx;
+    for (int e = 0; e < hd; e++) {
+        /* nearest, ties to even (the 1.5 * 2^23 trick); |q / s| <= 127 */
+        int v = (int)((q[e] * inv + 12582912.0f) - 12582912.0f);
+        v = v > 127 ? 127 : v < -127 ? -127 : v;
+        qi[e] = (int8_t)v;
+        s += v;
+    }
+    *sum = s;
+    return mx / 127.0f;
+}
+
+static const char *const att_names[ND_ATT_KERNELS] = {"ref",        "avx512",  "amx",
+                                                      "avx512vnni", "avxvnni", "avx2"};
+
+const char *nd_att_kernel_name(int kernel)
+{
+    return kernel >= 0 && kernel < ND_ATT_KERNELS ? att_names[kernel] : "?";
+}
+
+/* the CPU checks, asked once (a cpuid traps to the hypervisor in a VM) */
+static pthread_once_t att_ok_once = PTHREAD_ONCE_INIT;
+static int att_ok[ND_ATT_KERNELS];
+
+static int att_check(int k)
+{
+    switch (k) {
+    case ND_ATT_REF: return 1;
+    case ND_ATT_AVX512: return nd_att_avx512_supported();
+    case ND_ATT_AMX: return nd_att_avx512_supported() && nd_amx_usable();
+    case ND_ATT_VNNI512: return nd_att_vnni512_supported();
+    case ND_ATT_AVXVNNI: return nd_att_avxvnni_supported();
+    case ND_ATT_AVX2I8: return nd_att_avx2i8_supported();
+    default: return 0;
+    }
+}
+
+static void att_check_all(void)
+{
+    for (int k = 0; k < ND_ATT_KERNELS; k++)
+        att_ok[k] = att_check(k);
+}
+
+int nd_att_supported(int k)
+{
+    pthread_once(&att_ok_once, att_check_all);
+    return k >= 0 && k < ND_ATT_KERNELS && att_ok[k];
+}
+
 static pthread_once_t att_once = PTHREAD_ONCE_INIT;
 static int att_best = ND_ATT_REF;
 
+/* NEEDLE_ATT names a kernel the CPU runs, else the fastest it runs, in
+ * this order: AMX, the integer-score AVX-512 VNNI one, the float AVX-512
+ * one, AVX-VNNI, AVX2 (docs/performance.md) */
 static void select_att_kernel(void)
 {
     const char *want = nd_tuning_get()->att;
-    if (nd_att_avx512_supported() && !(want && !strcmp(want, "ref")))
-        att_best = want && !strcmp(want, "avx512") ? ND_ATT_AVX512
-                   : nd_amx_usable()               ? ND_ATT_AMX
-                                                   : ND_ATT_AVX512;
+    if (want && *want)
+        for (int k = 0; k < ND_ATT_KERNELS; k++)
+            if (!strcmp(want, att_names[k]) && nd_att_supported(k)) {
+                att_best = k;
+                return;
+            }
+    static const int order[] = {ND_ATT_AMX, ND_ATT_VNNI512, ND_ATT_AVX512, ND_ATT_AVXVNNI,
+                                ND_ATT_AVX2I8};
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
+        if (nd_att_supported(order[i])) {
+            att_best = order[i];
+            return;
+        }
 }
 
 int nd_att_kernel(void)
@@ -221,11 +303,18 @@ void nd_kv_attention(const nd_kv_state *s, int l, int p0, int n, const float *q,
                      int kernel)
 {
     const san_dims *D = &s->m->dims;
-    /* the AVX-512 kernel covers the int8 cache with hd a multiple of 16 */
-    if (kernel != ND_ATT_REF && !(s->kv_int8 && D->hd % 16 == 0 && nd_att_avx512_supported()))
+    /* the SIMD kernels cover the int8 cache with hd a multiple of 16; one
+     * the CPU does not run falls back to its float or 256-bit neighbour */
+    if (kernel < 0 || kernel >= ND_ATT_KERNELS || !s->kv_int8 || D->hd % 16)
         kernel = ND_ATT_REF;
-    if (kernel == ND_ATT_AMX && !nd_amx_usable())
+    if (kernel == ND_ATT_AMX && !nd_att_supported(ND_ATT_AMX))
         kernel = ND_ATT_AVX512;
+    if (kernel == ND_ATT_VNNI512 && !nd_att_supported(ND_ATT_VNNI512))
+        kernel = ND_ATT_AVX512;
+    if (kernel == ND_ATT_AVXVNNI && !nd_att_supported(ND_ATT_AVXVNNI))
+        kernel = ND_ATT_AVX2I8;
+    if (!nd_att_supported(kernel))
+        kernel = ND_ATT_REF;
     long tasks = (long)((n + ND_ATT_ROWS - 1) / ND_ATT_ROWS) * D->G;
     cached_attention_args a = {s, q, out, l, p0, n, kernel};
     /* shared above ~128 score entries (a decode step past 128 positions:

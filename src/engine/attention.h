@@ -31,15 +31,45 @@ typedef struct {
 } nd_att_block;
 
 /* ND_ATT_AMX: the AVX-512 kernel whose tasks of at least ND_ATT_AMX_MIN
- * query rows (prefill) take their scores from AMX int8 tiles */
-enum { ND_ATT_REF = 0, ND_ATT_AVX512 = 1, ND_ATT_AMX = 2 };
+ * query rows (prefill) take their scores from AMX int8 tiles.
+ * ND_ATT_VNNI512, ND_ATT_AVXVNNI, ND_ATT_AVX2I8: the scores as integer dot
+ * products of the query rows quantised to int8 (nd_att_quant_q) with the
+ * int8 keys (AVX-512 VNNI, 256-bit AVX-VNNI, AVX2 vpmaddubsw); softmax and
+ * the weighted V rows in float. */
+enum {
+    ND_ATT_REF = 0,
+    ND_ATT_AVX512 = 1,
+    ND_ATT_AMX = 2,
+    ND_ATT_VNNI512 = 3,
+    ND_ATT_AVXVNNI = 4,
+    ND_ATT_AVX2I8 = 5,
+    ND_ATT_KERNELS = 6
+};
 #define ND_ATT_AMX_MIN 8
 
 /* The kernel cached attention uses: the fastest the CPU runs, unless
- * NEEDLE_ATT=ref or NEEDLE_ATT=avx512 (read once). */
+ * NEEDLE_ATT=ref|avx512|amx|avx512vnni|avxvnni|avx2 names one it runs
+ * (read once). */
 int nd_att_kernel(void);
+/* the kernel's NEEDLE_ATT word ("ref", "avx512", "amx", "avx512vnni",
+ * "avxvnni", "avx2") */
+const char *nd_att_kernel_name(int kernel);
 /* Whether this CPU runs the AVX-512 kernel at all. */
 int nd_att_avx512_supported(void);
+/* Whether this CPU runs kernel k (any ND_ATT_*; the reference always). */
+int nd_att_supported(int k);
+/* the CPU checks behind it (attention_x86.c, attention_i8_x86.c) */
+int nd_att_vnni512_supported(void);
+int nd_att_avxvnni_supported(void);
+int nd_att_avx2i8_supported(void);
+/* A query row as int8: qi[e] = round(q[e] / s), s = max|q| / 127 (a zero
+ * row: all zero, s = 0); returns s, and the sum of qi in *sum. hd is a
+ * multiple of 4. */
+float nd_att_quant_q(const float *q, int hd, int8_t *qi, int32_t *sum);
+/* The integer-score kernels take hd a multiple of 16 (<= ND_ATT_MAX_HD). */
+void nd_att_block_vnni512(const nd_att_block *b);
+void nd_att_block_avxvnni(const nd_att_block *b);
+void nd_att_block_avx2i8(const nd_att_block *b);
 /* The AVX-512 kernel takes hd a multiple of 16 (<= ND_ATT_MAX_HD). */
 void nd_att_block_avx512(const nd_att_block *b);
 /* The same with the scores from AMX tiles where hd is a multiple of 64

@@ -351,6 +351,181 @@ T_ATT void nd_att_block_avx512(const nd_att_block *b)
 }
 
 /* ------------------------------------------------------------------ */
+/* AVX-512 VNNI scores: q . k as integer dot products                   */
+
+#define T_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma")))
+/* query rows quantised at a time (their int8 rows stay on the stack) */
+#define ATT_I8_ROWS 32
+
+/* rows [j, j + nb) of the int8 keys as 4-byte groups, transposed and
+ * offset to unsigned: kt[g * 16 + c] holds dims 4g..4g+3 of key j + c,
+ * each byte plus 128 (vpdpbusd's unsigned operand); keys past nb are 128
+ * (value 0) */
+T_VNNI static void keys_t_u8(uint32_t *kt, const int8_t *rows, size_t stride, int j, int nb, int hd,
+                             int prefetch_end)
+{
+    for (int c = 0; c < nb; c++)
+        if (j + c + ATT_KEYS < prefetch_end)
+            _mm_prefetch((const char *)(rows + (size_t)(j + c + ATT_KEYS) * stride), _MM_HINT_T0);
+    const __m512i off = _mm512_set1_epi8((char)0x80);
+    for (int e = 0; e < hd; e += 64) {
+        int left = hd - e, ng = left >= 64 ? 16 : left / 4;
+        __mmask64 m = left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
+        __m512 f[ATT_KEYS];
+        for (int c = 0; c < ATT_KEYS; c++)
+            f[c] = c < nb ? _mm512_castsi512_ps(
+                                _mm512_maskz_loadu_epi8(m, rows + (size_t)(j + c) * stride + e))
+                          : _mm512_setzero_ps();
+        transpose16_ps(f);
+        for (int t = 0; t < ng; t++)
+            _mm512_store_si512(kt + (size_t)(e / 4 + t) * ATT_KEYS,
+                               _mm512_xor_si512(_mm512_castps_si512(f[t]), off));
+    }
+}
+
+/* scaled scores of every query row of the task: each row quantised to
+ * int8 once (nd_att_quant_q), 16 keys a vector of vpdpbusd sums (two
+ * chains), less the 128 * sum(q) the unsigned keys add, times the row's
+ * and the keys' scales */
+T_VNNI static void scores_vnni512(const nd_att_block *b, int ranges[2][2])
+{
+    int hd = b->hd, rep = b->rep, G = b->G, R = b->nr * rep, ngr = hd / 4;
+    size_t stride = (size_t)b->stride, ml = b->ml;
+    _Alignas(64) uint32_t kt[ND_ATT_MAX_HD / 4 * ATT_KEYS];
+    _Alignas(64) int32_t qg[ATT_I8_ROWS * ND_ATT_MAX_HD / 4];
+    float qs[ATT_I8_ROWS];
+    int32_t off[ATT_I8_ROWS];
+    for (int r0 = 0; r0 < R; r0 += ATT_I8_ROWS) {
+        int nq = R - r0 < ATT_I8_ROWS ? R - r0 : ATT_I8_ROWS;
+        for (int i = 0; i < nq; i++) {
+            int r = r0 + i;
+            int32_t sum;
+            qs[i] = nd_att_quant_q(b->q + (size_t)(r / rep) * b->qd + (size_t)(r % rep) * hd, hd,
+                                   (int8_t *)(qg + (size_t)i * ngr), &sum);
+            off[i] = 128 * sum;
+        }
+        for (int rr = 0; rr < 2; rr++)
+            for (int j = ranges[rr][0]; j < ranges[rr][1]; j += ATT_KEYS) {
+                int nb = ranges[rr][1] - j < ATT_KEYS ? ranges[rr][1] - j : ATT_KEYS;
+                keys_t_u8(kt, b->k8, stride, j, nb, hd, ranges[rr][1]);
+                __m512 ksv = row_scales(b->ks, G, j, nb, b->scale);
+                for (int i = 0; i < nq; i++) {
+                    const int32_t *q = qg + (size_t)i * ngr;
+                    __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+                    for (int g = 0; g < ngr; g += 2) {
+                        a0 = _mm512_dpbusd_epi32(a0, _mm512_load_si512(kt + (size_t)g * ATT_KEYS),
+                                                 _mm512_set1_epi32(q[g]));
+                        a1 = _mm512_dpbusd_epi32(a1,
+                                                 _mm512_load_si512(kt + (size_t)(g + 1) * ATT_KEYS),
+                                                 _mm512_set1_epi32(q[g + 1]));
+                    }
+                    __m512i acc =
+                        _mm512_sub_epi32(_mm512_add_epi32(a0, a1), _mm512_set1_epi32(off[i]));
+                    _mm512_mask_storeu_ps(b->scores + (size_t)(r0 + i) * ml + j, first_lanes(nb),
+                                          _mm512_mul_ps(_mm512_cvtepi32_ps(acc),
+                                                        _mm512_mul_ps(ksv, _mm512_set1_ps(qs[i]))));
+                }
+            }
+    }
+}
+
+/* Weighted V rows on vpdpwssd, ATT_VKEYS keys a block: the block's int8
+ * rows sign-extended to int16 and interleaved in key pairs (an int32 lane
+ * holds one dim of two keys); each query row's weights (times the rows'
+ * scales) as int16 at max / 32767 of the block, two keys to an int32
+ * broadcast; the block's int32 sums (|sum| < 32 * 32767 * 128 < 2^31)
+ * times that scale go into the float output. The pairs' unpack puts dims
+ * in the order 8L..8L+3 (lo) / 8L+4..8L+7 (hi) per 128-bit lane L,
+ * undone once per block. */
+#define ATT_VKEYS 32
+T_VNNI static void values_i16(const nd_att_block *b, int ranges[2][2])
+{
+    int hd = b->hd, rep = b->rep, G = b->G, R = b->nr * rep, nv = (hd + 31) / 32 * 2;
+    size_t stride = (size_t)b->stride, ml = b->ml;
+    _Alignas(64) int16_t vb[ATT_VKEYS / 2 * ND_ATT_MAX_HD * 2];
+    _Alignas(64) int16_t w16[ATT_VKEYS];
+    for (int r = 0; r < R; r++)
+        memset(b->out + (size_t)(r / rep) * b->qd + (size_t)(r % rep) * hd, 0,
+               sizeof(float) * (size_t)hd);
+    for (int rr = 0; rr < 2; rr++)
+        for (int j = ranges[rr][0]; j < ranges[rr][1]; j += ATT_VKEYS) {
+            int nb = ranges[rr][1] - j < ATT_VKEYS ? ranges[rr][1] - j : ATT_VKEYS;
+            int np = (nb + 1) / 2;
+            /* pair p, dims 32t..: vb + (p * nv + 2t) * 32 (lo), + 32 (hi); nv
+             * slots a pair (a 16-dim tail takes two) */
+            for (int pp = 0; pp < np; pp++) {
+                const int8_t *v0 = b->v8 + (size_t)(j + 2 * pp) * stride;
+                const int8_t *v1 = v0 + stride;
+                int odd = 2 * pp + 1 >= nb;
+                if (j + 2 * pp + ATT_VKEYS < ranges[rr][1]) {
+                    _mm_prefetch((const char *)(v0 + ATT_VKEYS * stride), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(v1 + ATT_VKEYS * stride), _MM_HINT_T0);
+                }
+                for (int e = 0; e < hd; e += 32) {
+                    __mmask32 m = hd - e >= 32 ? ~(__mmask32)0 : (__mmask32)0xFFFF;
+                    __m512i x0 = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, v0 + e));
+                    __m512i x1 = odd ? _mm512_setzero_si512()
+                                     : _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, v1 + e));
+                    int16_t *d = vb + ((size_t)pp * nv + (size_t)(e / 16)) * 32;
+                    _mm512_store_si512(d, _mm512_unpacklo_epi16(x0, x1));
+                    _mm512_store_si512(d + 32, _mm512_unpackhi_epi16(x0, x1));
+                }
+            }
+            __m512 vs0 = row_scales(b->vs, G, j, nb < ATT_KEYS ? nb : ATT_KEYS, 1.0f);
+            __m512 vs1 = row_scales(b->vs, G, j + ATT_KEYS, nb - ATT_KEYS, 1.0f);
+            for (int r = 0; r < R; r++) {
+                const float *sc = b->scores + (size_t)r * ml + j;
+                int n0 = nb < ATT_KEYS ? nb : ATT_KEYS, n1 = nb - n0;
+                __m512 x0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(first_lanes(n0), sc), vs0);
+                __m512 x1 =
+                    _mm512_mul_ps(_mm512_maskz_loadu_ps(first_lanes(n1), sc + ATT_KEYS), vs1);
+                float mx = _mm512_reduce_max_ps(_mm512_max_ps(x0, x1));
+                if (!(mx > 0.0f))
+                    continue; /* no key of the block weighs anything */
+                __m512 inv = _mm512_set1_ps(32767.0f / mx);
+                _mm256_store_si256((__m256i *)w16, _mm512_cvtepi32_epi16(
+                                                       _mm512_cvtps_epi32(_mm512_mul_ps(x0, inv))));
+                _mm256_store_si256((__m256i *)(w16 + 16), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(
+                                                              _mm512_mul_ps(x1, inv))));
+                float *o = b->out + (size_t)(r / rep) * b->qd + (size_t)(r % rep) * hd;
+                __m512 wsc = _mm512_set1_ps(mx / 32767.0f);
+                for (int e = 0; e < hd; e += 32) {
+                    int two = hd - e >= 32; /* else 16 dims: the lo/hi of one chunk */
+                    __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+                    for (int pp = 0; pp < np; pp++) {
+                        int32_t wp;
+                        memcpy(&wp, w16 + 2 * pp, sizeof wp);
+                        __m512i wv = _mm512_set1_epi32(wp);
+                        const int16_t *d = vb + ((size_t)pp * nv + (size_t)(e / 16)) * 32;
+                        a0 = _mm512_dpwssd_epi32(a0, _mm512_load_si512(d), wv);
+                        a1 = _mm512_dpwssd_epi32(a1, _mm512_load_si512(d + 32), wv);
+                    }
+                    /* lanes [lo0 hi0 lo1 hi1] and [lo2 hi2 lo3 hi3]: dims in order */
+                    __m512i c0 = _mm512_shuffle_i32x4(a0, a1, 0x44);
+                    c0 = _mm512_shuffle_i32x4(c0, c0, 0xD8);
+                    _mm512_storeu_ps(o + e, _mm512_fmadd_ps(_mm512_cvtepi32_ps(c0), wsc,
+                                                            _mm512_loadu_ps(o + e)));
+                    if (two) {
+                        __m512i c1 = _mm512_shuffle_i32x4(a0, a1, 0xEE);
+                        c1 = _mm512_shuffle_i32x4(c1, c1, 0xD8);
+                        _mm512_storeu_ps(o + e + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(c1), wsc,
+                                                                     _mm512_loadu_ps(o + e + 16)));
+                    }
+                }
+            }
+        }
+}
+
+T_VNNI void nd_att_block_vnni512(const nd_att_block *b)
+{
+    int ranges[2][2];
+    block_ranges(b, ranges);
+    scores_vnni512(b, ranges);
+    softmax_rows(b, ranges);
+    values_i16(b, ranges);
+}
+
+/* ------------------------------------------------------------------ */
 /* AMX scores: q . k as int8 tiles                                      */
 
 #define T_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,fma")))
@@ -612,6 +787,12 @@ int nd_att_avx512_supported(void)
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
+int nd_att_vnni512_supported(void)
+{
+    __builtin_cpu_init();
+    return nd_att_avx512_supported() && __builtin_cpu_supports("avx512vnni");
+}
+
 #else
 #include "engine/attention.h"
 
@@ -626,6 +807,16 @@ void nd_att_block_avx512(const nd_att_block *b)
 }
 
 void nd_att_block_amx(const nd_att_block *b)
+{
+    (void)b;
+}
+
+int nd_att_vnni512_supported(void)
+{
+    return 0;
+}
+
+void nd_att_block_vnni512(const nd_att_block *b)
 {
     (void)b;
 }

@@ -298,38 +298,22 @@ static void *cuda_alloc(const nd_backend *be, size_t bytes)
 {
     cuda_ctx *C = cuda_op_begin(be);
     void *p = NULL;
-    /* The host reaches alloc memory only through the copies below
-     * (host_mem 0; the contract in backend.h), so this can be plain device
-     * memory (cudaMalloc); it stays managed until every host access of the
-     * model and trainer goes through them (the emulator, where cudaMalloc
-     * memory is closed to host code, still finds some: docs/training.md).
-     * Never more than the card has free: NULL here is a clean "out of cuda
-     * memory" for the caller; managed memory beyond it pages to and fro or,
-     * on some drivers, hangs the GPU. */
+    /* Plain device memory: the host reaches alloc memory only through the
+     * copies below (host_mem 0; the contract in backend.h), and NCCL sums
+     * the gradients in it. Never more than the card has free: NULL here is
+     * a clean "out of cuda memory" for the caller. */
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
         if (bytes > free_b)
             return NULL;
     } else
         (void)cudaGetLastError();
-    cudaError_t e = cudaMallocManaged(&p, bytes ? bytes : 1, cudaMemAttachGlobal);
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();
         return NULL;
     }
     CUDA_CHECK(e);
-#if CUDART_VERSION >= 13000
-    cudaMemLocation loc;
-    loc.type = cudaMemLocationTypeDevice;
-    loc.id = C->device;
-    /* advice only: some systems refuse it, which is harmless */
-    if (cudaMemAdvise(p, bytes ? bytes : 1, cudaMemAdviseSetPreferredLocation, loc) != cudaSuccess)
-        (void)cudaGetLastError();
-#else
-    if (cudaMemAdvise(p, bytes ? bytes : 1, cudaMemAdviseSetPreferredLocation, C->device) !=
-        cudaSuccess)
-        (void)cudaGetLastError();
-#endif
     /* zeroed before anything can read it */
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes ? bytes : 1, C->stream));
     CUDA_CHECK(cudaStreamSynchronize(C->stream));
@@ -474,10 +458,6 @@ static cuda_ctx *ctx_create(int dev, int threads, char *err, size_t errlen)
                  "CUDA device %d (%s) has compute capability %d.%d; needle's plugin "
                  "is built for 8.0 and newer",
                  dev, prop.name, prop.major, prop.minor);
-        return NULL;
-    }
-    if (!prop.managedMemory) {
-        snprintf(err, errlen, "CUDA device %d (%s) has no managed memory", dev, prop.name);
         return NULL;
     }
     cuda_ctx *C = (cuda_ctx *)calloc(1, sizeof *C);

@@ -128,6 +128,15 @@ HAVE_MPI=0
 if command -v mpirun >/dev/null; then
   HAVE_MPI=1
   ${CC:-gcc} -std=c11 -O1 -shared -fPIC -o "$OUT/libnccl.so.2" tools/cuda_emu/fake_nccl.c -ldl
+  # the stand-in is as strict as NCCL: host memory is refused, not summed
+  ${CC:-gcc} -std=c11 -O1 -o "$OUT/nccl_strict" tools/cuda_emu/nccl_strict.c -ldl
+  if "$OUT/nccl_strict" "$OUT/libnccl.so.2" >"$OUT/nccl_strict.run" 2>&1 &&
+    grep -q 'not device memory' "$OUT/nccl_strict.run"; then
+    echo "mpi-nccl: fake NCCL refuses host memory: ok" >"$OUT/nccl_strict.verdict"
+  else
+    { echo "mpi-nccl: fake NCCL summed host memory:"; cat "$OUT/nccl_strict.run"; } >"$OUT/nccl_strict.verdict"
+    NCCL_STRICT_FAILED=1
+  fi
 fi
 echo "cuda-emu-check: setup $((SECONDS - T0)) s; the runs, $JOBS at a time"
 
@@ -167,6 +176,10 @@ if [ -x "$OPS" ]; then
   cat "$OUT/ops.log"
   ok decline || fail=1
   cat "$OUT/decline.log"
+fi
+if [ "$HAVE_MPI" = 1 ]; then
+  cat "$OUT/nccl_strict.verdict"
+  [ "${NCCL_STRICT_FAILED:-0}" = 0 ] || fail=1
 fi
 if [ "$HAVE_MPI" = 0 ]; then
   echo "mpi-nccl: skipped (no mpirun)"

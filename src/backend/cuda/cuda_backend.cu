@@ -443,7 +443,7 @@ static cuda_ctx *contexts[MAX_DEVICES];
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Set up device `dev`; NULL + message on failure. */
-static cuda_ctx *ctx_create(int dev, int threads, char *err, size_t errlen)
+static cuda_ctx *ctx_create(int dev, int threads, int precision, char *err, size_t errlen)
 {
     cudaDeviceProp prop;
     cudaError_t e = cudaGetDeviceProperties(&prop, dev);
@@ -479,14 +479,10 @@ static cuda_ctx *ctx_create(int dev, int threads, char *err, size_t errlen)
         return NULL;
     }
     cublasSetStream(C->blas, C->stream);
-    /* float32 as the CPU computes it unless asked for (`--precision`, i.e.
-     * NEEDLE_CUDA_PRECISION=tf32|bf16): tensor-core GEMMs that round their
-     * inputs to TF32 (10-bit mantissa) or bfloat16 (7-bit), float32 sums */
-    const char *prec = getenv("NEEDLE_CUDA_PRECISION");
-    const char *tf32 = getenv("NEEDLE_CUDA_TF32");
-    C->precision = prec && !strcmp(prec, "bf16")                                             ? 2
-                   : (prec && !strcmp(prec, "tf32")) || (tf32 && *tf32 && strcmp(tf32, "0")) ? 1
-                                                                                             : 0;
+    /* float32 as the CPU computes it unless asked for (`--precision`, the
+     * program's nd_plugin_opts): tensor-core GEMMs that round their inputs
+     * to TF32 (10-bit mantissa) or bfloat16 (7-bit), float32 sums */
+    C->precision = precision == 2 || precision == 1 ? precision : 0;
     cublasSetMathMode(C->blas, CUBLAS_DEFAULT_MATH);
     ring_alloc(C, RING_MIN_BYTES);
     fill_table(&C->table);
@@ -529,7 +525,7 @@ static int launcher_local_rank(void)
 
 extern "C" __attribute__((visibility("default"))) const nd_backend *
 nd_plugin_open(int abi, int index, int allow_software, int threads, int *no_device, char *err,
-               size_t errlen)
+               size_t errlen, const nd_plugin_opts *opts)
 {
     (void)allow_software; /* CUDA has no software devices */
     *no_device = 0;
@@ -559,7 +555,7 @@ nd_plugin_open(int abi, int index, int allow_software, int threads, int *no_devi
     }
     pthread_mutex_lock(&open_lock);
     if (!contexts[dev])
-        contexts[dev] = ctx_create(dev, threads, err, errlen);
+        contexts[dev] = ctx_create(dev, threads, opts ? opts->precision : 0, err, errlen);
     cuda_ctx *C = contexts[dev];
     pthread_mutex_unlock(&open_lock);
     return C ? &C->table : NULL;

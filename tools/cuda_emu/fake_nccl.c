@@ -11,10 +11,11 @@
  * trainer applies what comes back; that the buffer is device memory, as
  * NCCL needs (cudaMalloc memory, which the emulator keeps closed to host
  * code): host memory is refused with invalid_argument and a message, as
- * real NCCL fails on it (tools/cuda_emu/nccl_strict.c checks that). FAKE_NCCL_LOG=FILE: each rank appends
- * "rank R size N calls C floats F" at ncclCommDestroy. What it does not
- * check: anything of NCCL itself (its rings and trees, its streams, GPU
- * memory): tools/gpu_mpi_check.sh runs the real one on GPUs. */
+ * real NCCL fails on it (tools/cuda_emu/nccl_strict.c checks that).
+ * FAKE_NCCL_LOG=FILE: each rank appends "rank R size N calls C floats F"
+ * at ncclCommDestroy. What it does not check: anything of NCCL itself
+ * (its rings and trees, its streams, GPU memory): tools/gpu_mpi_check.sh
+ * runs the real one on GPUs. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <limits.h>

@@ -32,13 +32,6 @@ ALLOWED = {
     ("src/backend/vulkan/vk_runtime.c", "VK_FILTER_ENV"): "the Vulkan loader's driver filter "
                                                           "(VK_LOADER_DRIVERS_DISABLE), kept as "
                                                           "the user set it",
-    ("src/backend/vulkan/vk_runtime.c", '"NEEDLE_VULKAN_VALIDATE"'):
-        "the Vulkan plugin's own switch: a plugin is a separate module (plugin.h passes no "
-        "options yet)",
-    ("src/backend/cuda/cuda_backend.cu", '"NEEDLE_CUDA_PRECISION"'):
-        "the CUDA plugin's own switch (`--precision` sets it for the plugin; plugin.h passes "
-        "no options yet)",
-    ("src/backend/cuda/cuda_backend.cu", '"NEEDLE_CUDA_TF32"'): "as above",
     ("src/backend/cuda/cuda_backend.cu", "vars[i]"): "the MPI launcher's local rank",
 }
 ENTRY = ("src/cli/", "src/core/tuning.c")

@@ -22,7 +22,8 @@
  *   nd_backend_sync(), which is how the CPU path stays zero-copy: ops run on
  *   the host and finish before they return.
  * - A device backend may run ops asynchronously, in issue order. Scalar
- *   arguments are read at issue time. */
+ *   arguments are read at issue time, by the host: a weight passed as one
+ *   comes from the model's host copy (san_weight_host in model/params.h). */
 #ifndef ND_BACKEND_H
 #define ND_BACKEND_H
 

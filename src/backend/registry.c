@@ -91,8 +91,14 @@ static const nd_backend *plugin_open(const char *kind, int index, int allow_sw, 
             nd_error(ND_EUNSUPPORTED, "libneedle_%s.so has no %s", kind, ND_PLUGIN_SYMBOL);
         return NULL;
     }
+    const nd_tuning *tu = nd_tuning_get();
+    nd_plugin_opts opts = {0, tu->vulkan_validate};
+    if (!strcmp(tu->cuda_precision, "bf16"))
+        opts.precision = 2;
+    else if (!strcmp(tu->cuda_precision, "tf32") || tu->cuda_tf32)
+        opts.precision = 1;
     const nd_backend *be =
-        open_fn(ND_PLUGIN_ABI, index, allow_sw, threads, no_device, why, sizeof why);
+        open_fn(ND_PLUGIN_ABI, index, allow_sw, threads, no_device, why, sizeof why, &opts);
     if (!be && !quiet)
         nd_error(*no_device ? ND_EUNSUPPORTED : ND_EIO, "backend '%s': %s", kind, why);
     return be;

@@ -10,6 +10,7 @@
 #include "core/fileio.h"
 #include "backend/backend.h"
 #include "core/status.h"
+#include "core/tuning.h"
 
 int cli_fail(const char *context)
 {
@@ -94,9 +95,16 @@ const nd_backend *cli_backend(const char *cmd, const char *device, const char *p
         cli_usage_error(cmd, "--precision: expected fp32, tf32 or bf16, got '%s'", precision);
         return NULL;
     }
-    /* read by the CUDA plugin when it opens its device */
-    if (precision)
-        setenv("NEEDLE_CUDA_PRECISION", precision, 1);
+    /* the CUDA plugin's GEMM precision: the tuning struct's switch, which
+     * the registry hands to the plugin when it opens its device */
+    if (precision) {
+        nd_tuning t = *nd_tuning_get();
+        snprintf(t.cuda_precision, sizeof t.cuda_precision, "%s", precision);
+        if (nd_tuning_use(&t)) {
+            cli_fail(NULL);
+            return NULL;
+        }
+    }
     const nd_backend *be = nd_backend_get(device, threads);
     if (!be) {
         cli_fail(NULL);

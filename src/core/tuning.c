@@ -57,6 +57,8 @@ int nd_tuning_from_env(nd_tuning *t)
     t->decode_one_thread = dt && !strcmp(dt, "0");
     t->fwht_ref = is_set("NEEDLE_FWHT_REF");
     t->vulkan_software = is_on("NEEDLE_VULKAN_SOFTWARE");
+    t->cuda_tf32 = is_on("NEEDLE_CUDA_TF32");
+    t->vulkan_validate = is_on("NEEDLE_VULKAN_VALIDATE");
     struct {
         const char *name;
         char *dst;
@@ -74,6 +76,7 @@ int nd_tuning_from_env(nd_tuning *t)
         {"NEEDLE_LOGIT_ROWS", t->logit_rows, sizeof t->logit_rows},
         {"NEEDLE_HF_STALL_S", t->hf_stall_s, sizeof t->hf_stall_s},
         {"NEEDLE_NCCL", t->nccl, sizeof t->nccl},
+        {"NEEDLE_CUDA_PRECISION", t->cuda_precision, sizeof t->cuda_precision},
     };
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
         int rc = copy_var(vars[i].name, vars[i].dst, vars[i].n);

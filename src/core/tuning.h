@@ -21,8 +21,9 @@
  * lists them): HF_ENDPOINT/HF_HUB_OFFLINE/HF_TOKEN, the MPI launchers' rank
  * variables, OMP_NUM_THREADS, the optional-library overrides of core/dlib
  * (NEEDLE_LIBBLAS ...), the Vulkan loader's driver filter, the built-in
- * base's location (read by the public needle_default_weights_path itself),
- * and the GPU plugins' own switches (a plugin is a separate module). */
+ * and the base's location (read by the public needle_default_weights_path
+ * itself). The GPU plugins' switches are here: they reach a plugin in its
+ * open call's options (backend/plugin.h). */
 #ifndef ND_TUNING_H
 #define ND_TUNING_H
 
@@ -45,6 +46,10 @@ typedef struct nd_tuning {
     char gpu_probe[ND_TUNING_WORD];  /* NEEDLE_GPU_PROBE: 0 never, else always */
     char backend_decline[1024];      /* NEEDLE_BACKEND_DECLINE: op,op,... on the CPU */
     int vulkan_software;             /* NEEDLE_VULKAN_SOFTWARE set and not "0" */
+    /* GPU plugins (passed in nd_plugin_opts) */
+    char cuda_precision[ND_TUNING_WORD]; /* NEEDLE_CUDA_PRECISION: fp32|tf32|bf16 (--precision) */
+    int cuda_tf32;                       /* NEEDLE_CUDA_TF32 set and not "0": as tf32 */
+    int vulkan_validate;                 /* NEEDLE_VULKAN_VALIDATE set and not "0" */
     /* training */
     char act_budget_mb[ND_TUNING_WORD]; /* NEEDLE_ACT_BUDGET_MB: kept-activation memory */
     char lane_every[ND_TUNING_WORD];    /* NEEDLE_LANE_EVERY (tests): lanes every k layers */

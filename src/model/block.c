@@ -96,9 +96,10 @@ static int layer_forward3(const san_block *b, san_layer_acts *A, int l, int N, c
     float *const phi_out[3] = {A->pre, A->post, A->res};
     if ((rc = b->wv->apply(b->wv, l, SAN_W_PHI, A->nx, N, phi_out)))
         return rc;
-    be->hyper_coeffs(be, A->hpre, A->hpost, A->M, A->pre, A->post, A->res, w->a_pre[l],
-                     w->a_post[l], w->a_res[l], w->b_pre + (size_t)l * n, w->b_post + (size_t)l * n,
-                     w->b_res + (size_t)l * n * n, l % n, N, n);
+    be->hyper_coeffs(be, A->hpre, A->hpost, A->M, A->pre, A->post, A->res,
+                     san_weight_host(b->m, &w->a_pre[l]), san_weight_host(b->m, &w->a_post[l]),
+                     san_weight_host(b->m, &w->a_res[l]), w->b_pre + (size_t)l * n,
+                     w->b_post + (size_t)l * n, w->b_res + (size_t)l * n * n, l % n, N, n);
     be->lanes_combine(be, A->u, A->hpre, X, N, n, d);
     const float *bx = A->u;
     for (int s = 0; s < c->n_sites; s++)
@@ -154,7 +155,7 @@ static int layer_forward3(const san_block *b, san_layer_acts *A, int l, int N, c
     if ((rc = b->wv->apply(b->wv, l, SAN_W_OUT, A->o, N, out)))
         return rc;
     be->rmsnorm(be, A->pn, A->pn_rstd, A->o2, w->post_norm + Ld, N, d);
-    be->residual_scaled(be, A->x1, bx, A->pn, w->attn_gate[l], (long)N * d);
+    be->residual_scaled(be, A->x1, bx, A->pn, san_weight_host(b->m, &w->attn_gate[l]), (long)N * d);
 
     /* y = (x1 + HadamardMLP(z)) - u */
     be->rmsnorm(be, A->z, A->z_rstd, A->x1, w->pre_hada + Ld, N, d);
@@ -189,9 +190,10 @@ int san_layer_forward(const san_block *b, san_layer_acts *A, int l, int N, const
     int rc = b->wv->apply(b->wv, l, SAN_W_PHI, A->nx, N, phi_out);
     if (rc)
         return rc;
-    be->hyper_coeffs(be, A->hpre, A->hpost, A->M, A->pre, A->post, A->res, w->a_pre[l],
-                     w->a_post[l], w->a_res[l], w->b_pre + (size_t)l * n, w->b_post + (size_t)l * n,
-                     w->b_res + (size_t)l * n * n, l % n, N, n);
+    be->hyper_coeffs(be, A->hpre, A->hpost, A->M, A->pre, A->post, A->res,
+                     san_weight_host(b->m, &w->a_pre[l]), san_weight_host(b->m, &w->a_post[l]),
+                     san_weight_host(b->m, &w->a_res[l]), w->b_pre + (size_t)l * n,
+                     w->b_post + (size_t)l * n, w->b_res + (size_t)l * n * n, l % n, N, n);
     be->lanes_combine(be, A->u, A->hpre, X, N, n, d);
 
     /* engram sites reading at this layer (upstream allows several) */
@@ -220,7 +222,7 @@ int san_layer_forward(const san_block *b, san_layer_acts *A, int l, int N, const
     if ((rc = b->wv->apply(b->wv, l, SAN_W_OUT, A->o, N, out)))
         return rc;
     be->rmsnorm(be, A->pn, A->pn_rstd, A->o2, w->post_norm + Ld, N, d);
-    be->residual_scaled(be, A->x1, bx, A->pn, w->attn_gate[l], (long)N * d);
+    be->residual_scaled(be, A->x1, bx, A->pn, san_weight_host(b->m, &w->attn_gate[l]), (long)N * d);
 
     /* Hadamard MLP; y = Block(bx) - u */
     be->rmsnorm(be, A->z, A->z_rstd, A->x1, w->pre_hada + Ld, N, d);

@@ -91,6 +91,17 @@ static inline float *san_model_dev(const san_model *m)
 {
     return m->dev ? m->dev : m->mem;
 }
+/* A weight the host reads by value (a per-layer gain handed to an op as a
+ * float): p points into the ops' copy; the host's copy at the same offset
+ * (m->mem) when that is device memory (CUDA), else *p itself (the CPU,
+ * where they are one buffer: the same read as before). */
+static inline float san_weight_host(const san_model *m, const float *p)
+{
+    uintptr_t d = (uintptr_t)m->dev, a = (uintptr_t)p;
+    if (m->dev && m->dev != m->mem && a >= d && a < d + m->numel * sizeof(float))
+        return m->mem[(a - d) / sizeof(float)];
+    return *p;
+}
 /* Point a san_weights at `mem` (a buffer of m->numel floats). With engram
  * banks (3.x), eng[s].table points at bank engram_bank_ids[s]. */
 void san_weights_bind(const san_model *m, float *mem, san_weights *w);

@@ -198,8 +198,9 @@ static void layer_backward_tail(const san_model *m, const san_weights *w, san_ac
     be->hyper_coeffs_backward(be, g->dpre, g->dpost, g->dres, GP(a_pre, l), GP(a_post, l),
                               GP(a_res, l), GP(b_pre, (size_t)l * n), GP(b_post, (size_t)l * n),
                               GP(b_res, (size_t)l * n * n), g->dhpre, g->dhpost, g->dM, A->pre,
-                              A->post, A->res, A->hpre, A->hpost, w->a_pre[l], w->a_post[l],
-                              w->a_res[l], w->b_res + (size_t)l * n * n, N, n);
+                              A->post, A->res, A->hpre, A->hpost, san_weight_host(m, &w->a_pre[l]),
+                              san_weight_host(m, &w->a_post[l]), san_weight_host(m, &w->a_res[l]),
+                              w->b_res + (size_t)l * n * n, N, n);
     /* dnx through the fused projection [phi_pre|phi_post|phi_res] */
     int K = 2 * n + n * n;
     be->copy2d(be, a->phi_cat, K, phi_pre_l, n, nd, n);
@@ -254,7 +255,8 @@ static void layer_backward(const san_model *m, const san_weights *w, san_acts *a
     for (int s = 0; s < m->cfg.n_sites; s++)
         if (m->cfg.engram_layers[s] == l)
             bx = A->bx;
-    be->residual_scaled_backward(be, g->dpn, GP(attn_gate, l), g->dx1, A->pn, w->attn_gate[l], Nd);
+    be->residual_scaled_backward(be, g->dpn, GP(attn_gate, l), g->dx1, A->pn,
+                                 san_weight_host(m, &w->attn_gate[l]), Nd);
     be->copy2d(be, g->dbx, (int)Nd, g->dx1, (int)Nd, 1, (int)Nd);
     be->rmsnorm_backward(be, g->do2, GP(post_norm, Ld), g->dpn, A->o2, A->pn_rstd,
                          w->post_norm + Ld, N, d, 0);
@@ -341,7 +343,8 @@ static void layer_backward3(const san_model *m, const san_weights *w, san_acts *
     for (int s = 0; s < c->n_sites; s++)
         if (c->engram_layers[s] == l)
             bx = A->bx;
-    be->residual_scaled_backward(be, g->dpn, GP(attn_gate, l), g->dx1, A->pn, w->attn_gate[l], Nd);
+    be->residual_scaled_backward(be, g->dpn, GP(attn_gate, l), g->dx1, A->pn,
+                                 san_weight_host(m, &w->attn_gate[l]), Nd);
     be->copy2d(be, g->dbx, (int)Nd, g->dx1, (int)Nd, 1, (int)Nd);
     be->rmsnorm_backward(be, g->do2, GP(post_norm, Ld), g->dpn, A->o2, A->pn_rstd,
                          w->post_norm + Ld, N, d, 0);

@@ -659,6 +659,9 @@ static int dist_grads(nd_run *r, const size_t *idx, int rows, double *loss, doub
     r->red[host_n] = (float)part;
     r->red[host_n + 1] = o->stop && *o->stop ? 1.0f : 0.0f;
     r->red[host_n + 2] = rc == ND_ENUMERIC ? 1.0f : 0.0f;
+    /* NCCL reads G on a stream of its own: the ops that wrote (or zeroed) it end first */
+    if (!host_n)
+        nd_backend_sync(r->be);
     double t0 = nd_wtime();
     if ((!host_n && (rc = nd_dist_sum_device(r->dist, r->G, NP))) ||
         (rc = nd_dist_sum(r->dist, r->red, host_n + 3)))

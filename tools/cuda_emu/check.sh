@@ -100,6 +100,32 @@ decline() {
     return 1
   fi
 }
+# the GEMM precision reaches the plugin in its open call's options (the
+# plugin reads no environment): --precision bf16, NEEDLE_CUDA_PRECISION=tf32
+# through core/tuning, and neither (float32); the backend line says which
+precision() {
+  echo "1 2 3 4 5 6 7 8" >"$OUT/prec.tok"
+  local how want got
+  for how in "--precision bf16:float32 (bf16 matmuls)" "env:float32 (TF32 matmuls)" \
+    "none:float32"; do
+    want=${how#*:}
+    case ${how%%:*} in
+    env) got=$(NEEDLE_CUDA_PRECISION=tf32 "$NEEDLE" eval --checkpoint "$OUT/tiny.pkl" \
+      --tokens "$OUT/prec.tok" --device cuda --threads 1 2>&1) ;;
+    none) got=$("$NEEDLE" eval --checkpoint "$OUT/tiny.pkl" --tokens "$OUT/prec.tok" \
+      --device cuda --threads 1 2>&1) ;;
+    # shellcheck disable=SC2086 # "--precision bf16": two words
+    *) got=$("$NEEDLE" eval --checkpoint "$OUT/tiny.pkl" --tokens "$OUT/prec.tok" \
+      --device cuda --threads 1 ${how%%:*} 2>&1) ;;
+    esac
+    if ! grep -q "backend   cuda .*, ${want}\$" <<<"$got"; then
+      echo "precision: ${how%%:*}: want the backend line to end '$want', got:"
+      echo "$got" | tail -n 5
+      return 1
+    fi
+  done
+  echo "precision: --precision and NEEDLE_CUDA_PRECISION reach the plugin: ok"
+}
 # 2 ranks (mpirun, loopback) on the emulated plugin, the gradients through
 # the NCCL path of src/dist with a stand-in libnccl (fake_nccl.c: the id
 # exchange and the all-reduce calls are checked, NCCL itself is not): the
@@ -128,6 +154,15 @@ HAVE_MPI=0
 if command -v mpirun >/dev/null; then
   HAVE_MPI=1
   ${CC:-gcc} -std=c11 -O1 -shared -fPIC -o "$OUT/libnccl.so.2" tools/cuda_emu/fake_nccl.c -ldl
+  # the stand-in is as strict as NCCL: host memory is refused, not summed
+  ${CC:-gcc} -std=c11 -O1 -o "$OUT/nccl_strict" tools/cuda_emu/nccl_strict.c -ldl
+  if "$OUT/nccl_strict" "$OUT/libnccl.so.2" >"$OUT/nccl_strict.run" 2>&1 &&
+    grep -q 'not device memory' "$OUT/nccl_strict.run"; then
+    echo "mpi-nccl: fake NCCL refuses host memory: ok" >"$OUT/nccl_strict.verdict"
+  else
+    { echo "mpi-nccl: fake NCCL summed host memory:"; cat "$OUT/nccl_strict.run"; } >"$OUT/nccl_strict.verdict"
+    NCCL_STRICT_FAILED=1
+  fi
 fi
 echo "cuda-emu-check: setup $((SECONDS - T0)) s; the runs, $JOBS at a time"
 
@@ -143,6 +178,7 @@ for dev in cuda cpu; do
   done
   if [ "$dev" = cuda ]; then
     [ -x "$OPS" ] && spawn ops ops && spawn decline decline
+    spawn precision precision
     if [ "$HAVE_MPI" = 1 ]; then
       spawn mpi2 mpi2
       spawn mpi1 mpi1
@@ -167,6 +203,12 @@ if [ -x "$OPS" ]; then
   cat "$OUT/ops.log"
   ok decline || fail=1
   cat "$OUT/decline.log"
+fi
+ok precision || fail=1
+cat "$OUT/precision.log"
+if [ "$HAVE_MPI" = 1 ]; then
+  cat "$OUT/nccl_strict.verdict"
+  [ "${NCCL_STRICT_FAILED:-0}" = 0 ] || fail=1
 fi
 if [ "$HAVE_MPI" = 0 ]; then
   echo "mpi-nccl: skipped (no mpirun)"

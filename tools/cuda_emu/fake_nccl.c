@@ -8,10 +8,14 @@
  * given with rank 0's actual one, which carries rank 0's pid and a random
  * tag) and that ranks and size match MPI's; that the gradient buffer goes
  * through ncclAllReduce (float, sum, in place) once a step, and that the
- * trainer applies what comes back. FAKE_NCCL_LOG=FILE: each rank appends
- * "rank R size N calls C floats F" at ncclCommDestroy. What it does not
- * check: anything of NCCL itself (its rings and trees, its streams, GPU
- * memory): tools/gpu_mpi_check.sh runs the real one on GPUs. */
+ * trainer applies what comes back; that the buffer is device memory, as
+ * NCCL needs (cudaMalloc memory, which the emulator keeps closed to host
+ * code): host memory is refused with invalid_argument and a message, as
+ * real NCCL fails on it (tools/cuda_emu/nccl_strict.c checks that).
+ * FAKE_NCCL_LOG=FILE: each rank appends "rank R size N calls C floats F"
+ * at ncclCommDestroy. What it does not check: anything of NCCL itself
+ * (its rings and trees, its streams, GPU memory): tools/gpu_mpi_check.sh
+ * runs the real one on GPUs. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <limits.h>
@@ -136,6 +140,31 @@ int ncclCommInitRank(void **out, int n, ncclUniqueId id, int rank)
     return ok;
 }
 
+/* Whether [lo, hi) is all device memory as the emulator keeps it: mapped,
+ * and closed to the host (no access) in /proc/self/maps. Host memory
+ * (malloc, the stack, pinned host memory) is readable there. */
+static int device_pages(uintptr_t lo, uintptr_t hi)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return 0;
+    char line[512];
+    uintptr_t at = lo;
+    int ok_so_far = 1;
+    while (ok_so_far && at < hi && fgets(line, sizeof line, f)) {
+        unsigned long a, b;
+        char perm[5];
+        if (sscanf(line, "%lx-%lx %4s", &a, &b, perm) != 3 || b <= at)
+            continue;
+        if (a > at) /* a hole: unmapped */
+            break;
+        ok_so_far = !strncmp(perm, "---", 3);
+        at = b;
+    }
+    fclose(f);
+    return ok_so_far && at >= hi;
+}
+
 int ncclAllReduce(const void *send, void *recv, size_t count, int type, int op, void *comm,
                   void *stream)
 {
@@ -145,34 +174,39 @@ int ncclAllReduce(const void *send, void *recv, size_t count, int type, int op, 
         fprintf(stderr, "fake NCCL: only float sums (type %d, op %d)\n", type, op);
         return invalid_argument;
     }
-    /* the emulator keeps device memory closed to host code (PROT_NONE
-     * outside its stream work); NCCL itself runs on the device: open the
-     * buffer's pages for the sum, close them after */
+    /* NCCL sums device memory; under the emulator that is cudaMalloc
+     * memory, closed to host code (PROT_NONE) outside its stream work.
+     * Host memory here is the caller's bug, as with real NCCL: refused.
+     * NCCL itself runs on the device: open the pages for the sum, close
+     * them after. */
     long pg = sysconf(_SC_PAGESIZE);
-    char *lo = (char *)((uintptr_t)recv & ~(uintptr_t)(pg - 1));
-    char *hi = (char *)(((uintptr_t)recv + count * sizeof(float) + (uintptr_t)pg - 1) &
-                        ~(uintptr_t)(pg - 1));
-    /* memory the host already reads (managed) stays as it is: closing it
-     * after the sum would fault the host's next read */
-    int fds[2], readable = 1;
-    if (count && !pipe(fds)) {
-        readable = write(fds[1], recv, 1) == 1; /* EFAULT when closed */
-        close(fds[0]);
-        close(fds[1]);
+    uintptr_t lo = (uintptr_t)recv & ~(uintptr_t)(pg - 1);
+    uintptr_t hi =
+        ((uintptr_t)recv + count * sizeof(float) + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
+    if (send != recv) {
+        fprintf(stderr, "fake NCCL: only in-place sums (send %p, recv %p)\n", send, recv);
+        return invalid_argument;
     }
-    int opened = count && !readable && !mprotect(lo, (size_t)(hi - lo), PROT_READ | PROT_WRITE);
+    if (count && !device_pages(lo, hi)) {
+        fprintf(stderr,
+                "fake NCCL: ncclAllReduce of %zu floats at %p: not device memory (the host "
+                "can address it); NCCL needs cudaMalloc memory\n",
+                count, recv);
+        return invalid_argument;
+    }
+    if (count && mprotect((void *)lo, hi - lo, PROT_READ | PROT_WRITE))
+        return system_error;
     for (size_t at = 0; at < count;) {
         int k = count - at > INT_MAX ? INT_MAX : (int)(count - at);
         float *r = (float *)recv + at;
-        const void *s = send == recv ? (ompi_world ? (void *)1 : (void *)-1) /* MPI_IN_PLACE */
-                                     : (const float *)send + at;
+        const void *s = ompi_world ? (void *)1 : (void *)-1; /* MPI_IN_PLACE */
         int e = ompi_world ? p_allreduce(s, r, k, ompi_float, ompi_sum, ompi_world)
                            : m_allreduce(s, r, k, MPICH_FLOAT, MPICH_SUM, MPICH_WORLD);
         if (e)
             return internal_error;
         at += (size_t)k;
     }
-    if (opened && mprotect(lo, (size_t)(hi - lo), PROT_NONE))
+    if (count && mprotect((void *)lo, hi - lo, PROT_NONE))
         return system_error;
     c->calls++;
     c->floats = count;

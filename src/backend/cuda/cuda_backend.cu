@@ -298,38 +298,22 @@ static void *cuda_alloc(const nd_backend *be, size_t bytes)
 {
     cuda_ctx *C = cuda_op_begin(be);
     void *p = NULL;
-    /* The host reaches alloc memory only through the copies below
-     * (host_mem 0; the contract in backend.h), so this can be plain device
-     * memory (cudaMalloc); it stays managed until every host access of the
-     * model and trainer goes through them (the emulator, where cudaMalloc
-     * memory is closed to host code, still finds some: docs/training.md).
-     * Never more than the card has free: NULL here is a clean "out of cuda
-     * memory" for the caller; managed memory beyond it pages to and fro or,
-     * on some drivers, hangs the GPU. */
+    /* Plain device memory: the host reaches alloc memory only through the
+     * copies below (host_mem 0; the contract in backend.h), and NCCL sums
+     * the gradients in it. Never more than the card has free: NULL here is
+     * a clean "out of cuda memory" for the caller. */
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
         if (bytes > free_b)
             return NULL;
     } else
         (void)cudaGetLastError();
-    cudaError_t e = cudaMallocManaged(&p, bytes ? bytes : 1, cudaMemAttachGlobal);
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();
         return NULL;
     }
     CUDA_CHECK(e);
-#if CUDART_VERSION >= 13000
-    cudaMemLocation loc;
-    loc.type = cudaMemLocationTypeDevice;
-    loc.id = C->device;
-    /* advice only: some systems refuse it, which is harmless */
-    if (cudaMemAdvise(p, bytes ? bytes : 1, cudaMemAdviseSetPreferredLocation, loc) != cudaSuccess)
-        (void)cudaGetLastError();
-#else
-    if (cudaMemAdvise(p, bytes ? bytes : 1, cudaMemAdviseSetPreferredLocation, C->device) !=
-        cudaSuccess)
-        (void)cudaGetLastError();
-#endif
     /* zeroed before anything can read it */
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes ? bytes : 1, C->stream));
     CUDA_CHECK(cudaStreamSynchronize(C->stream));
@@ -459,7 +443,7 @@ static cuda_ctx *contexts[MAX_DEVICES];
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Set up device `dev`; NULL + message on failure. */
-static cuda_ctx *ctx_create(int dev, int threads, char *err, size_t errlen)
+static cuda_ctx *ctx_create(int dev, int threads, int precision, char *err, size_t errlen)
 {
     cudaDeviceProp prop;
     cudaError_t e = cudaGetDeviceProperties(&prop, dev);
@@ -474,10 +458,6 @@ static cuda_ctx *ctx_create(int dev, int threads, char *err, size_t errlen)
                  "CUDA device %d (%s) has compute capability %d.%d; needle's plugin "
                  "is built for 8.0 and newer",
                  dev, prop.name, prop.major, prop.minor);
-        return NULL;
-    }
-    if (!prop.managedMemory) {
-        snprintf(err, errlen, "CUDA device %d (%s) has no managed memory", dev, prop.name);
         return NULL;
     }
     cuda_ctx *C = (cuda_ctx *)calloc(1, sizeof *C);
@@ -499,14 +479,10 @@ static cuda_ctx *ctx_create(int dev, int threads, char *err, size_t errlen)
         return NULL;
     }
     cublasSetStream(C->blas, C->stream);
-    /* float32 as the CPU computes it unless asked for (`--precision`, i.e.
-     * NEEDLE_CUDA_PRECISION=tf32|bf16): tensor-core GEMMs that round their
-     * inputs to TF32 (10-bit mantissa) or bfloat16 (7-bit), float32 sums */
-    const char *prec = getenv("NEEDLE_CUDA_PRECISION");
-    const char *tf32 = getenv("NEEDLE_CUDA_TF32");
-    C->precision = prec && !strcmp(prec, "bf16")                                             ? 2
-                   : (prec && !strcmp(prec, "tf32")) || (tf32 && *tf32 && strcmp(tf32, "0")) ? 1
-                                                                                             : 0;
+    /* float32 as the CPU computes it unless asked for (`--precision`, the
+     * program's nd_plugin_opts): tensor-core GEMMs that round their inputs
+     * to TF32 (10-bit mantissa) or bfloat16 (7-bit), float32 sums */
+    C->precision = precision == 2 || precision == 1 ? precision : 0;
     cublasSetMathMode(C->blas, CUBLAS_DEFAULT_MATH);
     ring_alloc(C, RING_MIN_BYTES);
     fill_table(&C->table);
@@ -549,7 +525,7 @@ static int launcher_local_rank(void)
 
 extern "C" __attribute__((visibility("default"))) const nd_backend *
 nd_plugin_open(int abi, int index, int allow_software, int threads, int *no_device, char *err,
-               size_t errlen)
+               size_t errlen, const nd_plugin_opts *opts)
 {
     (void)allow_software; /* CUDA has no software devices */
     *no_device = 0;
@@ -579,7 +555,7 @@ nd_plugin_open(int abi, int index, int allow_software, int threads, int *no_devi
     }
     pthread_mutex_lock(&open_lock);
     if (!contexts[dev])
-        contexts[dev] = ctx_create(dev, threads, err, errlen);
+        contexts[dev] = ctx_create(dev, threads, opts ? opts->precision : 0, err, errlen);
     cuda_ctx *C = contexts[dev];
     pthread_mutex_unlock(&open_lock);
     return C ? &C->table : NULL;

@@ -34,10 +34,9 @@ struct vk_state {
 static struct vk_state vk_state = {-2, ""};
 static nd_backend vk_table;
 
-__attribute__((visibility("default"))) const nd_backend *nd_plugin_open(int abi, int index,
-                                                                        int allow_software,
-                                                                        int threads, int *no_device,
-                                                                        char *err, size_t errlen)
+__attribute__((visibility("default"))) const nd_backend *
+nd_plugin_open(int abi, int index, int allow_software, int threads, int *no_device, char *err,
+               size_t errlen, const nd_plugin_opts *opts)
 {
     (void)threads;
     *no_device = 0;
@@ -54,7 +53,7 @@ __attribute__((visibility("default"))) const nd_backend *nd_plugin_open(int abi,
         }
         return &vk_table;
     }
-    int dev = vk_open(index, allow_software, no_device, err, errlen);
+    int dev = vk_open(index, allow_software, opts && opts->validate, no_device, err, errlen);
     if (dev < 0)
         return NULL;
     memset(&vk_table, 0, sizeof vk_table);

@@ -377,11 +377,9 @@ static int open_instance(int index, int allow_software, int filtered, int valida
     return idx;
 }
 
-int vk_open(int index, int allow_software, int *no_device, char *err, size_t errlen)
+int vk_open(int index, int allow_software, int validate, int *no_device, char *err, size_t errlen)
 {
     *no_device = 0;
-    const char *val = getenv("NEEDLE_VULKAN_VALIDATE");
-    int validate = val && *val && strcmp(val, "0");
     if (validate && !has_layer("VK_LAYER_KHRONOS_validation")) {
         snprintf(err, errlen,
                  "NEEDLE_VULKAN_VALIDATE is set but VK_LAYER_KHRONOS_validation is "

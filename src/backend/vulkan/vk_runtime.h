@@ -31,7 +31,7 @@ extern const int vk_shader_count;
 /* Open the device (index < 0: best hardware device; software devices only
  * when allow_software). 0, or -1 with a message in err; *no_device when
  * only the device is missing. */
-int vk_open(int index, int allow_software, int *no_device, char *err, size_t errlen);
+int vk_open(int index, int allow_software, int validate, int *no_device, char *err, size_t errlen);
 const char *vk_device_description(void);
 uint32_t vk_subgroup_size(void);
 uint32_t vk_max_shared_bytes(void);

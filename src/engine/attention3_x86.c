@@ -144,31 +144,6 @@ T_A3 static inline float hmax8(__m256 v)
     return _mm_cvtss_f32(m);
 }
 
-T_A3 static inline __m256 exp8(__m256 x)
-{
-    const __m256 lo = _mm256_set1_ps(-87.3f), magic = _mm256_set1_ps(12582912.0f);
-    __m256 xc = _mm256_max_ps(x, lo);
-    __m256 kf = _mm256_add_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)), magic);
-    __m256i kb = _mm256_castps_si256(kf);
-    kf = _mm256_sub_ps(kf, magic);
-    __m256 r = _mm256_sub_ps(xc, _mm256_mul_ps(kf, _mm256_set1_ps(0.693359375f)));
-    r = _mm256_sub_ps(r, _mm256_mul_ps(kf, _mm256_set1_ps(-2.12194440e-4f)));
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r),
-                      _mm256_set1_ps(1.0f));
-    __m256i e =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(kb, _mm256_set1_epi32(0x4B400000)),
-                                           _mm256_set1_epi32(127)),
-                          23);
-    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    return _mm256_and_ps(y, _mm256_cmp_ps(x, lo, _CMP_GE_OQ));
-}
-
 T_A3 static inline __m256 i8_8(const int8_t *p)
 {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
@@ -190,7 +165,7 @@ T_A3 static inline __m256 i8_8(const int8_t *p)
 #define VMAX(a, b) _mm256_max_ps(a, b)
 #define VTRANSPOSE(s, ld, d) transpose8(s, ld, d)
 #define VHMAX(v) hmax8(v)
-#define VEXP(v) exp8(v)
+#define VEXP(v) nd_exp8_ps(v)
 #define VI8(p) i8_8(p)
 #include "engine/attention3_x86_impl.h"
 

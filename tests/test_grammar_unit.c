@@ -628,6 +628,80 @@ static void test_number_bounds(void)
     }
 }
 
+static char *repeat(const char *unit, int times, const char *pre, const char *post)
+{
+    size_t u = strlen(unit), n = strlen(pre) + u * (size_t)times + strlen(post) + 1;
+    char *s = malloc(n);
+    if (!s)
+        return NULL;
+    strcpy(s, pre);
+    for (int i = 0; i < times; i++)
+        strcat(s, unit);
+    strcat(s, post);
+    return s;
+}
+
+/* strings: no cycle of 1..ND_GRAM_STR_PERIOD (8) bytes repeated over more
+ * than ND_GRAM_STR_PERIODIC (32) bytes where no pattern says otherwise, so
+ * a model repeating "YYYY..." or "b82?b82?..." must close the string */
+static void test_string_repeats(void)
+{
+    nd_grammar *g = compile_params(
+        "{\"type\": \"object\", \"properties\": {\"s\": {\"type\": \"string\"}, \"p\": {\"type\": "
+        "\"string\", \"pattern\": \"^a+$\"}, \"any\": {}, \"long\": {\"type\": \"string\", "
+        "\"minLength\": 40}}}");
+    if (!g)
+        return;
+    static const struct {
+        const char *unit, *key;
+        int times, ok;
+    } cases[] = {
+        {"Y", "s", 32, 1},        {"Y", "s", 33, 0},         {"b82?", "s", 8, 1},
+        {"b82?", "s", 9, 0},      {"abcdefgh", "s", 4, 1},   {"abcdefgh", "s", 5, 0},
+        {"\\u00e9", "s", 5, 1},   {"\\u00e9", "s", 6, 0},    {"\xc3\xa9", "s", 16, 1},
+        {"\xc3\xa9", "s", 17, 0}, {"ab", "any", 16, 1},      {"ab", "any", 17, 0},
+        {"a", "p", 60, 1},        {"abcdefghi", "s", 10, 1}, /* period 9: not checked */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char pre[16];
+        snprintf(pre, sizeof pre, "{\"%s\":\"", cases[i].key);
+        char *a = repeat(cases[i].unit, cases[i].times, pre, "\"}");
+        if (!a)
+            continue;
+        CHECK_MSG(accepts_args(g, a) == cases[i].ok, "string repeats: %s %s", a,
+                  cases[i].ok ? "rejected" : "accepted");
+        free(a);
+    }
+    static const char *ok[] = {
+        "{\"s\":\"123e4567-e89b-12d3-a456-426614174000\"}",
+        "{\"s\":\"00000000-0000-0000-0000-000000000000\"}",
+        "{\"s\":\"+1 555 555 5555, ext. 5555\"}",
+        "{\"s\":\"hahahahahahahahaha, that was funny.\"}",
+        "{\"long\":\"--------------------------------x-------\"}", /* 40: the cycle broken once */
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        CHECK_MSG(accepts_args(g, ok[i]), "string: rejects %s", ok[i]);
+    /* the decoder's view: after 32 Ys a 33rd is refused, closing or any
+     * other byte is not */
+    char *pre = repeat("Y", 32, "[{\"name\":\"f\",\"arguments\":{\"s\":\"", "");
+    if (pre) {
+        nd_gram_state s, t;
+        nd_gram_init(g, &s);
+        int fed = 1;
+        for (const char *c = pre; *c && fed; c++)
+            fed = nd_gram_feed(g, &s, (unsigned char)*c);
+        CHECK(fed);
+        t = s;
+        CHECK_MSG(!nd_gram_feed(g, &t, 'Y'), "a 33rd Y");
+        t = s;
+        CHECK(nd_gram_feed(g, &t, '"'));
+        t = s;
+        CHECK(nd_gram_feed(g, &t, 'Z') && nd_gram_feed(g, &t, 'Y'));
+        free(pre);
+    }
+    test_dist_walks(g);
+}
+
 /* anyOf / oneOf with more alternatives than the old limit of 64: a oneOf
  * of 150 consts (an enum written with a title per value), 100 object
  * shapes, mixed kinds */
@@ -717,6 +791,7 @@ int main(void)
     test_bad_tools();
     test_large_lists();
     test_number_bounds();
+    test_string_repeats();
     test_many_alternatives();
     return tu_finish("test_grammar_unit");
 }

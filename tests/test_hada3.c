@@ -514,7 +514,11 @@ static void check_mix_ops(void)
         p[i] = 0.2f * (float)nd_rng_normal(&rng);
     for (long i = 0; i < (long)RANK * C; i++)
         cu[i] = 0.5f * (float)nd_rng_normal(&rng);
-    for (int variant = 0; variant < 2; variant++) { /* 0 plain, 1 cond + bias + silu */
+    /* the forward on all rows, and on the first 1 and 5 (a decode step's
+     * few rows take the direct path) */
+    for (int pass = 0; pass < 6; pass++) {
+        int variant = pass % 2; /* 0 plain, 1 cond + bias + silu */
+        long rows = pass < 2 ? N : pass < 4 ? 1 : 5;
         const float *pp = variant ? p : NULL, *cc = variant ? cu : NULL,
                     *bb = variant ? bias : NULL;
         int rank = variant ? RANK : 0, silu = variant;
@@ -531,7 +535,7 @@ static void check_mix_ops(void)
                     g += (double)pp[r * RANK + q] * cc[q * C + m];
                 double h = scale[m] * g * v + (bb ? bb[m] : 0.0), da = 1.0;
                 double y = silu ? ref_silu_d(h, &da) : h;
-                if (dso[m] >= 0)
+                if (dso[m] >= 0 && r < rows)
                     rdst[dso[m] + r * BA] = (float)y;
                 double e = dso[m] < 0 ? 0.0 : ddst[dso[m] + r * BA] * da;
                 if (so[m] >= 0)
@@ -540,7 +544,7 @@ static void check_mix_ops(void)
                 rdscale[m] += (float)(e * g * v);
                 rdbias[m] += (float)e;
             }
-        be->hada3_mix(be, dst, dso, BA, src, so, BB, scale, pp, cc, rank, bb, silu, N, C);
+        be->hada3_mix(be, dst, dso, BA, src, so, BB, scale, pp, cc, rank, bb, silu, rows, C);
         be->hada3_mix_backward(be, dsrc, dcond, dscale, dbias, ddst, dso, BA, src, so, BB, scale,
                                pp, cc, rank, bb, silu, N, C);
         nd_backend_sync(be);
@@ -548,8 +552,9 @@ static void check_mix_ops(void)
         double e3 = tu_rel_err(dcond, rdcond, (long)N * C, 1.0);
         double e4 = tu_rel_err(dscale, rdscale, C, 1.0), e5 = tu_rel_err(dbias, rdbias, C, 1.0);
         CHECK_MSG(e1 < 1e-5 && e2 < 1e-5 && e3 < 1e-5 && e4 < 1e-4 && e5 < 1e-4,
-                  "hada3_mix ops variant %d: dst %.3g dsrc %.3g dcond %.3g dscale %.3g dbias %.3g",
-                  variant, e1, e2, e3, e4, e5);
+                  "hada3_mix ops variant %d, %ld rows: dst %.3g dsrc %.3g dcond %.3g dscale %.3g "
+                  "dbias %.3g",
+                  variant, rows, e1, e2, e3, e4, e5);
     }
     free(src);
     free(ddst);

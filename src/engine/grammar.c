@@ -217,6 +217,37 @@ static int str_char(const gnode *n, nd_gram_frame *f, int ch)
     return 1;
 }
 
+_Static_assert(2 * ND_GRAM_STR_PERIOD <= sizeof(((nd_gram_frame *)0)->num),
+               "a string frame keeps its last bytes and their runs in num[]");
+
+/* The repeat guard (grammar_internal.h) for one more content byte of a
+ * string without a pattern. num[0..P) holds the last bytes, newest first
+ * (nlen of them), num[P + p - 1] how many bytes in a row have equalled the
+ * byte p before them, so the tail repeats with period p over run + p
+ * bytes. At most P byte values are refused at any point, and every string
+ * position admits more (9 after a backslash, at least 16 UTF-8
+ * continuation bytes, 22 hex digits, any other character), so no prefix
+ * becomes a dead end. */
+static int str_cycle_ok(nd_gram_frame *f, unsigned char b)
+{
+    enum { P = ND_GRAM_STR_PERIOD };
+    uint8_t *last = (uint8_t *)f->num, *run = last + P;
+    for (int p = 1; p <= P; p++) {
+        if (p <= f->nlen && last[p - 1] == b) {
+            if (run[p - 1] + 1 + p > ND_GRAM_STR_PERIODIC)
+                return 0;
+            run[p - 1]++;
+        } else {
+            run[p - 1] = 0;
+        }
+    }
+    memmove(last + 1, last, P - 1);
+    last[0] = b;
+    if (f->nlen < P)
+        f->nlen++;
+    return 1;
+}
+
 static int step_str(const nd_grammar *g, nd_gram_frame *f, unsigned char b)
 {
     const gnode *n = &g->nodes[f->node];
@@ -226,6 +257,9 @@ static int step_str(const nd_grammar *g, nd_gram_frame *f, unsigned char b)
         f->phase = 1;
         return R_ACC;
     }
+    int closing = b == '"' && !f->esc && !f->u8left;
+    if (!n->re && !closing && !str_cycle_ok(f, b))
+        return R_REJ;
     if (f->u8left) {
         if (b < f->u8lo || b > f->u8hi)
             return R_REJ;

@@ -31,6 +31,14 @@ enum { R_REJ, R_ACC, R_ACC_POP, R_POP, R_RETRY };
  * cap to reach it. */
 #define ND_GRAM_FREE_INT_DIGITS 13
 #define ND_GRAM_MAX_RUN 4
+/* A string without a pattern may not end in a cycle of 1..ND_GRAM_STR_PERIOD
+ * bytes repeated over more than ND_GRAM_STR_PERIODIC bytes ("YYYY...",
+ * "b82?b82?..."): a model that keeps repeating a token has to close the
+ * string or write something else instead of running to the token limit.
+ * Real values rarely repeat that long (a UUID's longest run is 12 bytes,
+ * a phone number's 10). */
+#define ND_GRAM_STR_PERIOD 8
+#define ND_GRAM_STR_PERIODIC 32
 /* an object frame keeps the set of properties already written in its
  * (otherwise string-only) pattern words; an object with more properties
  * admits its keys in declaration order (the frame keeps the last one) */

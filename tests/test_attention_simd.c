@@ -14,6 +14,7 @@
 #include "core/threadpool.h"
 #include "engine/attention.h"
 #include "engine/engine.h"
+#include "att_case.h"
 #include "testutil.h"
 
 #define ML 512
@@ -112,40 +113,16 @@ static void check_amx(nd_kv_state *s, const float *q, float *att, int p0, int n,
 
 static void run_case(int H, int G, int hd, int n, int p0, int kv_window, int n_sink)
 {
-    static san_model m;
-    memset(&m, 0, sizeof m);
-    m.dims.H = H;
-    m.dims.G = G;
-    m.dims.hd = hd;
-    m.dims.q_dim = H * hd;
-    m.dims.kv_dim = G * hd;
-    nd_kv_state s;
-    memset(&s, 0, sizeof s);
-    s.m = &m;
-    s.cap = s.max_len = ML;
-    s.kv_int8 = 1;
-    s.kv_window = kv_window;
-    s.n_sink = n_sink;
-    s.att_threads = nd_get_threads();
-    size_t qn = (size_t)n * m.dims.q_dim, kvn = (size_t)ML * m.dims.kv_dim;
-    float *q = malloc(sizeof(float) * qn), *att = malloc(sizeof(float) * qn);
-    s.k8 = malloc(kvn);
-    s.v8 = malloc(kvn);
-    s.ks = malloc(sizeof(float) * ML * G);
-    s.vs = malloc(sizeof(float) * ML * G);
-    s.att_s = malloc(sizeof(float) * (size_t)s.att_threads * ND_ATT_ROWS * (H / G) * ML);
+    static att_case c;
+    att_case_make(&c, H, G, hd, n, ML, kv_window, n_sink, 0, frand);
+    nd_kv_state s = c.s;
+    const float *q = c.q;
+    size_t qn = c.qn;
+    float *att = malloc(sizeof(float) * qn);
     float *ref = malloc(sizeof(float) * qn), *want = malloc(sizeof(float) * qn);
     float *off = malloc(sizeof(float) * qn), *simd = malloc(sizeof(float) * qn);
-    for (size_t e = 0; e < qn; e++)
-        q[e] = 2.0f * frand();
-    for (size_t e = 0; e < kvn; e++) {
-        s.k8[e] = (int8_t)lrintf(127.0f * frand());
-        s.v8[e] = (int8_t)lrintf(127.0f * frand());
-    }
-    for (int e = 0; e < ML * G; e++) {
-        s.ks[e] = (1.5f + frand()) * 0.2f / 127.0f * sqrtf((float)hd);
-        s.vs[e] = (1.5f + frand()) / 127.0f;
-    }
+    if (!att || !ref || !want || !off || !simd)
+        exit(2);
     nd_kv_attention(&s, 0, p0, n, q, att, ND_ATT_REF);
     memcpy(ref, att, sizeof(float) * qn);
     memset(att, 0xff, sizeof(float) * qn); /* NaN: every output must be written */
@@ -170,13 +147,8 @@ static void run_case(int H, int G, int hd, int n, int p0, int kv_window, int n_s
         sensitive++;
     }
     cases++;
-    free(q);
     free(att);
-    free(s.k8);
-    free(s.v8);
-    free(s.ks);
-    free(s.vs);
-    free(s.att_s);
+    att_case_free(&c);
     free(ref);
     free(want);
     free(off);

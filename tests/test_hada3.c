@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
 #include "core/np_random.h"
 #include "core/rng.h"
 #include "core/status.h"
@@ -363,6 +364,90 @@ static void check_backward(int d, int untied, int split, long N)
     prob_free(&pr);
 }
 
+/* One forward and two backwards (saved with weight gradients; recomputed,
+ * frozen) of the first N rows of pr's x: y, saved, dx, G (dx at x's
+ * offset, weight gradients from 0), dx2. */
+typedef struct {
+    float *y, *saved, *G, *dx2;
+} run_out;
+
+static void run_fb(prob *pr, const fparams *fp, long N, const float *dy, run_out *o)
+{
+    size_t nd = (size_t)N * pr->g.d, np = pr->off[T_N];
+    o->y = balloc(nd);
+    o->saved = balloc((size_t)N * san_hada3_saved_per_row(&pr->g));
+    o->G = balloc(np);
+    o->dx2 = balloc(nd);
+    san_hada3_grad gw = grad_view(pr, o->G);
+    const float *x = fp->f + pr->off[T_X];
+    CHECK(san_hada3_forward(be, &pr->g, &fp->w, x, N, o->y, o->saved) == ND_OK);
+    CHECK(san_hada3_backward(be, &pr->g, &fp->w, x, N, o->saved, dy, o->G + pr->off[T_X], &gw) ==
+          ND_OK);
+    CHECK(san_hada3_backward(be, &pr->g, &fp->w, x, N, NULL, dy, o->dx2, NULL) == ND_OK);
+}
+
+static void run_free(run_out *o)
+{
+    bfree(o->y);
+    bfree(o->saved);
+    bfree(o->G);
+    bfree(o->dx2);
+}
+
+/* san_hada3_keep_scratch: calls that reuse the kept scratch (grown for
+ * more rows, then reused, stale, by fewer) give the same bits as calls
+ * that allocate their own, forward and backward. */
+static void check_kept_scratch(int d, int untied)
+{
+    enum { NS = 12, NB = 40 }; /* both above the mix op's few-row path */
+    prob pr;
+    CHECK(prob_init(&pr, d, untied, 1, NB, 3000 + (uint64_t)d + untied) == ND_OK);
+    fparams fp;
+    to_float(&pr, &fp);
+    nd_rng r;
+    nd_rng_seed(&r, 5);
+    float *dy = balloc((size_t)NB * d);
+    for (long i = 0; i < (long)NB * d; i++)
+        dy[i] = (float)nd_rng_normal(&r);
+    size_t np = pr.off[T_N], ps = san_hada3_saved_per_row(&pr.g);
+    run_out ref[2];
+    const long rows[3] = {NS, NB, NS};
+    for (int i = 0; i < 2; i++)
+        run_fb(&pr, &fp, rows[i], dy, &ref[i]);
+    CHECK(san_hada3_scratch_floats(&pr.g) == 0);
+    CHECK(san_hada3_keep_scratch(&pr.g, be) == ND_OK);
+    CHECK(san_hada3_keep_scratch(&pr.g, be) == ND_OK); /* again: a no-op */
+    for (int k = 0; k < 3; k++) {
+        long N = rows[k];
+        const run_out *R = &ref[N == NB];
+        run_out o;
+        run_fb(&pr, &fp, N, dy, &o);
+        size_t nd = (size_t)N * d;
+        CHECK_MSG(!memcmp(o.y, R->y, sizeof(float) * nd) &&
+                      !memcmp(o.saved, R->saved, sizeof(float) * (size_t)N * ps),
+                  "kept scratch d %d %s, call %d (%ld rows): forward differs", d,
+                  untied ? "block_untied" : "shared", k, N);
+        CHECK_MSG(!memcmp(o.G + pr.off[T_X], R->G + pr.off[T_X], sizeof(float) * nd) &&
+                      !memcmp(o.G + pr.off[T_W1A], R->G + pr.off[T_W1A],
+                              sizeof(float) * (np - pr.off[T_W1A])) &&
+                      !memcmp(o.dx2, R->dx2, sizeof(float) * nd),
+                  "kept scratch d %d %s, call %d (%ld rows): backward differs", d,
+                  untied ? "block_untied" : "shared", k, N);
+        /* kept at the largest call's size: 4 N n + 8 N floats */
+        size_t want = (size_t)NB * (4 * (size_t)pr.g.n + SAN_HADA3_COND_RANK);
+        CHECK_MSG(san_hada3_scratch_floats(&pr.g) == (k ? want : (size_t)NS * (want / NB)),
+                  "kept scratch after call %d: %zu floats", k, san_hada3_scratch_floats(&pr.g));
+        run_free(&o);
+    }
+    printf("kept scratch d %d n %d %s: same bits as per-call scratch\n", d, pr.g.n,
+           untied ? "block_untied" : "shared");
+    for (int i = 0; i < 2; i++)
+        run_free(&ref[i]);
+    bfree(dy);
+    bfree(fp.f);
+    prob_free(&pr); /* frees the kept scratch too (ASan: no leak) */
+}
+
 static void check_geometry(void)
 {
     /* n, ba, bb of upstream's _hada_blocks for a few d */
@@ -570,6 +655,59 @@ static void check_mix_ops(void)
     free(rdcond);
 }
 
+/* The CPU's mix ops keep the plans of the offset tables they were given:
+ * more tables than the cache holds, used again in another order, give the
+ * same rows; a table used twice in a row is planned once. */
+static void check_mix_cache(void)
+{
+    enum { N = 24, C = 64, NT = 12 };
+    nd_rng rng;
+    nd_rng_seed(&rng, 41);
+    static float src[N * C], out[NT][N * C], again[N * C], scale[C];
+    static int32_t tab[NT][C], id[C];
+    for (int i = 0; i < N * C; i++)
+        src[i] = (float)nd_rng_normal(&rng);
+    for (int m = 0; m < C; m++) {
+        scale[m] = (float)nd_rng_normal(&rng);
+        id[m] = m;
+    }
+    for (int t = 0; t < NT; t++) { /* a permutation each, one place padded */
+        for (int m = 0; m < C; m++)
+            tab[t][m] = m;
+        for (int m = C - 1; m > 0; m--) {
+            int k = (int)nd_rng_below(&rng, (uint64_t)m + 1);
+            int32_t x = tab[t][m];
+            tab[t][m] = tab[t][k];
+            tab[t][k] = x;
+        }
+        tab[t][t] = -1;
+    }
+    long made0 = cpu_hada3_plans_made();
+    for (int t = 0; t < NT; t++) {
+        be->hada3_mix(be, out[t], id, C, src, tab[t], C, scale, NULL, NULL, 0, NULL, 0, N, C);
+        int bad = 0;
+        for (int r = 0; r < N; r++)
+            for (int m = 0; m < C; m++) {
+                float v = tab[t][m] < 0 ? 0.0f : src[r * C + tab[t][m]];
+                bad += out[t][r * C + m] != v * scale[m];
+            }
+        CHECK_MSG(!bad, "hada3_mix, table %d: %d values differ from the plain loop", t, bad);
+    }
+    CHECK_MSG(cpu_hada3_plans_made() - made0 >= NT, "%ld plans for %d new tables",
+              cpu_hada3_plans_made() - made0, NT);
+    for (int t = NT - 1; t >= 0; t--) { /* evicted and cached plans alike */
+        be->hada3_mix(be, again, id, C, src, tab[t], C, scale, NULL, NULL, 0, NULL, 0, N, C);
+        CHECK_MSG(!memcmp(again, out[t], sizeof again), "hada3_mix, table %d again: differs", t);
+    }
+    be->hada3_mix(be, again, id, C, src, tab[3], C, scale, NULL, NULL, 0, NULL, 0, N, C);
+    long made1 = cpu_hada3_plans_made();
+    be->hada3_mix(be, again, id, C, src, tab[3], C, scale, NULL, NULL, 0, NULL, 0, N, C);
+    be->hada3_mix_backward(be, out[0], NULL, NULL, NULL, again, id, C, src, tab[3], C, scale, NULL,
+                           NULL, 0, NULL, 0, N, C);
+    CHECK_MSG(cpu_hada3_plans_made() == made1, "tables used again were planned again (%ld plans)",
+              cpu_hada3_plans_made() - made1);
+}
+
 int main(int argc, char **argv)
 {
     /* test_hada3 DEVICE: the same checks on another backend (77: absent) */
@@ -595,6 +733,8 @@ int main(int argc, char **argv)
     check_geometry();
     if (!be->device) /* host pointers into the op: the CPU's */
         check_mix_ops();
+    if (!strcmp(be->name, "cpu"))
+        check_mix_cache();
     static const int dims[] = {2, 3, 12, 16, 24, 32, 100};
     for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
         for (int untied = 0; untied < 2; untied++)
@@ -605,5 +745,7 @@ int main(int argc, char **argv)
         for (int untied = 0; untied < 2; untied++)
             for (int split = 0; split < 2; split++)
                 check_backward(bdims[i], untied, split, 5);
+    for (int untied = 0; untied < 2; untied++)
+        check_kept_scratch(100, untied);
     return tu_finish("test_hada3");
 }

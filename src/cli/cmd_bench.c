@@ -171,7 +171,18 @@ static void bench_report(const bench_run *r)
 }
 
 /* one line of progress on stderr: a needle3-shape step can take minutes */
-static void bench_progress(long long i, long long iters, double dt)
+/* user + system CPU seconds of the process so far (all its threads) */
+static double bench_cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
+           (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+}
+
+/* cpu: the CPU seconds the step took (on a shared machine, what the code
+ * costs; with threads it includes their waits at barriers) */
+static void bench_progress(long long i, long long iters, double dt, double cpu)
 {
     struct rusage ru_now;
     char label[48];
@@ -180,8 +191,8 @@ static void bench_progress(long long i, long long iters, double dt)
         snprintf(label, sizeof label, "warm-up");
     else
         snprintf(label, sizeof label, "%lld of %lld", i + 1, iters);
-    fprintf(stderr, "  %-9s %s: %.3f s, peak RSS so far %.1f MB\n", "step", label, dt,
-            nd_maxrss_mb(ru_now.ru_maxrss));
+    fprintf(stderr, "  %-9s %s: %.3f s (CPU %.3f s), peak RSS so far %.1f MB\n", "step", label, dt,
+            cpu, nd_maxrss_mb(ru_now.ru_maxrss));
 }
 
 int cli_bench(int argc, char **argv)
@@ -283,7 +294,7 @@ int cli_bench(int argc, char **argv)
          * device backend's peak is not measured here) */
         if (i >= 0)
             peak[i] = be->device ? 0 : bench_fma_peak(0.2, &isa);
-        double t0 = nd_wtime(), loss;
+        double t0 = nd_wtime(), c0 = bench_cpu_seconds(), loss;
         if (train) {
             rc = nd_trainer_step(&tr, tok, mask, (int)B, 1, &loss, NULL);
             /* AdamW on the host: the gradients there, the adapter back */
@@ -303,7 +314,7 @@ int cli_bench(int argc, char **argv)
         if (i >= 0)
             sec[i] = dt;
         if (!rc)
-            bench_progress(i, iters, dt);
+            bench_progress(i, iters, dt, bench_cpu_seconds() - c0);
     }
     if (!rc) {
         bench_run run = {what, preset, isa, B,    T,     iters,     qat_bits, train,         &m,

@@ -161,11 +161,12 @@ static int layer_forward3(const san_block *b, san_layer_acts *A, int l, int N, c
     be->rmsnorm(be, A->z, A->z_rstd, A->x1, w->pre_hada + Ld, N, d);
     san_hada3_w hw;
     hada3_slices(m, w, l, &hw);
-    if ((rc = san_hada3_forward(be, b->hada3, &hw, A->z, N, A->mlp, A->hsaved)))
+    /* the MLP's output straight into y, then + x1 (the same bits as x1 +
+     * MLP: one rounded addition either way), then - u */
+    if ((rc = san_hada3_forward(be, b->hada3, &hw, A->z, N, A->y, A->hsaved)))
         return rc;
     long Nd = (long)N * d;
-    be->copy2d(be, A->y, (int)Nd, A->x1, (int)Nd, 1, (int)Nd);
-    be->add(be, A->y, A->mlp, 1.0f, Nd);
+    be->add(be, A->y, A->x1, 1.0f, Nd);
     be->add(be, A->y, A->u, -1.0f, Nd);
 
     be->lanes_update(be, Xn, A->M, X, A->hpost, A->y, N, n, d);

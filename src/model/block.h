@@ -39,8 +39,9 @@ typedef struct {
     float *h1;                        /* fwht(d1 * z) [N, hada_n] (Needle 2) */
     float *y;                         /* Block(bx) - u [N, d] */
     /* Needle 3: q/k/v after the causal conv (they alias q, k, v when the
-     * config has no conv taps), the MLP's output and what it keeps for
-     * the backward (san_hada3_saved_per_row floats a row) */
+     * config has no conv taps), and what the MLP keeps for the backward
+     * (san_hada3_saved_per_row floats a row); mlp is no longer used (the
+     * MLP writes into y), callers may leave it NULL */
     float *qc, *kc, *vc;
     float *mlp, *hsaved;
 } san_layer_acts;

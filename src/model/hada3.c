@@ -75,11 +75,40 @@ int san_hada3_geom_init(san_hada3_geom *g, int d, int untied, int split)
     return ND_OK;
 }
 
+struct san_hada3_ws {
+    const nd_backend *be;
+    float *buf; /* be's memory */
+    size_t floats;
+};
+
 void san_hada3_geom_free(san_hada3_geom *g)
 {
     free(g->perm1);
     free(g->perm2);
     g->perm1 = g->perm2 = NULL;
+    if (g->ws) {
+        if (g->ws->buf)
+            g->ws->be->free(g->ws->be, g->ws->buf);
+        free(g->ws);
+        g->ws = NULL;
+    }
+}
+
+int san_hada3_keep_scratch(san_hada3_geom *g, const nd_backend *be)
+{
+    if (g->ws)
+        return g->ws->be == be ? ND_OK
+                               : nd_error(ND_EARG, "hada3: scratch kept for another backend");
+    g->ws = calloc(1, sizeof *g->ws);
+    if (!g->ws)
+        return nd_error(ND_ENOMEM, "hada3: out of memory");
+    g->ws->be = be;
+    return ND_OK;
+}
+
+size_t san_hada3_scratch_floats(const san_hada3_geom *g)
+{
+    return g->ws ? g->ws->floats : 0;
 }
 
 size_t san_hada3_saved_per_row(const san_hada3_geom *g)
@@ -212,6 +241,27 @@ static void free_f(const nd_backend *be, float *p)
         be->free(be, p);
 }
 
+/* nfl floats of scratch whose contents do not matter (every call writes
+ * before it reads): the geometry's kept buffer, grown when short, or else
+ * a fresh one the caller frees (*own). NULL (and *rc set) when out of
+ * memory. */
+static float *scratch(const nd_backend *be, const san_hada3_geom *g, size_t nfl, float **own,
+                      int *rc)
+{
+    san_hada3_ws *ws = g->ws;
+    *own = NULL;
+    if (!ws || ws->be != be)
+        return *own = alloc_f(be, nfl, rc);
+    if (ws->floats < nfl) {
+        free_f(be, ws->buf);
+        ws->floats = 0;
+        ws->buf = alloc_f(be, nfl, rc);
+        if (ws->buf)
+            ws->floats = nfl;
+    }
+    return ws->buf;
+}
+
 static int check_args(const san_hada3_geom *g, const san_hada3_w *w, const float *x, long N)
 {
     if (!g || !g->perm1 || !w || (N > 0 && !x) || N < 0)
@@ -227,31 +277,26 @@ static int check_args(const san_hada3_geom *g, const san_hada3_w *w, const float
 }
 
 /* the forward with its offset tables made; p, v1, v2: where the cond
- * softmax and F1 / F2 outputs go (v1 == v2 allowed) */
-static int forward_core(const nd_backend *be, const san_hada3_geom *g, const san_hada3_w *w,
-                        const offs *o, const float *x, long N, float *y, float *p, float *v1,
-                        float *v2)
+ * softmax and F1 / F2 outputs go (v1 == v2 allowed); S: 3 N n floats of
+ * scratch */
+static void forward_core(const nd_backend *be, const san_hada3_geom *g, const san_hada3_w *w,
+                         const offs *o, const float *x, long N, float *y, float *p, float *v1,
+                         float *v2, float *S)
 {
-    int rc = ND_OK, n = g->n, d = g->d, bb = g->bb;
+    int n = g->n, d = g->d, bb = g->bb;
     size_t nn = (size_t)N * (size_t)n;
-    float *U = alloc_f(be, nn, &rc), *T1 = alloc_f(be, nn, &rc), *W = alloc_f(be, nn, &rc);
-    if (rc == ND_OK) {
-        be->matmul(be, 0, 0, (int)N, RANK, d, 1.0f, x, d, w->cond_v, RANK, 0.0f, p, RANK);
-        be->softmax_rows(be, p, N, RANK);
-        be->hada3_mix(be, U, o->in, o->rs_in, x, o->x, d, w->d1, NULL, NULL, 0, NULL, 0, N, n);
-        factors_fwd(be, g, w->w1a, w->w1b, U, v1, T1, U, N);
-        be->hada3_mix(be, U, o->in, o->rs_in, v1, o->ip1, bb, w->d2, p, w->cond_u, RANK, w->b2, 1,
-                      N, n);
-        factors_fwd(be, g, w->w2a, w->w2b, U, v2, T1, U, N);
-        be->hada3_mix(be, U, o->in, o->rs_in, v2, o->ip2, bb, w->d3, NULL, NULL, 0, NULL, 0, N, n);
-        factors_fwd(be, g, w->w3a, w->w3b, U, W, T1, U, N);
-        be->hada3_mix(be, y, o->x, d, W, o->I, bb, w->d4, NULL, NULL, 0, NULL, 0, N, n);
-        nd_backend_sync(be);
-    }
-    free_f(be, U);
-    free_f(be, T1);
-    free_f(be, W);
-    return rc;
+    float *U = S, *T1 = S + nn, *W = S + 2 * nn;
+    be->matmul(be, 0, 0, (int)N, RANK, d, 1.0f, x, d, w->cond_v, RANK, 0.0f, p, RANK);
+    be->softmax_rows(be, p, N, RANK);
+    be->hada3_mix(be, U, o->in, o->rs_in, x, o->x, d, w->d1, NULL, NULL, 0, NULL, 0, N, n);
+    factors_fwd(be, g, w->w1a, w->w1b, U, v1, T1, U, N);
+    be->hada3_mix(be, U, o->in, o->rs_in, v1, o->ip1, bb, w->d2, p, w->cond_u, RANK, w->b2, 1, N,
+                  n);
+    factors_fwd(be, g, w->w2a, w->w2b, U, v2, T1, U, N);
+    be->hada3_mix(be, U, o->in, o->rs_in, v2, o->ip2, bb, w->d3, NULL, NULL, 0, NULL, 0, N, n);
+    factors_fwd(be, g, w->w3a, w->w3b, U, W, T1, U, N);
+    be->hada3_mix(be, y, o->x, d, W, o->I, bb, w->d4, NULL, NULL, 0, NULL, 0, N, n);
+    nd_backend_sync(be);
 }
 
 int san_hada3_forward(const nd_backend *be, const san_hada3_geom *g, const san_hada3_w *w,
@@ -268,7 +313,7 @@ int san_hada3_forward(const nd_backend *be, const san_hada3_geom *g, const san_h
     if ((rc = offs_init(&o, g, N)) != ND_OK)
         return rc;
     size_t nn = (size_t)N * (size_t)g->n;
-    float *own = NULL, *p, *v1, *v2;
+    float *own = NULL, *p, *v1, *v2, *own_s = NULL;
     if (saved) {
         p = saved;
         v1 = saved + (size_t)N * RANK;
@@ -278,8 +323,10 @@ int san_hada3_forward(const nd_backend *be, const san_hada3_geom *g, const san_h
         p = own;
         v1 = v2 = own ? own + (size_t)N * RANK : NULL;
     }
+    float *S = rc == ND_OK ? scratch(be, g, 3 * nn, &own_s, &rc) : NULL;
     if (rc == ND_OK)
-        rc = forward_core(be, g, w, &o, x, N, y, p, v1, v2);
+        forward_core(be, g, w, &o, x, N, y, p, v1, v2, S);
+    free_f(be, own_s);
     free_f(be, own);
     free(o.all);
     return rc;
@@ -303,17 +350,20 @@ int san_hada3_backward(const nd_backend *be, const san_hada3_geom *g, const san_
         return rc;
     int n = g->n, d = g->d, bb = g->bb, Ni = (int)N;
     size_t nn = (size_t)N * (size_t)n;
-    float *own = NULL, *ytmp = NULL;
+    float *own = NULL, *ytmp = NULL, *own_s = NULL;
+    /* B1..B4 (N n each) and Pd (N * RANK); the recompute below uses the
+     * first 3 N n before them */
+    float *S = scratch(be, g, 4 * nn + (size_t)N * RANK, &own_s, &rc);
     if (!saved) { /* recompute what the forward keeps */
         own = alloc_f(be, (size_t)N * san_hada3_saved_per_row(g), &rc);
         ytmp = alloc_f(be, (size_t)N * (size_t)d, &rc);
         if (rc == ND_OK)
-            rc = forward_core(be, g, w, &o, x, N, ytmp, own, own + (size_t)N * RANK,
-                              own + (size_t)N * RANK + nn);
+            forward_core(be, g, w, &o, x, N, ytmp, own, own + (size_t)N * RANK,
+                         own + (size_t)N * RANK + nn, S);
         saved = own;
     }
-    float *B1 = alloc_f(be, nn, &rc), *B2 = alloc_f(be, nn, &rc), *B3 = alloc_f(be, nn, &rc),
-          *B4 = alloc_f(be, nn, &rc), *Pd = alloc_f(be, (size_t)N * RANK, &rc);
+    float *B1 = S, *B2 = S ? S + nn : NULL, *B3 = S ? S + 2 * nn : NULL,
+          *B4 = S ? S + 3 * nn : NULL, *Pd = S ? S + 4 * nn : NULL;
     if (rc == ND_OK) {
         const float *p = saved, *v1 = saved + (size_t)N * RANK, *v2 = v1 + nn;
         san_hada3_grad none = {0};
@@ -354,11 +404,7 @@ int san_hada3_backward(const nd_backend *be, const san_hada3_geom *g, const san_
         be->matmul(be, 0, 1, Ni, d, RANK, 1.0f, Pd, RANK, w->cond_v, RANK, 1.0f, dx, d);
         nd_backend_sync(be);
     }
-    free_f(be, B1);
-    free_f(be, B2);
-    free_f(be, B3);
-    free_f(be, B4);
-    free_f(be, Pd);
+    free_f(be, own_s);
     free_f(be, own);
     free_f(be, ytmp);
     free(o.all);

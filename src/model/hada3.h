@@ -38,15 +38,29 @@
 /* HADA_COND_RANK of upstream */
 #define SAN_HADA3_COND_RANK 8
 
+typedef struct san_hada3_ws san_hada3_ws; /* scratch kept between calls (hada3.c) */
+
 typedef struct {
     int d, n, ba, bb, untied;
     int32_t *perm1, *perm2;
+    san_hada3_ws *ws; /* NULL: forward and backward allocate their scratch per call */
 } san_hada3_geom;
 
 /* d >= 1; untied: 1 for factor_mode "block_untied", 0 for "shared"; split:
  * hada_split (split permutations). ND_OK, ND_EARG or ND_ENOMEM. */
 int san_hada3_geom_init(san_hada3_geom *g, int d, int untied, int split);
+/* Frees the permutations and the kept scratch. */
 void san_hada3_geom_free(san_hada3_geom *g);
+
+/* Keep the scratch of forward and backward (a few N x n blocks: 4 N n +
+ * 8 N floats at most) in be's memory from call to call, grown when a call
+ * has more rows, instead of allocating (and zeroing) it in every call: for
+ * callers that run many calls in a row (training: two per layer and step).
+ * Calls with this geometry must then use be and not run concurrently.
+ * ND_OK or ND_ENOMEM. */
+int san_hada3_keep_scratch(san_hada3_geom *g, const nd_backend *be);
+/* Floats of the kept scratch now (0: none kept, or nothing run yet). */
+size_t san_hada3_scratch_floats(const san_hada3_geom *g);
 
 typedef struct {
     const float *w1a, *w1b, *w2a, *w2b, *w3a, *w3b, *d1, *d2, *b2, *d3, *d4, *cond_v, *cond_u;

@@ -133,8 +133,7 @@ static void acts_plan_buffers(act_plans *pl, san_acts *a, const san_model *m, lo
         P(l->kc, N * D->k_dim);
         P(l->vc, N * D->v_dim);
     }
-    if (gen3) {
-        P(l->mlp, N * d);
+    if (gen3) { /* l->mlp stays NULL: the MLP writes into y */
         P(l->hsaved, N * hsaved_row);
         for (int i = 0; i < m->cfg.n_cla; i++) {
             P(a->cla_k[i], N * D->k_dim);
@@ -211,6 +210,13 @@ int san_acts_create_rows(san_acts *a, const nd_backend *be, const san_model *m, 
         h3 = calloc(1, sizeof *h3);
         if (!h3 || san_hada3_geom_init(h3, D->d, m->cfg.hada_factor_mode == SAN_HADA_BLOCK_UNTIED,
                                        m->cfg.n_ladder_widths > 0)) {
+            free(h3);
+            return nd_error(ND_ENOMEM, "out of memory (Hadamard MLP geometry)");
+        }
+        /* every layer's forward and backward runs the MLP: its scratch is
+         * kept from call to call (not allocated and zeroed each time) */
+        if (san_hada3_keep_scratch(h3, be)) {
+            san_hada3_geom_free(h3);
             free(h3);
             return nd_error(ND_ENOMEM, "out of memory (Hadamard MLP geometry)");
         }
@@ -303,10 +309,10 @@ size_t san_layer_acts_bytes(const san_model *m, long rows)
     size_t per_row = n * d + 1 + 2 * (2 * n + n * n) + 2 * d + s + 3 * d + 2 + 3 * D->q_dim +
                      2 * D->kv_dim + D->q_dim + D->kv_dim + D->H + D->G + D->q_dim + D->H +
                      D->q_dim + 3 * d + 1 + d + d + 1 + D->hada_n + d;
-    if (m->cfg.generation == 3) { /* o_dim-sized att/o, conv outputs, MLP output and saves */
+    if (m->cfg.generation == 3) { /* o_dim-sized att/o, conv outputs, the MLP's saves */
         long delta = 2L * (D->o_dim - D->q_dim) + (D->v_dim - D->kv_dim) +
                      (D->gate_dim - D->q_dim) - D->hada_n +
-                     (m->cfg.qkv_conv_taps ? D->q_dim + D->k_dim + D->v_dim : 0) + (long)d + 8 +
+                     (m->cfg.qkv_conv_taps ? D->q_dim + D->k_dim + D->v_dim : 0) + 8 +
                      2L * D->hada_n;
         per_row = (size_t)((long)per_row + delta);
     }
@@ -488,21 +494,29 @@ int san_forward_hidden(const san_model *m, const san_weights *w, san_acts *a, co
                             tokens[i], i, D->V);
     be->embed(be, a->x0, w->emb, tokens, N, d, (float)sqrt((double)d));
     san_engram_forward(m, w, a, tokens);
-    be->lanes_broadcast(be, a->X, a->x0, N, n, d);
     size_t lane_sz = (size_t)N * n * d;
     int every = a->lane_every > 1 ? a->lane_every : 1;
+    /* The lane state entering layer l goes straight into its checkpoint
+     * slot when the backward keeps it (l % every == 0; the final state is
+     * never kept): the layer before writes there, so no copy. The others
+     * alternate between X and Xn. */
+    float *X = a->X, *Xn = a->Xn, *cur = a->X_saved ? a->X_saved : X;
+    be->lanes_broadcast(be, cur, a->x0, N, n, d);
     for (int l = 0; l < D->L; l++) {
-        if (a->X_saved && l % every == 0) /* the backward's checkpoints */
-            be->copy2d(be, a->X_saved + (size_t)(l / every) * lane_sz, (int)lane_sz, a->X,
-                       (int)lane_sz, 1, (int)lane_sz);
+        int cp = a->X_saved && l + 1 < D->L && (l + 1) % every == 0;
+        float *out = cp ? a->X_saved + (size_t)((l + 1) / every) * lane_sz : cur == X ? Xn : X;
         a->l = l < a->n_kept ? a->layer_sets[l] : a->l_scratch;
-        int rc = san_layer_forward_batch(m, w, a, l, a->X, a->Xn);
+        int rc = san_layer_forward_batch(m, w, a, l, cur, out);
         if (rc)
             return rc;
-        float *t = a->X;
-        a->X = a->Xn;
-        a->Xn = t;
+        cur = out;
     }
+    if (cur != X && cur != Xn) { /* no layers: the state is still slot 0 */
+        be->copy2d(be, X, (int)lane_sz, cur, (int)lane_sz, 1, (int)lane_sz);
+        cur = X;
+    }
+    a->X = cur; /* the final lane state */
+    a->Xn = cur == X ? Xn : X;
     be->lanes_mean(be, a->xm, a->X, N, n, d);
     be->rmsnorm(be, a->hf, a->hf_rstd, a->xm, w->final_norm, N, d);
     return quant_act(m, a, a->hf, N, d); /* the final hidden before the head */

@@ -169,6 +169,14 @@ static void lora_grads_shared_input(const nd_backend *be, const san_grad_target 
 
 #define GP(field, off) (F ? F->field + (off) : NULL)
 
+/* dbx takes dx1's values by trading the two buffers (instead of a copy) */
+static void swap_dx1_dbx(san_grad_acts *g)
+{
+    float *t = g->dbx;
+    g->dbx = g->dx1;
+    g->dx1 = t;
+}
+
 /* The part of a layer's backward that Needle 2 and 3 share: from dbx (the
  * block input's gradient, in g->dbx) and dy through the engram gates and
  * the hyper-connections to dX. */
@@ -257,7 +265,7 @@ static void layer_backward(const san_model *m, const san_weights *w, san_acts *a
             bx = A->bx;
     be->residual_scaled_backward(be, g->dpn, GP(attn_gate, l), g->dx1, A->pn,
                                  san_weight_host(m, &w->attn_gate[l]), Nd);
-    be->copy2d(be, g->dbx, (int)Nd, g->dx1, (int)Nd, 1, (int)Nd);
+    swap_dx1_dbx(g); /* dbx = dx1 (dx1 is not read again in this layer) */
     be->rmsnorm_backward(be, g->do2, GP(post_norm, Ld), g->dpn, A->o2, A->pn_rstd,
                          w->post_norm + Ld, N, d, 0);
 
@@ -345,7 +353,7 @@ static void layer_backward3(const san_model *m, const san_weights *w, san_acts *
             bx = A->bx;
     be->residual_scaled_backward(be, g->dpn, GP(attn_gate, l), g->dx1, A->pn,
                                  san_weight_host(m, &w->attn_gate[l]), Nd);
-    be->copy2d(be, g->dbx, (int)Nd, g->dx1, (int)Nd, 1, (int)Nd);
+    swap_dx1_dbx(g); /* dbx = dx1 (dx1 is not read again in this layer) */
     be->rmsnorm_backward(be, g->do2, GP(post_norm, Ld), g->dpn, A->o2, A->pn_rstd,
                          w->post_norm + Ld, N, d, 0);
 

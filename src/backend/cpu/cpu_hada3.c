@@ -2,6 +2,7 @@
  * stage hada3_mix with its backward, and the row softmax of the cond
  * logits. See backend/ops.def for the meaning of every parameter. */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -75,6 +76,100 @@ static void plan_make(mix_plan *P, const int32_t *off, int cols)
     }
     P->n = n;
     P->nrun = nrun;
+}
+
+/* Plans made once per offset table: a training step calls the mix ops
+ * with the same few tables (the Hadamard MLP's layouts for the batch's
+ * rows) in every layer, forward and backward, and sorting a table of n
+ * features each time is serial work on the calling thread. Slots are
+ * shared by all callers: a slot in use (refs > 0) is never replaced; when
+ * every slot is in use a call makes a plan of its own. */
+#define PLAN_SLOTS 8
+
+typedef struct {
+    mix_plan P;
+    int32_t *key; /* the offsets the plan was made from (cols of them) */
+    int cols, refs;
+    unsigned long used;
+} plan_slot;
+
+static plan_slot plan_cache[PLAN_SLOTS];
+static unsigned long plan_tick;
+static long plan_made; /* plans sorted so far (cpu_hada3_plans_made) */
+static pthread_mutex_t plan_mu = PTHREAD_MUTEX_INITIALIZER;
+
+long cpu_hada3_plans_made(void)
+{
+    pthread_mutex_lock(&plan_mu);
+    long n = plan_made;
+    pthread_mutex_unlock(&plan_mu);
+    return n;
+}
+
+/* the plan of off[0..cols): *slot is its cache slot, or -1 when the
+ * caller owns it (plan_put frees it then) */
+static const mix_plan *plan_get(const int32_t *off, int cols, int *slot, mix_plan *own)
+{
+    size_t kb = sizeof(int32_t) * (size_t)(cols > 0 ? cols : 1);
+    pthread_mutex_lock(&plan_mu);
+    for (int i = 0; i < PLAN_SLOTS; i++) {
+        plan_slot *c = &plan_cache[i];
+        if (c->key && c->cols == cols && !memcmp(c->key, off, sizeof(int32_t) * (size_t)cols)) {
+            c->refs++;
+            c->used = ++plan_tick;
+            pthread_mutex_unlock(&plan_mu);
+            *slot = i;
+            return &c->P;
+        }
+    }
+    plan_made++;
+    pthread_mutex_unlock(&plan_mu);
+    mix_plan P;
+    plan_make(&P, off, cols);
+    int32_t *key = cpu_xalloc(kb);
+    memcpy(key, off, sizeof(int32_t) * (size_t)cols);
+    pthread_mutex_lock(&plan_mu);
+    int best = -1; /* an empty slot, else the least recently used one not in use */
+    for (int i = 0; i < PLAN_SLOTS; i++) {
+        const plan_slot *c = &plan_cache[i];
+        if (c->refs)
+            continue;
+        if (!c->key) {
+            best = i;
+            break;
+        }
+        if (best < 0 || c->used < plan_cache[best].used)
+            best = i;
+    }
+    if (best >= 0) {
+        plan_slot *c = &plan_cache[best];
+        free(c->P.pos);
+        free(c->key);
+        c->P = P;
+        c->key = key;
+        c->cols = cols;
+        c->refs = 1;
+        c->used = ++plan_tick;
+        pthread_mutex_unlock(&plan_mu);
+        *slot = best;
+        return &c->P;
+    }
+    pthread_mutex_unlock(&plan_mu);
+    free(key);
+    *own = P;
+    *slot = -1;
+    return own;
+}
+
+static void plan_put(const mix_plan *P, int slot)
+{
+    if (slot < 0) {
+        free(P->pos);
+        return;
+    }
+    pthread_mutex_lock(&plan_mu);
+    plan_cache[slot].refs--;
+    pthread_mutex_unlock(&plan_mu);
 }
 
 /* S[k] = row[off of slot k] for every slot, S[n] = 0 */
@@ -215,17 +310,16 @@ void cpu_hada3_mix(const nd_backend *be, float *dst, const int32_t *doff, int dr
         mix_rows_direct(&a);
         return;
     }
-    mix_plan sp, dp;
-    plan_make(&sp, soff, cols);
-    plan_make(&dp, doff, cols);
-    a.sp = &sp;
-    a.dp = &dp;
-    a.buf_floats = (size_t)sp.n + 1 + (size_t)cols;
+    mix_plan own_s, own_d;
+    int ss, ds;
+    a.sp = plan_get(soff, cols, &ss, &own_s);
+    a.dp = plan_get(doff, cols, &ds, &own_d);
+    a.buf_floats = (size_t)a.sp->n + 1 + (size_t)cols;
     a.buf = cpu_xalloc(sizeof(float) * a.buf_floats * (size_t)nd_get_threads());
     nd_parallel_for(N, 16, mix_rows, &a);
     free(a.buf);
-    free(sp.pos);
-    free(dp.pos);
+    plan_put(a.sp, ss);
+    plan_put(a.dp, ds);
 }
 
 /* The backward runs over row shares; dscale / dbias sum per-thread
@@ -330,12 +424,11 @@ void cpu_hada3_mix_backward(const nd_backend *be, float *dsrc, float *dcond, flo
     int nt = nd_get_threads();
     if (nt > (N + 15) / 16)
         nt = (int)((N + 15) / 16);
-    mix_plan sp, dp;
-    plan_make(&sp, soff, cols);
-    plan_make(&dp, doff, cols);
-    a.sp = &sp;
-    a.dp = &dp;
-    a.buf_floats = (size_t)dp.n + (size_t)sp.n + 2 + (size_t)cols;
+    mix_plan own_s, own_d;
+    int ss, ds;
+    a.sp = plan_get(soff, cols, &ss, &own_s);
+    a.dp = plan_get(doff, cols, &ds, &own_d);
+    a.buf_floats = (size_t)a.dp->n + (size_t)a.sp->n + 2 + (size_t)cols;
     a.buf = cpu_xalloc(sizeof(float) * a.buf_floats * (size_t)nt);
     mix_bwd_ctx C = {.a = &a, .nt = nt};
     int sums = dscale || dbias;
@@ -356,8 +449,8 @@ void cpu_hada3_mix_backward(const nd_backend *be, float *dsrc, float *dcond, flo
         }
     free(C.part);
     free(a.buf);
-    free(sp.pos);
-    free(dp.pos);
+    plan_put(a.sp, ss);
+    plan_put(a.dp, ds);
 }
 
 /* ---- softmax_rows ---- */

@@ -172,6 +172,10 @@ static inline float fdotw(const float *a, const float *w, const float *b, int n)
 /* calloc that aborts: the op table has no error path */
 void *cpu_xalloc(size_t bytes);
 
+/* hada3_mix(_backward) plans made so far (cpu_hada3.c caches them per
+ * offset table; tests count the misses) */
+long cpu_hada3_plans_made(void);
+
 /* The CPU backend's ops, one per entry of backend/ops.def (semantics
  * there): cpu_<name> in cpu_backend.c, cpu_backward.c, cpu_attention.c,
  * cpu_lanes_backward.c. */

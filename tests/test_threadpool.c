@@ -533,6 +533,60 @@ static void test_crew(void)
     CHECK(all_once(&R, MAXN) && f1 - f0 <= 1 && h1 == h0);
 }
 
+/* a helper that keeps the caller waiting (5 ms, past the crew's 1 ms):
+ * the crew's later calls run every share on the caller */
+typedef struct {
+    pthread_t caller;
+    atomic_int started, shares, on_caller, bad;
+    int slow;
+} late_ctx;
+
+static void late_body(void *p, int tid, int team)
+{
+    late_ctx *l = p;
+    int mine = pthread_equal(pthread_self(), l->caller);
+    atomic_fetch_add(&l->shares, 1);
+    atomic_fetch_add(&l->on_caller, mine);
+    if (tid < 0 || tid >= team)
+        atomic_store(&l->bad, 1);
+    if (!l->slow)
+        return;
+    if (tid == 1 && !mine) {
+        atomic_store(&l->started, 1);
+        struct timespec nap = {0, 5000000};
+        nanosleep(&nap, NULL);
+    } else if (tid == 0) { /* until the helper has its share (at most 5 s) */
+        double t0 = nd_wtime();
+        while (!atomic_load(&l->started) && nd_wtime() - t0 < 5.0)
+            ;
+    }
+}
+
+static void late_main(void *p)
+{
+    late_ctx *l = p;
+    l->slow = 1;
+    nd_parallel_region(0, late_body, l);
+    if (!atomic_load(&l->started))
+        atomic_store(&l->bad, 2); /* no helper took its share */
+    l->slow = 0;
+    atomic_store(&l->shares, 0);
+    atomic_store(&l->on_caller, 0);
+    nd_parallel_region(0, late_body, l);
+}
+
+static void test_crew_late(void)
+{
+    nd_set_threads(2);
+    late_ctx l = {0};
+    l.caller = pthread_self();
+    nd_crew_run(0, late_main, &l);
+    CHECK_MSG(atomic_load(&l.bad) == 0, "late crew: bad %d", atomic_load(&l.bad));
+    CHECK_MSG(atomic_load(&l.shares) == 2 && atomic_load(&l.on_caller) == 2,
+              "late crew: %d of %d shares on the caller after a late helper",
+              atomic_load(&l.on_caller), atomic_load(&l.shares));
+}
+
 int main(void)
 {
     double t0 = nd_wtime();
@@ -545,6 +599,7 @@ int main(void)
     test_concurrent();
     test_sleep_wake();
     test_crew();
+    test_crew_late();
     CHECK(nd_wtime() >= t0);
     return tu_finish("test_threadpool");
 }

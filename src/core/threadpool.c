@@ -307,6 +307,10 @@ static void fork_region(int team, nd_region_fn fn, void *ctx)
 /* a helper spins this long for the next call, then sleeps: a decode step's
  * serial stretches between calls last a few to tens of microseconds */
 #define CREW_SPIN_S 200e-6
+/* a share that keeps the caller waiting this long means its helper lost
+ * its core (a machine busy with other jobs): the crew's later calls run all
+ * their shares on the caller, as a fork that got no threads would */
+#define CREW_LATE_S 1e-3
 
 static inline void crew_relax(void)
 {
@@ -334,8 +338,10 @@ typedef struct {
     void *fctx;
     int fteam;
     unsigned gen;
-    int helpers; /* team - 1 */
-    int busy;    /* the caller is inside a call's body (nested calls: serial) */
+    int helpers;  /* team - 1 */
+    int busy;     /* the caller is inside a call's body (nested calls: serial) */
+    int late;     /* a helper kept the caller waiting past CREW_LATE_S: no more posts */
+    double t_end; /* when main returned (0: it ran without helpers) */
     atomic_int quit;
     atomic_int sleepers;
     pthread_mutex_t lock;
@@ -405,6 +411,14 @@ static void crew_call(nd_crew *c, int team, nd_region_fn fn, void *ctx)
 {
     int helpers = team - 1 < c->helpers ? team - 1 : c->helpers;
     team = helpers + 1;
+    tls_handoffs++;
+    if (c->late) { /* every share here, a fork's tids */
+        c->busy = 1;
+        for (int t = 0; t < team; t++)
+            fn(ctx, t, team);
+        c->busy = 0;
+        return;
+    }
     c->fn = fn;
     c->fctx = ctx;
     c->fteam = team;
@@ -413,7 +427,6 @@ static void crew_call(nd_crew *c, int team, nd_region_fn fn, void *ctx)
         atomic_store(&c->slot[h].state, g | CREW_POSTED);
     if (atomic_load(&c->sleepers))
         crew_wake_all(c);
-    tls_handoffs++;
     c->busy = 1;
     fn(ctx, 0, team);
     for (int h = 1; h <= helpers; h++) {
@@ -422,12 +435,19 @@ static void crew_call(nd_crew *c, int team, nd_region_fn fn, void *ctx)
             fn(ctx, h, team);
             continue;
         }
+        double t0 = 0.0;
         for (unsigned i = 1;
              atomic_load_explicit(&c->slot[h].state, memory_order_acquire) != (g | CREW_DONE);
              i++) {
             crew_relax();
-            if (i % 4096 == 0)
-                sched_yield(); /* its thread may have been parked mid-share */
+            if (i % 4096 == 0) { /* its thread may have been parked mid-share */
+                double t = nd_wtime();
+                if (t0 == 0.0)
+                    t0 = t;
+                else if (t - t0 > CREW_LATE_S)
+                    c->late = 1;
+                sched_yield();
+            }
         }
     }
     c->busy = 0;
@@ -446,6 +466,7 @@ static void crew_body(void *p, int tid, int team)
         tls_crew = c;
         c->main_fn(c->ctx);
         tls_crew = prev;
+        c->t_end = nd_wtime();
         atomic_store(&c->quit, 1);
         crew_wake_all(c);
     } else {
@@ -453,7 +474,7 @@ static void crew_body(void *p, int tid, int team)
     }
 }
 
-void nd_crew_run(int team, void (*main_fn)(void *ctx), void *ctx)
+int nd_crew_run(int team, void (*main_fn)(void *ctx), void *ctx)
 {
     int max = nd_get_threads();
     team = team <= 0 || team > max ? max : team;
@@ -461,7 +482,7 @@ void nd_crew_run(int team, void (*main_fn)(void *ctx), void *ctx)
         team = CREW_MAX;
     if (team < 2 || tls_serial || tls_crew || nd_in_parallel()) {
         main_fn(ctx);
-        return;
+        return 0;
     }
     /* the slots on their own cache lines: malloc's 16-byte alignment is
      * not enough */
@@ -469,13 +490,13 @@ void nd_crew_run(int team, void (*main_fn)(void *ctx), void *ctx)
     if (!c || pthread_mutex_init(&c->lock, NULL)) {
         free(c);
         main_fn(ctx);
-        return;
+        return 0;
     }
     if (pthread_cond_init(&c->wake, NULL)) {
         pthread_mutex_destroy(&c->lock);
         free(c);
         main_fn(ctx);
-        return;
+        return 0;
     }
     c->main_fn = main_fn;
     c->ctx = ctx;
@@ -485,14 +506,19 @@ void nd_crew_run(int team, void (*main_fn)(void *ctx), void *ctx)
     c->gen = 0;
     c->helpers = 0;
     c->busy = 0;
+    c->late = 0;
+    c->t_end = 0.0;
     atomic_init(&c->quit, 0);
     atomic_init(&c->sleepers, 0);
     for (int h = 0; h < CREW_MAX; h++)
         atomic_init(&c->slot[h].state, 0);
     fork_region(team, crew_body, c);
+    /* the join waited for helpers that had lost their cores */
+    int late = c->late || (c->t_end > 0.0 && nd_wtime() - c->t_end > CREW_LATE_S);
     pthread_cond_destroy(&c->wake);
     pthread_mutex_destroy(&c->lock);
     free(c);
+    return late;
 }
 
 /* a parallel call: handed to this thread's crew, or a team of its own */

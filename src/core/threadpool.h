@@ -57,8 +57,12 @@ void nd_parallel_region(int team, nd_region_fn fn, void *ctx);
  * the call delays nothing. Helpers spin briefly between calls, then sleep.
  * Calls from inside a call's body run serially, as always; main itself
  * runs inside a parallel region (nd_in_parallel() is true). Where no team
- * can be had (one thread, serial mode, nested, a busy pool) main just runs. */
-void nd_crew_run(int team, void (*main_fn)(void *ctx), void *ctx);
+ * can be had (one thread, serial mode, nested, a busy pool) main just runs.
+ * A helper that keeps the caller waiting over a millisecond (in a share it
+ * took, or at the end) means its core is busy with other work: the crew's
+ * later calls then run all their shares on the caller, and nd_crew_run
+ * returns 1 (else 0), so the caller can stop asking for threads a while. */
+int nd_crew_run(int team, void (*main_fn)(void *ctx), void *ctx);
 
 /* This thread's parallel calls so far: forks (teams started: parallel
  * regions; a crew is one) and handoffs (calls run by a crew). Cheap

@@ -369,6 +369,11 @@ static int decode_threads(void)
     return v;
 }
 
+/* after a crew whose helper kept its caller waiting (nd_crew_run: the
+ * machine's cores are busy with other jobs), forwards run on the calling
+ * thread alone this long (results are the same) */
+#define ND_CREW_BACKOFF_S 0.05
+
 /* one nd_kv_forward call's chunks (run by nd_crew_run or directly) */
 typedef struct {
     nd_kv_state *s;
@@ -424,10 +429,18 @@ int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int 
      * layer in a decode step, ~20 in a prompt chunk's) goes to one crew of
      * threads that wait beside this one, instead of a fork/join each. */
     if (threads && !nd_serial() && (!serial || s->big_parallel) && s->qw && !s->be->device &&
-        !s->gen3 && !s->cells_hook)
-        nd_crew_run(0, forward_chunks, &j);
-    else
+        !s->gen3 && !s->cells_hook) {
+        if (nd_wtime() >= s->crew_off_until) {
+            if (nd_crew_run(0, forward_chunks, &j))
+                s->crew_off_until = nd_wtime() + ND_CREW_BACKOFF_S;
+        } else { /* cores busy: this thread alone for a while */
+            s->big_parallel = 0;
+            j.serial = 1;
+            forward_chunks(&j);
+        }
+    } else {
         forward_chunks(&j);
+    }
     if (!j.rc)
         nd_kv_note_call(s, n);
     return j.rc;

@@ -435,20 +435,21 @@ static void crew_call(nd_crew *c, int team, nd_region_fn fn, void *ctx)
             fn(ctx, h, team);
             continue;
         }
-        double t0 = 0.0;
+        if (atomic_load_explicit(&c->slot[h].state, memory_order_acquire) == (g | CREW_DONE))
+            continue;
+        double t0 = nd_wtime();
         for (unsigned i = 1;
              atomic_load_explicit(&c->slot[h].state, memory_order_acquire) != (g | CREW_DONE);
              i++) {
             crew_relax();
             if (i % 4096 == 0) { /* its thread may have been parked mid-share */
-                double t = nd_wtime();
-                if (t0 == 0.0)
-                    t0 = t;
-                else if (t - t0 > CREW_LATE_S)
+                if (nd_wtime() - t0 > CREW_LATE_S)
                     c->late = 1;
                 sched_yield();
             }
         }
+        if (nd_wtime() - t0 > CREW_LATE_S) /* this thread may have been the one parked */
+            c->late = 1;
     }
     c->busy = 0;
 }

@@ -103,8 +103,9 @@ static void run_bits(const san_model *src, const nd_tokenizer *tok, int bits)
     CHECK(two.handoffs[STEPS] >= 2L * L + 1);
     free(one.logits);
     free(two.logits);
-    nd_qweights_free(&qw);
     san_model_free(&mq);
+    nd_qweights_free(&qw);
+    cact_free(&f);
     free(arch);
 }
 

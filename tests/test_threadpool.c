@@ -25,7 +25,8 @@ typedef struct {
     atomic_int tid_used[MAXT];
     atomic_int bad; /* a check inside a body failed */
     pthread_t caller;
-    long chunk; /* dynamic: expected chunk size */
+    long chunk;        /* dynamic: expected chunk size */
+    int nested_serial; /* crew_range: the call has a team, so calls in its body are serial */
 } record;
 
 static void record_reset(record *r)
@@ -336,6 +337,257 @@ static void test_sleep_wake(void)
     CHECK(ok);
 }
 
+/* ---- the crew: one team for all of a main's calls ---- */
+
+typedef struct {
+    int calls;     /* parallel calls main made */
+    int bad;       /* a check in main failed */
+    long forks0;   /* forks before main's calls */
+    long forks_in; /* forks main's calls made */
+    long hand_in;  /* handoffs main's calls made */
+    int waited;    /* the rendezvous call saw a helper run its share */
+    int serial_ok; /* serial mode inside main ran on the caller, no handoff */
+    int nested_ok; /* nd_crew_run inside main ran its main directly */
+    int naps;      /* main sleeps past the helpers' spin before each call */
+} crew_ctx;
+
+static void count_range(void *p, long lo, long hi, int tid)
+{
+    (void)tid;
+    atomic_fetch_add((atomic_int *)p, (int)(hi - lo));
+}
+
+/* tid 0 on the caller (a skipped helper's share may run there too, under
+ * the helper's tid) */
+static void crew_range(void *p, long lo, long hi, int tid)
+{
+    record *r = p;
+    atomic_fetch_add(&r->calls, 1);
+    if (tid < 0 || tid >= MAXT || lo >= hi ||
+        (tid == 0 && !pthread_equal(pthread_self(), r->caller)))
+        atomic_store(&r->bad, 1);
+    if (tid >= 0 && tid < MAXT)
+        atomic_store(&r->tid_used[tid], 1);
+    for (long i = lo; i < hi; i++) {
+        atomic_fetch_add(&r->hits[i], 1);
+        r->owner[i] = tid;
+    }
+    /* a call in the body of a call with a team: serial on this thread, no
+     * fork or handoff (a call without one runs its body as the caller) */
+    if (!r->nested_serial)
+        return;
+    long f0, h0, f1, h1;
+    atomic_int inner = 0;
+    nd_parallel_counts(&f0, &h0);
+    nd_parallel_for(64, 1, count_range, &inner);
+    nd_parallel_counts(&f1, &h1);
+    if (f1 != f0 || h1 != h0 || atomic_load(&inner) != 64)
+        atomic_store(&r->bad, 1);
+}
+
+typedef struct {
+    atomic_int ran[MAXT];
+    atomic_int bad;
+    pthread_t caller;
+} meet_ctx;
+
+/* tid 0 waits (up to 5 s) until another thread has run a share: only a
+ * crew whose helpers run beside the caller gets past it early */
+static void meet_body(void *p, int tid, int team)
+{
+    meet_ctx *m = p;
+    if (tid < 0 || tid >= team || team > MAXT)
+        atomic_store(&m->bad, 1);
+    else
+        atomic_fetch_add(&m->ran[tid], 1);
+    if (tid != 0)
+        return;
+    if (!pthread_equal(pthread_self(), m->caller))
+        atomic_store(&m->bad, 1);
+    double t0 = nd_wtime();
+    while (nd_wtime() - t0 < 5.0) {
+        int other = 0;
+        for (int t = 1; t < team; t++)
+            other += atomic_load(&m->ran[t]);
+        if (other)
+            return;
+    }
+    atomic_store(&m->bad, 2); /* nobody came */
+}
+
+static void inner_main(void *p)
+{
+    *(int *)p = 1;
+}
+
+static void crew_main(void *p)
+{
+    crew_ctx *c = p;
+    struct timespec nap = {0, 2000000}; /* 2 ms: longer than a helper spins */
+    long f0, h0;
+    nd_parallel_counts(&f0, &h0);
+    c->forks0 = f0;
+    /* first (a helper that a loaded machine parks over 1 ms in a later
+     * call ends the crew's posts): the helpers run beside the caller */
+    meet_ctx m = {0};
+    m.caller = pthread_self();
+    if (c->naps)
+        nanosleep(&nap, NULL);
+    nd_parallel_region(0, meet_body, &m);
+    c->calls++;
+    c->waited = atomic_load(&m.bad) == 0;
+    int ok = 1;
+    long sizes[] = {1, 3, 997, MAXN};
+    for (int kind = 0; kind < 3; kind++)
+        for (int s = 0; s < 4; s++) {
+            if (c->naps)
+                nanosleep(&nap, NULL);
+            long g = kind == 0 ? 1 : kind == 1 ? 7 : 3;
+            int team = (sizes[s] + g - 1) / g > 1; /* else no team: no handoff */
+            record_reset(&R);
+            R.nested_serial = team;
+            if (kind == 0)
+                nd_parallel_for(sizes[s], g, crew_range, &R);
+            else if (kind == 1)
+                nd_parallel_for_dynamic(sizes[s], g, crew_range, &R);
+            else
+                nd_parallel_for_guided(sizes[s], g, crew_range, &R);
+            c->calls += team;
+            ok &= all_once(&R, sizes[s]) && !atomic_load(&R.bad);
+            if (kind == 0 && sizes[s] == MAXN) { /* static: nd_share's split */
+                int team = nd_get_threads();
+                for (long i = 0; i < MAXN; i++) {
+                    long lo, hi;
+                    nd_share(MAXN, R.owner[i], team, &lo, &hi);
+                    ok &= i >= lo && i < hi;
+                }
+            }
+        }
+    /* regions: each tid once */
+    region_ctx rc = {0};
+    nd_parallel_region(0, region_body, &rc);
+    c->calls++;
+    ok &= !atomic_load(&rc.bad) && atomic_load(&rc.team) == nd_get_threads();
+    for (int t = 0; t < atomic_load(&rc.team); t++)
+        ok &= atomic_load(&rc.seen[t]) == 1;
+    /* serial mode: no handoff */
+    long f1, h1;
+    nd_parallel_counts(&f1, &h1);
+    int prev = nd_set_serial(1);
+    record_reset(&R);
+    nd_parallel_for(MAXN, 1, crew_range, &R);
+    nd_set_serial(prev);
+    long f2, h2;
+    nd_parallel_counts(&f2, &h2);
+    c->serial_ok = all_once(&R, MAXN) && atomic_load(&R.calls) == 1 && f2 == f1 && h2 == h1;
+    /* a crew inside a crew: main runs directly */
+    int ran = 0;
+    nd_crew_run(0, inner_main, &ran);
+    nd_parallel_counts(&f2, &h2);
+    c->nested_ok = ran && f2 == f1;
+    c->forks_in = f2 - f0;
+    c->hand_in = h2 - h0;
+    c->bad = !ok;
+}
+
+static void test_crew(void)
+{
+    for (int naps = 0; naps < 2; naps++) {
+        nd_set_threads(3);
+        crew_ctx c = {0};
+        c.naps = naps;
+        long f0, h0, f1, h1;
+        nd_parallel_counts(&f0, &h0);
+        nd_crew_run(0, crew_main, &c);
+        nd_parallel_counts(&f1, &h1);
+        CHECK_MSG(!c.bad, "crew calls (naps %d): wrong coverage or shares", naps);
+        CHECK_MSG(c.waited, "crew (naps %d): no helper ran beside the caller", naps);
+        CHECK(c.serial_ok && c.nested_ok);
+        /* every call of main a handoff, none a fork; the crew one fork */
+        CHECK_MSG(c.forks_in == 0 && c.hand_in == c.calls,
+                  "crew: %ld forks, %ld handoffs for %d calls", c.forks_in, c.hand_in, c.calls);
+        CHECK_MSG(f1 - f0 == 1 && h1 - h0 == c.calls, "crew: %ld forks, %ld handoffs in all",
+                  f1 - f0, h1 - h0);
+    }
+    /* one thread, or serial: main just runs, calls serial */
+    nd_set_threads(1);
+    crew_ctx c = {0};
+    long f0, h0, f1, h1;
+    nd_parallel_counts(&f0, &h0);
+    int ran = 0;
+    nd_crew_run(0, inner_main, &ran);
+    CHECK(ran == 1);
+    nd_set_threads(3);
+    int prev = nd_set_serial(1);
+    ran = 0;
+    nd_crew_run(0, inner_main, &ran);
+    CHECK(ran == 1);
+    nd_set_serial(prev);
+    nd_parallel_counts(&f1, &h1);
+    CHECK(f1 == f0 && h1 == h0);
+    (void)c;
+    /* outside a crew each call is a fork of its own */
+    nd_parallel_counts(&f0, &h0);
+    record_reset(&R);
+    nd_parallel_for(MAXN, 1, record_range, &R);
+    nd_parallel_counts(&f1, &h1);
+    CHECK(all_once(&R, MAXN) && f1 - f0 <= 1 && h1 == h0);
+}
+
+/* a helper that keeps the caller waiting (5 ms, past the crew's 1 ms):
+ * the crew's later calls run every share on the caller */
+typedef struct {
+    pthread_t caller;
+    atomic_int started, shares, on_caller, bad;
+    int slow;
+} late_ctx;
+
+static void late_body(void *p, int tid, int team)
+{
+    late_ctx *l = p;
+    int mine = pthread_equal(pthread_self(), l->caller);
+    atomic_fetch_add(&l->shares, 1);
+    atomic_fetch_add(&l->on_caller, mine);
+    if (tid < 0 || tid >= team)
+        atomic_store(&l->bad, 1);
+    if (!l->slow)
+        return;
+    if (tid == 1 && !mine) {
+        atomic_store(&l->started, 1);
+        struct timespec nap = {0, 5000000};
+        nanosleep(&nap, NULL);
+    } else if (tid == 0) { /* until the helper has its share (at most 5 s) */
+        double t0 = nd_wtime();
+        while (!atomic_load(&l->started) && nd_wtime() - t0 < 5.0)
+            ;
+    }
+}
+
+static void late_main(void *p)
+{
+    late_ctx *l = p;
+    l->slow = 1;
+    nd_parallel_region(0, late_body, l);
+    if (!atomic_load(&l->started))
+        atomic_store(&l->bad, 2); /* no helper took its share */
+    l->slow = 0;
+    atomic_store(&l->shares, 0);
+    atomic_store(&l->on_caller, 0);
+    nd_parallel_region(0, late_body, l);
+}
+
+static void test_crew_late(void)
+{
+    nd_set_threads(2);
+    late_ctx l = {0};
+    l.caller = pthread_self();
+    nd_crew_run(0, late_main, &l);
+    CHECK_MSG(atomic_load(&l.bad) == 0, "late crew: bad %d", atomic_load(&l.bad));
+    CHECK_MSG(atomic_load(&l.shares) == 2 && atomic_load(&l.on_caller) == 2,
+              "late crew: %d of %d shares on the caller after a late helper",
+              atomic_load(&l.on_caller), atomic_load(&l.shares));
+}
+
 int main(void)
 {
     double t0 = nd_wtime();
@@ -347,6 +599,8 @@ int main(void)
     test_counts();
     test_concurrent();
     test_sleep_wake();
+    test_crew();
+    test_crew_late();
     CHECK(nd_wtime() >= t0);
     return tu_finish("test_threadpool");
 }

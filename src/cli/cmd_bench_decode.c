@@ -122,6 +122,7 @@ int cli_bench_decode(int argc, char **argv)
         tok[i] = (int32_t)(4 + (i * 7919) % (V - 4));
     double best_p = 1e30, best_d = 1e30;
     double *tp = calloc((size_t)iters, sizeof *tp), *td = calloc((size_t)iters, sizeof *td);
+    long pc[3][2] = {{0}}; /* this thread's forks and handoffs (nd_parallel_counts) */
     for (long long it = 0; it < iters && !rc; it++) {
         nd_kv_state s;
         if ((rc = nd_kv_init(&s, &m, be, (int)chunk, kvw)))
@@ -129,9 +130,11 @@ int cli_bench_decode(int argc, char **argv)
         if (quant)
             nd_kv_use_quant(&s, qw);
         nd_kv_set_bits(&s, m.cfg.kv_bits); /* as a session does: int8 rows by default */
+        nd_parallel_counts(&pc[0][0], &pc[0][1]);
         double a = nd_wtime();
         rc = nd_kv_forward(&s, tok, (int)P, lg, 0);
         double b = nd_wtime();
+        nd_parallel_counts(&pc[1][0], &pc[1][1]);
         for (long long g = 0; g < G && !rc; g++) {
             int bi = 0;
             for (int k = 1; k < V; k++)
@@ -140,6 +143,7 @@ int cli_bench_decode(int argc, char **argv)
             rc = nd_kv_forward(&s, &t, 1, lg, 0);
         }
         double c = nd_wtime();
+        nd_parallel_counts(&pc[2][0], &pc[2][1]);
         tp[it] = b - a;
         td[it] = c - b;
         if (b - a < best_p)
@@ -171,6 +175,11 @@ int cli_bench_decode(int argc, char **argv)
                    chunk);
         }
         printf("weights read per decoded token %.2f MB\n", (double)per_token / 1e6);
+        printf("parallel calls: prompt %ld forks + %ld handoffs; per decoded token %.1f forks + "
+               "%.1f handoffs\n",
+               pc[1][0] - pc[0][0], pc[1][1] - pc[0][1],
+               G ? (double)(pc[2][0] - pc[1][0]) / (double)G : 0.0,
+               G ? (double)(pc[2][1] - pc[1][1]) / (double)G : 0.0);
     }
     free(tp);
     free(td);

@@ -2,6 +2,8 @@
  * OpenMP, otherwise a persistent pthread pool of our own. */
 #include "core/threadpool.h"
 
+#include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
@@ -9,13 +11,23 @@
 #ifdef _OPENMP
 #include <omp.h>
 #else
-#include <pthread.h>
 #include <stdint.h>
 #include <unistd.h>
 #endif
 
 /* nd_set_serial: this thread's parallel calls run on itself */
 static _Thread_local int tls_serial;
+
+/* nd_parallel_counts */
+static _Thread_local long tls_forks, tls_handoffs;
+
+void nd_parallel_counts(long *forks, long *handoffs)
+{
+    if (forks)
+        *forks = tls_forks;
+    if (handoffs)
+        *handoffs = tls_handoffs;
+}
 
 int nd_serial(void)
 {
@@ -72,12 +84,13 @@ void nd_parallel_setup(void (*fn)(void))
     (void)fn;
 }
 
-static void run_region(int team, nd_region_fn fn, void *ctx)
+static void fork_region(int team, nd_region_fn fn, void *ctx)
 {
     if (team <= 1 || tls_serial || omp_in_parallel()) {
         fn(ctx, 0, 1);
         return;
     }
+    tls_forks++;
 #pragma omp parallel num_threads(team)
     fn(ctx, omp_get_thread_num(), omp_get_num_threads());
 }
@@ -240,7 +253,7 @@ static int grow_workers(int want)
     return pool.workers;
 }
 
-static void run_region(int team, nd_region_fn fn, void *ctx)
+static void fork_region(int team, nd_region_fn fn, void *ctx)
 {
     thread_setup();
     if (team <= 1 || tls_serial || tls_in_region || pthread_mutex_trylock(&pool.owner)) {
@@ -255,6 +268,7 @@ static void run_region(int team, nd_region_fn fn, void *ctx)
         fn(ctx, 0, 1);
         return;
     }
+    tls_forks++;
     pool.fn = fn;
     pool.ctx = ctx;
     pool.team = team;
@@ -286,6 +300,238 @@ static void run_region(int team, nd_region_fn fn, void *ctx)
 }
 
 #endif
+
+/* ---- the crew (nd_crew_run) ---- */
+
+#define CREW_MAX 64
+/* a helper spins this long for the next call, then sleeps: a decode step's
+ * serial stretches between calls last a few to tens of microseconds */
+#define CREW_SPIN_S 200e-6
+/* a share that keeps the caller waiting this long means its helper lost
+ * its core (a machine busy with other jobs): the crew's later calls run all
+ * their shares on the caller, as a fork that got no threads would */
+#define CREW_LATE_S 1e-3
+
+static inline void crew_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* a helper's slot: the generation of the call it is offered (gen << 2)
+ * and where that offer stands */
+enum { CREW_SKIPPED = 0, CREW_POSTED = 1, CREW_TAKEN = 2, CREW_DONE = 3 };
+
+typedef struct {
+    _Alignas(64) atomic_uint state;
+} crew_slot;
+
+typedef struct {
+    void (*main_fn)(void *);
+    void *ctx;
+    /* the current call: written by the caller before it posts the call,
+     * read by a helper after it took it */
+    nd_region_fn fn;
+    void *fctx;
+    int fteam;
+    unsigned gen;
+    int helpers;  /* team - 1 */
+    int busy;     /* the caller is inside a call's body (nested calls: serial) */
+    int late;     /* a helper kept the caller waiting past CREW_LATE_S: no more posts */
+    double t_end; /* when main returned (0: it ran without helpers) */
+    atomic_int quit;
+    atomic_int sleepers;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    crew_slot slot[CREW_MAX];
+} nd_crew;
+
+/* the crew whose main this thread runs */
+static _Thread_local nd_crew *tls_crew;
+
+/* until slot h's state differs from `seen` or the crew quits: spin, then
+ * sleep on the crew's condition variable */
+static void crew_wait(nd_crew *c, crew_slot *sl, unsigned seen)
+{
+    double t0 = 0.0;
+    for (unsigned i = 1;; i++) {
+        if (atomic_load_explicit(&sl->state, memory_order_acquire) != seen ||
+            atomic_load_explicit(&c->quit, memory_order_acquire))
+            return;
+        crew_relax();
+        if (i % 64 == 0) {
+            double t = nd_wtime();
+            if (t0 == 0.0)
+                t0 = t;
+            else if (t - t0 > CREW_SPIN_S)
+                break;
+        }
+    }
+    atomic_fetch_add(&c->sleepers, 1);
+    pthread_mutex_lock(&c->lock);
+    while (atomic_load(&sl->state) == seen && !atomic_load(&c->quit))
+        pthread_cond_wait(&c->wake, &c->lock);
+    pthread_mutex_unlock(&c->lock);
+    atomic_fetch_sub(&c->sleepers, 1);
+}
+
+/* helper h: take each call offered to it until the crew quits */
+static void crew_serve(nd_crew *c, int h)
+{
+    crew_slot *sl = &c->slot[h];
+    for (;;) {
+        unsigned st = atomic_load_explicit(&sl->state, memory_order_acquire);
+        if ((st & 3u) == CREW_POSTED) {
+            unsigned g = st & ~3u;
+            if (atomic_compare_exchange_strong(&sl->state, &st, g | CREW_TAKEN)) {
+                c->fn(c->fctx, h, c->fteam);
+                atomic_store_explicit(&sl->state, g | CREW_DONE, memory_order_release);
+            }
+            continue;
+        }
+        if (atomic_load_explicit(&c->quit, memory_order_acquire))
+            return;
+        crew_wait(c, sl, st);
+    }
+}
+
+static void crew_wake_all(nd_crew *c)
+{
+    pthread_mutex_lock(&c->lock);
+    pthread_cond_broadcast(&c->wake);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* a parallel call of the crew's main: offered to the helpers, share 0 on
+ * this thread, then the shares of helpers that have not taken theirs */
+static void crew_call(nd_crew *c, int team, nd_region_fn fn, void *ctx)
+{
+    int helpers = team - 1 < c->helpers ? team - 1 : c->helpers;
+    team = helpers + 1;
+    tls_handoffs++;
+    if (c->late) { /* every share here, a fork's tids */
+        c->busy = 1;
+        for (int t = 0; t < team; t++)
+            fn(ctx, t, team);
+        c->busy = 0;
+        return;
+    }
+    c->fn = fn;
+    c->fctx = ctx;
+    c->fteam = team;
+    unsigned g = ++c->gen << 2;
+    for (int h = 1; h <= helpers; h++)
+        atomic_store(&c->slot[h].state, g | CREW_POSTED);
+    if (atomic_load(&c->sleepers))
+        crew_wake_all(c);
+    c->busy = 1;
+    fn(ctx, 0, team);
+    for (int h = 1; h <= helpers; h++) {
+        unsigned st = g | CREW_POSTED;
+        if (atomic_compare_exchange_strong(&c->slot[h].state, &st, g | CREW_SKIPPED)) {
+            fn(ctx, h, team);
+            continue;
+        }
+        if (atomic_load_explicit(&c->slot[h].state, memory_order_acquire) == (g | CREW_DONE))
+            continue;
+        double t0 = nd_wtime();
+        for (unsigned i = 1;
+             atomic_load_explicit(&c->slot[h].state, memory_order_acquire) != (g | CREW_DONE);
+             i++) {
+            crew_relax();
+            if (i % 4096 == 0) { /* its thread may have been parked mid-share */
+                if (nd_wtime() - t0 > CREW_LATE_S)
+                    c->late = 1;
+                sched_yield();
+            }
+        }
+        if (nd_wtime() - t0 > CREW_LATE_S) /* this thread may have been the one parked */
+            c->late = 1;
+    }
+    c->busy = 0;
+}
+
+static void crew_body(void *p, int tid, int team)
+{
+    nd_crew *c = p;
+    if (tid > 0) {
+        crew_serve(c, tid);
+        return;
+    }
+    if (team > 1) {
+        c->helpers = team - 1;
+        nd_crew *prev = tls_crew;
+        tls_crew = c;
+        c->main_fn(c->ctx);
+        tls_crew = prev;
+        c->t_end = nd_wtime();
+        atomic_store(&c->quit, 1);
+        crew_wake_all(c);
+    } else {
+        c->main_fn(c->ctx);
+    }
+}
+
+int nd_crew_run(int team, void (*main_fn)(void *ctx), void *ctx)
+{
+    int max = nd_get_threads();
+    team = team <= 0 || team > max ? max : team;
+    if (team > CREW_MAX)
+        team = CREW_MAX;
+    if (team < 2 || tls_serial || tls_crew || nd_in_parallel()) {
+        main_fn(ctx);
+        return 0;
+    }
+    /* the slots on their own cache lines: malloc's 16-byte alignment is
+     * not enough */
+    nd_crew *c = aligned_alloc(64, (sizeof(nd_crew) + 63) / 64 * 64);
+    if (!c || pthread_mutex_init(&c->lock, NULL)) {
+        free(c);
+        main_fn(ctx);
+        return 0;
+    }
+    if (pthread_cond_init(&c->wake, NULL)) {
+        pthread_mutex_destroy(&c->lock);
+        free(c);
+        main_fn(ctx);
+        return 0;
+    }
+    c->main_fn = main_fn;
+    c->ctx = ctx;
+    c->fn = NULL;
+    c->fctx = NULL;
+    c->fteam = 0;
+    c->gen = 0;
+    c->helpers = 0;
+    c->busy = 0;
+    c->late = 0;
+    c->t_end = 0.0;
+    atomic_init(&c->quit, 0);
+    atomic_init(&c->sleepers, 0);
+    for (int h = 0; h < CREW_MAX; h++)
+        atomic_init(&c->slot[h].state, 0);
+    fork_region(team, crew_body, c);
+    /* the join waited for helpers that had lost their cores */
+    int late = c->late || (c->t_end > 0.0 && nd_wtime() - c->t_end > CREW_LATE_S);
+    pthread_cond_destroy(&c->wake);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+    return late;
+}
+
+/* a parallel call: handed to this thread's crew, or a team of its own */
+static void run_region(int team, nd_region_fn fn, void *ctx)
+{
+    nd_crew *c = tls_crew;
+    if (c && team > 1 && !tls_serial && !c->busy) {
+        crew_call(c, team, fn, ctx);
+        return;
+    }
+    fork_region(team, fn, ctx);
+}
 
 void nd_parallel_region(int team, nd_region_fn fn, void *ctx)
 {

@@ -45,6 +45,30 @@ void nd_parallel_for_guided(long n, long grain, nd_range_fn fn, void *ctx);
  * bodies must use the `team` they are given. */
 void nd_parallel_region(int team, nd_region_fn fn, void *ctx);
 
+/* A crew: main(ctx) runs on the calling thread while up to team - 1 other
+ * threads (team <= 0: nd_get_threads()) wait beside it for work, and each
+ * parallel call that main makes on this thread (nd_parallel_for, _dynamic,
+ * _guided, _region, when not serial) is handed to them instead of starting
+ * a new team: one fork and join for all of main's calls (an engine step
+ * makes ~80). The shares and tids are those of a fork with the same team,
+ * so results are the same. A helper that has not picked up a call by the
+ * time the caller has finished its own share is skipped (its share runs on
+ * the caller, under the helper's tid), so a thread the OS parked before
+ * the call delays nothing. Helpers spin briefly between calls, then sleep.
+ * Calls from inside a call's body run serially, as always; main itself
+ * runs inside a parallel region (nd_in_parallel() is true). Where no team
+ * can be had (one thread, serial mode, nested, a busy pool) main just runs.
+ * A helper that keeps the caller waiting over a millisecond (in a share it
+ * took, or at the end) means its core is busy with other work: the crew's
+ * later calls then run all their shares on the caller, and nd_crew_run
+ * returns 1 (else 0), so the caller can stop asking for threads a while. */
+int nd_crew_run(int team, void (*main_fn)(void *ctx), void *ctx);
+
+/* This thread's parallel calls so far: forks (teams started: parallel
+ * regions; a crew is one) and handoffs (calls run by a crew). Cheap
+ * thread-local counters for tests and measurements. */
+void nd_parallel_counts(long *forks, long *handoffs);
+
 /* thread t's contiguous share [lo, hi) of n items in a team of `team` */
 static inline void nd_share(long n, int tid, int team, long *lo, long *hi)
 {

@@ -129,7 +129,10 @@ typedef struct {
     float *x0, *X, *Xn, *eng_e, *eng_k, *eng_v, *eng_vp, *xm, *hf, *att_s;
     int att_threads;  /* att_s holds score rows for this many threads */
     int big_parallel; /* this step's projections and attention may fork */
-    int att_force;    /* ND_ATT_* + 1 picks the attention kernel (tests); 0: the best */
+    /* until then (nd_wtime) forwards run on the calling thread only: a crew
+     * helper of an earlier one kept it waiting (cores busy with other jobs) */
+    double crew_off_until;
+    int att_force; /* ND_ATT_* + 1 picks the attention kernel (tests); 0: the best */
     int32_t *eng_idx, *win_tok;
     nd_layout_buf lay; /* one sequence of the chunk's rows */
     /* the block's values for the chunk's rows (model/block.h): nothing kept

@@ -369,6 +369,41 @@ static int decode_threads(void)
     return v;
 }
 
+/* after a crew whose helper kept its caller waiting (nd_crew_run: the
+ * machine's cores are busy with other jobs), forwards run on the calling
+ * thread alone this long (results are the same) */
+#define ND_CREW_BACKOFF_S 0.05
+
+/* one nd_kv_forward call's chunks (run by nd_crew_run or directly) */
+typedef struct {
+    nd_kv_state *s;
+    const int32_t *tok;
+    int n, all_logits, serial;
+    float *logits;
+    int rc;
+} forward_job;
+
+static void forward_chunks(void *p)
+{
+    forward_job *j = p;
+    nd_kv_state *s = j->s;
+    const san_dims *D = &s->m->dims;
+    int saved = j->serial ? nd_set_serial(1) : 0;
+    int rc = ND_OK, step = nd_kv_chunk_step(s), n = j->n;
+    for (int i = 0; i < n && !rc; i += step) {
+        int k = n - i < step ? n - i : step;
+        float *lg = NULL;
+        if (j->logits && j->all_logits)
+            lg = j->logits + (size_t)i * D->V;
+        else if (j->logits && i + k == n)
+            lg = j->logits;
+        rc = forward_chunk(s, j->tok + i, k, lg, j->all_logits);
+    }
+    if (j->serial)
+        nd_set_serial(saved);
+    j->rc = rc;
+}
+
 int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int all_logits)
 {
     const san_dims *D = &s->m->dims;
@@ -384,25 +419,29 @@ int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int 
      * a fork/join costs more than it saves (and spins when cores are busy) */
     const san_dims *Dm = &s->m->dims;
     double work = (double)n * Dm->d * Dm->d * Dm->L * 8.0; /* ~multiply-adds */
-    int serial = work < 1e8, saved = 0;
+    int serial = work < 1e8;
+    int threads = nd_get_threads() > 1 && !nd_in_parallel();
     s->big_parallel = 0;
-    if (serial) { /* this thread only: other sessions keep their threads */
-        s->big_parallel = nd_get_threads() > 1 && decode_threads() && !nd_in_parallel();
-        saved = nd_set_serial(1);
+    if (serial) /* this thread only: other sessions keep their threads */
+        s->big_parallel = threads && decode_threads();
+    forward_job j = {s, tok, n, all_logits, serial, logits, ND_OK};
+    /* On the CPU's quantised path, every parallel call of the step (~3 per
+     * layer in a decode step, ~20 in a prompt chunk's) goes to one crew of
+     * threads that wait beside this one, instead of a fork/join each. */
+    if (threads && !nd_serial() && (!serial || s->big_parallel) && s->qw && !s->be->device &&
+        !s->gen3 && !s->cells_hook) {
+        if (nd_wtime() >= s->crew_off_until) {
+            if (nd_crew_run(0, forward_chunks, &j))
+                s->crew_off_until = nd_wtime() + ND_CREW_BACKOFF_S;
+        } else { /* cores busy: this thread alone for a while */
+            s->big_parallel = 0;
+            j.serial = 1;
+            forward_chunks(&j);
+        }
+    } else {
+        forward_chunks(&j);
     }
-    int rc = ND_OK, step = nd_kv_chunk_step(s);
-    for (int i = 0; i < n && !rc; i += step) {
-        int k = n - i < step ? n - i : step;
-        float *lg = NULL;
-        if (logits && all_logits)
-            lg = logits + (size_t)i * D->V;
-        else if (logits && i + k == n)
-            lg = logits;
-        rc = forward_chunk(s, tok + i, k, lg, all_logits);
-    }
-    if (serial)
-        nd_set_serial(saved);
-    if (!rc)
+    if (!j.rc)
         nd_kv_note_call(s, n);
-    return rc;
+    return j.rc;
 }

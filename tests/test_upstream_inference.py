@@ -9,9 +9,8 @@ library finds needle-nano.cact beside itself).
 
 Each case passes when upstream's own assertion holds on every step; the
 strict score also asks for the right call and arguments. Prints both.
-Fails when a case outside KNOWN_FAILING fails upstream's assertion (all
-of them with NEEDLE_UPSTREAM_ALL=1: issue 34's target is 5/5; empty the
-list when a stronger base lands), or on an envelope that is not JSON.
+Fails when a case outside KNOWN_FAILING (now empty) fails upstream's
+assertion, or on an envelope that is not JSON.
 
     tests/test_upstream_inference.py [--json] [--lib PATH]"""
 import argparse
@@ -23,10 +22,10 @@ import sys
 SRC = os.environ.get("NEEDLE_SRC", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("NEEDLE_BUILD") or os.path.join(SRC, "build")
 CASES = os.path.join(SRC, "tests", "data", "upstream_inference", "cases.json")
-# upstream's assertions that fail with the committed built-in base (4 of 5
-# pass: test_tool_call gets no call, so the envelope's type is "respond",
-# which upstream's ("call", "text", "refuse") does not allow)
-KNOWN_FAILING = set() if os.environ.get("NEEDLE_UPSTREAM_ALL") == "1" else {"test_tool_call"}
+# upstream's assertions allowed to fail with the committed built-in base:
+# none since the stage-5 base (5 of 5 pass; the stage-4 base failed
+# test_tool_call, no call)
+KNOWN_FAILING = set()
 
 
 def bind(path):

@@ -211,33 +211,42 @@ static void mix_gain(float *g, const float *p, const float *cu, int rank, int co
  * buffers, computed in straight loops that vectorise, scattered back. */
 #define MIX_CHUNK 256
 
+/* the forward's values of features [m0, m1) of row r, v[] holding their
+ * inputs: scale (times the cond gain), bias, silu */
+static void mix_values(const mix_args *a, long r, int m0, int m1, float *v)
+{
+    const float *sc = a->scale + m0;
+    int w = m1 - m0;
+    if (a->p) {
+        float g[MIX_CHUNK];
+        mix_gain(g, a->p + r * a->rank, a->cu, a->rank, a->cols, m0, m1);
+        for (int k = 0; k < w; k++)
+            v[k] *= sc[k] * g[k];
+    } else
+        for (int k = 0; k < w; k++)
+            v[k] *= sc[k];
+    if (a->bias)
+        for (int k = 0; k < w; k++)
+            v[k] += a->bias[m0 + k];
+    if (a->silu)
+        for (int k = 0; k < w; k++)
+            v[k] = san_silu(v[k]);
+}
+
 static void mix_rows(void *ctx, long r0, long r1, int tid)
 {
     const mix_args *a = ctx;
     int cols = a->cols;
-    float g[MIX_CHUNK], v[MIX_CHUNK];
+    float v[MIX_CHUNK];
     float *S = a->buf + (size_t)tid * a->buf_floats, *O = S + a->sp->n + 1;
     for (long r = r0; r < r1; r++) {
         plan_load(a->sp, S, a->src + r * a->srs);
         for (int m0 = 0; m0 < cols; m0 += MIX_CHUNK) {
             int m1 = m0 + MIX_CHUNK < cols ? m0 + MIX_CHUNK : cols, w = m1 - m0;
-            const float *sc = a->scale + m0;
             const int32_t *sp = a->sp->pos + m0;
             for (int k = 0; k < w; k++)
                 v[k] = S[sp[k]];
-            if (a->p) {
-                mix_gain(g, a->p + r * a->rank, a->cu, a->rank, cols, m0, m1);
-                for (int k = 0; k < w; k++)
-                    v[k] *= sc[k] * g[k];
-            } else
-                for (int k = 0; k < w; k++)
-                    v[k] *= sc[k];
-            if (a->bias)
-                for (int k = 0; k < w; k++)
-                    v[k] += a->bias[m0 + k];
-            if (a->silu)
-                for (int k = 0; k < w; k++)
-                    v[k] = san_silu(v[k]);
+            mix_values(a, r, m0, m1, v);
             memcpy(O + m0, v, sizeof(float) * (size_t)w);
         }
         plan_store(a->dp, a->dst + r * a->drs, O);
@@ -255,29 +264,16 @@ static void mix_rows(void *ctx, long r0, long r1, int tid)
 static void mix_rows_direct(const mix_args *a)
 {
     int cols = a->cols;
-    float g[MIX_CHUNK], v[MIX_CHUNK];
+    float v[MIX_CHUNK];
     for (long r = 0; r < a->N; r++) {
         const float *in = a->src + r * a->srs;
         float *out = a->dst + r * a->drs;
         for (int m0 = 0; m0 < cols; m0 += MIX_CHUNK) {
             int m1 = m0 + MIX_CHUNK < cols ? m0 + MIX_CHUNK : cols, w = m1 - m0;
-            const float *sc = a->scale + m0;
             const int32_t *so = a->soff + m0, *dof = a->doff + m0;
             for (int k = 0; k < w; k++)
                 v[k] = so[k] >= 0 ? in[so[k]] : 0.0f;
-            if (a->p) {
-                mix_gain(g, a->p + r * a->rank, a->cu, a->rank, cols, m0, m1);
-                for (int k = 0; k < w; k++)
-                    v[k] *= sc[k] * g[k];
-            } else
-                for (int k = 0; k < w; k++)
-                    v[k] *= sc[k];
-            if (a->bias)
-                for (int k = 0; k < w; k++)
-                    v[k] += a->bias[m0 + k];
-            if (a->silu)
-                for (int k = 0; k < w; k++)
-                    v[k] = san_silu(v[k]);
+            mix_values(a, r, m0, m1, v);
             for (int k = 0; k < w; k++)
                 if (dof[k] >= 0)
                     out[dof[k]] = v[k];

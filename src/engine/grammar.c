@@ -191,6 +191,60 @@ static int key_narrow(const gnode *n, nd_gram_frame *f, unsigned char b, int lo,
     return 1;
 }
 
+_Static_assert(2 * ND_GRAM_STR_PERIOD + 2 <= sizeof(((nd_gram_frame *)0)->num),
+               "a string frame keeps its last characters, their runs and a \\u code in num[]");
+
+/* The repeat guard (grammar_internal.h) counts ASCII characters as they
+ * read once decoded, so "\u0059" and "Y" are the same character
+ * and a call list re-serialised with other escapes (eval-calls checks the
+ * predicted calls that way) is judged as the decoder judged it. A
+ * non-ASCII character, raw or escaped, ends every cycle and clears the
+ * history. num[0..P) holds the last characters, newest first (nlen of
+ * them), num[P + p - 1] how many characters in a row have equalled the one
+ * p before them, so the tail repeats with period p over run + p
+ * characters; num[2P..2P+2) the \u escape's code so far. At most P
+ * characters are refused at any point, and every string position admits
+ * more (9 after a backslash, 22 hex digits, any other character), so no
+ * prefix becomes a dead end. */
+static int str_cycle_ok(nd_gram_frame *f, unsigned ch)
+{
+    enum { P = ND_GRAM_STR_PERIOD };
+    uint8_t *last = (uint8_t *)f->num, *run = last + P;
+    if (ch >= 0x80) {
+        memset(run, 0, P);
+        f->nlen = 0;
+        return 1;
+    }
+    for (int p = 1; p <= P; p++) {
+        if (p <= f->nlen && last[p - 1] == ch) {
+            if (run[p - 1] + 1 + p > ND_GRAM_STR_PERIODIC)
+                return 0;
+            run[p - 1]++;
+        } else {
+            run[p - 1] = 0;
+        }
+    }
+    memmove(last + 1, last, P - 1);
+    last[0] = (uint8_t)ch;
+    if (f->nlen < P)
+        f->nlen++;
+    return 1;
+}
+
+/* the \u escape's code: hex digits so far (2P.. of num[]) */
+static unsigned esc_code(const nd_gram_frame *f)
+{
+    const uint8_t *c = (const uint8_t *)f->num + 2 * ND_GRAM_STR_PERIOD;
+    return (unsigned)c[0] << 8 | c[1];
+}
+
+static void esc_code_set(nd_gram_frame *f, unsigned code)
+{
+    uint8_t *c = (uint8_t *)f->num + 2 * ND_GRAM_STR_PERIOD;
+    c[0] = (uint8_t)(code >> 8);
+    c[1] = (uint8_t)code;
+}
+
 /* one character of string content (ASCII ch, or -1 for a non-ASCII / \u
  * character, which a pattern string never admits) */
 static int str_char(const gnode *n, nd_gram_frame *f, int ch)
@@ -212,39 +266,10 @@ static int str_char(const gnode *n, nd_gram_frame *f, int ch)
         memcpy(f->re, r.w, sizeof f->re);
     } else if (n->max_len >= 0 && f->count + 1 > n->max_len) {
         return 0;
+    } else if (ch >= 0 && !str_cycle_ok(f, (unsigned)ch)) {
+        return 0;
     }
     f->count++;
-    return 1;
-}
-
-_Static_assert(2 * ND_GRAM_STR_PERIOD <= sizeof(((nd_gram_frame *)0)->num),
-               "a string frame keeps its last bytes and their runs in num[]");
-
-/* The repeat guard (grammar_internal.h) for one more content byte of a
- * string without a pattern. num[0..P) holds the last bytes, newest first
- * (nlen of them), num[P + p - 1] how many bytes in a row have equalled the
- * byte p before them, so the tail repeats with period p over run + p
- * bytes. At most P byte values are refused at any point, and every string
- * position admits more (9 after a backslash, at least 16 UTF-8
- * continuation bytes, 22 hex digits, any other character), so no prefix
- * becomes a dead end. */
-static int str_cycle_ok(nd_gram_frame *f, unsigned char b)
-{
-    enum { P = ND_GRAM_STR_PERIOD };
-    uint8_t *last = (uint8_t *)f->num, *run = last + P;
-    for (int p = 1; p <= P; p++) {
-        if (p <= f->nlen && last[p - 1] == b) {
-            if (run[p - 1] + 1 + p > ND_GRAM_STR_PERIODIC)
-                return 0;
-            run[p - 1]++;
-        } else {
-            run[p - 1] = 0;
-        }
-    }
-    memmove(last + 1, last, P - 1);
-    last[0] = b;
-    if (f->nlen < P)
-        f->nlen++;
     return 1;
 }
 
@@ -257,9 +282,6 @@ static int step_str(const nd_grammar *g, nd_gram_frame *f, unsigned char b)
         f->phase = 1;
         return R_ACC;
     }
-    int closing = b == '"' && !f->esc && !f->u8left;
-    if (!n->re && !closing && !str_cycle_ok(f, b))
-        return R_REJ;
     if (f->u8left) {
         if (b < f->u8lo || b > f->u8hi)
             return R_REJ;
@@ -281,6 +303,7 @@ static int step_str(const nd_grammar *g, nd_gram_frame *f, unsigned char b)
         if (b == 'u' && !n->re) {
             if (!str_char(n, f, -1))
                 return R_REJ;
+            esc_code_set(f, 0);
             f->esc = 5;
             return R_ACC;
         }
@@ -289,6 +312,10 @@ static int step_str(const nd_grammar *g, nd_gram_frame *f, unsigned char b)
     if (f->esc >= 2) {
         int hex = (b >= '0' && b <= '9') || ((b | 0x20) >= 'a' && (b | 0x20) <= 'f');
         if (!hex)
+            return R_REJ;
+        unsigned code = esc_code(f) << 4 | (unsigned)(b <= '9' ? b - '0' : (b | 0x20) - 'a' + 10);
+        esc_code_set(f, code);
+        if (f->esc == 2 && !str_cycle_ok(f, code)) /* the escape's character, complete */
             return R_REJ;
         f->esc = f->esc == 2 ? 0 : (uint8_t)(f->esc - 1);
         return R_ACC;
@@ -346,6 +373,7 @@ static int step_str(const nd_grammar *g, nd_gram_frame *f, unsigned char b)
     }
     if (!str_char(n, f, -1))
         return R_REJ;
+    str_cycle_ok(f, 0x80); /* a non-ASCII character ends every cycle */
     f->u8left = left;
     f->u8lo = lo;
     f->u8hi = hi;

@@ -53,7 +53,11 @@ static double check_dir(nd_trainer *tr, float *p, const float *g, size_t n, cons
     double fm = loss_at(tr, ids, mask, rows);
     memcpy(p, p0, sizeof *p * n);
     double fd = (fp - fm) / (2 * h);
-    double err = fabs(fd - dot) / fmax(fabs(dot), 1e-4);
+    /* The losses come from a float32 forward: their rounding (~1e-7 of a
+     * loss near 4, varying with the BLAS kernels) puts ~2e-5 of noise on
+     * fd at h = 1e-2, so a directional derivative below 1e-3 is judged
+     * against 1e-3 (a 10% error in g.v = 1e-3 still fails the 2e-2 bound). */
+    double err = fabs(fd - dot) / fmax(fabs(dot), 1e-3);
     printf("  %-48s |g| %.3e  g.v %+.6e  fd %+.6e  rel %.2e\n", name, gn, dot, fd, err);
     free(v);
     free(p0);

@@ -156,8 +156,17 @@ static void check_model(const char *name, const char *preset, int window, int ta
         nd_kv_set_bits(&s8, 8);
         CHECK(nd_kv_forward(&s8, tok, 13, lg, 1) == 0);
         CHECK(nd_kv_forward(&s8, tok + 13, T_SEQ - 13, lg + (size_t)13 * V, 1) == 0);
+        /* The K/V rows come from products of 13 rows here and of one row
+         * above; BLAS kernels may round the two shapes differently (the
+         * Haswell kernels agree to 1e-5, the AVX-512 ones do not), and a
+         * float difference at a rounding boundary flips an int8 step. A
+         * few flipped steps stay far below the effect of all the int8
+         * roundings together (e_int8 above); a chunk that reads a wrong or
+         * missing row does not. */
+        double e_int8 = e;
         e = rows_err(lg, V, lg8, V, T_SEQ, Vo);
-        CHECK_MSG(e < 1e-5, "%s: int8 K/V, chunks vs token by token rel err %g", name, e);
+        CHECK_MSG(e < 0.1 * e_int8, "%s: int8 K/V, chunks vs token by token rel err %g (int8 %g)",
+                  name, e, e_int8);
         nd_kv_free(&s8);
         free(lg8);
     }

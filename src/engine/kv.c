@@ -207,10 +207,8 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
         P(A->kc, N * (size_t)D->k_dim);
         P(A->vc, N * (size_t)D->v_dim);
     }
-    if (gen3) {
-        P(A->mlp, N * d);
+    if (gen3)
         P(A->hsaved, N * hsaved_row);
-    }
     if (!share) {
         P(A->o2, N * d);
         P(A->pn, N * d);

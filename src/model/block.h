@@ -40,10 +40,9 @@ typedef struct {
     float *y;                         /* Block(bx) - u [N, d] */
     /* Needle 3: q/k/v after the causal conv (they alias q, k, v when the
      * config has no conv taps), and what the MLP keeps for the backward
-     * (san_hada3_saved_per_row floats a row); mlp is no longer used (the
-     * MLP writes into y), callers may leave it NULL */
+     * (san_hada3_saved_per_row floats a row); the MLP writes into y */
     float *qc, *kc, *vc;
-    float *mlp, *hsaved;
+    float *hsaved;
 } san_layer_acts;
 
 /* The block's matrix products, each a group of matrices reading one input

@@ -133,7 +133,7 @@ static void acts_plan_buffers(act_plans *pl, san_acts *a, const san_model *m, lo
         P(l->kc, N * D->k_dim);
         P(l->vc, N * D->v_dim);
     }
-    if (gen3) { /* l->mlp stays NULL: the MLP writes into y */
+    if (gen3) { /* the MLP writes into y */
         P(l->hsaved, N * hsaved_row);
         for (int i = 0; i < m->cfg.n_cla; i++) {
             P(a->cla_k[i], N * D->k_dim);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define ND_BIG_MIN ((size_t)8 << 20)
 #define ND_BIG_ALIGN ((size_t)2 << 20)
@@ -30,4 +31,21 @@ void *nd_calloc_big(size_t n, size_t size)
 #endif
     memset(p, 0, bytes);
     return p;
+}
+
+void nd_prefault(void *p, size_t bytes)
+{
+#ifdef MADV_POPULATE_WRITE
+    static long page;
+    if (!page)
+        page = sysconf(_SC_PAGESIZE);
+    if (!p || !bytes || page <= 0)
+        return;
+    uintptr_t a = (uintptr_t)p & ~((uintptr_t)page - 1);
+    uintptr_t e = ((uintptr_t)p + bytes + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
+    madvise((void *)a, e - a, MADV_POPULATE_WRITE); /* pages stay as they are: no data changes */
+#else
+    (void)p;
+    (void)bytes;
+#endif
 }

@@ -97,6 +97,7 @@ typedef struct {
     void (*cells_hook)(void *ctx, int layer, int p0, const float *cells, int n);
     void *cells_ctx;
     int len, cap, max_len;
+    int faulted; /* rows [0, faulted) of every array have their pages mapped (nd_kv_map_rows) */
     int rows_hw; /* most rows ever held: the cache's resident part (the rest of cap is untouched) */
     int kv_window; /* attend only to the last kv_window keys (0 = all) */
     /* sliding window (nd_kv_slide): the first n_sink rows are pinned and
@@ -116,6 +117,7 @@ typedef struct {
     float *rope_far_cos, *rope_far_sin; /* [chunk][hd/2]: the chunk's rows */
     size_t scratch_bytes;
     size_t scratch_keep;      /* the scratch's first bytes: kept for the state's life */
+    size_t scratch_mapped;    /* the scratch's first bytes with pages known mapped */
     float *vp[SAN_MAX_SITES]; /* [cap][d] (float cache) */
     /* with the int8 cache, v' rows are int8 too, one scale per 32 values
      * (upstream's budget counts them so) */

@@ -424,6 +424,11 @@ int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int 
     s->big_parallel = 0;
     if (serial) /* this thread only: other sessions keep their threads */
         s->big_parallel = threads && decode_threads();
+    int rc = nd_kv_map_rows(s, n);
+    if (rc)
+        return rc;
+    if (n >= 8)
+        nd_kv_map_scratch(s);
     forward_job j = {s, tok, n, all_logits, serial, logits, ND_OK};
     /* On the CPU's quantised path, every parallel call of the step (~3 per
      * layer in a decode step, ~20 in a prompt chunk's) goes to one crew of

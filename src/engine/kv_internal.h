@@ -19,6 +19,8 @@ int nd_kv_make_room(nd_kv_state *s, int n);
 void nd_kv_rope_rows(nd_kv_state *s, long ap0, int n);
 /* grow the storage to hold `need` positions */
 int nd_kv_reserve(nd_kv_state *s, int need);
+int nd_kv_map_rows(nd_kv_state *s, int n);
+void nd_kv_map_scratch(nd_kv_state *s);
 /* append layer l's K (after RoPE) and V rows of positions p0..p0+n-1
  * (k, v: [n, kv_dim]) in the cache's format */
 void nd_kv_store_rows(nd_kv_state *s, int l, int p0, int n, const float *k, const float *v);

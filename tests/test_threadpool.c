@@ -535,11 +535,13 @@ static void test_crew(void)
 }
 
 /* a helper that keeps the caller waiting (5 ms, past the crew's 1 ms):
- * the crew's later calls run every share on the caller */
+ * the crew's next calls run every share on the caller; once the hold is
+ * over (4 ms after a first late call), the helper takes its share again */
 typedef struct {
     pthread_t caller;
     atomic_int started, shares, on_caller, bad;
-    int slow;
+    int slow, meet;
+    int held_shares, held_on_caller; /* the call right after the late one */
 } late_ctx;
 
 static void late_body(void *p, int tid, int team)
@@ -550,6 +552,13 @@ static void late_body(void *p, int tid, int team)
     atomic_fetch_add(&l->on_caller, mine);
     if (tid < 0 || tid >= team)
         atomic_store(&l->bad, 1);
+    if (l->meet && tid == 1 && !mine)
+        atomic_store(&l->started, 1);
+    if (l->meet && tid == 0) { /* until the helper runs its share (at most 5 s) */
+        double t0 = nd_wtime();
+        while (!atomic_load(&l->started) && nd_wtime() - t0 < 5.0)
+            ;
+    }
     if (!l->slow)
         return;
     if (tid == 1 && !mine) {
@@ -574,6 +583,15 @@ static void late_main(void *p)
     atomic_store(&l->shares, 0);
     atomic_store(&l->on_caller, 0);
     nd_parallel_region(0, late_body, l);
+    l->held_shares = atomic_load(&l->shares);
+    l->held_on_caller = atomic_load(&l->on_caller);
+    struct timespec nap = {0, 20000000}; /* 20 ms: past the 4 ms hold */
+    nanosleep(&nap, NULL);
+    atomic_store(&l->started, 0);
+    atomic_store(&l->shares, 0);
+    atomic_store(&l->on_caller, 0);
+    l->meet = 1;
+    nd_parallel_region(0, late_body, l);
 }
 
 static void test_crew_late(void)
@@ -583,8 +601,11 @@ static void test_crew_late(void)
     l.caller = pthread_self();
     nd_crew_run(0, late_main, &l);
     CHECK_MSG(atomic_load(&l.bad) == 0, "late crew: bad %d", atomic_load(&l.bad));
-    CHECK_MSG(atomic_load(&l.shares) == 2 && atomic_load(&l.on_caller) == 2,
-              "late crew: %d of %d shares on the caller after a late helper",
+    CHECK_MSG(l.held_shares == 2 && l.held_on_caller == 2,
+              "late crew: %d of %d shares on the caller right after a late helper",
+              l.held_on_caller, l.held_shares);
+    CHECK_MSG(atomic_load(&l.shares) == 2 && atomic_load(&l.on_caller) == 1,
+              "late crew: %d of %d shares on the caller after the hold (want 1 of 2)",
               atomic_load(&l.on_caller), atomic_load(&l.shares));
 }
 

@@ -308,9 +308,18 @@ static void fork_region(int team, nd_region_fn fn, void *ctx)
  * serial stretches between calls last a few to tens of microseconds */
 #define CREW_SPIN_S 200e-6
 /* a share that keeps the caller waiting this long means its helper lost
- * its core (a machine busy with other jobs): the crew's later calls run all
- * their shares on the caller, as a fork that got no threads would */
+ * its core: the crew's calls then run all their shares on the caller, as a
+ * fork that got no threads would, for a hold that starts at CREW_HOLD_S
+ * and doubles while the helper stays late (a machine busy with other
+ * jobs), up to CREW_HOLD_MAX_S; a call after the hold tries the helper
+ * again. (A hold for the crew's whole life ran everything after the
+ * first 1 ms hiccup of a shared virtual machine on one thread: a loop of
+ * 20,000 calls of ~200 us was no faster at two threads in 3 runs of 4;
+ * with these holds, 1.9x.) */
 #define CREW_LATE_S 1e-3
+#define CREW_HOLD_S 4e-3
+#define CREW_HOLD_MAX_S 64e-3
+#define CREW_CALM_S 0.25
 
 static inline void crew_relax(void)
 {
@@ -338,10 +347,12 @@ typedef struct {
     void *fctx;
     int fteam;
     unsigned gen;
-    int helpers;  /* team - 1 */
-    int busy;     /* the caller is inside a call's body (nested calls: serial) */
-    int late;     /* a helper kept the caller waiting past CREW_LATE_S: no more posts */
-    double t_end; /* when main returned (0: it ran without helpers) */
+    int helpers;       /* team - 1 */
+    int busy;          /* the caller is inside a call's body (nested calls: serial) */
+    double hold_until; /* a helper was late (CREW_LATE_S): no posts until then */
+    double hold;       /* the last hold's length (0: none yet) */
+    double last_late;  /* when a helper was last late */
+    double t_end;      /* when main returned (0: it ran without helpers) */
     atomic_int quit;
     atomic_int sleepers;
     pthread_mutex_t lock;
@@ -405,6 +416,22 @@ static void crew_wake_all(nd_crew *c)
     pthread_mutex_unlock(&c->lock);
 }
 
+/* after a call: a late helper starts a hold, twice the last one where
+ * the last late call was less than CREW_CALM_S ago (a machine busy with
+ * other jobs: the holds grow to CREW_HOLD_MAX_S and stay there) */
+static void crew_note_call(nd_crew *c, int late)
+{
+    if (!late)
+        return;
+    double now = nd_wtime();
+    int again = c->hold > 0.0 && now - c->last_late < CREW_CALM_S;
+    c->hold = again ? 2.0 * c->hold : CREW_HOLD_S;
+    if (c->hold > CREW_HOLD_MAX_S)
+        c->hold = CREW_HOLD_MAX_S;
+    c->last_late = now;
+    c->hold_until = now + c->hold;
+}
+
 /* a parallel call of the crew's main: offered to the helpers, share 0 on
  * this thread, then the shares of helpers that have not taken theirs */
 static void crew_call(nd_crew *c, int team, nd_region_fn fn, void *ctx)
@@ -412,12 +439,15 @@ static void crew_call(nd_crew *c, int team, nd_region_fn fn, void *ctx)
     int helpers = team - 1 < c->helpers ? team - 1 : c->helpers;
     team = helpers + 1;
     tls_handoffs++;
-    if (c->late) { /* every share here, a fork's tids */
-        c->busy = 1;
-        for (int t = 0; t < team; t++)
-            fn(ctx, t, team);
-        c->busy = 0;
-        return;
+    if (c->hold_until > 0.0) { /* held: every share here, a fork's tids */
+        if (nd_wtime() < c->hold_until) {
+            c->busy = 1;
+            for (int t = 0; t < team; t++)
+                fn(ctx, t, team);
+            c->busy = 0;
+            return;
+        }
+        c->hold_until = 0.0; /* the hold is over: the helpers again */
     }
     c->fn = fn;
     c->fctx = ctx;
@@ -428,6 +458,7 @@ static void crew_call(nd_crew *c, int team, nd_region_fn fn, void *ctx)
     if (atomic_load(&c->sleepers))
         crew_wake_all(c);
     c->busy = 1;
+    int late = 0;
     fn(ctx, 0, team);
     for (int h = 1; h <= helpers; h++) {
         unsigned st = g | CREW_POSTED;
@@ -444,14 +475,15 @@ static void crew_call(nd_crew *c, int team, nd_region_fn fn, void *ctx)
             crew_relax();
             if (i % 4096 == 0) { /* its thread may have been parked mid-share */
                 if (nd_wtime() - t0 > CREW_LATE_S)
-                    c->late = 1;
+                    late = 1;
                 sched_yield();
             }
         }
         if (nd_wtime() - t0 > CREW_LATE_S) /* this thread may have been the one parked */
-            c->late = 1;
+            late = 1;
     }
     c->busy = 0;
+    crew_note_call(c, late);
 }
 
 static void crew_body(void *p, int tid, int team)
@@ -507,7 +539,9 @@ int nd_crew_run(int team, void (*main_fn)(void *ctx), void *ctx)
     c->gen = 0;
     c->helpers = 0;
     c->busy = 0;
-    c->late = 0;
+    c->hold_until = 0.0;
+    c->hold = 0.0;
+    c->last_late = 0.0;
     c->t_end = 0.0;
     atomic_init(&c->quit, 0);
     atomic_init(&c->sleepers, 0);
@@ -515,7 +549,7 @@ int nd_crew_run(int team, void (*main_fn)(void *ctx), void *ctx)
         atomic_init(&c->slot[h].state, 0);
     fork_region(team, crew_body, c);
     /* the join waited for helpers that had lost their cores */
-    int late = c->late || (c->t_end > 0.0 && nd_wtime() - c->t_end > CREW_LATE_S);
+    int late = c->hold_until > c->t_end || (c->t_end > 0.0 && nd_wtime() - c->t_end > CREW_LATE_S);
     pthread_cond_destroy(&c->wake);
     pthread_mutex_destroy(&c->lock);
     free(c);

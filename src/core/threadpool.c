@@ -18,6 +18,21 @@
 /* nd_set_serial: this thread's parallel calls run on itself */
 static _Thread_local int tls_serial;
 
+/* nd_set_fixed_split: this thread's kernels split work by its shape */
+static _Thread_local int tls_fixed_split;
+
+int nd_set_fixed_split(int on)
+{
+    int prev = tls_fixed_split;
+    tls_fixed_split = on != 0;
+    return prev;
+}
+
+int nd_fixed_split(void)
+{
+    return tls_fixed_split;
+}
+
 /* nd_parallel_counts */
 static _Thread_local long tls_forks, tls_handoffs;
 

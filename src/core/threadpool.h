@@ -90,6 +90,18 @@ int nd_set_serial(int on);
 /* This thread's setting (non-zero: serial). */
 int nd_serial(void);
 
+/* Fixed splits: while on (this thread), kernels whose results could depend
+ * on how their work is cut among threads cut it by the work's shape alone,
+ * the same at every team size, so one thread and a team give the same
+ * bits. The CPU backend's GEMM is one: OpenBLAS may round a row of C
+ * differently depending on the size of the call it is in (its Haswell
+ * kernels do), so blocks sized by the team change results. Costs some
+ * speed where a block's shared operand is big (it is packed per block, not
+ * per thread). Returns the previous setting. */
+int nd_set_fixed_split(int on);
+/* This thread's setting (non-zero: fixed splits). */
+int nd_fixed_split(void);
+
 /* Without OpenMP: run fn on each thread that enters a parallel call (the
  * pool's workers, callers) once before its work, and again after another
  * nd_parallel_setup. For per-thread library settings, e.g. an OpenBLAS that

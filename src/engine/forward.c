@@ -389,6 +389,9 @@ static void forward_chunks(void *p)
     nd_kv_state *s = j->s;
     const san_dims *D = &s->m->dims;
     int saved = j->serial ? nd_set_serial(1) : 0;
+    /* the quantised path's BLAS products (Needle 3's Hadamard MLP) split
+     * the same at every thread count: one thread's logits, bit for bit */
+    int fixed = nd_set_fixed_split(s->qw != NULL);
     int rc = ND_OK, step = nd_kv_chunk_step(s), n = j->n;
     for (int i = 0; i < n && !rc; i += step) {
         int k = n - i < step ? n - i : step;
@@ -401,6 +404,7 @@ static void forward_chunks(void *p)
     }
     if (j->serial)
         nd_set_serial(saved);
+    nd_set_fixed_split(fixed);
     j->rc = rc;
 }
 
@@ -430,11 +434,12 @@ int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int 
     if (n >= 8)
         nd_kv_map_scratch(s);
     forward_job j = {s, tok, n, all_logits, serial, logits, ND_OK};
-    /* On the CPU's quantised path, every parallel call of the step (~3 per
-     * layer in a decode step, ~20 in a prompt chunk's) goes to one crew of
-     * threads that wait beside this one, instead of a fork/join each. */
+    /* On the CPU's quantised path (Needle 2 and 3), every parallel call of
+     * the step (~3 per layer in a decode step, ~20 in a prompt chunk's,
+     * ~30 with Needle 3's Hadamard products) goes to one crew of threads
+     * that wait beside this one, instead of a fork/join each. */
     if (threads && !nd_serial() && (!serial || s->big_parallel) && s->qw && !s->be->device &&
-        !s->gen3 && !s->cells_hook) {
+        !s->cells_hook) {
         if (nd_wtime() >= s->crew_off_until) {
             if (nd_crew_run(0, forward_chunks, &j))
                 s->crew_off_until = nd_wtime() + ND_CREW_BACKOFF_S;

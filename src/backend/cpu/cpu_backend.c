@@ -34,21 +34,15 @@ static void cpu_free(const nd_backend *be, void *p)
 typedef struct {
     enum CBLAS_TRANSPOSE TA, TB;
     int ta, tb, M, N, K, lda, ldb, ldc, by_rows, along;
+    int fixed; /* > 0: blocks of this many rows / columns at any team size */
     float alpha, beta;
     const float *A, *B;
     float *C;
 } gemm_args;
 
-static void gemm_block(void *p, int t, int nt)
+/* rows (or columns) [lo, hi) of C: one single-threaded cblas_sgemm */
+static void gemm_range(const gemm_args *g, int lo, int hi)
 {
-    const gemm_args *g = p;
-    /* blocks in multiples of 16 rows/columns (the kernels' tile) */
-    int step = (g->along / nt + 15) & ~15;
-    int lo = t * step, hi = t == nt - 1 ? g->along : (t + 1) * step;
-    if (hi > g->along)
-        hi = g->along;
-    if (lo >= hi)
-        return;
     if (g->by_rows) {
         const float *Ab = g->ta ? g->A + lo : g->A + (size_t)lo * g->lda;
         cblas_sgemm(CblasRowMajor, g->TA, g->TB, hi - lo, g->N, g->K, g->alpha, Ab, g->lda, g->B,
@@ -59,6 +53,33 @@ static void gemm_block(void *p, int t, int nt)
                     g->ldb, g->beta, g->C + lo, g->ldc);
     }
 }
+
+static void gemm_block(void *p, int t, int nt)
+{
+    const gemm_args *g = p;
+    if (g->fixed) { /* thread t's run of the fixed blocks, one call each */
+        long lo, hi, nb = (g->along + g->fixed - 1) / g->fixed;
+        nd_share(nb, t, nt, &lo, &hi);
+        for (long b = lo; b < hi; b++) {
+            int r1 = (int)(b + 1) * g->fixed;
+            gemm_range(g, (int)b * g->fixed, r1 < g->along ? r1 : g->along);
+        }
+        return;
+    }
+    /* blocks in multiples of 16 rows/columns (the kernels' tile) */
+    int step = (g->along / nt + 15) & ~15;
+    int lo = t * step, hi = t == nt - 1 ? g->along : (t + 1) * step;
+    if (hi > g->along)
+        hi = g->along;
+    if (lo < hi)
+        gemm_range(g, lo, hi);
+}
+
+/* nd_fixed_split's GEMM blocks: a multiple of the kernels' 16-row tile,
+ * big enough that a call's overhead and the shared operand's packing stay
+ * small where it is used (the engine's Needle 3 Hadamard products, whose
+ * shared operand is at most 64 x 64) */
+#define GEMM_FIXED_BLOCK 256
 
 static void gemm_split(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                        const float *B, int ldb, float beta, float *C, int ldc)
@@ -74,17 +95,20 @@ static void gemm_split(int ta, int tb, int M, int N, int K, float alpha, const f
                    .ldb = ldb,
                    .ldc = ldc,
                    .by_rows = M >= N || N < 128,
+                   .fixed = nd_fixed_split() ? GEMM_FIXED_BLOCK : 0,
                    .alpha = alpha,
                    .beta = beta,
                    .A = A,
                    .B = B,
                    .C = C};
     g.along = g.by_rows ? M : N;
-    int team = nd_in_parallel() ? 1 : nd_get_threads();
-    if (team > g.along / 64)
-        team = g.along / 64;
+    /* Inside a parallel body the region below runs on this thread alone;
+     * a crew's main (also "in parallel") hands it to the crew. */
+    int team = nd_get_threads(), most = g.fixed ? (g.along + g.fixed - 1) / g.fixed : g.along / 64;
+    if (team > most)
+        team = most;
     if (team <= 1) {
-        cblas_sgemm(CblasRowMajor, g.TA, g.TB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        gemm_block(&g, 0, 1);
         return;
     }
     nd_parallel_region(team, gemm_block, &g);

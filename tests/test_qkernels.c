@@ -59,6 +59,24 @@ static double rel(const float *a, const float *b, size_t n)
     return num / den;
 }
 
+/* a tile kernel over two tile views of the batch (the first tile alone,
+ * then the rest: a partial last tile stays in its view) gives every token
+ * the very values of the whole batch's call (`whole`) */
+static void tile_split_case(const nd_qkernel *kern, const nd_qmat *w, const nd_qact *a, int rows,
+                            const float *whole)
+{
+    size_t ny = (size_t)a->n * (size_t)rows;
+    float *got = malloc(sizeof *got * ny);
+    for (size_t i = 0; i < ny; i++)
+        got[i] = NAN;
+    nd_qact v0 = nd_qact_tile_view(a, 0, 1), v1 = nd_qact_tile_view(a, 1, a->tiles - 1);
+    kern->gemm(w, &v0, 0, rows, got, rows);
+    kern->gemm(w, &v1, 0, rows, got + (size_t)ND_QTILE * rows, rows);
+    CHECK_MSG(!memcmp(got, whole, sizeof *got * ny), "%s n %d: tile views differ from the batch",
+              kern->name, a->n);
+    free(got);
+}
+
 static void one_case(int bits, int rows, int in, int n)
 {
     size_t len;
@@ -86,6 +104,8 @@ static void one_case(int bits, int rows, int in, int n)
         double e = rel(got, ref, ny);
         CHECK_MSG(e < 1e-5, "%s bits %d rows %d in %d n %d: rel err %.3g", kern->name, bits, rows,
                   in, n, e);
+        if (kern->tiles && a.tiles >= 2) /* split by tokens, as the threaded driver may */
+            tile_split_case(kern, &w, &a, rows, got);
     }
     nd_qgemm(&w, &a, got, rows);
     CHECK_MSG(rel(got, ref, ny) < 1e-5, "nd_qgemm bits %d", bits);

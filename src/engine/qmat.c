@@ -592,6 +592,62 @@ static nd_qact token_view(const nd_qact *x, int t0, int n)
     return v;
 }
 
+nd_qact nd_qact_tile_view(const nd_qact *x, int ta, int nt)
+{
+    int t0 = ta * ND_QTILE, n = x->n - t0 < nt * ND_QTILE ? x->n - t0 : nt * ND_QTILE;
+    nd_qact v = token_view(x, t0, n);
+    v.tiles = nt;
+    v.qt = x->qt + (size_t)ta * (size_t)x->ng * ND_QTILE * ND_QGROUP;
+    v.st = x->st + (size_t)ta * (size_t)x->ng * ND_QTILE;
+    return v;
+}
+
+/* A prompt chunk's products split by tokens, not by rows: thread p takes
+ * tiles [p * per, (p + 1) * per) of every matrix. The row-wise operations
+ * around the products split the chunk's rows the same way (nd_parallel_for
+ * gives thread p the p-th share), so a token's activations stay in the
+ * cache of the core that made them; split by rows, every product's output
+ * rows were half in the other core's cache for the next operation. Each
+ * thread unpacks every weight row (the weights are shared read-only). Only
+ * where the tiles divide evenly; the same kernel calls per output value
+ * either way, so the results are identical. */
+static int token_parts(const nd_qkernel *k, const nd_qact *x)
+{
+    int team = nd_get_threads();
+    if (team < 2 || !k->tiles || x->tiles < team || x->tiles % team || nd_serial())
+        return 0;
+    return team;
+}
+
+typedef struct {
+    nd_qgemm_fn fn;
+    const nd_qmat *const *w;
+    const nd_qact *x;
+    float *const *y;
+    const int *ldy;
+    int count, per;
+} tile_part_args;
+
+static void tile_part_tasks(void *ctx, long lo, long hi, int tid)
+{
+    (void)tid;
+    const tile_part_args *a = ctx;
+    for (long p = lo; p < hi; p++) {
+        int ta = (int)p * a->per;
+        nd_qact v = nd_qact_tile_view(a->x, ta, a->per);
+        for (int i = 0; i < a->count; i++)
+            a->fn(a->w[i], &v, 0, a->w[i]->rows, a->y[i] + (size_t)ta * ND_QTILE * a->ldy[i],
+                  a->ldy[i]);
+    }
+}
+
+static void qgemm_by_tokens(nd_qgemm_fn fn, const nd_qmat *const w[], int count, const nd_qact *x,
+                            float *const y[], const int ldy[], int parts)
+{
+    tile_part_args a = {fn, w, x, y, ldy, count, x->tiles / parts};
+    nd_parallel_for(parts, 1, tile_part_tasks, &a);
+}
+
 typedef struct {
     nd_qgemm_fn fn;
     const nd_qmat *w;
@@ -635,6 +691,13 @@ void nd_qgemm(const nd_qmat *w, const nd_qact *x, float *y, int ldy)
     nd_qgemm_fn fn = k->gemm;
     long work = (long)w->rows * w->in * x->n;
     int serial = nd_get_threads() < 2 || work < QGEMM_SPLIT_MACS || w->rows < 64;
+    int parts = work < QGEMM_SPLIT_MACS ? 0 : token_parts(k, x);
+    if (parts) {
+        float *const ys[1] = {y};
+        const int lds[1] = {ldy};
+        qgemm_by_tokens(fn, &w, 1, x, ys, lds, parts);
+        return;
+    }
     if (k->tiles && x->tiles > 0) {
         if (serial) {
             fn(w, x, 0, w->rows, y, ldy);
@@ -702,6 +765,11 @@ void nd_qgemm_many(const nd_qmat *const w[], int count, const nd_qact *x, float 
         (x->n > 1 && !(k->tiles && x->tiles > 0))) {
         for (int i = 0; i < count; i++)
             nd_qgemm(w[i], x, y[i], ldy[i]);
+        return;
+    }
+    int parts = token_parts(k, x);
+    if (parts) {
+        qgemm_by_tokens(k->gemm, w, count, x, y, ldy, parts);
         return;
     }
     qgemm_many_args a = {k->gemm, w, x, y, ldy, {0}, count};

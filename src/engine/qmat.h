@@ -92,6 +92,10 @@ void nd_qmat_row(const nd_qmat *m, int r, float *out);
 #define ND_QROW_PREAD_MAX 2048
 int nd_qmat_read_rows(nd_qmat *m, int fd, long long file_off);
 
+/* Token tiles [ta, ta + nt) of a prepared batch with tiles, as a batch of
+ * their own (no copy): a tile kernel gives their tokens the same values
+ * as on the whole batch. */
+nd_qact nd_qact_tile_view(const nd_qact *x, int ta, int nt);
 /* Prepare n rows of x ([n, in], row stride in) for matrices of `layout`. */
 int nd_qact_prepare(nd_qact *a, const float *x, int n, int in, int layout);
 void nd_qact_free(nd_qact *a);

@@ -466,13 +466,6 @@ void cpu_lanes_combine(const nd_backend *be, float *u, const float *hpre, const 
 #define LU_W 16
 typedef float lu_vec __attribute__((vector_size(LU_W * sizeof(float))));
 
-static inline lu_vec lu_load(const float *p)
-{
-    lu_vec v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
 static void lanes_update_rows4(const lanes_args *a, long r0, long r1)
 {
     int d = a->d;
@@ -482,10 +475,14 @@ static void lanes_update_rows4(const lanes_args *a, long r0, long r1)
         float *O = a->u + r * 4 * d;
         int c0 = 0;
         for (; c0 + LU_W <= d; c0 += LU_W) {
-            lu_vec yv = lu_load(y + c0), o0 = hp[0] * yv, o1 = hp[1] * yv, o2 = hp[2] * yv,
-                   o3 = hp[3] * yv;
+            /* loaded with memcpy (unaligned), never passed by value: a
+             * 64-byte vector argument changes the ABI without AVX-512 */
+            lu_vec yv;
+            memcpy(&yv, y + c0, sizeof yv);
+            lu_vec o0 = hp[0] * yv, o1 = hp[1] * yv, o2 = hp[2] * yv, o3 = hp[3] * yv;
             for (int j = 0; j < 4; j++) {
-                lu_vec xj = lu_load(X + j * d + c0);
+                lu_vec xj;
+                memcpy(&xj, X + j * d + c0, sizeof xj);
                 o0 += M[j] * xj;
                 o1 += M[4 + j] * xj;
                 o2 += M[8 + j] * xj;

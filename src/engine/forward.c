@@ -218,6 +218,37 @@ typedef struct {
     int p0, n;
 } kv_attn;
 
+typedef struct {
+    nd_kv_state *s;
+    int l, p0;
+    const float *k, *v;
+} store_args;
+
+static void store_rows_body(void *ctx, long lo, long hi, int tid)
+{
+    (void)tid;
+    const store_args *a = ctx;
+    const san_dims *D = &a->s->m->dims;
+    size_t kd = a->s->gen3 ? (size_t)D->k_dim : (size_t)D->kv_dim;
+    size_t vd = a->s->gen3 ? (size_t)D->v_dim : (size_t)D->kv_dim;
+    nd_kv_store_rows(a->s, a->l, a->p0 + (int)lo, (int)(hi - lo), a->k + (size_t)lo * kd,
+                     a->v + (size_t)lo * vd);
+}
+
+/* A prompt chunk's new K/V rows into the cache, the rows shared by the
+ * threads as the chunk's other row-wise operations share them (each row's
+ * int8 quantisation is its own: the same bytes either way); a decode
+ * step's row on this thread. */
+static void store_rows(nd_kv_state *s, int l, int p0, int n, const float *k, const float *v)
+{
+    if (n < 16) {
+        nd_kv_store_rows(s, l, p0, n, k, v);
+        return;
+    }
+    store_args a = {s, l, p0, k, v};
+    nd_parallel_for(n, 8, store_rows_body, &a);
+}
+
 static int kv_attend(const san_attn_src *src, int l, const float *q, const float *k, const float *v,
                      float *att, float *lse)
 {
@@ -229,7 +260,7 @@ static int kv_attend(const san_attn_src *src, int l, const float *q, const float
         /* a CLA consumer stores nothing: its slot is its producer's, whose
          * rows of this chunk are already in */
         if (san_cla_producer(c, l) < 0)
-            nd_kv_store_rows(s, l, ka->p0, ka->n, k, v);
+            store_rows(s, l, ka->p0, ka->n, k, v);
         int window = 0;
         if (san_layer_is_local(c, l)) {
             window = c->sliding_window;
@@ -239,7 +270,7 @@ static int kv_attend(const san_attn_src *src, int l, const float *q, const float
         nd_kv_attention3(s, l, ka->p0, ka->n, q, att, window, nd_att3_kernel());
         return ND_OK;
     }
-    nd_kv_store_rows(s, l, ka->p0, ka->n, k, v);
+    store_rows(s, l, ka->p0, ka->n, k, v);
     nd_kv_attention(s, l, ka->p0, ka->n, q, att, s->att_force ? s->att_force - 1 : nd_att_kernel());
     return ND_OK;
 }

@@ -283,12 +283,16 @@ static nd_qact_group_fn select_group_fn(void)
 static void prepare_group(nd_qact *a, const float *x, long tg, float rs)
 {
     long t = tg / a->ng, g = tg % a->ng;
-    float v[ND_QGROUP], mx;
+    float pad[ND_QGROUP], mx;
     int8_t natural[ND_QGROUP];
     int c0 = (int)g * ND_QGROUP, m = a->in - c0 < ND_QGROUP ? a->in - c0 : ND_QGROUP;
-    memcpy(v, x + t * a->in + c0, (size_t)m * sizeof *v);
-    for (int j = m; j < ND_QGROUP; j++)
-        v[j] = 0.0f;
+    const float *v = x + t * a->in + c0; /* a whole group is read in place */
+    if (m < ND_QGROUP) {                 /* the last, short group: zero-padded */
+        memcpy(pad, v, (size_t)m * sizeof *pad);
+        for (int j = m; j < ND_QGROUP; j++)
+            pad[j] = 0.0f;
+        v = pad;
+    }
     group_fn(v, natural, &mx, &a->sum[tg]);
     int8_t *q = a->q + tg * ND_QGROUP;
     uint8_t *qu = a->qu + tg * ND_QGROUP;

@@ -462,7 +462,11 @@ int nd_kv_forward(nd_kv_state *s, const int32_t *tok, int n, float *logits, int 
     int rc = nd_kv_map_rows(s, n);
     if (rc)
         return rc;
-    if (n >= 8)
+    /* a full chunk writes the whole scratch (it is sized for one); a
+     * shorter call only part of each buffer, so its pages fault in as
+     * written: mapping them all would raise a session's peak (100 turns
+     * of 12 words: 31.0 -> 32.5 MB at 2 bits) */
+    if (n >= s->chunk)
         nd_kv_map_scratch(s);
     forward_job j = {s, tok, n, all_logits, serial, logits, ND_OK};
     /* On the CPU's quantised path (Needle 2 and 3), every parallel call of

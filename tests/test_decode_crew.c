@@ -180,18 +180,8 @@ int main(void)
         fprintf(stderr, "test_decode_crew: %s\n", nd_last_error());
         return 1;
     }
-    san_config c;
-    san_config_preset(&c, "needle2");
-    c.d_model = c.attn_dim = 256;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.num_layers = 2;
-    c.engram_layers[0] = 0;
-    c.engram_layers[1] = 1;
-    c.engram_slots = 512;
     san_model src;
-    CHECK(san_model_create(&src, &c) == 0);
-    san_model_init_random(&src, 7);
+    tu_small_needle2(&src, 7);
     run_bits(&src, tok, 2);
     run_bits(&src, tok, 4);
     san_model_free(&src);

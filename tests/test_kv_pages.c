@@ -131,18 +131,8 @@ int main(void)
         fprintf(stderr, "test_kv_pages: %s\n", nd_last_error());
         return 1;
     }
-    san_config c;
-    san_config_preset(&c, "needle2");
-    c.d_model = c.attn_dim = 256;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.num_layers = 2;
-    c.engram_layers[0] = 0;
-    c.engram_layers[1] = 1;
-    c.engram_slots = 512;
     san_model src;
-    CHECK(san_model_create(&src, &c) == 0);
-    san_model_init_random(&src, 7);
+    tu_small_needle2(&src, 7);
     size_t len = 0;
     unsigned char *arch = tu_archive(&src, tok, 2, 0, &len);
     CHECK(arch != NULL);

@@ -6,6 +6,7 @@
 #include "core/status.h"
 #include "core/tuning.h"
 #include "io/cact.h"
+#include "model/params.h"
 
 int tu_failures, tu_checks;
 
@@ -74,4 +75,19 @@ unsigned char *tu_archive(const san_model *m, const nd_tokenizer *tok, int bits,
     CHECK_MSG(rc == 0, "%s", nd_last_error());
     free(blob);
     return rc ? NULL : buf;
+}
+
+void tu_small_needle2(san_model *m, unsigned seed)
+{
+    san_config c;
+    san_config_preset(&c, "needle2");
+    c.d_model = c.attn_dim = 256;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.num_layers = 2;
+    c.engram_layers[0] = 0;
+    c.engram_layers[1] = 1;
+    c.engram_slots = 512;
+    CHECK(san_model_create(m, &c) == 0);
+    san_model_init_random(m, seed);
 }

@@ -44,6 +44,11 @@ void tu_small_config(san_config *cfg);
 /* m as an in-memory .cact (W`bits`, the given kv_window, 0 = the writer's
  * default) with tok's blob embedded; a failed write is a CHECK failure and
  * returns NULL. Free with free(). */
+/* A needle2-layout model at a test's size (d 256, 4/2 heads, 2 layers,
+ * engram sites at both, 512 slots), random weights from `seed`: big
+ * enough that a prompt chunk's products and attention are shared by
+ * threads. */
+void tu_small_needle2(san_model *m, unsigned seed);
 unsigned char *tu_archive(const san_model *m, const nd_tokenizer *tok, int bits, int kv_window,
                           size_t *len);
 

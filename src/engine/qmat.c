@@ -623,19 +623,22 @@ static int token_parts(const nd_qkernel *k, const nd_qact *x)
     return team;
 }
 
+/* products of one prepared batch with several matrices (count <= 8) */
 typedef struct {
     nd_qgemm_fn fn;
     const nd_qmat *const *w;
     const nd_qact *x;
     float *const *y;
     const int *ldy;
-    int count, per;
-} tile_part_args;
+    long first[9]; /* split by rows: the task index where matrix i starts */
+    int count;
+    int per; /* split by tokens: tiles a task */
+} qgemm_many_args;
 
 static void tile_part_tasks(void *ctx, long lo, long hi, int tid)
 {
     (void)tid;
-    const tile_part_args *a = ctx;
+    const qgemm_many_args *a = ctx;
     for (long p = lo; p < hi; p++) {
         int ta = (int)p * a->per;
         nd_qact v = nd_qact_tile_view(a->x, ta, a->per);
@@ -648,7 +651,8 @@ static void tile_part_tasks(void *ctx, long lo, long hi, int tid)
 static void qgemm_by_tokens(nd_qgemm_fn fn, const nd_qmat *const w[], int count, const nd_qact *x,
                             float *const y[], const int ldy[], int parts)
 {
-    tile_part_args a = {fn, w, x, y, ldy, count, x->tiles / parts};
+    qgemm_many_args a = {.fn = fn, .w = w, .x = x, .y = y, .ldy = ldy, .count = count};
+    a.per = x->tiles / parts;
     nd_parallel_for(parts, 1, tile_part_tasks, &a);
 }
 
@@ -730,16 +734,6 @@ void nd_qgemm(const nd_qmat *w, const nd_qact *x, float *y, int ldy)
     nd_parallel_for_guided((long)t_blocks * r_blocks, 1, qgemm_tasks, &ga);
 }
 
-typedef struct {
-    nd_qgemm_fn fn;
-    const nd_qmat *const *w;
-    const nd_qact *x;
-    float *const *y;
-    const int *ldy;
-    long first[9]; /* task index where matrix i starts */
-    int count;
-} qgemm_many_args;
-
 #define MANY_ROWS 48 /* whole row blocks of the tile kernels (6 and 16) */
 
 static void qgemm_many_tasks(void *ctx, long lo, long hi, int tid)
@@ -776,7 +770,7 @@ void nd_qgemm_many(const nd_qmat *const w[], int count, const nd_qact *x, float 
         qgemm_by_tokens(k->gemm, w, count, x, y, ldy, parts);
         return;
     }
-    qgemm_many_args a = {k->gemm, w, x, y, ldy, {0}, count};
+    qgemm_many_args a = {.fn = k->gemm, .w = w, .x = x, .y = y, .ldy = ldy, .count = count};
     for (int i = 0; i < count; i++)
         a.first[i + 1] = a.first[i] + (w[i]->rows + MANY_ROWS - 1) / MANY_ROWS;
     for (int i = count + 1; i < 9; i++)

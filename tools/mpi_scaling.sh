@@ -9,7 +9,10 @@
 # after, and the 2-rank runs' own account of the exchange (the `distributed
 # ... ms a step summing gradients` line).
 # Environment: NEEDLE (build/needle), BASE (models/needle-nano.pkl), ROUNDS
-# (3), LINES data lines (32), BATCH (8), MODE ("lora full").
+# (3), LINES data lines (32), BATCH (8), MODE ("lora full"), BATCHING
+# (finetune's --batching; default its own: shared prefixes computed once,
+# which leaves the nano base's steps too short to time on a noisy machine:
+# padded gives steps of steady work).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 NEEDLE=${NEEDLE:-build/needle}
@@ -33,6 +36,7 @@ secs() {
   [ "$mode" = full ] && extra=(--full)
   local args=(finetune "$OUT/data.jsonl" --checkpoint "$BASE" --tokenizer models/tokenizer.model
     --batch-size "$BATCH" --max-len 256 --epochs "$ep" --lr 1e-3 --seed 0 --val-split 0
+    ${BATCHING:+--batching "$BATCHING"}
     "${extra[@]}" --out "$OUT/$cfg.$mode.pkl")
   local t0 t1
   t0=$(date +%s.%N)

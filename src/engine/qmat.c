@@ -618,7 +618,9 @@ nd_qact nd_qact_tile_view(const nd_qact *x, int ta, int nt)
 static int token_parts(const nd_qkernel *k, const nd_qact *x)
 {
     int team = nd_get_threads();
-    if (team < 2 || !k->tiles || x->tiles < team || x->tiles % team || nd_serial())
+    /* an even count of tiles a part: the tile kernels run tiles in pairs
+     * (an odd last one twice), so one tile a part would double the work */
+    if (team < 2 || !k->tiles || x->tiles < 2 * team || x->tiles % (2 * team) || nd_serial())
         return 0;
     return team;
 }

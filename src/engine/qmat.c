@@ -613,8 +613,8 @@ nd_qact nd_qact_tile_view(const nd_qact *x, int ta, int nt)
  * cache of the core that made them; split by rows, every product's output
  * rows were half in the other core's cache for the next operation. Each
  * thread unpacks every weight row (the weights are shared read-only). Only
- * where the tiles divide evenly; the same kernel calls per output value
- * either way, so the results are identical. */
+ * where each thread gets an even count of tiles; the same kernel calls per
+ * output value either way, so the results are identical. */
 static int token_parts(const nd_qkernel *k, const nd_qact *x)
 {
     int team = nd_get_threads();

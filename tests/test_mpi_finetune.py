@@ -18,6 +18,7 @@ at run time, src/dist), on loopback, against one process.
 Skipped (77) only when mpirun is not installed.
 """
 import os
+import re
 import pickle
 import shutil
 import signal
@@ -112,6 +113,29 @@ def main():
               len(steps2) == len(steps1) > 0, "%d vs %d" % (len(steps2), len(steps1)))
         check("the communication share reported",
               "summing gradients over 2 ranks" in r2.stdout, r2.stdout[-400:])
+
+    # padded batches: each rank computes only its share's rows (and sizes
+    # its activations for them); rank 0 validates in share-sized pieces
+    p1, p2 = os.path.join(tmp, "p1.pkl"), os.path.join(tmp, "p2.pkl")
+    padded = common + ["--batching", "padded"]
+    r1 = one("finetune", *padded, "--out", p1)
+    r2 = two("finetune", *padded, "--out", p2)
+    ok = check("padded: one process and 2 ranks finish", r1.returncode == 0 and
+               r2.returncode == 0, r1.stderr[-300:] + r2.stderr[-600:])
+    if ok:
+        d = rel_diff(p1, p2, "lora")
+        check("padded: 2 ranks == 1 process (<= 1e-5 relative)", d <= 1e-5, "%.3g" % d)
+        v1 = re.findall(r"val (\d+\.\d+)", r1.stdout)
+        v2 = re.findall(r"val (\d+\.\d+)", r2.stdout)
+        check("padded: rank 0's validation loss == one process's", v1 and v1 == v2,
+              "%s vs %s" % (v1, v2))
+        m1 = re.search(r"(\d+) of (\d+) layers' activations kept", r1.stdout)
+        m2 = re.search(r"(\d+) of (\d+) layers' activations kept", r2.stdout)
+        check("padded: a rank's activations sized for its share (at most half the rows)",
+              m1 and m2 and re.search(r"up to (\d+) rows", r2.stdout) and
+              2 * int(re.search(r"up to (\d+) rows", r2.stdout).group(1)) <=
+              int(re.search(r"up to (\d+) rows", r1.stdout).group(1)),
+              r1.stdout[:1200] + r2.stdout[:1200])
 
     # --full
     f1, f2 = os.path.join(tmp, "f1.pkl"), os.path.join(tmp, "f2.pkl")

@@ -165,14 +165,9 @@ int nd_batcher_step(nd_batcher *bt, const size_t *idx, int rows, int grad, doubl
         fill_examples(bt, idx, rows);
         return nd_trainer_step_examples(&bt->tr, bt->ex, rows, grad, loss, masked);
     }
-    for (int b = 0; b < bt->B; b++) {
-        if (b < rows) {
-            memcpy(bt->ids + b * T, ts->ids + idx[b] * T, T * sizeof *bt->ids);
-            memcpy(bt->mask + b * T, ts->mask + idx[b] * T, T * sizeof *bt->mask);
-        } else {
-            memset(bt->ids + b * T, 0, T * sizeof *bt->ids);
-            memset(bt->mask + b * T, 0, T * sizeof *bt->mask);
-        }
+    for (int b = 0; b < rows; b++) {
+        memcpy(bt->ids + b * T, ts->ids + idx[b] * T, T * sizeof *bt->ids);
+        memcpy(bt->mask + b * T, ts->mask + idx[b] * T, T * sizeof *bt->mask);
     }
     return nd_trainer_step(&bt->tr, bt->ids, bt->mask, rows, grad, loss, masked);
 }

@@ -804,6 +804,16 @@ static int size_batches(nd_run *r, long *max_rows, long *max_items, long *max_gr
     return ND_OK;
 }
 
+/* The most examples one nd_batcher_step gets: a batch; with several ranks
+ * and padded batches a rank's share (share_batch), so its activations and
+ * their plan are sized for the rows it computes. */
+static int batcher_rows(const nd_run *r)
+{
+    if (r->nranks > 1 && r->o.batching == ND_BATCH_PADDED)
+        return (r->B + r->nranks - 1) / r->nranks;
+    return r->B;
+}
+
 int nd_run_plan(nd_run *r)
 {
     const nd_finetune_opts *o = &r->o;
@@ -820,7 +830,8 @@ int nd_run_plan(nd_run *r)
     memcpy(r->last_good, r->P, sizeof(float) * r->NP);
     long max_rows = 0, max_items = 0, max_group = 0;
     if ((rc = size_batches(r, &max_rows, &max_items, &max_group)) ||
-        (rc = nd_batcher_create(&r->bt, &r->m, r->be, o->full ? NULL : &r->lora, &r->ts, r->B,
+        (rc = nd_batcher_create(&r->bt, &r->m, r->be, o->full ? NULL : &r->lora, &r->ts,
+                                batcher_rows(r),
                                 o->batching, o->full, max_rows, max_items, max_group,
                                 o->act_budget_mb)))
         return rc;
@@ -990,9 +1001,17 @@ int nd_run_validate(nd_run *r, double *val_loss)
     *val_loss = 0;
     for (size_t v0 = 0; v0 < r->n_val && !rc; v0 += (size_t)r->B, nb++) {
         int rows = r->n_val - v0 < (size_t)r->B ? (int)(r->n_val - v0) : r->B;
-        double vl = 0;
-        rc = nd_batcher_step(&r->bt, r->val + v0, rows, 0, &vl, NULL);
-        vsum += vl;
+        /* a batch's loss, in pieces of what the batcher holds (a rank's
+         * share: batcher_rows) over the whole batch's weight */
+        nd_trainer *tr = &r->bt.tr;
+        tr->denom = batch_denom(r, r->val + v0, rows);
+        for (int b0 = 0; b0 < rows && !rc; b0 += r->bt.B) {
+            int n = rows - b0 < r->bt.B ? rows - b0 : r->bt.B;
+            double vl = 0;
+            rc = nd_batcher_step(&r->bt, r->val + v0 + b0, n, 0, &vl, NULL);
+            vsum += vl;
+        }
+        tr->denom = 0;
     }
     if (!rc && nb)
         *val_loss = vsum / nb;

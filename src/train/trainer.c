@@ -448,16 +448,27 @@ int nd_trainer_step(nd_trainer *tr, const int32_t *ids, const float *mask, int r
                     double *loss, double *masked)
 {
     const nd_backend *be = tr->be;
-    int B = tr->B, T = tr->T, V = tr->m->dims.V_out; /* logit columns (3.x out_vocab) */
-    long N = (long)B * T;
+    int T = tr->T, V = tr->m->dims.V_out; /* logit columns (3.x out_vocab) */
+    long N = (long)rows * T;
     if (tr->packed)
         return nd_error(ND_EARG, "nd_trainer_step on a packed trainer");
+    if (rows < 1 || rows > tr->B)
+        return nd_error(ND_EARG, "a batch of %d rows (1..%d sized)", rows, tr->B);
+    /* only the batch's own rows are computed: a short last batch, or a
+     * rank's share of one, costs its rows, not the B the trainer was sized for */
+    if (tr->acts.N != N) {
+        if (nd_layout_dense(&tr->acts.lay, rows, T))
+            return nd_error(ND_ENOMEM, "out of memory");
+        int rc = san_acts_use_layout(&tr->acts);
+        if (rc)
+            return rc;
+    }
     /* next-token targets; the weight of position t is mask[t+1] / total */
     double total = 0;
-    for (int b = 0; b < B; b++)
+    for (int b = 0; b < rows; b++)
         for (int t = 0; t < T; t++) {
             long r = (long)b * T + t;
-            float wgt = b < rows && t + 1 < T ? mask[r + 1] : 0.0f;
+            float wgt = t + 1 < T ? mask[r + 1] : 0.0f;
             tr->row_w[r] = wgt;
             tr->tgt[r] = t + 1 < T ? ids[r + 1] : 0;
             if (tr->tgt[r] >= V) {

@@ -831,9 +831,8 @@ int nd_run_plan(nd_run *r)
     long max_rows = 0, max_items = 0, max_group = 0;
     if ((rc = size_batches(r, &max_rows, &max_items, &max_group)) ||
         (rc = nd_batcher_create(&r->bt, &r->m, r->be, o->full ? NULL : &r->lora, &r->ts,
-                                batcher_rows(r),
-                                o->batching, o->full, max_rows, max_items, max_group,
-                                o->act_budget_mb)))
+                                batcher_rows(r), o->batching, o->full, max_rows, max_items,
+                                max_group, o->act_budget_mb)))
         return rc;
     nd_trainer *tr = &r->bt.tr;
     r->G = o->full ? tr->full_g : tr->lora_g;

@@ -109,10 +109,11 @@ static void long_conversation(const unsigned char *arch, size_t len, const char 
     CHECK_MSG(shrank == 0, "%s: memory accounting shrank on %d turns", what, shrank);
     CHECK_MSG(over == 0, "%s: memory over its stated bound on %d turns", what, over);
     /* with a kv_window the cache holds the sinks, the window and one batch
-     * of new rows (a session's chunk, 64): no second chunk of slack */
+     * of new rows (ND_KV_SLIDE_ROWS, whatever the session's chunk): no
+     * second batch of slack */
     if (kv->kv_window)
-        CHECK_MSG(kv->rows_hw <= P + kv->kv_window + 64, "%s: %d rows held for %d sinks + %d", what,
-                  kv->rows_hw, P, kv->kv_window);
+        CHECK_MSG(kv->rows_hw <= P + kv->kv_window + ND_KV_SLIDE_ROWS,
+                  "%s: %d rows held for %d sinks + %d", what, kv->rows_hw, P, kv->kv_window);
     /* reset goes back to the sinks; the session answers again */
     CHECK(needle_session_reset(S) == 0 && kv->len == P && kv->evicted == 0);
     CHECK(needle_session_complete(S, "turn the lights off", 40, buf, (int)sizeof buf) > 0 &&
@@ -124,8 +125,8 @@ static void long_conversation(const unsigned char *arch, size_t len, const char 
 
 /* Eviction changes nothing a query sees: a state that slides (one token
  * per step, so its high mark is low and rows are dropped often) gives the
- * same logits as one that keeps every row (chunk = max_seq_len: it never
- * needs to drop) under the same sink + window mask. */
+ * same logits as one that keeps every row (chunk and slide batch =
+ * max_seq_len: it never needs to drop) under the same sink + window mask. */
 static void eviction_exact(const san_model *m, const nd_backend *be)
 {
     int V = m->dims.V, T = m->cfg.max_seq_len - 8, P = 20, W = 300;
@@ -136,6 +137,7 @@ static void eviction_exact(const san_model *m, const nd_backend *be)
         tok[t] = 3 + (int)(nd_rng_next(&r) % (uint64_t)(V - 3));
     nd_kv_state keep, slide;
     CHECK(nd_kv_init(&keep, m, be, m->cfg.max_seq_len, W) == 0);
+    keep.slide_rows = m->cfg.max_seq_len; /* a batch as large as the chunk */
     CHECK(nd_kv_init(&slide, m, be, 1, W) == 0);
     nd_kv_slide(&keep, P);
     nd_kv_slide(&slide, P);

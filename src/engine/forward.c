@@ -423,9 +423,9 @@ static void forward_chunks(void *p)
     /* the quantised path's BLAS products (Needle 3's Hadamard MLP) split
      * the same at every thread count: one thread's logits, bit for bit */
     int fixed = nd_set_fixed_split(s->qw != NULL);
-    int rc = ND_OK, step = nd_kv_chunk_step(s), n = j->n;
-    for (int i = 0; i < n && !rc; i += step) {
-        int k = n - i < step ? n - i : step;
+    int rc = ND_OK, n = j->n;
+    for (int i = 0, k = 0; i < n && !rc; i += k) {
+        k = nd_kv_next_rows(s, n - i);
         float *lg = NULL;
         if (j->logits && j->all_logits)
             lg = j->logits + (size_t)i * D->V;

@@ -139,6 +139,7 @@ int nd_kv_init(nd_kv_state *s, const san_model *m, const nd_backend *be, int chu
     s->kv_window = kv_window > 0 ? kv_window : 0;
     s->n_sink = -1;
     s->chunk = chunk;
+    s->slide_rows = chunk < ND_KV_SLIDE_ROWS ? chunk : ND_KV_SLIDE_ROWS;
     int gen3 = m->cfg.generation == 3, taps = gen3 ? m->cfg.qkv_conv_taps : 0;
     if (gen3 && D->v_hd > ND_ATT_MAX_HD)
         return nd_error(ND_ELIMIT, "value head dim %d is over the engine's %d", D->v_hd,
@@ -349,16 +350,32 @@ static long slide_keep(const nd_kv_state *s)
 }
 
 /* The most rows a sliding cache holds: what a slide keeps plus room for
- * the next rows, one chunk or the slack whichever is more (a session's
- * chunk is the slack: one batch of rows serves both), at most
+ * the next rows, one batch (a chunk, at most slide_rows) or the
+ * slack whichever is more (one batch of rows serves both), at most
  * max_seq_len; with kv_window 0, max_seq_len. */
 static int slide_high(const nd_kv_state *s)
 {
     if (!s->kv_window)
         return s->max_len;
     int step = nd_kv_chunk_step(s), slack = slide_slack(s);
-    long hi = slide_keep(s) + (step > slack ? step : slack);
+    int batch = step < s->slide_rows ? step : s->slide_rows;
+    long hi = slide_keep(s) + (batch > slack ? batch : slack);
     return hi < s->max_len ? (int)hi : s->max_len;
+}
+
+int nd_kv_next_rows(const nd_kv_state *s, int want)
+{
+    int step = nd_kv_chunk_step(s), k = want < step ? want : step;
+    if (s->n_sink < 0 || !s->kv_window)
+        return k;
+    int hi = slide_high(s);
+    if (s->len + k <= hi)
+        return k;
+    /* a slide comes first: what it keeps plus k rows must stay under the
+     * high mark (where the mark is max_seq_len, nd_kv_make_room slides a
+     * batch deeper instead) */
+    long room = (long)hi - slide_keep(s);
+    return room >= 1 && k > room ? (int)room : k;
 }
 
 /* capacity for `need` rows: all the rows the cache may ever hold, at once.

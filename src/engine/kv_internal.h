@@ -12,6 +12,9 @@
 int nd_kv_max_order(const san_model *m);
 /* most tokens one chunk of a forward may add */
 int nd_kv_chunk_step(const nd_kv_state *s);
+/* how many of `want` new tokens the next forward_chunk takes: a chunk's
+ * worth, or once a sliding cache is full what one slide makes room for */
+int nd_kv_next_rows(const nd_kv_state *s, int want);
 /* with the window on: drop old rows so that n new ones fit */
 int nd_kv_make_room(nd_kv_state *s, int n);
 /* RoPE cos/sin of the n positions from absolute position ap0 into

@@ -2,7 +2,9 @@
  * kernels and the CUDA device code (which includes this header with
  * ND_FASTMATH_FN set to __host__ __device__), so the backends agree to an
  * ulp or two instead of to each libm's error. The Vulkan shaders carry a
- * GLSL port of the same polynomials (shaders/ce_math.glsl). */
+ * GLSL port of the same polynomials (shaders/ce_math.glsl), and the CPU's
+ * one-matrix Sinkhorn a 16-lane copy (cpu_sinkhorn.c's exp16 / log16:
+ * test_san_parts fails when the two drift apart by a bit). */
 #ifndef ND_FASTMATH_H
 #define ND_FASTMATH_H
 

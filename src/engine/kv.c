@@ -369,13 +369,14 @@ int nd_kv_next_rows(const nd_kv_state *s, int want)
     if (s->n_sink < 0 || !s->kv_window)
         return k;
     int hi = slide_high(s);
-    if (s->len + k <= hi)
+    /* where the mark is max_seq_len, nd_kv_make_room slides deeper for a
+     * whole chunk (nd_kv_chunk_step keeps it at most half the room) */
+    if (s->len + k <= hi || hi == s->max_len)
         return k;
-    /* a slide comes first: what it keeps plus k rows must stay under the
-     * high mark (where the mark is max_seq_len, nd_kv_make_room slides a
-     * batch deeper instead) */
+    /* a slide comes first: what it keeps plus these rows stay under the
+     * mark (room is the batch or the slack: at least 1) */
     long room = (long)hi - slide_keep(s);
-    return room >= 1 && k > room ? (int)room : k;
+    return k > room ? (int)room : k;
 }
 
 /* capacity for `need` rows: all the rows the cache may ever hold, at once.

@@ -182,9 +182,8 @@ static inline v16f log16(v16f x)
                             4 * b + 2, 4 * b + 3, 4 * b, 4 * b + 1, 4 * b + 2, 4 * b + 3, 4 * b,   \
                             4 * b + 1, 4 * b + 2, 4 * b + 3)
 
-static inline v16f halfstep4(v16f Z, v16f g0, v16f g1, v16f g2, v16f g3, int unused)
+static inline v16f halfstep4(v16f Z, v16f g0, v16f g1, v16f g2, v16f g3)
 {
-    (void)unused;
     v16f m = g0;
     m = sel(g1 > m, g1, m);
     m = sel(g2 > m, g2, m);
@@ -204,8 +203,8 @@ static void sinkhorn4(float *M, int rounds)
     v16f Z;
     memcpy(&Z, M, sizeof Z);
     for (int it = 0; it < rounds; it++) {
-        Z = halfstep4(Z, ROWB(Z, 0), ROWB(Z, 1), ROWB(Z, 2), ROWB(Z, 3), 1);
-        Z = halfstep4(Z, COLB(Z, 0), COLB(Z, 1), COLB(Z, 2), COLB(Z, 3), 0);
+        Z = halfstep4(Z, ROWB(Z, 0), ROWB(Z, 1), ROWB(Z, 2), ROWB(Z, 3));
+        Z = halfstep4(Z, COLB(Z, 0), COLB(Z, 1), COLB(Z, 2), COLB(Z, 3));
     }
     Z = exp16(Z);
     memcpy(M, &Z, sizeof Z);

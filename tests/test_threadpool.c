@@ -155,6 +155,13 @@ static void test_guided(void)
     nd_parallel_for_guided(997, 1, record_range, &R);
     CHECK_MSG(atomic_load(&R.calls) < 100, "guided: %d claims for 997 items",
               atomic_load(&R.calls));
+    /* a decode step's matrix-vector call (96 tasks, 2 threads): no tail of
+     * one-item claims (each claim moves a cache line between cores) */
+    nd_set_threads(2);
+    record_reset(&R);
+    nd_parallel_for_guided(96, 1, record_range, &R);
+    CHECK_MSG(all_once(&R, 96) && atomic_load(&R.calls) <= 12, "guided: %d claims for 96 items",
+              atomic_load(&R.calls));
 }
 
 /* ---- nested ---- */
@@ -609,6 +616,100 @@ static void test_crew_late(void)
               atomic_load(&l.on_caller), atomic_load(&l.shares));
 }
 
+/* ---- nd_async_begin / nd_async_end: one job beside the caller ---- */
+
+typedef struct {
+    pthread_t caller;
+    atomic_int go;     /* the caller has passed nd_async_begin */
+    atomic_int runs;   /* times the job ran */
+    atomic_int off;    /* it ran on another thread */
+    atomic_int waited; /* it saw `go` while running (it ran beside the caller) */
+    atomic_int order;  /* jobs finished so far, when this one started */
+    atomic_int *finished;
+    int wait_for_go;
+} job_ctx;
+
+static void job_fn(void *p)
+{
+    job_ctx *j = p;
+    atomic_store(&j->order, atomic_load(j->finished));
+    atomic_fetch_add(&j->runs, 1);
+    atomic_store(&j->off, !pthread_equal(pthread_self(), j->caller));
+    if (j->wait_for_go) { /* until the caller is past nd_async_begin (5 s at most) */
+        double t0 = nd_wtime();
+        while (!atomic_load(&j->go) && nd_wtime() - t0 < 5.0)
+            ;
+        atomic_store(&j->waited, atomic_load(&j->go));
+    }
+    atomic_fetch_add(j->finished, 1);
+}
+
+typedef struct {
+    atomic_int finished;
+    job_ctx a, b, c, left; /* left: still out when main returns */
+    int handed_a, handed_left, cover_ok, serial_handed;
+} async_ctx;
+
+static void async_main(void *p)
+{
+    async_ctx *x = p;
+    /* a: runs on a helper beside the caller, while a parallel call goes on */
+    x->handed_a = nd_async_begin(job_fn, &x->a);
+    double t0 = nd_wtime(); /* a helper takes it (a new pool thread may take a while) */
+    while (!atomic_load(&x->a.runs) && nd_wtime() - t0 < 5.0)
+        ;
+    atomic_store(&x->a.go, 1);
+    record_reset(&R);
+    nd_parallel_for_guided(MAXN, 1, record_range, &R);
+    x->cover_ok = all_once(&R, MAXN) && !atomic_load(&R.bad);
+    nd_async_end();
+    /* b then c: a second begin ends the first job before the second starts */
+    int prev = nd_set_serial(1); /* serial mode keeps small calls here, not jobs */
+    x->serial_handed = nd_async_begin(job_fn, &x->b);
+    nd_set_serial(prev);
+    atomic_store(&x->b.go, 1);
+    nd_async_begin(job_fn, &x->c);
+    atomic_store(&x->c.go, 1);
+    nd_async_end();
+    nd_async_end(); /* nothing out: returns at once */
+    x->handed_left = nd_async_begin(job_fn, &x->left);
+    atomic_store(&x->left.go, 1);
+}
+
+static void test_async(void)
+{
+    /* outside a crew: the job runs at once, on the caller */
+    atomic_int finished = 0;
+    job_ctx j = {.caller = pthread_self(), .finished = &finished};
+    CHECK(nd_async_begin(job_fn, &j) == 0);
+    CHECK(atomic_load(&j.runs) == 1 && !atomic_load(&j.off));
+    nd_async_end();
+    CHECK(atomic_load(&j.runs) == 1);
+    for (int threads = 2; threads <= 3; threads++) {
+        nd_set_threads(threads);
+        async_ctx x = {0};
+        job_ctx *jobs[4] = {&x.a, &x.b, &x.c, &x.left};
+        for (int i = 0; i < 4; i++) {
+            jobs[i]->caller = pthread_self();
+            jobs[i]->finished = &x.finished;
+            jobs[i]->wait_for_go = 1;
+        }
+        nd_crew_run(0, async_main, &x);
+        CHECK_MSG(x.handed_a && atomic_load(&x.a.off) && atomic_load(&x.a.waited),
+                  "async (%d threads): handed %d, off the caller %d, beside it %d", threads,
+                  x.handed_a, atomic_load(&x.a.off), atomic_load(&x.a.waited));
+        CHECK_MSG(x.cover_ok, "async (%d threads): a parallel call beside a job", threads);
+        CHECK(x.serial_handed && x.handed_left);
+        for (int i = 0; i < 4; i++)
+            CHECK_MSG(atomic_load(&jobs[i]->runs) == 1, "async job %d ran %d times", i,
+                      atomic_load(&jobs[i]->runs));
+        /* in order: b was ended (by c's begin) before c started */
+        CHECK_MSG(atomic_load(&x.c.order) > atomic_load(&x.b.order),
+                  "async: job c started before job b finished");
+        CHECK(atomic_load(&x.finished) == 4); /* the crew's end ended `left` */
+    }
+}
+
 int main(void)
 {
     double t0 = nd_wtime();
@@ -622,6 +723,7 @@ int main(void)
     test_sleep_wake();
     test_crew();
     test_crew_late();
+    test_async();
     CHECK(nd_wtime() >= t0);
     return tu_finish("test_threadpool");
 }

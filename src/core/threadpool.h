@@ -35,8 +35,8 @@ void nd_parallel_for(long n, long grain, nd_range_fn fn, void *ctx);
 void nd_parallel_for_dynamic(long n, long chunk, nd_range_fn fn, void *ctx);
 
 /* fn over [0, n) in shrinking chunks from a shared counter: each claim is
- * half of what is left per thread, at least `grain` (OpenMP's
- * schedule(guided)). For items of about equal cost whose threads may
+ * half of what is left per thread, at least `grain` and n / (8 team)
+ * (OpenMP's schedule(guided) with a floor). For items of about equal cost whose threads may
  * arrive late: a few claims per thread instead of one per item. */
 void nd_parallel_for_guided(long n, long grain, nd_range_fn fn, void *ctx);
 
@@ -63,6 +63,21 @@ void nd_parallel_region(int team, nd_region_fn fn, void *ctx);
  * later calls then run all their shares on the caller, and nd_crew_run
  * returns 1 (else 0), so the caller can stop asking for threads a while. */
 int nd_crew_run(int team, void (*main_fn)(void *ctx), void *ctx);
+
+/* One job beside the caller: inside a crew's main, nd_async_begin hands
+ * fn(ctx) to the crew's last helper and returns at once (the helper takes
+ * the crew's later calls when it is done; shares it has not taken by then
+ * run on the caller, as always); nd_async_end waits for it, or runs it
+ * here when the helper has not started it, also in serial mode (a decode
+ * step keeps its small calls on the caller, not its job). Elsewhere (no
+ * crew, a held crew, inside a call's body) fn runs at once in
+ * nd_async_begin. One job at a time per crew: a begin while one is out
+ * ends that one first, and the crew's main returning ends it too. For a
+ * decode step's serial work whose result is needed only later (the
+ * engine's lane-mix matrix: Sinkhorn). fn must not make parallel calls
+ * (they would run serially). Returns 1 when the job was handed off. */
+int nd_async_begin(void (*fn)(void *ctx), void *ctx);
+void nd_async_end(void);
 
 /* This thread's parallel calls so far: forks (teams started: parallel
  * regions; a crew is one) and handoffs (calls run by a crew). Cheap

@@ -634,7 +634,8 @@ typedef struct {
     const int *ldy;
     long first[9]; /* split by rows: the task index where matrix i starts */
     int count;
-    int per; /* split by tokens: tiles a task */
+    int per;       /* split by tokens: tiles a task */
+    int task_rows; /* split by rows: rows a task */
 } qgemm_many_args;
 
 static void tile_part_tasks(void *ctx, long lo, long hi, int tid)
@@ -737,6 +738,10 @@ void nd_qgemm(const nd_qmat *w, const nd_qact *x, float *y, int ldy)
 }
 
 #define MANY_ROWS 48 /* whole row blocks of the tile kernels (6 and 16) */
+/* One token (a decode step): the matrix-vector kernels take any rows, and
+ * smaller tasks shorten the wait for a helper's last one (the step makes
+ * ~80 such calls; at 48 rows the caller waited ~7% of a two-thread step) */
+#define MANY_ROWS_ONE 16
 
 static void qgemm_many_tasks(void *ctx, long lo, long hi, int tid)
 {
@@ -746,8 +751,8 @@ static void qgemm_many_tasks(void *ctx, long lo, long hi, int tid)
         int i = 0;
         while (task >= g->first[i + 1])
             i++;
-        int r0 = (int)(task - g->first[i]) * MANY_ROWS;
-        int r1 = r0 + MANY_ROWS < g->w[i]->rows ? r0 + MANY_ROWS : g->w[i]->rows;
+        int r0 = (int)(task - g->first[i]) * g->task_rows;
+        int r1 = r0 + g->task_rows < g->w[i]->rows ? r0 + g->task_rows : g->w[i]->rows;
         g->fn(g->w[i], g->x, r0, r1, g->y[i], g->ldy[i]);
     }
 }
@@ -773,8 +778,9 @@ void nd_qgemm_many(const nd_qmat *const w[], int count, const nd_qact *x, float 
         return;
     }
     qgemm_many_args a = {.fn = k->gemm, .w = w, .x = x, .y = y, .ldy = ldy, .count = count};
+    a.task_rows = x->n == 1 ? MANY_ROWS_ONE : MANY_ROWS;
     for (int i = 0; i < count; i++)
-        a.first[i + 1] = a.first[i] + (w[i]->rows + MANY_ROWS - 1) / MANY_ROWS;
+        a.first[i + 1] = a.first[i] + (w[i]->rows + a.task_rows - 1) / a.task_rows;
     for (int i = count + 1; i < 9; i++)
         a.first[i] = a.first[count];
     nd_parallel_for_guided(a.first[count], 1, qgemm_many_tasks, &a);

@@ -408,11 +408,39 @@ static void hyper_rows(void *p, long r0, long r1, int tid)
             a->hpost[r * n + i] = 2.0f * san_sigmoid(a->a_post * a->post[r * n + i] + a->b_post[i] -
                                                      4.0f * (1.0f - on));
         }
+        if (!a->M)
+            continue;
         float *Mr = a->M + r * nn;
         for (long i = 0; i < nn; i++)
             Mr[i] = a->a_res * a->res[r * nn + i] + a->b_res[i];
     }
-    san_sinkhorn_rows(a->M + r0 * nn, r1 - r0, n, SAN_SINKHORN_ROUNDS);
+    if (a->M)
+        san_sinkhorn_rows(a->M + r0 * nn, r1 - r0, n, SAN_SINKHORN_ROUNDS);
+}
+
+/* hpre and hpost alone (M == NULL) */
+static void hyper_gate_rows(const hyper_args *a, long r0, long r1)
+{
+    hyper_rows((void *)a, r0, r1, 0);
+}
+
+/* A decode step's lane-mix matrices (Sinkhorn: a serial chain of exp and
+ * log, ~8% of a one-thread step) are read only at the layer's end
+ * (lanes_update), so inside a crew they are computed by a helper while
+ * this thread runs the layer's attention: hpre and hpost here, M handed
+ * off. The same code computes the same bits on either thread. Rows up to
+ * ASYNC_ROWS (a decode step, a short prompt's last chunk). */
+#define ASYNC_ROWS 4
+static _Thread_local hyper_args pending_mix;
+
+static void mix_rows(void *p)
+{
+    const hyper_args *a = p;
+    int n = a->n;
+    long nn = (long)n * n;
+    for (long i = 0; i < a->N * nn; i++)
+        a->M[i] = a->a_res * a->res[i] + a->b_res[i % nn];
+    san_sinkhorn_rows(a->M, a->N, n, SAN_SINKHORN_ROUNDS);
 }
 
 void cpu_hyper_coeffs(const nd_backend *be, float *hpre, float *hpost, float *M, const float *pre,
@@ -423,7 +451,17 @@ void cpu_hyper_coeffs(const nd_backend *be, float *hpre, float *hpost, float *M,
     (void)be;
     hyper_args a = {hpre,  hpost, M,      pre,   post, res, b_pre, b_post,
                     b_res, a_pre, a_post, a_res, lane, n,   N};
-    nd_parallel_for(N, 1, hyper_rows, &a);
+    if (N > ASYNC_ROWS) {
+        nd_async_end(); /* a job of this thread's still out reads pending_mix */
+        nd_parallel_for(N, 1, hyper_rows, &a);
+        return;
+    }
+    hyper_args gates = a;
+    gates.M = NULL;
+    hyper_gate_rows(&gates, 0, N);
+    nd_async_end();
+    pending_mix = a;
+    nd_async_begin(mix_rows, &pending_mix);
 }
 
 typedef struct {
@@ -534,6 +572,7 @@ void cpu_lanes_update(const nd_backend *be, float *Xo, const float *M, const flo
                       const float *hpost, const float *y, long N, int n, int d)
 {
     (void)be;
+    nd_async_end(); /* M may still be on a helper (cpu_hyper_coeffs) */
     lanes_args a = {
         .u = Xo, .y = (float *)y, .X = (float *)X, .hpost = hpost, .M = M, .n = n, .d = d};
     nd_parallel_for(N, 1, lanes_update_rows, &a);

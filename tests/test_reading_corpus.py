@@ -261,8 +261,31 @@ def main():
         if not provs or not provs <= held:
             fail(f"heldout split providers {sorted(provs - held)} are not held out")
 
+        # made-up values (--novel-rate): still valid and copied from the query, and
+        # mostly values no list of the generator holds (the default corpus has none)
+        nv = os.path.join(tmp, "nv.jsonl")
+        gen("--num", "600", "--seed", "7", "--novel-rate", "0.8", "--output", nv)
+        nl = open(nv).read().splitlines()
+        check_lines(nl, "train, --novel-rate 0.8")
+
+        def string_values(lines_):
+            out = set()
+            for line in lines_:
+                for call in json.loads(line)["answers"]:
+                    out.update(v for v in call["arguments"].values() if isinstance(v, str))
+            return out
+        plain = string_values(lines)
+        novel = string_values(nl) - plain
+        if len(novel) < 0.5 * len(string_values(nl)):
+            fail(f"--novel-rate 0.8: only {len(novel)} of {len(string_values(nl))} string values "
+                 "are new")
+        gen("--num", "1500", "--seed", "7", "--novel-rate", "0", "--output", b)
+        if open(b, "rb").read() != A:
+            fail("--novel-rate 0 must give the default corpus, byte for byte")
+
         # bad options and inputs
         for bad_args, what in ((["--num", "-1"], "--num"), (["--multi-rate", "2"], "--multi-rate"),
+                               (["--novel-rate", "1.5"], "--novel-rate"),
                                (["--sets", os.path.join(tmp, "none.jsonl")], "no such file")):
             p = gen(*bad_args, check=False)
             if p.returncode == 0 or what not in p.stderr.decode():

@@ -22,7 +22,9 @@ scores them):
              single call, no renaming, distractors or styles): the share
              whose first predicted call names the expected tool, over
              examples and over held-out providers (one counts when most
-             of its examples are right);
+             of its examples are right), and what guessing scores (a
+             random listed tool; the first listed): sets of 1-5 tools,
+             so a guess scores ~70%;
   upstream   upstream's tests/test_inference.py cases
              (tests/test_upstream_inference.py --json): upstream's
              assertions and the strict reading (right call and arguments);
@@ -162,13 +164,20 @@ def main():
             by_prov[m[0] if m else "?"].append(ok)  # no distractors: one provider an example
         # a provider counts when most of its examples are right
         provs_ok = sum(sum(v) * 2 > len(v) for v in by_prov.values())
+        # what a guess scores here: a tool drawn at random from the listed ones,
+        # and always the first listed (half the sets list one tool)
+        n_ex = max(len(exs), 1)
+        chance = sum(1 / len(ex["tools"]) for ex in exs) / n_ex
+        first_listed = sum(ex["answers"][0]["name"] == ex["tools"][0]["name"] for ex in exs) / n_ex
         scores["first_tool"] = {"examples": len(exs), "right": right,
-                                "rate": right / max(len(exs), 1), "providers": len(by_prov),
-                                "providers_right": provs_ok, "eval_calls": r}
+                                "rate": right / n_ex, "providers": len(by_prov),
+                                "providers_right": provs_ok, "chance": chance,
+                                "first_listed": first_listed, "eval_calls": r}
         rows.append(("first-tool choice, held-out real API sets", len(exs),
-                     f"{pct(right / max(len(exs), 1))} of examples "
+                     f"{pct(right / n_ex)} of examples "
                      f"({provs_ok} of {len(by_prov)} providers); exact args "
-                     f"{pct(r['all']['exact_args']['rate'])}"))
+                     f"{pct(r['all']['exact_args']['rate'])}; a random listed tool "
+                     f"{pct(chance)}, the first listed {pct(first_listed)}"))
     if "bfcl" in parts:
         test = os.path.join(a.bfcl, "test.jsonl")
         with open(test) as src, open(f("bfcl.jsonl"), "w") as dst:

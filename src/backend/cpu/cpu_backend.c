@@ -418,12 +418,6 @@ static void hyper_rows(void *p, long r0, long r1, int tid)
         san_sinkhorn_rows(a->M + r0 * nn, r1 - r0, n, SAN_SINKHORN_ROUNDS);
 }
 
-/* hpre and hpost alone (M == NULL) */
-static void hyper_gate_rows(const hyper_args *a, long r0, long r1)
-{
-    hyper_rows((void *)a, r0, r1, 0);
-}
-
 /* A decode step's lane-mix matrices (Sinkhorn: a serial chain of exp and
  * log, ~8% of a one-thread step) are read only at the layer's end
  * (lanes_update), so inside a crew they are computed by a helper while
@@ -456,9 +450,9 @@ void cpu_hyper_coeffs(const nd_backend *be, float *hpre, float *hpost, float *M,
         nd_parallel_for(N, 1, hyper_rows, &a);
         return;
     }
-    hyper_args gates = a;
+    hyper_args gates = a; /* hpre and hpost alone (M == NULL) */
     gates.M = NULL;
-    hyper_gate_rows(&gates, 0, N);
+    hyper_rows(&gates, 0, N, 0);
     nd_async_end();
     pending_mix = a;
     nd_async_begin(mix_rows, &pending_mix);

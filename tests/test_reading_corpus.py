@@ -283,9 +283,37 @@ def main():
         if open(b, "rb").read() != A:
             fail("--novel-rate 0 must give the default corpus, byte for byte")
 
+        # integers in words (--words-rate): still valid, most small integers said
+        # in words; the default rate gives the default corpus
+        sys.path.insert(0, os.path.join(SRC, "tools"))
+        from corpus_params import int_words  # noqa: E402
+
+        def words_share(lines_):
+            said = total = 0
+            for line in lines_:
+                ex = json.loads(line)
+                for call in ex["answers"]:
+                    for v in call["arguments"].values():
+                        if isinstance(v, int) and not isinstance(v, bool) and 20 < v < 1000:
+                            total += 1
+                            said += int_words(v) in ex["query"].lower()
+            return said / max(total, 1), total
+        wv = os.path.join(tmp, "wv.jsonl")
+        gen("--num", "600", "--seed", "7", "--words-rate", "0.9", "--output", wv)
+        wl = open(wv).read().splitlines()
+        check_lines(wl, "train, --words-rate 0.9")
+        (share, total), (share0, _) = words_share(wl), words_share(lines)
+        if total < 20 or share < 0.6 or share0 > 0.45:
+            fail(f"--words-rate 0.9: {share:.2f} of {total} integers in words "
+                 f"(default corpus {share0:.2f})")
+        gen("--num", "1500", "--seed", "7", "--words-rate", "0.35", "--output", b)
+        if open(b, "rb").read() != A:
+            fail("--words-rate 0.35 must give the default corpus, byte for byte")
+
         # bad options and inputs
         for bad_args, what in ((["--num", "-1"], "--num"), (["--multi-rate", "2"], "--multi-rate"),
                                (["--novel-rate", "1.5"], "--novel-rate"),
+                               (["--words-rate", "-0.1"], "--words-rate"),
                                (["--sets", os.path.join(tmp, "none.jsonl")], "no such file")):
             p = gen(*bad_args, check=False)
             if p.returncode == 0 or what not in p.stderr.decode():

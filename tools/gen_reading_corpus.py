@@ -54,6 +54,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import corpus_params  # noqa: E402
 from corpus_params import int_words  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -269,7 +270,7 @@ def say_date(rng, iso):
 
 def say_int(rng, n):
     r = rng.random()
-    if 0 <= n < 1000 and r < 0.35:
+    if 0 <= n < 1000 and r < corpus_params.WORDS_RATE:
         return int_words(n)
     if n >= 1000 and r < 0.3:
         return f"{n:,}"
@@ -878,6 +879,10 @@ def main():
     ap.add_argument("--novel-rate", type=float, default=0.0,
                     help="share of free string values made up (words, file names, codes, "
                          "phrases, addresses) rather than drawn from short lists (default 0)")
+    ap.add_argument("--words-rate", type=float, default=0.35,
+                    help="share of integers below 1000 said in words (\"two hundred and "
+                         "ninety-six\") rather than digits, here and in the synthetic "
+                         "domains (default 0.35)")
     ap.add_argument("--max-tools-bytes", type=int, default=1800,
                     help="drop tools from a set until its JSON fits (default 1800: with the "
                          "query, under 1024 tokens)")
@@ -887,7 +892,7 @@ def main():
     a = ap.parse_args()
     for flag in ("multi_rate", "nocall_rate", "system_rate", "synthetic_rate", "rename_rate",
                  "redescribe_rate", "distractor_rate", "lower_rate", "typo_rate", "preamble_rate",
-                 "novel_rate"):
+                 "novel_rate", "words_rate"):
         if not 0 <= getattr(a, flag) <= 1:
             ap.error(f"--{flag.replace('_', '-')} must be in [0, 1]")
     if a.multi_rate + a.nocall_rate > 1:
@@ -907,6 +912,7 @@ def main():
         return 0
     global NOVEL_RATE
     NOVEL_RATE = a.novel_rate
+    corpus_params.WORDS_RATE = a.words_rate
     sets = load_sets(a.sets, a.split)
     if not sets:
         ap.error(f"--sets {a.sets}: no usable tool set in the {a.split} split")

@@ -42,6 +42,8 @@
 #   NANO_COPY_EXAMPLES    stage-6 (copying) corpus size [0] (0: no stage 6)
 #   NANO_COPY_LR          stage-6 peak lr [5e-4]    NANO_COPY_NOVEL  made-up value share [0.5]
 #                         (stage 6 reads NANO_READING_SETS too)
+#   NANO_COPY_WORDS       stage-6 share of integers below 1000 said in words [0.35]
+#   NANO_COPY_SEED        stage-6 corpus seed [8] (another for another copying epoch)
 #   NANO_CONTINUE_FROM    a checkpoint to run stages 3-6 from, skipping stages 1-2
 #                         (how stages 3 and 4 were made: from the committed
 #                         models/needle-nano.pkl, stage 4 with NANO_STAGE3_EXAMPLES=0)
@@ -102,6 +104,7 @@ READING_SYNTHETIC=${NANO_READING_SYNTHETIC:-0.15}
 COPY_EXAMPLES=${NANO_COPY_EXAMPLES:-0}
 COPY_LR=${NANO_COPY_LR:-5e-4}
 COPY_NOVEL=${NANO_COPY_NOVEL:-0.5}
+COPY_WORDS=${NANO_COPY_WORDS:-0.35}
 CONTINUE_FROM=${NANO_CONTINUE_FROM:-}
 ACT_MEMORY=${NANO_ACT_MEMORY:-2048}
 DEVICE=${NANO_DEVICE:-auto}
@@ -119,7 +122,7 @@ STAGE3_SEED=5
 STAGE4_SEED=6
 READING_SEED=7
 READING_HELDOUT_SEED=2
-COPY_SEED=8
+COPY_SEED=${NANO_COPY_SEED:-8}
 # LoRA settings `needle finetune` uses on this base when the user gives none
 # (stored in the checkpoint, needle_c_recommended): chosen on the held-out
 # pets tool set, 200 examples x 10 epochs (docs/nano-base.md)
@@ -272,7 +275,8 @@ fi
 # stage 6: copying -- stage 5's mix with half the free string values made up
 if [[ "$COPY_EXAMPLES" -gt 0 ]]; then
     corpus_stage 6 "$COPY_EXAMPLES" "$COPY_SEED" "$FINAL" "$COPY_LR" "$LOSS6" \
-        --synthetic-rate "$READING_SYNTHETIC" --multi-rate "$STAGE3_MULTI" --novel-rate "$COPY_NOVEL"
+        --synthetic-rate "$READING_SYNTHETIC" --multi-rate "$STAGE3_MULTI" --novel-rate "$COPY_NOVEL" \
+        --words-rate "$COPY_WORDS"
 fi
 if [[ "$READS" -gt 0 ]]; then
     if [[ ! -f "$WORK/reading-heldout.jsonl" ]]; then

@@ -25,6 +25,10 @@ scores them):
              of its examples are right), and what guessing scores (a
              random listed tool; the first listed): sets of 1-5 tools,
              so a guess scores ~70%;
+  first-tool-mixed  the same requests' kind (seed 3) with every set given 1-4
+             tools of other held-out APIs (--distractor-rate 1, as many as
+             fit the context): 3.3 tools listed on average, so a guess
+             scores ~35%; examples, exact arguments and the guess rates;
   upstream   upstream's tests/test_inference.py cases
              (tests/test_upstream_inference.py --json): upstream's
              assertions and the strict reading (right call and arguments);
@@ -84,6 +88,55 @@ def pct(r):
     return "—" if r is None else f"{100 * r:.1f}%"
 
 
+FIRST_TOOL_PLAIN = ["--multi-rate", "0", "--nocall-rate", "0", "--synthetic-rate", "0",
+                    "--rename-rate", "0", "--redescribe-rate", "0", "--system-rate", "0",
+                    "--lower-rate", "0", "--typo-rate", "0", "--preamble-rate", "0"]
+
+
+def first_tool(a, gen_r, f, part, scores):
+    """Parts first-tool (one API's tools) and first-tool-mixed (every set
+    given tools of other APIs): the share of examples whose first predicted
+    call names the expected tool, beside what guessing scores there."""
+    mixed = part == "first-tool-mixed"
+    stem = "first-mixed" if mixed else "first"
+    sh(gen_r + ["--split", "heldout", "--num", str(a.num), "--seed", "3"] + FIRST_TOOL_PLAIN
+       + ["--distractor-rate", "1" if mixed else "0", "-o", f(stem + ".jsonl"),
+          "--manifest", f(stem + ".manifest.jsonl")])
+    r = eval_calls(a, f(stem + ".jsonl"), f(stem + ".pred.jsonl"))
+    exs = [json.loads(x) for x in open(f(stem + ".jsonl"))]
+    preds = [json.loads(x) for x in open(f(stem + ".pred.jsonl"))]
+    mans = [json.loads(x)["providers"] for x in open(f(stem + ".manifest.jsonl"))]
+    by_prov = collections.defaultdict(list)
+    right = 0
+    for ex, p, m in zip(exs, preds, mans):
+        ok = bool(p["predicted"]) and p["predicted"][0].get("name") == ex["answers"][0]["name"]
+        right += ok
+        if not mixed:  # one provider an example (with distractors the manifest lists several)
+            by_prov[m[0] if m else "?"].append(ok)
+    # what a guess scores here: a tool drawn at random from the listed ones,
+    # and always the first listed
+    n_ex = max(len(exs), 1)
+    chance = sum(1 / len(ex["tools"]) for ex in exs) / n_ex
+    first_listed = sum(ex["answers"][0]["name"] == ex["tools"][0]["name"] for ex in exs) / n_ex
+    listed = sum(len(ex["tools"]) for ex in exs) / n_ex
+    key = "first_tool_mixed" if mixed else "first_tool"
+    scores[key] = {"examples": len(exs), "right": right, "rate": right / n_ex,
+                   "chance": chance, "first_listed": first_listed, "tools_listed": listed,
+                   "eval_calls": r}
+    provs = ""
+    if not mixed:
+        # a provider counts when most of its examples are right
+        provs_ok = sum(sum(v) * 2 > len(v) for v in by_prov.values())
+        scores[key].update(providers=len(by_prov), providers_right=provs_ok)
+        provs = f" ({provs_ok} of {len(by_prov)} providers)"
+    label = ("first-tool choice, held-out real API sets with tools of other APIs" if mixed
+             else "first-tool choice, held-out real API sets")
+    return (label, len(exs),
+            f"{pct(right / n_ex)} of examples{provs}; exact args "
+            f"{pct(r['all']['exact_args']['rate'])}; {listed:.1f} tools listed: a random "
+            f"listed tool {pct(chance)}, the first listed {pct(first_listed)}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -96,7 +149,7 @@ def main():
     ap.add_argument("--sets", default=os.path.join(ROOT, "tests", "data", "openapi_sample",
                                                     "sets.jsonl"),
                     help="real API tool sets (default the committed sample)")
-    ap.add_argument("--parts", default="synthetic,real,first-tool,upstream",
+    ap.add_argument("--parts", default="synthetic,real,first-tool,first-tool-mixed,upstream",
                     help="comma-separated parts (default all but finetune)")
     ap.add_argument("--finetune", nargs=2, metavar=("TRAIN", "TEST"))
     ap.add_argument("--bfcl", help="tools/bfcl_data.py convert's output folder (part bfcl)")
@@ -108,7 +161,7 @@ def main():
     if a.bfcl and "bfcl" not in parts:
         parts.append("bfcl")
     for p in parts:
-        if p not in ("synthetic", "real", "first-tool", "upstream", "bfcl"):
+        if p not in ("synthetic", "real", "first-tool", "first-tool-mixed", "upstream", "bfcl"):
             ap.error(f"--parts: unknown part {p!r}")
     if "bfcl" in parts and not a.bfcl:
         ap.error("--parts bfcl needs --bfcl DIR")
@@ -146,38 +199,9 @@ def main():
         rows.append(("zero-shot, held-out real API sets (mixed styles)", r["all"]["examples"],
                      f"{pct(r['all']['tool_name']['rate'])} / {pct(r['all']['exact_args']['rate'])}"
                      f" (false refusals {r['call']['false_refusal']['count']} of {r['call']['examples']})"))
-    if "first-tool" in parts:
-        sh(gen_r + ["--split", "heldout", "--num", str(a.num), "--seed", "3", "--multi-rate", "0",
-                    "--nocall-rate", "0", "--synthetic-rate", "0", "--distractor-rate", "0",
-                    "--rename-rate", "0", "--redescribe-rate", "0", "--system-rate", "0",
-                    "--lower-rate", "0", "--typo-rate", "0", "--preamble-rate", "0",
-                    "-o", f("first.jsonl"), "--manifest", f("first.manifest.jsonl")])
-        r = eval_calls(a, f("first.jsonl"), f("first.pred.jsonl"))
-        exs = [json.loads(x) for x in open(f("first.jsonl"))]
-        preds = [json.loads(x) for x in open(f("first.pred.jsonl"))]
-        mans = [json.loads(x)["providers"] for x in open(f("first.manifest.jsonl"))]
-        by_prov = collections.defaultdict(list)
-        right = 0
-        for ex, p, m in zip(exs, preds, mans):
-            ok = bool(p["predicted"]) and p["predicted"][0].get("name") == ex["answers"][0]["name"]
-            right += ok
-            by_prov[m[0] if m else "?"].append(ok)  # no distractors: one provider an example
-        # a provider counts when most of its examples are right
-        provs_ok = sum(sum(v) * 2 > len(v) for v in by_prov.values())
-        # what a guess scores here: a tool drawn at random from the listed ones,
-        # and always the first listed (half the sets list one tool)
-        n_ex = max(len(exs), 1)
-        chance = sum(1 / len(ex["tools"]) for ex in exs) / n_ex
-        first_listed = sum(ex["answers"][0]["name"] == ex["tools"][0]["name"] for ex in exs) / n_ex
-        scores["first_tool"] = {"examples": len(exs), "right": right,
-                                "rate": right / n_ex, "providers": len(by_prov),
-                                "providers_right": provs_ok, "chance": chance,
-                                "first_listed": first_listed, "eval_calls": r}
-        rows.append(("first-tool choice, held-out real API sets", len(exs),
-                     f"{pct(right / n_ex)} of examples "
-                     f"({provs_ok} of {len(by_prov)} providers); exact args "
-                     f"{pct(r['all']['exact_args']['rate'])}; a random listed tool "
-                     f"{pct(chance)}, the first listed {pct(first_listed)}"))
+    for part in ("first-tool", "first-tool-mixed"):
+        if part in parts:
+            rows.append(first_tool(a, gen_r, f, part, scores))
     if "bfcl" in parts:
         test = os.path.join(a.bfcl, "test.jsonl")
         with open(test) as src, open(f("bfcl.jsonl"), "w") as dst:

@@ -285,7 +285,6 @@ def main():
 
         # integers in words (--words-rate): still valid, most small integers said
         # in words; the default rate gives the default corpus
-        sys.path.insert(0, os.path.join(SRC, "tools"))
         from corpus_params import int_words  # noqa: E402
 
         def words_share(lines_):

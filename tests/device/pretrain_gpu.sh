@@ -14,7 +14,8 @@
 #            a run still going at TRAIN_S + 60 s is stopped (SIGINT: it saves)
 #   score    float16 checkpoint, 4-bit archive, then tools/eval_base.py's
 #            zero-shot parts (held-out synthetic domains, held-out real API
-#            sets, first-tool choice) on the archive, on the CPU
+#            sets, first-tool choice alone and among other APIs' tools) on the
+#            archive, on the CPU
 # Outputs in OUT: base.pkl, base.cact, loss.jsonl, loss.svg, scores/, logs.
 # Environment (defaults in brackets): BUILD [build] (a build with
 # -DNEEDLE_CUDA=ON: tests/device/cuda.sh builds one), DEVICE [cuda],
@@ -114,6 +115,6 @@ step "score: float16 checkpoint, 4-bit archive, zero-shot parts"
     --recommend lr=3e-3,lora_rank=64,lora_alpha=128,batch_size=8 >/dev/null
 "$NEEDLE" build "$OUT/base.pkl" --tokenizer "$TOK" --out "$OUT/base.cact" >/dev/null
 python3 tools/eval_base.py --needle "$NEEDLE" --weights "$OUT/base.cact" \
-    --parts synthetic,real,first-tool --num "$EVAL_NUM" --sets "$SETS" --threads "$(nproc)" \
+    --parts synthetic,real,first-tool,first-tool-mixed --num "$EVAL_NUM" --sets "$SETS" --threads "$(nproc)" \
     --out "$OUT/scores" | tee "$OUT/scores.txt"
 step "done in $((SECONDS - t_start)) s: $OUT/base.pkl, $OUT/base.cact, $OUT/loss.svg, $OUT/scores.txt"

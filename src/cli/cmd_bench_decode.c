@@ -146,9 +146,13 @@ int cli_bench_decode(int argc, char **argv)
         double b = nd_wtime();
         nd_parallel_counts(&pc[1][0], &pc[1][1]);
         for (long long g = 0; g < G && !rc; g++) {
-            int bi = 0;
+            int bi = 0; /* greedy: the first index of the largest logit */
+            float bv = lg[0];
             for (int k = 1; k < V; k++)
-                bi = lg[k] > lg[bi] ? k : bi;
+                if (lg[k] > bv) {
+                    bi = k;
+                    bv = lg[k];
+                }
             /* every round decodes the same tokens: a reset that left
              * anything behind would show here */
             if (it == 0)

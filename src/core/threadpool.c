@@ -458,6 +458,16 @@ static void crew_note_call(nd_crew *c, int late)
     c->hold_until = now + c->hold;
 }
 
+/* crew_post_note: a post is a release store and the sleepers count is
+ * read without a fence after it. A sequentially consistent store (x86:
+ * xchg) held the caller until the slot's cache line came back from the
+ * helper's core, ~0.25 us on every one of a decode step's ~80 posts. The
+ * price is a rare missed wake-up: a helper that went to sleep just as the
+ * post was made sleeps on, its share still POSTED, and the caller runs
+ * that share itself after its own (crew_call, nd_async_end), as it does
+ * for any helper that has not taken its share; the next post that sees
+ * the sleeper wakes it. */
+
 /* a parallel call of the crew's main: offered to the helpers, share 0 on
  * this thread, then the shares of helpers that have not taken theirs */
 static void crew_call(nd_crew *c, int team, nd_region_fn fn, void *ctx)
@@ -480,8 +490,8 @@ static void crew_call(nd_crew *c, int team, nd_region_fn fn, void *ctx)
     c->fteam = team;
     unsigned g = ++c->gen << 2;
     for (int h = 1; h <= helpers; h++)
-        atomic_store(&c->slot[h].state, g | CREW_POSTED);
-    if (atomic_load(&c->sleepers))
+        atomic_store_explicit(&c->slot[h].state, g | CREW_POSTED, memory_order_release);
+    if (atomic_load_explicit(&c->sleepers, memory_order_relaxed)) /* see crew_post_note */
         crew_wake_all(c);
     c->busy = 1;
     int late = 0;
@@ -600,8 +610,8 @@ int nd_async_begin(void (*fn)(void *ctx), void *ctx)
     c->job_fn = fn;
     c->job_ctx = ctx;
     c->job_helper = h;
-    atomic_store(&c->slot[h].job, CREW_POSTED);
-    if (atomic_load(&c->sleepers))
+    atomic_store_explicit(&c->slot[h].job, CREW_POSTED, memory_order_release);
+    if (atomic_load_explicit(&c->sleepers, memory_order_relaxed)) /* see crew_post_note */
         crew_wake_all(c);
     return 1;
 }

@@ -11,7 +11,8 @@ tokenizer: a bench needs none). The timing itself is not checked
     archive (the engram tables are read one row a token), and the float
     path reads more (float32 matrices);
   * a Needle 2 archive (tiny) still gets upstream's ratios;
-  * --prompt + --gen over the model's context is a usage error (2).
+  * --prompt + --gen over the model's context is a usage error (2) that
+    names the context (it once printed 0: read after the model was freed).
 """
 import os
 import re
@@ -86,6 +87,8 @@ def main():
                  "--prompt", "250", "--gen", "10"])
         check("prompt + gen past max_seq_len (256): usage error (2)", r.returncode == 2,
               r.stderr[-200:])
+        check("the usage error names the model's max_seq_len (256)",
+              "= 260 exceeds max_seq_len 256" in r.stderr, r.stderr[-200:])
         # Needle 2 keeps upstream's ratios
         pkl2, cact2 = os.path.join(tmp, "t2.pkl"), os.path.join(tmp, "t2.cact")
         r = run([needle, "init", pkl2, "--preset", "tiny"])

@@ -110,11 +110,12 @@ int cli_bench_decode(int argc, char **argv)
     size_t per_token = quant ? nd_qweights_bytes_per_token(qw, &m) : float_bytes_per_token(&m);
     double t_load = nd_wtime() - t0;
     if (P + G > m.cfg.max_seq_len) {
+        int max_len = m.cfg.max_seq_len; /* san_model_free clears it */
         san_model_free(&m);
         nd_qweights3_free(&q3);
         cact_free(&f);
         return cli_usage_error("bench", "--prompt + --gen = %lld exceeds max_seq_len %d", P + G,
-                               m.cfg.max_seq_len);
+                               max_len);
     }
     const nd_backend *be = nd_backend_cpu((int)threads);
     int V = m.dims.V;

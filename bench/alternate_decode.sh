@@ -5,25 +5,31 @@
 # A shared VM drifts by 20% between phases, so two binaries are compared
 # only inside one run like this one, never across runs.
 #
-#   bench/alternate_decode.sh [-r ROUNDS] [-t THREADS] NEEDLE... -- ARCHIVE...
+#   bench/alternate_decode.sh [-r ROUNDS] [-t THREADS] [-p PROMPT] [-g GEN]
+#                             NEEDLE... -- ARCHIVE...
 #
 # Each round runs every binary on every archive with
-#   --prompt 256 --gen 128 --threads THREADS --iters 5
-# (the issue's benchmark) and prints one line; the summary takes the
-# medians bench decode prints (its rounds after the first).
+#   --prompt PROMPT --gen GEN --threads THREADS --iters 5
+# (defaults 4 rounds, 2 threads, 256 and 128: issue 36's benchmark) and
+# prints one line; the summary takes the medians bench decode prints (its
+# rounds after the first).
 set -euo pipefail
 
 usage() {
-    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 
 rounds=4
 threads=2
-while getopts "r:t:h" o; do
+prompt=256
+gen=128
+while getopts "r:t:p:g:h" o; do
     case $o in
     r) rounds=$OPTARG ;;
     t) threads=$OPTARG ;;
+    p) prompt=$OPTARG ;;
+    g) gen=$OPTARG ;;
     h) usage 0 ;;
     *) usage 2 ;;
     esac
@@ -52,7 +58,7 @@ trap 'rm -f "$lines"' EXIT
 for r in $(seq "$rounds"); do
     for b in "${bins[@]}"; do
         for a in "${archives[@]}"; do
-            out=$("$b" bench decode --weights "$a" --prompt 256 --gen 128 --threads "$threads" \
+            out=$("$b" bench decode --weights "$a" --prompt "$prompt" --gen "$gen" --threads "$threads" \
                 --iters 5 2>&1) || { echo "$out" >&2; exit 1; }
             # the medians: the last field of the prefill and decode lines
             p=$(echo "$out" | awk '/^prefill/{gsub(/\)/, "", $NF); print $NF}')

@@ -66,6 +66,21 @@ int nd_gram_done(const nd_gram_state *s)
     return s->depth == 1 && s->f[0].kind == FR_TOP && s->f[0].phase == 4;
 }
 
+int nd_gram_value_pos(const nd_gram_state *s, const char **num, int *nlen)
+{
+    const nd_gram_frame *f = &s->f[s->depth - 1];
+    if (f->kind == FR_OBJ && f->phase == 4)
+        return ND_GRAM_AT_VALUE;
+    if (f->kind == FR_STR && f->phase == 1)
+        return ND_GRAM_IN_STRING;
+    if (f->kind == FR_NUM) {
+        *num = f->num;
+        *nlen = f->nlen;
+        return ND_GRAM_IN_NUMBER;
+    }
+    return 0;
+}
+
 static uint64_t all_bits(int n)
 {
     return n >= 64 ? ~0ull : (1ull << n) - 1;

@@ -97,6 +97,13 @@ void nd_gram_init(const nd_grammar *g, nd_gram_state *s);
 int nd_gram_feed(const nd_grammar *g, nd_gram_state *s, unsigned char b);
 /* 1 once the whole call list has been closed. */
 int nd_gram_done(const nd_gram_state *s);
+/* Where the next byte goes, for the copy prior (copy_prior.h):
+ * ND_GRAM_IN_STRING, a string's characters (its quote written);
+ * ND_GRAM_IN_NUMBER, a number's (*num, *nlen: its bytes so far);
+ * ND_GRAM_AT_VALUE, a property's value, not begun (its key's colon
+ * written); else 0. */
+enum { ND_GRAM_IN_STRING = 1, ND_GRAM_IN_NUMBER, ND_GRAM_AT_VALUE };
+int nd_gram_value_pos(const nd_gram_state *s, const char **num, int *nlen);
 /* Fewest bytes that complete the call list from this state (known limit:
  * inside a string with a pattern, a character that has to be escaped --
  * quote, backslash, \b \f \n \r \t -- counts as one byte, not two). */

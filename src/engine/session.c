@@ -12,6 +12,7 @@
 #include "core/sha256.h"
 #include "core/status.h"
 #include "core/tuning.h"
+#include "engine/copy_prior.h"
 #include "engine/engine.h"
 #include "engine/grammar.h"
 #include "engine/model_internal.h"
@@ -35,9 +36,11 @@ struct needle_session {
     int prefix_len;
     int turn; /* 0 fresh, 1 after a call, 2 after a respond */
     float *logits;
+    float *biased; /* logits plus the copy prior's bonus */
     uint8_t *allowed;
     int *tokdist;
     nd_gram_state *stack;
+    nd_copy_prior copy;
     char err[1024];
 };
 
@@ -213,13 +216,18 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
         goto fail;
     }
     S->logits = malloc((size_t)V * sizeof *S->logits);
+    S->biased = malloc((size_t)V * sizeof *S->biased);
     S->allowed = malloc((size_t)V);
     S->tokdist = malloc((size_t)V * sizeof *S->tokdist);
     S->stack = malloc((PIECE_MAX + 2) * sizeof *S->stack);
-    if (!S->logits || !S->allowed || !S->tokdist || !S->stack) {
+    if (!S->logits || !S->biased || !S->allowed || !S->tokdist || !S->stack) {
         rc = nd_error(ND_ENOMEM, "out of memory");
         goto fail;
     }
+    float edge, inside;
+    if ((rc = nd_copy_prior_setting(nd_tuning_get()->copy_prior, &edge, &inside)) ||
+        (rc = nd_copy_prior_init(&S->copy, M, edge, inside)))
+        goto fail;
     int kvw = M->kv_window;
     if ((rc = kv_window_env(&kvw)) ||
         (rc = nd_kv_init(&S->kv, &M->m, M->be, ND_SESSION_CHUNK, kvw)))
@@ -287,9 +295,11 @@ void needle_session_free(needle_session *S)
     free(S->system);
     nd_buf_free(&S->tools);
     free(S->logits);
+    free(S->biased);
     free(S->allowed);
     free(S->tokdist);
     free(S->stack);
+    nd_copy_prior_free(&S->copy);
     free(S);
 }
 
@@ -360,16 +370,24 @@ const char *needle_session_error(const needle_session *S)
 /* ---- token masks ---- */
 
 /* allowed[t] = 1 for every token whose bytes the grammar accepts from st;
- * tokdist[t] = distance to completion after it. Returns the count. */
-static int grammar_mask(needle_session *S, const nd_gram_state *st)
+ * tokdist[t] = distance to completion after it. Returns the count. With
+ * the copy prior on, pieces that open or close a value are judged on the
+ * way (pre[0..npre): the value written before, when st is inside one). */
+static int grammar_mask(needle_session *S, const nd_gram_state *st, const unsigned char *pre,
+                        int npre)
 {
     const needle_model *M = S->model;
     const nd_grammar *g = S->active;
     memset(S->allowed, 0, (size_t)M->m.dims.V);
-    int count = 0;
+    int count = 0, copying = S->copy.bonus != 0.0f;
     /* iterative DFS: stack[d] is the state after d bytes */
     int node_at[PIECE_MAX + 2];
+    unsigned char path[PIECE_MAX + 1];
+    signed char inval[PIECE_MAX + 2];
+    const char *num;
+    int nlen;
     nd_gram_copy(&S->stack[0], st);
+    inval[0] = (signed char)nd_gram_value_pos(st, &num, &nlen);
     node_at[0] = M->trie[0].child;
     int d = 0;
     while (d >= 0) {
@@ -383,12 +401,16 @@ static int grammar_mask(needle_session *S, const nd_gram_state *st)
         nd_gram_copy(ns, &S->stack[d]);
         if (!nd_gram_feed(g, ns, M->trie[c].byte))
             continue;
+        path[d] = M->trie[c].byte;
+        inval[d + 1] = (signed char)nd_gram_value_pos(ns, &num, &nlen);
         if (M->trie[c].tok >= 0) {
             int dist = nd_gram_dist(g, ns);
             for (int t = M->trie[c].tok; t >= 0; t = M->tok_next[t]) {
                 S->allowed[t] = 1;
                 S->tokdist[t] = dist;
                 count++;
+                if (copying)
+                    nd_copy_prior_token(&S->copy, t, pre, npre, path, d + 1, inval);
             }
         }
         if (d + 1 <= PIECE_MAX) {
@@ -755,19 +777,55 @@ static int reason(needle_session *S, turn_state *T, int think_cap)
     return rc;
 }
 
+/* The value the call is writing (pos: nd_gram_value_pos's answer; vstart:
+ * where a string value starts in T->call): *n of its bytes so far. */
+static const unsigned char *value_so_far(const turn_state *T, int vstart, int *pos, int *n)
+{
+    const char *num = NULL;
+    int nlen = 0;
+    *pos = nd_gram_value_pos(&T->st, &num, &nlen);
+    *n = 0;
+    if (*pos == ND_GRAM_IN_NUMBER) {
+        *n = nlen;
+        return (const unsigned char *)num;
+    }
+    if (*pos == ND_GRAM_IN_STRING && vstart >= 0) {
+        *n = (int)T->call.n - vstart;
+        return (const unsigned char *)T->call.p + vstart;
+    }
+    *pos = 0;
+    return NULL;
+}
+
+/* The logits the pick reads: the model's own, or with the copy prior's
+ * bonus on the pieces grammar_mask and nd_copy_prior_mark marked. */
+static const float *copy_prior(needle_session *S, const unsigned char *v, int pos, int n)
+{
+    if (S->copy.bonus == 0.0f)
+        return S->logits;
+    int V = S->model->m.dims.V;
+    nd_copy_prior_mark(&S->copy, S->model, pos, v, n, S->allowed);
+    memcpy(S->biased, S->logits, (size_t)V * sizeof *S->biased);
+    nd_copy_prior_add(&S->copy, S->allowed, V, S->biased);
+    return S->biased;
+}
+
 /* The grammar-constrained call, within the budget; then its closing tokens
  * when the call is complete. */
 static int constrained_call(needle_session *S, turn_state *T)
 {
     needle_model *M = S->model;
-    int V = M->m.dims.V, closing = 2, rc;
+    int V = M->m.dims.V, closing = 2, rc, vstart = -1;
     unsigned char pb[PIECE_MAX];
     T->conf = 2.0;
     while (!nd_gram_done(&T->st)) {
         int left = T->budget - T->gen - closing;
         if (left <= 0)
             break;
-        int n_ok = grammar_mask(S, &T->st);
+        int pos, vn;
+        const unsigned char *v = value_so_far(T, vstart, &pos, &vn);
+        nd_copy_prior_begin(&S->copy, V, pos, v, vn);
+        int n_ok = grammar_mask(S, &T->st, v, vn);
         if (!n_ok)
             break;
         /* every later token shortens the way to a closed list by >= 1 byte
@@ -781,13 +839,19 @@ static int constrained_call(needle_session *S, turn_state *T)
         for (int i = 0; i < V; i++)
             if (S->allowed[i] && S->tokdist[i] > reach)
                 S->allowed[i] = 0;
-        int t = argmax_masked(S->logits, S->allowed, V);
-        double p = token_prob(S->logits, V, t);
+        const float *lg = copy_prior(S, v, pos, vn);
+        int t = argmax_masked(lg, S->allowed, V);
+        double p = token_prob(S->logits, V, t); /* the model's own confidence */
         T->conf = p < T->conf ? p : T->conf;
         int len;
         nd_piece_bytes(M->tok, t, pb, &len);
-        for (int i = 0; i < len; i++)
+        for (int i = 0; i < len; i++) {
+            const char *num;
+            int nlen;
             nd_gram_feed(S->active, &T->st, pb[i]);
+            int in_str = nd_gram_value_pos(&T->st, &num, &nlen) == ND_GRAM_IN_STRING;
+            vstart = !in_str ? -1 : vstart >= 0 ? vstart : (int)T->call.n + i + 1;
+        }
         nd_buf_put(&T->call, (const char *)pb, (size_t)len);
         if ((rc = run(S, &t, 1, S->logits)))
             return rc;
@@ -925,7 +989,8 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
     long start_evicted = S->kv.evicted;
     double t0 = now_s(), t1 = t0;
     /* 1. the new input tokens, on top of the cache; 2. generate */
-    if (!(rc = S->turn == 0 ? first_turn_input(S, text, &T) : next_turn_input(S, text, &T))) {
+    if (!(rc = nd_copy_prior_set(&S->copy, text, S->system)) &&
+        !(rc = S->turn == 0 ? first_turn_input(S, text, &T) : next_turn_input(S, text, &T))) {
         t1 = now_s();
         if (!(rc = plan_budget(S, max_new_tokens, &T, &think_cap)) &&
             !(rc = open_answer(S, &T, &thinking)) &&

@@ -1,0 +1,414 @@
+/* The copy prior (copy_prior.h): a bonus for tokens that copy the turn's
+ * words into a call's value. */
+#include "engine/copy_prior.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/status.h"
+
+static int is_digit(int c)
+{
+    return c >= '0' && c <= '9';
+}
+
+static int is_alpha(int c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+static int is_alnum(int c)
+{
+    return is_digit(c) || is_alpha(c);
+}
+
+int nd_copy_prior_setting(const char *env, float *edge, float *inside)
+{
+    *edge = ND_COPY_EDGE_BONUS;
+    *inside = ND_COPY_INSIDE_BONUS;
+    if (!env || !*env)
+        return ND_OK;
+    if (!strcmp(env, "0") || !strcmp(env, "off")) {
+        *edge = *inside = 0.0f;
+        return ND_OK;
+    }
+    char *end;
+    double e = strtod(env, &end), i = -1;
+    if (*end == ',')
+        i = strtod(end + 1, &end);
+    if (*end || !(e >= 0 && e <= 100) || !(i > 0 && i <= 100))
+        return nd_error(ND_EARG,
+                        "NEEDLE_COPY_PRIOR='%s': expected 0 (off) or EDGE,INSIDE bonuses "
+                        "(0..100, INSIDE > 0; the default is %g,%g)",
+                        env, (double)ND_COPY_EDGE_BONUS, (double)ND_COPY_INSIDE_BONUS);
+    *edge = (float)e;
+    *inside = (float)i;
+    return ND_OK;
+}
+
+int nd_copy_prior_init(nd_copy_prior *c, const needle_model *M, float edge, float inside)
+{
+    memset(c, 0, sizeof *c);
+    c->bonus = inside;
+    c->edge_bonus = edge;
+    if (inside == 0.0f)
+        return ND_OK;
+    int V = M->m.dims.V;
+    if (!(c->mark = calloc((size_t)V, 1)))
+        return nd_error(ND_ENOMEM, "copy prior: out of memory");
+    return ND_OK;
+}
+
+void nd_copy_prior_free(nd_copy_prior *c)
+{
+    nd_buf_free(&c->src);
+    free(c->mark);
+    memset(c, 0, sizeof *c);
+}
+
+/* ---- numbers said in words ---- */
+
+static const char *const SMALL[] = {"zero",    "one",     "two",       "three",    "four",
+                                    "five",    "six",     "seven",     "eight",    "nine",
+                                    "ten",     "eleven",  "twelve",    "thirteen", "fourteen",
+                                    "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"};
+static const char *const TENS[] = {"twenty", "thirty",  "forty",  "fifty",
+                                   "sixty",  "seventy", "eighty", "ninety"};
+
+/* the word at s of length n, compared without case */
+static int word_is(const char *s, int n, const char *w)
+{
+    if ((int)strlen(w) != n)
+        return 0;
+    for (int i = 0; i < n; i++) {
+        int ch = s[i] >= 'A' && s[i] <= 'Z' ? s[i] + 32 : s[i];
+        if (ch != w[i])
+            return 0;
+    }
+    return 1;
+}
+
+/* the value of a number word: 0..19, 20..90, 100, 1000, 1000000; else -1 */
+static long word_value(const char *s, int n)
+{
+    for (int i = 0; i < 20; i++)
+        if (word_is(s, n, SMALL[i]))
+            return i;
+    for (int i = 0; i < 8; i++)
+        if (word_is(s, n, TENS[i]))
+            return 20 + 10L * i;
+    if (word_is(s, n, "hundred"))
+        return 100;
+    if (word_is(s, n, "thousand"))
+        return 1000;
+    if (word_is(s, n, "million"))
+        return 1000000;
+    return -1;
+}
+
+/* One number phrase starting at a word at s ("two hundred and ninety-six",
+ * "twenty one", "forty-two thousand"): its value and length, or 0 bytes
+ * when s starts no number word. Words are joined by one space or hyphen;
+ * "and" only between a hundred and what follows. A word that cannot
+ * extend the number ("twenty twenty") ends it before that word. */
+static int number_phrase(const char *s, long *value)
+{
+    long total = 0, cur = 0;
+    int pos = 0, end = 0, any = 0, after_hundred = 0;
+    for (;;) {
+        int n = 0;
+        while (is_alpha(s[pos + n]))
+            n++;
+        if (!n)
+            break;
+        long w = word_value(s + pos, n);
+        if (w < 0 && any && after_hundred && word_is(s + pos, n, "and") && s[pos + n] == ' ') {
+            int m = 0;
+            while (is_alpha(s[pos + n + 1 + m]))
+                m++;
+            long nx = word_value(s + pos + n + 1, m);
+            if (nx >= 0 && nx < 100) {
+                pos += n + 1;
+                after_hundred = 0;
+                continue;
+            }
+        }
+        if (w < 0)
+            break;
+        if (w < 20) {
+            if (cur % 100 != 0 && !(cur % 100 >= 20 && cur % 10 == 0 && w < 10 && w > 0))
+                break; /* units after units or after a teen */
+            if (any && cur % 100 == 0 && cur == 0 && total == 0)
+                break;
+            cur += w;
+        } else if (w < 100) {
+            if (cur % 100 != 0)
+                break;
+            cur += w;
+        } else if (w == 100) {
+            if (!any || cur == 0 || cur >= 100)
+                break;
+            cur *= 100;
+        } else {
+            if (!any || (cur == 0 && total == 0) || cur >= w)
+                break;
+            total += cur * w;
+            cur = 0;
+        }
+        any = 1;
+        after_hundred = w == 100 || w >= 1000;
+        pos += n;
+        end = pos;
+        if ((s[pos] == ' ' || s[pos] == '-') && is_alpha(s[pos + 1]))
+            pos++;
+        else
+            break;
+    }
+    *value = total + cur;
+    return any ? end : 0;
+}
+
+int nd_copy_numbers_as_digits(const char *text, nd_buf *out)
+{
+    int rc = ND_OK;
+    size_t i = 0, len = strlen(text);
+    while (i < len && !rc) {
+        long v;
+        int n;
+        if (is_alpha(text[i]) && (i == 0 || !is_alnum(text[i - 1])) &&
+            (n = number_phrase(text + i, &v)) > 0 && !is_alnum(text[i + (size_t)n])) {
+            char d[24];
+            int k = snprintf(d, sizeof d, "%ld", v);
+            rc = nd_buf_put(out, d, (size_t)k);
+            i += (size_t)n;
+            continue;
+        }
+        /* "1,500" -> "1500": a comma between a digit and a group of three */
+        if (text[i] == ',' && i > 0 && is_digit(text[i - 1]) && i + 3 < len + 1 &&
+            is_digit(text[i + 1]) && is_digit(text[i + 2]) && is_digit(text[i + 3]) &&
+            !is_digit(text[i + 4])) {
+            i++;
+            continue;
+        }
+        rc = nd_buf_put(out, text + i, 1);
+        i++;
+    }
+    return rc;
+}
+
+int nd_copy_prior_set(nd_copy_prior *c, const char *turn_text, const char *system)
+{
+    if (c->bonus == 0.0f)
+        return ND_OK;
+    c->src.n = 0;
+    int rc = nd_buf_put(&c->src, turn_text, strlen(turn_text) + 1);
+    if (!rc && system)
+        rc = nd_buf_put(&c->src, system, strlen(system) + 1);
+    if (!rc) {
+        nd_buf digits = {0};
+        rc = nd_copy_numbers_as_digits(turn_text, &digits);
+        if (!rc && digits.n && strcmp(digits.p, turn_text))
+            rc = nd_buf_put(&c->src, digits.p, digits.n + 1);
+        nd_buf_free(&digits);
+    }
+    return rc ? nd_error(rc, "copy prior: out of memory") : ND_OK;
+}
+
+/* Whether a value may end before src[e]: a string at a word's end, a
+ * number where no digit (or decimal point and digit) follows. */
+static int may_end_before(const char *s, int numeric)
+{
+    if (numeric) /* "8" is no number of "8bdf" */
+        return !is_alnum((unsigned char)s[0]) && !(s[0] == '.' && is_digit(s[1]));
+    return !is_alnum((unsigned char)s[0]);
+}
+
+/* whether a copy of n bytes that s follows stops inside a word, and is
+ * long enough to say which word: a number's first digit is, a string's
+ * first letter is not ("Z" of "Zeta" may be the start of "ZETA") */
+static int stops_inside(const char *s, int n, int numeric)
+{
+    return n >= (numeric ? 1 : 2) && !may_end_before(s, numeric);
+}
+
+/* whether a copy that ends a word at s may go on past it: a space, or a
+ * character that joins words into one value ("2107 Channing", "a.b",
+ * "x-y", "me@host", "http://", "id1,id2"), then a letter or digit; not a
+ * comma and a space, a sentence's end or a bracket ("Zeta Corp, I am
+ * curious ..." is not one value) */
+static int joins(const char *s)
+{
+    return s[0] && strchr(" ,-_./:@+&=#", s[0]) && is_alnum((unsigned char)s[1]);
+}
+
+/* mark the allowed tokens whose bytes are a prefix of s */
+static int mark_prefixes(nd_copy_prior *c, const needle_model *M, const char *s,
+                         const uint8_t *allowed, uint8_t level)
+{
+    int node = 0, marked = 0;
+    for (int k = 0; s[k] && k < PIECE_MAX; k++) {
+        int ch = M->trie[node].child;
+        while (ch >= 0 && M->trie[ch].byte != (unsigned char)s[k])
+            ch = M->trie[ch].sibling;
+        if (ch < 0)
+            break;
+        node = ch;
+        for (int t = M->trie[node].tok; t >= 0; t = M->tok_next[t])
+            if (allowed[t] && c->mark[t] < level) {
+                c->mark[t] = level;
+                marked++;
+            }
+    }
+    return marked;
+}
+
+/* whether s starts a number of at least n bytes that no letter follows
+ * ("8" of "8bdf" is none) */
+static int number_span(const char *s, int n)
+{
+    int e = s[0] == '-' ? 1 : 0;
+    while (is_digit(s[e]) || (s[e] == '.' && is_digit(s[e + 1])))
+        e++;
+    return e >= n && e > 0 && !is_alpha((unsigned char)s[e]);
+}
+
+static int lower(int ch)
+{
+    return ch >= 'A' && ch <= 'Z' ? ch + 32 : ch;
+}
+
+/* v[0..n) equals s[0..n), ASCII letters compared without case */
+static int same_nocase(const char *s, const unsigned char *v, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (lower((unsigned char)s[i]) != lower(v[i]))
+            return 0;
+    return 1;
+}
+
+/* whether a copy may start at s[st]: a word's start (for a number, a
+ * whole number of at least n bytes) */
+static int copy_start(const char *s, size_t st, int numeric, int n)
+{
+    if (!s[st] || (st > 0 && is_alnum((unsigned char)s[st - 1])))
+        return 0;
+    return !numeric || number_span(s + st, n);
+}
+
+/* a source span at a word's start that begins with v[0..n) and, when
+ * closed, ends there at a word's end; letters compared without case here
+ * (a value's first bytes and its end), so "ZETA" for "Zeta Corp" is no
+ * made-up value: the model's own casing stands */
+static int is_copy(const nd_copy_prior *c, const unsigned char *v, int n, int numeric, int closed)
+{
+    const char *s = c->src.p;
+    size_t L = c->src.n;
+    for (size_t st = 0; st + (size_t)n < L; st++)
+        if (copy_start(s, st, numeric, n) && same_nocase(s + st, v, n) &&
+            (!closed || may_end_before(s + st + n, numeric)))
+            return 1;
+    return 0;
+}
+
+static int plain_bytes(const unsigned char *v, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (v[i] == '\\' || v[i] == '"' || v[i] == 0)
+            return 0; /* escaped bytes are not the source's bytes */
+    return 1;
+}
+
+void nd_copy_prior_begin(nd_copy_prior *c, int V, int pos, const unsigned char *value, int n)
+{
+    if (c->bonus == 0.0f)
+        return;
+    memset(c->mark, 0, (size_t)V);
+    c->inside = 0;
+    if (!pos || !c->src.n || !plain_bytes(value, n))
+        return;
+    const char *s = c->src.p;
+    int numeric = pos == ND_GRAM_IN_NUMBER;
+    for (size_t st = 0; st + (size_t)n < c->src.n && !c->inside; st++)
+        if (copy_start(s, st, numeric, n) && !memcmp(s + st, value, (size_t)n) &&
+            stops_inside(s + st + n, n, numeric))
+            c->inside = 1;
+}
+
+/* inside a string or a number (not a value still to begin) */
+static int in_value(signed char v)
+{
+    return v == ND_GRAM_IN_STRING || v == ND_GRAM_IN_NUMBER;
+}
+
+void nd_copy_prior_token(nd_copy_prior *c, int t, const unsigned char *pre, int npre,
+                         const unsigned char *path, int len, const signed char *inval)
+{
+    if (c->bonus == 0.0f || !c->src.n)
+        return;
+    int a = in_value(inval[0]) ? 0 : -1, b = len, closed = 0, kind = inval[0];
+    for (int k = 1; k <= len; k++) {
+        if (!in_value(inval[k - 1]) && in_value(inval[k])) {
+            if (a >= 0)
+                break; /* a second value in one piece: judge the first */
+            kind = inval[k];
+            a = kind == ND_GRAM_IN_NUMBER ? k - 1 : k; /* a number's first byte is its own */
+        } else if (in_value(inval[k - 1]) && !in_value(inval[k])) {
+            b = k - 1;
+            closed = 1;
+            break;
+        }
+    }
+    if (in_value(inval[0]) && !closed)
+        return; /* inside a value: nd_copy_prior_mark's case */
+    if (a < 0 || (a == b && !in_value(inval[0])))
+        return; /* no value, or only a string's opening quote */
+    unsigned char v[2 * PIECE_MAX + 24];
+    int n = 0;
+    if (in_value(inval[0])) {
+        if (npre > PIECE_MAX + 23)
+            return; /* a long value: judged only by its continuations */
+        memcpy(v, pre, (size_t)npre);
+        n = npre;
+    }
+    memcpy(v + n, path + a, (size_t)(b - a));
+    n += b - a;
+    int copy = plain_bytes(v, n) && is_copy(c, v, n, kind == ND_GRAM_IN_NUMBER, closed);
+    if (!in_value(inval[0]))
+        c->mark[t] = copy ? 0 : 3; /* a value's first bytes: those of no copy lose the edge bonus */
+    else if (copy)                 /* goes on inside the word, then may close: the inside bonus */
+        c->mark[t] = c->inside && b > a ? 2 : 1;
+}
+
+int nd_copy_prior_mark(nd_copy_prior *c, const needle_model *M, int pos, const unsigned char *value,
+                       int n, const uint8_t *allowed)
+{
+    if (c->bonus == 0.0f || !c->src.n || !pos || !plain_bytes(value, n))
+        return 0;
+    int marked = 0;
+    const char *s = c->src.p;
+    size_t L = c->src.n;
+    int numeric = pos == ND_GRAM_IN_NUMBER;
+    for (size_t st = 0; st + (size_t)n < L; st++) {
+        if (!copy_start(s, st, numeric, n) || (n == 0 && (s[st] == ' ' || s[st] == '\n')))
+            continue;
+        if (memcmp(s + st, value, (size_t)n))
+            continue;
+        if (stops_inside(s + st + n, n, numeric))
+            marked += mark_prefixes(c, M, s + st + n, allowed, 2);
+        else if (n == 0 || (may_end_before(s + st + n, numeric) && joins(s + st + n)))
+            marked += mark_prefixes(c, M, s + st + n, allowed, 1);
+    }
+    return marked;
+}
+
+void nd_copy_prior_add(const nd_copy_prior *c, const uint8_t *allowed, int V, float *logits)
+{
+    if (c->bonus == 0.0f)
+        return;
+    for (int t = 0; t < V; t++)
+        if (c->mark[t] && allowed[t])
+            logits[t] += c->mark[t] == 1   ? c->edge_bonus
+                         : c->mark[t] == 2 ? c->bonus
+                                           : -c->edge_bonus;
+}

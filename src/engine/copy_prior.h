@@ -1,0 +1,85 @@
+/* The copy prior: while a call writes a string or number value, pieces
+ * that copy a span of the turn's own words get a bonus added to their
+ * logits before the grammar-masked pick.
+ *
+ * Why: a small base chooses the right tool long before it copies values
+ * reliably; its misses are values made up from words it saw in training
+ * ("DataSet1.csv" -> "puth_watchlist_eek"), cut short ("limit 33" -> 3) or
+ * run on ("8dba3a6a-..." -> "8dba6a6a6a..."). The grammar keeps a value
+ * well formed; this keeps it close to what the user said. It stays a
+ * prior: the model's own logits still choose where a value starts, where
+ * it ends, and whether it is a copy at all (dates reformatted, words the
+ * user did not say).
+ *
+ * The source is the turn's text, the system text, and the turn's text
+ * with numbers said in words written as digits and thousands separators
+ * dropped ("two hundred and ninety-six grams" -> "296 grams", "1,500" ->
+ * "1500"). A copy starts at a word's start (the byte before it is no
+ * letter or digit); a number copies a whole number of the text ("8" of
+ * "8bdf" is none). Two bonuses:
+ *
+ *  - inside: a value so far that is a copy stopping inside a word
+ *    ("6dcc" of "6dcccc96", "29" of "296"): the pieces that go on copying
+ *    (ND_COPY_INSIDE_BONUS, large: the word is not done);
+ *  - edge: where a copy may end or go on past a word's end, both the
+ *    pieces that go on copying and those that close the value get it; a
+ *    piece that writes a value's first bytes loses it when they start no
+ *    copy (relative to the rest, the same as every other piece gaining
+ *    it), so the quote alone and the quote with a copy's first bytes
+ *    stay as the model ranks them.
+ *
+ * An inside bonus of 0 is off: the decoder's picks are the model's. */
+#ifndef ND_COPY_PRIOR_H
+#define ND_COPY_PRIOR_H
+
+#include <stdint.h>
+
+#include "engine/grammar.h"
+#include "engine/model_internal.h"
+#include "text/pyjson.h"
+
+typedef struct {
+    nd_buf src;       /* the source texts, each followed by a 0 byte */
+    float bonus;      /* added to the logit of a piece that copies inside a word; 0: off */
+    float edge_bonus; /* the same where a copy may start, end, or go on past a word's end */
+    int inside;       /* the value so far is a copy that stops inside a word */
+    uint8_t *mark;    /* [V] tokens that continue a copy this step */
+} nd_copy_prior;
+
+/* The defaults, chosen on the built-in base's fine-tuned and zero-shot
+ * scores (docs/engine.md, "The copy prior"): an edge bonus past ~8 makes
+ * values run on past their end. */
+#define ND_COPY_EDGE_BONUS 6.0f
+#define ND_COPY_INSIDE_BONUS 20.0f
+
+/* The bonuses NEEDLE_COPY_PRIOR asks for: unset, the defaults; "0" or
+ * "off", none; "EDGE,INSIDE", those (each 0 .. 100). ND_EARG names the
+ * variable and its value. */
+int nd_copy_prior_setting(const char *env, float *edge, float *inside);
+/* Allocate for model M; an inside bonus of 0 makes every later call a
+ * no-op. */
+int nd_copy_prior_init(nd_copy_prior *c, const needle_model *M, float edge, float inside);
+void nd_copy_prior_free(nd_copy_prior *c);
+/* The sources of one turn (system may be NULL). */
+int nd_copy_prior_set(nd_copy_prior *c, const char *turn_text, const char *system);
+
+/* One decoding step: begin clears the marks; the grammar's walk over the
+ * vocabulary calls token for each accepted piece t (path[0..len), with
+ * inval[k] the value the call is in after k of its bytes: 0 or an
+ * ND_GRAM_IN_* kind; pre[0..npre) the value written before the piece),
+ * which marks a piece that opens or closes a value where that value is a
+ * copy; mark marks the pieces that go on copying inside the value the
+ * state is in (pos, value[0..n): nd_gram_value_pos's answer); add adds
+ * the bonus to the marked allowed logits. */
+void nd_copy_prior_begin(nd_copy_prior *c, int V, int pos, const unsigned char *value, int n);
+void nd_copy_prior_token(nd_copy_prior *c, int t, const unsigned char *pre, int npre,
+                         const unsigned char *path, int len, const signed char *inval);
+int nd_copy_prior_mark(nd_copy_prior *c, const needle_model *M, int pos, const unsigned char *value,
+                       int n, const uint8_t *allowed);
+void nd_copy_prior_add(const nd_copy_prior *c, const uint8_t *allowed, int V, float *logits);
+
+/* Write `text` with numbers said in words as digits and the thousands
+ * separators of digit groups dropped (exposed for the tests). */
+int nd_copy_numbers_as_digits(const char *text, nd_buf *out);
+
+#endif

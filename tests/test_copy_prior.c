@@ -1,0 +1,267 @@
+/* The copy prior (src/engine/copy_prior.h): numbers said in words as
+ * digits; which pieces of a small hand-made vocabulary get the bonus, and
+ * which of the two bonuses, inside a value, where a value opens and where
+ * it closes; what the grammar reports as the value being written; a bonus
+ * of 0 changes nothing. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/status.h"
+#include "engine/copy_prior.h"
+#include "engine/grammar.h"
+#include "engine/model_internal.h"
+#include "testutil.h"
+
+static void test_numbers_as_digits(void)
+{
+    static const char *const cases[][2] = {
+        {"I fed Rocky two hundred and ninety-six grams", "I fed Rocky 296 grams"},
+        {"twenty one and Twenty-One", "21 and 21"},
+        {"forty-two thousand five hundred", "42500"},
+        {"offset is twelve!", "offset is 12!"},
+        {"zero", "0"},
+        {"nineteen eighty", "19 80"},
+        {"twenty twenty", "20 20"},
+        {"one, two", "1, 2"},
+        {"someone tone", "someone tone"}, /* a number word inside a word */
+        {"two hundred and the rest", "200 and the rest"},
+        {"3 million", "3 million"}, /* digits before a scale stay as they are */
+        {"a budget of $1,500 and 12,345,678 rows", "a budget of $1500 and 12345678 rows"},
+        {"1,50 and 1,5000", "1,50 and 1,5000"}, /* not groups of three */
+        {"", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        nd_buf out = {0};
+        CHECK(nd_copy_numbers_as_digits(cases[i][0], &out) == ND_OK);
+        const char *got = out.p ? out.p : "";
+        CHECK_MSG(!strcmp(got, cases[i][1]), "\"%s\" -> \"%s\", want \"%s\"", cases[i][0], got,
+                  cases[i][1]);
+        nd_buf_free(&out);
+    }
+}
+
+/* ---- a model with a hand-made vocabulary: only what the prior reads ---- */
+
+static const char *const VOCAB[] = {
+    "2",  "29",    "296", "6",    "9", "\"",  "6}",       "\":2",     "\":6",
+    "Ro", "Rocky", "cky", "\"Ro", "8", "x",   "\",",      "ck",       "7",
+    "3",  "\":8",  "}",   "eta",  ",", " on", "\"ZETA\"", "\"ZETX\"", "ta",
+};
+enum { V = sizeof VOCAB / sizeof VOCAB[0] };
+
+static int find(const char *s)
+{
+    for (int t = 0; t < V; t++)
+        if (!strcmp(VOCAB[t], s))
+            return t;
+    fprintf(stderr, "no piece \"%s\" in the test's vocabulary\n", s);
+    abort();
+}
+
+static void build_model(needle_model *M)
+{
+    memset(M, 0, sizeof *M);
+    M->m.dims.V = V;
+    M->trie = calloc(256, sizeof *M->trie);
+    M->tok_next = malloc(V * sizeof *M->tok_next);
+    M->trie[0] = (trie_node){-1, -1, -1, 0};
+    M->n_trie = 1;
+    for (int id = 0; id < V; id++) {
+        int node = 0;
+        for (const char *p = VOCAB[id]; *p; p++) {
+            int c = M->trie[node].child;
+            while (c >= 0 && M->trie[c].byte != (unsigned char)*p)
+                c = M->trie[c].sibling;
+            if (c < 0) {
+                c = M->n_trie++;
+                M->trie[c] = (trie_node){-1, M->trie[node].child, -1, (unsigned char)*p};
+                M->trie[node].child = c;
+            }
+            node = c;
+        }
+        M->tok_next[id] = M->trie[node].tok;
+        M->trie[node].tok = id;
+    }
+}
+
+/* the bonus each piece gets: begin, mark, then token for the pieces that
+ * open or close a value (each with its own inval), then add */
+typedef struct {
+    const char *piece;
+    signed char inval[8];
+} opener;
+
+static void bonuses(nd_copy_prior *c, const needle_model *M, int pos, const char *value,
+                    const opener *ops, int nops, float *lg)
+{
+    uint8_t allowed[V];
+    memset(allowed, 1, sizeof allowed);
+    memset(lg, 0, V * sizeof *lg);
+    int n = value ? (int)strlen(value) : 0;
+    nd_copy_prior_begin(c, V, pos, (const unsigned char *)value, n);
+    for (int i = 0; i < nops; i++) {
+        int t = find(ops[i].piece);
+        nd_copy_prior_token(c, t, (const unsigned char *)value, n,
+                            (const unsigned char *)ops[i].piece, (int)strlen(ops[i].piece),
+                            ops[i].inval);
+    }
+    nd_copy_prior_mark(c, M, pos, (const unsigned char *)value, n, allowed);
+    nd_copy_prior_add(c, allowed, V, lg);
+}
+
+#define BONUS(s) lg[find(s)]
+
+static void test_marks(void)
+{
+    needle_model M;
+    build_model(&M);
+    nd_copy_prior c;
+    CHECK(nd_copy_prior_init(&c, &M, 4.0f, 20.0f) == ND_OK);
+    CHECK(nd_copy_prior_set(&c, "I fed Rocky two hundred and ninety-six grams", NULL) == ND_OK);
+    float lg[V];
+    enum { S = ND_GRAM_IN_STRING, N = ND_GRAM_IN_NUMBER };
+
+    /* "29" so far, of "296" (the turn's words as digits): inside a word */
+    const opener close6[] = {{"6}", {N, N, 0, 0}}};
+    bonuses(&c, &M, N, "29", close6, 1, lg);
+    CHECK(c.inside == 1);
+    CHECK(BONUS("6") == 20.0f);
+    CHECK(BONUS("6}") == 20.0f); /* goes on copying, then closes at the word's end */
+    CHECK(BONUS("9") == 0.0f && BONUS("2") == 0.0f && BONUS("296") == 0.0f);
+
+    /* a number opened inside a piece: ":2 starts "296", ":6 and ":8 start none */
+    const opener open[] = {{"\":2", {0, 0, 0, N}}, {"\":6", {0, 0, 0, N}}, {"\":8", {0, 0, 0, N}}};
+    bonuses(&c, &M, 0, NULL, open, 3, lg);
+    CHECK(BONUS("\":2") == 0.0f);                            /* starts a copy: keeps its logit */
+    CHECK(BONUS("\":6") == -4.0f && BONUS("\":8") == -4.0f); /* start none: lose the edge bonus */
+    CHECK(BONUS("2") == 0.0f); /* no value being written: nothing continues */
+
+    /* a string: "Ro" so far goes on inside "Rocky"; "Rocky" may end there */
+    bonuses(&c, &M, S, "Ro", NULL, 0, lg);
+    CHECK(BONUS("cky") == 20.0f && BONUS("ck") == 20.0f);
+    CHECK(BONUS("Rocky") == 0.0f && BONUS("x") == 0.0f);
+    const opener closeq[] = {{"\",", {S, 0, 0, 0}}, {"\"", {S, 0, 0, 0}}};
+    bonuses(&c, &M, S, "Rocky", closeq, 2, lg);
+    CHECK(c.inside == 0);
+    CHECK(BONUS("\",") == 4.0f && BONUS("\"") == 4.0f); /* at a word's end: the edge bonus */
+    bonuses(&c, &M, S, "Rock", closeq, 2, lg);
+    CHECK(BONUS("\"") == 0.0f); /* "Rock" is no copy that ends there */
+    const opener openq[] = {{"\"Ro", {0, S, S, S}}};
+    bonuses(&c, &M, 0, NULL, openq, 1, lg);
+    CHECK(BONUS("\"Ro") == 0.0f);
+    /* a copy starts at a word's start: "cky" alone is none */
+    bonuses(&c, &M, S, "", NULL, 0, lg);
+    CHECK(BONUS("Ro") == 4.0f && BONUS("Rocky") == 4.0f && BONUS("cky") == 0.0f);
+    /* escaped bytes are never a copy */
+    bonuses(&c, &M, S, "a\\\"", NULL, 0, lg);
+    for (int t = 0; t < V; t++)
+        CHECK(lg[t] == 0.0f);
+
+    /* numbers are whole numbers of the text: "8" of "8bdf" is none, "7"
+     * of "7012" and "3" of "3.5" are */
+    CHECK(nd_copy_prior_set(&c, "device 6dcc-8bdf-7012 at 3.5", "") == ND_OK);
+    bonuses(&c, &M, N, "", NULL, 0, lg);
+    CHECK(BONUS("8") == 0.0f && BONUS("6") == 0.0f);
+    CHECK(BONUS("7") == 4.0f && BONUS("3") == 4.0f);
+    /* "29" both ends a word ("29 and") and stops inside one ("296"): the
+     * piece that closes at once gets the edge bonus, the one that goes
+     * on inside the word first the inside bonus */
+    CHECK(nd_copy_prior_set(&c, "29 and 296", NULL) == ND_OK);
+    const opener closers[] = {{"}", {N, 0}}, {"6}", {N, N, 0}}};
+    bonuses(&c, &M, N, "29", closers, 2, lg);
+    CHECK(c.inside == 1);
+    CHECK(BONUS("}") == 4.0f && BONUS("6}") == 20.0f && BONUS("6") == 20.0f);
+    /* a string's first letter says no word yet ("Z" may become "ZETA");
+     * letters without case where a value starts or ends; a copy goes on
+     * past a word's end over a space, not over a comma and a space */
+    CHECK(nd_copy_prior_set(&c, "Let's get Zeta Corp on my list, please", NULL) == ND_OK);
+    bonuses(&c, &M, S, "Z", NULL, 0, lg);
+    CHECK(c.inside == 0 && BONUS("eta") == 0.0f);
+    bonuses(&c, &M, S, "Ze", NULL, 0, lg);
+    CHECK(c.inside == 1 && BONUS("ta") == 20.0f && BONUS("eta") == 0.0f);
+    const opener whole[] = {{"\"ZETA\"", {0, S, S, S, S, S, 0}},
+                            {"\"ZETX\"", {0, S, S, S, S, S, 0}}};
+    bonuses(&c, &M, 0, NULL, whole, 2, lg);
+    CHECK(BONUS("\"ZETA\"") == 0.0f && BONUS("\"ZETX\"") == -4.0f);
+    const opener quote[] = {{"\"", {S, 0}}};
+    bonuses(&c, &M, S, "Zeta Corp", quote, 1, lg);
+    CHECK(BONUS(" on") == 4.0f && BONUS("\"") == 4.0f);
+    bonuses(&c, &M, S, "Zeta Corp on my list", quote, 1, lg);
+    CHECK(BONUS(",") == 0.0f && BONUS("\"") == 4.0f);
+    CHECK(nd_copy_prior_set(&c, "remove ids a,b", NULL) == ND_OK); /* a list in one value */
+    bonuses(&c, &M, S, "a", quote, 1, lg);
+    CHECK(BONUS(",") == 4.0f && BONUS("\"") == 4.0f);
+    /* the system text is a source too */
+    CHECK(nd_copy_prior_set(&c, "what is my number", "my number is 296") == ND_OK);
+    bonuses(&c, &M, N, "29", NULL, 0, lg);
+    CHECK(BONUS("6") == 20.0f);
+    nd_copy_prior_free(&c);
+
+    /* a bonus of 0: no memory, no marks, the logits as they were */
+    CHECK(nd_copy_prior_init(&c, &M, 4.0f, 0.0f) == ND_OK);
+    CHECK(c.mark == NULL);
+    CHECK(nd_copy_prior_set(&c, "I fed Rocky 296 grams", NULL) == ND_OK);
+    bonuses(&c, &M, N, "29", close6, 1, lg);
+    for (int t = 0; t < V; t++)
+        CHECK(lg[t] == 0.0f);
+    nd_copy_prior_free(&c);
+    free(M.trie);
+    free(M.tok_next);
+}
+
+/* nd_gram_value_pos along a call's bytes */
+static void test_value_pos(void)
+{
+    const char *tools = "[{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":"
+                        "{\"s\":{\"type\":\"string\"},\"n\":{\"type\":\"integer\"},"
+                        "\"e\":{\"enum\":[\"ab\",\"cd\"]}}}}]";
+    nd_pj_doc *doc;
+    CHECK(nd_pj_parse(tools, strlen(tools), &doc, NULL) == 0);
+    nd_grammar *g = NULL;
+    CHECK(nd_gram_compile(nd_pj_root(doc), &g) == ND_OK);
+    nd_pj_free(doc);
+    const char *call = "[{\"name\":\"f\",\"arguments\":{\"s\":\"x\\\"y\",\"n\":-12,\"e\":\"ab\"}}]";
+    /* after each byte: S string, N number, . neither (the enum is a choice) */
+    const char *want = "..............................SSSSS......NNN............";
+    CHECK(strlen(want) == strlen(call));
+    nd_gram_state st;
+    nd_gram_init(g, &st);
+    for (size_t i = 0; call[i]; i++) {
+        CHECK(nd_gram_feed(g, &st, (unsigned char)call[i]));
+        const char *num = NULL;
+        int nlen = -1, pos = nd_gram_value_pos(&st, &num, &nlen);
+        char got = pos == ND_GRAM_IN_STRING ? 'S' : pos == ND_GRAM_IN_NUMBER ? 'N' : '.';
+        CHECK_MSG(got == want[i], "after \"%.*s\": %c, want %c", (int)i + 1, call, got, want[i]);
+        if (pos == ND_GRAM_IN_NUMBER)
+            CHECK(nlen >= 1 && !memcmp(num, "-12", (size_t)nlen));
+    }
+    CHECK(nd_gram_done(&st));
+    nd_gram_free(g);
+}
+
+static void test_setting(void)
+{
+    float e, i;
+    CHECK(nd_copy_prior_setting("", &e, &i) == ND_OK);
+    CHECK(e == ND_COPY_EDGE_BONUS && i == ND_COPY_INSIDE_BONUS);
+    CHECK(nd_copy_prior_setting(NULL, &e, &i) == ND_OK && i == ND_COPY_INSIDE_BONUS);
+    CHECK(nd_copy_prior_setting("0", &e, &i) == ND_OK && e == 0.0f && i == 0.0f);
+    CHECK(nd_copy_prior_setting("off", &e, &i) == ND_OK && e == 0.0f && i == 0.0f);
+    CHECK(nd_copy_prior_setting("2.5,30", &e, &i) == ND_OK && e == 2.5f && i == 30.0f);
+    CHECK(nd_copy_prior_setting("0,8", &e, &i) == ND_OK && e == 0.0f && i == 8.0f);
+    static const char *const bad[] = {"4", "4,", "4,0", "-1,20", "4,200", "4,20x", "on", "nan,5"};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        CHECK_MSG(nd_copy_prior_setting(bad[k], &e, &i) == ND_EARG, "'%s' accepted", bad[k]);
+        CHECK(strstr(nd_last_error(), "NEEDLE_COPY_PRIOR") != NULL);
+    }
+}
+
+int main(void)
+{
+    test_setting();
+    test_numbers_as_digits();
+    test_marks();
+    test_value_pos();
+    return tu_finish("test_copy_prior");
+}

@@ -117,7 +117,8 @@ static void test_marks(void)
     needle_model M;
     build_model(&M);
     nd_copy_prior c;
-    CHECK(nd_copy_prior_init(&c, &M, 4.0f, 20.0f) == ND_OK);
+    const float on[3] = {4.0f, 20.0f, 10.0f}; /* edge, inside, start */
+    CHECK(nd_copy_prior_init(&c, &M, on) == ND_OK);
     CHECK(nd_copy_prior_set(&c, "I fed Rocky two hundred and ninety-six grams", NULL) == ND_OK);
     float lg[V];
     enum { S = ND_GRAM_IN_STRING, N = ND_GRAM_IN_NUMBER };
@@ -133,9 +134,10 @@ static void test_marks(void)
     /* a number opened inside a piece: ":2 starts "296", ":6 and ":8 start none */
     const opener open[] = {{"\":2", {0, 0, 0, N}}, {"\":6", {0, 0, 0, N}}, {"\":8", {0, 0, 0, N}}};
     bonuses(&c, &M, 0, NULL, open, 3, lg);
-    CHECK(BONUS("\":2") == 0.0f);                            /* starts a copy: keeps its logit */
-    CHECK(BONUS("\":6") == -4.0f && BONUS("\":8") == -4.0f); /* start none: lose the edge bonus */
-    CHECK(BONUS("2") == 0.0f); /* no value being written: nothing continues */
+    CHECK(BONUS("\":2") == 0.0f); /* starts a copy: keeps its logit */
+    CHECK(BONUS("\":6") == -10.0f &&
+          BONUS("\":8") == -10.0f); /* start none: lose the start bonus */
+    CHECK(BONUS("2") == 0.0f);      /* no value being written: nothing continues */
 
     /* a string: "Ro" so far goes on inside "Rocky"; "Rocky" may end there */
     bonuses(&c, &M, S, "Ro", NULL, 0, lg);
@@ -152,7 +154,7 @@ static void test_marks(void)
     CHECK(BONUS("\"Ro") == 0.0f);
     /* a copy starts at a word's start: "cky" alone is none */
     bonuses(&c, &M, S, "", NULL, 0, lg);
-    CHECK(BONUS("Ro") == 4.0f && BONUS("Rocky") == 4.0f && BONUS("cky") == 0.0f);
+    CHECK(BONUS("Ro") == 10.0f && BONUS("Rocky") == 10.0f && BONUS("cky") == 0.0f);
     /* escaped bytes are never a copy */
     bonuses(&c, &M, S, "a\\\"", NULL, 0, lg);
     for (int t = 0; t < V; t++)
@@ -163,7 +165,7 @@ static void test_marks(void)
     CHECK(nd_copy_prior_set(&c, "device 6dcc-8bdf-7012 at 3.5", "") == ND_OK);
     bonuses(&c, &M, N, "", NULL, 0, lg);
     CHECK(BONUS("8") == 0.0f && BONUS("6") == 0.0f);
-    CHECK(BONUS("7") == 4.0f && BONUS("3") == 4.0f);
+    CHECK(BONUS("7") == 10.0f && BONUS("3") == 10.0f);
     /* "29" both ends a word ("29 and") and stops inside one ("296"): the
      * piece that closes at once gets the edge bonus, the one that goes
      * on inside the word first the inside bonus */
@@ -183,7 +185,7 @@ static void test_marks(void)
     const opener whole[] = {{"\"ZETA\"", {0, S, S, S, S, S, 0}},
                             {"\"ZETX\"", {0, S, S, S, S, S, 0}}};
     bonuses(&c, &M, 0, NULL, whole, 2, lg);
-    CHECK(BONUS("\"ZETA\"") == 0.0f && BONUS("\"ZETX\"") == -4.0f);
+    CHECK(BONUS("\"ZETA\"") == 0.0f && BONUS("\"ZETX\"") == -10.0f);
     const opener quote[] = {{"\"", {S, 0}}};
     bonuses(&c, &M, S, "Zeta Corp", quote, 1, lg);
     CHECK(BONUS(" on") == 4.0f && BONUS("\"") == 4.0f);
@@ -199,7 +201,8 @@ static void test_marks(void)
     nd_copy_prior_free(&c);
 
     /* a bonus of 0: no memory, no marks, the logits as they were */
-    CHECK(nd_copy_prior_init(&c, &M, 4.0f, 0.0f) == ND_OK);
+    const float off[3] = {4.0f, 0.0f, 10.0f};
+    CHECK(nd_copy_prior_init(&c, &M, off) == ND_OK);
     CHECK(c.mark == NULL);
     CHECK(nd_copy_prior_set(&c, "I fed Rocky 296 grams", NULL) == ND_OK);
     bonuses(&c, &M, N, "29", close6, 1, lg);
@@ -242,17 +245,21 @@ static void test_value_pos(void)
 
 static void test_setting(void)
 {
-    float e, i;
-    CHECK(nd_copy_prior_setting("", &e, &i) == ND_OK);
-    CHECK(e == ND_COPY_EDGE_BONUS && i == ND_COPY_INSIDE_BONUS);
-    CHECK(nd_copy_prior_setting(NULL, &e, &i) == ND_OK && i == ND_COPY_INSIDE_BONUS);
-    CHECK(nd_copy_prior_setting("0", &e, &i) == ND_OK && e == 0.0f && i == 0.0f);
-    CHECK(nd_copy_prior_setting("off", &e, &i) == ND_OK && e == 0.0f && i == 0.0f);
-    CHECK(nd_copy_prior_setting("2.5,30", &e, &i) == ND_OK && e == 2.5f && i == 30.0f);
-    CHECK(nd_copy_prior_setting("0,8", &e, &i) == ND_OK && e == 0.0f && i == 8.0f);
-    static const char *const bad[] = {"4", "4,", "4,0", "-1,20", "4,200", "4,20x", "on", "nan,5"};
+    float b[3];
+    CHECK(nd_copy_prior_setting("", b) == ND_OK);
+    CHECK(b[0] == ND_COPY_EDGE_BONUS && b[1] == ND_COPY_INSIDE_BONUS &&
+          b[2] == ND_COPY_START_BONUS);
+    CHECK(nd_copy_prior_setting(NULL, b) == ND_OK && b[1] == ND_COPY_INSIDE_BONUS);
+    CHECK(nd_copy_prior_setting("0", b) == ND_OK && b[0] == 0.0f && b[1] == 0.0f && b[2] == 0.0f);
+    CHECK(nd_copy_prior_setting("off", b) == ND_OK && b[1] == 0.0f);
+    CHECK(nd_copy_prior_setting("2.5,30,7", b) == ND_OK && b[0] == 2.5f && b[1] == 30.0f &&
+          b[2] == 7.0f);
+    CHECK(nd_copy_prior_setting("0,8,0", b) == ND_OK && b[0] == 0.0f && b[1] == 8.0f);
+    static const char *const bad[] = {"4",       "4,20",    "4,20,",   "4,0,6",
+                                      "-1,20,6", "4,200,6", "4,20,6x", "4,20,6,1",
+                                      "on",      "nan,5,5", ",20,6"};
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
-        CHECK_MSG(nd_copy_prior_setting(bad[k], &e, &i) == ND_EARG, "'%s' accepted", bad[k]);
+        CHECK_MSG(nd_copy_prior_setting(bad[k], b) == ND_EARG, "'%s' accepted", bad[k]);
         CHECK(strstr(nd_last_error(), "NEEDLE_COPY_PRIOR") != NULL);
     }
 }

@@ -8,6 +8,13 @@
 
 #include "core/status.h"
 
+/* what a piece gets this step (nd_copy_prior.mark): the edge bonus, the
+ * inside bonus, the start bonus (a value's first bytes that start a copy,
+ * after its quote), or the start bonus taken away (a piece that writes a
+ * value's first bytes, quote and all, that start no copy: relative to the
+ * rest, the same as every other piece gaining it) */
+enum { MARK_NONE, MARK_EDGE, MARK_INSIDE, MARK_START, MARK_NOT_START };
+
 static int is_digit(int c)
 {
     return c >= '0' && c <= '9';
@@ -23,36 +30,42 @@ static int is_alnum(int c)
     return is_digit(c) || is_alpha(c);
 }
 
-int nd_copy_prior_setting(const char *env, float *edge, float *inside)
+int nd_copy_prior_setting(const char *env, float b[3])
 {
-    *edge = ND_COPY_EDGE_BONUS;
-    *inside = ND_COPY_INSIDE_BONUS;
+    b[0] = ND_COPY_EDGE_BONUS;
+    b[1] = ND_COPY_INSIDE_BONUS;
+    b[2] = ND_COPY_START_BONUS;
     if (!env || !*env)
         return ND_OK;
     if (!strcmp(env, "0") || !strcmp(env, "off")) {
-        *edge = *inside = 0.0f;
+        b[0] = b[1] = b[2] = 0.0f;
         return ND_OK;
     }
-    char *end;
-    double e = strtod(env, &end), i = -1;
-    if (*end == ',')
-        i = strtod(end + 1, &end);
-    if (*end || !(e >= 0 && e <= 100) || !(i > 0 && i <= 100))
+    const char *p = env;
+    int ok = 1;
+    for (int i = 0; i < 3 && ok; i++) {
+        char *end;
+        double v = strtod(p, &end);
+        ok = end != p && v >= 0 && v <= 100 && *end == (i < 2 ? ',' : '\0');
+        b[i] = (float)v;
+        p = end + 1;
+    }
+    if (!ok || b[1] <= 0.0f)
         return nd_error(ND_EARG,
-                        "NEEDLE_COPY_PRIOR='%s': expected 0 (off) or EDGE,INSIDE bonuses "
-                        "(0..100, INSIDE > 0; the default is %g,%g)",
-                        env, (double)ND_COPY_EDGE_BONUS, (double)ND_COPY_INSIDE_BONUS);
-    *edge = (float)e;
-    *inside = (float)i;
+                        "NEEDLE_COPY_PRIOR='%s': expected 0 (off) or EDGE,INSIDE,START bonuses "
+                        "(each 0..100, INSIDE > 0; the default is %g,%g,%g)",
+                        env, (double)ND_COPY_EDGE_BONUS, (double)ND_COPY_INSIDE_BONUS,
+                        (double)ND_COPY_START_BONUS);
     return ND_OK;
 }
 
-int nd_copy_prior_init(nd_copy_prior *c, const needle_model *M, float edge, float inside)
+int nd_copy_prior_init(nd_copy_prior *c, const needle_model *M, const float b[3])
 {
     memset(c, 0, sizeof *c);
-    c->bonus = inside;
-    c->edge_bonus = edge;
-    if (inside == 0.0f)
+    c->edge_bonus = b[0];
+    c->bonus = b[1];
+    c->start_bonus = b[2];
+    if (c->bonus == 0.0f)
         return ND_OK;
     int V = M->m.dims.V;
     if (!(c->mark = calloc((size_t)V, 1)))
@@ -375,9 +388,9 @@ void nd_copy_prior_token(nd_copy_prior *c, int t, const unsigned char *pre, int 
     n += b - a;
     int copy = plain_bytes(v, n) && is_copy(c, v, n, kind == ND_GRAM_IN_NUMBER, closed);
     if (!in_value(inval[0]))
-        c->mark[t] = copy ? 0 : 3; /* a value's first bytes: those of no copy lose the edge bonus */
-    else if (copy)                 /* goes on inside the word, then may close: the inside bonus */
-        c->mark[t] = c->inside && b > a ? 2 : 1;
+        c->mark[t] = copy ? 0 : MARK_NOT_START; /* a value's first bytes */
+    else if (copy) /* goes on inside the word, then may close: the inside bonus */
+        c->mark[t] = c->inside && b > a ? MARK_INSIDE : MARK_EDGE;
 }
 
 int nd_copy_prior_mark(nd_copy_prior *c, const needle_model *M, int pos, const unsigned char *value,
@@ -394,10 +407,12 @@ int nd_copy_prior_mark(nd_copy_prior *c, const needle_model *M, int pos, const u
             continue;
         if (memcmp(s + st, value, (size_t)n))
             continue;
-        if (stops_inside(s + st + n, n, numeric))
-            marked += mark_prefixes(c, M, s + st + n, allowed, 2);
-        else if (n == 0 || (may_end_before(s + st + n, numeric) && joins(s + st + n)))
-            marked += mark_prefixes(c, M, s + st + n, allowed, 1);
+        if (n == 0)
+            marked += mark_prefixes(c, M, s + st, allowed, MARK_START);
+        else if (stops_inside(s + st + n, n, numeric))
+            marked += mark_prefixes(c, M, s + st + n, allowed, MARK_INSIDE);
+        else if (may_end_before(s + st + n, numeric) && joins(s + st + n))
+            marked += mark_prefixes(c, M, s + st + n, allowed, MARK_EDGE);
     }
     return marked;
 }
@@ -408,7 +423,8 @@ void nd_copy_prior_add(const nd_copy_prior *c, const uint8_t *allowed, int V, fl
         return;
     for (int t = 0; t < V; t++)
         if (c->mark[t] && allowed[t])
-            logits[t] += c->mark[t] == 1   ? c->edge_bonus
-                         : c->mark[t] == 2 ? c->bonus
-                                           : -c->edge_bonus;
+            logits[t] += c->mark[t] == MARK_EDGE     ? c->edge_bonus
+                         : c->mark[t] == MARK_INSIDE ? c->bonus
+                         : c->mark[t] == MARK_START  ? c->start_bonus
+                                                     : -c->start_bonus;
 }

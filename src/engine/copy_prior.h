@@ -16,17 +16,22 @@
  * dropped ("two hundred and ninety-six grams" -> "296 grams", "1,500" ->
  * "1500"). A copy starts at a word's start (the byte before it is no
  * letter or digit); a number copies a whole number of the text ("8" of
- * "8bdf" is none). Two bonuses:
+ * "8bdf" is none). Three bonuses:
  *
+ *  - start: a value's first bytes that start a copy, after the value's
+ *    quote; a piece that writes the quote and first bytes that start no
+ *    copy loses it (relative to the rest, the same as every other piece
+ *    gaining it), so the quote alone and the quote joined with a copy's
+ *    first bytes stay as the model ranks them. Letters are compared
+ *    without case there and where a value ends ("ZETA" for "Zeta Corp"
+ *    keeps its logit);
  *  - inside: a value so far that is a copy stopping inside a word
- *    ("6dcc" of "6dcccc96", "29" of "296"): the pieces that go on copying
- *    (ND_COPY_INSIDE_BONUS, large: the word is not done);
- *  - edge: where a copy may end or go on past a word's end, both the
- *    pieces that go on copying and those that close the value get it; a
- *    piece that writes a value's first bytes loses it when they start no
- *    copy (relative to the rest, the same as every other piece gaining
- *    it), so the quote alone and the quote with a copy's first bytes
- *    stay as the model ranks them.
+ *    ("6dcc" of "6dcccc96", "29" of "296"; a string needs two bytes to
+ *    say which word): the pieces that go on copying (large: the word is
+ *    not done);
+ *  - edge: where a copy may end, or go on past a word's end over a space
+ *    or a joining character, both the pieces that go on copying and
+ *    those that close the value.
  *
  * An inside bonus of 0 is off: the decoder's picks are the model's. */
 #ifndef ND_COPY_PRIOR_H
@@ -39,11 +44,12 @@
 #include "text/pyjson.h"
 
 typedef struct {
-    nd_buf src;       /* the source texts, each followed by a 0 byte */
-    float bonus;      /* added to the logit of a piece that copies inside a word; 0: off */
-    float edge_bonus; /* the same where a copy may start, end, or go on past a word's end */
-    int inside;       /* the value so far is a copy that stops inside a word */
-    uint8_t *mark;    /* [V] tokens that continue a copy this step */
+    nd_buf src;        /* the source texts, each followed by a 0 byte */
+    float bonus;       /* added to the logit of a piece that copies inside a word; 0: off */
+    float edge_bonus;  /* the same where a copy may end, or go on past a word's end */
+    float start_bonus; /* the same for a value's first bytes that start a copy */
+    int inside;        /* the value so far is a copy that stops inside a word */
+    uint8_t *mark;     /* [V] tokens that continue a copy this step */
 } nd_copy_prior;
 
 /* The defaults, chosen on the built-in base's fine-tuned and zero-shot
@@ -51,14 +57,16 @@ typedef struct {
  * values run on past their end. */
 #define ND_COPY_EDGE_BONUS 6.0f
 #define ND_COPY_INSIDE_BONUS 20.0f
+#define ND_COPY_START_BONUS 12.0f
 
-/* The bonuses NEEDLE_COPY_PRIOR asks for: unset, the defaults; "0" or
- * "off", none; "EDGE,INSIDE", those (each 0 .. 100). ND_EARG names the
- * variable and its value. */
-int nd_copy_prior_setting(const char *env, float *edge, float *inside);
-/* Allocate for model M; an inside bonus of 0 makes every later call a
- * no-op. */
-int nd_copy_prior_init(nd_copy_prior *c, const needle_model *M, float edge, float inside);
+/* The bonuses NEEDLE_COPY_PRIOR asks for, as b[] = {edge, inside,
+ * start}: unset, the defaults; "0" or "off", none; "EDGE,INSIDE,START",
+ * those (each 0 .. 100, INSIDE > 0). ND_EARG names the variable and its
+ * value. */
+int nd_copy_prior_setting(const char *env, float b[3]);
+/* Allocate for model M with bonuses b (nd_copy_prior_setting's); an
+ * inside bonus of 0 makes every later call a no-op. */
+int nd_copy_prior_init(nd_copy_prior *c, const needle_model *M, const float b[3]);
 void nd_copy_prior_free(nd_copy_prior *c);
 /* The sources of one turn (system may be NULL). */
 int nd_copy_prior_set(nd_copy_prior *c, const char *turn_text, const char *system);

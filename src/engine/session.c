@@ -224,9 +224,9 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
         rc = nd_error(ND_ENOMEM, "out of memory");
         goto fail;
     }
-    float edge, inside;
-    if ((rc = nd_copy_prior_setting(nd_tuning_get()->copy_prior, &edge, &inside)) ||
-        (rc = nd_copy_prior_init(&S->copy, M, edge, inside)))
+    float bonuses[3];
+    if ((rc = nd_copy_prior_setting(nd_tuning_get()->copy_prior, bonuses)) ||
+        (rc = nd_copy_prior_init(&S->copy, M, bonuses)))
         goto fail;
     int kvw = M->kv_window;
     if ((rc = kv_window_env(&kvw)) ||

@@ -338,8 +338,12 @@ void nd_copy_prior_begin(nd_copy_prior *c, int V, int pos, const unsigned char *
         return;
     memset(c->mark, 0, (size_t)V);
     c->inside = 0;
+    c->closes = 0;
     if (!pos || !c->src.n || !plain_bytes(value, n))
         return;
+    /* the pieces that close the value at once all ask this (is_copy
+     * scans the whole source): once a step */
+    c->closes = n > 0 && is_copy(c, value, n, pos == ND_GRAM_IN_NUMBER, 1);
     const char *s = c->src.p;
     int numeric = pos == ND_GRAM_IN_NUMBER;
     for (size_t st = 0; st + (size_t)n < c->src.n && !c->inside; st++)
@@ -386,7 +390,9 @@ void nd_copy_prior_token(nd_copy_prior *c, int t, const unsigned char *pre, int 
     }
     memcpy(v + n, path + a, (size_t)(b - a));
     n += b - a;
-    int copy = plain_bytes(v, n) && is_copy(c, v, n, kind == ND_GRAM_IN_NUMBER, closed);
+    int copy = closed && a == b
+                   ? c->closes
+                   : plain_bytes(v, n) && is_copy(c, v, n, kind == ND_GRAM_IN_NUMBER, closed);
     if (!in_value(inval[0]))
         c->mark[t] = copy ? 0 : MARK_NOT_START; /* a value's first bytes */
     else if (copy) /* goes on inside the word, then may close: the inside bonus */

@@ -49,6 +49,7 @@ typedef struct {
     float edge_bonus;  /* the same where a copy may end, or go on past a word's end */
     float start_bonus; /* the same for a value's first bytes that start a copy */
     int inside;        /* the value so far is a copy that stops inside a word */
+    int closes;        /* the value so far is a copy that may end here */
     uint8_t *mark;     /* [V] tokens that continue a copy this step */
 } nd_copy_prior;
 

@@ -21,6 +21,9 @@ static void test_numbers_as_digits(void)
         {"forty-two thousand five hundred", "42500"},
         {"offset is twelve!", "offset is 12!"},
         {"zero", "0"},
+        {"five hundred zero one", "500 0 1"}, /* "zero" only on its own */
+        {"two hundred and zero", "200 and 0"},
+        {"twenty,000 and eight,678", "20000 and 8678"}, /* digits from words count */
         {"nineteen eighty", "19 80"},
         {"twenty twenty", "20 20"},
         {"one, two", "1, 2"},

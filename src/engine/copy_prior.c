@@ -141,7 +141,7 @@ static int number_phrase(const char *s, long *value)
             while (is_alpha(s[pos + n + 1 + m]))
                 m++;
             long nx = word_value(s + pos + n + 1, m);
-            if (nx >= 0 && nx < 100) {
+            if (nx > 0 && nx < 100) {
                 pos += n + 1;
                 after_hundred = 0;
                 continue;
@@ -149,11 +149,15 @@ static int number_phrase(const char *s, long *value)
         }
         if (w < 0)
             break;
+        if (w == 0) { /* "zero" is a number on its own only */
+            if (!any)
+                end = pos + n;
+            any = 1;
+            break;
+        }
         if (w < 20) {
-            if (cur % 100 != 0 && !(cur % 100 >= 20 && cur % 10 == 0 && w < 10 && w > 0))
+            if (cur % 100 != 0 && !(cur % 100 >= 20 && cur % 10 == 0 && w < 10))
                 break; /* units after units or after a teen */
-            if (any && cur % 100 == 0 && cur == 0 && total == 0)
-                break;
             cur += w;
         } else if (w < 100) {
             if (cur % 100 != 0)
@@ -182,7 +186,8 @@ static int number_phrase(const char *s, long *value)
     return any ? end : 0;
 }
 
-int nd_copy_numbers_as_digits(const char *text, nd_buf *out)
+/* numbers said in words, as digits */
+static int words_as_digits(const char *text, nd_buf *out)
 {
     int rc = ND_OK;
     size_t i = 0, len = strlen(text);
@@ -195,18 +200,36 @@ int nd_copy_numbers_as_digits(const char *text, nd_buf *out)
             int k = snprintf(d, sizeof d, "%ld", v);
             rc = nd_buf_put(out, d, (size_t)k);
             i += (size_t)n;
-            continue;
-        }
-        /* "1,500" -> "1500": a comma between a digit and a group of three */
-        if (text[i] == ',' && i > 0 && is_digit(text[i - 1]) && i + 3 < len + 1 &&
-            is_digit(text[i + 1]) && is_digit(text[i + 2]) && is_digit(text[i + 3]) &&
-            !is_digit(text[i + 4])) {
+        } else {
+            rc = nd_buf_put(out, text + i, 1);
             i++;
-            continue;
         }
-        rc = nd_buf_put(out, text + i, 1);
-        i++;
     }
+    return rc;
+}
+
+/* "1,500" -> "1500": a comma between a digit and a group of three. Run
+ * after words_as_digits, so its digits count too, and a second pass finds
+ * nothing more to do (a removal only lengthens a run of digits, and a
+ * comma before a run of four or more stays). */
+static int drop_group_commas(const char *text, size_t len, nd_buf *out)
+{
+    int rc = ND_OK;
+    for (size_t i = 0; i < len && !rc; i++)
+        if (!(text[i] == ',' && i > 0 && is_digit(text[i - 1]) && i + 3 < len &&
+              is_digit(text[i + 1]) && is_digit(text[i + 2]) && is_digit(text[i + 3]) &&
+              !is_digit(text[i + 4])))
+            rc = nd_buf_put(out, text + i, 1);
+    return rc;
+}
+
+int nd_copy_numbers_as_digits(const char *text, nd_buf *out)
+{
+    nd_buf words = {0};
+    int rc = words_as_digits(text, &words);
+    if (!rc && words.n)
+        rc = drop_group_commas(words.p, words.n, out);
+    nd_buf_free(&words);
     return rc;
 }
 

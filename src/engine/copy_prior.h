@@ -87,7 +87,7 @@ int nd_copy_prior_mark(nd_copy_prior *c, const needle_model *M, int pos, const u
                        int n, const uint8_t *allowed);
 void nd_copy_prior_add(const nd_copy_prior *c, const uint8_t *allowed, int V, float *logits);
 
-/* Write `text` with numbers said in words as digits and the thousands
+/* Append `text` with numbers said in words as digits and the thousands
  * separators of digit groups dropped (exposed for the tests). */
 int nd_copy_numbers_as_digits(const char *text, nd_buf *out);
 

@@ -387,7 +387,7 @@ static int grammar_mask(needle_session *S, const nd_gram_state *st, const unsign
     const char *num;
     int nlen;
     nd_gram_copy(&S->stack[0], st);
-    inval[0] = (signed char)nd_gram_value_pos(st, &num, &nlen);
+    inval[0] = copying ? (signed char)nd_gram_value_pos(st, &num, &nlen) : 0;
     node_at[0] = M->trie[0].child;
     int d = 0;
     while (d >= 0) {
@@ -401,8 +401,10 @@ static int grammar_mask(needle_session *S, const nd_gram_state *st, const unsign
         nd_gram_copy(ns, &S->stack[d]);
         if (!nd_gram_feed(g, ns, M->trie[c].byte))
             continue;
-        path[d] = M->trie[c].byte;
-        inval[d + 1] = (signed char)nd_gram_value_pos(ns, &num, &nlen);
+        if (copying) {
+            path[d] = M->trie[c].byte;
+            inval[d + 1] = (signed char)nd_gram_value_pos(ns, &num, &nlen);
+        }
         if (M->trie[c].tok >= 0) {
             int dist = nd_gram_dist(g, ns);
             for (int t = M->trie[c].tok; t >= 0; t = M->tok_next[t]) {

@@ -8,7 +8,7 @@
 
 #include "core/status.h"
 
-/* what a piece gets this step (nd_copy_prior.mark): the edge bonus, the
+/* what a piece gets this step (nd_copy_prior.mark[]): the edge bonus, the
  * inside bonus, the start bonus (a value's first bytes that start a copy,
  * after its quote), or the start bonus taken away (a piece that writes a
  * value's first bytes, quote and all, that start no copy: relative to the
@@ -279,10 +279,10 @@ static int joins(const char *s)
 }
 
 /* mark the allowed tokens whose bytes are a prefix of s */
-static int mark_prefixes(nd_copy_prior *c, const needle_model *M, const char *s,
-                         const uint8_t *allowed, uint8_t level)
+static void mark_prefixes(nd_copy_prior *c, const needle_model *M, const char *s,
+                          const uint8_t *allowed, uint8_t level)
 {
-    int node = 0, marked = 0;
+    int node = 0;
     for (int k = 0; s[k] && k < PIECE_MAX; k++) {
         int ch = M->trie[node].child;
         while (ch >= 0 && M->trie[ch].byte != (unsigned char)s[k])
@@ -291,12 +291,9 @@ static int mark_prefixes(nd_copy_prior *c, const needle_model *M, const char *s,
             break;
         node = ch;
         for (int t = M->trie[node].tok; t >= 0; t = M->tok_next[t])
-            if (allowed[t] && c->mark[t] < level) {
+            if (allowed[t] && c->mark[t] < level)
                 c->mark[t] = level;
-                marked++;
-            }
     }
-    return marked;
 }
 
 /* whether s starts a number of at least n bytes that no letter follows
@@ -422,12 +419,11 @@ void nd_copy_prior_token(nd_copy_prior *c, int t, const unsigned char *pre, int 
         c->mark[t] = c->inside && b > a ? MARK_INSIDE : MARK_EDGE;
 }
 
-int nd_copy_prior_mark(nd_copy_prior *c, const needle_model *M, int pos, const unsigned char *value,
-                       int n, const uint8_t *allowed)
+void nd_copy_prior_mark(nd_copy_prior *c, const needle_model *M, int pos,
+                        const unsigned char *value, int n, const uint8_t *allowed)
 {
     if (c->bonus == 0.0f || !c->src.n || !pos || !plain_bytes(value, n))
-        return 0;
-    int marked = 0;
+        return;
     const char *s = c->src.p;
     size_t L = c->src.n;
     int numeric = pos == ND_GRAM_IN_NUMBER;
@@ -437,13 +433,12 @@ int nd_copy_prior_mark(nd_copy_prior *c, const needle_model *M, int pos, const u
         if (memcmp(s + st, value, (size_t)n))
             continue;
         if (n == 0)
-            marked += mark_prefixes(c, M, s + st, allowed, MARK_START);
+            mark_prefixes(c, M, s + st, allowed, MARK_START);
         else if (stops_inside(s + st + n, n, numeric))
-            marked += mark_prefixes(c, M, s + st + n, allowed, MARK_INSIDE);
+            mark_prefixes(c, M, s + st + n, allowed, MARK_INSIDE);
         else if (may_end_before(s + st + n, numeric) && joins(s + st + n))
-            marked += mark_prefixes(c, M, s + st + n, allowed, MARK_EDGE);
+            mark_prefixes(c, M, s + st + n, allowed, MARK_EDGE);
     }
-    return marked;
 }
 
 void nd_copy_prior_add(const nd_copy_prior *c, const uint8_t *allowed, int V, float *logits)

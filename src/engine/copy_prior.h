@@ -83,8 +83,8 @@ int nd_copy_prior_set(nd_copy_prior *c, const char *turn_text, const char *syste
 void nd_copy_prior_begin(nd_copy_prior *c, int V, int pos, const unsigned char *value, int n);
 void nd_copy_prior_token(nd_copy_prior *c, int t, const unsigned char *pre, int npre,
                          const unsigned char *path, int len, const signed char *inval);
-int nd_copy_prior_mark(nd_copy_prior *c, const needle_model *M, int pos, const unsigned char *value,
-                       int n, const uint8_t *allowed);
+void nd_copy_prior_mark(nd_copy_prior *c, const needle_model *M, int pos,
+                        const unsigned char *value, int n, const uint8_t *allowed);
 void nd_copy_prior_add(const nd_copy_prior *c, const uint8_t *allowed, int V, float *logits);
 
 /* Append `text` with numbers said in words as digits and the thousands

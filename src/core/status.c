@@ -8,10 +8,14 @@ static _Thread_local char nd_msg[1024];
 
 int nd_error(int code, const char *fmt, ...)
 {
+    /* formatted aside first: an argument may be the message itself
+     * (nd_error(code, "%s", nd_last_error()) keeps it, not "") */
+    char msg[sizeof nd_msg];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(nd_msg, sizeof nd_msg, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(nd_msg, msg, sizeof msg);
     return code;
 }
 

@@ -69,6 +69,7 @@ int nd_tuning_from_env(nd_tuning *t)
         {"NEEDLE_KV_WINDOW", t->kv_window, sizeof t->kv_window},
         {"NEEDLE_PREFIX_CACHE", t->prefix_cache, sizeof t->prefix_cache},
         {"NEEDLE_COPY_PRIOR", t->copy_prior, sizeof t->copy_prior},
+        {"NEEDLE_CHOICE_PRIOR", t->choice_prior, sizeof t->choice_prior},
         {"NEEDLE_PLUGIN_DIR", t->plugin_dir, sizeof t->plugin_dir},
         {"NEEDLE_GPU_PROBE", t->gpu_probe, sizeof t->gpu_probe},
         {"NEEDLE_BACKEND_DECLINE", t->backend_decline, sizeof t->backend_decline},

@@ -40,6 +40,7 @@ typedef struct nd_tuning {
     char kv_window[ND_TUNING_WORD];    /* NEEDLE_KV_WINDOW: positions a session keeps */
     char prefix_cache[ND_TUNING_WORD]; /* NEEDLE_PREFIX_CACHE: prefix cache entries */
     char copy_prior[ND_TUNING_WORD];   /* NEEDLE_COPY_PRIOR: 0, or EDGE,INSIDE bonuses */
+    char choice_prior[ND_TUNING_WORD];   /* NEEDLE_CHOICE_PRIOR: 0, or the bonus */
     /* CPU backend */
     int fwht_ref; /* NEEDLE_FWHT_REF set: plain Walsh-Hadamard, no AVX-512 */
     /* backends */

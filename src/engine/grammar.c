@@ -81,6 +81,38 @@ int nd_gram_value_pos(const nd_gram_state *s, const char **num, int *nlen)
     return 0;
 }
 
+static void range_unpack(uint64_t m, int *lo, int *hi);
+
+int nd_gram_naming(const nd_gram_state *s, uint64_t *cands)
+{
+    if (s->depth < 2 || s->f[1].kind != FR_CALL)
+        return 0;
+    const nd_gram_frame *f = &s->f[1];
+    *cands = f->phase == 0 ? ~0ull : f->phase == 1 ? f->mask : 1ull << f->cur;
+    return s->f[0].count;
+}
+
+int nd_gram_literal(const nd_grammar *g, const nd_gram_state *s, char *const **lits,
+                    const int **lens, int *lo, int *hi)
+{
+    const nd_gram_frame *f = &s->f[s->depth - 1];
+    if (f->kind != FR_LIT)
+        return 0;
+    const gnode *n = &g->nodes[f->node];
+    *lits = n->lit;
+    *lens = n->litlen;
+    range_unpack(f->mask, lo, hi);
+    return 1;
+}
+
+const char *nd_gram_tool_name(const nd_grammar *g, int i, int *len)
+{
+    if (i < 0 || i >= g->n_tools)
+        return NULL;
+    *len = g->tools[i].namelen;
+    return g->tools[i].name;
+}
+
 static uint64_t all_bits(int n)
 {
     return n >= 64 ? ~0ull : (1ull << n) - 1;

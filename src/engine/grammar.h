@@ -104,6 +104,20 @@ int nd_gram_done(const nd_gram_state *s);
  * written); else 0. */
 enum { ND_GRAM_IN_STRING = 1, ND_GRAM_IN_NUMBER, ND_GRAM_AT_VALUE };
 int nd_gram_value_pos(const nd_gram_state *s, const char **num, int *nlen);
+/* Where a call's tool name is written, for the tool prior (tool_prior.h):
+ * the number of the call the state is in (1 = the first), once its "{"
+ * is written and until its name is done, with *cands the bitmask of the
+ * grammar's tools (nd_gram_tool_name's order) the bytes so far leave;
+ * after the name (its arguments), the call's number with the one tool;
+ * 0 outside a call. */
+int nd_gram_naming(const nd_gram_state *s, uint64_t *cands);
+/* Inside an enum or const value, for the choice prior: 1, with the
+ * candidates the bytes so far leave as lits[*lo .. *hi) (JSON texts,
+ * quotes included, of lens[]); else 0. */
+int nd_gram_literal(const nd_grammar *g, const nd_gram_state *s, char *const **lits,
+                    const int **lens, int *lo, int *hi);
+/* The grammar's i-th tool's name as JSON text (quotes included). */
+const char *nd_gram_tool_name(const nd_grammar *g, int i, int *len);
 /* Fewest bytes that complete the call list from this state (known limit:
  * inside a string with a pattern, a character that has to be escaped --
  * quote, backslash, \b \f \n \r \t -- counts as one byte, not two). */

@@ -19,6 +19,7 @@
 #include "engine/heads.h"
 #include "engine/prefix_cache.h"
 #include "engine/retrieval.h"
+#include "engine/choice_prior.h"
 #include "needle.h"
 #include "text/pyjson.h"
 
@@ -41,6 +42,8 @@ struct needle_session {
     int *tokdist;
     nd_gram_state *stack;
     nd_copy_prior copy;
+    nd_choice_prior choice;
+    int choosing; /* this call step's pieces get the choice prior's bonuses */
     char err[1024];
 };
 
@@ -224,9 +227,11 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
         rc = nd_error(ND_ENOMEM, "out of memory");
         goto fail;
     }
-    float bonuses[3];
+    float bonuses[3], choice[2];
     if ((rc = nd_copy_prior_setting(nd_tuning_get()->copy_prior, bonuses)) ||
-        (rc = nd_copy_prior_init(&S->copy, M, bonuses)))
+        (rc = nd_copy_prior_init(&S->copy, M, bonuses)) ||
+        (rc = nd_choice_prior_setting(nd_tuning_get()->choice_prior, choice)) ||
+        (rc = nd_choice_prior_init(&S->choice, nd_pj_root(S->tools_doc), V, choice)))
         goto fail;
     int kvw = M->kv_window;
     if ((rc = kv_window_env(&kvw)) ||
@@ -300,6 +305,7 @@ void needle_session_free(needle_session *S)
     free(S->tokdist);
     free(S->stack);
     nd_copy_prior_free(&S->copy);
+    nd_choice_prior_free(&S->choice);
     free(S);
 }
 
@@ -379,15 +385,18 @@ static int grammar_mask(needle_session *S, const nd_gram_state *st, const unsign
     const needle_model *M = S->model;
     const nd_grammar *g = S->active;
     memset(S->allowed, 0, (size_t)M->m.dims.V);
-    int count = 0, copying = S->copy.bonus != 0.0f;
+    int count = 0, copying = S->copy.bonus != 0.0f, names, enums;
+    S->choosing = nd_choice_prior_step(&S->choice, st, &names, &enums);
     /* iterative DFS: stack[d] is the state after d bytes */
     int node_at[PIECE_MAX + 2];
     unsigned char path[PIECE_MAX + 1];
     signed char inval[PIECE_MAX + 2];
+    float litw[PIECE_MAX + 2]; /* the enum value a path writes: said 1, else 0; none -1 */
     const char *num;
     int nlen;
     nd_gram_copy(&S->stack[0], st);
     inval[0] = copying ? (signed char)nd_gram_value_pos(st, &num, &nlen) : 0;
+    litw[0] = enums ? nd_choice_prior_literal(&S->choice, g, st) : -1.0f;
     node_at[0] = M->trie[0].child;
     int d = 0;
     while (d >= 0) {
@@ -405,6 +414,10 @@ static int grammar_mask(needle_session *S, const nd_gram_state *st, const unsign
             path[d] = M->trie[c].byte;
             inval[d + 1] = (signed char)nd_gram_value_pos(ns, &num, &nlen);
         }
+        if (enums) { /* a literal's weight holds past its end */
+            float w = nd_choice_prior_literal(&S->choice, g, ns);
+            litw[d + 1] = w >= 0.0f ? w : litw[d];
+        }
         if (M->trie[c].tok >= 0) {
             int dist = nd_gram_dist(g, ns);
             for (int t = M->trie[c].tok; t >= 0; t = M->tok_next[t]) {
@@ -413,6 +426,10 @@ static int grammar_mask(needle_session *S, const nd_gram_state *st, const unsign
                 count++;
                 if (copying)
                     nd_copy_prior_token(&S->copy, t, pre, npre, path, d + 1, inval);
+                if (S->choosing)
+                    S->choice.bonus[t] =
+                        (names ? S->choice.tool_bonus * nd_choice_prior_name(&S->choice, ns) : 0) +
+                        (enums && litw[d + 1] > 0 ? S->choice.enum_bonus * litw[d + 1] : 0);
             }
         }
         if (d + 1 <= PIECE_MAX) {
@@ -760,10 +777,14 @@ static int reason(needle_session *S, turn_state *T, int think_cap)
     needle_model *M = S->model;
     int rc;
     for (;;) {
-        int t = T->gen >= think_cap ? M->id_think_end
-                                    : argmax_masked(S->logits, M->reason_ok, M->m.dims.V);
+        int t = M->id_think_end;
+        if (T->gen < think_cap) {
+            const float *lg = nd_choice_prior_reason(&S->choice, M, S->logits, M->reason_ok);
+            t = argmax_masked(lg, M->reason_ok, M->m.dims.V);
+        }
         if (t == M->id_think_end)
             break;
+        nd_choice_prior_feed(&S->choice, M, t);
         nd_idvec_push(&T->gen_reason, t);
         if ((rc = run(S, &t, 1, S->logits)))
             return rc;
@@ -820,6 +841,7 @@ static int constrained_call(needle_session *S, turn_state *T)
     int V = M->m.dims.V, closing = 2, rc, vstart = -1;
     unsigned char pb[PIECE_MAX];
     T->conf = 2.0;
+    nd_choice_prior_call(&S->choice, S->active);
     while (!nd_gram_done(&T->st)) {
         int left = T->budget - T->gen - closing;
         if (left <= 0)
@@ -842,6 +864,12 @@ static int constrained_call(needle_session *S, turn_state *T)
             if (S->allowed[i] && S->tokdist[i] > reach)
                 S->allowed[i] = 0;
         const float *lg = copy_prior(S, v, pos, vn);
+        if (S->choosing) {
+            if (lg != S->biased)
+                memcpy(S->biased, lg, (size_t)V * sizeof *S->biased);
+            nd_choice_prior_add(&S->choice, S->allowed, V, S->biased);
+            lg = S->biased;
+        }
         int t = argmax_masked(lg, S->allowed, V);
         double p = token_prob(S->logits, V, t); /* the model's own confidence */
         T->conf = p < T->conf ? p : T->conf;
@@ -991,7 +1019,8 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
     long start_evicted = S->kv.evicted;
     double t0 = now_s(), t1 = t0;
     /* 1. the new input tokens, on top of the cache; 2. generate */
-    if (!(rc = nd_copy_prior_set(&S->copy, text, S->system)) &&
+    if (!(rc = nd_choice_prior_turn(&S->choice, text)) &&
+        !(rc = nd_copy_prior_set(&S->copy, text, S->system)) &&
         !(rc = S->turn == 0 ? first_turn_input(S, text, &T) : next_turn_input(S, text, &T))) {
         t1 = now_s();
         if (!(rc = plan_budget(S, max_new_tokens, &T, &think_cap)) &&

@@ -1,0 +1,419 @@
+/* The choice prior (choice_prior.h): a bonus for the pieces that name a
+ * tool, or write an enum value, that the turn speaks of. */
+#define _POSIX_C_SOURCE 200809L
+#include "engine/choice_prior.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/status.h"
+
+/* words too common in requests and descriptions to say which tool */
+static const char *const stop_words[] = {
+    "the",   "and",     "for",    "you",       "your",   "with",   "from",  "that",  "this",
+    "can",   "could",   "would",  "will",      "please", "want",   "need",  "into",  "about",
+    "all",   "any",     "some",   "get",       "set",    "make",   "use",   "using", "via",
+    "per",   "are",     "not",    "was",       "its",    "our",    "out",   "has",   "have",
+    "had",   "what",    "which",  "who",       "how",    "when",   "where", "there", "then",
+    "also",  "just",    "like",   "let",       "give",   "thanks", "thank", "tool",  "function",
+    "given", "returns", "return", "specified", "one",
+};
+
+static int lower(int c)
+{
+    return c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c;
+}
+
+static int is_digit(int c)
+{
+    return c >= '0' && c <= '9';
+}
+
+static int is_alnum(int c)
+{
+    return is_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+/* a word worth comparing: 3+ bytes, not all digits, not a stop word */
+static int keep_word(const char *w, size_t n)
+{
+    if (n < 3 || n > 40)
+        return 0;
+    size_t digits = 0;
+    for (size_t i = 0; i < n; i++)
+        digits += is_digit((unsigned char)w[i]) != 0;
+    if (digits == n)
+        return 0;
+    for (size_t i = 0; i < sizeof stop_words / sizeof *stop_words; i++)
+        if (strlen(stop_words[i]) == n && !memcmp(stop_words[i], w, n))
+            return 0;
+    return 1;
+}
+
+/* Append the lower-cased words of s[0..len) to out, each followed by a 0
+ * byte; camelCase and letter/digit changes split a word when split_case
+ * (tool names: "getUserTracks", "v1nutrition"). */
+static int add_words(nd_buf *out, const char *s, size_t len, int split_case)
+{
+    size_t i = 0;
+    while (i < len) {
+        while (i < len && !is_alnum((unsigned char)s[i]))
+            i++;
+        size_t j = i;
+        while (j < len && is_alnum((unsigned char)s[j])) {
+            j++;
+            if (split_case && j < len) {
+                int a = (unsigned char)s[j - 1], b = (unsigned char)s[j];
+                int camel = a >= 'a' && a <= 'z' && b >= 'A' && b <= 'Z';
+                if (camel || is_digit(a) != is_digit(b))
+                    break;
+            }
+        }
+        char w[41];
+        size_t n = j - i;
+        if (keep_word(s + i, n)) {
+            for (size_t k = 0; k < n; k++)
+                w[k] = (char)lower((unsigned char)s[i + k]);
+            int rc = nd_buf_put(out, w, n);
+            if (rc || (rc = nd_buf_put(out, "", 1)))
+                return rc;
+        }
+        i = j;
+    }
+    return ND_OK;
+}
+
+/* Two words are the same word: equal, the shorter (4+ bytes) begins the
+ * longer ("park", "parking"), or they share their first 5 bytes
+ * ("watered", "watering"). */
+static int same_word(const char *a, const char *b)
+{
+    size_t k = 0;
+    while (a[k] && a[k] == b[k])
+        k++;
+    if (!a[k] && !b[k])
+        return 1;
+    return k >= 5 || (k >= 4 && (!a[k] || !b[k]));
+}
+
+int nd_choice_prior_setting(const char *env, float b[2])
+{
+    b[0] = ND_CHOICE_TOOL_BONUS;
+    b[1] = ND_CHOICE_ENUM_BONUS;
+    if (!env || !*env)
+        return ND_OK;
+    if (!strcmp(env, "0") || !strcmp(env, "off")) {
+        b[0] = b[1] = 0.0f;
+        return ND_OK;
+    }
+    const char *s = env;
+    int ok = 1;
+    for (int i = 0; i < 2 && ok; i++) {
+        char *end;
+        double v = strtod(s, &end);
+        ok = end != s && v >= 0 && v <= 100 && *end == (i == 0 ? ',' : '\0');
+        b[i] = (float)v;
+        s = end + 1;
+    }
+    if (!ok)
+        return nd_error(ND_EARG,
+                        "NEEDLE_CHOICE_PRIOR='%s': expected 0 (off) or TOOL,ENUM bonuses (each "
+                        "0..100; the default is %g,%g)",
+                        env, (double)ND_CHOICE_TOOL_BONUS, (double)ND_CHOICE_ENUM_BONUS);
+    return ND_OK;
+}
+
+static const nd_pj *tool_fields(const nd_pj *t)
+{
+    const nd_pj *fn = nd_pj_get(t, "function");
+    return fn && fn->type == ND_PJ_OBJECT && !nd_pj_get(t, "name") ? fn : t;
+}
+
+int nd_choice_prior_init(nd_choice_prior *p, const nd_pj *tools, int V, const float b[2])
+{
+    memset(p, 0, sizeof *p);
+    p->tool_bonus = b[0];
+    p->enum_bonus = b[1];
+    if (b[0] == 0.0f && b[1] == 0.0f)
+        return ND_OK;
+    int n = tools && tools->type == ND_PJ_ARRAY ? (int)tools->len : 0, rc = ND_OK;
+    p->name = calloc((size_t)(n ? n : 1), sizeof *p->name);
+    p->weight = calloc((size_t)(n ? n : 1), sizeof *p->weight);
+    p->biased = malloc((size_t)V * sizeof *p->biased);
+    p->bonus = calloc((size_t)V, sizeof *p->bonus);
+    if (!p->name || !p->weight || !p->biased || !p->bonus)
+        return nd_error(ND_ENOMEM, "out of memory");
+    p->n = n;
+    for (int i = 0; i < n && !rc; i++) {
+        const nd_pj *f = tool_fields(tools->items[i]);
+        const nd_pj *name = nd_pj_get(f, "name"), *desc = nd_pj_get(f, "description");
+        if (name && name->type == ND_PJ_STRING) {
+            if (!(p->name[i] = strndup(name->str, name->len)))
+                return nd_error(ND_ENOMEM, "out of memory");
+            rc = add_words(&p->words, name->str, name->len, 1);
+        }
+        if (!rc && desc && desc->type == ND_PJ_STRING)
+            rc = add_words(&p->words, desc->str, desc->len, 0);
+        if (!rc)
+            rc = nd_buf_put(&p->words, "", 1); /* the tool's end */
+    }
+    return rc;
+}
+
+void nd_choice_prior_free(nd_choice_prior *p)
+{
+    for (int i = 0; i < p->n; i++)
+        free(p->name[i]);
+    free(p->name);
+    free(p->weight);
+    free(p->biased);
+    free(p->bonus);
+    nd_buf_free(&p->words);
+    nd_buf_free(&p->turn);
+    nd_buf_free(&p->turn_words);
+    nd_buf_free(&p->named);
+    memset(p, 0, sizeof *p);
+}
+
+/* the word list of tool i (words 0-separated, ending with an empty one) */
+static const char *tool_words(const nd_choice_prior *p, int i)
+{
+    const char *w = p->words.p;
+    for (int k = 0; k < i; k++) {
+        while (*w)
+            w += strlen(w) + 1;
+        w++;
+    }
+    return w;
+}
+
+/* whether the word list `list` has a word that is the same word as w */
+static int has_word(const char *list, const char *w)
+{
+    for (; *list; list += strlen(list) + 1)
+        if (same_word(list, w))
+            return 1;
+    return 0;
+}
+
+/* tool i's r: its words the turn says, each 1 / (tools that have it) */
+static float tool_weight(const nd_choice_prior *p, int i)
+{
+    double r = 0;
+    const char *ws = tool_words(p, i);
+    for (const char *w = ws; *w; w += strlen(w) + 1) {
+        int repeat = 0; /* a word twice in one tool counts once */
+        for (const char *v = ws; v < w && !repeat; v += strlen(v) + 1)
+            repeat = same_word(v, w);
+        if (repeat || !has_word(p->turn_words.p, w))
+            continue;
+        int owners = 0;
+        for (int k = 0; k < p->n; k++)
+            owners += has_word(tool_words(p, k), w);
+        r += 1.0 / (owners ? owners : 1);
+    }
+    return r < 1.0 ? (float)r : 1.0f;
+}
+
+int nd_choice_prior_turn(nd_choice_prior *p, const char *text)
+{
+    p->named.n = p->turn.n = p->turn_words.n = 0;
+    p->naming = p->reasoned = p->first_call = 0;
+    if (p->tool_bonus == 0.0f && p->enum_bonus == 0.0f)
+        return ND_OK;
+    size_t len = strlen(text);
+    int rc = add_words(&p->turn_words, text, len, 0);
+    if (rc || (rc = nd_buf_put(&p->turn_words, "", 1)) || (rc = nd_buf_put(&p->turn, text, len)) ||
+        (rc = nd_buf_put(&p->turn, "", 1)))
+        return rc;
+    for (size_t i = 0; i < len; i++)
+        p->turn.p[i] = (char)lower((unsigned char)p->turn.p[i]);
+    for (int i = 0; i < p->n; i++)
+        p->weight[i] = tool_weight(p, i);
+    p->naming = p->tool_bonus != 0.0f && p->n > 0;
+    return ND_OK;
+}
+
+const float *nd_choice_prior_weights(const nd_choice_prior *p)
+{
+    return p->weight;
+}
+
+int nd_choice_prior_says(const nd_choice_prior *p, const char *lit, int len)
+{
+    if (len < 3 || lit[0] != '"' || lit[len - 1] != '"' || !p->turn.n)
+        return 0;
+    const char *v = lit + 1, *t = p->turn.p;
+    size_t n = (size_t)len - 2, tn = p->turn.n - 1;
+    int alnum = 0;
+    for (size_t i = 0; i < n; i++)
+        alnum += is_alnum((unsigned char)v[i]) != 0;
+    if (!alnum)
+        return 0;
+    /* the value as whole words of the turn, caseless */
+    for (size_t at = 0; at + n <= tn; at++) {
+        size_t k = 0;
+        while (k < n && t[at + k] == lower((unsigned char)v[k]))
+            k++;
+        if (k == n && (!at || !is_alnum((unsigned char)t[at - 1])) &&
+            (at + n == tn || !is_alnum((unsigned char)t[at + n])))
+            return 1;
+    }
+    /* a single word: matched as tool words are ("broiling" for "broil") */
+    if ((size_t)alnum != n || n < 4 || n > 40)
+        return 0;
+    char w[41];
+    for (size_t i = 0; i < n; i++)
+        w[i] = (char)lower((unsigned char)v[i]);
+    w[n] = 0;
+    return has_word(p->turn_words.p, w);
+}
+
+/* ---- the reasoning's first tool name ---- */
+
+/* The largest weight of a tool whose name the bytes named + piece t can
+ * begin (or end, when what follows the name is no name byte); -1: none. */
+static float piece_weight(const nd_choice_prior *p, const needle_model *M, int t)
+{
+    unsigned char b[PIECE_MAX];
+    int len;
+    if (!nd_piece_bytes(M->tok, t, b, &len))
+        return -1.0f;
+    int skip = 0;
+    while (!p->named.n && skip < len && b[skip] == ' ')
+        skip++; /* the answer's leading space */
+    const unsigned char *s = b + skip;
+    size_t sn = (size_t)(len - skip), done = p->named.n;
+    float best = -1.0f;
+    for (int i = 0; i < p->n; i++) {
+        const char *nm = p->name[i];
+        size_t nl = nm ? strlen(nm) : 0;
+        if (!nm || done > nl || (done && memcmp(nm, p->named.p, done)))
+            continue;
+        size_t rest = nl - done, k = sn < rest ? sn : rest;
+        if (k && memcmp(nm + done, s, k))
+            continue;
+        if (sn > rest && (is_alnum(s[rest]) || s[rest] == '_' || s[rest] == '-'))
+            continue; /* a longer name than this tool's */
+        best = p->weight[i] > best ? p->weight[i] : best;
+    }
+    return best;
+}
+
+static int argmax_allowed(const float *lg, const uint8_t *ok, int V)
+{
+    int best = -1;
+    for (int i = 0; i < V; i++)
+        if (ok[i] && (best < 0 || lg[i] > lg[best]))
+            best = i;
+    return best;
+}
+
+const float *nd_choice_prior_reason(nd_choice_prior *p, const needle_model *M, const float *logits,
+                                    const uint8_t *allowed)
+{
+    if (!p->naming)
+        return logits;
+    int V = M->m.dims.V;
+    if (!p->named.n) { /* only where the model itself begins with a name */
+        int top = argmax_allowed(logits, allowed, V);
+        if (top < 0 || piece_weight(p, M, top) < 0.0f) {
+            p->naming = 0;
+            return logits;
+        }
+    }
+    float wmax = 0.0f;
+    for (int i = 0; i < p->n; i++)
+        wmax = p->weight[i] > wmax ? p->weight[i] : wmax;
+    if (wmax == 0.0f)
+        return logits;
+    for (int t = 0; t < V; t++) {
+        float w = allowed[t] ? piece_weight(p, M, t) : -1.0f;
+        p->biased[t] = logits[t] + (w > 0.0f ? p->tool_bonus * w : 0.0f);
+    }
+    return p->biased;
+}
+
+void nd_choice_prior_feed(nd_choice_prior *p, const needle_model *M, int t)
+{
+    if (!p->naming)
+        return;
+    unsigned char b[PIECE_MAX];
+    int len = 0, skip = 0;
+    nd_piece_bytes(M->tok, t, b, &len);
+    while (!p->named.n && skip < len && b[skip] == ' ')
+        skip++;
+    if (nd_buf_put(&p->named, (const char *)b + skip, (size_t)(len - skip))) {
+        p->naming = 0;
+        return;
+    }
+    p->reasoned |= p->named.n > 0;
+    /* naming goes on while the bytes so far are the start of a longer name */
+    p->naming = 0;
+    for (int i = 0; i < p->n && !p->naming; i++)
+        p->naming = p->name[i] && strlen(p->name[i]) > p->named.n &&
+                    (!p->named.n || !memcmp(p->name[i], p->named.p, p->named.n));
+}
+
+/* ---- the call ---- */
+
+void nd_choice_prior_call(nd_choice_prior *p, const nd_grammar *g)
+{
+    memset(p->gweight, 0, sizeof p->gweight);
+    p->first_call = p->tool_bonus != 0.0f && p->n > 0 && !p->reasoned;
+    if (!p->first_call)
+        return;
+    int n = nd_gram_num_tools(g);
+    for (int i = 0; i < n && i < ND_GRAM_MAX_ALT; i++) {
+        int len;
+        const char *q = nd_gram_tool_name(g, i, &len); /* "name", quoted */
+        for (int k = 0; q && len >= 2 && k < p->n; k++)
+            if (p->name[k] && strlen(p->name[k]) == (size_t)len - 2 &&
+                !memcmp(p->name[k], q + 1, (size_t)len - 2))
+                p->gweight[i] = p->weight[k];
+    }
+}
+
+int nd_choice_prior_step(nd_choice_prior *p, const nd_gram_state *st, int *names, int *enums)
+{
+    uint64_t cands = 0;
+    int call = p->first_call ? nd_gram_naming(st, &cands) : 0;
+    if (call > 1)
+        p->first_call = 0; /* past the first call */
+    /* one tool left: every piece leads to it, nothing to weigh */
+    *names = call == 1 && (cands & (cands - 1));
+    *enums = p->enum_bonus != 0.0f && p->turn.n;
+    return *names || *enums;
+}
+
+float nd_choice_prior_name(const nd_choice_prior *p, const nd_gram_state *after)
+{
+    uint64_t cands;
+    float w = 0.0f;
+    if (nd_gram_naming(after, &cands))
+        for (int i = 0; i < ND_GRAM_MAX_ALT; i++)
+            if ((cands >> i & 1) && p->gweight[i] > w)
+                w = p->gweight[i];
+    return w;
+}
+
+float nd_choice_prior_literal(const nd_choice_prior *p, const nd_grammar *g, const nd_gram_state *s)
+{
+    char *const *lits;
+    const int *lens;
+    int lo, hi;
+    if (!nd_gram_literal(g, s, &lits, &lens, &lo, &hi))
+        return -1.0f;
+    for (int i = lo; i < hi; i++)
+        if (nd_choice_prior_says(p, lits[i], lens[i]))
+            return 1.0f;
+    return 0.0f;
+}
+
+void nd_choice_prior_add(const nd_choice_prior *p, const uint8_t *allowed, int V, float *logits)
+{
+    for (int t = 0; t < V; t++)
+        if (allowed[t])
+            logits[t] += p->bonus[t];
+}

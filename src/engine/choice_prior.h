@@ -1,0 +1,101 @@
+/* The choice prior: where the answer chooses among fixed texts (which
+ * tool to call, which value of an enum to write), the texts the turn
+ * speaks of get a bonus added to the logits of the pieces that write them.
+ *
+ * Why: a small base writes well-formed calls long before it reads a tool
+ * list reliably. Zero-shot, the built-in base answered "Brew an espresso,
+ * 3 cups" with preheat_oven while brew_coffee was listed, "place a hold
+ * on Dune" with pay_parking beside place_hold, and "start the washer,
+ * normal cycle" with cycle "quick".
+ *
+ * Tools. A tool's weight is min(1, r), r the sum over the words of its
+ * name and description that the turn says of 1 / (the number of tools
+ * with that word): a word one tool owns gives the full bonus, a word every
+ * tool has says nothing. Words are compared lower-cased, a shorter word
+ * of 4+ bytes matching the start of a longer one ("park", "parking"), 5
+ * shared first bytes matching too ("watered", "watering"). The bonus is
+ * given where the first tool is named:
+ *  - the reasoning's first words, when the model's own best first piece
+ *    begins a tool's name (the built-in base reasons "brew_coffee: ...");
+ *    it never makes the model name a tool when it would not, so it never
+ *    turns a refusal into a call;
+ *  - else the call's first name, once the model has opened a call (a model
+ *    that does not reason, or whose reasoning did not begin with a name;
+ *    after one that did, the call follows its reasoning).
+ *
+ * Enums. An enum or const string value the turn says (caseless, as whole
+ * words, or a single word matched as above: "broiling" for "broil") gets
+ * the enum bonus wherever a call writes one.
+ *
+ * Both stay priors: a model confident past the bonus keeps its pick. A
+ * bonus of 0 is off: the decoder's picks are the model's. */
+#ifndef ND_CHOICE_PRIOR_H
+#define ND_CHOICE_PRIOR_H
+
+#include <stdint.h>
+
+#include "engine/grammar.h"
+#include "engine/model_internal.h"
+#include "text/pyjson.h"
+
+typedef struct {
+    float tool_bonus; /* the full bonus of a tool; 0: off */
+    float enum_bonus; /* the bonus of an enum value the turn says; 0: off */
+    int n;            /* tools */
+    char **name;      /* [n] tool names */
+    nd_buf words;     /* each tool's words, 0-separated, a tool ending with an empty word */
+    float *weight;    /* [n] this turn's tool weights */
+    float gweight[ND_GRAM_MAX_ALT]; /* the same in the call grammar's order */
+    nd_buf turn;                    /* the turn's text, lower-cased, 0-terminated */
+    nd_buf turn_words; /* its words as add_words makes them, ending with an empty one */
+    float *biased;     /* [V] logits plus bonus (reasoning) */
+    float *bonus;      /* [V] this call step's bonus per allowed piece */
+    nd_buf named;      /* the reasoning's bytes so far while it names a tool */
+    int naming;        /* the reasoning may still be naming its first tool */
+    int reasoned;      /* the reasoning began with a tool's name this turn */
+    int first_call;    /* the call's first name may get the tool bonus */
+} nd_choice_prior;
+
+/* The defaults, chosen on the built-in base's zero-shot scores
+ * (docs/engine.md, "The choice prior"). */
+#define ND_CHOICE_TOOL_BONUS 10.0f
+#define ND_CHOICE_ENUM_BONUS 10.0f
+
+/* The bonuses NEEDLE_CHOICE_PRIOR asks for, b[] = {tool, enum}: unset,
+ * the defaults; "0" or "off", none; "TOOL,ENUM", those (each 0 .. 100).
+ * ND_EARG names the variable and its value. */
+int nd_choice_prior_setting(const char *env, float b[2]);
+/* For the tools array `tools` (entries {name, description} or
+ * {function: {...}}) and a model of V pieces. */
+int nd_choice_prior_init(nd_choice_prior *p, const nd_pj *tools, int V, const float b[2]);
+void nd_choice_prior_free(nd_choice_prior *p);
+/* A new turn: the tools' weights for its text. */
+int nd_choice_prior_turn(nd_choice_prior *p, const char *text);
+/* The tool weights of the last turn (for tests): w[0..n). */
+const float *nd_choice_prior_weights(const nd_choice_prior *p);
+/* Whether the turn says the enum value lit (JSON text of len bytes). */
+int nd_choice_prior_says(const nd_choice_prior *p, const char *lit, int len);
+
+/* Reasoning. One step: the logits the pick reads (the model's own, or
+ * with the tool bonus while the reasoning names its first tool); feed:
+ * the piece picked. */
+const float *nd_choice_prior_reason(nd_choice_prior *p, const needle_model *M, const float *logits,
+                                    const uint8_t *allowed);
+void nd_choice_prior_feed(nd_choice_prior *p, const needle_model *M, int t);
+
+/* The call (grammar g: the tools in the context). begin: the call
+ * starts; step: whether this step's pieces get bonuses (the state st is
+ * in the first call's name with more than one tool left, or the enum
+ * bonus is on), *enums whether values are weighed; name / value: the
+ * bonus of piece t from the state after it, by the tools it leaves, or
+ * by the enum value the path wrote (w: the largest said-weight of the
+ * literal candidates along the piece's bytes, -1 none); add: the bonuses
+ * to the allowed logits. */
+void nd_choice_prior_call(nd_choice_prior *p, const nd_grammar *g);
+int nd_choice_prior_step(nd_choice_prior *p, const nd_gram_state *st, int *names, int *enums);
+float nd_choice_prior_name(const nd_choice_prior *p, const nd_gram_state *after);
+float nd_choice_prior_literal(const nd_choice_prior *p, const nd_grammar *g,
+                              const nd_gram_state *s);
+void nd_choice_prior_add(const nd_choice_prior *p, const uint8_t *allowed, int V, float *logits);
+
+#endif

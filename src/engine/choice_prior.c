@@ -72,9 +72,9 @@ static int add_words(nd_buf *out, const char *s, size_t len, int split_case)
         }
         char w[41];
         size_t n = j - i;
-        if (keep_word(s + i, n)) {
-            for (size_t k = 0; k < n; k++)
-                w[k] = (char)lower((unsigned char)s[i + k]);
+        for (size_t k = 0; k < n && k < sizeof w; k++)
+            w[k] = (char)lower((unsigned char)s[i + k]);
+        if (keep_word(w, n)) { /* stop words compared lower-cased ("Get") */
             int rc = nd_buf_put(out, w, n);
             if (rc || (rc = nd_buf_put(out, "", 1)))
                 return rc;
@@ -197,7 +197,7 @@ static int has_word(const char *list, const char *w)
     return 0;
 }
 
-/* tool i's r: its words the turn says, each 1 / (tools that have it) */
+/* tool i's r: its words the turn says, each 1 / (the tools that have it) */
 static float tool_weight(const nd_choice_prior *p, int i)
 {
     double r = 0;
@@ -213,7 +213,7 @@ static float tool_weight(const nd_choice_prior *p, int i)
             owners += has_word(tool_words(p, k), w);
         r += 1.0 / (owners ? owners : 1);
     }
-    return r < 1.0 ? (float)r : 1.0f;
+    return (float)r;
 }
 
 int nd_choice_prior_turn(nd_choice_prior *p, const char *text)
@@ -229,8 +229,13 @@ int nd_choice_prior_turn(nd_choice_prior *p, const char *text)
         return rc;
     for (size_t i = 0; i < len; i++)
         p->turn.p[i] = (char)lower((unsigned char)p->turn.p[i]);
-    for (int i = 0; i < p->n; i++)
+    float rmax = 1.0f;
+    for (int i = 0; i < p->n; i++) {
         p->weight[i] = tool_weight(p, i);
+        rmax = p->weight[i] > rmax ? p->weight[i] : rmax;
+    }
+    for (int i = 0; i < p->n; i++) /* the best-said tool 1 once its r reaches 1 */
+        p->weight[i] /= rmax;
     p->naming = p->tool_bonus != 0.0f && p->n > 0;
     return ND_OK;
 }

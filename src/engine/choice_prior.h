@@ -8,11 +8,14 @@
  * on Dune" with pay_parking beside place_hold, and "start the washer,
  * normal cycle" with cycle "quick".
  *
- * Tools. A tool's weight is min(1, r), r the sum over the words of its
- * name and description that the turn says of 1 / (the number of tools
- * with that word): a word one tool owns gives the full bonus, a word every
- * tool has says nothing. Words are compared lower-cased, a shorter word
- * of 4+ bytes matching the start of a longer one ("park", "parking"), 5
+ * Tools. A tool's r is the sum over the words of its name and
+ * description that the turn says of 1 / (the number of tools with that
+ * word): a word one tool owns counts 1, a word every tool has little. Its
+ * weight is r / max(1, the largest r of the tools), so the best-said tool
+ * gets the full bonus once it has a word of its own, and a tool that
+ * shares one word of several with it gets a small part ("get user's
+ * saved shows": get-users-saved-shows 1, get-users-top-tracks 0.14). Words are compared
+ * lower-cased, a shorter word of 4+ bytes matching the start of a longer one ("park", "parking"), 5
  * shared first bytes matching too ("watered", "watering"). The bonus is
  * given where the first tool is named:
  *  - the reasoning's first words, when the model's own best first piece
@@ -44,7 +47,7 @@ typedef struct {
     int n;            /* tools */
     char **name;      /* [n] tool names */
     nd_buf words;     /* each tool's words, 0-separated, a tool ending with an empty word */
-    float *weight;    /* [n] this turn's tool weights */
+    float *weight;    /* [n] this turn's tool weights, 0 .. 1 */
     float gweight[ND_GRAM_MAX_ALT]; /* the same in the call grammar's order */
     nd_buf turn;                    /* the turn's text, lower-cased, 0-terminated */
     nd_buf turn_words; /* its words as add_words makes them, ending with an empty one */

@@ -268,6 +268,34 @@ static int stops_inside(const char *s, int n, int numeric)
     return n >= (numeric ? 1 : 2) && !may_end_before(s, numeric);
 }
 
+/* The end of the source's run of bytes at st up to a space, a quote or a
+ * line's end, less trailing punctuation ("callback." ends before the
+ * point), and whether the run is one compound value: an id, a date, a
+ * URL or an address, which has a joining character and a digit, or "://"
+ * or "@" ("8dba3a6a-07df-...", "doc_91047", "2026-01-09", "me@host"). */
+static size_t compound_end(const char *s, size_t st)
+{
+    size_t e = st;
+    int digit = 0, join = 0, url = 0;
+    while (s[e] && !strchr(" \t\n\r\"'", s[e])) {
+        digit |= is_digit((unsigned char)s[e]);
+        join |= e > st && strchr(",-_./:@+&=#", s[e]) && is_alnum((unsigned char)s[e + 1]);
+        url |= s[e] == '@' || (s[e] == ':' && s[e + 1] == '/' && s[e + 2] == '/');
+        e++;
+    }
+    while (e > st && strchr(".,;:!?)]}", s[e - 1]))
+        e--;
+    return (digit && join) || url ? e : st;
+}
+
+/* whether a string copy of src[st .. st + n) stops inside a compound
+ * value (compound_end): a joining character inside it goes on as inside
+ * a word does */
+static int inside_compound(const char *s, size_t st, int n)
+{
+    return n >= 2 && st + (size_t)n < compound_end(s, st);
+}
+
 /* whether a copy that ends a word at s may go on past it: a space, or a
  * character that joins words into one value ("2107 Channing", "a.b",
  * "x-y", "me@host", "http://", "id1,id2"), then a letter or digit; not a
@@ -368,7 +396,7 @@ void nd_copy_prior_begin(nd_copy_prior *c, int V, int pos, const unsigned char *
     int numeric = pos == ND_GRAM_IN_NUMBER;
     for (size_t st = 0; st + (size_t)n < c->src.n && !c->inside; st++)
         if (copy_start(s, st, numeric, n) && !memcmp(s + st, value, (size_t)n) &&
-            stops_inside(s + st + n, n, numeric))
+            (stops_inside(s + st + n, n, numeric) || (!numeric && inside_compound(s, st, n))))
             c->inside = 1;
 }
 
@@ -434,7 +462,7 @@ void nd_copy_prior_mark(nd_copy_prior *c, const needle_model *M, int pos,
             continue;
         if (n == 0)
             mark_prefixes(c, M, s + st, allowed, MARK_START);
-        else if (stops_inside(s + st + n, n, numeric))
+        else if (stops_inside(s + st + n, n, numeric) || (!numeric && inside_compound(s, st, n)))
             mark_prefixes(c, M, s + st + n, allowed, MARK_INSIDE);
         else if (may_end_before(s + st + n, numeric) && joins(s + st + n))
             mark_prefixes(c, M, s + st + n, allowed, MARK_EDGE);

@@ -50,6 +50,7 @@ static const char *const VOCAB[] = {
     "2",  "29",    "296", "6",    "9", "\"",  "6}",       "\":2",     "\":6",
     "Ro", "Rocky", "cky", "\"Ro", "8", "x",   "\",",      "ck",       "7",
     "3",  "\":8",  "}",   "eta",  ",", " on", "\"ZETA\"", "\"ZETX\"", "ta",
+    "-",  "-07",   "-or", ":/",
 };
 enum { V = sizeof VOCAB / sizeof VOCAB[0] };
 
@@ -197,6 +198,20 @@ static void test_marks(void)
     CHECK(nd_copy_prior_set(&c, "remove ids a,b", NULL) == ND_OK); /* a list in one value */
     bonuses(&c, &M, S, "a", quote, 1, lg);
     CHECK(BONUS(",") == 4.0f && BONUS("\"") == 4.0f);
+    /* inside a compound value (an id, a date, a URL) a joining character
+     * goes on as inside a word; a plain word's hyphen is an edge */
+    CHECK(nd_copy_prior_set(&c, "ids 8dba3a6a-07df-a097 and re-order at https://a.io/x.", NULL) ==
+          ND_OK);
+    bonuses(&c, &M, S, "8dba3a6a", NULL, 0, lg);
+    CHECK(c.inside == 1 && BONUS("-07") == 20.0f && BONUS("-") == 20.0f);
+    bonuses(&c, &M, S, "8dba3a6a-07df-a097", quote, 1, lg);
+    CHECK(c.inside == 0 && BONUS("\"") == 4.0f && BONUS("-") == 0.0f); /* its end */
+    bonuses(&c, &M, S, "re", NULL, 0, lg);
+    CHECK(c.inside == 0 && BONUS("-or") == 4.0f);
+    bonuses(&c, &M, S, "https", NULL, 0, lg);
+    CHECK(c.inside == 1 && BONUS(":/") == 20.0f);
+    bonuses(&c, &M, S, "https://a.io/x", quote, 1, lg);
+    CHECK(c.inside == 0 && BONUS("\"") == 4.0f); /* the sentence's point is no part of it */
     /* the system text is a source too */
     CHECK(nd_copy_prior_set(&c, "what is my number", "my number is 296") == ND_OK);
     bonuses(&c, &M, N, "29", NULL, 0, lg);

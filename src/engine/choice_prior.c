@@ -35,6 +35,12 @@ static int is_alnum(int c)
     return is_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
 }
 
+/* a byte that goes on a tool's name (what follows a whole name is none) */
+static int is_name_byte(int c)
+{
+    return is_alnum(c) || c == '_' || c == '-' || c == '.';
+}
+
 /* a word worth comparing: 3+ bytes, not all digits, not a stop word */
 static int keep_word(const char *w, size_t n)
 {
@@ -108,15 +114,20 @@ int nd_choice_prior_setting(const char *env, float b[2])
         return ND_OK;
     }
     const char *s = env;
+    float v[2];
     int ok = 1;
-    for (int i = 0; i < 2 && ok; i++) {
+    for (int i = 0; i < 2 && ok; i++) { /* plain decimals: no sign, space, hex or exponent */
+        size_t n = strspn(s, "0123456789.");
         char *end;
-        double v = strtod(s, &end);
-        ok = end != s && v >= 0 && v <= 100 && *end == (i == 0 ? ',' : '\0');
-        b[i] = (float)v;
-        s = end + 1;
+        double x = n ? strtod(s, &end) : -1;
+        ok = n && end == s + n && x <= 100 && *end == (i == 0 ? ',' : '\0');
+        v[i] = (float)x;
+        s += n + 1;
     }
-    if (!ok)
+    if (ok) {
+        b[0] = v[0];
+        b[1] = v[1];
+    } else
         return nd_error(ND_EARG,
                         "NEEDLE_CHOICE_PRIOR='%s': expected 0 (off) or TOOL,ENUM bonuses (each "
                         "0..100; the default is %g,%g)",
@@ -290,6 +301,8 @@ static float piece_weight(const nd_choice_prior *p, const needle_model *M, int t
         skip++; /* the answer's leading space */
     const unsigned char *s = b + skip;
     size_t sn = (size_t)(len - skip), done = p->named.n;
+    if (!sn && !done)
+        return 0.0f; /* the answer's space alone: on the way to any tool, for none */
     float best = -1.0f;
     for (int i = 0; i < p->n; i++) {
         const char *nm = p->name[i];
@@ -299,7 +312,7 @@ static float piece_weight(const nd_choice_prior *p, const needle_model *M, int t
         size_t rest = nl - done, k = sn < rest ? sn : rest;
         if (k && memcmp(nm + done, s, k))
             continue;
-        if (sn > rest && (is_alnum(s[rest]) || s[rest] == '_' || s[rest] == '-'))
+        if (sn > rest && is_name_byte(s[rest]))
             continue; /* a longer name than this tool's */
         best = p->weight[i] > best ? p->weight[i] : best;
     }
@@ -353,12 +366,19 @@ void nd_choice_prior_feed(nd_choice_prior *p, const needle_model *M, int t)
         p->naming = 0;
         return;
     }
-    p->reasoned |= p->named.n > 0;
-    /* naming goes on while the bytes so far are the start of a longer name */
+    /* naming goes on while the bytes so far are the start of a longer
+     * name; the reasoning has named a tool once they hold a whole name
+     * (then the call follows it, and its own name gets no bonus) */
     p->naming = 0;
-    for (int i = 0; i < p->n && !p->naming; i++)
-        p->naming = p->name[i] && strlen(p->name[i]) > p->named.n &&
-                    (!p->named.n || !memcmp(p->name[i], p->named.p, p->named.n));
+    for (int i = 0; i < p->n; i++) {
+        size_t nl = p->name[i] ? strlen(p->name[i]) : 0, k = p->named.n;
+        if (!nl || (k && memcmp(p->name[i], p->named.p, k < nl ? k : nl)))
+            continue;
+        if (nl > k)
+            p->naming = 1;
+        else if (nl == k || !is_name_byte((unsigned char)p->named.p[nl]))
+            p->reasoned = 1;
+    }
 }
 
 /* ---- the call ---- */

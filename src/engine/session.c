@@ -1019,7 +1019,8 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
     long start_evicted = S->kv.evicted;
     double t0 = now_s(), t1 = t0;
     /* 1. the new input tokens, on top of the cache; 2. generate */
-    if (!(rc = nd_choice_prior_turn(&S->choice, text)) &&
+    /* a tool's result is no request: no choice prior on the turn after it */
+    if (!(rc = nd_choice_prior_turn(&S->choice, S->turn == 1 ? "" : text)) &&
         !(rc = nd_copy_prior_set(&S->copy, text, S->system)) &&
         !(rc = S->turn == 0 ? first_turn_input(S, text, &T) : next_turn_input(S, text, &T))) {
         t1 = now_s();

@@ -582,6 +582,64 @@ static void test_reason(void)
 }
 
 /* nd_error with the last message as its argument keeps it */
+/* Names and enum values the grammar keeps escaped ("r\u00e9server",
+ * "say\"hi") are compared as the strings they are; a catalogue of many
+ * tools sharing words counts every owner (the words are indexed by their
+ * first bytes, not compared all with all). */
+static void test_escapes_and_catalogue(void)
+{
+    const char *tools = "[{\"name\":\"r\\u00e9server\",\"description\":\"book a table\"},"
+                        "{\"name\":\"say\\\"hi\",\"description\":\"greet\"},"
+                        "{\"name\":\"plain_tool\",\"parameters\":{\"type\":\"object\","
+                        "\"properties\":{\"mode\":{\"enum\":[\"caf\\u00e9\",\"tea\\\"pot\","
+                        "\"plain\"]}}}}]";
+    nd_pj_doc *doc;
+    CHECK(nd_pj_parse(tools, strlen(tools), &doc, NULL) == 0);
+    nd_grammar *g = NULL;
+    CHECK(nd_gram_compile(nd_pj_root(doc), &g) == ND_OK);
+    nd_choice_prior p;
+    const float on[2] = {10.0f, 10.0f};
+    CHECK(nd_choice_prior_init(&p, nd_pj_root(doc), 8, on) == ND_OK);
+    CHECK(nd_choice_prior_turn(&p, "r\xc3\xa9server une table") == ND_OK);
+    const float *w = nd_choice_prior_weights(&p);
+    CHECK(w[0] == 1.0f && w[1] == 0.0f && w[2] == 0.0f);
+    nd_choice_prior_call(&p, g);
+    CHECK(p.gweight[gram_index(g, "r\\u00e9server")] == 1.0f);
+    CHECK(nd_choice_prior_turn(&p, "greet them") == ND_OK);
+    nd_choice_prior_call(&p, g);
+    CHECK(p.gweight[gram_index(g, "say\\\"hi")] == 1.0f);
+    CHECK(nd_choice_prior_turn(&p, "a caf\xc3\xa9 and a tea\"pot") == ND_OK);
+    CHECK(says(&p, "\"caf\\u00e9\""));
+    CHECK(says(&p, "\"tea\\\"pot\""));
+    CHECK(!says(&p, "\"plain\""));
+    CHECK(!says(&p, "\"caf\\u00e\"")); /* no JSON string: never said */
+    nd_choice_prior_free(&p);
+    nd_gram_free(g);
+    nd_pj_free(doc);
+
+    /* 300 tools that all have "alpha", one that alone has "omega" */
+    nd_buf big = {0};
+    nd_buf_put(&big, "[", 1);
+    for (int i = 0; i < 300; i++) {
+        char t[96];
+        int n = snprintf(t, sizeof t, "%s{\"name\":\"tool_%d\",\"description\":\"alpha%s\"}",
+                         i ? "," : "", i, i == 7 ? " omega" : "");
+        nd_buf_put(&big, t, (size_t)n);
+    }
+    nd_buf_put(&big, "]", 1);
+    CHECK(nd_pj_parse(big.p, big.n, &doc, NULL) == 0);
+    CHECK(nd_choice_prior_init(&p, nd_pj_root(doc), 8, on) == ND_OK);
+    CHECK(nd_choice_prior_turn(&p, "alpha") == ND_OK);
+    w = nd_choice_prior_weights(&p);
+    CHECK(near(w[0], 1.0f / 300) && near(w[299], 1.0f / 300));
+    CHECK(nd_choice_prior_turn(&p, "alpha omega") == ND_OK);
+    w = nd_choice_prior_weights(&p);
+    CHECK(w[7] == 1.0f && near(w[8], 1.0f / 300 / (1.0f + 1.0f / 300)));
+    nd_choice_prior_free(&p);
+    nd_pj_free(doc);
+    nd_buf_free(&big);
+}
+
 static void test_error_alias(void)
 {
     CHECK(nd_error(ND_EARG, "first message") == ND_EARG);
@@ -598,6 +656,7 @@ int main(void)
     test_says();
     test_grammar();
     test_reason();
+    test_escapes_and_catalogue();
     test_error_alias();
     return tu_finish("test_choice_prior");
 }

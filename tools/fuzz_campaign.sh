@@ -14,7 +14,7 @@ set -u
 cd "$(dirname "$0")/.."
 RUNS=${1:-10000000}
 [ $# -gt 0 ] && shift
-TARGETS=${*:-pickle checkpoint lora cact spm_model pyjson jsonl grammar copy_prior}
+TARGETS=${*:-pickle checkpoint lora cact spm_model pyjson jsonl grammar copy_prior choice_prior}
 MAX_TIME=${MAX_TIME:-0}
 C=build-fuzz/campaign
 bad=0

@@ -3,11 +3,20 @@
 #define _POSIX_C_SOURCE 200809L
 #include "engine/choice_prior.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/status.h"
+
+/* the words of a tool that count: its name's, and its description's
+ * first (what a tool does is said first; a long description's rest would
+ * only add cost) */
+#define NAME_WORDS 16
+#define DESC_WORDS 96
+/* the most words of one bucket compared pairwise (index_words) */
+#define BUCKET_CMP 4096
 
 /* words too common in requests and descriptions to say which tool */
 static const char *const stop_words[] = {
@@ -60,10 +69,11 @@ static int keep_word(const char *w, size_t n)
 /* Append the lower-cased words of s[0..len) to out, each followed by a 0
  * byte; camelCase and letter/digit changes split a word when split_case
  * (tool names: "getUserTracks", "v1nutrition"). */
-static int add_words(nd_buf *out, const char *s, size_t len, int split_case)
+static int add_words(nd_buf *out, const char *s, size_t len, int split_case, int max_words)
 {
     size_t i = 0;
-    while (i < len) {
+    int count = 0;
+    while (i < len && count < max_words) {
         while (i < len && !is_alnum((unsigned char)s[i]))
             i++;
         size_t j = i;
@@ -81,6 +91,7 @@ static int add_words(nd_buf *out, const char *s, size_t len, int split_case)
         for (size_t k = 0; k < n && k < sizeof w; k++)
             w[k] = (char)lower((unsigned char)s[i + k]);
         if (keep_word(w, n)) { /* stop words compared lower-cased ("Get") */
+            count++;
             int rc = nd_buf_put(out, w, n);
             if (rc || (rc = nd_buf_put(out, "", 1)))
                 return rc;
@@ -141,6 +152,116 @@ static const nd_pj *tool_fields(const nd_pj *t)
     return fn && fn->type == ND_PJ_OBJECT && !nd_pj_get(t, "name") ? fn : t;
 }
 
+/* whether the word list `list` (0-separated, ending with an empty word)
+ * has a word that is the same word as w */
+static int has_word(const char *list, const char *w)
+{
+    for (; *list; list += strlen(list) + 1)
+        if (same_word(list, w))
+            return 1;
+    return 0;
+}
+
+/* Words can be the same word (same_word) only with the same first 4
+ * bytes, a 3-byte word only with itself: its 3 bytes and the 0 after
+ * them. So the 4 bytes at w are a bucket key, and words are compared
+ * within a bucket only. */
+static int key_cmp(const char *a, const char *b)
+{
+    return memcmp(a, b, 4);
+}
+
+static int tword_cmp(const void *x, const void *y)
+{
+    const nd_choice_word *a = x, *b = y;
+    int c = key_cmp(a->w, b->w);
+    return c ? c : (a->tool > b->tool) - (a->tool < b->tool);
+}
+
+static int str_key_cmp(const void *x, const void *y)
+{
+    return key_cmp(*(const char *const *)x, *(const char *const *)y);
+}
+
+/* The tools' words sorted by bucket, each with 1 / (the tools that have
+ * it), 0 for a word its tool has twice. In a bucket of more than
+ * BUCKET_CMP words (a hostile catalogue: every word "aaaa...") every word
+ * counts the bucket's tools instead, to bound the work. */
+static int index_words(nd_choice_prior *p, const size_t *ends)
+{
+    size_t nw = 0, at = 0;
+    for (size_t k = 0; k < p->words.n; k++)
+        nw += p->words.p[k] == 0;
+    p->tw = calloc(nw ? nw : 1, sizeof *p->tw);
+    if (!p->tw)
+        return nd_error(ND_ENOMEM, "out of memory");
+    for (int i = 0; i < p->n; i++)
+        for (; at < ends[i]; at += strlen(p->words.p + at) + 1)
+            p->tw[p->ntw++] = (nd_choice_word){p->words.p + at, i, 0.0f};
+    qsort(p->tw, p->ntw, sizeof *p->tw, tword_cmp);
+    for (size_t a = 0, b; a < p->ntw; a = b) {
+        for (b = a + 1; b < p->ntw && !key_cmp(p->tw[a].w, p->tw[b].w); b++)
+            ;
+        int tools = 0; /* the bucket's tools (entries sorted by tool) */
+        for (size_t k = a; k < b; k++)
+            tools += k == a || p->tw[k].tool != p->tw[k - 1].tool;
+        for (size_t k = a; k < b; k++) {
+            int repeat = 0, owners = 0, last = -1;
+            for (size_t m = k; m > a && p->tw[m - 1].tool == p->tw[k].tool && !repeat; m--)
+                repeat = same_word(p->tw[m - 1].w, p->tw[k].w);
+            if (b - a > BUCKET_CMP)
+                owners = tools;
+            else
+                for (size_t m = a; m < b; m++)
+                    if (p->tw[m].tool != last && same_word(p->tw[m].w, p->tw[k].w)) {
+                        owners++;
+                        last = p->tw[m].tool;
+                    }
+            p->tw[k].share = repeat ? 0.0f : 1.0f / (float)(owners ? owners : 1);
+        }
+    }
+    return ND_OK;
+}
+
+/* Each tool's r: its words the turn says, each 1 / (the tools that have
+ * it); the turn's words are sorted into p->said for a binary search by
+ * bucket. */
+static int tool_weights(nd_choice_prior *p)
+{
+    size_t nt = 0;
+    for (const char *w = p->turn_words.p; *w; w += strlen(w) + 1)
+        nt++;
+    const char **said = malloc((nt ? nt : 1) * sizeof *said);
+    if (!said)
+        return nd_error(ND_ENOMEM, "out of memory");
+    nt = 0;
+    for (const char *w = p->turn_words.p; *w; w += strlen(w) + 1)
+        said[nt++] = w;
+    qsort(said, nt, sizeof *said, str_key_cmp);
+    for (int i = 0; i < p->n; i++)
+        p->weight[i] = 0.0f;
+    for (size_t k = 0; k < p->ntw; k++) {
+        const nd_choice_word *e = &p->tw[k];
+        if (e->share == 0.0f)
+            continue;
+        size_t lo = 0, hi = nt; /* the first said word of e's bucket */
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (key_cmp(said[mid], e->w) < 0)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        for (; lo < nt && !key_cmp(said[lo], e->w); lo++)
+            if (same_word(said[lo], e->w)) {
+                p->weight[e->tool] += e->share;
+                break;
+            }
+    }
+    free(said);
+    return ND_OK;
+}
+
 int nd_choice_prior_init(nd_choice_prior *p, const nd_pj *tools, int V, const float b[2])
 {
     memset(p, 0, sizeof *p);
@@ -156,19 +277,25 @@ int nd_choice_prior_init(nd_choice_prior *p, const nd_pj *tools, int V, const fl
     if (!p->name || !p->weight || !p->biased || !p->bonus)
         return nd_error(ND_ENOMEM, "out of memory");
     p->n = n;
+    size_t *ends = calloc((size_t)(n ? n : 1), sizeof *ends); /* each tool's words end */
+    if (!ends)
+        return nd_error(ND_ENOMEM, "out of memory");
     for (int i = 0; i < n && !rc; i++) {
         const nd_pj *f = tool_fields(tools->items[i]);
         const nd_pj *name = nd_pj_get(f, "name"), *desc = nd_pj_get(f, "description");
         if (name && name->type == ND_PJ_STRING) {
             if (!(p->name[i] = strndup(name->str, name->len)))
-                return nd_error(ND_ENOMEM, "out of memory");
-            rc = add_words(&p->words, name->str, name->len, 1);
+                rc = nd_error(ND_ENOMEM, "out of memory");
+            else
+                rc = add_words(&p->words, name->str, name->len, 1, NAME_WORDS);
         }
         if (!rc && desc && desc->type == ND_PJ_STRING)
-            rc = add_words(&p->words, desc->str, desc->len, 0);
-        if (!rc)
-            rc = nd_buf_put(&p->words, "", 1); /* the tool's end */
+            rc = add_words(&p->words, desc->str, desc->len, 0, DESC_WORDS);
+        ends[i] = p->words.n;
     }
+    if (!rc)
+        rc = index_words(p, ends);
+    free(ends);
     return rc;
 }
 
@@ -180,51 +307,12 @@ void nd_choice_prior_free(nd_choice_prior *p)
     free(p->weight);
     free(p->biased);
     free(p->bonus);
+    free(p->tw);
     nd_buf_free(&p->words);
     nd_buf_free(&p->turn);
     nd_buf_free(&p->turn_words);
     nd_buf_free(&p->named);
     memset(p, 0, sizeof *p);
-}
-
-/* the word list of tool i (words 0-separated, ending with an empty one) */
-static const char *tool_words(const nd_choice_prior *p, int i)
-{
-    const char *w = p->words.p;
-    for (int k = 0; k < i; k++) {
-        while (*w)
-            w += strlen(w) + 1;
-        w++;
-    }
-    return w;
-}
-
-/* whether the word list `list` has a word that is the same word as w */
-static int has_word(const char *list, const char *w)
-{
-    for (; *list; list += strlen(list) + 1)
-        if (same_word(list, w))
-            return 1;
-    return 0;
-}
-
-/* tool i's r: its words the turn says, each 1 / (the tools that have it) */
-static float tool_weight(const nd_choice_prior *p, int i)
-{
-    double r = 0;
-    const char *ws = tool_words(p, i);
-    for (const char *w = ws; *w; w += strlen(w) + 1) {
-        int repeat = 0; /* a word twice in one tool counts once */
-        for (const char *v = ws; v < w && !repeat; v += strlen(v) + 1)
-            repeat = same_word(v, w);
-        if (repeat || !has_word(p->turn_words.p, w))
-            continue;
-        int owners = 0;
-        for (int k = 0; k < p->n; k++)
-            owners += has_word(tool_words(p, k), w);
-        r += 1.0 / (owners ? owners : 1);
-    }
-    return (float)r;
 }
 
 int nd_choice_prior_turn(nd_choice_prior *p, const char *text)
@@ -234,17 +322,15 @@ int nd_choice_prior_turn(nd_choice_prior *p, const char *text)
     if (p->tool_bonus == 0.0f && p->enum_bonus == 0.0f)
         return ND_OK;
     size_t len = strlen(text);
-    int rc = add_words(&p->turn_words, text, len, 0);
+    int rc = add_words(&p->turn_words, text, len, 0, INT_MAX);
     if (rc || (rc = nd_buf_put(&p->turn_words, "", 1)) || (rc = nd_buf_put(&p->turn, text, len)) ||
-        (rc = nd_buf_put(&p->turn, "", 1)))
+        (rc = nd_buf_put(&p->turn, "", 1)) || (rc = tool_weights(p)))
         return rc;
     for (size_t i = 0; i < len; i++)
         p->turn.p[i] = (char)lower((unsigned char)p->turn.p[i]);
     float rmax = 1.0f;
-    for (int i = 0; i < p->n; i++) {
-        p->weight[i] = tool_weight(p, i);
+    for (int i = 0; i < p->n; i++)
         rmax = p->weight[i] > rmax ? p->weight[i] : rmax;
-    }
     for (int i = 0; i < p->n; i++) /* the best-said tool 1 once its r reaches 1 */
         p->weight[i] /= rmax;
     p->naming = p->tool_bonus != 0.0f && p->n > 0;
@@ -256,12 +342,33 @@ const float *nd_choice_prior_weights(const nd_choice_prior *p)
     return p->weight;
 }
 
-int nd_choice_prior_says(const nd_choice_prior *p, const char *lit, int len)
+/* The string a JSON text q[0..len) is (the grammar keeps names and enum
+ * values as JSON text, escapes and all): its bytes, or NULL when it is
+ * no string. Text without a backslash is its own bytes; else decoded
+ * into *buf (the caller frees it). */
+static const char *json_string(const char *q, size_t len, size_t *n, nd_buf *buf)
 {
-    if (len < 3 || lit[0] != '"' || lit[len - 1] != '"' || !p->turn.n)
-        return 0;
-    const char *v = lit + 1, *t = p->turn.p;
-    size_t n = (size_t)len - 2, tn = p->turn.n - 1;
+    if (len < 2 || q[0] != '"' || q[len - 1] != '"')
+        return NULL;
+    if (!memchr(q, '\\', len)) {
+        *n = len - 2;
+        return q + 1;
+    }
+    nd_pj_doc *doc = NULL;
+    if (nd_pj_parse(q, len, &doc, NULL))
+        return NULL;
+    const nd_pj *v = nd_pj_root(doc);
+    int ok = v && v->type == ND_PJ_STRING && !nd_buf_put(buf, v->str, v->len);
+    *n = ok ? v->len : 0;
+    nd_pj_free(doc);
+    return ok ? (buf->p ? buf->p : "") : NULL;
+}
+
+/* whether the turn says v[0..n) (nd_choice_prior_says) */
+static int says_text(const nd_choice_prior *p, const char *v, size_t n)
+{
+    const char *t = p->turn.p;
+    size_t tn = p->turn.n - 1;
     int alnum = 0;
     for (size_t i = 0; i < n; i++)
         alnum += is_alnum((unsigned char)v[i]) != 0;
@@ -270,7 +377,7 @@ int nd_choice_prior_says(const nd_choice_prior *p, const char *lit, int len)
     /* the value as whole words of the turn, caseless */
     for (size_t at = 0; at + n <= tn; at++) {
         size_t k = 0;
-        while (k < n && t[at + k] == lower((unsigned char)v[k]))
+        while (k < n && (unsigned char)t[at + k] == lower((unsigned char)v[k]))
             k++;
         if (k == n && (!at || !is_alnum((unsigned char)t[at - 1])) &&
             (at + n == tn || !is_alnum((unsigned char)t[at + n])))
@@ -284,6 +391,16 @@ int nd_choice_prior_says(const nd_choice_prior *p, const char *lit, int len)
         w[i] = (char)lower((unsigned char)v[i]);
     w[n] = 0;
     return has_word(p->turn_words.p, w);
+}
+
+int nd_choice_prior_says(const nd_choice_prior *p, const char *lit, int len)
+{
+    nd_buf dec = {0};
+    size_t n;
+    const char *v = len > 0 && p->turn.n ? json_string(lit, (size_t)len, &n, &dec) : NULL;
+    int said = v && says_text(p, v, n);
+    nd_buf_free(&dec);
+    return said;
 }
 
 /* ---- the reasoning's first tool name ---- */
@@ -392,11 +509,14 @@ void nd_choice_prior_call(nd_choice_prior *p, const nd_grammar *g)
     int n = nd_gram_num_tools(g);
     for (int i = 0; i < n && i < ND_GRAM_MAX_ALT; i++) {
         int len;
-        const char *q = nd_gram_tool_name(g, i, &len); /* "name", quoted */
-        for (int k = 0; q && len >= 2 && k < p->n; k++)
-            if (p->name[k] && strlen(p->name[k]) == (size_t)len - 2 &&
-                !memcmp(p->name[k], q + 1, (size_t)len - 2))
+        const char *q = nd_gram_tool_name(g, i, &len); /* JSON text: "r\u00e9server" */
+        nd_buf dec = {0};
+        size_t nl = 0;
+        const char *nm = q ? json_string(q, (size_t)len, &nl, &dec) : NULL;
+        for (int k = 0; nm && k < p->n; k++)
+            if (p->name[k] && strlen(p->name[k]) == nl && !memcmp(p->name[k], nm, nl))
                 p->gweight[i] = p->weight[k];
+        nd_buf_free(&dec);
     }
 }
 

@@ -41,13 +41,22 @@
 #include "engine/model_internal.h"
 #include "text/pyjson.h"
 
+/* one word of a tool (index_words) */
 typedef struct {
-    float tool_bonus; /* the full bonus of a tool; 0: off */
-    float enum_bonus; /* the bonus of an enum value the turn says; 0: off */
-    int n;            /* tools */
-    char **name;      /* [n] tool names */
-    nd_buf words;     /* each tool's words, 0-separated, a tool ending with an empty word */
-    float *weight;    /* [n] this turn's tool weights, 0 .. 1 */
+    const char *w; /* lower-cased, 0-terminated, in nd_choice_prior.words */
+    int tool;
+    float share; /* 1 / (the tools with the same word); 0 for a word its tool has twice */
+} nd_choice_word;
+
+typedef struct {
+    float tool_bonus;   /* the full bonus of a tool; 0: off */
+    float enum_bonus;   /* the bonus of an enum value the turn says; 0: off */
+    int n;              /* tools */
+    char **name;        /* [n] tool names */
+    nd_buf words;       /* the tools' words, 0-separated */
+    nd_choice_word *tw; /* [ntw] the same, sorted by their first 4 bytes */
+    size_t ntw;
+    float *weight;                  /* [n] this turn's tool weights, 0 .. 1 */
     float gweight[ND_GRAM_MAX_ALT]; /* the same in the call grammar's order */
     nd_buf turn;                    /* the turn's text, lower-cased, 0-terminated */
     nd_buf turn_words; /* its words as add_words makes them, ending with an empty one */

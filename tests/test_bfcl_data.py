@@ -60,6 +60,12 @@ with tempfile.TemporaryDirectory() as tmp:
           "same seed, same split")
     run("convert", FIX, os.path.join(tmp, "o3"), "--categories", "simple_python", "--train", "3", ok=False)
     run("convert", tmp, os.path.join(tmp, "o4"), ok=False)  # no BFCL folder
+    # irrelevance: no answer file; every request expects no call
+    p = run("convert", FIX, os.path.join(tmp, "o5"), "--categories", "irrelevance", "--train", "0")
+    irr = lines(os.path.join(tmp, "o5", "irrelevance.jsonl"))
+    check(len(irr) == 2 and all(r["answers"] == [] for r in irr), "irrelevance: no call expected: %r" % irr)
+    check(irr[0]["query"] == "What is the capital of Peru?" and irr[0]["tools"][0]["name"] == "units.convert",
+          "irrelevance: query and tools converted")
 
     data = os.path.join(out, "simple_python.jsonl")
 

@@ -187,11 +187,15 @@ def query_of(question):
 
 def convert_category(folder, category):
     questions = read_lines(find_file(folder, category))
-    answers = {a["id"]: a["ground_truth"] for a in read_lines(find_file(os.path.join(folder, "possible_answer"), category))}
+    # the irrelevance categories have no answer file: no listed function
+    # serves the request, so the right answer is no call
+    no_call = category.endswith("irrelevance")
+    answers = {} if no_call else {a["id"]: a["ground_truth"] for a in
+                                  read_lines(find_file(os.path.join(folder, "possible_answer"), category))}
     out, skipped = [], 0
     for q in questions:
         query, system = query_of(q.get("question"))
-        gt = answers.get(q.get("id"))
+        gt = [] if no_call else answers.get(q.get("id"))
         calls = to_answers(gt) if gt is not None else None
         if query is None or calls is None:
             skipped += 1

@@ -43,7 +43,7 @@ struct needle_session {
     nd_gram_state *stack;
     nd_copy_prior copy;
     nd_choice_prior choice;
-    int choosing; /* this call step's pieces get the choice prior's bonuses */
+    int choosing; /* some allowed piece of this call step has a choice-prior bonus */
     char err[1024];
 };
 
@@ -386,7 +386,8 @@ static int grammar_mask(needle_session *S, const nd_gram_state *st, const unsign
     const nd_grammar *g = S->active;
     memset(S->allowed, 0, (size_t)M->m.dims.V);
     int count = 0, copying = S->copy.bonus != 0.0f, names, enums;
-    S->choosing = nd_choice_prior_step(&S->choice, st, &names, &enums);
+    int weighing = nd_choice_prior_step(&S->choice, st, &names, &enums);
+    S->choosing = 0; /* set once a piece gets a bonus: most steps add none */
     /* iterative DFS: stack[d] is the state after d bytes */
     int node_at[PIECE_MAX + 2];
     unsigned char path[PIECE_MAX + 1];
@@ -426,10 +427,13 @@ static int grammar_mask(needle_session *S, const nd_gram_state *st, const unsign
                 count++;
                 if (copying)
                     nd_copy_prior_token(&S->copy, t, pre, npre, path, d + 1, inval);
-                if (S->choosing)
-                    S->choice.bonus[t] =
+                if (weighing) {
+                    float b =
                         (names ? S->choice.tool_bonus * nd_choice_prior_name(&S->choice, ns) : 0) +
                         (enums && litw[d + 1] > 0 ? S->choice.enum_bonus * litw[d + 1] : 0);
+                    S->choice.bonus[t] = b;
+                    S->choosing |= b != 0.0f;
+                }
             }
         }
         if (d + 1 <= PIECE_MAX) {

@@ -13,6 +13,7 @@
 
 #include "core/status.h"
 #include "engine/choice_prior.h"
+#include "engine/reason_prior.h"
 #include "engine/grammar.h"
 #include "engine/model_internal.h"
 #include "testutil.h"
@@ -24,26 +25,38 @@ static int near(float a, float b)
 
 static void test_setting(void)
 {
-    float b[2] = {-1.0f, -1.0f};
-    CHECK(nd_choice_prior_setting(NULL, b) == ND_OK && b[0] == 10.0f && b[1] == 10.0f);
-    b[0] = b[1] = -1.0f;
-    CHECK(nd_choice_prior_setting("", b) == ND_OK && b[0] == 10.0f && b[1] == 10.0f);
+    float b[3] = {-1.0f, -1.0f, -1.0f};
+    CHECK(nd_choice_prior_setting(NULL, b) == ND_OK && b[0] == 10.0f && b[1] == 10.0f &&
+          b[2] == ND_REASON_KEY_BONUS);
+    b[0] = b[1] = b[2] = -1.0f;
+    CHECK(nd_choice_prior_setting("", b) == ND_OK && b[0] == 10.0f && b[1] == 10.0f &&
+          b[2] == ND_REASON_KEY_BONUS);
     CHECK(ND_CHOICE_TOOL_BONUS == 10.0f && ND_CHOICE_ENUM_BONUS == 10.0f);
-    CHECK(nd_choice_prior_setting("0", b) == ND_OK && b[0] == 0.0f && b[1] == 0.0f);
-    b[0] = b[1] = -1.0f;
-    CHECK(nd_choice_prior_setting("off", b) == ND_OK && b[0] == 0.0f && b[1] == 0.0f);
-    CHECK(nd_choice_prior_setting("3,7", b) == ND_OK && b[0] == 3.0f && b[1] == 7.0f);
+    CHECK(nd_choice_prior_setting("0", b) == ND_OK && b[0] == 0.0f && b[1] == 0.0f && b[2] == 0.0f);
+    b[0] = b[1] = b[2] = -1.0f;
+    CHECK(nd_choice_prior_setting("off", b) == ND_OK && b[0] == 0.0f && b[1] == 0.0f &&
+          b[2] == 0.0f);
+    /* two values leave the key bonus at its default */
+    CHECK(nd_choice_prior_setting("3,7", b) == ND_OK && b[0] == 3.0f && b[1] == 7.0f &&
+          b[2] == ND_REASON_KEY_BONUS);
     CHECK(nd_choice_prior_setting("0,2.5", b) == ND_OK && b[0] == 0.0f && b[1] == 2.5f);
     CHECK(nd_choice_prior_setting("100,0", b) == ND_OK && b[0] == 100.0f && b[1] == 0.0f);
-    static const char *const bad[] = {"abc",  "5",    "1,2,3",  "-1,2",  "101,1", "1,",
-                                      ",1",   "1,2x", "1,101",  "on",    "nan,1", "1;2",
-                                      " 3,7", "3, 7", "0x10,5", "1e1,2", "+1,2",  "."};
+    CHECK(nd_choice_prior_setting("1,2,3", b) == ND_OK && b[0] == 1.0f && b[1] == 2.0f &&
+          b[2] == 3.0f);
+    CHECK(nd_choice_prior_setting("10,10,0", b) == ND_OK && b[0] == 10.0f && b[1] == 10.0f &&
+          b[2] == 0.0f);
+    static const char *const bad[] = {"abc",  "5",      "1,2,3,4", "-1,2",  "101,1",  "1,",
+                                      ",1",   "1,2x",   "1,101",   "on",    "nan,1",  "1;2",
+                                      " 3,7", "3, 7",   "0x10,5",  "1e1,2", "+1,2",   ".",
+                                      "1,2,", "1,2,-3", "1,2,101", "1,,3",  "1,2,3x", "1,2, 3"};
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         nd_error(ND_OK, "%s", "");
+        b[2] = -1.0f;
         CHECK_MSG(nd_choice_prior_setting(bad[k], b) == ND_EARG, "'%s' accepted", bad[k]);
         CHECK_MSG(strstr(nd_last_error(), "NEEDLE_CHOICE_PRIOR") != NULL &&
                       strstr(nd_last_error(), bad[k]) != NULL,
                   "'%s': message \"%s\"", bad[k], nd_last_error());
+        CHECK(b[2] == ND_REASON_KEY_BONUS);
         CHECK(b[0] == 10.0f && b[1] == 10.0f); /* refused: the defaults, no half-read value */
     }
 }

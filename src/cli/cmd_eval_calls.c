@@ -78,7 +78,7 @@ static int put_bool(nd_buf *b, const char *key, int v, int present)
 
 /* One --predictions line. */
 static int prediction_line(nd_buf *b, const nd_call_example *e, const nd_pj *predicted,
-                           const nd_call_verdict *v)
+                           const nd_pj *reasoning, const nd_call_verdict *v)
 {
     char num[48];
     snprintf(num, sizeof num, "{\"line\":%zu,\"query\":", e->line);
@@ -93,6 +93,10 @@ static int prediction_line(nd_buf *b, const nd_call_example *e, const nd_pj *pre
         rc = PUT(b, ",\"predicted\":");
     if (!rc)
         rc = predicted ? nd_pj_dump(predicted, 1, b) : PUT(b, "null");
+    if (!rc)
+        rc = PUT(b, ",\"reasoning\":");
+    if (!rc)
+        rc = reasoning ? nd_pj_dump(reasoning, 1, b) : PUT(b, "null");
     if (!rc)
         rc = put_bool(b, ",\"expects_call\":", v->expects_call, 1);
     if (!rc)
@@ -268,13 +272,14 @@ static int run_all(needle_model *m, nd_call_set *set, const char *data, int skip
         char msg[512];
         const char *err = NULL;
         nd_pj_doc *calls_doc = NULL;
-        const nd_pj *calls = NULL;
+        const nd_pj *calls = NULL, *reasoning = NULL;
         int len = needle_session_complete(s, e->query->str, max_new, env, cap);
         if (len < 0) {
             snprintf(msg, sizeof msg, "%s", needle_session_error(s));
             err = msg;
         } else if ((calls_doc = envelope_calls(env, len, &err, msg, sizeof msg))) {
             calls = nd_pj_get(nd_pj_root(calls_doc), "function_calls");
+            reasoning = nd_pj_get(nd_pj_root(calls_doc), "reasoning");
         }
         if (!calls && !err)
             err = "the envelope has no function_calls";
@@ -294,7 +299,7 @@ static int run_all(needle_model *m, nd_call_set *set, const char *data, int skip
             nd_callscore_add(&r->t, &v);
             if (pred) {
                 nd_buf line = {0};
-                int rc = prediction_line(&line, e, calls, &v);
+                int rc = prediction_line(&line, e, calls, reasoning, &v);
                 if (!rc)
                     rc = nd_atomic_write(pred, line.p, line.n);
                 nd_buf_free(&line);
@@ -353,7 +358,8 @@ int cli_eval_calls(int argc, char **argv)
          "score only the first N examples", 0, 0},
         {"--predictions", CLI_PATH, &pred_path, 0, 0, "PATH", NULL,
          "write one JSON line per example: line, query, expected, predicted (null without an "
-         "answer), expects_call, valid, tool_name, exact_args, refusal (null on call examples), "
+         "answer), reasoning, expects_call, valid, tool_name, exact_args, refusal (null on call "
+         "examples), "
          "false_refusal (null on no-call examples), error",
          0, 0},
         {"--skip-bad", CLI_FLAG, &skip_bad, 0, 0, NULL, NULL,

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/status.h"
+#include "engine/reason_prior.h"
 
 /* the words of a tool that count: its name's, and its description's
  * first (what a tool does is said first; a long description's rest would
@@ -114,36 +115,39 @@ static int same_word(const char *a, const char *b)
     return k >= 5 || (k >= 4 && (!a[k] || !b[k]));
 }
 
-int nd_choice_prior_setting(const char *env, float b[2])
+int nd_choice_prior_setting(const char *env, float b[3])
 {
     b[0] = ND_CHOICE_TOOL_BONUS;
     b[1] = ND_CHOICE_ENUM_BONUS;
+    b[2] = ND_REASON_KEY_BONUS;
     if (!env || !*env)
         return ND_OK;
     if (!strcmp(env, "0") || !strcmp(env, "off")) {
-        b[0] = b[1] = 0.0f;
+        b[0] = b[1] = b[2] = 0.0f;
         return ND_OK;
     }
     const char *s = env;
-    float v[2];
-    int ok = 1;
-    for (int i = 0; i < 2 && ok; i++) { /* plain decimals: no sign, space, hex or exponent */
+    float v[3] = {0, 0, ND_REASON_KEY_BONUS};
+    int ok = 1, i = 0;
+    for (; i < 3 && ok; i++) { /* plain decimals: no sign, space, hex or exponent */
         size_t n = strspn(s, "0123456789.");
         char *end;
         double x = n ? strtod(s, &end) : -1;
-        ok = n && end == s + n && x <= 100 && *end == (i == 0 ? ',' : '\0');
+        ok = n && end == s + n && x <= 100 && (*end == ',' ? i < 2 : !*end && i >= 1);
         v[i] = (float)x;
+        if (ok && !*end)
+            break;
         s += n + 1;
     }
     if (ok) {
-        b[0] = v[0];
-        b[1] = v[1];
-    } else
-        return nd_error(ND_EARG,
-                        "NEEDLE_CHOICE_PRIOR='%s': expected 0 (off) or TOOL,ENUM bonuses (each "
-                        "0..100; the default is %g,%g)",
-                        env, (double)ND_CHOICE_TOOL_BONUS, (double)ND_CHOICE_ENUM_BONUS);
-    return ND_OK;
+        memcpy(b, v, sizeof v);
+        return ND_OK;
+    }
+    return nd_error(ND_EARG,
+                    "NEEDLE_CHOICE_PRIOR='%s': expected 0 (off) or TOOL,ENUM[,KEY] bonuses (each "
+                    "0..100; the default is %g,%g,%g)",
+                    env, (double)ND_CHOICE_TOOL_BONUS, (double)ND_CHOICE_ENUM_BONUS,
+                    (double)ND_REASON_KEY_BONUS);
 }
 
 static const nd_pj *tool_fields(const nd_pj *t)

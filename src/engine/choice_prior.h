@@ -73,10 +73,12 @@ typedef struct {
 #define ND_CHOICE_TOOL_BONUS 10.0f
 #define ND_CHOICE_ENUM_BONUS 10.0f
 
-/* The bonuses NEEDLE_CHOICE_PRIOR asks for, b[] = {tool, enum}: unset,
- * the defaults; "0" or "off", none; "TOOL,ENUM", those (each 0 .. 100).
- * ND_EARG names the variable and its value. */
-int nd_choice_prior_setting(const char *env, float b[2]);
+/* The bonuses NEEDLE_CHOICE_PRIOR asks for, b[] = {tool, enum, key}
+ * (key: the reasoning prior's argument names, reason_prior.h): unset,
+ * the defaults; "0" or "off", none; "TOOL,ENUM" or "TOOL,ENUM,KEY",
+ * those (each 0 .. 100; KEY left out, its default). ND_EARG names the
+ * variable and its value. */
+int nd_choice_prior_setting(const char *env, float b[3]);
 /* For the tools array `tools` (entries {name, description} or
  * {function: {...}}) and a model of V pieces. */
 int nd_choice_prior_init(nd_choice_prior *p, const nd_pj *tools, int V, const float b[2]);

@@ -77,6 +77,7 @@ void nd_copy_prior_free(nd_copy_prior *c)
 {
     nd_buf_free(&c->src);
     free(c->mark);
+    free(c->taken);
     memset(c, 0, sizeof *c);
 }
 
@@ -238,6 +239,8 @@ int nd_copy_prior_set(nd_copy_prior *c, const char *turn_text, const char *syste
     if (c->bonus == 0.0f)
         return ND_OK;
     c->src.n = 0;
+    free(c->taken);
+    c->taken = NULL;
     int rc = nd_buf_put(&c->src, turn_text, strlen(turn_text) + 1);
     if (!rc && system)
         rc = nd_buf_put(&c->src, system, strlen(system) + 1);
@@ -248,6 +251,8 @@ int nd_copy_prior_set(nd_copy_prior *c, const char *turn_text, const char *syste
             rc = nd_buf_put(&c->src, digits.p, digits.n + 1);
         nd_buf_free(&digits);
     }
+    if (!rc && !(c->taken = calloc(c->src.n + 1, 1)))
+        rc = ND_ENOMEM;
     return rc ? nd_error(rc, "copy prior: out of memory") : ND_OK;
 }
 
@@ -350,9 +355,10 @@ static int same_nocase(const char *s, const unsigned char *v, int n)
 
 /* whether a copy may start at s[st]: a word's start (for a number, a
  * whole number of at least n bytes) */
-static int copy_start(const char *s, size_t st, int numeric, int n)
+static int copy_start(const nd_copy_prior *c, size_t st, int numeric, int n)
 {
-    if (!s[st] || (st > 0 && is_alnum((unsigned char)s[st - 1])))
+    const char *s = c->src.p;
+    if (!s[st] || (st > 0 && is_alnum((unsigned char)s[st - 1])) || (c->taken && c->taken[st]))
         return 0;
     return !numeric || number_span(s + st, n);
 }
@@ -366,7 +372,7 @@ static int is_copy(const nd_copy_prior *c, const unsigned char *v, int n, int nu
     const char *s = c->src.p;
     size_t L = c->src.n;
     for (size_t st = 0; st + (size_t)n < L; st++)
-        if (copy_start(s, st, numeric, n) && same_nocase(s + st, v, n) &&
+        if (copy_start(c, st, numeric, n) && same_nocase(s + st, v, n) &&
             (!closed || may_end_before(s + st + n, numeric)))
             return 1;
     return 0;
@@ -395,7 +401,7 @@ void nd_copy_prior_begin(nd_copy_prior *c, int V, int pos, const unsigned char *
     const char *s = c->src.p;
     int numeric = pos == ND_GRAM_IN_NUMBER;
     for (size_t st = 0; st + (size_t)n < c->src.n && !c->inside; st++)
-        if (copy_start(s, st, numeric, n) && !memcmp(s + st, value, (size_t)n) &&
+        if (copy_start(c, st, numeric, n) && !memcmp(s + st, value, (size_t)n) &&
             (stops_inside(s + st + n, n, numeric) || (!numeric && inside_compound(s, st, n))))
             c->inside = 1;
 }
@@ -456,7 +462,7 @@ void nd_copy_prior_mark(nd_copy_prior *c, const needle_model *M, int pos,
     size_t L = c->src.n;
     int numeric = pos == ND_GRAM_IN_NUMBER;
     for (size_t st = 0; st + (size_t)n < L; st++) {
-        if (!copy_start(s, st, numeric, n) || (n == 0 && (s[st] == ' ' || s[st] == '\n')))
+        if (!copy_start(c, st, numeric, n) || (n == 0 && (s[st] == ' ' || s[st] == '\n')))
             continue;
         if (memcmp(s + st, value, (size_t)n))
             continue;
@@ -479,4 +485,27 @@ void nd_copy_prior_add(const nd_copy_prior *c, const uint8_t *allowed, int V, fl
                          : c->mark[t] == MARK_INSIDE ? c->bonus
                          : c->mark[t] == MARK_START  ? c->start_bonus
                                                      : -c->start_bonus;
+}
+
+void nd_copy_prior_take(nd_copy_prior *c, const unsigned char *v, int n, int numeric)
+{
+    if (c->bonus == 0.0f || !c->taken || n <= 0 || !plain_bytes(v, n))
+        return;
+    const char *s = c->src.p;
+    size_t L = c->src.n, text_end = 0;
+    for (size_t st = 0; st + (size_t)n < L; st++) {
+        if (st < text_end)
+            continue; /* this source text has given its span */
+        if (copy_start(c, st, numeric, n) && same_nocase(s + st, v, n) &&
+            may_end_before(s + st + n, numeric)) {
+            c->taken[st] = 1;
+            text_end = st + strlen(s + st); /* on to the next text */
+        }
+    }
+}
+
+void nd_copy_prior_untake(nd_copy_prior *c)
+{
+    if (c->taken)
+        memset(c->taken, 0, c->src.n + 1);
 }

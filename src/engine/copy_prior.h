@@ -51,6 +51,7 @@ typedef struct {
     int inside;        /* the value so far is a copy that stops inside a word */
     int closes;        /* the value so far is a copy that may end here */
     uint8_t *mark;     /* [V] tokens that continue a copy this step */
+    uint8_t *taken;    /* [src.n] a copy starting there was written already (take) */
 } nd_copy_prior;
 
 /* The defaults, chosen on the built-in base's fine-tuned and zero-shot
@@ -86,6 +87,13 @@ void nd_copy_prior_token(nd_copy_prior *c, int t, const unsigned char *pre, int 
 void nd_copy_prior_mark(nd_copy_prior *c, const needle_model *M, int pos,
                         const unsigned char *value, int n, const uint8_t *allowed);
 void nd_copy_prior_add(const nd_copy_prior *c, const uint8_t *allowed, int V, float *logits);
+
+/* A value v[0..n) is written: the first span of each source text it
+ * copies no longer starts a copy (until untake), so the next value is
+ * copied from other words. Why: a plan's arguments copy different words
+ * of the request ("zone 7702 for one hour": hours is not 7702 again). */
+void nd_copy_prior_take(nd_copy_prior *c, const unsigned char *v, int n, int numeric);
+void nd_copy_prior_untake(nd_copy_prior *c);
 
 /* Append `text` with numbers said in words as digits and the thousands
  * separators of digit groups dropped (exposed for the tests). */

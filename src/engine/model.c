@@ -47,7 +47,7 @@ int nd_piece_bytes(const nd_tokenizer *t, int id, unsigned char *out, int *len)
     return n > 0;
 }
 
-static int build_trie(needle_model *M)
+int nd_model_build_trie(needle_model *M)
 {
     int V = M->m.dims.V;
     int cap = 4 * V + 1;
@@ -169,7 +169,7 @@ static needle_model *load_parsed(cact_file *f, int quant)
     }
     int think;
     nd_idvec tmp = {0};
-    if ((rc = nd_cact_tokenizer(f, &M->tok)) || (rc = build_trie(M)) ||
+    if ((rc = nd_cact_tokenizer(f, &M->tok)) || (rc = nd_model_build_trie(M)) ||
         (rc = marker(M, "<|im_end|>", &M->id_im_end)) ||
         (rc = marker(M, "</think>", &M->id_think_end)) || (rc = marker(M, "<think>", &think)) ||
         (rc = marker(M, "</tool_call>", &M->id_tool_call_end)) ||

@@ -109,5 +109,8 @@ int nd_head3_run(const struct needle_model *M, const nd_qhead3 *h, const int32_t
 /* the bytes a token stands for (U+2581 as ' ', byte pieces as their byte);
  * 0 for control and unknown pieces */
 int nd_piece_bytes(const nd_tokenizer *t, int id, unsigned char *out, int *len);
+/* The vocabulary's byte trie, tok_next and reason_ok, from M->tok and
+ * M->m.dims.V (the load does this; exposed for the tests). */
+int nd_model_build_trie(needle_model *M);
 
 #endif

@@ -20,6 +20,7 @@
 #include "engine/prefix_cache.h"
 #include "engine/retrieval.h"
 #include "engine/choice_prior.h"
+#include "engine/reason_prior.h"
 #include "needle.h"
 #include "text/pyjson.h"
 
@@ -43,6 +44,7 @@ struct needle_session {
     nd_gram_state *stack;
     nd_copy_prior copy;
     nd_choice_prior choice;
+    nd_reason_prior reason;
     int choosing; /* some allowed piece of this call step has a choice-prior bonus */
     char err[1024];
 };
@@ -227,11 +229,13 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
         rc = nd_error(ND_ENOMEM, "out of memory");
         goto fail;
     }
-    float bonuses[3], choice[2];
+    float bonuses[3], choice[3];
     if ((rc = nd_copy_prior_setting(nd_tuning_get()->copy_prior, bonuses)) ||
         (rc = nd_copy_prior_init(&S->copy, M, bonuses)) ||
         (rc = nd_choice_prior_setting(nd_tuning_get()->choice_prior, choice)) ||
-        (rc = nd_choice_prior_init(&S->choice, nd_pj_root(S->tools_doc), V, choice)))
+        (rc = nd_choice_prior_init(&S->choice, nd_pj_root(S->tools_doc), V, choice)) ||
+        (rc = nd_reason_prior_init(&S->reason, nd_pj_root(S->tools_doc), V, M->id_think_end,
+                                   choice[2])))
         goto fail;
     int kvw = M->kv_window;
     if ((rc = kv_window_env(&kvw)) ||
@@ -306,6 +310,7 @@ void needle_session_free(needle_session *S)
     free(S->stack);
     nd_copy_prior_free(&S->copy);
     nd_choice_prior_free(&S->choice);
+    nd_reason_prior_free(&S->reason);
     free(S);
 }
 
@@ -784,11 +789,13 @@ static int reason(needle_session *S, turn_state *T, int think_cap)
         int t = M->id_think_end;
         if (T->gen < think_cap) {
             const float *lg = nd_choice_prior_reason(&S->choice, M, S->logits, M->reason_ok);
+            lg = nd_reason_prior_logits(&S->reason, M, &S->copy, lg, M->reason_ok);
             t = argmax_masked(lg, M->reason_ok, M->m.dims.V);
         }
         if (t == M->id_think_end)
             break;
         nd_choice_prior_feed(&S->choice, M, t);
+        nd_reason_prior_feed(&S->reason, M, &S->copy, t);
         nd_idvec_push(&T->gen_reason, t);
         if ((rc = run(S, &t, 1, S->logits)))
             return rc;
@@ -846,6 +853,7 @@ static int constrained_call(needle_session *S, turn_state *T)
     unsigned char pb[PIECE_MAX];
     T->conf = 2.0;
     nd_choice_prior_call(&S->choice, S->active);
+    nd_copy_prior_untake(&S->copy); /* the call copies what its reasoning copied */
     while (!nd_gram_done(&T->st)) {
         int left = T->budget - T->gen - closing;
         if (left <= 0)
@@ -1023,9 +1031,12 @@ int needle_session_complete(needle_session *S, const char *text, int max_new_tok
     long start_evicted = S->kv.evicted;
     double t0 = now_s(), t1 = t0;
     /* 1. the new input tokens, on top of the cache; 2. generate */
-    /* a tool's result is no request: no choice prior on the turn after it */
-    if (!(rc = nd_choice_prior_turn(&S->choice, S->turn == 1 ? "" : text)) &&
-        !(rc = nd_copy_prior_set(&S->copy, text, S->system)) &&
+    /* a tool's result is no request: no choice or reasoning prior on the
+     * turn after it */
+    rc = nd_choice_prior_turn(&S->choice, S->turn == 1 ? "" : text);
+    if (!rc)
+        nd_reason_prior_turn(&S->reason, S->turn != 1, &S->choice);
+    if (!rc && !(rc = nd_copy_prior_set(&S->copy, text, S->system)) &&
         !(rc = S->turn == 0 ? first_turn_input(S, text, &T) : next_turn_input(S, text, &T))) {
         t1 = now_s();
         if (!(rc = plan_budget(S, max_new_tokens, &T, &think_cap)) &&

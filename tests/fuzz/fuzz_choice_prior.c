@@ -35,6 +35,7 @@
 #include "core/rng.h"
 #include "core/status.h"
 #include "engine/choice_prior.h"
+#include "engine/reason_prior.h"
 #include "engine/grammar.h"
 #include "engine/model_internal.h"
 #include "text/pyjson.h"
@@ -374,12 +375,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     nd_rng_seed(&rng, seed);
 
     /* the setting */
-    float b[2] = {-1.0f, -1.0f};
+    float b[3] = {-1.0f, -1.0f, -1.0f};
     int rc = nd_choice_prior_setting(plen[2] ? text[2] : NULL, b);
     if (rc == ND_OK) {
-        if (!(b[0] >= 0.0f && b[0] <= 100.0f && b[1] >= 0.0f && b[1] <= 100.0f))
+        if (!(b[0] >= 0.0f && b[0] <= 100.0f && b[1] >= 0.0f && b[1] <= 100.0f && b[2] >= 0.0f &&
+              b[2] <= 100.0f))
             fail(__LINE__);
-    } else if (rc != ND_EARG || b[0] != ND_CHOICE_TOOL_BONUS || b[1] != ND_CHOICE_ENUM_BONUS)
+    } else if (rc != ND_EARG || b[0] != ND_CHOICE_TOOL_BONUS || b[1] != ND_CHOICE_ENUM_BONUS ||
+               b[2] != ND_REASON_KEY_BONUS)
         fail(__LINE__);
 
     /* the tools, or the turn with none */

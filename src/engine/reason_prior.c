@@ -696,8 +696,8 @@ static void walk_pieces(nd_reason_prior *p, const needle_model *M, nd_copy_prior
                 p->nkeyed += mark >= M_KEY;
             }
             if (w.values && !enum_after)
-                nd_copy_prior_token(c, t, (const unsigned char *)p->value.p, (int)p->value.n, path,
-                                    d + 1, inval);
+                nd_copy_prior_token(c, t, (const unsigned char *)(p->value.p ? p->value.p : ""),
+                                    (int)p->value.n, path, d + 1, inval);
         }
         if (d + 1 <= PIECE_MAX && M->trie[n].child >= 0) {
             node_at[d + 1] = M->trie[n].child;
@@ -772,8 +772,8 @@ void nd_reason_prior_feed(nd_reason_prior *p, const needle_model *M, nd_copy_pri
         nd_reason_prior_step(p, &p->at, b[k]);
         int now = p->at.st;
         if (c && was != now && (was == RP_STRING || was == RP_SAID || was == RP_NUMBER))
-            nd_copy_prior_take(c, (const unsigned char *)p->value.p, (int)p->value.n,
-                               was == RP_NUMBER);
+            nd_copy_prior_take(c, (const unsigned char *)(p->value.p ? p->value.p : ""),
+                               (int)p->value.n, was == RP_NUMBER);
         if (c && now == RP_NAME && was != RP_NAME)
             nd_copy_prior_untake(c); /* "; then ": the next call copies afresh */
         if (now == RP_STRING || now == RP_SAID || now == RP_NUMBER) {

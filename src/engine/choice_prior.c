@@ -150,7 +150,7 @@ int nd_choice_prior_setting(const char *env, float b[3])
                     (double)ND_REASON_KEY_BONUS);
 }
 
-static const nd_pj *tool_fields(const nd_pj *t)
+const nd_pj *nd_choice_tool_fields(const nd_pj *t)
 {
     const nd_pj *fn = nd_pj_get(t, "function");
     return fn && fn->type == ND_PJ_OBJECT && !nd_pj_get(t, "name") ? fn : t;
@@ -285,7 +285,7 @@ int nd_choice_prior_init(nd_choice_prior *p, const nd_pj *tools, int V, const fl
     if (!ends)
         return nd_error(ND_ENOMEM, "out of memory");
     for (int i = 0; i < n && !rc; i++) {
-        const nd_pj *f = tool_fields(tools->items[i]);
+        const nd_pj *f = nd_choice_tool_fields(tools->items[i]);
         const nd_pj *name = nd_pj_get(f, "name"), *desc = nd_pj_get(f, "description");
         if (name && name->type == ND_PJ_STRING) {
             if (!(p->name[i] = strndup(name->str, name->len)))

@@ -83,6 +83,9 @@ int nd_choice_prior_setting(const char *env, float b[3]);
  * {function: {...}}) and a model of V pieces. */
 int nd_choice_prior_init(nd_choice_prior *p, const nd_pj *tools, int V, const float b[2]);
 void nd_choice_prior_free(nd_choice_prior *p);
+/* A tool entry's own fields: t, or its "function" object ({"type":
+ * "function", "function": {...}}). */
+const nd_pj *nd_choice_tool_fields(const nd_pj *t);
 /* A new turn: the tools' weights for its text. */
 int nd_choice_prior_turn(nd_choice_prior *p, const char *text);
 /* The tool weights of the last turn (for tests): w[0..n). */

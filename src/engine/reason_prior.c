@@ -44,12 +44,6 @@ static int is_digit(int c)
     return c >= '0' && c <= '9';
 }
 
-static const nd_pj *tool_fields(const nd_pj *t)
-{
-    const nd_pj *fn = nd_pj_get(t, "function");
-    return fn && fn->type == ND_PJ_OBJECT && !nd_pj_get(t, "name") ? fn : t;
-}
-
 static int listed(const nd_pj *list, const char *key, size_t len)
 {
     for (size_t j = 0; list && list->type == ND_PJ_ARRAY && j < list->len; j++) {
@@ -188,7 +182,7 @@ int nd_reason_prior_init(nd_reason_prior *p, const nd_pj *tools, int V, int id_e
         return nd_error(ND_ENOMEM, "out of memory");
     p->n = n;
     for (int i = 0; i < n && !rc; i++) {
-        const nd_pj *f = tool_fields(tools->items[i]);
+        const nd_pj *f = nd_choice_tool_fields(tools->items[i]);
         const nd_pj *name = nd_pj_get(f, "name");
         if (!name || name->type != ND_PJ_STRING)
             continue;

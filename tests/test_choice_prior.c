@@ -3,8 +3,8 @@
  * tools share, relative to the best-said tool, stop words, camelCase
  * names, prefixes, numbers, the {"type":"function"} form); which enum values a turn says; the
  * grammar's naming and literal accessors along a call's bytes, and the call-side functions on them;
- * the reasoning's bonus with a hand-made vocabulary (only where the model's own best piece begins a
- * tool's name, toward the heavier tool); nd_error keeping a message passed as its own argument. */
+ * the reasoning's bonus with a hand-made vocabulary (toward the heavier tool, over a refusal within
+ * the bonus); nd_error keeping a message passed as its own argument. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -539,15 +539,29 @@ static void test_reason(void)
     L(":") = 1.0f;
     CHECK(nd_choice_prior_reason(&p, &M, lg, ok) == lg); /* the model's own logits */
 
-    /* the model's best first piece is no tool's name: never a bonus, this
-     * turn (a refusal stays a refusal) */
+    /* the model's best first piece is no tool's name (a refusal): the
+     * said tool's name gets half the bonus, and wins within it */
     CHECK(nd_choice_prior_turn(&p, "Brew an espresso, 3 cups") == ND_OK);
     CHECK(p.reasoned == 0 && p.named.n == 0 && p.naming == 1);
     zero(lg);
     L(SP "The") = 2.0f;
-    CHECK(nd_choice_prior_reason(&p, &M, lg, ok) == lg && p.naming == 0);
+    r = nd_choice_prior_reason(&p, &M, lg, ok);
+    CHECK(r != lg && r[find(SP "The")] == 2.0f && r[find(SP "brew")] == 5.0f);
+    CHECK(argmax(r, ok) == find(SP "brew"));
+    nd_choice_prior_feed(&p, &M, find(SP "brew"));
+    zero(lg);
+    L("_oven") = 3.0f; /* once a name has begun, the whole bonus */
+    r = nd_choice_prior_reason(&p, &M, lg, ok);
+    CHECK(r[find("_coffee")] == 10.0f && argmax(r, ok) == find("_coffee"));
+    /* a refusal surer than half the bonus stands, and once begun it is
+     * no name: no bonus after it, whatever the model would name later */
+    CHECK(nd_choice_prior_turn(&p, "Brew an espresso, 3 cups") == ND_OK);
+    zero(lg);
+    L(SP "The") = 5.5f;
+    r = nd_choice_prior_reason(&p, &M, lg, ok);
+    CHECK(argmax(r, ok) == find(SP "The"));
     nd_choice_prior_feed(&p, &M, find(SP "The"));
-    CHECK(p.reasoned == 0);
+    CHECK(p.reasoned == 0 && p.naming == 0);
     L(SP "brew") = 9.0f; /* now it would name one: too late */
     CHECK(nd_choice_prior_reason(&p, &M, lg, ok) == lg);
 

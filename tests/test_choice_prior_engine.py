@@ -5,8 +5,9 @@ built-in base (src/engine/choice_prior.h; unit tests: test_choice_prior.c).
 With both bonuses at 100 the prior outweighs the model wherever it applies:
 on queries where exactly one listed tool owns a word of the query, every
 answer that is a call calls that tool first, and an enum value the query
-says is the value written. Checks that, that the prior never turns a
-refusal into a call, that the defaults already pick the tool the query
+says is the value written. Checks that, that chit-chat saying a tool's
+word stays without a call at the defaults while a refused request that
+says one gets its call, that the defaults already pick the tool the query
 speaks of, that `NEEDLE_CHOICE_PRIOR=0` leaves the model's own picks (the
 base alone picks other tools on these queries), and that a bad value is
 refused naming the variable. A cross build without a runnable needle or
@@ -61,6 +62,9 @@ QUERIES = {
 }
 # chit-chat that names a tool's word: the base answers without a call
 REFUSALS = ["tell me a joke about coffee", "thanks for the coffee"]
+# a request the base alone refuses (NEEDLE_CHOICE_PRIOR=0) -> the tool it
+# speaks of, at the defaults
+REFUSED_REQUESTS = {"washer on quick": "start_washer"}
 
 STOP = {"the", "and", "for", "start"}  # "start": two tools share it
 
@@ -146,10 +150,18 @@ def main():
         check(n_enums >= 4,
               f"only {n_enums} enum values said and written: the property says little")
 
-        # never a call where the model answers without one
+        # chit-chat that says a tool's word stays without a call at the
+        # defaults (against a refusal a name gets half the tool bonus)
         for q in REFUSALS:
-            kind, calls = answer(tools_path, q, "100,100")
-            check(kind == "respond" and not calls, f"{q!r} at 100,100: {kind} {json.dumps(calls)}")
+            kind, calls = answer(tools_path, q, None)
+            check(kind == "respond" and not calls, f"{q!r} at the defaults: {kind} {json.dumps(calls)}")
+
+        for q, tool in REFUSED_REQUESTS.items():
+            kind, calls = answer(tools_path, q, "0")
+            check(kind == "respond" and not calls, f"{q!r}, prior off: {kind} {json.dumps(calls)}: "
+                                                   "the base no longer refuses it")
+            kind, calls = answer(tools_path, q, None)
+            check(calls and calls[0]["name"] == tool, f"{q!r} at the defaults: {kind} {json.dumps(calls)}")
 
         # the defaults: the tool the query speaks of (the base alone
         # answers with another, checked below)

@@ -50,7 +50,7 @@ static const char *const VOCAB[] = {
     "2",  "29",    "296", "6",    "9", "\"",  "6}",       "\":2",     "\":6",
     "Ro", "Rocky", "cky", "\"Ro", "8", "x",   "\",",      "ck",       "7",
     "3",  "\":8",  "}",   "eta",  ",", " on", "\"ZETA\"", "\"ZETX\"", "ta",
-    "-",  "-07",   "-or", ":/",
+    "-",  "-07",   "-or", ":/",  "ETA", "as", "il",
 };
 enum { V = sizeof VOCAB / sizeof VOCAB[0] };
 
@@ -178,12 +178,16 @@ static void test_marks(void)
     bonuses(&c, &M, N, "29", closers, 2, lg);
     CHECK(c.inside == 1);
     CHECK(BONUS("}") == 4.0f && BONUS("6}") == 20.0f && BONUS("6") == 20.0f);
-    /* a string's first letter says no word yet ("Z" may become "ZETA");
+    /* a string's first letter is inside a word: "b" goes on as "basil",
+     * not "bil"; a capital goes on as the word or in capitals ("ZETA");
      * letters without case where a value starts or ends; a copy goes on
      * past a word's end over a space, not over a comma and a space */
+    CHECK(nd_copy_prior_set(&c, "How do I care for my basil!", NULL) == ND_OK);
+    bonuses(&c, &M, S, "b", NULL, 0, lg);
+    CHECK(c.inside == 1 && BONUS("as") == 20.0f && BONUS("il") == 0.0f);
     CHECK(nd_copy_prior_set(&c, "Let's get Zeta Corp on my list, please", NULL) == ND_OK);
     bonuses(&c, &M, S, "Z", NULL, 0, lg);
-    CHECK(c.inside == 0 && BONUS("eta") == 0.0f);
+    CHECK(c.inside == 1 && BONUS("eta") == 20.0f && BONUS("ETA") == 20.0f && BONUS("ta") == 0.0f);
     bonuses(&c, &M, S, "Ze", NULL, 0, lg);
     CHECK(c.inside == 1 && BONUS("ta") == 20.0f && BONUS("eta") == 0.0f);
     const opener whole[] = {{"\"ZETA\"", {0, S, S, S, S, S, 0}},

@@ -455,21 +455,20 @@ const float *nd_choice_prior_reason(nd_choice_prior *p, const needle_model *M, c
     if (!p->naming)
         return logits;
     int V = M->m.dims.V;
-    if (!p->named.n) { /* only where the model itself begins with a name */
-        int top = argmax_allowed(logits, allowed, V);
-        if (top < 0 || piece_weight(p, M, top) < 0.0f) {
-            p->naming = 0;
-            return logits;
-        }
-    }
     float wmax = 0.0f;
     for (int i = 0; i < p->n; i++)
         wmax = p->weight[i] > wmax ? p->weight[i] : wmax;
     if (wmax == 0.0f)
         return logits;
+    float bonus = p->tool_bonus;
+    if (!p->named.n) { /* the model would begin otherwise: most often a refusal */
+        int top = argmax_allowed(logits, allowed, V);
+        if (top >= 0 && piece_weight(p, M, top) < 0.0f)
+            bonus *= ND_CHOICE_OVER_REFUSAL;
+    }
     for (int t = 0; t < V; t++) {
         float w = allowed[t] ? piece_weight(p, M, t) : -1.0f;
-        p->biased[t] = logits[t] + (w > 0.0f ? p->tool_bonus * w : 0.0f);
+        p->biased[t] = logits[t] + (w > 0.0f ? bonus * w : 0.0f);
     }
     return p->biased;
 }

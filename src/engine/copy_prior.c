@@ -265,12 +265,13 @@ static int may_end_before(const char *s, int numeric)
     return !is_alnum((unsigned char)s[0]);
 }
 
-/* whether a copy of n bytes that s follows stops inside a word, and is
- * long enough to say which word: a number's first digit is, a string's
- * first letter is not ("Z" of "Zeta" may be the start of "ZETA") */
+/* whether a copy of n bytes that s follows stops inside a word. A
+ * string's first letter counts too: the built-in base, zero-shot, wrote
+ * "bil" for "basil" and "car" for "cactus" when only two letters said
+ * the word (nd_copy_prior_mark lets a capital go on in capitals) */
 static int stops_inside(const char *s, int n, int numeric)
 {
-    return n >= (numeric ? 1 : 2) && !may_end_before(s, numeric);
+    return n >= 1 && !may_end_before(s, numeric);
 }
 
 /* The end of the source's run of bytes at st up to a space, a quote or a
@@ -327,6 +328,18 @@ static void mark_prefixes(nd_copy_prior *c, const needle_model *M, const char *s
             if (allowed[t] && c->mark[t] < level)
                 c->mark[t] = level;
     }
+}
+
+/* mark_prefixes' inside bonus for the word at s written in capitals */
+static void mark_capitals(nd_copy_prior *c, const needle_model *M, const char *s,
+                          const uint8_t *allowed)
+{
+    char up[PIECE_MAX + 1];
+    int k = 0;
+    for (; s[k] && k < PIECE_MAX; k++)
+        up[k] = s[k] >= 'a' && s[k] <= 'z' ? (char)(s[k] - 32) : s[k];
+    up[k] = 0;
+    mark_prefixes(c, M, up, allowed, MARK_INSIDE);
 }
 
 /* whether s starts a number of at least n bytes that no letter follows
@@ -468,9 +481,11 @@ void nd_copy_prior_mark(nd_copy_prior *c, const needle_model *M, int pos,
             continue;
         if (n == 0)
             mark_prefixes(c, M, s + st, allowed, MARK_START);
-        else if (stops_inside(s + st + n, n, numeric) || (!numeric && inside_compound(s, st, n)))
+        else if (stops_inside(s + st + n, n, numeric) || (!numeric && inside_compound(s, st, n))) {
             mark_prefixes(c, M, s + st + n, allowed, MARK_INSIDE);
-        else if (may_end_before(s + st + n, numeric) && joins(s + st + n))
+            if (n == 1 && value[0] >= 'A' && value[0] <= 'Z')
+                mark_capitals(c, M, s + st + n, allowed); /* "Z" of "Zeta": "ZETA" too */
+        } else if (may_end_before(s + st + n, numeric) && joins(s + st + n))
             mark_prefixes(c, M, s + st + n, allowed, MARK_EDGE);
     }
 }

@@ -47,10 +47,9 @@ static void test_numbers_as_digits(void)
 /* ---- a model with a hand-made vocabulary: only what the prior reads ---- */
 
 static const char *const VOCAB[] = {
-    "2",  "29",    "296", "6",    "9", "\"",  "6}",       "\":2",     "\":6",
-    "Ro", "Rocky", "cky", "\"Ro", "8", "x",   "\",",      "ck",       "7",
-    "3",  "\":8",  "}",   "eta",  ",", " on", "\"ZETA\"", "\"ZETX\"", "ta",
-    "-",  "-07",   "-or", ":/",  "ETA", "as", "il",
+    "2",        "29",       "296", "6",   "9",   "\"",  "6}", "\":2", "\":6", "Ro",  "Rocky", "cky",
+    "\"Ro",     "8",        "x",   "\",", "ck",  "7",   "3",  "\":8", "}",    "eta", ",",     " on",
+    "\"ZETA\"", "\"ZETX\"", "ta",  "-",   "-07", "-or", ":/", "ETA",  "as",   "il",
 };
 enum { V = sizeof VOCAB / sizeof VOCAB[0] };
 

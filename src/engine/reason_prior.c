@@ -10,21 +10,6 @@
 #include "core/status.h"
 #include "engine/grammar.h"
 
-/* the parser's states: the plan's parts (reason_prior.h) */
-enum {
-    RP_NAME,   /* a tool's name, up to its colon */
-    RP_COLON,  /* the space after the colon */
-    RP_KEY,    /* an argument's name, up to its space */
-    RP_VALUE,  /* a value, not begun */
-    RP_STRING, /* a string value's characters */
-    RP_NUMBER, /* a number's characters */
-    RP_WORD,   /* true, false or null */
-    RP_NESTED, /* an array or object value */
-    RP_AFTER,  /* what follows a value: ", ", " from \"", "; then " */
-    RP_SAID,   /* the words of ' from "..."' */
-    RP_OFF,    /* out of the form: nothing more is read */
-};
-
 static const char *const separators[] = {", ", " from \"", "; then "};
 enum { SEP_KEY, SEP_SAID, SEP_CALL, N_SEP };
 
@@ -475,10 +460,26 @@ static int naming_tool(const nd_reason_pos *s)
 /* a part of the form that has one way on: a later call's name, from the
  * colon to a value's first byte, and after a value (a separator, or the
  * reasoning's end, which is no byte) */
-static int strict(const nd_reason_pos *s)
+/* whether the named tool has an argument the plan has not named: where
+ * none is left (a tool without arguments, "NAME: "), the form has no
+ * next byte, and the model writes what it will */
+static int keys_left(const nd_reason_prior *p, const nd_reason_pos *s)
 {
-    return naming_tool(s) || s->st == RP_COLON || s->st == RP_KEY || s->st == RP_VALUE ||
-           s->st == RP_NUMBER || s->st == RP_WORD || s->st == RP_AFTER;
+    if (s->tool < 0)
+        return 0;
+    const nd_reason_tool *tl = &p->tool[s->tool];
+    for (int k = 0; k < tl->nkeys; k++)
+        if (k >= 64 || !(s->used >> k & 1))
+            return 1;
+    return 0;
+}
+
+static int strict(const nd_reason_prior *p, const nd_reason_pos *s)
+{
+    if (s->st == RP_COLON || s->st == RP_KEY)
+        return keys_left(p, s);
+    return naming_tool(s) || s->st == RP_VALUE || s->st == RP_NUMBER || s->st == RP_WORD ||
+           s->st == RP_AFTER;
 }
 
 /* where the reasoning may not end: inside a name, an argument or a value
@@ -487,8 +488,9 @@ static int open_part(const nd_reason_prior *p, const nd_reason_pos *s)
 {
     if (naming_tool(s))
         return find_tool(p, s->b, s->nb) < 0;
-    return s->st == RP_COLON || s->st == RP_KEY || s->st == RP_VALUE || s->st == RP_STRING ||
-           s->st == RP_SAID || s->st == RP_NESTED;
+    if (s->st == RP_COLON || s->st == RP_KEY)
+        return keys_left(p, s);
+    return s->st == RP_VALUE || s->st == RP_STRING || s->st == RP_SAID || s->st == RP_NESTED;
 }
 
 /* mark[]: this step's verdict on a piece */
@@ -624,6 +626,8 @@ typedef struct {
 static uint8_t piece_mark(const nd_reason_prior *p, walk_needs w, const nd_reason_pos *at,
                           int wrote_key, const char *text, size_t tn, int in_string)
 {
+    if (at->st == RP_OFF) /* off the form (where nothing else was left) */
+        return M_NONE;
     if (w.keys && (wrote_key || at->st == RP_KEY)) /* a bare space: the name follows */
         return key_in_window(p, at) ? M_NEXT : M_KEY;
     if (in_string && tn && p->enum_bonus != 0.0f &&
@@ -669,7 +673,7 @@ static void walk_pieces(nd_reason_prior *p, const needle_model *M, nd_copy_prior
         }
         at[d + 1] = at[d];
         nd_reason_prior_step(p, &at[d + 1], b);
-        if (at[d + 1].st == RP_OFF && strict(&at[d])) {
+        if (at[d + 1].st == RP_OFF && strict(p, &at[d])) {
             mark_subtree(p, M, n, allowed, M_BAD);
             continue;
         }
@@ -711,8 +715,8 @@ const float *nd_reason_prior_logits(nd_reason_prior *p, const needle_model *M, n
      * value's first piece often carries the space before it, so from a
      * whole argument name on */
     walk_needs w = {naming_key(p, &p->at), vk && !vk->nenum && c->bonus != 0.0f};
-    int walk = w.keys || w.values || strict(&p->at) || (vk && vk->nenum) || p->at.st == RP_AFTER ||
-               p->at.st == RP_NUMBER || p->at.st == RP_WORD;
+    int walk = w.keys || w.values || strict(p, &p->at) || (vk && vk->nenum) ||
+               p->at.st == RP_AFTER || p->at.st == RP_NUMBER || p->at.st == RP_WORD;
     int ends = open_part(p, &p->at);
     if (!walk && !ends)
         return logits;

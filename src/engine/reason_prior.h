@@ -35,6 +35,21 @@
 #include "engine/model_internal.h"
 #include "text/pyjson.h"
 
+/* the parser's states: the plan's parts */
+enum {
+    RP_NAME,   /* a tool's name, up to its colon */
+    RP_COLON,  /* the space after the colon */
+    RP_KEY,    /* an argument's name, up to its space */
+    RP_VALUE,  /* a value, not begun */
+    RP_STRING, /* a string value's characters */
+    RP_NUMBER, /* a number's characters */
+    RP_WORD,   /* true, false or null */
+    RP_NESTED, /* an array or object value */
+    RP_AFTER,  /* what follows a value: ", ", " from \"", "; then " */
+    RP_SAID,   /* the words of ' from "..."' */
+    RP_OFF,    /* out of the form: nothing more is read */
+};
+
 /* where the plan is (reason_prior.c's parser) */
 typedef struct {
     uint8_t st;    /* RP_* */

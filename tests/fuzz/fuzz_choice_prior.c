@@ -21,6 +21,14 @@
  *    logits add 0 .. tool bonus to allowed pieces only, and after each
  *    piece fed, naming goes on exactly while the bytes so far begin a
  *    longer tool name;
+ *  - the reasoning prior (engine/reason_prior.h) with the copy prior, over
+ *    a plan of a listed tool's own arguments ("NAME: KEY 12, KEY \"word\";
+ *    then NAME2: ...") with noise: the logits it returns are the model's
+ *    or its own copy, never NaN or +inf, each within the bonuses of the
+ *    model's (or -inf); with every byte piece allowed, some allowed piece
+ *    stays finite; the parser's position after each piece fed is the one
+ *    nd_reason_prior_step reaches over the same bytes, and once off the
+ *    form it stays off;
  *  - when the tools compile (nd_gram_compile): nd_choice_prior_call's
  *    weights are 0 or a tool's weight, that tool's for the name the
  *    grammar's JSON text decodes to; along a sampled call list, nd_choice_prior_step /
@@ -123,6 +131,8 @@ static void build_model(void)
         fail(__LINE__);
     model->m.dims.V = V;
     model->tok = tok;
+    if (nd_model_build_trie(model) != ND_OK)
+        fail(__LINE__);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -213,6 +223,110 @@ static void says_its_words(const nd_choice_prior *p, const char *text)
         words++;
         i = j;
     }
+}
+
+/* a plan in the reasoning prior's form for tools from `from` on: each
+ * tool's first arguments with a number or a word of the turn, "; then "
+ * between calls (the names and keys as the prior read them) */
+static void make_plan(const nd_reason_prior *rp, int from, const char *turn, nd_rng *r, char *out,
+                      size_t cap)
+{
+    size_t n = 0;
+    out[0] = 0;
+    for (int k = from; k < rp->n && k < from + 2; k++) {
+        const nd_reason_tool *t = &rp->tool[k];
+        if (!t->name)
+            continue;
+        n += (size_t)snprintf(out + n, n < cap ? cap - n : 0, "%s%s: ", k > from ? "; then " : "",
+                              t->name);
+        for (int j = 0; j < t->nkeys && j < 3 && n < cap; j++) {
+            const char *word = turn + nd_rng_below(r, strlen(turn) + 1);
+            int wl = 0;
+            while (is_alnum((unsigned char)word[wl]) && wl < 12)
+                wl++;
+            if (nd_rng_below(r, 2))
+                n += (size_t)snprintf(out + n, cap - n, "%s%s %d", j ? ", " : "",
+                                      t->keys[j].name ? t->keys[j].name : "",
+                                      (int)nd_rng_below(r, 1000));
+            else
+                n += (size_t)snprintf(out + n, cap - n, "%s%s \"%.*s\"", j ? ", " : "",
+                                      t->keys[j].name ? t->keys[j].name : "", wl, word);
+        }
+        if (n >= cap)
+            break;
+    }
+    out[cap - 1] = 0;
+}
+
+/* the reasoning prior and the copy prior over a plan, with noise; piece
+ * 0 (<unk>) stands for the reasoning's end */
+static void plan_reason(const nd_pj *tools, const nd_choice_prior *choice, const char *turn,
+                        const float b[3], nd_rng *r)
+{
+    nd_reason_prior rp;
+    nd_copy_prior c;
+    const float cb[3] = {ND_COPY_EDGE_BONUS, ND_COPY_INSIDE_BONUS, ND_COPY_START_BONUS};
+    if (nd_reason_prior_init(&rp, tools, V, 0, b[2]) != ND_OK ||
+        nd_copy_prior_init(&c, model, cb) != ND_OK || nd_copy_prior_set(&c, turn, NULL) != 0)
+        fail(__LINE__); /* only for memory */
+    nd_reason_prior_turn(&rp, 1, choice);
+    nd_reason_pos ref = rp.at;
+    char plan[512];
+    make_plan(&rp, rp.n ? (int)nd_rng_below(r, (uint64_t)rp.n) : 0, turn, r, plan, sizeof plan);
+    size_t at = 0, plen = strlen(plan);
+    float lg[V];
+    uint8_t ok[V];
+    int all_bytes = (int)nd_rng_below(r, 4) != 0; /* every byte piece allowed */
+    float most = rp.key_bonus + rp.enum_bonus + c.bonus + c.edge_bonus + c.start_bonus;
+    for (int step = 0; step < 64; step++) {
+        int best = -1, blen = 0;
+        for (int t = 0; t < V; t++) {
+            int len = piece_len[t];
+            lg[t] = (float)nd_rng_uniform(r) * 4.0f;
+            ok[t] = (all_bytes && t >= V - 256) || nd_rng_below(r, 8) != 0;
+            if (len > blen && at + (size_t)len <= plen && !memcmp(plan + at, piece[t], (size_t)len))
+                best = t, blen = len;
+        }
+        if (best >= 0 && nd_rng_below(r, 16)) {
+            lg[best] = 6.0f;
+            ok[best] = 1;
+        }
+        const float *o = nd_reason_prior_logits(&rp, model, &c, lg, ok);
+        if (o != lg && o != rp.biased)
+            fail(__LINE__);
+        int pick = -1, live = 0;
+        for (int t = 0; t < V; t++) {
+            float d = o[t] - lg[t];
+            if (isnan(o[t]) || o[t] == INFINITY)
+                fail(__LINE__);
+            if (o[t] != -INFINITY && (d > most + 1e-3f || d < -c.start_bonus - 1e-3f))
+                fail(__LINE__);
+            if (!ok[t])
+                continue;
+            live |= o[t] != -INFINITY;
+            if (pick < 0 || o[t] > o[pick])
+                pick = t;
+        }
+        if (all_bytes && !live)
+            fail(__LINE__); /* a piece of every byte keeps some piece in the form */
+        if (pick < 0 || pick == 0)
+            break;
+        uint8_t st_before = rp.at.st;
+        nd_reason_prior_feed(&rp, model, &c, pick);
+        for (int k = 0; k < piece_len[pick] && rp.active; k++)
+            nd_reason_prior_step(&rp, &ref, piece[pick][k]);
+        if (ref.st != rp.at.st || ref.tool != rp.at.tool || ref.last != rp.at.last ||
+            ref.used != rp.at.used || ref.nb != rp.at.nb || memcmp(ref.b, rp.at.b, ref.nb))
+            fail(__LINE__);
+        if (rp.at.tool < -1 || rp.at.tool >= rp.n || rp.at.nb > sizeof rp.at.b)
+            fail(__LINE__);
+        if (st_before == RP_OFF && rp.at.st != RP_OFF)
+            fail(__LINE__); /* off the form: off for the rest of the turn */
+        if (pick == best)
+            at += (size_t)blen;
+    }
+    nd_copy_prior_free(&c);
+    nd_reason_prior_free(&rp);
 }
 
 /* the reasoning's first words, steered toward `plan` (greedy longest
@@ -480,6 +594,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         reason(&p, plan, &rng);
     }
+    if (n <= 64)
+        plan_reason(tools, &p, turn, b, &rng);
 
     /* the call */
     nd_grammar *g = NULL;

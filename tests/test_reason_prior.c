@@ -281,19 +281,30 @@ static void test_step(void)
     memset(lg, 0, sizeof lg);
     r = nd_reason_prior_logits(&p, &M, &copy, lg, ok);
     CHECK(R("a") == 0.0f && isinf(R("x")) && isinf(R("</end>")) && isinf(R(":")));
-    /* every argument named, then ", ": the form has no next byte (as after
-     * "NAME: " for a tool without arguments), so nothing is ruled out and
-     * the reasoning may end (fuzz_choice_prior found every piece -inf) */
+    /* every argument named: the call's plan is done, so no ", " after
+     * its last value, and (were one written, as after "NAME: " for a tool
+     * without arguments) only the end; fuzz_choice_prior found every
+     * piece -inf there */
     nd_reason_prior_turn(&p, 1, &choice);
-    const char *all = "start_dryer: minutes 3, gentle true, ";
+    const char *all = "start_dryer: minutes 3, gentle true";
     for (const char *c = all; *c; c++) {
         char one[2] = {*c, 0};
         nd_reason_prior_feed(&p, &M, &copy, find(*c == ' ' ? SP : one));
     }
-    CHECK(p.at.st == RP_KEY && p.at.used == 3);
+    CHECK(p.at.used == 3);
     memset(lg, 0, sizeof lg);
     r = nd_reason_prior_logits(&p, &M, &copy, lg, ok);
-    CHECK(R("x") == 0.0f && R("</end>") == 0.0f && R(SP "mode") == 0.0f);
+    CHECK(isinf(R(",")) && R("</end>") == 0.0f && R(";") == 0.0f);
+    nd_reason_prior_feed(&p, &M, &copy, find(","));
+    nd_reason_prior_feed(&p, &M, &copy, find(SP));
+    CHECK(p.at.st == RP_KEY);
+    L("x") = 3.0f;
+    r = nd_reason_prior_logits(&p, &M, &copy, lg, ok);
+    CHECK(R("</end>") == 0.0f && isinf(R("x")) && isinf(R(SP "mode")));
+    ok[find("</end>")] = 0; /* the end not allowed: the model's own pick */
+    r = nd_reason_prior_logits(&p, &M, &copy, lg, ok);
+    CHECK(R("x") == 3.0f);
+    ok[find("</end>")] = 1;
 
     nd_reason_prior_turn(&p, 1, &choice);
     for (const char *c = plan; *c; c++) {

@@ -457,12 +457,10 @@ static int naming_tool(const nd_reason_pos *s)
     return s->st == RP_NAME && s->then;
 }
 
-/* a part of the form that has one way on: a later call's name, from the
- * colon to a value's first byte, and after a value (a separator, or the
- * reasoning's end, which is no byte) */
 /* whether the named tool has an argument the plan has not named: where
- * none is left (a tool without arguments, "NAME: "), the form has no
- * next byte, and the model writes what it will */
+ * none is left the plan of this call is done, so after "NAME: " (a tool
+ * without arguments) only the reasoning's end, and no ", " after its
+ * last value (the built-in base ends "convert: " there) */
 static int keys_left(const nd_reason_prior *p, const nd_reason_pos *s)
 {
     if (s->tool < 0)
@@ -474,12 +472,23 @@ static int keys_left(const nd_reason_prior *p, const nd_reason_pos *s)
     return 0;
 }
 
+/* a part of the form that has one way on: a later call's name, from the
+ * colon to a value's first byte, and after a value (a separator, or the
+ * reasoning's end, which is no byte) */
+/* the plan named every argument and goes on as if one were left: ", "
+ * or its first byte (the reasoning ends there instead) */
+static int plan_done(const nd_reason_prior *p, const nd_reason_pos *s)
+{
+    int more = s->st == RP_KEY || (s->st == RP_AFTER && s->nb >= 1 && s->b[0] == ',');
+    return more && s->tool >= 0 && !keys_left(p, s);
+}
+
 static int strict(const nd_reason_prior *p, const nd_reason_pos *s)
 {
-    if (s->st == RP_COLON || s->st == RP_KEY)
-        return keys_left(p, s);
-    return naming_tool(s) || s->st == RP_VALUE || s->st == RP_NUMBER || s->st == RP_WORD ||
-           s->st == RP_AFTER;
+    if (s->st == RP_KEY)
+        return keys_left(p, s); /* none left: done (nd_reason_prior_logits) */
+    return naming_tool(s) || s->st == RP_COLON || s->st == RP_VALUE || s->st == RP_NUMBER ||
+           s->st == RP_WORD || s->st == RP_AFTER;
 }
 
 /* where the reasoning may not end: inside a name, an argument or a value
@@ -488,9 +497,10 @@ static int open_part(const nd_reason_prior *p, const nd_reason_pos *s)
 {
     if (naming_tool(s))
         return find_tool(p, s->b, s->nb) < 0;
-    if (s->st == RP_COLON || s->st == RP_KEY)
+    if (s->st == RP_KEY)
         return keys_left(p, s);
-    return s->st == RP_VALUE || s->st == RP_STRING || s->st == RP_SAID || s->st == RP_NESTED;
+    return s->st == RP_COLON || s->st == RP_VALUE || s->st == RP_STRING || s->st == RP_SAID ||
+           s->st == RP_NESTED;
 }
 
 /* mark[]: this step's verdict on a piece */
@@ -673,7 +683,8 @@ static void walk_pieces(nd_reason_prior *p, const needle_model *M, nd_copy_prior
         }
         at[d + 1] = at[d];
         nd_reason_prior_step(p, &at[d + 1], b);
-        if (at[d + 1].st == RP_OFF && strict(p, &at[d])) {
+        if ((at[d + 1].st == RP_OFF && strict(p, &at[d])) ||
+            (plan_done(p, &at[d + 1]) && !plan_done(p, &at[d]) && at[d].st != RP_COLON)) {
             mark_subtree(p, M, n, allowed, M_BAD);
             continue;
         }
@@ -710,6 +721,12 @@ const float *nd_reason_prior_logits(nd_reason_prior *p, const needle_model *M, n
     if (!p->active || (p->at.tool < 0 && !naming_tool(&p->at)))
         return logits;
     int V = M->m.dims.V, kind = nd_reason_prior_kind(&p->at);
+    if (plan_done(p, &p->at) && p->id_end >= 0 && p->id_end < V &&
+        allowed[p->id_end]) { /* the call's plan is done: the reasoning ends */
+        for (int t = 0; t < V; t++)
+            p->biased[t] = t == p->id_end ? logits[t] : -INFINITY;
+        return p->biased;
+    }
     const nd_reason_key *vk = value_key(p, &p->at);
     /* values get the copy prior's bonuses (an enum's the said ones'); a
      * value's first piece often carries the space before it, so from a

@@ -98,6 +98,23 @@ static void test_parser(void)
         int kind = nd_reason_prior_kind(&s);
         CHECK_MSG(kind == 0, "'%s' ends in kind %d", other[k], kind);
     }
+    /* argument names the form cannot write (a space ends a name there; 65
+     * bytes) are no keys of the tool: the others keep their order */
+    {
+        char doc2[512];
+        snprintf(doc2, sizeof doc2,
+                 "[{\"name\":\"t\",\"parameters\":{\"type\":\"object\",\"properties\":"
+                 "{\"a b\":{},\"%065d\":{},\"c\":{}},\"required\":[\"a b\",\"c\"]}}]",
+                 0);
+        nd_pj_doc *d2 = NULL;
+        nd_reason_prior q;
+        CHECK(nd_pj_parse(doc2, strlen(doc2), &d2, NULL) == ND_OK);
+        CHECK(nd_reason_prior_init(&q, nd_pj_root(d2), 4, -1, 10.0f) == ND_OK);
+        CHECK(q.n == 1 && q.tool[0].nkeys == 1 && !strcmp(q.tool[0].keys[0].name, "c"));
+        CHECK(q.tool[0].req == 1 && q.tool[0].nreq == 1 && q.tool[0].req_order[0] == 0);
+        nd_reason_prior_free(&q);
+        nd_pj_free(d2);
+    }
     /* a name longer than the parser keeps */
     start(&s);
     char longname[200];

@@ -131,6 +131,17 @@ static int required_order(nd_reason_tool *tl, const nd_pj *req)
     return ND_OK;
 }
 
+/* An argument name the plan's form can write: a space ends a name there,
+ * and the parser keeps 64 bytes of one (sizeof nd_reason_pos.b). Others
+ * are left out of the tool's keys: the plan never names them (the call's
+ * grammar still offers them), and a plan is not held at a name it cannot
+ * finish (fuzz_choice_prior found every piece -inf there). */
+static int plannable(const char *name, size_t len)
+{
+    return len && len <= sizeof((nd_reason_pos *)0)->b && !memchr(name, ' ', len) &&
+           !memchr(name, 0, len);
+}
+
 static int tool_keys(nd_reason_tool *tl, const nd_pj *params)
 {
     const nd_pj *props = nd_pj_get(params, "properties"), *req = nd_pj_get(params, "required");
@@ -140,15 +151,17 @@ static int tool_keys(nd_reason_tool *tl, const nd_pj *params)
         return nd_error(ND_ENOMEM, "out of memory");
     for (size_t k = 0; k < props->len; k++) {
         const nd_pj_member *m = &props->obj[k];
-        nd_reason_key *key = &tl->keys[tl->nkeys++];
-        int rc;
+        if (!plannable(m->key, m->key_len))
+            continue;
+        int i = tl->nkeys++, rc;
+        nd_reason_key *key = &tl->keys[i];
         if (!(key->name = strndup(m->key, m->key_len)))
             return nd_error(ND_ENOMEM, "out of memory");
         key->types = schema_types(m->val);
         if ((rc = key_enum(key, nd_pj_get(m->val, "enum"))))
             return rc;
-        if (k < 64 && listed(req, m->key, m->key_len))
-            tl->req |= (uint64_t)1 << k;
+        if (i < 64 && listed(req, m->key, m->key_len))
+            tl->req |= (uint64_t)1 << i;
     }
     return required_order(tl, req);
 }

@@ -114,6 +114,17 @@ static void test_parser(void)
         CHECK(q.tool[0].req == 1 && q.tool[0].nreq == 1 && q.tool[0].req_order[0] == 0);
         nd_reason_prior_free(&q);
         nd_pj_free(d2);
+        /* nor tool names: with a colon or a space, or over 64 bytes */
+        snprintf(doc2, sizeof doc2,
+                 "[{\"name\":\"a:b\"},{\"name\":\"a b\"},{\"name\":\"%065d\"},"
+                 "{\"name\":\"ok\"}]",
+                 0);
+        CHECK(nd_pj_parse(doc2, strlen(doc2), &d2, NULL) == ND_OK);
+        CHECK(nd_reason_prior_init(&q, nd_pj_root(d2), 4, -1, 10.0f) == ND_OK);
+        CHECK(q.n == 4 && !q.tool[0].name && !q.tool[1].name && !q.tool[2].name &&
+              !strcmp(q.tool[3].name, "ok"));
+        nd_reason_prior_free(&q);
+        nd_pj_free(d2);
     }
     /* a name longer than the parser keeps */
     start(&s);

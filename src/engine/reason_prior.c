@@ -131,11 +131,12 @@ static int required_order(nd_reason_tool *tl, const nd_pj *req)
     return ND_OK;
 }
 
-/* An argument name the plan's form can write: a space ends a name there,
- * and the parser keeps 64 bytes of one (sizeof nd_reason_pos.b). Others
- * are left out of the tool's keys: the plan never names them (the call's
- * grammar still offers them), and a plan is not held at a name it cannot
- * finish (fuzz_choice_prior found every piece -inf there). */
+/* A name the plan's form can write (an argument's; a tool's also without
+ * a colon): a space ends an argument's name there, and the parser keeps
+ * 64 bytes of one (sizeof nd_reason_pos.b). Others are left out: the
+ * plan never names them (the call's grammar still offers them), and a
+ * plan is not held at a name it cannot finish (fuzz_choice_prior found
+ * every piece -inf there). */
 static int plannable(const char *name, size_t len)
 {
     return len && len <= sizeof((nd_reason_pos *)0)->b && !memchr(name, ' ', len) &&
@@ -182,8 +183,9 @@ int nd_reason_prior_init(nd_reason_prior *p, const nd_pj *tools, int V, int id_e
     for (int i = 0; i < n && !rc; i++) {
         const nd_pj *f = nd_choice_tool_fields(tools->items[i]);
         const nd_pj *name = nd_pj_get(f, "name");
-        if (!name || name->type != ND_PJ_STRING)
-            continue;
+        if (!name || name->type != ND_PJ_STRING || !plannable(name->str, name->len) ||
+            memchr(name->str, ':', name->len))
+            continue; /* a name the plan cannot write: never the plan's (a colon ends one) */
         if (!(p->tool[i].name = strndup(name->str, name->len)))
             return nd_error(ND_ENOMEM, "out of memory");
         rc = tool_keys(&p->tool[i], nd_pj_get(f, "parameters"));

@@ -487,9 +487,6 @@ static int keys_left(const nd_reason_prior *p, const nd_reason_pos *s)
     return 0;
 }
 
-/* a part of the form that has one way on: a later call's name, from the
- * colon to a value's first byte, and after a value (a separator, or the
- * reasoning's end, which is no byte) */
 /* the plan named every argument and goes on as if one were left: ", "
  * or its first byte (the reasoning ends there instead) */
 static int plan_done(const nd_reason_prior *p, const nd_reason_pos *s)
@@ -498,6 +495,9 @@ static int plan_done(const nd_reason_prior *p, const nd_reason_pos *s)
     return more && s->tool >= 0 && !keys_left(p, s);
 }
 
+/* a part of the form that has one way on: a later call's name, from the
+ * colon to a value's first byte, and after a value (a separator, or the
+ * reasoning's end, which is no byte) */
 static int strict(const nd_reason_prior *p, const nd_reason_pos *s)
 {
     if (s->st == RP_KEY)

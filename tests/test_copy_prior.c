@@ -47,9 +47,12 @@ static void test_numbers_as_digits(void)
 /* ---- a model with a hand-made vocabulary: only what the prior reads ---- */
 
 static const char *const VOCAB[] = {
-    "2",        "29",       "296", "6",   "9",   "\"",  "6}", "\":2", "\":6", "Ro",  "Rocky", "cky",
-    "\"Ro",     "8",        "x",   "\",", "ck",  "7",   "3",  "\":8", "}",    "eta", ",",     " on",
-    "\"ZETA\"", "\"ZETX\"", "ta",  "-",   "-07", "-or", ":/", "ETA",  "as",   "il",
+    "2",       "29",    "296",     "6",      "9",     "\"",   "6}",       "\":2",     "\":6",
+    "Ro",      "Rocky", "cky",     "\"Ro",   "8",     "x",    "\",",      "ck",       "7",
+    "3",       "\":8",  "}",       "eta",    ",",     " on",  "\"ZETA\"", "\"ZETX\"", "ta",
+    "-",       "-07",   "-or",     ":/",     "ETA",   "as",   "il",       "final",    "pdf",
+    "temp",    "Move",  "\"final", "\"pdf",  "\"xyz", "Tire", " ok",      "!",        "!'",
+    "_report", ".pdf",  "Hello",   " world", "Corp",  "s",    "inal",     "ile",
 };
 enum { V = sizeof VOCAB / sizeof VOCAB[0] };
 
@@ -120,7 +123,7 @@ static void test_marks(void)
     needle_model M;
     build_model(&M);
     nd_copy_prior c;
-    const float on[3] = {4.0f, 20.0f, 10.0f}; /* edge, inside, start */
+    const float on[ND_COPY_N_BONUS] = {4.0f, 20.0f, 10.0f, 0.0f}; /* edge, inside, start, quote */
     CHECK(nd_copy_prior_init(&c, &M, on) == ND_OK);
     CHECK(nd_copy_prior_set(&c, "I fed Rocky two hundred and ninety-six grams", NULL) == ND_OK);
     float lg[V];
@@ -222,13 +225,93 @@ static void test_marks(void)
     nd_copy_prior_free(&c);
 
     /* a bonus of 0: no memory, no marks, the logits as they were */
-    const float off[3] = {4.0f, 0.0f, 10.0f};
+    const float off[ND_COPY_N_BONUS] = {4.0f, 0.0f, 10.0f, 0.0f};
     CHECK(nd_copy_prior_init(&c, &M, off) == ND_OK);
     CHECK(c.mark == NULL);
     CHECK(nd_copy_prior_set(&c, "I fed Rocky 296 grams", NULL) == ND_OK);
     bonuses(&c, &M, N, "29", close6, 1, lg);
     for (int t = 0; t < V; t++)
         CHECK(lg[t] == 0.0f);
+    nd_copy_prior_free(&c);
+    free(M.trie);
+    free(M.tok_next);
+}
+
+/* A quoted span ('...', "...", `...`, curly quotes) is one value: its
+ * start gets the quote bonus too, a copy from its start goes on to its
+ * closing quote (over spaces and joining characters, not past the quote);
+ * an apostrophe inside a word opens and closes nothing. */
+static void test_quoted(void)
+{
+    needle_model M;
+    build_model(&M);
+    nd_copy_prior c;
+    const float on[ND_COPY_N_BONUS] = {4.0f, 20.0f, 10.0f, 5.0f}; /* edge, inside, start, quote */
+    CHECK(nd_copy_prior_init(&c, &M, on) == ND_OK);
+    CHECK(nd_copy_prior_set(&c,
+                            "Move 'final_report.pdf' to \"temp\" and say `Tire ok!` now; "
+                            "Zeta Corp's s 'x",
+                            NULL) == ND_OK);
+    float lg[V];
+    enum { S = ND_GRAM_IN_STRING };
+    bonuses(&c, &M, S, "", NULL, 0, lg);
+    CHECK(BONUS("final") == 15.0f && BONUS("temp") == 15.0f && BONUS("Tire") == 15.0f);
+    CHECK(BONUS("Move") == 10.0f); /* another word's start */
+    CHECK(BONUS("pdf") == 0.0f);   /* a quoted span is one value: no copy starts inside */
+    CHECK(BONUS("Corp") == 10.0f && BONUS("s") == 10.0f); /* "Corp's": no quote */
+    CHECK(BONUS("x") == 10.0f);                           /* 'x never closes */
+    /* a value opened in one piece with its first bytes */
+    const opener open[] = {
+        {"\"final", {0, S, S, S, S, S, S}}, {"\"pdf", {0, S, S, S, S}}, {"\"xyz", {0, S, S, S, S}}};
+    bonuses(&c, &M, 0, NULL, open, 3, lg);
+    CHECK(BONUS("\"final") == 5.0f && BONUS("\"pdf") == -10.0f && BONUS("\"xyz") == -10.0f);
+    /* inside the span: on over "_" and " ", up to the closing quote */
+    bonuses(&c, &M, S, "final", NULL, 0, lg);
+    CHECK(c.inside == 1 && BONUS("_report") == 25.0f);
+    bonuses(&c, &M, S, "final_report", NULL, 0, lg);
+    CHECK(c.inside == 1 && BONUS(".pdf") == 25.0f);
+    bonuses(&c, &M, S, "Tire", NULL, 0, lg);
+    CHECK(c.inside == 1 && BONUS(" ok") == 25.0f);
+    bonuses(&c, &M, S, "Tire ok", NULL, 0, lg);
+    CHECK(c.inside == 1 && BONUS("!") == 25.0f && BONUS("!'") == 0.0f);
+    const opener closeq[] = {{"\"", {S, 0}}};
+    bonuses(&c, &M, S, "Tire ok!", closeq, 1, lg);
+    CHECK(c.inside == 0 && BONUS("\"") == 4.0f);
+    /* "pdf" would start inside the span: no copy, nothing to close */
+    bonuses(&c, &M, S, "pdf", closeq, 1, lg);
+    CHECK(c.inside == 0 && BONUS("\"") == 0.0f);
+    /* a copy from the span's start closes at its closing quote only */
+    bonuses(&c, &M, S, "final_report", closeq, 1, lg);
+    CHECK(BONUS("\"") == 0.0f);
+    bonuses(&c, &M, S, "final_report.pdf", closeq, 1, lg);
+    CHECK(BONUS("\"") == 4.0f);
+    /* a taken span starts no copy until untaken */
+    nd_copy_prior_take(&c, (const unsigned char *)"final_report.pdf", 16, 0);
+    bonuses(&c, &M, S, "", NULL, 0, lg);
+    CHECK(BONUS("final") == 0.0f && BONUS("temp") == 15.0f);
+    nd_copy_prior_untake(&c);
+    bonuses(&c, &M, S, "", NULL, 0, lg);
+    CHECK(BONUS("final") == 15.0f);
+    CHECK(nd_copy_prior_set(&c, "compare 'final_report.pdf' with 'old_final_report.pdf' please",
+                            NULL) == ND_OK);
+    bonuses(&c, &M, S, "", NULL, 0, lg);
+    CHECK(BONUS("final") == 15.0f);
+    /* "f" copies the quoted span and "file": the span's way gets the quote bonus */
+    CHECK(nd_copy_prior_set(&c, "compare 'final_report.pdf' with file please", NULL) == ND_OK);
+    bonuses(&c, &M, S, "f", NULL, 0, lg);
+    CHECK(BONUS("inal") == 25.0f && BONUS("ile") == 20.0f);
+    /* curly quotes */
+    CHECK(nd_copy_prior_set(&c, "post \xE2\x80\x98Hello world\xE2\x80\x99 please", NULL) == ND_OK);
+    bonuses(&c, &M, S, "", NULL, 0, lg);
+    CHECK(BONUS("Hello") == 15.0f);
+    bonuses(&c, &M, S, "Hello", NULL, 0, lg);
+    CHECK(c.inside == 1 && BONUS(" world") == 25.0f);
+    /* no quotes: a word's end is an edge */
+    CHECK(nd_copy_prior_set(&c, "post Hello world please", NULL) == ND_OK);
+    bonuses(&c, &M, S, "", NULL, 0, lg);
+    CHECK(BONUS("Hello") == 10.0f);
+    bonuses(&c, &M, S, "Hello", NULL, 0, lg);
+    CHECK(c.inside == 0 && BONUS(" world") == 4.0f);
     nd_copy_prior_free(&c);
     free(M.trie);
     free(M.tok_next);
@@ -266,19 +349,21 @@ static void test_value_pos(void)
 
 static void test_setting(void)
 {
-    float b[3];
+    float b[ND_COPY_N_BONUS];
     CHECK(nd_copy_prior_setting("", b) == ND_OK);
     CHECK(b[0] == ND_COPY_EDGE_BONUS && b[1] == ND_COPY_INSIDE_BONUS &&
-          b[2] == ND_COPY_START_BONUS);
+          b[2] == ND_COPY_START_BONUS && b[3] == ND_COPY_QUOTE_BONUS);
     CHECK(nd_copy_prior_setting(NULL, b) == ND_OK && b[1] == ND_COPY_INSIDE_BONUS);
-    CHECK(nd_copy_prior_setting("0", b) == ND_OK && b[0] == 0.0f && b[1] == 0.0f && b[2] == 0.0f);
+    CHECK(nd_copy_prior_setting("0", b) == ND_OK && b[0] == 0.0f && b[1] == 0.0f && b[2] == 0.0f &&
+          b[3] == 0.0f);
     CHECK(nd_copy_prior_setting("off", b) == ND_OK && b[1] == 0.0f);
     CHECK(nd_copy_prior_setting("2.5,30,7", b) == ND_OK && b[0] == 2.5f && b[1] == 30.0f &&
-          b[2] == 7.0f);
+          b[2] == 7.0f && b[3] == ND_COPY_QUOTE_BONUS); /* QUOTE left out: the default */
+    CHECK(nd_copy_prior_setting("2.5,30,7,0", b) == ND_OK && b[2] == 7.0f && b[3] == 0.0f);
     CHECK(nd_copy_prior_setting("0,8,0", b) == ND_OK && b[0] == 0.0f && b[1] == 8.0f);
-    static const char *const bad[] = {"4",       "4,20",    "4,20,",   "4,0,6",
-                                      "-1,20,6", "4,200,6", "4,20,6x", "4,20,6,1",
-                                      "on",      "nan,5,5", ",20,6"};
+    static const char *const bad[] = {"4",       "4,20",    "4,20,",      "4,0,6", "-1,20,6",
+                                      "4,200,6", "4,20,6x", "4,20,6,1,1", "on",    "nan,5,5",
+                                      ",20,6",   "4,20,6,", "4,20,6,101"};
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         CHECK_MSG(nd_copy_prior_setting(bad[k], b) == ND_EARG, "'%s' accepted", bad[k]);
         CHECK(strstr(nd_last_error(), "NEEDLE_COPY_PRIOR") != NULL);
@@ -290,6 +375,7 @@ int main(void)
     test_setting();
     test_numbers_as_digits();
     test_marks();
+    test_quoted();
     test_value_pos();
     return tu_finish("test_copy_prior");
 }

@@ -6,7 +6,9 @@ With every bonus at 100 the prior outweighs the model, so what it promises
 holds whatever the weights say: every string value the calls write is a
 span of the query (letters compared without case) and every number is a
 number of the query, said in digits or in words ("twenty-one" -> 21).
-Checks that property on queries whose calls the base makes, that the
+Checks that property on queries whose calls the base makes; that a quoted
+span is one value and a call's values copy different spans (two quoted
+file names give the two names, not one twice); that the
 default prior turns the demo's kind of query into the right number, that
 `NEEDLE_COPY_PRIOR=0` leaves the model's own picks, and that a bad value is
 refused naming the variable. A cross build without a runnable needle or
@@ -35,6 +37,24 @@ TOOLS = [
                     "properties": {"to": {"type": "string"}, "subject": {"type": "string"},
                                    "body": {"type": "string"}},
                     "required": ["to", "subject", "body"]}},
+]
+
+DIFF_TOOLS = [
+    {"name": "diff", "description": "Compare two files line by line",
+     "parameters": {"type": "object",
+                    "properties": {"file_name1": {"type": "string"},
+                                   "file_name2": {"type": "string"}},
+                    "required": ["file_name1", "file_name2"]}},
+    {"name": "authenticate", "description": "Log in to the service",
+     "parameters": {"type": "object",
+                    "properties": {"username": {"type": "string"}, "password": {"type": "string"}},
+                    "required": ["username", "password"]}},
+]
+
+QUOTED = [
+    "compare 'project_analysis.txt' with 'old_project_analysis.txt' please",
+    "log me in with username 'bookworm_traveler' and password 'Tr@v3lB00ks2023'",
+    'diff "notes v2.md" against "notes.md"',
 ]
 
 QUERIES = [
@@ -118,6 +138,21 @@ def main():
         off = calls(tools_path, "set the thermostat to twenty-one degrees", "0")
         print("prior off:", json.dumps(off))
         check(off != got, "NEEDLE_COPY_PRIOR=0 gives what the prior gives: is it off?")
+
+        # quoted spans: whole, and each once in a call (every bonus at 100)
+        diff_path = os.path.join(tmp, "diff.json")
+        with open(diff_path, "w") as f:
+            json.dump(DIFF_TOOLS, f)
+        for q in QUOTED:
+            spans = re.findall(r"'([^']+)'|\"([^\"]+)\"", q)
+            spans = {a or b for a, b in spans}
+            got = calls(diff_path, q, "100,100,100,100")
+            check(len(got) >= 1, f"{q!r}: no call")
+            for c in got:
+                vals = list(c["arguments"].values())
+                check(len(vals) == 2 and all(v in spans for v in vals),
+                      f"{q!r}: values {vals} are not the quoted spans {sorted(spans)}")
+                check(len(set(vals)) == len(vals), f"{q!r}: one span twice in a call: {vals}")
 
         r = run(tools_path, "set it to 21 degrees", "4,20")
         check(r.returncode != 0 and "NEEDLE_COPY_PRIOR='4,20'" in r.stdout + r.stderr,

@@ -225,7 +225,7 @@ static void test_step(void)
     const float cb[2] = {10.0f, 10.0f};
     CHECK(nd_choice_prior_init(&choice, nd_pj_root(doc), V, cb) == ND_OK);
     nd_copy_prior copy;
-    const float kb[3] = {6.0f, 20.0f, 12.0f};
+    const float kb[ND_COPY_N_BONUS] = {6.0f, 20.0f, 12.0f, 0.0f};
     CHECK(nd_copy_prior_init(&copy, &M, kb) == ND_OK);
     nd_reason_prior p;
     CHECK(nd_reason_prior_init(&p, nd_pj_root(doc), V, find("</end>"), 10.0f) == ND_OK);

@@ -2,6 +2,7 @@
  * words into a call's value. */
 #include "engine/copy_prior.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,11 +10,24 @@
 #include "core/status.h"
 
 /* what a piece gets this step (nd_copy_prior.mark[]): the edge bonus, the
- * inside bonus, the start bonus (a value's first bytes that start a copy,
- * after its quote), or the start bonus taken away (a piece that writes a
+ * inside bonus (and the quote bonus: inside a copy of a quoted span from
+ * its start), the start bonus (a value's first bytes that start a copy,
+ * after its quote), the start and quote bonuses (the same at a quoted
+ * span's start), the start bonus taken away (a piece that writes a
  * value's first bytes, quote and all, that start no copy: relative to the
- * rest, the same as every other piece gaining it) */
-enum { MARK_NONE, MARK_EDGE, MARK_INSIDE, MARK_START, MARK_NOT_START };
+ * rest, the same as every other piece gaining it), or the quote bonus (a
+ * piece that writes a value's quote and the first bytes of a quoted span:
+ * relative to the quote alone, what the span's first bytes gain after it) */
+enum {
+    MARK_NONE,
+    MARK_EDGE,
+    MARK_INSIDE,
+    MARK_QUOTED_INSIDE,
+    MARK_START,
+    MARK_QUOTED_START,
+    MARK_NOT_START,
+    MARK_QUOTED
+};
 
 static int is_digit(int c)
 {
@@ -30,41 +44,46 @@ static int is_alnum(int c)
     return is_digit(c) || is_alpha(c);
 }
 
-int nd_copy_prior_setting(const char *env, float b[3])
+int nd_copy_prior_setting(const char *env, float b[ND_COPY_N_BONUS])
 {
     b[0] = ND_COPY_EDGE_BONUS;
     b[1] = ND_COPY_INSIDE_BONUS;
     b[2] = ND_COPY_START_BONUS;
+    b[3] = ND_COPY_QUOTE_BONUS;
     if (!env || !*env)
         return ND_OK;
     if (!strcmp(env, "0") || !strcmp(env, "off")) {
-        b[0] = b[1] = b[2] = 0.0f;
+        b[0] = b[1] = b[2] = b[3] = 0.0f;
         return ND_OK;
     }
+    /* three or four numbers; three keep the default quote bonus */
     const char *p = env;
-    int ok = 1;
-    for (int i = 0; i < 3 && ok; i++) {
+    int ok = 1, i = 0;
+    for (; i < ND_COPY_N_BONUS && ok; i++) {
         char *end;
         double v = strtod(p, &end);
-        ok = end != p && v >= 0 && v <= 100 && *end == (i < 2 ? ',' : '\0');
+        ok = end != p && v >= 0 && v <= 100 && (*end == ',' ? i < 3 : *end == '\0' && i >= 2);
         b[i] = (float)v;
         p = end + 1;
+        if (ok && *end == '\0')
+            break;
     }
     if (!ok || b[1] <= 0.0f)
         return nd_error(ND_EARG,
-                        "NEEDLE_COPY_PRIOR='%s': expected 0 (off) or EDGE,INSIDE,START bonuses "
-                        "(each 0..100, INSIDE > 0; the default is %g,%g,%g)",
+                        "NEEDLE_COPY_PRIOR='%s': expected 0 (off) or EDGE,INSIDE,START[,QUOTE] "
+                        "bonuses (each 0..100, INSIDE > 0; the default is %g,%g,%g,%g)",
                         env, (double)ND_COPY_EDGE_BONUS, (double)ND_COPY_INSIDE_BONUS,
-                        (double)ND_COPY_START_BONUS);
+                        (double)ND_COPY_START_BONUS, (double)ND_COPY_QUOTE_BONUS);
     return ND_OK;
 }
 
-int nd_copy_prior_init(nd_copy_prior *c, const needle_model *M, const float b[3])
+int nd_copy_prior_init(nd_copy_prior *c, const needle_model *M, const float b[ND_COPY_N_BONUS])
 {
     memset(c, 0, sizeof *c);
     c->edge_bonus = b[0];
     c->bonus = b[1];
     c->start_bonus = b[2];
+    c->quote_bonus = b[3];
     if (c->bonus == 0.0f)
         return ND_OK;
     int V = M->m.dims.V;
@@ -78,6 +97,7 @@ void nd_copy_prior_free(nd_copy_prior *c)
     nd_buf_free(&c->src);
     free(c->mark);
     free(c->taken);
+    free(c->quote);
     memset(c, 0, sizeof *c);
 }
 
@@ -234,13 +254,17 @@ int nd_copy_numbers_as_digits(const char *text, nd_buf *out)
     return rc;
 }
 
+static int mark_quoted_spans(nd_copy_prior *c);
+
 int nd_copy_prior_set(nd_copy_prior *c, const char *turn_text, const char *system)
 {
     if (c->bonus == 0.0f)
         return ND_OK;
     c->src.n = 0;
     free(c->taken);
+    free(c->quote);
     c->taken = NULL;
+    c->quote = NULL;
     int rc = nd_buf_put(&c->src, turn_text, strlen(turn_text) + 1);
     if (!rc && system)
         rc = nd_buf_put(&c->src, system, strlen(system) + 1);
@@ -253,6 +277,8 @@ int nd_copy_prior_set(nd_copy_prior *c, const char *turn_text, const char *syste
     }
     if (!rc && !(c->taken = calloc(c->src.n + 1, 1)))
         rc = ND_ENOMEM;
+    if (!rc)
+        rc = mark_quoted_spans(c);
     return rc ? nd_error(rc, "copy prior: out of memory") : ND_OK;
 }
 
@@ -302,6 +328,79 @@ static int inside_compound(const char *s, size_t st, int n)
     return n >= 2 && st + (size_t)n < compound_end(s, st);
 }
 
+/* The quote mark that ends the source's bytes before st, when it opens a
+ * quoted span: ' " or ` (or a curly opening quote) after no letter or
+ * digit, before a byte that is no space: its closing byte(s), else NULL. */
+static const char *quote_closer(const char *s, size_t st)
+{
+    static const char *const curly[][2] = {{"\xE2\x80\x98", "\xE2\x80\x99"},
+                                           {"\xE2\x80\x9C", "\xE2\x80\x9D"}};
+    if (!s[st] || s[st] == ' ' || s[st] == '\n')
+        return NULL;
+    if (st >= 1 && s[st - 1] && strchr("'\"`", s[st - 1]) &&
+        (st == 1 || !is_alnum((unsigned char)s[st - 2])))
+        return s[st - 1] == '\'' ? "'" : s[st - 1] == '"' ? "\"" : "`";
+    for (int k = 0; k < 2 && st >= 3; k++)
+        if (!memcmp(s + st - 3, curly[k][0], 3) && (st == 3 || !is_alnum((unsigned char)s[st - 4])))
+            return curly[k][1];
+    return NULL;
+}
+
+/* Where the quoted span starting at st ends (the byte of its closing
+ * quote), or st when st starts none. The closing quote follows a byte
+ * that is no space and comes before no letter or digit ("Zeta Corp's"
+ * has no closing quote at its apostrophe), on the same line, within
+ * QUOTED_MAX bytes. Why: users quote the names and texts they want used
+ * ('final_report.pdf', 'Tire pressures are optimal!'); the base, reading
+ * "pdf" or "Tire" as a word of its own, wrote "pdf" or stopped at the
+ * first space. */
+#define QUOTED_MAX 256
+static size_t scan_quoted_end(const char *s, size_t st)
+{
+    const char *q = quote_closer(s, st);
+    if (!q)
+        return st;
+    size_t nq = strlen(q);
+    for (size_t e = st + 1; s[e] && s[e] != '\n' && e - st <= QUOTED_MAX; e++)
+        if (!strncmp(s + e, q, nq) && s[e - 1] != ' ' && !is_alnum((unsigned char)s[e + nq]))
+            return e;
+    return st;
+}
+
+/* c->quote[]: at a quoted span's start its end (scan_quoted_end), -1
+ * inside a quoted span (no copy starts there: 'old_report.pdf' is one
+ * value, not "report.pdf" too), else 0 */
+static int mark_quoted_spans(nd_copy_prior *c)
+{
+    const char *s = c->src.p;
+    size_t L = c->src.n;
+    if (!(c->quote = calloc(L + 1, sizeof *c->quote)))
+        return ND_ENOMEM;
+    for (size_t st = 0; st < L; st++) {
+        size_t e = scan_quoted_end(s, st);
+        if (e == st)
+            continue;
+        c->quote[st] = (int32_t)e;
+        for (size_t k = st + 1; k < e; k++)
+            c->quote[k] = -1;
+        st = e;
+    }
+    return ND_OK;
+}
+
+/* where the quoted span starting at st ends, or st when st starts none */
+static size_t quoted_end(const nd_copy_prior *c, size_t st)
+{
+    return c->quote && c->quote[st] > 0 ? (size_t)c->quote[st] : st;
+}
+
+/* whether a string copy of src[st .. st + n) stops inside a compound
+ * value or inside a quoted span: it goes on as inside a word does */
+static int inside_span(const nd_copy_prior *c, size_t st, int n)
+{
+    return inside_compound(c->src.p, st, n) || (n >= 1 && st + (size_t)n < quoted_end(c, st));
+}
+
 /* whether a copy that ends a word at s may go on past it: a space, or a
  * character that joins words into one value ("2107 Channing", "a.b",
  * "x-y", "me@host", "http://", "id1,id2"), then a letter or digit; not a
@@ -312,12 +411,12 @@ static int joins(const char *s)
     return s[0] && strchr(" ,-_./:@+&=#", s[0]) && is_alnum((unsigned char)s[1]);
 }
 
-/* mark the allowed tokens whose bytes are a prefix of s */
-static void mark_prefixes(nd_copy_prior *c, const needle_model *M, const char *s,
+/* mark the allowed tokens whose bytes are a prefix of s[0 .. max) */
+static void mark_prefixes(nd_copy_prior *c, const needle_model *M, const char *s, size_t max,
                           const uint8_t *allowed, uint8_t level)
 {
     int node = 0;
-    for (int k = 0; s[k] && k < PIECE_MAX; k++) {
+    for (int k = 0; s[k] && k < PIECE_MAX && (size_t)k < max; k++) {
         int ch = M->trie[node].child;
         while (ch >= 0 && M->trie[ch].byte != (unsigned char)s[k])
             ch = M->trie[ch].sibling;
@@ -339,7 +438,7 @@ static void mark_capitals(nd_copy_prior *c, const needle_model *M, const char *s
     for (; s[k] && k < PIECE_MAX; k++)
         up[k] = s[k] >= 'a' && s[k] <= 'z' ? (char)(s[k] - 32) : s[k];
     up[k] = 0;
-    mark_prefixes(c, M, up, allowed, MARK_INSIDE);
+    mark_prefixes(c, M, up, SIZE_MAX, allowed, MARK_INSIDE);
 }
 
 /* whether s starts a number of at least n bytes that no letter follows
@@ -371,24 +470,32 @@ static int same_nocase(const char *s, const unsigned char *v, int n)
 static int copy_start(const nd_copy_prior *c, size_t st, int numeric, int n)
 {
     const char *s = c->src.p;
-    if (!s[st] || (st > 0 && is_alnum((unsigned char)s[st - 1])) || (c->taken && c->taken[st]))
+    if (!s[st] || (st > 0 && is_alnum((unsigned char)s[st - 1])) || (c->taken && c->taken[st]) ||
+        (!numeric && c->quote && c->quote[st] < 0))
         return 0;
     return !numeric || number_span(s + st, n);
 }
 
 /* a source span at a word's start that begins with v[0..n) and, when
- * closed, ends there at a word's end; letters compared without case here
- * (a value's first bytes and its end), so "ZETA" for "Zeta Corp" is no
- * made-up value: the model's own casing stands */
+ * closed, ends there at a word's end (a quoted span's copy: at its
+ * closing quote); letters compared without case here (a value's first
+ * bytes and its end), so "ZETA" for "Zeta Corp" is no made-up value: the
+ * model's own casing stands. 2 where such a span starts a quoted span (a
+ * string's), 1 where only others do, else 0. */
 static int is_copy(const nd_copy_prior *c, const unsigned char *v, int n, int numeric, int closed)
 {
     const char *s = c->src.p;
     size_t L = c->src.n;
-    for (size_t st = 0; st + (size_t)n < L; st++)
-        if (copy_start(c, st, numeric, n) && same_nocase(s + st, v, n) &&
-            (!closed || may_end_before(s + st + n, numeric)))
-            return 1;
-    return 0;
+    int found = 0;
+    for (size_t st = 0; st + (size_t)n < L && found < 2; st++) {
+        if (!copy_start(c, st, numeric, n) || !same_nocase(s + st, v, n))
+            continue;
+        size_t qe = numeric ? st : quoted_end(c, st);
+        if (closed && (qe > st ? st + (size_t)n < qe : !may_end_before(s + st + n, numeric)))
+            continue;
+        found = qe > st ? 2 : 1;
+    }
+    return found;
 }
 
 static int plain_bytes(const unsigned char *v, int n)
@@ -415,7 +522,7 @@ void nd_copy_prior_begin(nd_copy_prior *c, int V, int pos, const unsigned char *
     int numeric = pos == ND_GRAM_IN_NUMBER;
     for (size_t st = 0; st + (size_t)n < c->src.n && !c->inside; st++)
         if (copy_start(c, st, numeric, n) && !memcmp(s + st, value, (size_t)n) &&
-            (stops_inside(s + st + n, n, numeric) || (!numeric && inside_compound(s, st, n))))
+            (stops_inside(s + st + n, n, numeric) || (!numeric && inside_span(c, st, n))))
             c->inside = 1;
 }
 
@@ -457,11 +564,13 @@ void nd_copy_prior_token(nd_copy_prior *c, int t, const unsigned char *pre, int 
     }
     memcpy(v + n, path + a, (size_t)(b - a));
     n += b - a;
-    int copy = closed && a == b
-                   ? c->closes
-                   : plain_bytes(v, n) && is_copy(c, v, n, kind == ND_GRAM_IN_NUMBER, closed);
-    if (!in_value(inval[0]))
-        c->mark[t] = copy ? 0 : MARK_NOT_START; /* a value's first bytes */
+    int copy = 0; /* is_copy's answer */
+    if (closed && a == b)
+        copy = c->closes;
+    else if (plain_bytes(v, n))
+        copy = is_copy(c, v, n, kind == ND_GRAM_IN_NUMBER, closed);
+    if (!in_value(inval[0])) /* a value's first bytes */
+        c->mark[t] = copy == 2 ? MARK_QUOTED : copy ? MARK_NONE : MARK_NOT_START;
     else if (copy) /* goes on inside the word, then may close: the inside bonus */
         c->mark[t] = c->inside && b > a ? MARK_INSIDE : MARK_EDGE;
 }
@@ -479,14 +588,18 @@ void nd_copy_prior_mark(nd_copy_prior *c, const needle_model *M, int pos,
             continue;
         if (memcmp(s + st, value, (size_t)n))
             continue;
+        /* a quoted span's copy is marked up to its closing quote only */
+        size_t qe = numeric ? st : quoted_end(c, st);
+        size_t max = qe > st + (size_t)n ? qe - st - (size_t)n : SIZE_MAX;
         if (n == 0)
-            mark_prefixes(c, M, s + st, allowed, MARK_START);
-        else if (stops_inside(s + st + n, n, numeric) || (!numeric && inside_compound(s, st, n))) {
-            mark_prefixes(c, M, s + st + n, allowed, MARK_INSIDE);
+            mark_prefixes(c, M, s + st, max, allowed, qe > st ? MARK_QUOTED_START : MARK_START);
+        else if (stops_inside(s + st + n, n, numeric) || (!numeric && inside_span(c, st, n))) {
+            mark_prefixes(c, M, s + st + n, max, allowed,
+                          qe > st + (size_t)n ? MARK_QUOTED_INSIDE : MARK_INSIDE);
             if (n == 1 && value[0] >= 'A' && value[0] <= 'Z')
                 mark_capitals(c, M, s + st + n, allowed); /* "Z" of "Zeta": "ZETA" too */
         } else if (may_end_before(s + st + n, numeric) && joins(s + st + n))
-            mark_prefixes(c, M, s + st + n, allowed, MARK_EDGE);
+            mark_prefixes(c, M, s + st + n, max, allowed, MARK_EDGE);
     }
 }
 
@@ -496,10 +609,13 @@ void nd_copy_prior_add(const nd_copy_prior *c, const uint8_t *allowed, int V, fl
         return;
     for (int t = 0; t < V; t++)
         if (c->mark[t] && allowed[t])
-            logits[t] += c->mark[t] == MARK_EDGE     ? c->edge_bonus
-                         : c->mark[t] == MARK_INSIDE ? c->bonus
-                         : c->mark[t] == MARK_START  ? c->start_bonus
-                                                     : -c->start_bonus;
+            logits[t] += c->mark[t] == MARK_EDGE            ? c->edge_bonus
+                         : c->mark[t] == MARK_INSIDE        ? c->bonus
+                         : c->mark[t] == MARK_QUOTED_INSIDE ? c->bonus + c->quote_bonus
+                         : c->mark[t] == MARK_START         ? c->start_bonus
+                         : c->mark[t] == MARK_QUOTED_START  ? c->start_bonus + c->quote_bonus
+                         : c->mark[t] == MARK_QUOTED        ? c->quote_bonus
+                                                            : -c->start_bonus;
 }
 
 void nd_copy_prior_take(nd_copy_prior *c, const unsigned char *v, int n, int numeric)

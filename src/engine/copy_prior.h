@@ -48,10 +48,12 @@ typedef struct {
     float bonus;       /* added to the logit of a piece that copies inside a word; 0: off */
     float edge_bonus;  /* the same where a copy may end, or go on past a word's end */
     float start_bonus; /* the same for a value's first bytes that start a copy */
+    float quote_bonus; /* added to start_bonus where the copy starts a quoted span */
     int inside;        /* the value so far is a copy that stops inside a word */
     int closes;        /* the value so far is a copy that may end here */
     uint8_t *mark;     /* [V] tokens that continue a copy this step */
     uint8_t *taken;    /* [src.n] a copy starting there was written already (take) */
+    int32_t *quote;    /* [src.n] a quoted span's end at its start, -1 inside one, else 0 */
 } nd_copy_prior;
 
 /* The defaults, chosen on the built-in base's fine-tuned and zero-shot
@@ -60,15 +62,18 @@ typedef struct {
 #define ND_COPY_EDGE_BONUS 6.0f
 #define ND_COPY_INSIDE_BONUS 20.0f
 #define ND_COPY_START_BONUS 12.0f
+#define ND_COPY_QUOTE_BONUS 4.0f
+#define ND_COPY_N_BONUS 4
 
 /* The bonuses NEEDLE_COPY_PRIOR asks for, as b[] = {edge, inside,
- * start}: unset, the defaults; "0" or "off", none; "EDGE,INSIDE,START",
- * those (each 0 .. 100, INSIDE > 0). ND_EARG names the variable and its
- * value. */
-int nd_copy_prior_setting(const char *env, float b[3]);
+ * start, quote}: unset, the defaults; "0" or "off", none;
+ * "EDGE,INSIDE,START[,QUOTE]", those (each 0 .. 100, INSIDE > 0; QUOTE
+ * left out is the default). ND_EARG names the variable and its value. */
+int nd_copy_prior_setting(const char *env, float b[ND_COPY_N_BONUS]);
 /* Allocate for model M with bonuses b (nd_copy_prior_setting's); an
  * inside bonus of 0 makes every later call a no-op. */
-int nd_copy_prior_init(nd_copy_prior *c, const needle_model *M, const float b[3]);
+int nd_copy_prior_init(nd_copy_prior *c, const needle_model *M, const float b[ND_COPY_N_BONUS]);
+
 void nd_copy_prior_free(nd_copy_prior *c);
 /* The sources of one turn (system may be NULL). */
 int nd_copy_prior_set(nd_copy_prior *c, const char *turn_text, const char *system);

@@ -229,7 +229,7 @@ needle_session *needle_session_new_with_index(needle_model *M, const char *syste
         rc = nd_error(ND_ENOMEM, "out of memory");
         goto fail;
     }
-    float bonuses[3], choice[3];
+    float bonuses[ND_COPY_N_BONUS], choice[3];
     if ((rc = nd_copy_prior_setting(nd_tuning_get()->copy_prior, bonuses)) ||
         (rc = nd_copy_prior_init(&S->copy, M, bonuses)) ||
         (rc = nd_choice_prior_setting(nd_tuning_get()->choice_prior, choice)) ||
@@ -844,6 +844,28 @@ static const float *copy_prior(needle_session *S, const unsigned char *v, int po
     return S->biased;
 }
 
+/* After one byte of the call (T->call ends with it): where the string
+ * value being written starts, or -1. A string value just closed is taken
+ * (nd_copy_prior_take), so the call's next values copy other words;
+ * a call's arguments start afresh. Why: fine-tuned on BFCL's file system,
+ * the base wrote diff(file_name1 "a.txt", file_name2 "a.txt") for "compare
+ * 'a.txt' with 'old_a.txt'" and a username equal to the password. */
+static int call_value_fed(needle_session *S, turn_state *T, int vstart)
+{
+    static const char args[] = "\"arguments\":{";
+    const char *num;
+    int nlen, n = (int)T->call.n;
+    int in_str = nd_gram_value_pos(&T->st, &num, &nlen) == ND_GRAM_IN_STRING;
+    if (in_str)
+        return vstart >= 0 ? vstart : n;
+    if (vstart >= 0)
+        nd_copy_prior_take(&S->copy, (const unsigned char *)T->call.p + vstart, n - 1 - vstart, 0);
+    else if (n >= (int)sizeof args - 1 &&
+             !memcmp(T->call.p + n - (sizeof args - 1), args, sizeof args - 1))
+        nd_copy_prior_untake(&S->copy);
+    return -1;
+}
+
 /* The grammar-constrained call, within the budget; then its closing tokens
  * when the call is complete. */
 static int constrained_call(needle_session *S, turn_state *T)
@@ -888,13 +910,10 @@ static int constrained_call(needle_session *S, turn_state *T)
         int len;
         nd_piece_bytes(M->tok, t, pb, &len);
         for (int i = 0; i < len; i++) {
-            const char *num;
-            int nlen;
             nd_gram_feed(S->active, &T->st, pb[i]);
-            int in_str = nd_gram_value_pos(&T->st, &num, &nlen) == ND_GRAM_IN_STRING;
-            vstart = !in_str ? -1 : vstart >= 0 ? vstart : (int)T->call.n + i + 1;
+            nd_buf_put(&T->call, (const char *)pb + i, 1);
+            vstart = call_value_fed(S, T, vstart);
         }
-        nd_buf_put(&T->call, (const char *)pb, (size_t)len);
         if ((rc = run(S, &t, 1, S->logits)))
             return rc;
         T->gen++;

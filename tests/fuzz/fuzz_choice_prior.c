@@ -265,7 +265,8 @@ static void plan_reason(const nd_pj *tools, const nd_choice_prior *choice, const
 {
     nd_reason_prior rp;
     nd_copy_prior c;
-    const float cb[3] = {ND_COPY_EDGE_BONUS, ND_COPY_INSIDE_BONUS, ND_COPY_START_BONUS};
+    const float cb[ND_COPY_N_BONUS] = {ND_COPY_EDGE_BONUS, ND_COPY_INSIDE_BONUS,
+                                       ND_COPY_START_BONUS, ND_COPY_QUOTE_BONUS};
     if (nd_reason_prior_init(&rp, tools, V, 0, b[2]) != ND_OK ||
         nd_copy_prior_init(&c, model, cb) != ND_OK || nd_copy_prior_set(&c, turn, NULL) != 0)
         fail(__LINE__); /* only for memory */

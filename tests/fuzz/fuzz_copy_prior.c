@@ -37,9 +37,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size_t n = size - len - 1 < sizeof setting - 1 ? size - len - 1 : sizeof setting - 1;
         memcpy(setting, text + len + 1, n);
         setting[n] = 0;
-        float b[3];
+        float b[ND_COPY_N_BONUS];
         if (nd_copy_prior_setting(setting, b) == 0)
-            for (int i = 0; i < 3; i++)
+            for (int i = 0; i < ND_COPY_N_BONUS; i++)
                 if (!(b[i] >= 0.0f && b[i] <= 100.0f))
                     abort();
     }

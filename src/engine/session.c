@@ -779,28 +779,56 @@ static int open_answer(needle_session *S, turn_state *T, int *thinking)
     return ND_OK;
 }
 
-/* Free reasoning up to "</think>" (forced at think_cap), then the closing
- * markers. */
+/* Whether the text s[0..n) ends in a cycle of 1..REASON_PERIOD bytes
+ * repeated over more than REASON_PERIODIC bytes ("St St St St ...").
+ * Why: the built-in base, given upstream's Contact tool, reasoned "The user
+ * wants to describe S An St St St ..." to the cap, and the call's values
+ * then copied the loop ("name": "be S St St ..."). */
+#define REASON_PERIOD 16
+#define REASON_PERIODIC 32
+static int reasoning_loops(const unsigned char *s, size_t n)
+{
+    for (size_t p = 1; p <= REASON_PERIOD; p++) {
+        if (n < REASON_PERIODIC + p)
+            break;
+        size_t i = n - REASON_PERIODIC - p;
+        while (i < n - p && s[i] == s[i + p])
+            i++;
+        if (i == n - p)
+            return 1;
+    }
+    return 0;
+}
+
+/* Free reasoning up to "</think>" (forced at think_cap, or once the
+ * reasoning loops), then the closing markers. */
 static int reason(needle_session *S, turn_state *T, int think_cap)
 {
     needle_model *M = S->model;
-    int rc;
+    nd_buf text = {0}; /* the reasoning's bytes, for the loop guard */
+    unsigned char pb[PIECE_MAX];
+    int rc, len;
     for (;;) {
         int t = M->id_think_end;
-        if (T->gen < think_cap) {
+        if (T->gen < think_cap && !reasoning_loops((const unsigned char *)text.p, text.n)) {
             const float *lg = nd_choice_prior_reason(&S->choice, M, S->logits, M->reason_ok);
             lg = nd_reason_prior_logits(&S->reason, M, &S->copy, lg, M->reason_ok);
             t = argmax_masked(lg, M->reason_ok, M->m.dims.V);
         }
         if (t == M->id_think_end)
             break;
+        if (nd_piece_bytes(M->tok, t, pb, &len))
+            nd_buf_put(&text, (const char *)pb, (size_t)len);
         nd_choice_prior_feed(&S->choice, M, t);
         nd_reason_prior_feed(&S->reason, M, &S->copy, t);
         nd_idvec_push(&T->gen_reason, t);
-        if ((rc = run(S, &t, 1, S->logits)))
+        if ((rc = run(S, &t, 1, S->logits))) {
+            nd_buf_free(&text);
             return rc;
+        }
         T->gen++;
     }
+    nd_buf_free(&text);
     nd_idvec forced = {0};
     nd_idvec_push(&forced, M->id_think_end);
     for (size_t i = 0; i < M->think_close.n; i++)

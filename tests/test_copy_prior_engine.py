@@ -8,7 +8,8 @@ span of the query (letters compared without case) and every number is a
 number of the query, said in digits or in words ("twenty-one" -> 21).
 Checks that property on queries whose calls the base makes; that a quoted
 span is one value and a call's values copy different spans (two quoted
-file names give the two names, not one twice); that the
+file names give the two names, not one twice; "40 and 50" gives 40 and
+50, not 40 twice); that the
 default prior turns the demo's kind of query into the right number, that
 `NEEDLE_COPY_PRIOR=0` leaves the model's own picks, and that a bad value is
 refused naming the variable. A cross build without a runnable needle or
@@ -49,6 +50,25 @@ DIFF_TOOLS = [
      "parameters": {"type": "object",
                     "properties": {"username": {"type": "string"}, "password": {"type": "string"}},
                     "required": ["username", "password"]}},
+]
+
+NUMBER_TOOLS = [
+    {"name": "math_gcd", "description": "Greatest common divisor of two integers",
+     "parameters": {"type": "object",
+                    "properties": {"num1": {"type": "integer"}, "num2": {"type": "integer"}},
+                    "required": ["num1", "num2"]}},
+    {"name": "solve_quadratic", "description": "Roots of a quadratic equation",
+     "parameters": {"type": "object",
+                    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+                                   "c": {"type": "integer"}},
+                    "required": ["a", "b", "c"]}},
+]
+
+# BFCL simple_python's queries; the base alone wrote num1 40, num2 40
+NUMBERS = [
+    "Calculate the greatest common divisor of two numbers: 40 and 50",
+    "Solve a quadratic equation where a=2, b=6, and c=5",
+    "gcd of 12 and 18",
 ]
 
 QUOTED = [
@@ -153,6 +173,18 @@ def main():
                 check(len(vals) == 2 and all(v in spans for v in vals),
                       f"{q!r}: values {vals} are not the quoted spans {sorted(spans)}")
                 check(len(set(vals)) == len(vals), f"{q!r}: one span twice in a call: {vals}")
+
+        # numbers: each of a call's values a different number of the query
+        num_path = os.path.join(tmp, "numbers.json")
+        with open(num_path, "w") as f:
+            json.dump(NUMBER_TOOLS, f)
+        for q in NUMBERS:
+            got = calls(num_path, q, "100,100,100")
+            check(len(got) >= 1, f"{q!r}: no call")
+            for c in got:
+                vals = list(c["arguments"].values())
+                check(all(v in numbers_in(q) for v in vals), f"{q!r}: {vals} not the query's")
+                check(len(set(vals)) == len(vals), f"{q!r}: one number twice in a call: {vals}")
 
         r = run(tools_path, "set it to 21 degrees", "4,20")
         check(r.returncode != 0 and "NEEDLE_COPY_PRIOR='4,20'" in r.stdout + r.stderr,

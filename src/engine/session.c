@@ -873,25 +873,33 @@ static const float *copy_prior(needle_session *S, const unsigned char *v, int po
 }
 
 /* After one byte of the call (T->call ends with it): where the string
- * value being written starts, or -1. A string value just closed is taken
- * (nd_copy_prior_take), so the call's next values copy other words;
- * a call's arguments start afresh. Why: fine-tuned on BFCL's file system,
- * the base wrote diff(file_name1 "a.txt", file_name2 "a.txt") for "compare
- * 'a.txt' with 'old_a.txt'" and a username equal to the password. */
-static int call_value_fed(needle_session *S, turn_state *T, int vstart)
+ * value being written starts (*vstart, after its quote) and where the
+ * number being written starts (*nstart), else -1. A value just closed is
+ * taken (nd_copy_prior_take), so the call's next values copy other words;
+ * a call's arguments start afresh. Why: zero-shot, the base wrote
+ * math.gcd(num1 40, num2 40) for "40 and 50" (its plan said 50) and c 6
+ * for "a=2, b=6, and c=5"; fine-tuned on BFCL's file system, diff(file_name1
+ * "a.txt", file_name2 "a.txt") for "compare 'a.txt' with 'old_a.txt'". */
+static void call_value_fed(needle_session *S, turn_state *T, int *vstart, int *nstart)
 {
     static const char args[] = "\"arguments\":{";
     const char *num;
-    int nlen, n = (int)T->call.n;
-    int in_str = nd_gram_value_pos(&T->st, &num, &nlen) == ND_GRAM_IN_STRING;
-    if (in_str)
-        return vstart >= 0 ? vstart : n;
-    if (vstart >= 0)
-        nd_copy_prior_take(&S->copy, (const unsigned char *)T->call.p + vstart, n - 1 - vstart, 0);
+    int nlen, n = (int)T->call.n, pos = nd_gram_value_pos(&T->st, &num, &nlen);
+    const unsigned char *call = (const unsigned char *)T->call.p;
+    if (pos == ND_GRAM_IN_STRING || pos == ND_GRAM_IN_NUMBER) {
+        int *start = pos == ND_GRAM_IN_STRING ? vstart : nstart;
+        if (*start < 0) /* a string starts after its quote, a number at its first byte */
+            *start = pos == ND_GRAM_IN_STRING ? n : n - 1;
+        return;
+    }
+    if (*vstart >= 0)
+        nd_copy_prior_take(&S->copy, call + *vstart, n - 1 - *vstart, 0);
+    else if (*nstart >= 0)
+        nd_copy_prior_take(&S->copy, call + *nstart, n - 1 - *nstart, 1);
     else if (n >= (int)sizeof args - 1 &&
-             !memcmp(T->call.p + n - (sizeof args - 1), args, sizeof args - 1))
+             !memcmp(call + n - (sizeof args - 1), args, sizeof args - 1))
         nd_copy_prior_untake(&S->copy);
-    return -1;
+    *vstart = *nstart = -1;
 }
 
 /* The grammar-constrained call, within the budget; then its closing tokens
@@ -899,7 +907,7 @@ static int call_value_fed(needle_session *S, turn_state *T, int vstart)
 static int constrained_call(needle_session *S, turn_state *T)
 {
     needle_model *M = S->model;
-    int V = M->m.dims.V, closing = 2, rc, vstart = -1;
+    int V = M->m.dims.V, closing = 2, rc, vstart = -1, nstart = -1;
     unsigned char pb[PIECE_MAX];
     T->conf = 2.0;
     nd_choice_prior_call(&S->choice, S->active);
@@ -940,7 +948,7 @@ static int constrained_call(needle_session *S, turn_state *T)
         for (int i = 0; i < len; i++) {
             nd_gram_feed(S->active, &T->st, pb[i]);
             nd_buf_put(&T->call, (const char *)pb + i, 1);
-            vstart = call_value_fed(S, T, vstart);
+            call_value_fed(S, T, &vstart, &nstart);
         }
         if ((rc = run(S, &t, 1, S->logits)))
             return rc;

@@ -317,6 +317,53 @@ static void test_quoted(void)
     free(M.tok_next);
 }
 
+/* The name bonus: a copy where the turn names the argument being written
+ * just before it ("a=2", "height of 9", "depth 3"), by its name's last word
+ * ("maxHeight" -> "height"); a name of one or two letters only before "="
+ * or ":"; none without a key. */
+static void test_named(void)
+{
+    needle_model M;
+    build_model(&M);
+    nd_copy_prior c;
+    const float on[ND_COPY_N_BONUS] = {4.0f, 20.0f, 10.0f, 5.0f, 6.0f};
+    CHECK(nd_copy_prior_init(&c, &M, on) == ND_OK);
+    CHECK(nd_copy_prior_set(&c, "where a=2, b 6, and c: 7; heights of 9 units, depth 3 and x 8",
+                            NULL) == ND_OK);
+    float lg[V];
+    enum { N = ND_GRAM_IN_NUMBER };
+    static const struct {
+        const char *key, *named;
+    } cases[] = {
+        {"a", "2"},         {"c", "7"},  {"height", "9"}, {"maxHeight", "9"}, {"depth", "3"},
+        {"box_depth", "3"}, {"b", NULL}, {"x", NULL},     {"width", NULL},    {NULL, NULL},
+    };
+    const char *const starts[] = {"2", "6", "7", "9", "3", "8"};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        nd_copy_prior_key(&c, cases[k].key, cases[k].key ? (int)strlen(cases[k].key) : 0);
+        bonuses(&c, &M, N, "", NULL, 0, lg);
+        for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++) {
+            int named = cases[k].named && !strcmp(starts[i], cases[k].named);
+            CHECK_MSG(BONUS(starts[i]) == (named ? 16.0f : 10.0f), "key %s: \"%s\" gets %g",
+                      cases[k].key ? cases[k].key : "(none)", starts[i], BONUS(starts[i]));
+        }
+    }
+    /* a value opened in one piece: the named copy gains the name bonus */
+    nd_copy_prior_key(&c, "a", 1);
+    const opener open[] = {{"\":2", {0, 0, 0, N}}, {"\":6", {0, 0, 0, N}}, {"\":8", {0, 0, 0, N}}};
+    bonuses(&c, &M, 0, NULL, open, 3, lg);
+    CHECK(BONUS("\":2") == 6.0f && BONUS("\":6") == 0.0f && BONUS("\":8") == 0.0f);
+    nd_copy_prior_key(&c, "z", 1);
+    bonuses(&c, &M, 0, NULL, open, 3, lg);
+    CHECK(BONUS("\":2") == 0.0f && BONUS("\":6") == 0.0f);
+    /* a new turn forgets the key */
+    nd_copy_prior_key(&c, "a", 1);
+    CHECK(nd_copy_prior_set(&c, "a=2", NULL) == ND_OK && c.key_n == 0);
+    nd_copy_prior_free(&c);
+    free(M.trie);
+    free(M.tok_next);
+}
+
 /* nd_gram_value_pos along a call's bytes */
 static void test_value_pos(void)
 {
@@ -359,10 +406,12 @@ static void test_setting(void)
     CHECK(nd_copy_prior_setting("off", b) == ND_OK && b[1] == 0.0f);
     CHECK(nd_copy_prior_setting("2.5,30,7", b) == ND_OK && b[0] == 2.5f && b[1] == 30.0f &&
           b[2] == 7.0f && b[3] == ND_COPY_QUOTE_BONUS); /* QUOTE left out: the default */
-    CHECK(nd_copy_prior_setting("2.5,30,7,0", b) == ND_OK && b[2] == 7.0f && b[3] == 0.0f);
+    CHECK(nd_copy_prior_setting("2.5,30,7,0", b) == ND_OK && b[2] == 7.0f && b[3] == 0.0f &&
+          b[4] == ND_COPY_NAME_BONUS);
+    CHECK(nd_copy_prior_setting("2.5,30,7,0,9", b) == ND_OK && b[3] == 0.0f && b[4] == 9.0f);
     CHECK(nd_copy_prior_setting("0,8,0", b) == ND_OK && b[0] == 0.0f && b[1] == 8.0f);
-    static const char *const bad[] = {"4",       "4,20",    "4,20,",      "4,0,6", "-1,20,6",
-                                      "4,200,6", "4,20,6x", "4,20,6,1,1", "on",    "nan,5,5",
+    static const char *const bad[] = {"4",       "4,20",    "4,20,",        "4,0,6", "-1,20,6",
+                                      "4,200,6", "4,20,6x", "4,20,6,1,1,1", "on",    "nan,5,5",
                                       ",20,6",   "4,20,6,", "4,20,6,101"};
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         CHECK_MSG(nd_copy_prior_setting(bad[k], b) == ND_EARG, "'%s' accepted", bad[k]);
@@ -376,6 +425,7 @@ int main(void)
     test_numbers_as_digits();
     test_marks();
     test_quoted();
+    test_named();
     test_value_pos();
     return tu_finish("test_copy_prior");
 }

@@ -9,7 +9,7 @@ number of the query, said in digits or in words ("twenty-one" -> 21).
 Checks that property on queries whose calls the base makes; that a quoted
 span is one value and a call's values copy different spans (two quoted
 file names give the two names, not one twice; "40 and 50" gives 40 and
-50, not 40 twice); that the
+50, not 40 twice; "a=1, b=-3, c=2" gives each its own); that the
 default prior turns the demo's kind of query into the right number, that
 `NEEDLE_COPY_PRIOR=0` leaves the model's own picks, and that a bad value is
 refused naming the variable. A cross build without a runnable needle or
@@ -69,6 +69,14 @@ NUMBERS = [
     "Calculate the greatest common divisor of two numbers: 40 and 50",
     "Solve a quadratic equation where a=2, b=6, and c=5",
     "gcd of 12 and 18",
+]
+
+# arguments the query names ("a=1"); with the name bonus off the base
+# wrote a 2, c 1 for the first
+NAMED = [
+    "Find the roots of a quadratic equation with coefficients a=1, b=-3, c=2.",
+    "Find the roots of a quadratic equation with coefficients c=2, a=1, b=-3.",
+    "gcd with num2=12 and num1=18",
 ]
 
 QUOTED = [
@@ -185,6 +193,11 @@ def main():
                 vals = list(c["arguments"].values())
                 check(all(v in numbers_in(q) for v in vals), f"{q!r}: {vals} not the query's")
                 check(len(set(vals)) == len(vals), f"{q!r}: one number twice in a call: {vals}")
+
+        for q in NAMED:
+            want = {k: int(v) for k, v in re.findall(r"(\w+)=(-?\d+)", q)}
+            got = calls(num_path, q, "100,100,100,100,100")
+            check([c["arguments"] for c in got] == [want], f"{q!r}: {got}, want {want}")
 
         r = run(tools_path, "set it to 21 degrees", "4,20")
         check(r.returncode != 0 and "NEEDLE_COPY_PRIOR='4,20'" in r.stdout + r.stderr,

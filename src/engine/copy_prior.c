@@ -9,25 +9,32 @@
 
 #include "core/status.h"
 
-/* what a piece gets this step (nd_copy_prior.mark[]): the edge bonus, the
- * inside bonus (and the quote bonus: inside a copy of a quoted span from
- * its start), the start bonus (a value's first bytes that start a copy,
- * after its quote), the start and quote bonuses (the same at a quoted
- * span's start), the start bonus taken away (a piece that writes a
- * value's first bytes, quote and all, that start no copy: relative to the
- * rest, the same as every other piece gaining it), or the quote bonus (a
- * piece that writes a value's quote and the first bytes of a quoted span:
- * relative to the quote alone, what the span's first bytes gain after it) */
-enum {
-    MARK_NONE,
-    MARK_EDGE,
-    MARK_INSIDE,
-    MARK_QUOTED_INSIDE,
-    MARK_START,
-    MARK_QUOTED_START,
-    MARK_NOT_START,
-    MARK_QUOTED
-};
+/* What a piece gets this step (nd_copy_prior.mark[]): a kind and flags.
+ * The kinds: the edge bonus, the inside bonus, the start bonus (a value's
+ * first bytes that start a copy, after its quote), the start bonus taken
+ * away (a piece that writes a value's first bytes, quote and all, that
+ * start no copy: relative to the rest, the same as every other piece
+ * gaining it), or none of those for a piece that writes a value's quote
+ * and the first bytes of a copy (they keep the model's rank against the
+ * quote alone). The flags add the quote bonus (inside a quoted span's
+ * copy from its start, or at that start) and the name bonus (a copy where
+ * the turn names the argument: "a=2", "base of 10"). */
+enum { K_NONE, K_EDGE, K_INSIDE, K_START, K_NOT_START, K_OPEN };
+#define F_QUOTED 8
+#define F_NAMED 16
+
+static float bonus_of(const nd_copy_prior *c, uint8_t m)
+{
+    float b = 0.0f;
+    switch (m & 7) {
+    case K_EDGE: b = c->edge_bonus; break;
+    case K_INSIDE: b = c->bonus; break;
+    case K_START: b = c->start_bonus; break;
+    case K_NOT_START: return -c->start_bonus;
+    default: break;
+    }
+    return b + (m & F_QUOTED ? c->quote_bonus : 0.0f) + (m & F_NAMED ? c->name_bonus : 0.0f);
+}
 
 static int is_digit(int c)
 {
@@ -50,30 +57,33 @@ int nd_copy_prior_setting(const char *env, float b[ND_COPY_N_BONUS])
     b[1] = ND_COPY_INSIDE_BONUS;
     b[2] = ND_COPY_START_BONUS;
     b[3] = ND_COPY_QUOTE_BONUS;
+    b[4] = ND_COPY_NAME_BONUS;
     if (!env || !*env)
         return ND_OK;
     if (!strcmp(env, "0") || !strcmp(env, "off")) {
-        b[0] = b[1] = b[2] = b[3] = 0.0f;
+        b[0] = b[1] = b[2] = b[3] = b[4] = 0.0f;
         return ND_OK;
     }
-    /* three or four numbers; three keep the default quote bonus */
+    /* three to five numbers; those left out keep their defaults */
     const char *p = env;
     int ok = 1, i = 0;
     for (; i < ND_COPY_N_BONUS && ok; i++) {
         char *end;
         double v = strtod(p, &end);
-        ok = end != p && v >= 0 && v <= 100 && (*end == ',' ? i < 3 : *end == '\0' && i >= 2);
+        ok = end != p && v >= 0 && v <= 100 &&
+             (*end == ',' ? i < ND_COPY_N_BONUS - 1 : *end == '\0' && i >= 2);
         b[i] = (float)v;
         p = end + 1;
         if (ok && *end == '\0')
             break;
     }
     if (!ok || b[1] <= 0.0f)
-        return nd_error(ND_EARG,
-                        "NEEDLE_COPY_PRIOR='%s': expected 0 (off) or EDGE,INSIDE,START[,QUOTE] "
-                        "bonuses (each 0..100, INSIDE > 0; the default is %g,%g,%g,%g)",
-                        env, (double)ND_COPY_EDGE_BONUS, (double)ND_COPY_INSIDE_BONUS,
-                        (double)ND_COPY_START_BONUS, (double)ND_COPY_QUOTE_BONUS);
+        return nd_error(
+            ND_EARG,
+            "NEEDLE_COPY_PRIOR='%s': expected 0 (off) or EDGE,INSIDE,START[,QUOTE[,NAME]] "
+            "bonuses (each 0..100, INSIDE > 0; the default is %g,%g,%g,%g,%g)",
+            env, (double)ND_COPY_EDGE_BONUS, (double)ND_COPY_INSIDE_BONUS,
+            (double)ND_COPY_START_BONUS, (double)ND_COPY_QUOTE_BONUS, (double)ND_COPY_NAME_BONUS);
     return ND_OK;
 }
 
@@ -84,6 +94,7 @@ int nd_copy_prior_init(nd_copy_prior *c, const needle_model *M, const float b[ND
     c->bonus = b[1];
     c->start_bonus = b[2];
     c->quote_bonus = b[3];
+    c->name_bonus = b[4];
     if (c->bonus == 0.0f)
         return ND_OK;
     int V = M->m.dims.V;
@@ -261,6 +272,7 @@ int nd_copy_prior_set(nd_copy_prior *c, const char *turn_text, const char *syste
     if (c->bonus == 0.0f)
         return ND_OK;
     c->src.n = 0;
+    c->key_n = 0;
     free(c->taken);
     free(c->quote);
     c->taken = NULL;
@@ -424,7 +436,7 @@ static void mark_prefixes(nd_copy_prior *c, const needle_model *M, const char *s
             break;
         node = ch;
         for (int t = M->trie[node].tok; t >= 0; t = M->tok_next[t])
-            if (allowed[t] && c->mark[t] < level)
+            if (allowed[t] && (!c->mark[t] || bonus_of(c, c->mark[t]) < bonus_of(c, level)))
                 c->mark[t] = level;
     }
 }
@@ -438,7 +450,7 @@ static void mark_capitals(nd_copy_prior *c, const needle_model *M, const char *s
     for (; s[k] && k < PIECE_MAX; k++)
         up[k] = s[k] >= 'a' && s[k] <= 'z' ? (char)(s[k] - 32) : s[k];
     up[k] = 0;
-    mark_prefixes(c, M, up, SIZE_MAX, allowed, MARK_INSIDE);
+    mark_prefixes(c, M, up, SIZE_MAX, allowed, K_INSIDE);
 }
 
 /* whether s starts a number of at least n bytes that no letter follows
@@ -476,24 +488,102 @@ static int copy_start(const nd_copy_prior *c, size_t st, int numeric, int n)
     return !numeric || number_span(s + st, n);
 }
 
+static int named_start(const nd_copy_prior *c, size_t st);
+
+/* words that join an argument's name to its value: "base of 10",
+ * "priority is 3", "set to 21" */
+static const char *const NAME_JOINERS[] = {"of", "is", "to", "as", "at", "equals", "be"};
+
+/* whether s[b..e) is the key's last word, caseless, maybe plural */
+static int names_key(const nd_copy_prior *c, const char *s, size_t b, size_t e)
+{
+    size_t kn = (size_t)c->key_n;
+    if (e - b != kn && !(e - b == kn + 1 && lower((unsigned char)s[e - 1]) == 's'))
+        return 0;
+    for (size_t i = 0; i < kn; i++)
+        if (lower((unsigned char)s[b + i]) != c->key[i])
+            return 0;
+    return 1;
+}
+
+/* Whether the turn names the argument being written (nd_copy_prior_key)
+ * just before src[st]: its name's last word, then "=" or ":" or a joining
+ * word, or nothing ("height 5"), then the copy, maybe after "$", "#" or
+ * an opening quote. A name of one or two letters ("a", "x") counts only
+ * before "=" or ":". */
+static int named_start(const nd_copy_prior *c, size_t st)
+{
+    if (c->key_n <= 0)
+        return 0;
+    const char *s = c->src.p;
+    size_t i = st;
+    while (i > 0 && s[i - 1] && strchr(" $#'\"", s[i - 1]))
+        i--;
+    int sym = i > 0 && (s[i - 1] == '=' || s[i - 1] == ':');
+    if (sym)
+        i--;
+    else {
+        size_t b = i;
+        while (b > 0 && is_alpha((unsigned char)s[b - 1]))
+            b--;
+        for (size_t w = 0; w < sizeof NAME_JOINERS / sizeof NAME_JOINERS[0] && b < i; w++)
+            if (i - b == strlen(NAME_JOINERS[w]) && word_is(s + b, (int)(i - b), NAME_JOINERS[w])) {
+                i = b;
+                break;
+            }
+    }
+    while (i > 0 && s[i - 1] == ' ')
+        i--;
+    size_t b = i;
+    while (b > 0 && is_alnum((unsigned char)s[b - 1]))
+        b--;
+    if (b == i || (c->key_n < 3 && !sym))
+        return 0;
+    return names_key(c, s, b, i);
+}
+
+void nd_copy_prior_key(nd_copy_prior *c, const char *key, int n)
+{
+    /* the name's last word, lower-cased: "daily_budget" -> "budget",
+     * "maxResults" -> "results", "num1" -> "num1" */
+    c->key_n = 0;
+    if (!key || n <= 0)
+        return;
+    int e = n, b;
+    while (e > 0 && !is_alnum((unsigned char)key[e - 1]))
+        e--;
+    for (b = e; b > 0 && is_alnum((unsigned char)key[b - 1]); b--)
+        if (b < e && key[b] >= 'A' && key[b] <= 'Z' && key[b - 1] >= 'a' && key[b - 1] <= 'z')
+            break; /* a camelCase word starts at key[b] */
+    if (e - b <= 0 || e - b >= (int)sizeof c->key)
+        return;
+    for (int i = b; i < e; i++)
+        c->key[i - b] = (char)lower((unsigned char)key[i]);
+    c->key_n = e - b;
+}
+
 /* a source span at a word's start that begins with v[0..n) and, when
  * closed, ends there at a word's end (a quoted span's copy: at its
  * closing quote); letters compared without case here (a value's first
  * bytes and its end), so "ZETA" for "Zeta Corp" is no made-up value: the
- * model's own casing stands. 2 where such a span starts a quoted span (a
- * string's), 1 where only others do, else 0. */
+ * model's own casing stands. 0 where none; else the best such span's
+ * mark for a piece that opens the value with it (K_OPEN and its flags:
+ * F_QUOTED where it starts a quoted span, F_NAMED where the turn names
+ * the argument before it). */
 static int is_copy(const nd_copy_prior *c, const unsigned char *v, int n, int numeric, int closed)
 {
     const char *s = c->src.p;
     size_t L = c->src.n;
     int found = 0;
-    for (size_t st = 0; st + (size_t)n < L && found < 2; st++) {
+    for (size_t st = 0; st + (size_t)n < L; st++) {
         if (!copy_start(c, st, numeric, n) || !same_nocase(s + st, v, n))
             continue;
         size_t qe = numeric ? st : quoted_end(c, st);
         if (closed && (qe > st ? st + (size_t)n < qe : !may_end_before(s + st + n, numeric)))
             continue;
-        found = qe > st ? 2 : 1;
+        int m = K_OPEN | (qe > st ? F_QUOTED : 0) | (named_start(c, st) ? F_NAMED : 0);
+        if (!found || bonus_of(c, (uint8_t)m) > bonus_of(c, (uint8_t)found))
+            found = m;
     }
     return found;
 }
@@ -570,9 +660,9 @@ void nd_copy_prior_token(nd_copy_prior *c, int t, const unsigned char *pre, int 
     else if (plain_bytes(v, n))
         copy = is_copy(c, v, n, kind == ND_GRAM_IN_NUMBER, closed);
     if (!in_value(inval[0])) /* a value's first bytes */
-        c->mark[t] = copy == 2 ? MARK_QUOTED : copy ? MARK_NONE : MARK_NOT_START;
+        c->mark[t] = copy ? (uint8_t)copy : K_NOT_START;
     else if (copy) /* goes on inside the word, then may close: the inside bonus */
-        c->mark[t] = c->inside && b > a ? MARK_INSIDE : MARK_EDGE;
+        c->mark[t] = c->inside && b > a ? K_INSIDE : K_EDGE;
 }
 
 void nd_copy_prior_mark(nd_copy_prior *c, const needle_model *M, int pos,
@@ -592,14 +682,16 @@ void nd_copy_prior_mark(nd_copy_prior *c, const needle_model *M, int pos,
         size_t qe = numeric ? st : quoted_end(c, st);
         size_t max = qe > st + (size_t)n ? qe - st - (size_t)n : SIZE_MAX;
         if (n == 0)
-            mark_prefixes(c, M, s + st, max, allowed, qe > st ? MARK_QUOTED_START : MARK_START);
+            mark_prefixes(
+                c, M, s + st, max, allowed,
+                (uint8_t)(K_START | (qe > st ? F_QUOTED : 0) | (named_start(c, st) ? F_NAMED : 0)));
         else if (stops_inside(s + st + n, n, numeric) || (!numeric && inside_span(c, st, n))) {
             mark_prefixes(c, M, s + st + n, max, allowed,
-                          qe > st + (size_t)n ? MARK_QUOTED_INSIDE : MARK_INSIDE);
+                          (uint8_t)(K_INSIDE | (qe > st + (size_t)n ? F_QUOTED : 0)));
             if (n == 1 && value[0] >= 'A' && value[0] <= 'Z')
                 mark_capitals(c, M, s + st + n, allowed); /* "Z" of "Zeta": "ZETA" too */
         } else if (may_end_before(s + st + n, numeric) && joins(s + st + n))
-            mark_prefixes(c, M, s + st + n, max, allowed, MARK_EDGE);
+            mark_prefixes(c, M, s + st + n, max, allowed, K_EDGE);
     }
 }
 
@@ -609,13 +701,7 @@ void nd_copy_prior_add(const nd_copy_prior *c, const uint8_t *allowed, int V, fl
         return;
     for (int t = 0; t < V; t++)
         if (c->mark[t] && allowed[t])
-            logits[t] += c->mark[t] == MARK_EDGE            ? c->edge_bonus
-                         : c->mark[t] == MARK_INSIDE        ? c->bonus
-                         : c->mark[t] == MARK_QUOTED_INSIDE ? c->bonus + c->quote_bonus
-                         : c->mark[t] == MARK_START         ? c->start_bonus
-                         : c->mark[t] == MARK_QUOTED_START  ? c->start_bonus + c->quote_bonus
-                         : c->mark[t] == MARK_QUOTED        ? c->quote_bonus
-                                                            : -c->start_bonus;
+            logits[t] += bonus_of(c, c->mark[t]);
 }
 
 void nd_copy_prior_take(nd_copy_prior *c, const unsigned char *v, int n, int numeric)

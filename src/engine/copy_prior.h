@@ -49,6 +49,9 @@ typedef struct {
     float edge_bonus;  /* the same where a copy may end, or go on past a word's end */
     float start_bonus; /* the same for a value's first bytes that start a copy */
     float quote_bonus; /* added to start_bonus where the copy starts a quoted span */
+    float name_bonus;  /* added to start_bonus where the turn names the argument before it */
+    char key[32];      /* the argument being written: its name's last word, lower case */
+    int key_n;         /* its length; 0: none (nd_copy_prior_key) */
     int inside;        /* the value so far is a copy that stops inside a word */
     int closes;        /* the value so far is a copy that may end here */
     uint8_t *mark;     /* [V] tokens that continue a copy this step */
@@ -63,18 +66,24 @@ typedef struct {
 #define ND_COPY_INSIDE_BONUS 20.0f
 #define ND_COPY_START_BONUS 12.0f
 #define ND_COPY_QUOTE_BONUS 4.0f
-#define ND_COPY_N_BONUS 4
+#define ND_COPY_NAME_BONUS 3.0f
+#define ND_COPY_N_BONUS 5
 
 /* The bonuses NEEDLE_COPY_PRIOR asks for, as b[] = {edge, inside,
- * start, quote}: unset, the defaults; "0" or "off", none;
- * "EDGE,INSIDE,START[,QUOTE]", those (each 0 .. 100, INSIDE > 0; QUOTE
- * left out is the default). ND_EARG names the variable and its value. */
+ * start, quote, name}: unset, the defaults; "0" or "off", none;
+ * "EDGE,INSIDE,START[,QUOTE[,NAME]]", those (each 0 .. 100, INSIDE > 0;
+ * those left out keep their defaults). ND_EARG names the variable and its
+ * value. */
 int nd_copy_prior_setting(const char *env, float b[ND_COPY_N_BONUS]);
 /* Allocate for model M with bonuses b (nd_copy_prior_setting's); an
  * inside bonus of 0 makes every later call a no-op. */
 int nd_copy_prior_init(nd_copy_prior *c, const needle_model *M, const float b[ND_COPY_N_BONUS]);
 
 void nd_copy_prior_free(nd_copy_prior *c);
+/* The argument the call is writing (its name; NULL: none), for the name
+ * bonus: a copy the turn names the argument before ("a=2", "base of 10",
+ * "height 5") gets it where it starts. */
+void nd_copy_prior_key(nd_copy_prior *c, const char *key, int n);
 /* The sources of one turn (system may be NULL). */
 int nd_copy_prior_set(nd_copy_prior *c, const char *turn_text, const char *system);
 

@@ -743,6 +743,7 @@ const float *nd_reason_prior_logits(nd_reason_prior *p, const needle_model *M, n
         return p->biased;
     }
     const nd_reason_key *vk = value_key(p, &p->at);
+    nd_copy_prior_key(c, vk ? vk->name : NULL, vk ? (int)strlen(vk->name) : 0);
     /* values get the copy prior's bonuses (an enum's the said ones'); a
      * value's first piece often carries the space before it, so from a
      * whole argument name on */

@@ -557,6 +557,7 @@ typedef struct {
     atomic_int started, shares, on_caller, bad;
     int slow, meet;
     int held_shares, held_on_caller; /* the call right after the late one */
+    int held;                        /* that call ran within the hold */
 } late_ctx;
 
 static void late_body(void *p, int tid, int team)
@@ -597,7 +598,9 @@ static void late_main(void *p)
     l->slow = 0;
     atomic_store(&l->shares, 0);
     atomic_store(&l->on_caller, 0);
+    double left = nd_crew_hold_left(), t0 = nd_wtime();
     nd_parallel_region(0, late_body, l);
+    l->held = nd_wtime() - t0 < left; /* else the machine kept us past it */
     l->held_shares = atomic_load(&l->shares);
     l->held_on_caller = atomic_load(&l->on_caller);
     struct timespec nap = {0, 20000000}; /* 20 ms: past the 4 ms hold */
@@ -612,9 +615,17 @@ static void late_main(void *p)
 static void test_crew_late(void)
 {
     nd_set_threads(2);
-    late_ctx l = {0};
-    l.caller = pthread_self();
-    nd_crew_run(0, late_main, &l);
+    late_ctx l;
+    /* the call after the late one must fall within the 4 ms hold to say
+     * anything; a loaded machine can keep the caller off its core longer:
+     * then the crew runs again (a few times at most, in practice) */
+    int tries = 0;
+    do {
+        memset(&l, 0, sizeof l);
+        l.caller = pthread_self();
+        nd_crew_run(0, late_main, &l);
+    } while (!l.held && ++tries < 50);
+    CHECK_MSG(l.held, "late crew: no call of %d fell within the hold", tries);
     CHECK_MSG(atomic_load(&l.bad) == 0, "late crew: bad %d", atomic_load(&l.bad));
     CHECK_MSG(l.held_shares == 2 && l.held_on_caller == 2,
               "late crew: %d of %d shares on the caller right after a late helper",
@@ -656,6 +667,7 @@ typedef struct {
     atomic_int finished;
     job_ctx a, b, c, left; /* left: still out when main returns */
     int handed_a, handed_left, cover_ok, serial_handed;
+    int held_left, serial_held; /* the crew held its helper then (a loaded machine) */
 } async_ctx;
 
 static void async_main(void *p)
@@ -673,6 +685,7 @@ static void async_main(void *p)
     nd_async_end();
     /* b then c: a second begin ends the first job before the second starts */
     int prev = nd_set_serial(1); /* serial mode keeps small calls here, not jobs */
+    x->serial_held = nd_crew_hold_left() > 0.0;
     x->serial_handed = nd_async_begin(job_fn, &x->b);
     nd_set_serial(prev);
     atomic_store(&x->b.go, 1);
@@ -680,6 +693,7 @@ static void async_main(void *p)
     atomic_store(&x->c.go, 1);
     nd_async_end();
     nd_async_end(); /* nothing out: returns at once */
+    x->held_left = nd_crew_hold_left() > 0.0;
     x->handed_left = nd_async_begin(job_fn, &x->left);
     atomic_store(&x->left.go, 1);
 }
@@ -707,7 +721,11 @@ static void test_async(void)
                   "async (%d threads): handed %d, off the caller %d, beside it %d", threads,
                   x.handed_a, atomic_load(&x.a.off), atomic_load(&x.a.waited));
         CHECK_MSG(x.cover_ok, "async (%d threads): a parallel call beside a job", threads);
-        CHECK(x.serial_handed && x.handed_left);
+        /* handed to the helper, unless a late helper (a loaded machine,
+         * in the guided call above) started a hold: then it ran here */
+        CHECK_MSG((x.serial_handed || x.serial_held) && (x.handed_left || x.held_left),
+                  "async (%d threads): serial mode handed %d (held %d), last handed %d (held %d)",
+                  threads, x.serial_handed, x.serial_held, x.handed_left, x.held_left);
         for (int i = 0; i < 4; i++)
             CHECK_MSG(atomic_load(&jobs[i]->runs) == 1, "async job %d ran %d times", i,
                       atomic_load(&jobs[i]->runs));

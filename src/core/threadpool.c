@@ -636,6 +636,15 @@ void nd_async_end(void)
     atomic_store_explicit(&sl->job, CREW_SKIPPED, memory_order_relaxed);
 }
 
+double nd_crew_hold_left(void)
+{
+    nd_crew *c = tls_crew;
+    if (!c || c->hold_until <= 0.0)
+        return 0.0;
+    double left = c->hold_until - nd_wtime();
+    return left > 0.0 ? left : 0.0;
+}
+
 /* a parallel call: handed to this thread's crew, or a team of its own */
 static void run_region(int team, nd_region_fn fn, void *ctx)
 {

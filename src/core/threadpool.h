@@ -79,6 +79,12 @@ int nd_crew_run(int team, void (*main_fn)(void *ctx), void *ctx);
 int nd_async_begin(void (*fn)(void *ctx), void *ctx);
 void nd_async_end(void);
 
+/* Seconds left of this thread's crew's hold (a late helper: its calls run
+ * every share on the caller, jobs run at once), 0 when none. For tests:
+ * what a call makes of the crew depends on it, and a loaded machine can
+ * start one at any call. */
+double nd_crew_hold_left(void);
+
 /* This thread's parallel calls so far: forks (teams started: parallel
  * regions; a crew is one) and handoffs (calls run by a crew). Cheap
  * thread-local counters for tests and measurements. */

@@ -39,8 +39,8 @@ typedef struct nd_tuning {
     int decode_one_thread;             /* NEEDLE_DECODE_THREADS=0: decode on the caller */
     char kv_window[ND_TUNING_WORD];    /* NEEDLE_KV_WINDOW: positions a session keeps */
     char prefix_cache[ND_TUNING_WORD]; /* NEEDLE_PREFIX_CACHE: prefix cache entries */
-    char copy_prior[ND_TUNING_WORD];   /* NEEDLE_COPY_PRIOR: 0, or EDGE,INSIDE bonuses */
-    char choice_prior[ND_TUNING_WORD];   /* NEEDLE_CHOICE_PRIOR: 0, or the bonus */
+    char copy_prior[ND_TUNING_WORD]; /* NEEDLE_COPY_PRIOR: 0, or EDGE,INSIDE,START[,QUOTE[,NAME]] */
+    char choice_prior[ND_TUNING_WORD]; /* NEEDLE_CHOICE_PRIOR: 0, or the bonus */
     /* CPU backend */
     int fwht_ref; /* NEEDLE_FWHT_REF set: plain Walsh-Hadamard, no AVX-512 */
     /* backends */

@@ -102,9 +102,9 @@ static void test_weights(void)
     weights_are(&p, "Brew an espresso, 3 cups", (const float[NTOOLS]){[BREW] = 1.0f});
     weights_are(&p, "preheat it", (const float[NTOOLS]){[OVEN] = 1.0f});
     /* a word two tools share (in each tool's name and description: still
-     * one word of each): half each */
-    weights_are(&p, "start it now", (const float[NTOOLS]){[WASHER] = 0.5f, [DRYER] = 0.5f});
-    /* past 1, relative to the best-said tool's r: washer 1.5, dryer 0.5 */
+     * one word of each, its name's): a name's word counts 2, so 2/2 each */
+    weights_are(&p, "start it now", (const float[NTOOLS]){[WASHER] = 1.0f, [DRYER] = 1.0f});
+    /* past 1, relative to the best-said tool's r: washer 1 + 2, dryer 1 */
     weights_are(&p, "START the washer", (const float[NTOOLS]){[WASHER] = 1.0f, [DRYER] = 1.0f / 3});
     weights_are(&p, "brew coffee, then preheat",
                 (const float[NTOOLS]){[BREW] = 1.0f, [OVEN] = 0.5f});
@@ -146,10 +146,10 @@ static void test_weights(void)
     CHECK(nd_choice_prior_init(&p, nd_pj_root(d3), 16, on) == ND_OK);
     CHECK(nd_choice_prior_turn(&p, "the lamp") == ND_OK);
     const float *w = nd_choice_prior_weights(&p);
-    CHECK(near(w[0], 1.0f / 3) && near(w[1], 1.0f / 3) && near(w[2], 1.0f / 3));
+    CHECK(near(w[0], 2.0f / 3) && near(w[1], 2.0f / 3) && near(w[2], 2.0f / 3)); /* names' */
     CHECK(nd_choice_prior_turn(&p, "the kitchen lamp") == ND_OK);
     w = nd_choice_prior_weights(&p);
-    CHECK(near(w[0], 0.25f) && near(w[1], 0.25f) && w[2] == 1.0f); /* 1/3 of c's 4/3 */
+    CHECK(near(w[0], 0.4f) && near(w[1], 0.4f) && w[2] == 1.0f); /* 2/3 of c's 5/3 */
     nd_choice_prior_free(&p);
     nd_pj_free(d3);
 
@@ -160,6 +160,56 @@ static void test_weights(void)
     CHECK(nd_choice_prior_turn(&p, "brew coffee, normal") == ND_OK);
     CHECK(!nd_choice_prior_says(&p, "\"normal\"", 8));
     CHECK(p.naming == 0);
+    nd_choice_prior_free(&p);
+    nd_pj_free(doc);
+}
+
+/* A tool's name outweighs its description, and a quoted value's words
+ * choose no tool (BFCL's multi-turn cases: "information" in an airport
+ * tool's description tied it with send_message; "dispatch the message
+ * 'The latest stock price ...'" chose a stock tool). */
+static void test_names_and_quotes(void)
+{
+    const char *tools =
+        "[{\"name\":\"send_message\",\"description\":\"Send a message to a user\"},"
+        "{\"name\":\"nearest_airport\",\"description\":\"Flights and budget information\"},"
+        "{\"name\":\"get_stock_price\",\"description\":\"The latest price of a stock\"}]";
+    nd_pj_doc *doc;
+    CHECK(nd_pj_parse(tools, strlen(tools), &doc, NULL) == 0);
+    nd_choice_prior p;
+    const float on[2] = {10.0f, 10.0f};
+    CHECK(nd_choice_prior_init(&p, nd_pj_root(doc), 16, on) == ND_OK);
+    const float *w;
+    /* "message" (send_message's name: 2) against "information" (1) */
+    CHECK(nd_choice_prior_turn(&p, "get this information to them as a message") == ND_OK);
+    w = nd_choice_prior_weights(&p);
+    CHECK_MSG(w[0] == 1.0f && near(w[1], 0.5f) && w[2] == 0.0f, "weights %g %g %g", (double)w[0],
+              (double)w[1], (double)w[2]);
+    /* the quoted text's "latest", "stock", "price" count for nothing */
+    CHECK(nd_choice_prior_turn(&p, "dispatch the message 'The latest stock price is $15.'") ==
+          ND_OK);
+    w = nd_choice_prior_weights(&p);
+    CHECK_MSG(w[0] == 1.0f && w[1] == 0.0f && w[2] == 0.0f, "weights %g %g %g", (double)w[0],
+              (double)w[1], (double)w[2]);
+    /* the same words unquoted, and quotes that open no span (after a
+     * letter: "stock's"), count */
+    CHECK(nd_choice_prior_turn(&p, "the latest stock price") == ND_OK);
+    CHECK(nd_choice_prior_weights(&p)[2] == 1.0f);
+    CHECK(nd_choice_prior_turn(&p, "the stock's latest price, don't wait") == ND_OK);
+    CHECK(nd_choice_prior_weights(&p)[2] == 1.0f);
+    /* double and curly quotes too */
+    CHECK(nd_choice_prior_turn(&p, "message \"latest stock price\" now") == ND_OK);
+    CHECK(nd_choice_prior_weights(&p)[2] == 0.0f);
+    CHECK(nd_choice_prior_turn(&p, "message \xE2\x80\x9Clatest stock price\xE2\x80\x9D now") ==
+          ND_OK);
+    CHECK(nd_choice_prior_weights(&p)[2] == 0.0f);
+    /* a quoted tool name is the request: it counts (any case) */
+    CHECK(nd_choice_prior_turn(&p, "call 'Get_Stock_Price' for me") == ND_OK);
+    w = nd_choice_prior_weights(&p);
+    CHECK(w[2] == 1.0f && w[0] == 0.0f);
+    /* an unclosed quote blanks nothing */
+    CHECK(nd_choice_prior_turn(&p, "send 'the stock price") == ND_OK);
+    CHECK(nd_choice_prior_weights(&p)[2] == 1.0f);
     nd_choice_prior_free(&p);
     nd_pj_free(doc);
 }
@@ -680,6 +730,7 @@ int main(void)
 {
     test_setting();
     test_weights();
+    test_names_and_quotes();
     test_says();
     test_grammar();
     test_reason();

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/status.h"
+#include "engine/copy_prior.h"
 #include "engine/reason_prior.h"
 
 /* the words of a tool that count: its name's, and its description's
@@ -179,7 +180,9 @@ static int tword_cmp(const void *x, const void *y)
 {
     const nd_choice_word *a = x, *b = y;
     int c = key_cmp(a->w, b->w);
-    return c ? c : (a->tool > b->tool) - (a->tool < b->tool);
+    if (!c)
+        c = (a->tool > b->tool) - (a->tool < b->tool);
+    return c ? c : (a->w > b->w) - (a->w < b->w); /* a tool's name words first */
 }
 
 static int str_key_cmp(const void *x, const void *y)
@@ -188,10 +191,11 @@ static int str_key_cmp(const void *x, const void *y)
 }
 
 /* The tools' words sorted by bucket, each with 1 / (the tools that have
- * it), 0 for a word its tool has twice. In a bucket of more than
+ * it), ND_CHOICE_NAME_WEIGHT / (the same) for a word of the tool's name,
+ * 0 for a word its tool has twice (its name's kept). In a bucket of more than
  * BUCKET_CMP words (a hostile catalogue: every word "aaaa...") every word
  * counts the bucket's tools instead, to bound the work. */
-static int index_words(nd_choice_prior *p, const size_t *ends)
+static int index_words(nd_choice_prior *p, const size_t *name_ends, const size_t *ends)
 {
     size_t nw = 0, at = 0;
     for (size_t k = 0; k < p->words.n; k++)
@@ -201,7 +205,7 @@ static int index_words(nd_choice_prior *p, const size_t *ends)
         return nd_error(ND_ENOMEM, "out of memory");
     for (int i = 0; i < p->n; i++)
         for (; at < ends[i]; at += strlen(p->words.p + at) + 1)
-            p->tw[p->ntw++] = (nd_choice_word){p->words.p + at, i, 0.0f};
+            p->tw[p->ntw++] = (nd_choice_word){p->words.p + at, i, at < name_ends[i] ? 1.0f : 0.0f};
     qsort(p->tw, p->ntw, sizeof *p->tw, tword_cmp);
     for (size_t a = 0, b; a < p->ntw; a = b) {
         for (b = a + 1; b < p->ntw && !key_cmp(p->tw[a].w, p->tw[b].w); b++)
@@ -221,7 +225,8 @@ static int index_words(nd_choice_prior *p, const size_t *ends)
                         owners++;
                         last = p->tw[m].tool;
                     }
-            p->tw[k].share = repeat ? 0.0f : 1.0f / (float)(owners ? owners : 1);
+            float w = p->tw[k].share > 0.0f ? ND_CHOICE_NAME_WEIGHT : 1.0f; /* share: from the name */
+            p->tw[k].share = repeat ? 0.0f : w / (float)(owners ? owners : 1);
         }
     }
     return ND_OK;
@@ -281,9 +286,14 @@ int nd_choice_prior_init(nd_choice_prior *p, const nd_pj *tools, int V, const fl
     if (!p->name || !p->weight || !p->biased || !p->bonus)
         return nd_error(ND_ENOMEM, "out of memory");
     p->n = n;
-    size_t *ends = calloc((size_t)(n ? n : 1), sizeof *ends); /* each tool's words end */
-    if (!ends)
+    /* each tool's words end, and its name's */
+    size_t *ends = calloc((size_t)(n ? n : 1), sizeof *ends);
+    size_t *name_ends = calloc((size_t)(n ? n : 1), sizeof *name_ends);
+    if (!ends || !name_ends) {
+        free(ends);
+        free(name_ends);
         return nd_error(ND_ENOMEM, "out of memory");
+    }
     for (int i = 0; i < n && !rc; i++) {
         const nd_pj *f = nd_choice_tool_fields(tools->items[i]);
         const nd_pj *name = nd_pj_get(f, "name"), *desc = nd_pj_get(f, "description");
@@ -293,13 +303,15 @@ int nd_choice_prior_init(nd_choice_prior *p, const nd_pj *tools, int V, const fl
             else
                 rc = add_words(&p->words, name->str, name->len, 1, NAME_WORDS);
         }
+        name_ends[i] = p->words.n;
         if (!rc && desc && desc->type == ND_PJ_STRING)
             rc = add_words(&p->words, desc->str, desc->len, 0, DESC_WORDS);
         ends[i] = p->words.n;
     }
     if (!rc)
-        rc = index_words(p, ends);
+        rc = index_words(p, name_ends, ends);
     free(ends);
+    free(name_ends);
     return rc;
 }
 
@@ -319,6 +331,44 @@ void nd_choice_prior_free(nd_choice_prior *p)
     memset(p, 0, sizeof *p);
 }
 
+/* whether s[0..n) is a tool's name, caseless */
+static int is_tool_name(const nd_choice_prior *p, const char *s, size_t n)
+{
+    for (int i = 0; i < p->n; i++) {
+        size_t k = 0;
+        if (!p->name[i] || strlen(p->name[i]) != n)
+            continue;
+        while (k < n && lower((unsigned char)p->name[i][k]) == lower((unsigned char)s[k]))
+            k++;
+        if (k == n)
+            return 1;
+    }
+    return 0;
+}
+
+/* The words of the turn's request: its text with each quoted span blanked
+ * but one that is a tool's name. Why: a quoted text is a value to copy,
+ * not what the user asks for ("dispatch the message 'The latest stock
+ * price of XTC'" chose get_watchlist by "stock" and "price"). */
+static int request_words(nd_choice_prior *p, const char *text, size_t len)
+{
+    char *r = malloc(len + 1);
+    if (!r)
+        return nd_error(ND_ENOMEM, "out of memory");
+    memcpy(r, text, len + 1);
+    for (size_t st = 0; st < len; st++) {
+        size_t e = nd_quoted_end(text, st);
+        if (e == st)
+            continue;
+        if (!is_tool_name(p, text + st, e - st))
+            memset(r + st, ' ', e - st);
+        st = e;
+    }
+    int rc = add_words(&p->turn_words, r, len, 0, INT_MAX);
+    free(r);
+    return rc;
+}
+
 int nd_choice_prior_turn(nd_choice_prior *p, const char *text)
 {
     p->named.n = p->turn.n = p->turn_words.n = 0;
@@ -326,7 +376,7 @@ int nd_choice_prior_turn(nd_choice_prior *p, const char *text)
     if (p->tool_bonus == 0.0f && p->enum_bonus == 0.0f)
         return ND_OK;
     size_t len = strlen(text);
-    int rc = add_words(&p->turn_words, text, len, 0, INT_MAX);
+    int rc = request_words(p, text, len);
     if (rc || (rc = nd_buf_put(&p->turn_words, "", 1)) || (rc = nd_buf_put(&p->turn, text, len)) ||
         (rc = nd_buf_put(&p->turn, "", 1)) || (rc = tool_weights(p)))
         return rc;

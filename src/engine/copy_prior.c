@@ -367,7 +367,7 @@ static const char *quote_closer(const char *s, size_t st)
  * "pdf" or "Tire" as a word of its own, wrote "pdf" or stopped at the
  * first space. */
 #define QUOTED_MAX 256
-static size_t scan_quoted_end(const char *s, size_t st)
+size_t nd_quoted_end(const char *s, size_t st)
 {
     const char *q = quote_closer(s, st);
     if (!q)
@@ -379,7 +379,7 @@ static size_t scan_quoted_end(const char *s, size_t st)
     return st;
 }
 
-/* c->quote[]: at a quoted span's start its end (scan_quoted_end), -1
+/* c->quote[]: at a quoted span's start its end (nd_quoted_end), -1
  * inside a quoted span (no copy starts there: 'old_report.pdf' is one
  * value, not "report.pdf" too), else 0 */
 static int mark_quoted_spans(nd_copy_prior *c)
@@ -389,7 +389,7 @@ static int mark_quoted_spans(nd_copy_prior *c)
     if (!(c->quote = calloc(L + 1, sizeof *c->quote)))
         return ND_ENOMEM;
     for (size_t st = 0; st < L; st++) {
-        size_t e = scan_quoted_end(s, st);
+        size_t e = nd_quoted_end(s, st);
         if (e == st)
             continue;
         c->quote[st] = (int32_t)e;

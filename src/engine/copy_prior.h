@@ -109,6 +109,13 @@ void nd_copy_prior_add(const nd_copy_prior *c, const uint8_t *allowed, int V, fl
 void nd_copy_prior_take(nd_copy_prior *c, const unsigned char *v, int n, int numeric);
 void nd_copy_prior_untake(nd_copy_prior *c);
 
+/* Where the quoted span whose first byte is s[st] ends (the byte of its
+ * closing quote), or st when none starts there: ' " ` or curly quotes,
+ * the opening one after no letter or digit, the closing one before none,
+ * on one line, within 256 bytes ("Zeta Corp's" holds no closing quote).
+ * s is 0-terminated. */
+size_t nd_quoted_end(const char *s, size_t st);
+
 /* Append `text` with numbers said in words as digits and the thousands
  * separators of digit groups dropped (exposed for the tests). */
 int nd_copy_numbers_as_digits(const char *text, nd_buf *out);

@@ -225,7 +225,8 @@ static int index_words(nd_choice_prior *p, const size_t *name_ends, const size_t
                         owners++;
                         last = p->tw[m].tool;
                     }
-            float w = p->tw[k].share > 0.0f ? ND_CHOICE_NAME_WEIGHT : 1.0f; /* share: from the name */
+            float w =
+                p->tw[k].share > 0.0f ? ND_CHOICE_NAME_WEIGHT : 1.0f; /* share: from the name */
             p->tw[k].share = repeat ? 0.0f : w / (float)(owners ? owners : 1);
         }
     }

@@ -394,6 +394,44 @@ static void test_value_pos(void)
     nd_gram_free(g);
 }
 
+/* The key a call's JSON is at (nd_copy_prior_call_key): the value's own
+ * key, not the one before a key still being written. */
+static void test_call_key(void)
+{
+    needle_model M;
+    build_model(&M);
+    nd_copy_prior c;
+    const float on[ND_COPY_N_BONUS] = {4.0f, 20.0f, 10.0f, 5.0f, 6.0f};
+    CHECK(nd_copy_prior_init(&c, &M, on) == ND_OK);
+    static const struct {
+        const char *call;
+        int end; /* -1: the call's length (in no value) */
+        const char *key;
+    } cases[] = {
+        {"[{\"name\":\"f\",\"arguments\":{\"offset\":", -1, "offset"},
+        {"[{\"name\":\"f\",\"arguments\":{\"offset\":12", 35, "offset"},   /* a number's start */
+        {"[{\"name\":\"f\",\"arguments\":{\"city\":\"Par", 33, "city"},    /* a string's quote */
+        {"[{\"name\":\"f\",\"arguments\":{\"offset\":12,\"lim", -1, NULL}, /* a key being written */
+        {"[{\"name\":\"f\",\"arguments\":{\"offset\":12,", -1, NULL},      /* a key to come */
+        {"[{\"name\":\"f\",\"arguments\":{", -1, NULL},
+        {"[{\"name\":\"f\",\"arguments\":{\"offset\":12,\"maxLimit\"", -1, "limit"},
+        {"[{\"name\":\"f\",\"arguments\":{\"city\":\"Paris\"", -1, "city"}, /* a value closed */
+        {"[{\"name\":\"f\",\"arguments\":{\"a\\\"b\":", -1, "b"},           /* an escaped quote */
+        {"", -1, NULL},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        int len = (int)strlen(cases[k].call);
+        nd_copy_prior_key(&c, "stale", 5);
+        nd_copy_prior_call_key(&c, cases[k].call, len, cases[k].end < 0 ? len : cases[k].end);
+        const char *want = cases[k].key ? cases[k].key : "";
+        CHECK_MSG(c.key_n == (int)strlen(want) && !memcmp(c.key, want, strlen(want)),
+                  "%s: key '%.*s', want '%s'", cases[k].call, c.key_n, c.key, want);
+    }
+    nd_copy_prior_free(&c);
+    free(M.trie);
+    free(M.tok_next);
+}
+
 static void test_setting(void)
 {
     float b[ND_COPY_N_BONUS];
@@ -426,6 +464,7 @@ int main(void)
     test_marks();
     test_quoted();
     test_named();
+    test_call_key();
     test_value_pos();
     return tu_finish("test_copy_prior");
 }

@@ -562,6 +562,41 @@ void nd_copy_prior_key(nd_copy_prior *c, const char *key, int n)
     c->key_n = e - b;
 }
 
+void nd_copy_prior_call_key(nd_copy_prior *c, const char *call, int len, int end)
+{
+    if (end < 0 || end > len)
+        end = len;
+    if (end == len && end > 0 && call[end - 1] != ':') {
+        /* not in a value: a key being written, or still to come, is none
+         * yet (a piece such as `":2` writes a key's end and a value's
+         * first byte; the key before it is not this value's) */
+        int q = end - 1, closed = call[q] == '"';
+        if (closed)
+            q--;
+        while (q >= 0 && !(call[q] == '"' && (q == 0 || call[q - 1] != '\\')))
+            q--;
+        if (call[end - 1] == '{' || call[end - 1] == ',' ||
+            (q >= 1 && (call[q - 1] == '{' || call[q - 1] == ','))) {
+            if (closed && q >= 1 && q < end - 1)
+                nd_copy_prior_key(c, call + q + 1, end - 2 - q);
+            else
+                nd_copy_prior_key(c, NULL, 0);
+            return;
+        }
+    }
+    for (int j = end - 2; j >= 1 && j >= end - 256; j--) {
+        if (call[j] != '"' || call[j + 1] != ':')
+            continue;
+        int k = j - 1;
+        while (k >= 0 && !(call[k] == '"' && (k == 0 || call[k - 1] != '\\')))
+            k--;
+        if (k >= 0)
+            nd_copy_prior_key(c, call + k + 1, j - k - 1);
+        return;
+    }
+    nd_copy_prior_key(c, NULL, 0);
+}
+
 /* a source span at a word's start that begins with v[0..n) and, when
  * closed, ends there at a word's end (a quoted span's copy: at its
  * closing quote); letters compared without case here (a value's first

@@ -84,6 +84,15 @@ void nd_copy_prior_free(nd_copy_prior *c);
  * bonus: a copy the turn names the argument before ("a=2", "base of 10",
  * "height 5") gets it where it starts. */
 void nd_copy_prior_key(nd_copy_prior *c, const char *key, int n);
+/* nd_copy_prior_key for the argument a call's JSON call[0..len) writes
+ * or opens next: end is where its value starts (a string's opening quote,
+ * a number's first byte), or len when the call is in no value; the key
+ * is the last "KEY": before end (within 256 bytes). With end == len, a
+ * key still being written or still to come ("...,\"lim", "...,") is
+ * none yet, and a key the call ends with ("...,\"limit\"") is that one.
+ * Why: a piece such as `":2` ends a key and begins its value; the key
+ * before it was taken for the value's. */
+void nd_copy_prior_call_key(nd_copy_prior *c, const char *call, int len, int end);
 /* The sources of one turn (system may be NULL). */
 int nd_copy_prior_set(nd_copy_prior *c, const char *turn_text, const char *system);
 

@@ -902,24 +902,6 @@ static void call_value_fed(needle_session *S, turn_state *T, int *vstart, int *n
     *vstart = *nstart = -1;
 }
 
-/* The name of the argument whose value the call writes or opens next:
- * the last "KEY": before call[0..end) (within 256 bytes), else none. */
-static void call_key(needle_session *S, const turn_state *T, int end)
-{
-    const char *call = T->call.p;
-    for (int j = end - 2; j >= 1 && j >= end - 256; j--) {
-        if (call[j] != '"' || call[j + 1] != ':')
-            continue;
-        int k = j - 1;
-        while (k >= 0 && !(call[k] == '"' && (k == 0 || call[k - 1] != '\\')))
-            k--;
-        if (k >= 0)
-            nd_copy_prior_key(&S->copy, call + k + 1, j - k - 1);
-        return;
-    }
-    nd_copy_prior_key(&S->copy, NULL, 0);
-}
-
 /* The grammar-constrained call, within the budget; then its closing tokens
  * when the call is complete. */
 static int constrained_call(needle_session *S, turn_state *T)
@@ -936,7 +918,10 @@ static int constrained_call(needle_session *S, turn_state *T)
             break;
         int pos, vn;
         const unsigned char *v = value_so_far(T, vstart, &pos, &vn);
-        call_key(S, T, vstart >= 0 ? vstart - 1 : nstart >= 0 ? nstart : (int)T->call.n);
+        nd_copy_prior_call_key(&S->copy, T->call.p, (int)T->call.n,
+                               vstart >= 0   ? vstart - 1
+                               : nstart >= 0 ? nstart
+                                             : (int)T->call.n);
         nd_copy_prior_begin(&S->copy, V, pos, v, vn);
         int n_ok = grammar_mask(S, &T->st, v, vn);
         if (!n_ok)

@@ -18,8 +18,54 @@ static double row_err(const float *a, const float *b, int V)
     return tu_rel_err(a, b, V, 1e-3);
 }
 
+/* nd_call_list: the envelope's list, each call once */
+static void test_call_list(void)
+{
+    static const struct {
+        const char *call, *want;
+        int is_call;
+    } cases[] = {
+        {"[]", "[]", 0},
+        {"[{\"name\":\"f\",\"arguments\":{\"a\":1}}]",
+         "[{\"name\": \"f\", \"arguments\": {\"a\": 1}}]", 1},
+        /* a repeat, verbatim: once */
+        {"[{\"name\":\"f\",\"arguments\":{\"a\":1}},{\"name\":\"f\",\"arguments\":{\"a\":1}}]",
+         "[{\"name\": \"f\", \"arguments\": {\"a\": 1}}]", 1},
+        /* other values, another tool, keys in another order: kept */
+        {"[{\"name\":\"f\",\"arguments\":{\"a\":1}},{\"name\":\"f\",\"arguments\":{\"a\":2}},"
+         "{\"name\":\"g\",\"arguments\":{\"a\":1}},{\"name\":\"f\",\"arguments\":{\"a\":1}},"
+         "{\"name\":\"h\",\"arguments\":{\"a\":1,\"b\":2}},{\"name\":\"h\",\"arguments\":{\"b\":2,"
+         "\"a\":1}}]",
+         "[{\"name\": \"f\", \"arguments\": {\"a\": 1}}, {\"name\": \"f\", \"arguments\": {\"a\": "
+         "2}}, "
+         "{\"name\": \"g\", \"arguments\": {\"a\": 1}}, {\"name\": \"h\", \"arguments\": {\"a\": "
+         "1, "
+         "\"b\": 2}}, {\"name\": \"h\", \"arguments\": {\"b\": 2, \"a\": 1}}]",
+         1},
+        /* a prefix of a later call is no repeat of it */
+        {"[{\"name\":\"f\",\"arguments\":{}},{\"name\":\"f\",\"arguments\":{\"x\":\"\"}},"
+         "{\"name\":\"f\",\"arguments\":{}}]",
+         "[{\"name\": \"f\", \"arguments\": {}}, {\"name\": \"f\", \"arguments\": {\"x\": \"\"}}]",
+         1},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        nd_buf out = {0};
+        int is_call = -1;
+        CHECK(nd_call_list(cases[k].call, strlen(cases[k].call), &out, &is_call) == ND_OK);
+        CHECK_MSG(out.n == strlen(cases[k].want) && !strcmp(out.p, cases[k].want),
+                  "case %zu: %s\n want %s", k, out.p, cases[k].want);
+        CHECK(is_call == cases[k].is_call);
+        nd_buf_free(&out);
+    }
+    nd_buf out = {0};
+    int is_call;
+    CHECK(nd_call_list("[{", 2, &out, &is_call) != ND_OK); /* not JSON: an error, no list */
+    nd_buf_free(&out);
+}
+
 int main(void)
 {
+    test_call_list();
     nd_tokenizer *tok = NULL;
     if (nd_tokenizer_load("models/tokenizer.model", &tok)) {
         fprintf(stderr, "test_engine: %s\n", nd_last_error());

@@ -15,6 +15,7 @@
 #include "io/cact.h"
 #include "model/block.h"
 #include "model/params.h"
+#include "text/pyjson.h"
 #include "text/tokenizer.h"
 
 /* ---- loading ---- */
@@ -52,6 +53,13 @@ void nd_qweights_free(nd_qweights *q);
 size_t nd_qweights_bytes_per_token(const nd_qweights *q, const san_model *m);
 /* 1 when $NEEDLE_FLOAT asks for the dequantise-to-float path. */
 int nd_engine_float_path(void);
+
+/* The envelope's call list for a complete constrained call, the JSON
+ * call[0..call_len) ([{"name":...,"arguments":{...}}, ...]), appended
+ * to calls as [{"name": N, "arguments": A}, ...], each call once: one the
+ * list repeats verbatim (the same name and arguments, as dumped) is left
+ * out. *is_call: whether a call is left. */
+int nd_call_list(const char *call, size_t call_len, nd_buf *calls, int *is_call);
 
 struct needle_model;
 /* The float path over `weights` instead of the archive's own matrices: the

@@ -995,28 +995,55 @@ static int turn_confidence(needle_session *S, const turn_state *T, double *conf)
     return ND_OK;
 }
 
-/* The call list of a complete call as the envelope writes it. */
-static int call_list(const turn_state *T, nd_buf *calls, int *is_call)
+/* Why each call once (engine.h): the built-in base, fine-tuned, now and
+ * then writes one call twice for one request ("13.2 gallons in liters":
+ * gallon_to_liter twice; 1-5% of answers on the held-out sets), which a
+ * host would run twice. A user who wants the same thing done twice says
+ * it in a later turn. */
+int nd_call_list(const char *call, size_t call_len, nd_buf *calls, int *is_call)
 {
     nd_pj_doc *doc = NULL;
-    int rc = nd_pj_parse(T->call.p, T->call.n, &doc, NULL);
+    int rc = nd_pj_parse(call, call_len, &doc, NULL);
     if (rc)
-        return nd_error_prefix(rc, "internal: the constrained call is not valid JSON (%s)",
-                               T->call.p);
+        return nd_error_prefix(rc, "internal: the constrained call is not valid JSON (%.*s)",
+                               (int)(call_len < 512 ? call_len : 512), call);
     const nd_pj *arr = nd_pj_root(doc);
+    /* each kept call's text in calls */
+    size_t *start = calloc(arr->len + 1, sizeof *start), *len = calloc(arr->len + 1, sizeof *len);
+    if (!start || !len) {
+        free(start);
+        free(len);
+        nd_pj_free(doc);
+        return nd_error(ND_ENOMEM, "out of memory");
+    }
+    int kept = 0;
     nd_buf_put(calls, "[", 1);
     for (size_t i = 0; i < arr->len; i++) {
         const nd_pj *c = arr->items[i];
-        if (i)
+        size_t at = calls->n;
+        if (kept)
             nd_buf_put(calls, ", ", 2);
+        size_t st = calls->n;
         nd_buf_put(calls, "{\"name\": ", 9);
         nd_pj_dump(nd_pj_get(c, "name"), 0, calls);
         nd_buf_put(calls, ", \"arguments\": ", 15);
         nd_pj_dump(nd_pj_get(c, "arguments"), 0, calls);
         nd_buf_put(calls, "}", 1);
+        size_t n = calls->n - st;
+        int repeat = 0;
+        for (int k = 0; k < kept && !repeat; k++)
+            repeat = len[k] == n && !memcmp(calls->p + start[k], calls->p + st, n);
+        if (repeat) {
+            calls->n = at;
+            continue;
+        }
+        start[kept] = st;
+        len[kept++] = n;
     }
     nd_buf_put(calls, "]", 1);
-    *is_call = arr->len > 0;
+    *is_call = kept > 0;
+    free(start);
+    free(len);
     nd_pj_free(doc);
     return ND_OK;
 }
@@ -1049,7 +1076,7 @@ static int turn_envelope(needle_session *S, const turn_state *T, double secs_pre
         e.reasoning_len = rlen;
     }
     if ((rc = turn_confidence(S, T, &e.confidence)) ||
-        (T->complete && (rc = call_list(T, &calls, &e.is_call)))) {
+        (T->complete && (rc = nd_call_list(T->call.p, T->call.n, &calls, &e.is_call)))) {
         free(rtext);
         nd_buf_free(&calls);
         return rc;

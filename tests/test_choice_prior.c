@@ -521,6 +521,80 @@ static int argmax(const float *lg, const uint8_t *ok)
 
 #define L(piece) lg[find(piece)]
 
+/* Optional keys the turn names: nd_choice_prior_says_key's words, and
+ * where the grammar says a key so named is being written. */
+static void test_keys(void)
+{
+    const char *tools = "[{\"name\":\"search\",\"parameters\":{\"type\":\"object\","
+                        "\"properties\":{\"city\":{\"type\":\"string\"},"
+                        "\"max_rent\":{\"type\":\"integer\"},\"bedrooms\":{\"type\":\"integer\"},"
+                        "\"tags\":{\"type\":\"string\"},\"maxLines\":{\"type\":\"integer\"},"
+                        "\"id\":{\"type\":\"string\"}},\"required\":[\"city\"]}}]";
+    nd_pj_doc *doc;
+    CHECK(nd_pj_parse(tools, strlen(tools), &doc, NULL) == 0);
+    nd_choice_prior p;
+    const float on[2] = {10.0f, 10.0f};
+    CHECK(nd_choice_prior_init(&p, nd_pj_root(doc), 16, on) == ND_OK);
+    CHECK(p.key_bonus == ND_CHOICE_KEY_BONUS);
+    CHECK(nd_choice_prior_turn(&p, "Homes in Lagos with 3 Bedrooms, #sun hashtags, last 5 lines, "
+                                   "my ID") == ND_OK);
+    static const struct {
+        const char *key;
+        int said;
+    } keys[] = {
+        {"\"bedrooms\"", 1},                  /* caseless */
+        {"\"bedroom\"", 1},                   /* plural */
+        {"\"max_rent\"", 0},                  /* "rent" is not said */
+        {"\"tags\"", 1},                      /* ending "hashtags" */
+        {"\"maxLines\"", 1},                  /* camelCase: "lines" */
+        {"\"id\"", 0},                        /* under 3 bytes: too short to say */
+        {"\"city\"", 0},     {"\"ages\"", 0}, /* "ages" ends no word of the turn */
+        {"\"sun\"", 1},                       /* 3 bytes, a whole word ("#sun") */
+        {"\"un\"", 0},       {"no quotes", 0},
+    };
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+        CHECK_MSG(nd_choice_prior_says_key(&p, keys[k].key, (int)strlen(keys[k].key)) ==
+                      keys[k].said,
+                  "%s: want %d", keys[k].key, keys[k].said);
+
+    nd_grammar *g = NULL;
+    CHECK(nd_gram_compile(nd_pj_root(doc), &g) == ND_OK);
+    nd_choice_prior_call(&p, g);
+    CHECK(p.key_mask != NULL);
+    nd_gram_state st;
+    nd_gram_init(g, &st);
+    feed(g, &st, "[{\"name\":\"search\",\"arguments\":{");
+    CHECK(nd_gram_key_marked(g, &st, p.key_mask) == -1); /* no key begun */
+    feed(g, &st, "\"");
+    CHECK(nd_gram_key_marked(g, &st, p.key_mask) == 0); /* city, required, not written */
+    feed(g, &st, "city\":");
+    CHECK(nd_gram_key_marked(g, &st, p.key_mask) == -1); /* at the value */
+    feed(g, &st, "\"Lagos\"");
+    CHECK(nd_gram_key_marked(g, &st, p.key_mask) == -1);
+    feed(g, &st, ",\"");
+    CHECK(nd_gram_key_marked(g, &st, p.key_mask) == 1); /* bedrooms, tags, maxLines left */
+    nd_gram_state m = st;
+    feed(g, &m, "max");
+    CHECK(nd_gram_key_marked(g, &m, p.key_mask) == 1); /* maxLines, not max_rent */
+    feed(g, &m, "_");
+    CHECK(nd_gram_key_marked(g, &m, p.key_mask) == 0); /* max_rent */
+    feed(g, &st, "bedrooms\"");
+    CHECK(nd_gram_key_marked(g, &st, p.key_mask) == 1); /* complete, before its colon */
+    feed(g, &st, ":3,\"");
+    CHECK(nd_gram_key_marked(g, &st, p.key_mask) == 1); /* tags, maxLines */
+    feed(g, &st, "tags\":\"x\",\"maxLines\":5,\"");
+    CHECK(nd_gram_key_marked(g, &st, p.key_mask) == 0); /* those written: max_rent, id left */
+    nd_gram_free(g);
+
+    /* off with the other bonuses: no mask */
+    nd_choice_prior_free(&p);
+    const float off[2] = {0.0f, 0.0f};
+    CHECK(nd_choice_prior_init(&p, nd_pj_root(doc), 16, off) == ND_OK);
+    CHECK(p.key_bonus == 0.0f);
+    nd_choice_prior_free(&p);
+    nd_pj_free(doc);
+}
+
 static void test_reason(void)
 {
     needle_model M;
@@ -733,6 +807,7 @@ int main(void)
     test_names_and_quotes();
     test_says();
     test_grammar();
+    test_keys();
     test_reason();
     test_escapes_and_catalogue();
     test_error_alias();

@@ -277,6 +277,7 @@ int nd_choice_prior_init(nd_choice_prior *p, const nd_pj *tools, int V, const fl
     memset(p, 0, sizeof *p);
     p->tool_bonus = b[0];
     p->enum_bonus = b[1];
+    p->key_bonus = b[0] != 0.0f || b[1] != 0.0f ? ND_CHOICE_KEY_BONUS : 0.0f;
     if (b[0] == 0.0f && b[1] == 0.0f)
         return ND_OK;
     int n = tools && tools->type == ND_PJ_ARRAY ? (int)tools->len : 0, rc = ND_OK;
@@ -325,6 +326,7 @@ void nd_choice_prior_free(nd_choice_prior *p)
     free(p->biased);
     free(p->bonus);
     free(p->tw);
+    free(p->key_mask);
     nd_buf_free(&p->words);
     nd_buf_free(&p->turn);
     nd_buf_free(&p->turn_words);
@@ -554,8 +556,52 @@ void nd_choice_prior_feed(nd_choice_prior *p, const needle_model *M, int t)
 
 /* ---- the call ---- */
 
+/* whether the lower-cased turn t has the word w[0..n) as a word, maybe
+ * plural, or ending a longer word when n >= 4 ("hashtags": "tags") */
+static int turn_has_word(const char *t, const char *w, size_t n)
+{
+    for (const char *at = strstr(t, w); at; at = strstr(at + 1, w)) {
+        const char *e = at + n;
+        if (*e == 's' && !is_alnum((unsigned char)e[1]))
+            e++; /* plural */
+        if (is_alnum((unsigned char)*e) || (at > t && is_alnum((unsigned char)at[-1]) && n < 4))
+            continue; /* inside a longer word */
+        return 1;
+    }
+    return 0;
+}
+
+int nd_choice_prior_says_key(void *ctx, const char *key, int len)
+{
+    const nd_choice_prior *p = ctx;
+    if (len < 2 || key[0] != '"' || !p->turn.n)
+        return 0;
+    /* the name's last word: "file_name" -> "name", "maxResults" -> "results" */
+    int e = len - 1, b;
+    while (e > 1 && !is_alnum((unsigned char)key[e - 1]))
+        e--;
+    for (b = e; b > 1 && is_alnum((unsigned char)key[b - 1]); b--)
+        if (b < e && key[b] >= 'A' && key[b] <= 'Z' && key[b - 1] >= 'a' && key[b - 1] <= 'z')
+            break;
+    char w[41];
+    size_t n = (size_t)(e - b);
+    if (n < 3 || n >= sizeof w)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        w[i] = (char)lower((unsigned char)key[b + (int)i]);
+    w[n] = 0;
+    return turn_has_word(p->turn.p, w, n);
+}
+
 void nd_choice_prior_call(nd_choice_prior *p, const nd_grammar *g)
 {
+    free(p->key_mask);
+    p->key_mask = NULL;
+    if (p->key_bonus != 0.0f && p->turn.n &&
+        nd_gram_key_marks(g, nd_choice_prior_says_key, p, &p->key_mask)) {
+        free(p->key_mask); /* out of memory: no key bonus */
+        p->key_mask = NULL;
+    }
     memset(p->gweight, 0, sizeof p->gweight);
     p->first_call = p->tool_bonus != 0.0f && p->n > 0 && !p->reasoned;
     if (!p->first_call)

@@ -105,6 +105,48 @@ int nd_gram_literal(const nd_grammar *g, const nd_gram_state *s, char *const **l
     return 1;
 }
 
+static int used_has(const gnode *n, const nd_gram_frame *f, int i);
+static int obj_missing(const gnode *n, const nd_gram_frame *f);
+
+int nd_gram_key_marks(const nd_grammar *g, int (*said)(void *ctx, const char *key, int len),
+                      void *ctx, uint64_t **mask)
+{
+    *mask = calloc((size_t)(g->n_nodes ? g->n_nodes : 1), sizeof **mask);
+    if (!*mask)
+        return nd_error(ND_ENOMEM, "out of memory");
+    for (int i = 0; i < g->n_nodes; i++) {
+        const gnode *n = &g->nodes[i];
+        if (n->kind != K_OBJ || n->ordered)
+            continue;
+        for (int k = 0; k < n->nprops && k < 64; k++)
+            if (!n->req[k] && said(ctx, n->key[k], n->keylen[k]))
+                (*mask)[i] |= 1ull << k;
+    }
+    return ND_OK;
+}
+
+int nd_gram_key_marked(const nd_grammar *g, const nd_gram_state *s, const uint64_t *mask)
+{
+    if (s->depth < 1)
+        return -1;
+    const nd_gram_frame *f = &s->f[s->depth - 1];
+    if (f->kind != FR_OBJ || (f->phase != 2 && f->phase != 3))
+        return -1;
+    const gnode *n = &g->nodes[f->node];
+    if (n->ordered || !mask[f->node] || obj_missing(n, f))
+        return 0;      /* the required keys first: their order stays the model's */
+    if (f->phase == 3) /* the key is complete: key_mark wrote it */
+        return f->cur < 64 && (mask[f->node] >> f->cur & 1);
+    int lo, hi;
+    range_unpack(f->mask, &lo, &hi);
+    for (int k = lo; k < hi; k++) {
+        int i = n->ord[k];
+        if (i < 64 && (mask[f->node] >> i & 1) && !used_has(n, f, i))
+            return 1;
+    }
+    return 0;
+}
+
 const char *nd_gram_tool_name(const nd_grammar *g, int i, int *len)
 {
     if (i < 0 || i >= g->n_tools)

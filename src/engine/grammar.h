@@ -116,6 +116,18 @@ int nd_gram_naming(const nd_gram_state *s, uint64_t *cands);
  * quotes included, of lens[]); else 0. */
 int nd_gram_literal(const nd_grammar *g, const nd_gram_state *s, char *const **lits,
                     const int **lens, int *lo, int *hi);
+/* An object's optional keys a caller favours (the choice prior's: those
+ * the turn says): said(ctx, key, len) for each optional property of each
+ * object (its first 64; key the JSON text, quotes included) sets its bit
+ * in (*mask)[node] (malloc'ed, one word per node; free it). */
+int nd_gram_key_marks(const nd_grammar *g, int (*said)(void *ctx, const char *key, int len),
+                      void *ctx, uint64_t **mask);
+/* Where an object's key is written (the innermost frame is an object
+ * with declared properties, its key's opening quote written, its colon
+ * not yet): 1 when every required key is written and a key the bytes so
+ * far leave, not written yet, has its bit in mask[node], else 0; -1
+ * anywhere else. */
+int nd_gram_key_marked(const nd_grammar *g, const nd_gram_state *s, const uint64_t *mask);
 /* The grammar's i-th tool's name as JSON text (quotes included). */
 const char *nd_gram_tool_name(const nd_grammar *g, int i, int *len);
 /* Fewest bytes that complete the call list from this state (known limit:

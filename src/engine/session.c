@@ -398,11 +398,18 @@ static int grammar_mask(needle_session *S, const nd_gram_state *st, const unsign
     unsigned char path[PIECE_MAX + 1];
     signed char inval[PIECE_MAX + 2];
     float litw[PIECE_MAX + 2]; /* the enum value a path writes: said 1, else 0; none -1 */
+    int keyw[PIECE_MAX + 2];   /* the same for an optional key the turn names */
+    const uint64_t *key_mask = S->choice.key_mask;
     const char *num;
     int nlen;
     nd_gram_copy(&S->stack[0], st);
     inval[0] = copying ? (signed char)nd_gram_value_pos(st, &num, &nlen) : 0;
     litw[0] = enums ? nd_choice_prior_literal(&S->choice, g, st) : -1.0f;
+    int at = nd_gram_value_pos(st, &num, &nlen);
+    if (at == ND_GRAM_IN_STRING || at == ND_GRAM_IN_NUMBER)
+        key_mask =
+            NULL; /* a piece that ends a value is no key's: the value's end stays the model's */
+    keyw[0] = key_mask ? nd_gram_key_marked(g, st, key_mask) : -1;
     node_at[0] = M->trie[0].child;
     int d = 0;
     while (d >= 0) {
@@ -424,6 +431,10 @@ static int grammar_mask(needle_session *S, const nd_gram_state *st, const unsign
             float w = nd_choice_prior_literal(&S->choice, g, ns);
             litw[d + 1] = w >= 0.0f ? w : litw[d];
         }
+        if (key_mask) { /* so does a key's */
+            int w = nd_gram_key_marked(g, ns, key_mask);
+            keyw[d + 1] = w >= 0 ? w : keyw[d];
+        }
         if (M->trie[c].tok >= 0) {
             int dist = nd_gram_dist(g, ns);
             for (int t = M->trie[c].tok; t >= 0; t = M->tok_next[t]) {
@@ -432,10 +443,11 @@ static int grammar_mask(needle_session *S, const nd_gram_state *st, const unsign
                 count++;
                 if (copying)
                     nd_copy_prior_token(&S->copy, t, pre, npre, path, d + 1, inval);
-                if (weighing) {
+                if (weighing || key_mask) {
                     float b =
                         (names ? S->choice.tool_bonus * nd_choice_prior_name(&S->choice, ns) : 0) +
-                        (enums && litw[d + 1] > 0 ? S->choice.enum_bonus * litw[d + 1] : 0);
+                        (enums && litw[d + 1] > 0 ? S->choice.enum_bonus * litw[d + 1] : 0) +
+                        (key_mask && keyw[d + 1] > 0 ? S->choice.key_bonus : 0);
                     S->choice.bonus[t] = b;
                     S->choosing |= b != 0.0f;
                 }

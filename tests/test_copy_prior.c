@@ -432,6 +432,42 @@ static void test_call_key(void)
     free(M.tok_next);
 }
 
+/* nd_copy_prior_runs_on: a value that repeats 16 bytes the turn does not */
+static void test_runs_on(void)
+{
+    needle_model M;
+    build_model(&M);
+    nd_copy_prior c;
+    const float on[ND_COPY_N_BONUS] = {4.0f, 20.0f, 10.0f, 5.0f, 6.0f};
+    CHECK(nd_copy_prior_init(&c, &M, on) == ND_OK);
+    CHECK(nd_copy_prior_set(&c, "say 'go team go team go team go team' and file a canceled order",
+                            NULL) == ND_OK);
+    static const struct {
+        const char *v;
+        int runs_on;
+    } cases[] = {
+        {"a canceled buy order for a canceled buy order", 1}, /* 16 bytes again */
+        {"a canceled buy order, a canceled b", 0},            /* 12 bytes again */
+        {"PPPPPPPPPPPPPPPP", 0},                              /* 16 bytes, once */
+        {"PPPPPPPPPPPPPPPPP", 1},                             /* twice, overlapping */
+        {"go team go team go team go team", 0},               /* the turn repeats it too: a copy */
+        {"https://example.com/a https://example.com/b", 0},   /* 15 bytes shared */
+        {"", 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        CHECK_MSG(nd_copy_prior_runs_on(&c, (const unsigned char *)cases[k].v,
+                                        (int)strlen(cases[k].v)) == cases[k].runs_on,
+                  "\"%s\": want %d", cases[k].v, cases[k].runs_on);
+    nd_copy_prior_free(&c);
+    /* off: never */
+    const float off[ND_COPY_N_BONUS] = {0};
+    CHECK(nd_copy_prior_init(&c, &M, off) == ND_OK);
+    CHECK(nd_copy_prior_runs_on(&c, (const unsigned char *)"PPPPPPPPPPPPPPPPPPPP", 20) == 0);
+    nd_copy_prior_free(&c);
+    free(M.trie);
+    free(M.tok_next);
+}
+
 static void test_setting(void)
 {
     float b[ND_COPY_N_BONUS];
@@ -465,6 +501,7 @@ int main(void)
     test_quoted();
     test_named();
     test_call_key();
+    test_runs_on();
     test_value_pos();
     return tu_finish("test_copy_prior");
 }

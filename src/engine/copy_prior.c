@@ -761,3 +761,24 @@ void nd_copy_prior_untake(nd_copy_prior *c)
     if (c->taken)
         memset(c->taken, 0, c->src.n + 1);
 }
+
+/* how often the source holds v[0..n) */
+static int source_count(const nd_copy_prior *c, const unsigned char *v, int n, int max)
+{
+    int count = 0;
+    for (size_t st = 0; st + (size_t)n <= c->src.n && count < max; st++)
+        count += !memcmp(c->src.p + st, v, (size_t)n);
+    return count;
+}
+
+int nd_copy_prior_runs_on(const nd_copy_prior *c, const unsigned char *v, int n)
+{
+    enum { K = ND_COPY_RUN_ON };
+    if (c->bonus == 0.0f || n <= K)
+        return 0;
+    const unsigned char *tail = v + n - K;
+    for (int i = 0; i + K < n; i++) /* an earlier start, overlaps allowed */
+        if (!memcmp(v + i, tail, K))
+            return source_count(c, tail, K, 2) < 2;
+    return 0;
+}

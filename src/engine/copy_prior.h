@@ -125,6 +125,17 @@ void nd_copy_prior_untake(nd_copy_prior *c);
  * s is 0-terminated. */
 size_t nd_quoted_end(const char *s, size_t st);
 
+/* A string value v[0..n) so far runs on: its last ND_COPY_RUN_ON bytes
+ * occur earlier in it too (overlapping or not) and the source does not
+ * hold them twice. The decoder then closes the value. Why: the base's
+ * misses ran on for hundreds of bytes ("a canceled buy order forlorng a
+ * canceled buy order forlorving a canceled buy ...", "ininin...Inin...")
+ * past the grammar's guard against a strict cycle (ND_GRAM_STR_PERIODIC);
+ * 10% of BFCL's zero-shot answers held such a value. Real values rarely
+ * repeat 16 bytes the user did not. 0 when the prior is off. */
+#define ND_COPY_RUN_ON 16
+int nd_copy_prior_runs_on(const nd_copy_prior *c, const unsigned char *v, int n);
+
 /* Append `text` with numbers said in words as digits and the thousands
  * separators of digit groups dropped (exposed for the tests). */
 int nd_copy_numbers_as_digits(const char *text, nd_buf *out);

@@ -914,6 +914,21 @@ static void call_value_fed(needle_session *S, turn_state *T, int *vstart, int *n
     *vstart = *nstart = -1;
 }
 
+/* Only the allowed pieces that close the string the call is in (a piece
+ * that begins with a quote: inside a string an unescaped quote ends it),
+ * when there are any (a minLength not reached leaves none). */
+static void close_string(needle_session *S, int V)
+{
+    const needle_model *M = S->model;
+    unsigned char b[PIECE_MAX];
+    int len, closers = 0;
+    for (int t = 0; t < V && !closers; t++)
+        closers = S->allowed[t] && nd_piece_bytes(M->tok, t, b, &len) && len && b[0] == '"';
+    for (int t = 0; t < V && closers; t++)
+        if (S->allowed[t] && !(nd_piece_bytes(M->tok, t, b, &len) && len && b[0] == '"'))
+            S->allowed[t] = 0;
+}
+
 /* The grammar-constrained call, within the budget; then its closing tokens
  * when the call is complete. */
 static int constrained_call(needle_session *S, turn_state *T)
@@ -949,6 +964,8 @@ static int constrained_call(needle_session *S, turn_state *T)
         for (int i = 0; i < V; i++)
             if (S->allowed[i] && S->tokdist[i] > reach)
                 S->allowed[i] = 0;
+        if (pos == ND_GRAM_IN_STRING && nd_copy_prior_runs_on(&S->copy, v, vn))
+            close_string(S, V);
         const float *lg = copy_prior(S, v, pos, vn);
         if (S->choosing) {
             if (lg != S->biased)

@@ -28,11 +28,13 @@
  *    model's (or -inf); with every byte piece allowed, some allowed piece
  *    stays finite; the parser's position after each piece fed is the one
  *    nd_reason_prior_step reaches over the same bytes, and once off the
- *    form it stays off;
+ *    form it stays off; the plan read as a call's JSON
+ *    (nd_copy_prior_call_key) and as a value (nd_copy_prior_runs_on);
  *  - when the tools compile (nd_gram_compile): nd_choice_prior_call's
  *    weights are 0 or a tool's weight, that tool's for the name the
  *    grammar's JSON text decodes to; along a sampled call list, nd_choice_prior_step /
- *    _name / _literal give 0/1, a call weight and -1/0/1, and
+ *    _name / _literal and nd_gram_key_marked give 0/1, a call weight,
+ *    -1/0/1 and -1/0/1, and
  *    nd_choice_prior_add adds the (zero) bonuses only. */
 #include <math.h>
 #include <stdint.h>
@@ -326,6 +328,16 @@ static void plan_reason(const nd_pj *tools, const nd_choice_prior *choice, const
         if (pick == best)
             at += (size_t)blen;
     }
+    /* the plan as a call's JSON and as a value: the key found is a word
+     * of it (or none), and a value runs on or not */
+    for (int end = 0; end <= (int)plen; end += 1 + (int)nd_rng_below(r, 8)) {
+        nd_copy_prior_call_key(&c, plan, (int)plen, end);
+        if (c.key_n < 0 || c.key_n >= (int)sizeof c.key)
+            fail(__LINE__);
+        int ro = nd_copy_prior_runs_on(&c, (const unsigned char *)plan, end);
+        if (ro != 0 && ro != 1)
+            fail(__LINE__);
+    }
     nd_copy_prior_free(&c);
     nd_reason_prior_free(&rp);
 }
@@ -435,6 +447,9 @@ static void call(nd_choice_prior *p, const nd_grammar *g, nd_rng *r)
         for (int k = 0; k < ND_GRAM_MAX_ALT && !found; k++)
             found = w == p->gweight[k];
         if (!found)
+            fail(__LINE__);
+        int km = p->key_mask ? nd_gram_key_marked(g, &st, p->key_mask) : -1;
+        if (km < -1 || km > 1 || (p->key_mask && p->key_bonus == 0.0f))
             fail(__LINE__);
         float l = nd_choice_prior_literal(p, g, &st);
         if (l != -1.0f && l != 0.0f && l != 1.0f)

@@ -164,6 +164,15 @@ static void test_weights(void)
     nd_pj_free(doc);
 }
 
+/* a choice prior with the default tool and enum bonuses over the tools
+ * JSON text `tools` (*doc: their parse, for the caller to free) */
+static void prior_over(const char *tools, nd_pj_doc **doc, nd_choice_prior *p)
+{
+    CHECK(nd_pj_parse(tools, strlen(tools), doc, NULL) == 0);
+    const float on[2] = {ND_CHOICE_TOOL_BONUS, ND_CHOICE_ENUM_BONUS};
+    CHECK(nd_choice_prior_init(p, nd_pj_root(*doc), 16, on) == ND_OK);
+}
+
 /* A tool's name outweighs its description, and a quoted value's words
  * choose no tool (BFCL's multi-turn cases: "information" in an airport
  * tool's description tied it with send_message; "dispatch the message
@@ -175,10 +184,8 @@ static void test_names_and_quotes(void)
         "{\"name\":\"nearest_airport\",\"description\":\"Flights and budget information\"},"
         "{\"name\":\"get_stock_price\",\"description\":\"The latest price of a stock\"}]";
     nd_pj_doc *doc;
-    CHECK(nd_pj_parse(tools, strlen(tools), &doc, NULL) == 0);
     nd_choice_prior p;
-    const float on[2] = {10.0f, 10.0f};
-    CHECK(nd_choice_prior_init(&p, nd_pj_root(doc), 16, on) == ND_OK);
+    prior_over(tools, &doc, &p);
     const float *w;
     /* "message" (send_message's name: 2) against "information" (1) */
     CHECK(nd_choice_prior_turn(&p, "get this information to them as a message") == ND_OK);
@@ -531,10 +538,8 @@ static void test_keys(void)
                         "\"tags\":{\"type\":\"string\"},\"maxLines\":{\"type\":\"integer\"},"
                         "\"id\":{\"type\":\"string\"}},\"required\":[\"city\"]}}]";
     nd_pj_doc *doc;
-    CHECK(nd_pj_parse(tools, strlen(tools), &doc, NULL) == 0);
     nd_choice_prior p;
-    const float on[2] = {10.0f, 10.0f};
-    CHECK(nd_choice_prior_init(&p, nd_pj_root(doc), 16, on) == ND_OK);
+    prior_over(tools, &doc, &p);
     CHECK(p.key_bonus == ND_CHOICE_KEY_BONUS);
     CHECK(nd_choice_prior_turn(&p, "Homes in Lagos with 3 Bedrooms, #sun hashtags, last 5 lines, "
                                    "my ID") == ND_OK);

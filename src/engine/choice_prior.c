@@ -576,21 +576,12 @@ int nd_choice_prior_says_key(void *ctx, const char *key, int len)
     const nd_choice_prior *p = ctx;
     if (len < 2 || key[0] != '"' || !p->turn.n)
         return 0;
-    /* the name's last word: "file_name" -> "name", "maxResults" -> "results" */
-    int e = len - 1, b;
-    while (e > 1 && !is_alnum((unsigned char)key[e - 1]))
-        e--;
-    for (b = e; b > 1 && is_alnum((unsigned char)key[b - 1]); b--)
-        if (b < e && key[b] >= 'A' && key[b] <= 'Z' && key[b - 1] >= 'a' && key[b - 1] <= 'z')
-            break;
-    char w[41];
-    size_t n = (size_t)(e - b);
-    if (n < 3 || n >= sizeof w)
+    char w[41]; /* the name's last word: "file_name" -> "name", "maxResults" -> "results" */
+    int n = nd_name_last_word(key + 1, len - 2, w, (int)sizeof w);
+    if (n < 3)
         return 0;
-    for (size_t i = 0; i < n; i++)
-        w[i] = (char)lower((unsigned char)key[b + (int)i]);
     w[n] = 0;
-    return turn_has_word(p->turn.p, w, n);
+    return turn_has_word(p->turn.p, w, (size_t)n);
 }
 
 void nd_choice_prior_call(nd_choice_prior *p, const nd_grammar *g)

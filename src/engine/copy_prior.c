@@ -542,24 +542,24 @@ static int named_start(const nd_copy_prior *c, size_t st)
     return names_key(c, s, b, i);
 }
 
-void nd_copy_prior_key(nd_copy_prior *c, const char *key, int n)
+int nd_name_last_word(const char *key, int n, char *out, int cap)
 {
-    /* the name's last word, lower-cased: "daily_budget" -> "budget",
-     * "maxResults" -> "results", "num1" -> "num1" */
-    c->key_n = 0;
-    if (!key || n <= 0)
-        return;
     int e = n, b;
     while (e > 0 && !is_alnum((unsigned char)key[e - 1]))
         e--;
     for (b = e; b > 0 && is_alnum((unsigned char)key[b - 1]); b--)
         if (b < e && key[b] >= 'A' && key[b] <= 'Z' && key[b - 1] >= 'a' && key[b - 1] <= 'z')
             break; /* a camelCase word starts at key[b] */
-    if (e - b <= 0 || e - b >= (int)sizeof c->key)
-        return;
+    if (e - b <= 0 || e - b >= cap)
+        return 0;
     for (int i = b; i < e; i++)
-        c->key[i - b] = (char)lower((unsigned char)key[i]);
-    c->key_n = e - b;
+        out[i - b] = (char)lower((unsigned char)key[i]);
+    return e - b;
+}
+
+void nd_copy_prior_key(nd_copy_prior *c, const char *key, int n)
+{
+    c->key_n = key && n > 0 ? nd_name_last_word(key, n, c->key, (int)sizeof c->key) : 0;
 }
 
 void nd_copy_prior_call_key(nd_copy_prior *c, const char *call, int len, int end)

@@ -80,6 +80,10 @@ int nd_copy_prior_setting(const char *env, float b[ND_COPY_N_BONUS]);
 int nd_copy_prior_init(nd_copy_prior *c, const needle_model *M, const float b[ND_COPY_N_BONUS]);
 
 void nd_copy_prior_free(nd_copy_prior *c);
+/* An argument name's last word key[0..n), lower-cased, into out[0..cap):
+ * its length, 0 when there is none or it does not fit ("daily_budget" ->
+ * "budget", "maxResults" -> "results", "num1" -> "num1"). */
+int nd_name_last_word(const char *key, int n, char *out, int cap);
 /* The argument the call is writing (its name; NULL: none), for the name
  * bonus: a copy the turn names the argument before ("a=2", "base of 10",
  * "height 5") gets it where it starts. */

@@ -205,7 +205,7 @@ static int index_words(nd_choice_prior *p, const size_t *name_ends, const size_t
         return nd_error(ND_ENOMEM, "out of memory");
     for (int i = 0; i < p->n; i++)
         for (; at < ends[i]; at += strlen(p->words.p + at) + 1)
-            p->tw[p->ntw++] = (nd_choice_word){p->words.p + at, i, at < name_ends[i] ? 1.0f : 0.0f};
+            p->tw[p->ntw++] = (nd_choice_word){p->words.p + at, i, 0.0f, at < name_ends[i]};
     qsort(p->tw, p->ntw, sizeof *p->tw, tword_cmp);
     for (size_t a = 0, b; a < p->ntw; a = b) {
         for (b = a + 1; b < p->ntw && !key_cmp(p->tw[a].w, p->tw[b].w); b++)
@@ -225,8 +225,7 @@ static int index_words(nd_choice_prior *p, const size_t *name_ends, const size_t
                         owners++;
                         last = p->tw[m].tool;
                     }
-            float w =
-                p->tw[k].share > 0.0f ? ND_CHOICE_NAME_WEIGHT : 1.0f; /* share: from the name */
+            float w = p->tw[k].from_name ? ND_CHOICE_NAME_WEIGHT : 1.0f;
             p->tw[k].share = repeat ? 0.0f : w / (float)(owners ? owners : 1);
         }
     }

@@ -59,7 +59,9 @@
 typedef struct {
     const char *w; /* lower-cased, 0-terminated, in nd_choice_prior.words */
     int tool;
-    float share; /* 1 / (the tools with the same word); 0 for a word its tool has twice */
+    float share;   /* 1 / (the tools with the same word), ND_CHOICE_NAME_WEIGHT times that for a
+                    * word of the tool's name; 0 for a word its tool has twice */
+    int from_name; /* a word of the tool's name (not its description) */
 } nd_choice_word;
 
 typedef struct {

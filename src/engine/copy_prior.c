@@ -782,3 +782,20 @@ int nd_copy_prior_runs_on(const nd_copy_prior *c, const unsigned char *v, int n)
             return source_count(c, tail, K, 2) < 2;
     return 0;
 }
+
+int nd_copy_prior_quote_done(const nd_copy_prior *c, const unsigned char *v, int n)
+{
+    if (c->bonus == 0.0f || !c->quote || n <= 0)
+        return 0;
+    const char *s = c->src.p;
+    int whole = 0;
+    for (size_t st = 0; st < c->src.n; st++) {
+        if (c->quote[st] <= 0 || c->quote[st] - (int32_t)st < n ||
+            memcmp(s + st, v, (size_t)n))
+            continue;
+        if (c->quote[st] - (int32_t)st > n)
+            return 0; /* a longer quoted span goes on from here ('john1234') */
+        whole = 1;
+    }
+    return whole;
+}

@@ -221,6 +221,44 @@ static void test_names_and_quotes(void)
     nd_pj_free(doc);
 }
 
+/* A tool's parameters speak for it too: an enum value as a word of its
+ * description, a parameter's description at ND_CHOICE_PARAM_WEIGHT (BFCL:
+ * "How much fuel I have right now?" chose get_current_speed over
+ * displayCarStatus, whose option lists "fuel"). */
+static void test_param_words(void)
+{
+    const char *tools =
+        "[{\"name\":\"display_status\",\"description\":\"Displays the vehicle's status\","
+        "\"parameters\":{\"type\":\"object\",\"properties\":{\"option\":{\"type\":\"string\","
+        "\"enum\":[\"fuel\",\"battery\"]},\"unit\":{\"type\":\"string\","
+        "\"description\":\"Gallons or liters\"}}}},"
+        "{\"name\":\"get_speed\",\"description\":\"The vehicle's speed\","
+        "\"parameters\":{\"type\":\"object\",\"properties\":{\"unit\":{\"type\":\"string\","
+        "\"description\":\"Miles or kilometers of speed\"}}}}]";
+    nd_pj_doc *doc;
+    nd_choice_prior p;
+    prior_over(tools, &doc, &p);
+    static const struct {
+        const char *turn;
+        float w0, w1;
+    } cases[] = {
+        {"how much fuel is left", 1.0f, 0.0f}, /* an enum value: a description's word */
+        {"in kilometers", 0.0f, 0.5f},         /* a parameter's description: half */
+        {"fuel in kilometers", 1.0f, 0.5f},    /* the two */
+        {"speed and fuel", 0.5f, 1.0f},        /* "speed": the name's 2, not 2.5 */
+        {"the battery in liters", 1.0f, 0.0f}, /* 1 + 0.5 of display_status's own */
+        {"vehicle", 0.5f, 0.5f},               /* descriptions as before */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        CHECK(nd_choice_prior_turn(&p, cases[k].turn) == ND_OK);
+        const float *w = nd_choice_prior_weights(&p);
+        CHECK_MSG(near(w[0], cases[k].w0) && near(w[1], cases[k].w1), "\"%s\": weights %g %g",
+                  cases[k].turn, (double)w[0], (double)w[1]);
+    }
+    nd_choice_prior_free(&p);
+    nd_pj_free(doc);
+}
+
 /* ---- enum values the turn says ---- */
 
 static int says(const nd_choice_prior *p, const char *lit)
@@ -376,8 +414,9 @@ static void test_grammar(void)
     CHECK(nd_choice_prior_turn(&p, "start the washer, heavy cycle") == ND_OK);
     nd_choice_prior_call(&p, g);
     CHECK(p.first_call == 1);
+    /* washer: "start" 1 + "washer" 2 + its enum value "heavy" 1; dryer: "start" 1 */
     CHECK(p.gweight[gram_index(g, "start_washer")] == 1.0f &&
-          near(p.gweight[gram_index(g, "start_dryer")], 1.0f / 3) &&
+          near(p.gweight[gram_index(g, "start_dryer")], 1.0f / 4) &&
           p.gweight[gram_index(g, "brew_coffee")] == 0.0f);
     int names = -1, enums = -1;
     nd_gram_init(g, &st);
@@ -385,7 +424,7 @@ static void test_grammar(void)
     CHECK(nd_choice_prior_step(&p, &st, &names, &enums) == 1 && names == 1 && enums == 1);
     nd_gram_state after = st;
     feed(g, &after, "start_d");
-    CHECK(near(nd_choice_prior_name(&p, &after), 1.0f / 3));
+    CHECK(near(nd_choice_prior_name(&p, &after), 1.0f / 4));
     after = st;
     feed(g, &after, "start_");
     CHECK(nd_choice_prior_name(&p, &after) == 1.0f); /* washer is still possible */
@@ -810,6 +849,7 @@ int main(void)
     test_setting();
     test_weights();
     test_names_and_quotes();
+    test_param_words();
     test_says();
     test_grammar();
     test_keys();

@@ -468,6 +468,48 @@ static void test_runs_on(void)
     free(M.tok_next);
 }
 
+/* A string that has copied a whole quoted span is done (the base wrote
+ * "Google' filed" and "Queen'" zero-shot), unless a longer quoted span
+ * begins with it ('john' and 'john1234'); a quote after a sentence's
+ * closing mark closes its span even before a letter (BFCL: "... financial
+ * report?'in their inbox"). */
+static void test_quote_done(void)
+{
+    needle_model M;
+    build_model(&M);
+    nd_copy_prior c;
+    const float on[ND_COPY_N_BONUS] = {4.0f, 20.0f, 10.0f, 5.0f, 6.0f};
+    CHECK(nd_copy_prior_init(&c, &M, on) == ND_OK);
+    CHECK(nd_copy_prior_set(&c,
+                            "the case 'Google' filed; user 'john' password 'john1234'; "
+                            "send 'What do you think?'in their inbox, id '1234'. Zeta's",
+                            NULL) == ND_OK);
+    static const struct {
+        const char *v;
+        int done;
+    } cases[] = {
+        {"Google", 1},   {"Goog", 0}, {"Google' filed", 0},      {"google", 0}, {"john", 0},
+        {"john1234", 1}, {"1234", 1}, {"What do you think?", 1}, {"Zeta", 0},   {"filed", 0},
+        {"", 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        CHECK_MSG(nd_copy_prior_quote_done(&c, (const unsigned char *)cases[k].v,
+                                           (int)strlen(cases[k].v)) == cases[k].done,
+                  "\"%s\": want %d", cases[k].v, cases[k].done);
+    const char *src = "say 'report?'in it and 'it's' or 'x'y";
+    CHECK(nd_quoted_end(src, 5) == 12);  /* after "?" */
+    CHECK(nd_quoted_end(src, 24) == 28); /* not at "it's" */
+    CHECK(nd_quoted_end(src, 34) == 34); /* 'x'y: before a letter */
+    nd_copy_prior_free(&c);
+    const float off[ND_COPY_N_BONUS] = {0};
+    CHECK(nd_copy_prior_init(&c, &M, off) == ND_OK);
+    CHECK(nd_copy_prior_set(&c, "the case 'Google' filed", NULL) == ND_OK);
+    CHECK(nd_copy_prior_quote_done(&c, (const unsigned char *)"Google", 6) == 0);
+    nd_copy_prior_free(&c);
+    free(M.trie);
+    free(M.tok_next);
+}
+
 static void test_setting(void)
 {
     float b[ND_COPY_N_BONUS];
@@ -502,6 +544,7 @@ int main(void)
     test_named();
     test_call_key();
     test_runs_on();
+    test_quote_done();
     test_value_pos();
     return tu_finish("test_copy_prior");
 }

@@ -192,10 +192,13 @@ static int str_key_cmp(const void *x, const void *y)
 
 /* The tools' words sorted by bucket, each with 1 / (the tools that have
  * it), ND_CHOICE_NAME_WEIGHT / (the same) for a word of the tool's name,
- * 0 for a word its tool has twice (its name's kept). In a bucket of more than
+ * ND_CHOICE_PARAM_WEIGHT / (the same) for one of a parameter's
+ * description, 0 for a word its tool has twice (the first kept: name,
+ * description, enum values, parameters' descriptions). In a bucket of more than
  * BUCKET_CMP words (a hostile catalogue: every word "aaaa...") every word
  * counts the bucket's tools instead, to bound the work. */
-static int index_words(nd_choice_prior *p, const size_t *name_ends, const size_t *ends)
+static int index_words(nd_choice_prior *p, const size_t *name_ends, const size_t *desc_ends,
+                       const size_t *ends)
 {
     size_t nw = 0, at = 0;
     for (size_t k = 0; k < p->words.n; k++)
@@ -205,7 +208,8 @@ static int index_words(nd_choice_prior *p, const size_t *name_ends, const size_t
         return nd_error(ND_ENOMEM, "out of memory");
     for (int i = 0; i < p->n; i++)
         for (; at < ends[i]; at += strlen(p->words.p + at) + 1)
-            p->tw[p->ntw++] = (nd_choice_word){p->words.p + at, i, 0.0f, at < name_ends[i]};
+            p->tw[p->ntw++] =
+                (nd_choice_word){p->words.p + at, i, 0.0f, at < name_ends[i], at >= desc_ends[i]};
     qsort(p->tw, p->ntw, sizeof *p->tw, tword_cmp);
     for (size_t a = 0, b; a < p->ntw; a = b) {
         for (b = a + 1; b < p->ntw && !key_cmp(p->tw[a].w, p->tw[b].w); b++)
@@ -225,7 +229,9 @@ static int index_words(nd_choice_prior *p, const size_t *name_ends, const size_t
                         owners++;
                         last = p->tw[m].tool;
                     }
-            float w = p->tw[k].from_name ? ND_CHOICE_NAME_WEIGHT : 1.0f;
+            float w = p->tw[k].from_name    ? ND_CHOICE_NAME_WEIGHT
+                      : p->tw[k].from_param ? ND_CHOICE_PARAM_WEIGHT
+                                            : 1.0f;
             p->tw[k].share = repeat ? 0.0f : w / (float)(owners ? owners : 1);
         }
     }
@@ -271,6 +277,28 @@ static int tool_weights(nd_choice_prior *p)
     return ND_OK;
 }
 
+/* The words of a tool's parameters: with enum_values the values of its
+ * string enums (they say what the tool acts on: "How much fuel" with
+ * displayCarStatus's option "fuel"), else its parameters' descriptions. */
+static int add_param_words(nd_buf *out, const nd_pj *f, int enum_values)
+{
+    const nd_pj *params = nd_pj_get(f, "parameters");
+    const nd_pj *props = params ? nd_pj_get(params, "properties") : NULL;
+    if (!props || props->type != ND_PJ_OBJECT)
+        return ND_OK;
+    int rc = ND_OK;
+    for (size_t k = 0; k < props->len && !rc; k++) {
+        const nd_pj *prop = props->obj[k].val;
+        const nd_pj *d = nd_pj_get(prop, "description"), *en = nd_pj_get(prop, "enum");
+        if (!enum_values && d && d->type == ND_PJ_STRING)
+            rc = add_words(out, d->str, d->len, 0, DESC_WORDS);
+        for (size_t j = 0; enum_values && en && en->type == ND_PJ_ARRAY && j < en->len && !rc; j++)
+            if (en->items[j]->type == ND_PJ_STRING)
+                rc = add_words(out, en->items[j]->str, en->items[j]->len, 0, NAME_WORDS);
+    }
+    return rc;
+}
+
 int nd_choice_prior_init(nd_choice_prior *p, const nd_pj *tools, int V, const float b[2])
 {
     memset(p, 0, sizeof *p);
@@ -290,9 +318,11 @@ int nd_choice_prior_init(nd_choice_prior *p, const nd_pj *tools, int V, const fl
     /* each tool's words end, and its name's */
     size_t *ends = calloc((size_t)(n ? n : 1), sizeof *ends);
     size_t *name_ends = calloc((size_t)(n ? n : 1), sizeof *name_ends);
-    if (!ends || !name_ends) {
+    size_t *desc_ends = calloc((size_t)(n ? n : 1), sizeof *desc_ends);
+    if (!ends || !name_ends || !desc_ends) {
         free(ends);
         free(name_ends);
+        free(desc_ends);
         return nd_error(ND_ENOMEM, "out of memory");
     }
     for (int i = 0; i < n && !rc; i++) {
@@ -307,12 +337,18 @@ int nd_choice_prior_init(nd_choice_prior *p, const nd_pj *tools, int V, const fl
         name_ends[i] = p->words.n;
         if (!rc && desc && desc->type == ND_PJ_STRING)
             rc = add_words(&p->words, desc->str, desc->len, 0, DESC_WORDS);
+        if (!rc) /* enum values count as the description's words */
+            rc = add_param_words(&p->words, f, 1);
+        desc_ends[i] = p->words.n;
+        if (!rc)
+            rc = add_param_words(&p->words, f, 0);
         ends[i] = p->words.n;
     }
     if (!rc)
-        rc = index_words(p, name_ends, ends);
+        rc = index_words(p, name_ends, desc_ends, ends);
     free(ends);
     free(name_ends);
+    free(desc_ends);
     return rc;
 }
 
@@ -364,7 +400,7 @@ static int request_words(nd_choice_prior *p, const char *text, size_t len)
             continue;
         if (!is_tool_name(p, text + st, e - st))
             memset(r + st, ' ', e - st);
-        st = e;
+        st = e + 1; /* its closing quote opens no span ("'Hi!'. Now") */
     }
     int rc = add_words(&p->turn_words, r, len, 0, INT_MAX);
     free(r);

@@ -374,7 +374,8 @@ size_t nd_quoted_end(const char *s, size_t st)
         return st;
     size_t nq = strlen(q);
     for (size_t e = st + 1; s[e] && s[e] != '\n' && e - st <= QUOTED_MAX; e++)
-        if (!strncmp(s + e, q, nq) && s[e - 1] != ' ' && !is_alnum((unsigned char)s[e + nq]))
+        if (!strncmp(s + e, q, nq) && s[e - 1] != ' ' &&
+            (!is_alnum((unsigned char)s[e + nq]) || strchr(".?!", s[e - 1])))
             return e;
     return st;
 }
@@ -395,7 +396,7 @@ static int mark_quoted_spans(nd_copy_prior *c)
         c->quote[st] = (int32_t)e;
         for (size_t k = st + 1; k < e; k++)
             c->quote[k] = -1;
-        st = e;
+        st = e + 1; /* its closing quote opens no span ("'Hi!'. Now") */
     }
     return ND_OK;
 }
@@ -790,8 +791,7 @@ int nd_copy_prior_quote_done(const nd_copy_prior *c, const unsigned char *v, int
     const char *s = c->src.p;
     int whole = 0;
     for (size_t st = 0; st < c->src.n; st++) {
-        if (c->quote[st] <= 0 || c->quote[st] - (int32_t)st < n ||
-            memcmp(s + st, v, (size_t)n))
+        if (c->quote[st] <= 0 || c->quote[st] - (int32_t)st < n || memcmp(s + st, v, (size_t)n))
             continue;
         if (c->quote[st] - (int32_t)st > n)
             return 0; /* a longer quoted span goes on from here ('john1234') */

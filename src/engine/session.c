@@ -964,8 +964,8 @@ static int constrained_call(needle_session *S, turn_state *T)
         for (int i = 0; i < V; i++)
             if (S->allowed[i] && S->tokdist[i] > reach)
                 S->allowed[i] = 0;
-        if (pos == ND_GRAM_IN_STRING && (nd_copy_prior_runs_on(&S->copy, v, vn) ||
-                                         nd_copy_prior_quote_done(&S->copy, v, vn)))
+        if (pos == ND_GRAM_IN_STRING &&
+            (nd_copy_prior_runs_on(&S->copy, v, vn) || nd_copy_prior_quote_done(&S->copy, v, vn)))
             close_string(S, V);
         const float *lg = copy_prior(S, v, pos, vn);
         if (S->choosing) {

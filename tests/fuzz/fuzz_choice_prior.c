@@ -29,7 +29,9 @@
  *    stays finite; the parser's position after each piece fed is the one
  *    nd_reason_prior_step reaches over the same bytes, and once off the
  *    form it stays off; the plan read as a call's JSON
- *    (nd_copy_prior_call_key) and as a value (nd_copy_prior_runs_on);
+ *    (nd_copy_prior_call_key) and as a value (nd_copy_prior_runs_on,
+ *    _quote_done: only a quoted text of the source is done); each quoted
+ *    span of the source is done unless a longer one begins with it;
  *  - when the tools compile (nd_gram_compile): nd_choice_prior_call's
  *    weights are 0 or a tool's weight, that tool's for the name the
  *    grammar's JSON text decodes to; along a sampled call list, nd_choice_prior_step /
@@ -260,6 +262,46 @@ static void make_plan(const nd_reason_prior *rp, int from, const char *turn, nd_
     out[cap - 1] = 0;
 }
 
+/* whether the source holds v[0..n) followed by a quote mark */
+static int quoted_in_source(const nd_copy_prior *c, const char *v, int n)
+{
+    for (size_t st = 0; n > 0 && st + (size_t)n < c->src.n; st++)
+        if (!memcmp(c->src.p + st, v, (size_t)n) && strchr("'\"`\xE2", c->src.p[st + n]))
+            return 1;
+    return 0;
+}
+
+/* Each quoted span of the source, found as the copy prior marks them
+ * (left to right, none inside another), is a done value exactly when no
+ * longer one begins with it. */
+static void check_quote_done(const nd_copy_prior *c)
+{
+    enum { MAX_SPANS = 64 };
+    size_t at[MAX_SPANS], len[MAX_SPANS];
+    int n = 0;
+    const char *s = c->src.p;
+    if (c->src.n == 0 || c->bonus == 0.0f)
+        return;
+    for (size_t st = 0; st < c->src.n && n < MAX_SPANS; st++) {
+        size_t e = nd_quoted_end(s, st);
+        if (e == st)
+            continue;
+        at[n] = st;
+        len[n++] = e - st;
+        st = e + 1;
+    }
+    if (n == MAX_SPANS)
+        return; /* the rest unmarked here; the prior saw them all */
+    for (int i = 0; i < n; i++) {
+        int longer = 0;
+        for (int k = 0; k < n; k++)
+            longer |= len[k] > len[i] && !memcmp(s + at[k], s + at[i], len[i]);
+        int done = nd_copy_prior_quote_done(c, (const unsigned char *)s + at[i], (int)len[i]);
+        if (done != !longer)
+            fail(__LINE__);
+    }
+}
+
 /* the reasoning prior and the copy prior over a plan, with noise; piece
  * 0 (<unk>) stands for the reasoning's end */
 static void plan_reason(const nd_pj *tools, const nd_choice_prior *choice, const char *turn,
@@ -337,7 +379,11 @@ static void plan_reason(const nd_pj *tools, const nd_choice_prior *choice, const
         int ro = nd_copy_prior_runs_on(&c, (const unsigned char *)plan, end);
         if (ro != 0 && ro != 1)
             fail(__LINE__);
+        if (nd_copy_prior_quote_done(&c, (const unsigned char *)plan, end) &&
+            !quoted_in_source(&c, plan, end))
+            fail(__LINE__);
     }
+    check_quote_done(&c);
     nd_copy_prior_free(&c);
     nd_reason_prior_free(&rp);
 }
@@ -563,8 +609,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     t2[tl] = 0;
     weigh(&p, t2, w2);
     same(w, w2, n);
-    memcpy(t2, turn, tl); /* said twice */
-    t2[tl] = ' ';
+    memcpy(t2, turn, tl); /* said twice, on two lines (a quoted span never crosses one) */
+    t2[tl] = '\n';
     memcpy(t2 + tl + 1, turn, tl + 1);
     weigh(&p, t2, w2);
     same(w, w2, n);

@@ -166,6 +166,15 @@ static void test_marks(void)
     for (int t = 0; t < V; t++)
         CHECK(lg[t] == 0.0f);
 
+    /* a number's sign is its start: "7" of "c = -7" is no copy (the base
+     * wrote c 4 for "c = -4"), of "pages 3-7" it is */
+    CHECK(nd_copy_prior_set(&c, "set c = -7 now", "") == ND_OK);
+    bonuses(&c, &M, N, "", NULL, 0, lg);
+    CHECK(BONUS("7") == 0.0f && BONUS("-") == 10.0f);
+    CHECK(nd_copy_prior_set(&c, "pages 3-7", "") == ND_OK);
+    bonuses(&c, &M, N, "", NULL, 0, lg);
+    CHECK(BONUS("7") == 10.0f && BONUS("3") == 10.0f);
+
     /* numbers are whole numbers of the text: "8" of "8bdf" is none, "7"
      * of "7012" and "3" of "3.5" are */
     CHECK(nd_copy_prior_set(&c, "device 6dcc-8bdf-7012 at 3.5", "") == ND_OK);

@@ -486,6 +486,8 @@ static int copy_start(const nd_copy_prior *c, size_t st, int numeric, int n)
     if (!s[st] || (st > 0 && is_alnum((unsigned char)s[st - 1])) || (c->taken && c->taken[st]) ||
         (!numeric && c->quote && c->quote[st] < 0))
         return 0;
+    if (numeric && st > 0 && s[st - 1] == '-' && (st == 1 || !is_alnum((unsigned char)s[st - 2])))
+        return 0; /* "c = -4": the copy starts at its sign (not so "1-4", "2020-01") */
     return !numeric || number_span(s + st, n);
 }
 

@@ -403,6 +403,37 @@ static void test_value_pos(void)
     nd_gram_free(g);
 }
 
+/* Where a call is directly in an argument array (nd_gram_in_array): between
+ * items, in a number or literal item, not in a string item, an object's
+ * value, or the call list itself. */
+static void test_in_array(void)
+{
+    const char *tools =
+        "[{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":{"
+        "\"a\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},"
+        "\"t\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}},"
+        "\"l\":{\"type\":\"array\",\"items\":{\"enum\":[\"ab\",\"cd\"]}},"
+        "\"o\":{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"integer\"}}}}}}]";
+    nd_pj_doc *doc;
+    CHECK(nd_pj_parse(tools, strlen(tools), &doc, NULL) == 0);
+    nd_grammar *g = NULL;
+    CHECK(nd_gram_compile(nd_pj_root(doc), &g) == ND_OK);
+    nd_pj_free(doc);
+    const char *call = "[{\"name\":\"f\",\"arguments\":{\"a\":[1,22],\"t\":[\"x\"],\"l\":[\"ab\"],"
+                       "\"o\":{\"b\":3}}}]";
+    const char *want = "..............................AAAAA......A..A......AAAAA................";
+    CHECK_MSG(strlen(want) == strlen(call), "%zu %zu", strlen(want), strlen(call));
+    nd_gram_state st;
+    nd_gram_init(g, &st);
+    for (size_t i = 0; call[i]; i++) {
+        CHECK(nd_gram_feed(g, &st, (unsigned char)call[i]));
+        char got = nd_gram_in_array(&st) ? 'A' : '.';
+        CHECK_MSG(got == want[i], "after \"%.*s\": %c, want %c", (int)i + 1, call, got, want[i]);
+    }
+    CHECK(nd_gram_done(&st));
+    nd_gram_free(g);
+}
+
 /* The key a call's JSON is at (nd_copy_prior_call_key): the value's own
  * key, not the one before a key still being written. */
 static void test_call_key(void)
@@ -554,6 +585,7 @@ int main(void)
     test_call_key();
     test_runs_on();
     test_quote_done();
+    test_in_array();
     test_value_pos();
     return tu_finish("test_copy_prior");
 }

@@ -81,6 +81,14 @@ int nd_gram_value_pos(const nd_gram_state *s, const char **num, int *nlen)
     return 0;
 }
 
+int nd_gram_in_array(const nd_gram_state *s)
+{
+    int i = s->depth - 1;
+    while (i > 0 && (s->f[i].kind == FR_NUM || s->f[i].kind == FR_LIT))
+        i--; /* an item being written */
+    return i > 0 && (s->f[i].kind == FR_ARR || s->f[i].kind == FR_GARR);
+}
+
 static void range_unpack(uint64_t m, int *lo, int *hi);
 
 int nd_gram_naming(const nd_gram_state *s, uint64_t *cands)

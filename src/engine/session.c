@@ -914,18 +914,18 @@ static void call_value_fed(needle_session *S, turn_state *T, int *vstart, int *n
     *vstart = *nstart = -1;
 }
 
-/* Only the allowed pieces that close the string the call is in (a piece
- * that begins with a quote: inside a string an unescaped quote ends it),
- * when there are any (a minLength not reached leaves none). */
-static void close_string(needle_session *S, int V)
+/* Only the allowed pieces that begin with `closer` (a string's quote, an
+ * array's bracket), when there are any (a minLength or minItems not
+ * reached leaves none). */
+static void close_value(needle_session *S, int V, unsigned char closer)
 {
     const needle_model *M = S->model;
     unsigned char b[PIECE_MAX];
     int len, closers = 0;
     for (int t = 0; t < V && !closers; t++)
-        closers = S->allowed[t] && nd_piece_bytes(M->tok, t, b, &len) && len && b[0] == '"';
+        closers = S->allowed[t] && nd_piece_bytes(M->tok, t, b, &len) && len && b[0] == closer;
     for (int t = 0; t < V && closers; t++)
-        if (S->allowed[t] && !(nd_piece_bytes(M->tok, t, b, &len) && len && b[0] == '"'))
+        if (S->allowed[t] && !(nd_piece_bytes(M->tok, t, b, &len) && len && b[0] == closer))
             S->allowed[t] = 0;
 }
 
@@ -966,7 +966,10 @@ static int constrained_call(needle_session *S, turn_state *T)
                 S->allowed[i] = 0;
         if (pos == ND_GRAM_IN_STRING &&
             (nd_copy_prior_runs_on(&S->copy, v, vn) || nd_copy_prior_quote_done(&S->copy, v, vn)))
-            close_string(S, V);
+            close_value(S, V, '"');
+        else if (pos != ND_GRAM_IN_STRING && nd_gram_in_array(&T->st) &&
+                 nd_copy_prior_runs_on(&S->copy, (const unsigned char *)T->call.p, (int)T->call.n))
+            close_value(S, V, ']');
         const float *lg = copy_prior(S, v, pos, vn);
         if (S->choosing) {
             if (lg != S->biased)

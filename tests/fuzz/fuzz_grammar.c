@@ -5,7 +5,8 @@
  * fed on a copy), nd_gram_dist never drops by more than one per accepted
  * byte, is 0 once done, and from every reached state a byte that lowers it
  * by exactly one exists until the call list is closed (every accepted
- * prefix can be completed, and dist is exact). */
+ * prefix can be completed, and dist is exact); nd_gram_in_array is 0 or 1,
+ * and 0 inside a string. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,6 +78,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         nd_gram_copy(&s, &n);
         d = nd;
+        const char *num;
+        int nlen, in_arr = nd_gram_in_array(&s);
+        if ((in_arr != 0 && in_arr != 1) ||
+            (in_arr && nd_gram_value_pos(&s, &num, &nlen) == ND_GRAM_IN_STRING))
+            abort(); /* never inside a string item */
     }
     if (nd_gram_done(&s) && d != 0)
         abort();

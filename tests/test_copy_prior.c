@@ -373,17 +373,24 @@ static void test_named(void)
     free(M.tok_next);
 }
 
+/* the call grammar of the tools JSON text `tools` (checked) */
+static nd_grammar *grammar_of(const char *tools)
+{
+    nd_pj_doc *doc;
+    CHECK(nd_pj_parse(tools, strlen(tools), &doc, NULL) == 0);
+    nd_grammar *g = NULL;
+    CHECK(nd_gram_compile(nd_pj_root(doc), &g) == ND_OK);
+    nd_pj_free(doc);
+    return g;
+}
+
 /* nd_gram_value_pos along a call's bytes */
 static void test_value_pos(void)
 {
     const char *tools = "[{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":"
                         "{\"s\":{\"type\":\"string\"},\"n\":{\"type\":\"integer\"},"
                         "\"e\":{\"enum\":[\"ab\",\"cd\"]}}}}]";
-    nd_pj_doc *doc;
-    CHECK(nd_pj_parse(tools, strlen(tools), &doc, NULL) == 0);
-    nd_grammar *g = NULL;
-    CHECK(nd_gram_compile(nd_pj_root(doc), &g) == ND_OK);
-    nd_pj_free(doc);
+    nd_grammar *g = grammar_of(tools);
     const char *call = "[{\"name\":\"f\",\"arguments\":{\"s\":\"x\\\"y\",\"n\":-12,\"e\":\"ab\"}}]";
     /* after each byte: S string, N number, . neither (the enum is a choice) */
     const char *want = "..............................SSSSS......NNN............";
@@ -414,11 +421,7 @@ static void test_in_array(void)
         "\"t\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}},"
         "\"l\":{\"type\":\"array\",\"items\":{\"enum\":[\"ab\",\"cd\"]}},"
         "\"o\":{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"integer\"}}}}}}]";
-    nd_pj_doc *doc;
-    CHECK(nd_pj_parse(tools, strlen(tools), &doc, NULL) == 0);
-    nd_grammar *g = NULL;
-    CHECK(nd_gram_compile(nd_pj_root(doc), &g) == ND_OK);
-    nd_pj_free(doc);
+    nd_grammar *g = grammar_of(tools);
     const char *call = "[{\"name\":\"f\",\"arguments\":{\"a\":[1,22],\"t\":[\"x\"],\"l\":[\"ab\"],"
                        "\"o\":{\"b\":3}}}]";
     const char *want = "..............................AAAAA......A..A......AAAAA................";

@@ -394,14 +394,10 @@ static int request_words(nd_choice_prior *p, const char *text, size_t len)
     if (!r)
         return nd_error(ND_ENOMEM, "out of memory");
     memcpy(r, text, len + 1);
-    for (size_t st = 0; st < len; st++) {
-        size_t e = nd_quoted_end(text, st);
-        if (e == st)
-            continue;
+    size_t at = 0, st, e;
+    while ((e = nd_quoted_next(text, len, &at, &st)) < len)
         if (!is_tool_name(p, text + st, e - st))
             memset(r + st, ' ', e - st);
-        st = e + 1; /* its closing quote opens no span ("'Hi!'. Now") */
-    }
     int rc = add_words(&p->turn_words, r, len, 0, INT_MAX);
     free(r);
     return rc;

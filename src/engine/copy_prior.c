@@ -380,6 +380,21 @@ size_t nd_quoted_end(const char *s, size_t st)
     return st;
 }
 
+size_t nd_quoted_next(const char *s, size_t len, size_t *at, size_t *st)
+{
+    for (size_t k = *at; k < len; k++) {
+        size_t e = nd_quoted_end(s, k);
+        if (e != k) {
+            *st = k;
+            *at = e + 2; /* past the closing quote and the byte after it, which
+                          * that quote would open ("'Hi!'. Now") */
+            return e;
+        }
+    }
+    *at = len;
+    return len;
+}
+
 /* c->quote[]: at a quoted span's start its end (nd_quoted_end), -1
  * inside a quoted span (no copy starts there: 'old_report.pdf' is one
  * value, not "report.pdf" too), else 0 */
@@ -389,14 +404,11 @@ static int mark_quoted_spans(nd_copy_prior *c)
     size_t L = c->src.n;
     if (!(c->quote = calloc(L + 1, sizeof *c->quote)))
         return ND_ENOMEM;
-    for (size_t st = 0; st < L; st++) {
-        size_t e = nd_quoted_end(s, st);
-        if (e == st)
-            continue;
+    size_t at = 0, st, e;
+    while ((e = nd_quoted_next(s, L, &at, &st)) < L) {
         c->quote[st] = (int32_t)e;
         for (size_t k = st + 1; k < e; k++)
             c->quote[k] = -1;
-        st = e + 1; /* its closing quote opens no span ("'Hi!'. Now") */
     }
     return ND_OK;
 }

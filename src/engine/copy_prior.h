@@ -128,6 +128,11 @@ void nd_copy_prior_untake(nd_copy_prior *c);
  * on one line, within 256 bytes ("Zeta Corp's" holds no closing quote).
  * s is 0-terminated. */
 size_t nd_quoted_end(const char *s, size_t st);
+/* The next quoted span of s[0..len) starting at or after *at, as the
+ * priors read a text's spans left to right (none inside another, and a
+ * closing quote opens none): its first byte in *st, its closing quote's
+ * byte returned, *at moved past it; len when there is none. */
+size_t nd_quoted_next(const char *s, size_t len, size_t *at, size_t *st);
 
 /* A string value v[0..n) so far runs on: its last ND_COPY_RUN_ON bytes
  * occur earlier in it too (overlapping or not) and the source does not

@@ -425,6 +425,7 @@ static void test_in_array(void)
     const char *call = "[{\"name\":\"f\",\"arguments\":{\"a\":[1,22],\"t\":[\"x\"],\"l\":[\"ab\"],"
                        "\"o\":{\"b\":3}}}]";
     const char *want = "..............................AAAAA......A..A......AAAAA................";
+    const char *item = "..........................................SS............................";
     CHECK_MSG(strlen(want) == strlen(call), "%zu %zu", strlen(want), strlen(call));
     nd_gram_state st;
     nd_gram_init(g, &st);
@@ -432,6 +433,9 @@ static void test_in_array(void)
         CHECK(nd_gram_feed(g, &st, (unsigned char)call[i]));
         char got = nd_gram_in_array(&st) ? 'A' : '.';
         CHECK_MSG(got == want[i], "after \"%.*s\": %c, want %c", (int)i + 1, call, got, want[i]);
+        got = nd_gram_string_item(&st) ? 'S' : '.';
+        CHECK_MSG(got == item[i], "string item after \"%.*s\": %c, want %c", (int)i + 1, call, got,
+                  item[i]);
     }
     CHECK(nd_gram_done(&st));
     nd_gram_free(g);
@@ -553,6 +557,49 @@ static void test_quote_done(void)
     free(M.tok_next);
 }
 
+/* A whole #tag or @mention of the source is done (nd_copy_prior_tag_done) */
+static void test_tag_done(void)
+{
+    needle_model M;
+    build_model(&M);
+    nd_copy_prior c;
+    const float on[ND_COPY_N_BONUS] = {4.0f, 20.0f, 10.0f, 5.0f, 6.0f};
+    CHECK(nd_copy_prior_init(&c, &M, on) == ND_OK);
+    CHECK(nd_copy_prior_set(&c,
+                            "Use #CarMaintenance and tag @VehicleGuru; #Journey, #JourneyHome, "
+                            "mail bob@example.com #a_b2",
+                            NULL) == ND_OK);
+    static const struct {
+        const char *v;
+        int done;
+    } cases[] = {
+        {"#CarMaintenance", 1},
+        {"#CarMaint", 0},
+        {"#CarMaintenance and", 0},
+        {"@VehicleGuru", 1},
+        {"#Journey", 0},
+        {"#JourneyHome", 1},
+        {"@example", 0},
+        {"#a_b2", 1},
+        {"CarMaintenance", 0},
+        {"#", 0},
+        {"", 0},
+        {"#Other", 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        CHECK_MSG(nd_copy_prior_tag_done(&c, (const unsigned char *)cases[k].v,
+                                         (int)strlen(cases[k].v)) == cases[k].done,
+                  "\"%s\": want %d", cases[k].v, cases[k].done);
+    nd_copy_prior_free(&c);
+    const float off[ND_COPY_N_BONUS] = {0};
+    CHECK(nd_copy_prior_init(&c, &M, off) == ND_OK);
+    CHECK(nd_copy_prior_set(&c, "Use #CarMaintenance now", NULL) == ND_OK);
+    CHECK(nd_copy_prior_tag_done(&c, (const unsigned char *)"#CarMaintenance", 15) == 0);
+    nd_copy_prior_free(&c);
+    free(M.trie);
+    free(M.tok_next);
+}
+
 static void test_setting(void)
 {
     float b[ND_COPY_N_BONUS];
@@ -588,6 +635,7 @@ int main(void)
     test_call_key();
     test_runs_on();
     test_quote_done();
+    test_tag_done();
     test_in_array();
     test_value_pos();
     return tu_finish("test_copy_prior");

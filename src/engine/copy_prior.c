@@ -813,3 +813,28 @@ int nd_copy_prior_quote_done(const nd_copy_prior *c, const unsigned char *v, int
     }
     return whole;
 }
+
+static int is_tag_byte(unsigned char b)
+{
+    return is_alnum(b) || b == '_';
+}
+
+int nd_copy_prior_tag_done(const nd_copy_prior *c, const unsigned char *v, int n)
+{
+    if (c->bonus == 0.0f || n < 2 || (v[0] != '#' && v[0] != '@'))
+        return 0;
+    for (int i = 1; i < n; i++)
+        if (!is_tag_byte(v[i]))
+            return 0;
+    const char *s = c->src.p;
+    size_t L = c->src.n;
+    int whole = 0;
+    for (size_t st = 0; st + (size_t)n <= L; st++) {
+        if (memcmp(s + st, v, (size_t)n) || (st > 0 && is_alnum((unsigned char)s[st - 1])))
+            continue;
+        if (st + (size_t)n < L && is_tag_byte((unsigned char)s[st + n]))
+            return 0; /* a longer tag goes on from here (#Journey / #JourneyHome) */
+        whole = 1;
+    }
+    return whole;
+}

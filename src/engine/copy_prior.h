@@ -154,6 +154,16 @@ int nd_copy_prior_runs_on(const nd_copy_prior *c, const unsigned char *v, int n)
  * the prior is off. */
 int nd_copy_prior_quote_done(const nd_copy_prior *c, const unsigned char *v, int n);
 
+/* A string value v[0..n) so far is a whole #tag or @mention of the source
+ * ('#' or '@' after no letter or digit, then letters, digits and '_' up to
+ * a byte that is none), and no longer tag of the source begins with it.
+ * The decoder closes an array's string item then. Why: fine-tuned on
+ * BFCL's Twitter API the base wrote tags ["#CarMaintenance and tag "] and
+ * ["#Journey, #SmoothRide, #Grateful"]; every one of the 26 tags and
+ * mentions in BFCL's expected array items is a whole tag. 0 when the
+ * prior is off. */
+int nd_copy_prior_tag_done(const nd_copy_prior *c, const unsigned char *v, int n);
+
 /* Append `text` with numbers said in words as digits and the thousands
  * separators of digit groups dropped (exposed for the tests). */
 int nd_copy_numbers_as_digits(const char *text, nd_buf *out);

@@ -89,6 +89,13 @@ int nd_gram_in_array(const nd_gram_state *s)
     return i > 0 && (s->f[i].kind == FR_ARR || s->f[i].kind == FR_GARR);
 }
 
+int nd_gram_string_item(const nd_gram_state *s)
+{
+    const nd_gram_frame *f = &s->f[s->depth - 1];
+    return s->depth > 2 && f->kind == FR_STR && f->phase == 1 &&
+           (f[-1].kind == FR_ARR || f[-1].kind == FR_GARR);
+}
+
 static void range_unpack(uint64_t m, int *lo, int *hi);
 
 int nd_gram_naming(const nd_gram_state *s, uint64_t *cands)

@@ -107,6 +107,8 @@ int nd_gram_value_pos(const nd_gram_state *s, const char **num, int *nlen);
 /* 1 between an argument array's items or inside a number or literal
  * item (not a string's: its own rules close it), else 0 */
 int nd_gram_in_array(const nd_gram_state *s);
+/* 1 inside a string that is an argument array's item, else 0 */
+int nd_gram_string_item(const nd_gram_state *s);
 /* Where a call's tool name is written, for the tool prior (tool_prior.h):
  * the number of the call the state is in (1 = the first), once its "{"
  * is written and until its name is done, with *cands the bitmask of the

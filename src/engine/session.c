@@ -965,7 +965,8 @@ static int constrained_call(needle_session *S, turn_state *T)
             if (S->allowed[i] && S->tokdist[i] > reach)
                 S->allowed[i] = 0;
         if (pos == ND_GRAM_IN_STRING &&
-            (nd_copy_prior_runs_on(&S->copy, v, vn) || nd_copy_prior_quote_done(&S->copy, v, vn)))
+            (nd_copy_prior_runs_on(&S->copy, v, vn) || nd_copy_prior_quote_done(&S->copy, v, vn) ||
+             (nd_gram_string_item(&T->st) && nd_copy_prior_tag_done(&S->copy, v, vn))))
             close_value(S, V, '"');
         else if (pos != ND_GRAM_IN_STRING && nd_gram_in_array(&T->st) &&
                  nd_copy_prior_runs_on(&S->copy, (const unsigned char *)T->call.p, (int)T->call.n))

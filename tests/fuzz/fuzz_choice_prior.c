@@ -31,7 +31,9 @@
  *    form it stays off; the plan read as a call's JSON
  *    (nd_copy_prior_call_key) and as a value (nd_copy_prior_runs_on,
  *    _quote_done: only a quoted text of the source is done); each quoted
- *    span of the source is done unless a longer one begins with it;
+ *    span of the source is done unless a longer one begins with it, and
+ *    each #tag or @mention likewise (nd_copy_prior_tag_done), never a tag
+ *    less its last byte;
  *  - when the tools compile (nd_gram_compile): nd_choice_prior_call's
  *    weights are 0 or a tool's weight, that tool's for the name the
  *    grammar's JSON text decodes to; along a sampled call list, nd_choice_prior_step /
@@ -302,6 +304,45 @@ static void check_quote_done(const nd_copy_prior *c)
     }
 }
 
+static int tag_byte(unsigned char b)
+{
+    return (b >= '0' && b <= '9') || ((b | 32) >= 'a' && (b | 32) <= 'z') || b == '_';
+}
+
+/* every #tag / @mention of the source is done unless a longer one begins
+ * with it; a tag less its last byte is never done */
+static void check_tag_done(const nd_copy_prior *c)
+{
+    enum { MAX_TAGS = 64 };
+    size_t at[MAX_TAGS], len[MAX_TAGS];
+    int n = 0;
+    const char *s = c->src.p;
+    if (c->bonus == 0.0f)
+        return;
+    for (size_t st = 0; st < c->src.n && n < MAX_TAGS; st++) {
+        if ((s[st] != '#' && s[st] != '@') ||
+            (st > 0 && s[st - 1] != '_' && tag_byte((unsigned char)s[st - 1])))
+            continue; /* after a letter or digit: no tag (bob@example.com) */
+        size_t e = st + 1;
+        while (e < c->src.n && tag_byte((unsigned char)s[e]))
+            e++;
+        if (e - st >= 2)
+            at[n] = st, len[n++] = e - st;
+    }
+    if (n == MAX_TAGS)
+        return; /* the rest unlisted here; the prior saw them all */
+    for (int i = 0; i < n; i++) {
+        int longer = 0;
+        for (int k = 0; k < n; k++)
+            longer |= len[k] > len[i] && !memcmp(s + at[k], s + at[i], len[i]);
+        if (nd_copy_prior_tag_done(c, (const unsigned char *)s + at[i], (int)len[i]) != !longer)
+            fail(__LINE__);
+        if (len[i] > 2 &&
+            nd_copy_prior_tag_done(c, (const unsigned char *)s + at[i], (int)len[i] - 1))
+            fail(__LINE__);
+    }
+}
+
 /* the reasoning prior and the copy prior over a plan, with noise; piece
  * 0 (<unk>) stands for the reasoning's end */
 static void plan_reason(const nd_pj *tools, const nd_choice_prior *choice, const char *turn,
@@ -384,6 +425,7 @@ static void plan_reason(const nd_pj *tools, const nd_choice_prior *choice, const
             fail(__LINE__);
     }
     check_quote_done(&c);
+    check_tag_done(&c);
     nd_copy_prior_free(&c);
     nd_reason_prior_free(&rp);
 }

@@ -515,6 +515,40 @@ static void test_runs_on(void)
     free(M.tok_next);
 }
 
+typedef int (*done_fn)(const nd_copy_prior *c, const unsigned char *v, int n);
+typedef struct {
+    const char *v;
+    int done;
+} done_case;
+
+/* fn over src with the prior on: each case's value done or not as it
+ * says; with the prior off no value is done (the first done case's) */
+static void check_done(done_fn fn, const char *src, const done_case *cases, size_t n)
+{
+    needle_model M;
+    build_model(&M);
+    nd_copy_prior c;
+    const float on[ND_COPY_N_BONUS] = {4.0f, 20.0f, 10.0f, 5.0f, 6.0f};
+    CHECK(nd_copy_prior_init(&c, &M, on) == ND_OK);
+    CHECK(nd_copy_prior_set(&c, src, NULL) == ND_OK);
+    const char *some_done = NULL;
+    for (size_t k = 0; k < n; k++) {
+        CHECK_MSG(fn(&c, (const unsigned char *)cases[k].v, (int)strlen(cases[k].v)) ==
+                      cases[k].done,
+                  "\"%s\": want %d", cases[k].v, cases[k].done);
+        if (cases[k].done && !some_done)
+            some_done = cases[k].v;
+    }
+    nd_copy_prior_free(&c);
+    const float off[ND_COPY_N_BONUS] = {0};
+    CHECK(nd_copy_prior_init(&c, &M, off) == ND_OK);
+    CHECK(nd_copy_prior_set(&c, src, NULL) == ND_OK);
+    CHECK(some_done && fn(&c, (const unsigned char *)some_done, (int)strlen(some_done)) == 0);
+    nd_copy_prior_free(&c);
+    free(M.trie);
+    free(M.tok_next);
+}
+
 /* A string that has copied a whole quoted span is done (the base wrote
  * "Google' filed" and "Queen'" zero-shot), unless a longer quoted span
  * begins with it ('john' and 'john1234'); a quote after a sentence's
@@ -522,57 +556,26 @@ static void test_runs_on(void)
  * report?'in their inbox"). */
 static void test_quote_done(void)
 {
-    needle_model M;
-    build_model(&M);
-    nd_copy_prior c;
-    const float on[ND_COPY_N_BONUS] = {4.0f, 20.0f, 10.0f, 5.0f, 6.0f};
-    CHECK(nd_copy_prior_init(&c, &M, on) == ND_OK);
-    CHECK(nd_copy_prior_set(&c,
-                            "the case 'Google' filed; user 'john' password 'john1234'; "
-                            "send 'What do you think?'in their inbox, id '1234'. Zeta's",
-                            NULL) == ND_OK);
-    static const struct {
-        const char *v;
-        int done;
-    } cases[] = {
+    static const done_case cases[] = {
         {"Google", 1},   {"Goog", 0}, {"Google' filed", 0},      {"google", 0}, {"john", 0},
         {"john1234", 1}, {"1234", 1}, {"What do you think?", 1}, {"Zeta", 0},   {"filed", 0},
         {"", 0},
     };
-    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
-        CHECK_MSG(nd_copy_prior_quote_done(&c, (const unsigned char *)cases[k].v,
-                                           (int)strlen(cases[k].v)) == cases[k].done,
-                  "\"%s\": want %d", cases[k].v, cases[k].done);
+    check_done(nd_copy_prior_quote_done,
+               "the case 'Google' filed; user 'john' password 'john1234'; "
+               "send 'What do you think?'in their inbox, id '1234'. Zeta's",
+               cases, sizeof cases / sizeof cases[0]);
     const char *src = "say 'report?'in it and 'it's' or 'x'y";
     CHECK(nd_quoted_end(src, 5) == 12);  /* after "?" */
     CHECK(nd_quoted_end(src, 24) == 28); /* not at "it's" */
     CHECK(nd_quoted_end(src, 34) == 34); /* 'x'y: before a letter */
-    nd_copy_prior_free(&c);
-    const float off[ND_COPY_N_BONUS] = {0};
-    CHECK(nd_copy_prior_init(&c, &M, off) == ND_OK);
-    CHECK(nd_copy_prior_set(&c, "the case 'Google' filed", NULL) == ND_OK);
-    CHECK(nd_copy_prior_quote_done(&c, (const unsigned char *)"Google", 6) == 0);
-    nd_copy_prior_free(&c);
-    free(M.trie);
-    free(M.tok_next);
 }
 
-/* A whole #tag or @mention of the source is done (nd_copy_prior_tag_done) */
+/* A whole #tag or @mention of the source is done, unless a longer tag
+ * begins with it (nd_copy_prior_tag_done) */
 static void test_tag_done(void)
 {
-    needle_model M;
-    build_model(&M);
-    nd_copy_prior c;
-    const float on[ND_COPY_N_BONUS] = {4.0f, 20.0f, 10.0f, 5.0f, 6.0f};
-    CHECK(nd_copy_prior_init(&c, &M, on) == ND_OK);
-    CHECK(nd_copy_prior_set(&c,
-                            "Use #CarMaintenance and tag @VehicleGuru; #Journey, #JourneyHome, "
-                            "mail bob@example.com #a_b2",
-                            NULL) == ND_OK);
-    static const struct {
-        const char *v;
-        int done;
-    } cases[] = {
+    static const done_case cases[] = {
         {"#CarMaintenance", 1},
         {"#CarMaint", 0},
         {"#CarMaintenance and", 0},
@@ -586,18 +589,10 @@ static void test_tag_done(void)
         {"", 0},
         {"#Other", 0},
     };
-    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
-        CHECK_MSG(nd_copy_prior_tag_done(&c, (const unsigned char *)cases[k].v,
-                                         (int)strlen(cases[k].v)) == cases[k].done,
-                  "\"%s\": want %d", cases[k].v, cases[k].done);
-    nd_copy_prior_free(&c);
-    const float off[ND_COPY_N_BONUS] = {0};
-    CHECK(nd_copy_prior_init(&c, &M, off) == ND_OK);
-    CHECK(nd_copy_prior_set(&c, "Use #CarMaintenance now", NULL) == ND_OK);
-    CHECK(nd_copy_prior_tag_done(&c, (const unsigned char *)"#CarMaintenance", 15) == 0);
-    nd_copy_prior_free(&c);
-    free(M.trie);
-    free(M.tok_next);
+    check_done(nd_copy_prior_tag_done,
+               "Use #CarMaintenance and tag @VehicleGuru; #Journey, #JourneyHome, "
+               "mail bob@example.com #a_b2",
+               cases, sizeof cases / sizeof cases[0]);
 }
 
 static void test_setting(void)
